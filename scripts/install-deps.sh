@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs the Debian packages flashmoe builds against, only those missing.
+set -euo pipefail
+pkgs=(build-essential cmake pkg-config nlohmann-json3-dev libcli11-dev libpcre2-dev
+      libutf8proc-dev libgtest-dev libgmock-dev libbenchmark-dev libcpp-httplib-dev libreadline-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi

@@ -1,0 +1,72 @@
+#include "backend/cpu/matmul.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "backend/cpu/simd.h"
+#include "core/error.h"
+
+namespace flashmoe::cpu {
+
+bool cpu_has_avx2() { return simd::has_avx2(); }
+
+void load_row(const Matrix& W, int64_t r, float* out) {
+  const uint8_t* row = static_cast<const uint8_t*>(W.data) + size_t(r) * W.row_bytes();
+  simd::to_f32(W.dtype, row, W.cols, out);
+}
+
+namespace {
+
+// One output row against n token vectors. For a single token the row is read
+// straight from its storage type; for several it is widened once to fp32 and
+// reused across the tokens.
+void rows_kernel(const Matrix& W, int64_t r0, int64_t r1, const float* x, int64_t n, int64_t ldx,
+                 float* y, int64_t ldy, std::vector<float>& buf) {
+  if (n == 1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint8_t* row = static_cast<const uint8_t*>(W.data) + size_t(r) * W.row_bytes();
+      y[r] = simd::dot_mixed(W.dtype, row, x, W.cols);
+    }
+    return;
+  }
+  buf.resize(size_t(W.cols) * 4);
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) {
+    for (int k = 0; k < 4; ++k) load_row(W, r + k, buf.data() + k * W.cols);
+    for (int64_t t = 0; t < n; ++t) {
+      float out[4];
+      simd::dot4_f32(buf.data(), W.cols, x + t * ldx, W.cols, out);
+      for (int k = 0; k < 4; ++k) y[t * ldy + r + k] = out[k];
+    }
+  }
+  for (; r < r1; ++r) {
+    load_row(W, r, buf.data());
+    for (int64_t t = 0; t < n; ++t) y[t * ldy + r] = simd::dot_f32(buf.data(), x + t * ldx, W.cols);
+  }
+}
+
+}  // namespace
+
+void matmul_serial(const Matrix& W, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy) {
+  thread_local std::vector<float> buf;
+  rows_kernel(W, 0, W.rows, x, n, ldx, y, ldy, buf);
+}
+
+void matmul(ThreadPool& pool, const Matrix& W, const float* x, int64_t n, int64_t ldx, float* y,
+            int64_t ldy) {
+  if (n <= 0 || W.rows == 0) return;
+  // Below ~32k multiply-adds a parallel region costs more than it saves.
+  int64_t work = W.rows * W.cols * n;
+  if (work < (1 << 15) || pool.size() == 1) {
+    matmul_serial(W, x, n, ldx, y, ldy);
+    return;
+  }
+  int64_t grain = std::max<int64_t>(4, (1 << 14) / std::max<int64_t>(1, W.cols * n));
+  grain = (grain + 3) / 4 * 4;
+  pool.parallel_for(W.rows, [&](int64_t r0, int64_t r1) {
+    thread_local std::vector<float> buf;
+    rows_kernel(W, r0, r1, x, n, ldx, y, ldy, buf);
+  }, grain);
+}
+
+}  // namespace flashmoe::cpu

@@ -1,0 +1,30 @@
+// Matrix products over weights in their storage format (bf16, f16, f32),
+// computed in fp32. The weight is read once per call: for one token that is
+// the whole cost of decoding, so it is the loop to keep fast.
+#pragma once
+#include <cstdint>
+
+#include "core/matrix.h"
+#include "core/thread_pool.h"
+
+namespace flashmoe::cpu {
+
+// y[t, r] = sum_c W[r, c] * x[t, c] for t in [0, n). x is [n, W.cols] with
+// row stride ldx, y is [n, W.rows] with row stride ldy.
+void matmul(ThreadPool& pool, const Matrix& W, const float* x, int64_t n, int64_t ldx, float* y,
+            int64_t ldy);
+
+inline void matmul(ThreadPool& pool, const Matrix& W, const float* x, int64_t n, float* y) {
+  matmul(pool, W, x, n, W.cols, y, W.rows);
+}
+
+// Same product on the calling thread only (for use inside parallel regions).
+void matmul_serial(const Matrix& W, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy);
+
+// Converts `count` elements starting at row r of W to fp32.
+void load_row(const Matrix& W, int64_t r, float* out);
+
+// Whether the AVX2/FMA kernels are in use on this CPU.
+bool cpu_has_avx2();
+
+}  // namespace flashmoe::cpu

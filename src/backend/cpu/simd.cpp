@@ -1,0 +1,177 @@
+#include "backend/cpu/simd.h"
+
+#include <cstring>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define FLASHMOE_X86 1
+#define AVX2_FN __attribute__((target("avx2,fma,f16c")))
+#endif
+
+#include "core/error.h"
+
+namespace flashmoe::cpu::simd {
+
+// ---- portable reference versions ----
+namespace {
+
+float scalar_at(DType t, const void* p, int64_t i) {
+  switch (t) {
+    case DType::F32: return static_cast<const float*>(p)[i];
+    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    default: fail(std::string("weights of dtype ") + dtype_name(t) + " are not supported by the CPU kernels");
+  }
+}
+
+void to_f32_generic(DType t, const void* src, int64_t n, float* out) {
+  if (t == DType::F32) {
+    std::memcpy(out, src, size_t(n) * 4);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) out[i] = scalar_at(t, src, i);
+}
+
+float dot_mixed_generic(DType t, const void* w, const float* x, int64_t n) {
+  float acc[4] = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int k = 0; k < 4; ++k) acc[k] += scalar_at(t, w, i + k) * x[i + k];
+  for (; i < n; ++i) acc[0] += scalar_at(t, w, i) * x[i];
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+float dot_f32_generic(const float* a, const float* b, int64_t n) {
+  float acc[4] = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int k = 0; k < 4; ++k) acc[k] += a[i + k] * b[i + k];
+  for (; i < n; ++i) acc[0] += a[i] * b[i];
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+}  // namespace
+
+#ifdef FLASHMOE_X86
+namespace {
+
+AVX2_FN inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
+  return _mm_cvtss_f32(lo);
+}
+
+AVX2_FN inline __m256 load8(DType t, const void* p, int64_t i) {
+  if (t == DType::BF16) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  if (t == DType::F16) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
+    return _mm256_cvtph_ps(h);
+  }
+  return _mm256_loadu_ps(static_cast<const float*>(p) + i);
+}
+
+AVX2_FN void to_f32_avx2(DType t, const void* src, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, load8(t, src, i));
+  for (; i < n; ++i) out[i] = scalar_at(t, src, i);
+}
+
+AVX2_FN float dot_mixed_avx2(DType t, const void* w, const float* x, int64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a0 = _mm256_fmadd_ps(load8(t, w, i), _mm256_loadu_ps(x + i), a0);
+    a1 = _mm256_fmadd_ps(load8(t, w, i + 8), _mm256_loadu_ps(x + i + 8), a1);
+    a2 = _mm256_fmadd_ps(load8(t, w, i + 16), _mm256_loadu_ps(x + i + 16), a2);
+    a3 = _mm256_fmadd_ps(load8(t, w, i + 24), _mm256_loadu_ps(x + i + 24), a3);
+  }
+  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(load8(t, w, i), _mm256_loadu_ps(x + i), a0);
+  float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  for (; i < n; ++i) s += scalar_at(t, w, i) * x[i];
+  return s;
+}
+
+AVX2_FN float dot_f32_avx2(const float* a, const float* b, int64_t n) {
+  return dot_mixed_avx2(DType::F32, a, b, n);
+}
+
+AVX2_FN void dot4_f32_avx2(const float* a, int64_t lda, const float* x, int64_t n, float out[4]) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 xv = _mm256_loadu_ps(x + i);
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), xv, s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + lda + i), xv, s1);
+    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + 2 * lda + i), xv, s2);
+    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + 3 * lda + i), xv, s3);
+  }
+  out[0] = hsum(s0);
+  out[1] = hsum(s1);
+  out[2] = hsum(s2);
+  out[3] = hsum(s3);
+  for (; i < n; ++i)
+    for (int k = 0; k < 4; ++k) out[k] += a[k * lda + i] * x[i];
+}
+
+AVX2_FN void axpy_avx2(float alpha, const float* x, float* y, int64_t n) {
+  __m256 av = _mm256_set1_ps(alpha);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += alpha * x[i];
+}
+
+}  // namespace
+#endif
+
+bool has_avx2() {
+#ifdef FLASHMOE_X86
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                         __builtin_cpu_supports("f16c");
+  return ok;
+#else
+  return false;
+#endif
+}
+
+void to_f32(DType t, const void* src, int64_t n, float* out) {
+#ifdef FLASHMOE_X86
+  if (has_avx2() && (t == DType::BF16 || t == DType::F16 || t == DType::F32)) return to_f32_avx2(t, src, n, out);
+#endif
+  to_f32_generic(t, src, n, out);
+}
+
+float dot_mixed(DType t, const void* w, const float* x, int64_t n) {
+#ifdef FLASHMOE_X86
+  if (has_avx2() && (t == DType::BF16 || t == DType::F16 || t == DType::F32)) return dot_mixed_avx2(t, w, x, n);
+#endif
+  return dot_mixed_generic(t, w, x, n);
+}
+
+float dot_f32(const float* a, const float* b, int64_t n) {
+#ifdef FLASHMOE_X86
+  if (has_avx2()) return dot_f32_avx2(a, b, n);
+#endif
+  return dot_f32_generic(a, b, n);
+}
+
+void dot4_f32(const float* a, int64_t lda, const float* x, int64_t n, float out[4]) {
+#ifdef FLASHMOE_X86
+  if (has_avx2()) return dot4_f32_avx2(a, lda, x, n, out);
+#endif
+  for (int k = 0; k < 4; ++k) out[k] = dot_f32_generic(a + k * lda, x, n);
+}
+
+void axpy(float alpha, const float* x, float* y, int64_t n) {
+#ifdef FLASHMOE_X86
+  if (has_avx2()) return axpy_avx2(alpha, x, y, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+}  // namespace flashmoe::cpu::simd
