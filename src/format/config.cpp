@@ -179,6 +179,9 @@ ModelConfig parse_model_config(const std::string& text, const std::string& sourc
   c.max_position_embeddings = r.int_opt("max_position_embeddings", 0);
   if (t.contains("eos_token_id")) collect_eos(t["eos_token_id"], &c.eos_token_ids);
   if (c.eos_token_ids.empty() && root.contains("eos_token_id")) collect_eos(root["eos_token_id"], &c.eos_token_ids);
+  for (const json* obj : std::vector<const json*>{&t, &root})
+    for (const char* k : {"dtype", "torch_dtype"})
+      if (c.torch_dtype.empty() && obj->contains(k) && (*obj)[k].is_string()) c.torch_dtype = (*obj)[k].get<std::string>();
   return c;
 }
 

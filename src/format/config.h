@@ -39,6 +39,9 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   int64_t max_position_embeddings = 0;
   std::vector<int64_t> eos_token_ids;
+  // The dtype the checkpoint declares ("bfloat16", "float16", "float32"; empty
+  // if absent). HF keeps the RoPE inverse frequencies in this dtype.
+  std::string torch_dtype;
 
   int64_t num_full_layers() const;
   int64_t num_linear_layers() const;

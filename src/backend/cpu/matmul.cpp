@@ -70,3 +70,9 @@ void matmul(ThreadPool& pool, const Matrix& W, const float* x, int64_t n, int64_
 }
 
 }  // namespace flashmoe::cpu
+
+namespace flashmoe::cpu {
+float simd_dot_row(const Matrix& W, int64_t r, const float* x) {
+  return simd::dot_mixed(W.dtype, static_cast<const uint8_t*>(W.data) + size_t(r) * W.row_bytes(), x, W.cols);
+}
+}  // namespace flashmoe::cpu

@@ -28,3 +28,8 @@ void load_row(const Matrix& W, int64_t r, float* out);
 bool cpu_has_avx2();
 
 }  // namespace flashmoe::cpu
+
+namespace flashmoe::cpu {
+// dot(W[r, :], x) in fp32.
+float simd_dot_row(const Matrix& W, int64_t r, const float* x);
+}  // namespace flashmoe::cpu

@@ -1,0 +1,45 @@
+// flashmoe generate: continue token ids (greedy), printing the new ids.
+#include <cstdio>
+
+#include "cli/command.h"
+#include "cli/common.h"
+#include "engine/session.h"
+
+namespace flashmoe::cli {
+namespace {
+
+Registrar reg(11, [](CLI::App& app) {
+  auto* cmd = app.add_subcommand("generate", "Continue a prompt given as token ids");
+  auto opt = std::make_shared<ModelOptions>();
+  auto ids = std::make_shared<std::string>();
+  auto n = std::make_shared<int>(32);
+  auto greedy = std::make_shared<bool>(false);
+  auto print_ids = std::make_shared<bool>(false);
+  add_model_options(cmd, opt.get());
+  cmd->add_option("--ids", *ids, "Comma-separated prompt token ids")->required();
+  cmd->add_option("-n,--n-predict", *n, "Number of tokens to generate")->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--greedy", *greedy, "Greedy decoding (argmax); the only mode of this command");
+  cmd->add_flag("--print-ids", *print_ids, "Print the generated ids on one line, space-separated");
+  cmd->callback([=] {
+    finalize_model_options(opt.get());
+    std::vector<int32_t> tok = parse_ids(*ids);
+    auto model = QwenModel::load(opt->model_dir);
+    ThreadPool pool(opt->threads);
+    Session s(*model, opt->kv, pool);
+    const int64_t V = model->config().vocab_size;
+    std::vector<int32_t> gen;
+    if (*n > 0) {
+      const std::vector<float>* logits = &s.feed(tok);
+      for (int i = 0; i < *n; ++i) {
+        int32_t next = argmax(logits->data(), V);
+        gen.push_back(next);
+        if (i + 1 < *n) logits = &s.feed({next});
+      }
+    }
+    for (size_t i = 0; i < gen.size(); ++i) std::printf("%s%d", i ? " " : "", gen[i]);
+    std::printf("\n");
+  });
+});
+
+}  // namespace
+}  // namespace flashmoe::cli

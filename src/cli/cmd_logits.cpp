@@ -1,0 +1,40 @@
+// flashmoe logits: run ids as one prompt, write every position's logits.
+#include "cli/command.h"
+#include "cli/common.h"
+#include "engine/session.h"
+#include "format/safetensors.h"
+
+namespace flashmoe::cli {
+namespace {
+
+Registrar reg(10, [](CLI::App& app) {
+  auto* cmd = app.add_subcommand("logits", "Run token ids as one prompt and write the logits of every position");
+  auto opt = std::make_shared<ModelOptions>();
+  auto ids = std::make_shared<std::string>();
+  auto out = std::make_shared<std::string>();
+  auto hidden = std::make_shared<bool>(false);
+  add_model_options(cmd, opt.get());
+  cmd->add_flag("--hidden", *hidden, "Also write tensor 'hidden' [layers+1, N, H]: the residual stream after each layer");
+  cmd->add_option("--ids", *ids, "Comma-separated token ids")->required();
+  cmd->add_option("-o,--output", *out, "Output safetensors file (tensor 'logits', F32 [N, vocab])")->required();
+  cmd->callback([=] {
+    finalize_model_options(opt.get());
+    std::vector<int32_t> tok = parse_ids(*ids);
+    auto model = QwenModel::load(opt->model_dir);
+    ThreadPool pool(opt->threads);
+    Session s(*model, opt->kv, pool);
+    model->set_capture_hidden(*hidden);
+    std::vector<float> logits = s.feed_all(tok);
+    const int64_t n = int64_t(tok.size());
+    std::vector<TensorToWrite> tensors = {{"logits", DType::F32, {n, model->config().vocab_size}, logits.data()}};
+    std::vector<float> h;
+    if (*hidden) {
+      for (const auto& layer : model->captured_hidden()) h.insert(h.end(), layer.begin(), layer.end());
+      tensors.push_back({"hidden", DType::F32, {model->config().num_layers + 1, n, model->config().hidden_size}, h.data()});
+    }
+    write_safetensors(*out, tensors);
+  });
+});
+
+}  // namespace
+}  // namespace flashmoe::cli

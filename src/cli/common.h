@@ -1,0 +1,25 @@
+// Options shared by the commands that run a model.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+#include "kv/kv_config.h"
+
+namespace flashmoe::cli {
+
+struct ModelOptions {
+  std::string model_dir;
+  int threads = 0;  // 0: all cores
+  KvConfig kv;
+};
+
+// Adds -m/--model, -t/--threads (and the KV-cache options) to a command.
+void add_model_options(CLI::App* cmd, ModelOptions* opt);
+// Validates what add_model_options parsed; call at the start of the callback.
+void finalize_model_options(ModelOptions* opt);
+
+// Parses "1,2,3" into token ids; throws Error naming the bad item.
+std::vector<int32_t> parse_ids(const std::string& s);
+
+}  // namespace flashmoe::cli

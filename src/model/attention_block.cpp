@@ -1,0 +1,54 @@
+// Gated full attention (Qwen3.5 / Qwen3-Next): per-head q/k RMSNorm, partial
+// NeoX rotary, GQA softmax attention over the KV cache, output gated by
+// sigmoid of the second half of each head's q_proj rows.
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/ops.h"
+#include "model/blocks.h"
+
+namespace flashmoe {
+
+void attention_block(const ModelConfig& c, const AttentionWeights& w, const float* inv_freq,
+                     KvCache& cache, int64_t pos0, const float* x, int64_t n, float* out,
+                     ThreadPool& pool) {
+  const int64_t nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim, rd = c.rotary_dim;
+  const int64_t qg_row = 2 * nh * hd, kv_row = nkv * hd;
+  std::vector<float> qg(size_t(n * qg_row)), k(size_t(n * kv_row)), v(size_t(n * kv_row));
+  std::vector<float> attn(size_t(n * nh * hd)), q(size_t(nh * hd)), cs(size_t(rd / 2)), sn(size_t(rd / 2));
+  cpu::matmul(pool, w.q_proj, x, n, qg.data());
+  cpu::matmul(pool, w.k_proj, x, n, k.data());
+  cpu::matmul(pool, w.v_proj, x, n, v.data());
+  const float scale = 1.0f / std::sqrt(float(hd));
+
+  // Token by token through the cache: the reference semantics for every
+  // retention policy, and cheap next to the projections.
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t pos = pos0 + t;
+    for (int64_t i = 0; i < rd / 2; ++i) {
+      float f = float(pos) * inv_freq[i];  // fp32 angle, as the reference computes it
+      cs[i] = float(std::cos(double(f)));
+      sn[i] = float(std::sin(double(f)));
+    }
+    const float* qgt = qg.data() + t * qg_row;
+    for (int64_t h = 0; h < nh; ++h) {
+      float* qh = q.data() + h * hd;
+      cpu::rmsnorm_zc(qgt + h * 2 * hd, w.q_norm.data(), hd, c.rms_norm_eps, qh);
+      cpu::rope_neox(qh, rd, cs.data(), sn.data());
+    }
+    float* kt = k.data() + t * kv_row;
+    for (int64_t h = 0; h < nkv; ++h) {
+      cpu::rmsnorm_zc(kt + h * hd, w.k_norm.data(), hd, c.rms_norm_eps, kt + h * hd);
+      cpu::rope_neox(kt + h * hd, rd, cs.data(), sn.data());
+    }
+    cache.append(pos, kt, v.data() + t * kv_row);
+    float* at = attn.data() + t * nh * hd;
+    cache.attend(q.data(), nh, scale, at);
+    for (int64_t h = 0; h < nh; ++h)
+      for (int64_t d = 0; d < hd; ++d) at[h * hd + d] *= cpu::sigmoid(qgt[h * 2 * hd + hd + d]);
+  }
+  cpu::matmul(pool, w.o_proj, attn.data(), n, out);
+}
+
+}  // namespace flashmoe

@@ -1,0 +1,107 @@
+// Feed-forward: a dense SwiGLU MLP, or a mixture of experts (softmax router,
+// top-k, renormalised weights, plus a sigmoid-gated shared expert).
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/ops.h"
+#include "backend/cpu/simd.h"
+#include "model/blocks.h"
+
+namespace flashmoe {
+
+namespace {
+
+// y[m, H] = down(silu(gate x) * up x) for m token rows, on the calling thread.
+void swiglu_serial(const FfnExpert& e, const float* x, int64_t m, float* y, std::vector<float>& g,
+                   std::vector<float>& u) {
+  const int64_t H = e.gate.cols, I = e.gate.rows;
+  g.resize(size_t(m * I));
+  u.resize(size_t(m * I));
+  cpu::matmul_serial(e.gate, x, m, H, g.data(), I);
+  cpu::matmul_serial(e.up, x, m, H, u.data(), I);
+  for (int64_t i = 0; i < m * I; ++i) g[i] = cpu::silu(g[i]) * u[i];
+  cpu::matmul_serial(e.down, g.data(), m, I, y, H);
+}
+
+// One unit of expert work: an expert and the tokens routed to it.
+struct ExpertTask {
+  const FfnExpert* expert;
+  std::vector<int64_t> tokens;
+  std::vector<float> weights;  // per token
+  std::vector<float> result;   // [tokens, H]
+};
+
+}  // namespace
+
+void ffn_block(const ModelConfig& c, const FfnWeights& w, const float* x, int64_t n, float* out,
+               ThreadPool& pool) {
+  const int64_t H = c.hidden_size;
+  if (!w.moe) {
+    const FfnExpert& e = w.dense;
+    const int64_t I = e.gate.rows;
+    std::vector<float> g(size_t(n * I)), u(size_t(n * I));
+    cpu::matmul(pool, e.gate, x, n, g.data());
+    cpu::matmul(pool, e.up, x, n, u.data());
+    for (int64_t i = 0; i < n * I; ++i) g[i] = cpu::silu(g[i]) * u[i];
+    cpu::matmul(pool, e.down, g.data(), n, out);
+    return;
+  }
+
+  const int64_t E = c.num_experts, k = c.num_experts_per_tok;
+  std::vector<float> probs(size_t(n * E));
+  cpu::matmul(pool, w.router, x, n, probs.data());
+  std::vector<ExpertTask> tasks(static_cast<size_t>(E));
+  std::vector<int64_t> order(static_cast<size_t>(E));
+  for (int64_t t = 0; t < n; ++t) {
+    float* p = probs.data() + t * E;
+    cpu::softmax(p, E);
+    std::iota(order.begin(), order.end(), 0);
+    // Highest probability first; the lower index wins ties, as torch.topk does in practice.
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int64_t a, int64_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    float sum = 0;
+    for (int64_t j = 0; j < k; ++j) sum += p[order[j]];
+    for (int64_t j = 0; j < k; ++j) {
+      ExpertTask& task = tasks[order[j]];
+      task.tokens.push_back(t);
+      task.weights.push_back(c.norm_topk_prob ? p[order[j]] / sum : p[order[j]]);
+    }
+  }
+  std::vector<ExpertTask> work;
+  for (int64_t e = 0; e < E; ++e)
+    if (!tasks[e].tokens.empty()) {
+      tasks[e].expert = &w.experts[e];
+      work.push_back(std::move(tasks[e]));
+    }
+  if (w.has_shared) {
+    ExpertTask s;
+    s.expert = &w.shared;
+    for (int64_t t = 0; t < n; ++t) {
+      s.tokens.push_back(t);
+      s.weights.push_back(cpu::sigmoid(cpu::simd_dot_row(w.shared_gate, 0, x + t * H)));
+    }
+    work.push_back(std::move(s));
+  }
+
+  // Experts in parallel, each on one thread: with top-k >= threads this keeps
+  // every core streaming weights without splitting small matrices.
+  pool.parallel_for(int64_t(work.size()), [&](int64_t b, int64_t e) {
+    std::vector<float> xin, g, u;
+    for (int64_t i = b; i < e; ++i) {
+      ExpertTask& task = work[i];
+      const int64_t m = int64_t(task.tokens.size());
+      xin.resize(size_t(m * H));
+      for (int64_t j = 0; j < m; ++j) std::copy(x + task.tokens[j] * H, x + (task.tokens[j] + 1) * H, xin.data() + j * H);
+      task.result.resize(size_t(m * H));
+      swiglu_serial(*task.expert, xin.data(), m, task.result.data(), g, u);
+    }
+  });
+  std::fill(out, out + n * H, 0.0f);
+  for (const ExpertTask& task : work)
+    for (size_t j = 0; j < task.tokens.size(); ++j)
+      cpu::simd::axpy(task.weights[j], task.result.data() + j * H, out + task.tokens[j] * H, H);
+}
+
+}  // namespace flashmoe

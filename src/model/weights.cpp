@@ -1,0 +1,99 @@
+#include "model/weights.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace flashmoe {
+
+namespace {
+
+std::string L(int64_t i) { return "layers." + std::to_string(i) + "."; }
+
+FfnExpert load_mlp(const Checkpoint& ck, const std::string& p, int64_t H, int64_t I) {
+  return FfnExpert{ck.matrix(p + "gate_proj.weight", I, H), ck.matrix(p + "up_proj.weight", I, H),
+                   ck.matrix(p + "down_proj.weight", H, I)};
+}
+
+void load_experts(const Checkpoint& ck, const std::string& p, const ModelConfig& c, FfnWeights* f) {
+  const int64_t E = c.num_experts, H = c.hidden_size, I = c.moe_intermediate;
+  if (ck.has(p + "experts.gate_up_proj")) {
+    // Fused layout of published checkpoints: gate_up [E, 2I, H], down [E, H, I].
+    TensorView gu = ck.expect(p + "experts.gate_up_proj", {E, 2 * I, H});
+    TensorView dn = ck.expect(p + "experts.down_proj", {E, H, I});
+    Matrix gum{gu.dtype, gu.data, E * 2 * I, H};
+    Matrix dnm{dn.dtype, dn.data, E * H, I};
+    for (int64_t e = 0; e < E; ++e)
+      f->experts.push_back({gum.slice_rows(e * 2 * I, I), gum.slice_rows(e * 2 * I + I, I), dnm.slice_rows(e * H, H)});
+  } else {
+    for (int64_t e = 0; e < E; ++e) f->experts.push_back(load_mlp(ck, p + "experts." + std::to_string(e) + ".", H, I));
+  }
+}
+
+}  // namespace
+
+ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& c) {
+  ModelWeights w;
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  w.embed = ck.matrix("embed_tokens.weight", V, H);
+  if (ck.has("/lm_head.weight")) w.lm_head = ck.matrix("/lm_head.weight", V, H);
+  else if (c.tie_word_embeddings) w.lm_head = w.embed;
+  else fail(ck.dir() + ": checkpoint has no tensor 'lm_head.weight' and tie_word_embeddings is false");
+  w.final_norm = ck.vector_f32("norm.weight", {H});
+
+  const int64_t nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
+  const int64_t nk = c.lin_num_k_heads, nv = c.lin_num_v_heads, dk = c.lin_k_dim, dv = c.lin_v_dim;
+  const int64_t conv_dim = c.lin_conv_dim(), K = c.conv_kernel;
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    LayerWeights lw;
+    const std::string p = L(i);
+    lw.kind = c.layer_kinds[i];
+    lw.input_norm = ck.vector_f32(p + "input_layernorm.weight", {H});
+    lw.post_norm = ck.vector_f32(p + "post_attention_layernorm.weight", {H});
+    if (lw.kind == LayerKind::Full) {
+      const std::string a = p + "self_attn.";
+      lw.attn.q_proj = ck.matrix(a + "q_proj.weight", 2 * nh * hd, H);
+      lw.attn.k_proj = ck.matrix(a + "k_proj.weight", nkv * hd, H);
+      lw.attn.v_proj = ck.matrix(a + "v_proj.weight", nkv * hd, H);
+      lw.attn.o_proj = ck.matrix(a + "o_proj.weight", H, nh * hd);
+      lw.attn.q_norm = ck.vector_f32(a + "q_norm.weight", {hd});
+      lw.attn.k_norm = ck.vector_f32(a + "k_norm.weight", {hd});
+    } else {
+      const std::string a = p + "linear_attn.";
+      LinearAttentionWeights& l = lw.lin;
+      if (c.family == Family::Qwen3Next || ck.has(a + "in_proj_qkvz.weight")) {
+        l.grouped = true;
+        l.in_qkvz = ck.matrix(a + "in_proj_qkvz.weight", 2 * nk * dk + 2 * nv * dv, H);
+        l.in_ba = ck.matrix(a + "in_proj_ba.weight", 2 * nv, H);
+      } else {
+        l.in_qkv = ck.matrix(a + "in_proj_qkv.weight", conv_dim, H);
+        l.in_z = ck.matrix(a + "in_proj_z.weight", nv * dv, H);
+        l.in_b = ck.matrix(a + "in_proj_b.weight", nv, H);
+        l.in_a = ck.matrix(a + "in_proj_a.weight", nv, H);
+      }
+      l.conv = ck.vector_f32(a + "conv1d.weight", {conv_dim, 1, K});
+      l.dt_bias = ck.vector_f32(a + "dt_bias", {nv});
+      std::vector<float> a_log = ck.vector_f32(a + "A_log", {nv});
+      for (float x : a_log) l.neg_exp_A.push_back(-std::exp(x));
+      l.norm = ck.vector_f32(a + "norm.weight", {dv});
+      l.out_proj = ck.matrix(a + "out_proj.weight", H, nv * dv);
+    }
+    const std::string m = p + "mlp.";
+    if (c.layer_is_moe[i]) {
+      lw.ffn.moe = true;
+      lw.ffn.router = ck.matrix(m + "gate.weight", c.num_experts, H);
+      load_experts(ck, m, c, &lw.ffn);
+      if (c.shared_intermediate > 0) {
+        lw.ffn.has_shared = true;
+        lw.ffn.shared = load_mlp(ck, m + "shared_expert.", H, c.shared_intermediate);
+        lw.ffn.shared_gate = ck.matrix(m + "shared_expert_gate.weight", 1, H);
+      }
+    } else {
+      lw.ffn.dense = load_mlp(ck, m, H, c.intermediate_size);
+    }
+    w.layers.push_back(std::move(lw));
+  }
+  return w;
+}
+
+}  // namespace flashmoe
