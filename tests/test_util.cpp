@@ -1,0 +1,93 @@
+#include "test_util.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "format/safetensors.h"
+
+namespace flashmoe::test {
+
+std::string source_path(const std::string& rel) { return std::string(FLASHMOE_SOURCE_DIR) + "/" + rel; }
+std::string fixture_dir(const std::string& name) { return source_path("tests/fixtures/" + name); }
+
+bool ref_has(const std::string& file, const std::string& name) { return SafetensorsFile(file).has(name); }
+
+RefTensor load_ref(const std::string& file, const std::string& name) {
+  SafetensorsFile f(file);
+  TensorView t = f.get(name);
+  RefTensor r;
+  r.shape = t.shape;
+  if (t.dtype == DType::F32) {
+    const float* p = reinterpret_cast<const float*>(t.data);
+    r.f32.assign(p, p + t.numel());
+  } else if (t.dtype == DType::I64) {
+    const int64_t* p = reinterpret_cast<const int64_t*>(t.data);
+    for (int64_t i = 0; i < t.numel(); ++i) r.ids.push_back(int32_t(p[i]));
+  } else {
+    throw std::runtime_error("unexpected dtype in reference " + name);
+  }
+  return r;
+}
+
+float max_abs_diff(const float* a, const float* b, size_t n) {
+  float m = 0;
+  for (size_t i = 0; i < n; ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+float mean_abs_diff(const float* a, const float* b, size_t n) {
+  double s = 0;
+  for (size_t i = 0; i < n; ++i) s += std::fabs(double(a[i]) - double(b[i]));
+  return float(s / double(n));
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_file(const std::string& path, const std::string& data) {
+  std::ofstream out(path, std::ios::binary);
+  out << data;
+}
+
+void copy_file(const std::string& from, const std::string& to) {
+  std::filesystem::copy_file(from, to, std::filesystem::copy_options::overwrite_existing);
+}
+
+TempDir::TempDir() {
+  char tmpl[] = "/tmp/flashmoe-test-XXXXXX";
+  path = ::mkdtemp(tmpl);
+}
+TempDir::~TempDir() { std::filesystem::remove_all(path); }
+
+CmdResult run_flashmoe(const std::string& args, const std::string& stdin_text) {
+  TempDir d;
+  std::string in = d.path + "/in", out = d.path + "/out", err = d.path + "/err";
+  write_file(in, stdin_text);
+  std::string cmd = std::string(FLASHMOE_BINARY) + " " + args + " <" + in + " >" + out + " 2>" + err;
+  int status = std::system(cmd.c_str());
+  CmdResult r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  r.out = read_file(out);
+  r.err = read_file(err);
+  return r;
+}
+
+std::string join_ids(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+  return s;
+}
+
+}  // namespace flashmoe::test

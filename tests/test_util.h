@@ -1,0 +1,43 @@
+// Helpers shared by the tests: fixture paths, reference tensors, running the
+// real flashmoe binary, scratch directories.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace flashmoe::test {
+
+std::string source_path(const std::string& rel);  // FLASHMOE_SOURCE_DIR/rel
+std::string fixture_dir(const std::string& name);  // tests/fixtures/<name>
+
+struct RefTensor {
+  std::vector<int64_t> shape;
+  std::vector<float> f32;    // F32 tensors
+  std::vector<int32_t> ids;  // I64 tensors, narrowed
+};
+RefTensor load_ref(const std::string& file, const std::string& name);
+bool ref_has(const std::string& file, const std::string& name);
+
+float max_abs_diff(const float* a, const float* b, size_t n);
+float mean_abs_diff(const float* a, const float* b, size_t n);
+
+struct CmdResult {
+  int code = -1;
+  std::string out, err;
+};
+// Runs FLASHMOE_BINARY with the given argument string (shell-quoted by the caller).
+CmdResult run_flashmoe(const std::string& args, const std::string& stdin_text = "");
+
+// A fresh directory under /tmp, removed by the destructor.
+struct TempDir {
+  TempDir();
+  ~TempDir();
+  std::string path;
+};
+void copy_file(const std::string& from, const std::string& to);
+void write_file(const std::string& path, const std::string& data);
+std::string read_file(const std::string& path);
+
+std::string join_ids(const std::vector<int32_t>& ids);
+
+}  // namespace flashmoe::test
