@@ -1,0 +1,183 @@
+// Every failure a user can cause gives one clear message and a non-zero exit.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "format/safetensors.h"
+#include "test_util.h"
+
+using namespace flashmoe;
+using namespace flashmoe::test;
+
+namespace {
+
+const std::string kFixture = "tiny-qwen35moe-text";
+
+// A copy of the fixture's model directory whose safetensors file is rewritten
+// by `edit` (which may drop, reshape or retype tensors).
+struct ModelCopy {
+  TempDir tmp;
+  std::string dir() const { return tmp.path; }
+  ModelCopy() { copy_file(fixture_dir(kFixture) + "/model/config.json", tmp.path + "/config.json"); }
+  void copy_weights() {
+    copy_file(fixture_dir(kFixture) + "/model/model.safetensors", tmp.path + "/model.safetensors");
+  }
+  template <class Edit>
+  void rewrite_weights(Edit edit) {
+    SafetensorsFile src(fixture_dir(kFixture) + "/model/model.safetensors");
+    std::vector<TensorView> views;
+    for (const auto& n : src.names()) views.push_back(src.get(n));
+    std::vector<TensorToWrite> out;
+    for (auto& v : views) {
+      TensorToWrite t{v.name, v.dtype, v.shape, v.data};
+      if (edit(t)) out.push_back(t);
+    }
+    write_safetensors(tmp.path + "/model.safetensors", out);
+  }
+};
+
+CmdResult logits_on(const std::string& dir, const std::string& ids = "1,2,3") {
+  TempDir out;
+  return run_flashmoe("logits -m " + dir + " --ids " + ids + " -o " + out.path + "/l.safetensors");
+}
+
+void expect_error(const CmdResult& r, const std::string& needle) {
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find(needle), std::string::npos) << "stderr was: " << r.err;
+  EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+}
+
+TEST(CliErrors, MissingDirectory) {
+  expect_error(logits_on("/nonexistent/model-dir"), "/nonexistent/model-dir");
+}
+
+TEST(CliErrors, MissingConfig) {
+  TempDir d;
+  expect_error(logits_on(d.path), "config.json");
+}
+
+TEST(CliErrors, UnknownModelType) {
+  ModelCopy m;
+  m.copy_weights();
+  write_file(m.dir() + "/config.json", R"({"model_type": "llama", "hidden_size": 8})");
+  expect_error(logits_on(m.dir()), "unsupported model_type 'llama'");
+}
+
+TEST(CliErrors, ConfigNotJson) {
+  ModelCopy m;
+  m.copy_weights();
+  write_file(m.dir() + "/config.json", "{ not json");
+  expect_error(logits_on(m.dir()), "not valid JSON");
+}
+
+TEST(CliErrors, TruncatedSafetensors) {
+  ModelCopy m;
+  std::string data = read_file(fixture_dir(kFixture) + "/model/model.safetensors");
+  write_file(m.dir() + "/model.safetensors", data.substr(0, data.size() / 2));
+  expect_error(logits_on(m.dir()), "point outside the file");
+}
+
+TEST(CliErrors, HeaderLongerThanFile) {
+  ModelCopy m;
+  std::string data = read_file(fixture_dir(kFixture) + "/model/model.safetensors");
+  write_file(m.dir() + "/model.safetensors", data.substr(0, 100));
+  expect_error(logits_on(m.dir()), "header length");
+}
+
+TEST(CliErrors, HeaderPointsOutsideFile) {
+  ModelCopy m;
+  std::string header = R"({"model.norm.weight":{"dtype":"F32","shape":[4],"data_offsets":[0,1000000]}})";
+  std::string data(8, '\0');
+  for (int i = 0; i < 8; ++i) data[i] = char((header.size() >> (8 * i)) & 0xff);
+  write_file(m.dir() + "/model.safetensors", data + header + std::string(16, '\0'));
+  expect_error(logits_on(m.dir()), "outside the file");
+}
+
+TEST(CliErrors, MissingTensor) {
+  ModelCopy m;
+  m.rewrite_weights([](TensorToWrite& t) { return t.name != "model.layers.1.linear_attn.dt_bias"; });
+  expect_error(logits_on(m.dir()), "model.layers.1.linear_attn.dt_bias");
+}
+
+TEST(CliErrors, WrongShape) {
+  ModelCopy m;
+  std::vector<float> small(127, 0.0f);
+  m.rewrite_weights([&](TensorToWrite& t) {
+    if (t.name == "model.norm.weight") {
+      t.dtype = DType::F32;
+      t.shape = {127};
+      t.data = small.data();
+    }
+    return true;
+  });
+  CmdResult r = logits_on(m.dir());
+  expect_error(r, "model.norm.weight");
+  expect_error(r, "[127]");
+}
+
+TEST(CliErrors, UnsupportedDtype) {
+  ModelCopy m;
+  std::vector<double> wide(128, 0.0);
+  m.rewrite_weights([&](TensorToWrite& t) {
+    if (t.name == "model.norm.weight") {
+      t.dtype = DType::I64;  // stands in for any dtype flashmoe cannot read as weights
+      t.data = wide.data();
+    }
+    return true;
+  });
+  CmdResult r = logits_on(m.dir());
+  expect_error(r, "model.norm.weight");
+  expect_error(r, "dtype I64");
+  // A dtype safetensors defines but flashmoe does not read at all (F64):
+  // same element size as I64, so only the header's dtype string changes.
+  std::string data = read_file(m.dir() + "/model.safetensors");
+  size_t at = data.find("\"I64\"");
+  ASSERT_NE(at, std::string::npos);
+  data.replace(at, 5, "\"F64\"");
+  write_file(m.dir() + "/model.safetensors", data);
+  CmdResult r2 = logits_on(m.dir());
+  expect_error(r2, "model.norm.weight");
+  expect_error(r2, "dtype F64");
+}
+
+TEST(CliErrors, IdsOutOfVocabulary) {
+  CmdResult r = logits_on(fixture_dir(kFixture) + "/model", "1,2,512");
+  expect_error(r, "token id 512 is out of range");
+  expect_error(run_flashmoe("generate -m " + fixture_dir(kFixture) + "/model --ids -1 -n 2 --greedy"), "token id -1");
+}
+
+TEST(CliErrors, MalformedIds) {
+  expect_error(logits_on(fixture_dir(kFixture) + "/model", "1,x,3"), "'x' is not a token id");
+}
+
+TEST(CliErrors, UnknownFlag) {
+  CmdResult r = run_flashmoe("logits -m x --ids 1 -o y --no-such-flag");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("no-such-flag"), std::string::npos) << r.err;
+}
+
+TEST(Cli, LogitsCommandWritesReferenceLogits) {
+  const std::string ref = fixture_dir(kFixture) + "/reference.safetensors";
+  RefTensor ids = load_ref(ref, "ids_short"), logits = load_ref(ref, "logits_short");
+  TempDir out;
+  CmdResult r = run_flashmoe("logits -m " + fixture_dir(kFixture) + "/model -t 1 --ids " + join_ids(ids.ids) +
+                             " -o " + out.path + "/l.safetensors");
+  ASSERT_EQ(r.code, 0) << r.err;
+  RefTensor got = load_ref(out.path + "/l.safetensors", "logits");
+  ASSERT_EQ(got.shape, logits.shape);
+  EXPECT_LE(max_abs_diff(got.f32.data(), logits.f32.data(), got.f32.size()), 1e-3f);
+}
+
+TEST(Cli, GeneratePrintsGreedyIds) {
+  const std::string ref = fixture_dir("tiny-qwen3next-sharded") + "/reference.safetensors";
+  RefTensor prompt = load_ref(ref, "prompt"), greedy = load_ref(ref, "greedy");
+  CmdResult r = run_flashmoe("generate -m " + fixture_dir("tiny-qwen3next-sharded") + "/model --ids " +
+                             join_ids(prompt.ids) + " -n " + std::to_string(greedy.ids.size()) +
+                             " --greedy --print-ids");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::string expect;
+  for (size_t i = 0; i < greedy.ids.size(); ++i) expect += (i ? " " : "") + std::to_string(greedy.ids[i]);
+  EXPECT_EQ(r.out, expect + "\n");
+}
+
+}  // namespace
