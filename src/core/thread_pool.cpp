@@ -1,8 +1,37 @@
 #include "core/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+static inline void cpu_relax() { _mm_pause(); }
+#else
+static inline void cpu_relax() {}
+#endif
 
 namespace flashmoe {
+
+namespace {
+// How long an idle thread spins before sleeping: long enough to bridge the
+// gap between two loops of one decode step, short enough not to burn a core
+// while the program waits for input.
+constexpr auto kSpin = std::chrono::microseconds(100);
+
+// Spins until pred() holds or the spin budget is spent; returns pred().
+template <class Pred>
+bool spin_until(Pred pred) {
+  auto until = std::chrono::steady_clock::now() + kSpin;
+  for (int i = 1;; ++i) {
+    if (pred()) return true;
+    cpu_relax();
+    if (i % 64 == 0) {
+      std::this_thread::yield();
+      if (std::chrono::steady_clock::now() > until) return pred();
+    }
+  }
+}
+}  // namespace
 
 int ThreadPool::hardware_threads() {
   unsigned n = std::thread::hardware_concurrency();
@@ -11,7 +40,7 @@ int ThreadPool::hardware_threads() {
 
 ThreadPool::ThreadPool(int threads) {
   if (threads <= 0) threads = hardware_threads();
-  for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -19,37 +48,39 @@ ThreadPool::~ThreadPool() {
     std::lock_guard<std::mutex> lk(mu_);
     stop_ = true;
   }
-  start_cv_.notify_all();
+  wake_cv_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::run_chunks() {
+void ThreadPool::Job::run(ThreadPool& pool) {
   for (;;) {
-    int64_t b;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (next_ >= n_) return;
-      b = next_;
-      next_ += chunk_;
+    int64_t c = next.fetch_add(1, std::memory_order_relaxed);
+    if (c >= chunks) return;
+    int64_t b = c * chunk;
+    (*fn)(b, std::min(n, b + chunk));
+    if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) {
+      std::lock_guard<std::mutex> lk(pool.mu_);
+      pool.done_cv_.notify_all();
     }
-    (*job_)(b, std::min(n_, b + chunk_));
   }
 }
 
-void ThreadPool::worker_loop(int) {
+void ThreadPool::worker_loop() {
   uint64_t seen = 0;
   for (;;) {
-    {
+    auto changed = [&] { return stop_.load(std::memory_order_relaxed) || generation_.load(std::memory_order_acquire) != seen; };
+    if (!spin_until(changed)) {
       std::unique_lock<std::mutex> lk(mu_);
-      start_cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
+      wake_cv_.wait(lk, changed);
     }
-    run_chunks();
+    if (stop_.load()) return;
+    std::shared_ptr<Job> job;
     {
       std::lock_guard<std::mutex> lk(mu_);
-      if (--busy_ == 0) done_cv_.notify_all();
+      job = current_;
+      seen = generation_.load();
     }
+    if (job) job->run(*this);
   }
 }
 
@@ -61,22 +92,25 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     fn(0, n);
     return;
   }
-  // A few chunks per thread balances uneven work without much locking.
+  // A few chunks per thread balances uneven work without much contention.
+  auto job = std::make_shared<Job>();
+  job->fn = &fn;
+  job->n = n;
   int64_t chunks = std::min<int64_t>(int64_t(size()) * 4, (n + grain - 1) / grain);
+  job->chunk = (n + chunks - 1) / chunks;
+  job->chunks = (n + job->chunk - 1) / job->chunk;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    job_ = &fn;
-    n_ = n;
-    chunk_ = (n + chunks - 1) / chunks;
-    next_ = 0;
-    busy_ = int(workers_.size());
-    ++generation_;
+    current_ = job;
+    generation_.fetch_add(1, std::memory_order_release);
   }
-  start_cv_.notify_all();
-  run_chunks();
-  std::unique_lock<std::mutex> lk(mu_);
-  done_cv_.wait(lk, [&] { return busy_ == 0; });
-  job_ = nullptr;
+  wake_cv_.notify_all();
+  job->run(*this);
+  auto finished = [&] { return job->done.load(std::memory_order_acquire) == job->chunks; };
+  if (!spin_until(finished)) {
+    std::unique_lock<std::mutex> lk(mu_);
+    done_cv_.wait(lk, finished);
+  }
 }
 
 }  // namespace flashmoe

@@ -1,9 +1,14 @@
 // A fixed pool of worker threads for data-parallel loops. The calling thread
 // takes part in every loop, so a pool of N threads uses N cores in total.
+// Decoding one token issues dozens of small loops, so workers spin briefly
+// between loops (microsecond wake-up) before sleeping; spinning yields the
+// core, so an oversubscribed machine still makes progress.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -27,17 +32,22 @@ class ThreadPool {
   static int hardware_threads();
 
  private:
-  void worker_loop(int index);
-  void run_chunks();
+  // One loop: chunks are claimed with an atomic counter, so whichever thread
+  // is running takes the next chunk and a late-waking worker finds none left.
+  struct Job {
+    const std::function<void(int64_t, int64_t)>* fn;
+    int64_t n, chunk, chunks;
+    std::atomic<int64_t> next{0}, done{0};
+    void run(ThreadPool& pool);
+  };
+  void worker_loop();
 
   std::vector<std::thread> workers_;
   std::mutex mu_;
-  std::condition_variable start_cv_, done_cv_;
-  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
-  int64_t n_ = 0, chunk_ = 0, next_ = 0;
-  uint64_t generation_ = 0;
-  int busy_ = 0;
-  bool stop_ = false;
+  std::condition_variable wake_cv_, done_cv_;
+  std::shared_ptr<Job> current_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<bool> stop_{false};
 };
 
 }  // namespace flashmoe

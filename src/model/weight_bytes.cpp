@@ -1,0 +1,45 @@
+#include "model/weight_bytes.h"
+
+namespace flashmoe {
+
+namespace {
+int64_t mlp_bytes(const FfnExpert& e) { return int64_t(e.gate.nbytes() + e.up.nbytes() + e.down.nbytes()); }
+int64_t vec_bytes(const std::vector<float>& v) { return int64_t(v.size() * sizeof(float)); }
+}  // namespace
+
+WeightBytes count_weight_bytes(const ModelConfig& cfg, const ModelWeights& w) {
+  WeightBytes b;
+  int64_t fixed = int64_t(w.lm_head.nbytes()) + vec_bytes(w.final_norm);
+  fixed += int64_t(w.embed.row_bytes());  // one row read per token
+  int64_t embed_total = w.lm_head.data == w.embed.data ? 0 : int64_t(w.embed.nbytes());
+  int64_t routed_per_token = 0;
+  for (const LayerWeights& l : w.layers) {
+    fixed += vec_bytes(l.input_norm) + vec_bytes(l.post_norm);
+    if (l.kind == LayerKind::Full) {
+      const AttentionWeights& a = l.attn;
+      fixed += int64_t(a.q_proj.nbytes() + a.k_proj.nbytes() + a.v_proj.nbytes() + a.o_proj.nbytes());
+      fixed += vec_bytes(a.q_norm) + vec_bytes(a.k_norm);
+    } else {
+      const LinearAttentionWeights& a = l.lin;
+      for (const Matrix* m : {&a.in_qkv, &a.in_z, &a.in_b, &a.in_a, &a.in_qkvz, &a.in_ba, &a.out_proj})
+        fixed += int64_t(m->nbytes());
+      fixed += vec_bytes(a.conv) + vec_bytes(a.dt_bias) + vec_bytes(a.neg_exp_A) + vec_bytes(a.norm);
+    }
+    const FfnWeights& f = l.ffn;
+    if (f.moe) {
+      fixed += int64_t(f.router.nbytes());
+      if (f.has_shared) fixed += mlp_bytes(f.shared) + int64_t(f.shared_gate.nbytes());
+      int64_t all = 0;
+      for (const FfnExpert& e : f.experts) all += mlp_bytes(e);
+      b.experts_total += all;
+      if (!f.experts.empty()) routed_per_token += all / int64_t(f.experts.size()) * cfg.num_experts_per_tok;
+    } else {
+      fixed += mlp_bytes(f.dense);
+    }
+  }
+  b.per_token = fixed + routed_per_token;
+  b.total = fixed - int64_t(w.embed.row_bytes()) + embed_total + b.experts_total;
+  return b;
+}
+
+}  // namespace flashmoe
