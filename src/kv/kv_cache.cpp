@@ -21,7 +21,7 @@ KvCache::KvCache(int64_t num_kv_heads, int64_t head_dim, const KvConfig& cfg)
   ns_ = cfg_.dtype != KvDType::FP8 ? 0 : cfg_.fp8_scale == Fp8ScaleMode::Head ? nkv_ : 1;
   cap_ = cfg_.capacity();
   krow_.resize(size_t(hd_));
-  vrow_.resize(size_t(hd_));
+  if (cfg_.dtype != KvDType::F32) vtile_.resize(size_t(kTile * hd_));
   if (cap_ > 0) {
     // Allocated once, with the element size of this config; never grows.
     k_.assign(size_t(cap_ * row_) * el_, 0);
@@ -235,9 +235,27 @@ void KvCache::attend_impl(const float* q, int64_t num_heads, float scale, float*
       const float inv = 1.0f / cpu::simd::exp_shifted_sum(p, n, mx);
       for (int64_t s = 0; s < n; ++s) p[s] *= inv;
     }
-    for (int64_t s = 0; s < n; ++s) {
-      const float* vr = row<T>(v_, vs_, s, kvh, vrow_.data());
-      for (int64_t g = 0; g < G; ++g) cpu::simd::axpy(probs[(h0 + g) * n + s], vr, out + (h0 + g) * hd_, hd_);
+    // Values, a tile of rows at a time: each row is decoded once into the
+    // tile (f32 storage is read in place), and every head of the group
+    // accumulates the tile in registers.
+    for (int64_t s0 = 0; s0 < n; s0 += kTile) {
+      const int64_t nt = std::min(kTile, n - s0);
+      const float* tile;
+      int64_t ld;
+      if constexpr (T == KvDType::F32) {
+        tile = reinterpret_cast<const float*>(v_.data()) + s0 * row_ + kvh * hd_;
+        ld = row_;
+      } else {
+        for (int64_t r = 0; r < nt; ++r) {
+          float* dst = vtile_.data() + r * hd_;
+          const float* src = row<T>(v_, vs_, s0 + r, kvh, dst);
+          if (src != dst) std::memcpy(dst, src, size_t(hd_) * 4);
+        }
+        tile = vtile_.data();
+        ld = hd_;
+      }
+      for (int64_t g = 0; g < G; ++g)
+        cpu::simd::weighted_rows_acc(tile, ld, probs + (h0 + g) * n + s0, nt, out + (h0 + g) * hd_, hd_);
     }
   }
   if (ret_ == KvRetention::H2O) {

@@ -95,7 +95,8 @@ class KvCache {
   std::vector<float> ks_, vs_;   // fp8 scales [slot][ns_]
   std::vector<int64_t> pos_;     // absolute position per slot
   std::vector<float> acc_;       // h2o accumulated scores per slot
-  std::vector<float> probs_, krow_, vrow_;  // scratch
+  static constexpr int64_t kTile = 16;      // value rows decoded per tile in attend()
+  std::vector<float> probs_, krow_, vtile_;  // scratch
 };
 
 }  // namespace flashmoe

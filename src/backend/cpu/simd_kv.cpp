@@ -74,8 +74,47 @@ AVX2_FN float exp_shifted_sum_avx2(float* x, int64_t n, float max) {
   return sum;
 }
 
+AVX2_FN void weighted_rows_acc_avx2(const float* rows, int64_t ld, const float* w, int64_t nrows, float* out,
+                                   int64_t n) {
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256 a0 = _mm256_loadu_ps(out + i), a1 = _mm256_loadu_ps(out + i + 8);
+    __m256 a2 = _mm256_loadu_ps(out + i + 16), a3 = _mm256_loadu_ps(out + i + 24);
+    for (int64_t r = 0; r < nrows; ++r) {
+      const __m256 wr = _mm256_set1_ps(w[r]);
+      const float* x = rows + r * ld + i;
+      a0 = _mm256_fmadd_ps(wr, _mm256_loadu_ps(x), a0);
+      a1 = _mm256_fmadd_ps(wr, _mm256_loadu_ps(x + 8), a1);
+      a2 = _mm256_fmadd_ps(wr, _mm256_loadu_ps(x + 16), a2);
+      a3 = _mm256_fmadd_ps(wr, _mm256_loadu_ps(x + 24), a3);
+    }
+    _mm256_storeu_ps(out + i, a0);
+    _mm256_storeu_ps(out + i + 8, a1);
+    _mm256_storeu_ps(out + i + 16, a2);
+    _mm256_storeu_ps(out + i + 24, a3);
+  }
+  for (; i + 8 <= n; i += 8) {
+    __m256 a = _mm256_loadu_ps(out + i);
+    for (int64_t r = 0; r < nrows; ++r) a = _mm256_fmadd_ps(_mm256_set1_ps(w[r]), _mm256_loadu_ps(rows + r * ld + i), a);
+    _mm256_storeu_ps(out + i, a);
+  }
+  for (; i < n; ++i) {
+    float a = out[i];
+    for (int64_t r = 0; r < nrows; ++r) a += w[r] * rows[r * ld + i];
+    out[i] = a;
+  }
+}
+
 }  // namespace
 #endif
+
+void weighted_rows_acc(const float* rows, int64_t ld, const float* w, int64_t nrows, float* out, int64_t n) {
+#ifdef FLASHMOE_X86
+  if (has_avx2()) return weighted_rows_acc_avx2(rows, ld, w, nrows, out, n);
+#endif
+  for (int64_t r = 0; r < nrows; ++r)
+    for (int64_t i = 0; i < n; ++i) out[i] += w[r] * rows[r * ld + i];
+}
 
 void fp8_e4m3_to_f32(const uint8_t* src, int64_t n, float scale, float* out) {
 #ifdef FLASHMOE_X86

@@ -13,4 +13,8 @@ void fp8_e4m3_to_f32(const uint8_t* src, int64_t n, float scale, float* out);
 // few ulp (AVX2 polynomial) so softmax stays within 1e-6 relative.
 float exp_shifted_sum(float* x, int64_t n, float max);
 
+// out[i] += sum_{r < nrows} w[r] * rows[r * ld + i] for i < n: the weighted sum
+// of a tile of value rows, kept in registers across the rows.
+void weighted_rows_acc(const float* rows, int64_t ld, const float* w, int64_t nrows, float* out, int64_t n);
+
 }  // namespace flashmoe::cpu::simd
