@@ -2,47 +2,279 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "backend/cpu/simd.h"
+#include "backend/cpu/simd_kv.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kv/fp8_e4m3.h"
 
 namespace flashmoe {
 
 KvCache::KvCache(int64_t num_kv_heads, int64_t head_dim, const KvConfig& cfg)
-    : nkv_(num_kv_heads), hd_(head_dim), cfg_(cfg) {
+    : nkv_(num_kv_heads), hd_(head_dim), row_(num_kv_heads * head_dim), cfg_(cfg) {
+  if (nkv_ <= 0 || hd_ <= 0) fail("KvCache: num_kv_heads and head_dim must be positive");
   cfg_.validate();
+  ret_ = cfg_.retention();
+  el_ = kv_elem_size(cfg_.dtype);
+  ns_ = cfg_.dtype != KvDType::FP8 ? 0 : cfg_.fp8_scale == Fp8ScaleMode::Head ? nkv_ : 1;
+  cap_ = cfg_.capacity();
+  krow_.resize(size_t(hd_));
+  if (cfg_.dtype != KvDType::F32) vtile_.resize(size_t(kTile * hd_));
+  if (cap_ > 0) {
+    // Allocated once, with the element size of this config; never grows.
+    k_.assign(size_t(cap_ * row_) * el_, 0);
+    v_.assign(size_t(cap_ * row_) * el_, 0);
+    ks_.assign(size_t(cap_ * ns_), 0.0f);
+    vs_.assign(size_t(cap_ * ns_), 0.0f);
+    pos_.assign(size_t(cap_), -1);
+    if (ret_ == KvRetention::H2O) acc_.assign(size_t(cap_), 0.0f);
+  }
 }
 
 void KvCache::clear() {
-  k_.clear();
-  v_.clear();
-  pos_.clear();
+  n_ = 0;
+  appended_ = 0;
+  last_pos_ = -1;
+  if (cap_ == 0) {  // full: give the memory back
+    k_.clear(); k_.shrink_to_fit();
+    v_.clear(); v_.shrink_to_fit();
+    ks_.clear(); ks_.shrink_to_fit();
+    vs_.clear(); vs_.shrink_to_fit();
+    pos_.clear(); pos_.shrink_to_fit();
+    probs_.clear(); probs_.shrink_to_fit();
+  } else if (!acc_.empty()) {
+    std::fill(acc_.begin(), acc_.end(), 0.0f);
+  }
 }
 
-size_t KvCache::bytes() const { return (k_.capacity() + v_.capacity()) * sizeof(float); }
+size_t KvCache::bytes() const {
+  return k_.capacity() + v_.capacity() + (ks_.capacity() + vs_.capacity() + acc_.capacity()) * sizeof(float) +
+         pos_.capacity() * sizeof(int64_t);
+}
+
+void KvCache::ensure_slots(int64_t slots) {
+  if (int64_t(pos_.size()) >= slots) return;
+  k_.resize(size_t(slots * row_) * el_);
+  v_.resize(size_t(slots * row_) * el_);
+  ks_.resize(size_t(slots * ns_));
+  vs_.resize(size_t(slots * ns_));
+  pos_.resize(size_t(slots), -1);
+}
+
+std::vector<int64_t> KvCache::positions() const {
+  std::vector<int64_t> p(pos_.begin(), pos_.begin() + n_);
+  std::sort(p.begin(), p.end());
+  return p;
+}
+
+// ---------------------------------------------------------------- storage
+
+template <KvDType T>
+void KvCache::store(int64_t slot, const float* k, const float* v) {
+  const size_t off = size_t(slot * row_);
+  if constexpr (T == KvDType::F32) {
+    std::memcpy(k_.data() + off * 4, k, size_t(row_) * 4);
+    std::memcpy(v_.data() + off * 4, v, size_t(row_) * 4);
+  } else if constexpr (T == KvDType::BF16 || T == KvDType::F16) {
+    uint16_t* kd = reinterpret_cast<uint16_t*>(k_.data()) + off;
+    uint16_t* vd = reinterpret_cast<uint16_t*>(v_.data()) + off;
+    for (int64_t i = 0; i < row_; ++i) {
+      if constexpr (T == KvDType::BF16) {
+        kd[i] = f32_to_bf16(k[i]);
+        vd[i] = f32_to_bf16(v[i]);
+      } else {
+        kd[i] = f32_to_f16(k[i]);
+        vd[i] = f32_to_f16(v[i]);
+      }
+    }
+  } else {
+    const int64_t block = row_ / ns_;  // whole row (position) or one head
+    for (int64_t b = 0; b < ns_; ++b) {
+      const float* kb = k + b * block;
+      const float* vb = v + b * block;
+      const float sk = fp8::e4m3_block_scale(kb, block), sv = fp8::e4m3_block_scale(vb, block);
+      ks_[size_t(slot * ns_ + b)] = sk;
+      vs_[size_t(slot * ns_ + b)] = sv;
+      fp8::e4m3_encode_scaled(kb, block, sk, k_.data() + off + size_t(b * block));
+      fp8::e4m3_encode_scaled(vb, block, sv, v_.data() + off + size_t(b * block));
+    }
+  }
+}
+
+template <KvDType T>
+const float* KvCache::row(const std::vector<uint8_t>& data, const std::vector<float>& scales, int64_t slot,
+                          int64_t kvh, float* buf) const {
+  const size_t off = size_t(slot * row_ + kvh * hd_);
+  if constexpr (T == KvDType::F32) {
+    return reinterpret_cast<const float*>(data.data()) + off;
+  } else if constexpr (T == KvDType::BF16) {
+    cpu::simd::to_f32(DType::BF16, reinterpret_cast<const uint16_t*>(data.data()) + off, hd_, buf);
+    return buf;
+  } else if constexpr (T == KvDType::F16) {
+    cpu::simd::to_f32(DType::F16, reinterpret_cast<const uint16_t*>(data.data()) + off, hd_, buf);
+    return buf;
+  } else {
+    const float s = scales[size_t(slot * ns_ + (ns_ == 1 ? 0 : kvh))];
+    cpu::simd::fp8_e4m3_to_f32(data.data() + off, hd_, s, buf);
+    return buf;
+  }
+}
+
+void KvCache::dequantize(int64_t slot, float* k, float* v) const {
+  if (slot < 0 || slot >= n_) fail("KvCache::dequantize: slot out of range");
+  std::vector<float> buf(static_cast<size_t>(hd_));
+  for (int64_t h = 0; h < nkv_; ++h) {
+    const float *kr = nullptr, *vr = nullptr;
+    switch (cfg_.dtype) {
+      case KvDType::F32: kr = row<KvDType::F32>(k_, ks_, slot, h, buf.data()); break;
+      case KvDType::BF16: kr = row<KvDType::BF16>(k_, ks_, slot, h, buf.data()); break;
+      case KvDType::F16: kr = row<KvDType::F16>(k_, ks_, slot, h, buf.data()); break;
+      case KvDType::FP8: kr = row<KvDType::FP8>(k_, ks_, slot, h, buf.data()); break;
+    }
+    std::memcpy(k + h * hd_, kr, size_t(hd_) * 4);
+    switch (cfg_.dtype) {
+      case KvDType::F32: vr = row<KvDType::F32>(v_, vs_, slot, h, buf.data()); break;
+      case KvDType::BF16: vr = row<KvDType::BF16>(v_, vs_, slot, h, buf.data()); break;
+      case KvDType::F16: vr = row<KvDType::F16>(v_, vs_, slot, h, buf.data()); break;
+      case KvDType::FP8: vr = row<KvDType::FP8>(v_, vs_, slot, h, buf.data()); break;
+    }
+    std::memcpy(v + h * hd_, vr, size_t(hd_) * 4);
+  }
+}
+
+// ---------------------------------------------------------------- retention
+
+void KvCache::h2o_evict_one() {
+  // The cache holds B = cap_ positions and one more is arriving: of the B + 1,
+  // slots [0, sinks) and the last R (the newcomer and slots [B-R+1, B)) are
+  // protected; the middle is [sinks, B - R + 1), never empty since R <= B - sinks.
+  const int64_t B = cap_, R = cfg_.h2o_recent(), lo = cfg_.sinks, hi = B - R + 1;
+  int64_t victim = lo;
+  for (int64_t s = lo + 1; s < hi; ++s)
+    if (acc_[size_t(s)] < acc_[size_t(victim)]) victim = s;  // ties: the oldest goes
+  const int64_t tail = B - 1 - victim;  // slots after the victim, shifted down by one
+  if (tail > 0) {
+    const size_t rb = size_t(row_) * el_;
+    std::memmove(k_.data() + size_t(victim) * rb, k_.data() + size_t(victim + 1) * rb, size_t(tail) * rb);
+    std::memmove(v_.data() + size_t(victim) * rb, v_.data() + size_t(victim + 1) * rb, size_t(tail) * rb);
+    if (ns_ > 0) {
+      std::memmove(ks_.data() + victim * ns_, ks_.data() + (victim + 1) * ns_, size_t(tail * ns_) * 4);
+      std::memmove(vs_.data() + victim * ns_, vs_.data() + (victim + 1) * ns_, size_t(tail * ns_) * 4);
+    }
+    std::memmove(pos_.data() + victim, pos_.data() + victim + 1, size_t(tail) * sizeof(int64_t));
+    std::memmove(acc_.data() + victim, acc_.data() + victim + 1, size_t(tail) * sizeof(float));
+  }
+  --n_;
+}
 
 void KvCache::append(int64_t pos, const float* k, const float* v) {
-  const int64_t row = nkv_ * hd_;
-  k_.insert(k_.end(), k, k + row);
-  v_.insert(v_.end(), v, v + row);
-  pos_.push_back(pos);
+  if (pos <= last_pos_)
+    fail("KvCache::append: position " + std::to_string(pos) + " does not follow " + std::to_string(last_pos_));
+  int64_t slot = 0;
+  switch (ret_) {
+    case KvRetention::Full:
+      slot = n_;
+      ensure_slots(n_ + 1);
+      ++n_;
+      break;
+    case KvRetention::Window:
+      slot = appended_ % cap_;
+      n_ = std::min(n_ + 1, cap_);
+      break;
+    case KvRetention::Streaming: {
+      const int64_t S = cfg_.sinks;
+      slot = appended_ < S ? appended_ : S + (appended_ - S) % (cap_ - S);
+      n_ = std::min(n_ + 1, cap_);
+      break;
+    }
+    case KvRetention::H2O:
+      if (n_ == cap_) h2o_evict_one();
+      slot = n_++;
+      acc_[size_t(slot)] = 0.0f;
+      break;
+  }
+  switch (cfg_.dtype) {
+    case KvDType::F32: store<KvDType::F32>(slot, k, v); break;
+    case KvDType::BF16: store<KvDType::BF16>(slot, k, v); break;
+    case KvDType::F16: store<KvDType::F16>(slot, k, v); break;
+    case KvDType::FP8: store<KvDType::FP8>(slot, k, v); break;
+  }
+  pos_[size_t(slot)] = pos;
+  last_pos_ = pos;
+  ++appended_;
+}
+
+// ---------------------------------------------------------------- attention
+
+template <KvDType T>
+void KvCache::attend_impl(const float* q, int64_t num_heads, float scale, float* out) {
+  const int64_t n = n_, G = num_heads / nkv_;
+  std::fill(out, out + num_heads * hd_, 0.0f);
+  if (n == 0) return;
+  if (probs_.size() < size_t(num_heads * n)) probs_.resize(size_t(num_heads * n));
+  float* probs = probs_.data();
+  for (int64_t kvh = 0; kvh < nkv_; ++kvh) {
+    const int64_t h0 = kvh * G;
+    const float* qg = q + h0 * hd_;
+    // Scores: each K row is decoded once and used by the G query heads of its group.
+    for (int64_t s = 0; s < n; ++s) {
+      const float* kr = row<T>(k_, ks_, s, kvh, krow_.data());
+      int64_t g = 0;
+      for (; g + 4 <= G; g += 4) {
+        float o[4];
+        cpu::simd::dot4_f32(qg + g * hd_, hd_, kr, hd_, o);
+        for (int j = 0; j < 4; ++j) probs[(h0 + g + j) * n + s] = o[j] * scale;
+      }
+      for (; g < G; ++g) probs[(h0 + g) * n + s] = cpu::simd::dot_f32(qg + g * hd_, kr, hd_) * scale;
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      float* p = probs + (h0 + g) * n;
+      const float mx = *std::max_element(p, p + n);
+      const float inv = 1.0f / cpu::simd::exp_shifted_sum(p, n, mx);
+      for (int64_t s = 0; s < n; ++s) p[s] *= inv;
+    }
+    // Values, a tile of rows at a time: each row is decoded once into the
+    // tile (f32 storage is read in place), and every head of the group
+    // accumulates the tile in registers.
+    for (int64_t s0 = 0; s0 < n; s0 += kTile) {
+      const int64_t nt = std::min(kTile, n - s0);
+      const float* tile;
+      int64_t ld;
+      if constexpr (T == KvDType::F32) {
+        tile = reinterpret_cast<const float*>(v_.data()) + s0 * row_ + kvh * hd_;
+        ld = row_;
+      } else {
+        for (int64_t r = 0; r < nt; ++r) {
+          float* dst = vtile_.data() + r * hd_;
+          const float* src = row<T>(v_, vs_, s0 + r, kvh, dst);
+          if (src != dst) std::memcpy(dst, src, size_t(hd_) * 4);
+        }
+        tile = vtile_.data();
+        ld = hd_;
+      }
+      for (int64_t g = 0; g < G; ++g)
+        cpu::simd::weighted_rows_acc(tile, ld, probs + (h0 + g) * n + s0, nt, out + (h0 + g) * hd_, hd_);
+    }
+  }
+  if (ret_ == KvRetention::H2O) {
+    for (int64_t h = 0; h < num_heads; ++h) {
+      const float* p = probs + h * n;
+      for (int64_t s = 0; s < n; ++s) acc_[size_t(s)] += p[s];
+    }
+  }
 }
 
 void KvCache::attend(const float* q, int64_t num_heads, float scale, float* out) {
-  const int64_t n = size(), row = nkv_ * hd_, group = num_heads / nkv_;
-  scores_.resize(size_t(n));
-  for (int64_t h = 0; h < num_heads; ++h) {
-    const int64_t kvh = h / group;
-    const float* qh = q + h * hd_;
-    float mx = -INFINITY;
-    for (int64_t s = 0; s < n; ++s) {
-      scores_[s] = cpu::simd::dot_f32(qh, k_.data() + s * row + kvh * hd_, hd_) * scale;
-      mx = std::max(mx, scores_[s]);
-    }
-    float sum = 0;
-    for (int64_t s = 0; s < n; ++s) sum += (scores_[s] = std::exp(scores_[s] - mx));
-    float* oh = out + h * hd_;
-    std::fill(oh, oh + hd_, 0.0f);
-    for (int64_t s = 0; s < n; ++s) cpu::simd::axpy(scores_[s] / sum, v_.data() + s * row + kvh * hd_, oh, hd_);
+  if (num_heads <= 0 || num_heads % nkv_ != 0)
+    fail("KvCache::attend: " + std::to_string(num_heads) + " query heads is not a multiple of " +
+         std::to_string(nkv_) + " KV heads");
+  switch (cfg_.dtype) {
+    case KvDType::F32: return attend_impl<KvDType::F32>(q, num_heads, scale, out);
+    case KvDType::BF16: return attend_impl<KvDType::BF16>(q, num_heads, scale, out);
+    case KvDType::F16: return attend_impl<KvDType::F16>(q, num_heads, scale, out);
+    case KvDType::FP8: return attend_impl<KvDType::FP8>(q, num_heads, scale, out);
   }
 }
 

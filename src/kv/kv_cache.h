@@ -1,5 +1,39 @@
 // The key/value cache of one full-attention layer, and the attention of one
-// query token over it. Storage format and retention policy come from KvConfig.
+// query token over it. Storage format and retention policy come from the
+// KvConfig given to the constructor (and nothing else), so the element size
+// and slot count of the storage are fixed before anything is written.
+//
+// Storage (per slot, K and V each [num_kv_heads][head_dim]):
+//   f32 / bf16 / f16: plain (bf16/f16 rounded to nearest even);
+//   fp8: OCP E4M3 codes of x / scale with scale = absmax / 240 (1 when the
+//   absmax is 0), one f32 scale per slot (`position`, shared by all KV heads)
+//   or per slot and KV head (`head`), separately for K and V.
+// attend() decodes inline with one kernel instantiation per storage type.
+//
+// Retention (the model calls append(pos) then attend() for each token, in
+// order, prompt included; these are the reference token-by-token semantics):
+//   full:      every position is kept; storage grows.
+//   window W:  circular buffer of W slots, slot = (tokens appended so far) mod W,
+//              i.e. pos mod W when positions run 0,1,2,...; attention reads the
+//              min(len, W) valid slots. Nothing is ever copied.
+//   streaming: the first `sinks` tokens in slots [0, sinks), the others in a
+//              circular buffer over the remaining W - sinks slots. No copying.
+//   h2o B:     B slots, kept contiguous and in chronological order.
+//     - score accumulation: at the end of every attend(), each retained
+//       slot's score += its post-softmax probability summed over all query
+//       heads (the newest token included, and sinks / recents too, which
+//       simply never get evicted). A new token starts with score 0.
+//     - eviction: in append(), when the cache already holds B positions,
+//       i.e. when the new token would make B + 1. Of those B + 1 positions
+//       the first `sinks` and the last R = h2o_recent() (the new one
+//       included) are protected; the middle position with the lowest score
+//       is evicted (ties: the oldest), the survivors after it are shifted
+//       down one slot (chronological order kept) and the new token is
+//       written at slot B - 1. This is exactly "append, then evict the
+//       lowest-scoring middle position down to B", done in B slots. So the
+//       attend() that follows an append sees the new token, and scores used
+//       for an eviction are those accumulated by all attends before it.
+//   RoPE is applied before append(); nothing here ever re-rotates.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -13,25 +47,56 @@ class KvCache {
   KvCache(int64_t num_kv_heads, int64_t head_dim, const KvConfig& cfg);
 
   // Stores K and V ([num_kv_heads * head_dim] each, K already normed and
-  // rotated) of the token at absolute position `pos`.
+  // rotated) of the token at absolute position `pos` (strictly increasing).
   void append(int64_t pos, const float* k, const float* v);
 
   // Softmax attention of one query token (q: [num_heads * head_dim], GQA:
   // head h reads kv head h / (num_heads / num_kv_heads)) over every retained
-  // position; writes out [num_heads * head_dim].
+  // position; writes out [num_heads * head_dim]. h2o: then accumulates scores.
   void attend(const float* q, int64_t num_heads, float scale, float* out);
 
-  int64_t size() const { return int64_t(pos_.size()); }  // positions retained
-  size_t bytes() const;                                  // storage allocated
+  int64_t size() const { return n_; }  // positions retained
+  size_t bytes() const;                // storage allocated (K, V, scales, bookkeeping)
   const KvConfig& config() const { return cfg_; }
   void clear();
 
+  // ---- inspection (tests, tools) ----
+  int64_t num_kv_heads() const { return nkv_; }
+  int64_t head_dim() const { return hd_; }
+  // Slots allocated up front (W or B); 0 for `full`.
+  int64_t capacity() const { return cap_; }
+  // Absolute position held by a valid slot (slot < size()).
+  int64_t slot_position(int64_t slot) const { return pos_[size_t(slot)]; }
+  // The retained absolute positions in chronological order.
+  std::vector<int64_t> positions() const;
+  // The dequantised K and V rows ([num_kv_heads * head_dim] each) of a slot.
+  void dequantize(int64_t slot, float* k, float* v) const;
+  // h2o: accumulated attention score of a slot (0 for the other policies).
+  float score(int64_t slot) const { return acc_.empty() ? 0.0f : acc_[size_t(slot)]; }
+
  private:
-  int64_t nkv_, hd_;
+  template <KvDType T> void store(int64_t slot, const float* k, const float* v);
+  template <KvDType T> void attend_impl(const float* q, int64_t num_heads, float scale, float* out);
+  template <KvDType T> const float* row(const std::vector<uint8_t>& data, const std::vector<float>& scales,
+                                        int64_t slot, int64_t kvh, float* buf) const;
+  void ensure_slots(int64_t slots);  // full: grow storage to hold `slots`
+  void h2o_evict_one();
+
+  int64_t nkv_, hd_, row_;
   KvConfig cfg_;
-  std::vector<float> k_, v_;     // [slot][kv_head][head_dim]
+  KvRetention ret_;
+  size_t el_;          // bytes per element
+  int64_t ns_;         // fp8 scales per slot (1 or nkv), 0 otherwise
+  int64_t cap_;        // W or B; 0: grows
+  int64_t n_ = 0;      // valid slots
+  int64_t appended_ = 0;
+  int64_t last_pos_ = -1;
+  std::vector<uint8_t> k_, v_;   // [slot][kv_head][head_dim] elements of el_ bytes
+  std::vector<float> ks_, vs_;   // fp8 scales [slot][ns_]
   std::vector<int64_t> pos_;     // absolute position per slot
-  std::vector<float> scores_;    // scratch
+  std::vector<float> acc_;       // h2o accumulated scores per slot
+  static constexpr int64_t kTile = 16;      // value rows decoded per tile in attend()
+  std::vector<float> probs_, krow_, vtile_;  // scratch
 };
 
 }  // namespace flashmoe

@@ -1,5 +1,10 @@
 #include "kv/kv_config.h"
 
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+
 #include "core/error.h"
 
 namespace flashmoe {
@@ -14,17 +19,110 @@ const char* kv_dtype_name(KvDType t) {
   return "?";
 }
 
+const char* fp8_scale_mode_name(Fp8ScaleMode m) {
+  return m == Fp8ScaleMode::Head ? "head" : "position";
+}
+
+size_t kv_elem_size(KvDType t) {
+  switch (t) {
+    case KvDType::F32: return 4;
+    case KvDType::BF16: return 2;
+    case KvDType::F16: return 2;
+    case KvDType::FP8: return 1;
+  }
+  return 0;
+}
+
+static std::string lower(std::string s) {
+  for (auto& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+KvDType parse_kv_dtype(const std::string& s) {
+  const std::string l = lower(s);
+  if (l == "f32" || l == "fp32" || l == "float32") return KvDType::F32;
+  if (l == "bf16" || l == "bfloat16") return KvDType::BF16;
+  if (l == "f16" || l == "fp16" || l == "float16") return KvDType::F16;
+  if (l == "fp8" || l == "f8" || l == "e4m3" || l == "fp8_e4m3") return KvDType::FP8;
+  fail("unknown KV cache dtype '" + s + "' (--kv-dtype accepts f32, bf16, f16, fp8)");
+}
+
+Fp8ScaleMode parse_fp8_scale_mode(const std::string& s) {
+  const std::string l = lower(s);
+  if (l == "position") return Fp8ScaleMode::Position;
+  if (l == "head") return Fp8ScaleMode::Head;
+  fail("unknown FP8 scale mode '" + s + "' (--kv-fp8-scale accepts position, head)");
+}
+
+KvRetention KvConfig::retention() const {
+  if (h2o_budget > 0) return KvRetention::H2O;
+  if (window > 0) return streaming ? KvRetention::Streaming : KvRetention::Window;
+  return KvRetention::Full;
+}
+
+int64_t KvConfig::capacity() const {
+  switch (retention()) {
+    case KvRetention::H2O: return h2o_budget;
+    case KvRetention::Window:
+    case KvRetention::Streaming: return window;
+    case KvRetention::Full: return 0;
+  }
+  return 0;
+}
+
+int64_t KvConfig::retained(int64_t context) const {
+  const int64_t cap = capacity();
+  return cap > 0 ? std::min(context, cap) : context;
+}
+
+int64_t KvConfig::h2o_recent() const {
+  if (h2o_budget <= 0) return 0;
+  int64_t r = int64_t(std::floor(recent_fraction * double(h2o_budget)));
+  return std::clamp<int64_t>(r, 1, std::max<int64_t>(1, h2o_budget - sinks));
+}
+
 void KvConfig::validate() const {
-  if (window < 0) fail("--kv-window must be positive");
-  if (h2o_budget < 0) fail("--kv-h2o must be positive");
-  if (fp8_scale_set && dtype != KvDType::FP8) fail("--kv-fp8-scale needs --kv-dtype fp8");
+  if (window < 0) fail("--kv-window must be positive (got " + std::to_string(window) + ")");
+  if (h2o_budget < 0) fail("--kv-h2o must be positive (got " + std::to_string(h2o_budget) + ")");
+  if (sinks < 0) fail("--kv-sinks must be 0 or more (got " + std::to_string(sinks) + ")");
+  if (!std::isfinite(recent_fraction) || recent_fraction < 0.0 || recent_fraction > 1.0) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%g", recent_fraction);
+    fail(std::string("--kv-recent must be a fraction of the h2o budget in [0, 1] (got ") + buf + ")");
+  }
+  if (fp8_scale_set && dtype != KvDType::FP8)
+    fail(std::string("--kv-fp8-scale needs --kv-dtype fp8 (the KV dtype is ") + kv_dtype_name(dtype) + ")");
+  if (streaming && window <= 0) fail("streaming retention needs a window size (--kv-streaming W)");
+  if (streaming && window_set) fail("--kv-streaming W and --kv-window W are exclusive (streaming is a window with sinks)");
+  const KvRetention r = retention();
+  if (recent_set && r != KvRetention::H2O) fail("--kv-recent only applies to --kv-h2o");
+  if (sinks_set && r != KvRetention::H2O && r != KvRetention::Streaming)
+    fail("--kv-sinks only applies to --kv-h2o or --kv-streaming (a plain --kv-window keeps no sinks)");
+  if (r == KvRetention::H2O && h2o_budget < sinks + 1)
+    fail("--kv-h2o budget " + std::to_string(h2o_budget) + " is too small: it must be at least sinks + 1 = " +
+         std::to_string(sinks + 1));
+  if (r == KvRetention::Streaming && window < sinks + 1)
+    fail("--kv-streaming window " + std::to_string(window) + " is too small: it must be at least sinks + 1 = " +
+         std::to_string(sinks + 1));
 }
 
 std::string KvConfig::describe() const {
   std::string s = std::string("dtype=") + kv_dtype_name(dtype);
-  if (h2o_budget > 0) s += " h2o=" + std::to_string(h2o_budget);
-  else if (window > 0) s += " window=" + std::to_string(window);
-  else s += " full";
+  if (dtype == KvDType::FP8) s += std::string(" fp8-scale=") + fp8_scale_mode_name(fp8_scale);
+  switch (retention()) {
+    case KvRetention::H2O: {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%g", recent_fraction);
+      s += " h2o=" + std::to_string(h2o_budget) + " sinks=" + std::to_string(sinks) + " recent=" +
+           std::to_string(h2o_recent()) + " (" + buf + ")";
+      break;
+    }
+    case KvRetention::Streaming:
+      s += " streaming=" + std::to_string(window) + " sinks=" + std::to_string(sinks);
+      break;
+    case KvRetention::Window: s += " window=" + std::to_string(window); break;
+    case KvRetention::Full: s += " full"; break;
+  }
   return s;
 }
 

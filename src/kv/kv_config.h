@@ -1,5 +1,7 @@
 // How one session stores and retains the keys and values of its
-// full-attention layers. Fixed when the session is created.
+// full-attention layers. Fixed when the session is created: a KvCache takes
+// everything (element size, slot count) from the KvConfig given to its
+// constructor, so storage can never be allocated with a stale format.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -8,21 +10,47 @@ namespace flashmoe {
 
 enum class KvDType { F32, BF16, F16, FP8 };
 enum class Fp8ScaleMode { Position, Head };
+enum class KvRetention { Full, Window, Streaming, H2O };
 
 struct KvConfig {
   KvDType dtype = KvDType::F32;
   Fp8ScaleMode fp8_scale = Fp8ScaleMode::Position;
   int64_t window = 0;       // > 0: sliding window of this many positions
   int64_t h2o_budget = 0;   // > 0: heavy-hitter retention with this budget (wins over window)
+  bool streaming = false;   // with window: StreamingLLM (the first `sinks` positions + the last window-sinks)
   int64_t sinks = 4;        // h2o / streaming: first positions always kept
   double recent_fraction = 0.25;  // h2o: share of the budget kept for the most recent positions
-  bool fp8_scale_set = false;     // --kv-fp8-scale given explicitly (an error without fp8)
+
+  // Which options were given explicitly on the command line (so that an
+  // option that would be silently ignored is reported instead).
+  bool fp8_scale_set = false;     // --kv-fp8-scale (an error without fp8)
+  bool sinks_set = false;         // --kv-sinks (an error without h2o / streaming)
+  bool recent_set = false;        // --kv-recent (an error without h2o)
+  bool window_set = false;        // --kv-window (an error together with --kv-streaming)
 
   // Throws Error with a clear message for an impossible combination.
   void validate() const;
   std::string describe() const;
+
+  // The policy in effect: h2o wins over window / streaming.
+  KvRetention retention() const;
+  // Slots a cache allocates up front (W or B); 0 for `full` (grows).
+  int64_t capacity() const;
+  // Positions retained after `context` tokens: min(context, W or B).
+  int64_t retained(int64_t context) const;
+  // h2o: positions always kept at the recent end, including the newest token:
+  // clamp(floor(recent_fraction * B), 1, B - sinks).
+  int64_t h2o_recent() const;
 };
 
 const char* kv_dtype_name(KvDType t);
+const char* fp8_scale_mode_name(Fp8ScaleMode m);
+// Bytes per stored element (scales not included).
+size_t kv_elem_size(KvDType t);
+// "f32" | "bf16" | "f16" | "fp8" (also "fp32", "float32", "bfloat16", "float16",
+// "e4m3", "fp8_e4m3"); throws Error naming the accepted values otherwise.
+KvDType parse_kv_dtype(const std::string& s);
+// "position" | "head"; throws Error otherwise.
+Fp8ScaleMode parse_fp8_scale_mode(const std::string& s);
 
 }  // namespace flashmoe

@@ -1,0 +1,78 @@
+#include "cli/kv_options.h"
+
+#include "core/error.h"
+
+namespace flashmoe::cli {
+
+void add_kv_options(CLI::App* cmd, KvConfig* cfg) {
+  const char* group = "KV cache";
+  cmd->add_option_function<std::string>(
+         "--kv-dtype", [cfg](const std::string& s) { cfg->dtype = parse_kv_dtype(s); },
+         "KV cache element type: f32 (default), bf16, f16, fp8 (OCP E4M3 with f32 scales)")
+      ->type_name("f32|bf16|f16|fp8")
+      ->group(group);
+  cmd->add_option_function<std::string>(
+         "--kv-fp8-scale",
+         [cfg](const std::string& s) {
+           cfg->fp8_scale = parse_fp8_scale_mode(s);
+           cfg->fp8_scale_set = true;
+         },
+         "fp8 scales: one per position shared by the KV heads (default), or one per position and KV head")
+      ->type_name("position|head")
+      ->group(group);
+  cmd->add_option_function<int64_t>(
+         "--kv-window",
+         [cfg](int64_t w) {
+           if (w <= 0) fail("--kv-window must be positive (got " + std::to_string(w) + ")");
+           cfg->window = w;
+           cfg->window_set = true;
+         },
+         "sliding window: keep only the last W positions (circular buffer, fixed memory)")
+      ->type_name("W")
+      ->group(group);
+  cmd->add_option_function<int64_t>(
+         "--kv-h2o",
+         [cfg](int64_t b) {
+           if (b <= 0) fail("--kv-h2o must be positive (got " + std::to_string(b) + ")");
+           cfg->h2o_budget = b;
+         },
+         "heavy-hitter retention with a budget of B positions: sinks + recent + most-attended (wins over a window)")
+      ->type_name("B")
+      ->group(group);
+  cmd->add_option_function<int64_t>(
+         "--kv-sinks",
+         [cfg](int64_t n) {
+           cfg->sinks = n;
+           cfg->sinks_set = true;
+         },
+         "h2o / streaming: first positions always kept (default 4)")
+      ->type_name("N")
+      ->group(group);
+  cmd->add_option_function<double>(
+         "--kv-recent",
+         [cfg](double f) {
+           cfg->recent_fraction = f;
+           cfg->recent_set = true;
+         },
+         "h2o: fraction of the budget kept for the most recent positions (default 0.25)")
+      ->type_name("F")
+      ->group(group);
+  cmd->add_option_function<int64_t>(
+         "--kv-streaming",
+         [cfg](int64_t w) {
+           if (w <= 0) fail("--kv-streaming must be positive (got " + std::to_string(w) + ")");
+           cfg->window = w;
+           cfg->streaming = true;
+         },
+         "StreamingLLM preset: W positions = the sinks + a window of the last W - sinks")
+      ->type_name("W")
+      ->group(group);
+}
+
+void finalize_kv_options(KvConfig* cfg) {
+  // Presets are applied by the option callbacks (--kv-streaming W is a window
+  // of W that keeps the sinks); what remains is checking the combination.
+  cfg->validate();
+}
+
+}  // namespace flashmoe::cli

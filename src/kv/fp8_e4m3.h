@@ -1,0 +1,26 @@
+// OCP FP8 E4M3 ("E4M3FN"): 1 sign bit, 4 exponent bits (bias 7), 3 mantissa
+// bits; max finite ±448, subnormal step 2^-9, 0x7F / 0xFF are NaN, no
+// infinities. The encoder is exact: round-to-nearest-even on the real value
+// at every magnitude (subnormals included), saturating to ±448 (±inf too).
+#pragma once
+#include <cstdint>
+
+namespace flashmoe::fp8 {
+
+// The 256 decoded values, indexed by code.
+const float* e4m3_table();
+
+inline float e4m3_decode(uint8_t code) { return e4m3_table()[code]; }
+
+// Exact encoder: NaN -> 0x7F (0xFF when the sign bit is set); |x| > 448
+// (infinities included) -> ±448 (0x7E / 0xFE); -0 -> 0x80; otherwise the
+// nearest representable value, ties to the even code.
+uint8_t e4m3_encode(float x);
+
+// Encodes n values as code(x[i] / scale); returns nothing, scale must be > 0.
+void e4m3_encode_scaled(const float* x, int64_t n, float scale, uint8_t* out);
+
+// The per-block scale used by the KV cache: absmax / 240, or 1 when absmax is 0.
+float e4m3_block_scale(const float* x, int64_t n);
+
+}  // namespace flashmoe::fp8
