@@ -20,7 +20,9 @@ Registrar reg(11, [](CLI::App& app) {
   cmd->add_option("-n,--n-predict", *n, "Number of tokens to generate")->check(CLI::NonNegativeNumber);
   cmd->add_flag("--greedy", *greedy, "Greedy decoding (argmax); the only mode of this command");
   cmd->add_flag("--print-ids", *print_ids, "Print the generated ids on one line, space-separated");
-  cmd->callback([=] {
+  // Every option's storage is captured explicitly: CLI11 writes flags through
+  // these pointers, so each must live as long as the command does.
+  cmd->callback([opt, ids, n, greedy, print_ids] {
     finalize_model_options(opt.get());
     std::vector<int32_t> tok = parse_ids(*ids);
     auto model = QwenModel::load(opt->model_dir);

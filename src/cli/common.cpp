@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdlib>
 
+#include "cli/kv_options.h"
 #include "core/error.h"
 
 namespace flashmoe::cli {
@@ -10,9 +11,10 @@ namespace flashmoe::cli {
 void add_model_options(CLI::App* cmd, ModelOptions* opt) {
   cmd->add_option("-m,--model", opt->model_dir, "Model directory (config.json + safetensors)")->required();
   cmd->add_option("-t,--threads", opt->threads, "Threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  add_kv_options(cmd, &opt->kv);
 }
 
-void finalize_model_options(ModelOptions* opt) { opt->kv.validate(); }
+void finalize_model_options(ModelOptions* opt) { finalize_kv_options(&opt->kv); }
 
 std::vector<int32_t> parse_ids(const std::string& s) {
   std::vector<int32_t> ids;
