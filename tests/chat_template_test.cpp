@@ -133,3 +133,12 @@ TEST(Jinja, ErrorsAreClear) {
   }
   EXPECT_THROW(ChatTemplate::load(kSrc + "/nonexistent"), Error);
 }
+
+TEST(ChatTemplate, Qwen3WithToolsMatchesJinja2) {
+  // Expected output produced by Python jinja2 3.1 with transformers' settings.
+  const ChatTemplate tmpl = ChatTemplate::load(config_path("qwen3"));
+  const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "get", "description": "Get it", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  const ojson msgs = ojson::parse(R"([{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}])");
+  const ojson want = ojson::parse(R"("<|im_start|>system\nS\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get\", \"description\": \"Get it\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")");
+  EXPECT_EQ(tmpl.render(msgs, true, false, tools), want.get<std::string>());
+}
