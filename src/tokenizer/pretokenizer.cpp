@@ -68,7 +68,8 @@ void PreTokenizer::split(std::string_view text, std::vector<std::string_view>& w
       // HF applies the ByteLevel prefix space to each piece that exists at
       // this point, not just to the start of the text.
       if (step.add_prefix_space && (piece.empty() || piece[0] != ' ')) {
-        storage.push_back(" " + std::string(piece));
+        std::string& spaced = storage.emplace_back(1, ' ');
+        spaced.append(piece);
         piece = storage.back();
       }
       if (!step.regex) {
