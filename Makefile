@@ -17,8 +17,10 @@ configure: deps
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
+DEMO_PROMPT = class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n
+
 demo: build
-	$(BUILD)/flashmoe generate -m models/coder-mini --ids 1,2,3 -n 16 --greedy --print-ids
+	$(BUILD)/flashmoe run -m models/coder-mini -p "$$(printf '$(DEMO_PROMPT)')" -n 160 --temp 0.6 --repeat-penalty 1.1 --seed 7 --show-prompt
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

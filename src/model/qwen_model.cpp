@@ -7,6 +7,7 @@
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
 #include "core/error.h"
+#include "format/model_files.h"
 #include "model/blocks.h"
 
 namespace flashmoe {
@@ -34,8 +35,7 @@ QwenModel::QwenModel(const std::string& dir) : cfg_(load_model_config(dir)), ck_
 }
 
 std::unique_ptr<QwenModel> QwenModel::load(const std::string& dir) {
-  if (!is_directory(dir)) fail("model directory not found: " + dir);
-  return std::unique_ptr<QwenModel>(new QwenModel(dir));
+  return std::unique_ptr<QwenModel>(new QwenModel(resolve_model_files(dir).model_dir));
 }
 
 ModelState QwenModel::new_state(const KvConfig& kv) const {

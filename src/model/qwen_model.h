@@ -18,7 +18,8 @@ enum class LogitsMode { None, Last, All };
 
 class QwenModel {
  public:
-  // Loads config.json and the safetensors of an HF model directory.
+  // Loads config.json and the safetensors of an HF model directory (or of
+  // the model/ folder of a bundle, see format/model_files.h).
   static std::unique_ptr<QwenModel> load(const std::string& dir);
 
   const ModelConfig& config() const { return cfg_; }

@@ -1,0 +1,58 @@
+// flashmoe run: text in, text out. Streams the continuation of a prompt to
+// stdout as it is generated; prompt and generation speeds go to stderr.
+#include <cstdio>
+
+#include "cli/command.h"
+#include "cli/common.h"
+#include "cli/generation_options.h"
+#include "cli/text_model.h"
+#include "core/error.h"
+
+namespace flashmoe::cli {
+namespace {
+
+struct RunArgs {
+  ModelOptions model;
+  GenerationFlags gen;
+  std::string prompt, system;
+  bool chat = false, no_think = false, show_prompt = false;
+};
+
+Registrar reg(20, [](CLI::App& app) {
+  auto* cmd = app.add_subcommand("run", "Generate text from a prompt, streamed to stdout");
+  auto a = std::make_shared<RunArgs>();
+  add_model_options(cmd, &a->model);
+  cmd->add_option("-p,--prompt", a->prompt, "Prompt text")->required();
+  cmd->add_flag("--chat", a->chat, "Wrap the prompt in the model's chat template as a user message");
+  cmd->add_option("--system", a->system, "System message (with --chat)");
+  cmd->add_flag("--no-think", a->no_think, "With --chat: render the template with enable_thinking=false");
+  cmd->add_flag("--show-prompt", a->show_prompt, "Print the prompt (as fed, after templating) before the continuation");
+  add_generation_options(cmd, &a->gen);
+  cmd->callback([a] {
+    finalize_model_options(&a->model);
+    if (a->prompt.empty()) fail("the prompt is empty (-p \"...\")");
+    TextModel tm = load_text_model(a->model.model_dir);
+    std::string text = a->prompt;
+    if (a->chat) text = tm.render_user_turn(a->system, a->prompt, a->no_think);
+    else if (!a->system.empty()) fail("--system needs --chat");
+    std::vector<int32_t> ids = tm.tokenizer.encode(text);
+    GenerateOptions go = make_generate_options(a->gen, tm.files, tm.eos_ids(a->chat), tm.model->config().max_position_embeddings);
+    ThreadPool pool(a->model.threads);
+    Session session(*tm.model, a->model.kv, pool);
+    if (a->show_prompt) std::fwrite(text.data(), 1, text.size(), stdout);
+    GenerateResult r = generate(session, tm.tokenizer, ids, go, [](const std::string& piece) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+      return true;
+    });
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+    std::fprintf(stderr, "\nprompt: %lld tokens in %.3f s (%.1f tokens/s)\ngeneration: %zu tokens in %.3f s (%.1f tokens/s), finish: %s\n",
+                 (long long)r.prompt_tokens, r.prompt_seconds, double(r.prompt_tokens) / std::max(r.prompt_seconds, 1e-9),
+                 r.ids.size(), r.gen_seconds, double(r.ids.size()) / std::max(r.gen_seconds, 1e-9),
+                 r.finish_reason.c_str());
+  });
+});
+
+}  // namespace
+}  // namespace flashmoe::cli

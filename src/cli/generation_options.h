@@ -1,0 +1,30 @@
+// Sampling and generation-length options shared by run, chat (and serve).
+#pragma once
+#include <CLI/CLI.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/generator.h"
+#include "format/model_files.h"
+
+namespace flashmoe::cli {
+
+struct GenerationFlags {
+  int n_predict = 256;
+  int64_t ctx_size = 0;
+  std::optional<float> temp, top_p, min_p, repeat_penalty;
+  std::optional<int> top_k;
+  float presence_penalty = 0, frequency_penalty = 0;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+};
+
+void add_generation_options(CLI::App* cmd, GenerationFlags* f);
+
+// Defaults come from generation_config.json (and the model's EOS ids); flags
+// given on the command line win. `model_max_ctx` is the model's context.
+GenerateOptions make_generate_options(const GenerationFlags& f, const ModelFiles& files,
+                                      const std::vector<int32_t>& extra_eos, int64_t model_max_ctx);
+
+}  // namespace flashmoe::cli

@@ -1,0 +1,81 @@
+#include "engine/generator.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+#include "engine/stop.h"
+
+namespace flashmoe {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+}  // namespace
+
+GenerateResult generate(Session& session, const Tokenizer& tok, const std::vector<int32_t>& prompt,
+                        const GenerateOptions& opt, const std::function<bool(const std::string&)>& on_text) {
+  if (prompt.empty()) fail("the prompt is empty");
+  if (opt.context_limit > 0 && session.position() + int64_t(prompt.size()) > opt.context_limit)
+    fail("the prompt (" + std::to_string(prompt.size()) + " tokens" +
+         (session.position() ? ", after " + std::to_string(session.position()) + " already in the conversation" : "") +
+         ") is longer than the context of " + std::to_string(opt.context_limit) + " tokens");
+  GenerateResult r;
+  r.prompt_tokens = int64_t(prompt.size());
+  auto t0 = Clock::now();
+  const std::vector<float>* logits = &session.feed(prompt);
+  r.prompt_seconds = since(t0);
+
+  Sampler sampler(opt.sampling);
+  StreamDecoder dec(tok, /*skip_special=*/true);
+  StopMatcher stops(opt.stop);
+  std::vector<int32_t> history = session.tokens();
+  r.finish_reason = "length";
+  auto emit = [&](const std::string& piece) {
+    if (piece.empty()) return true;
+    r.text += piece;
+    return on_text(piece);
+  };
+  auto t1 = Clock::now();
+  for (int i = 0; i < opt.max_new_tokens; ++i) {
+    if (opt.cancel && opt.cancel->load()) {
+      r.finish_reason = "cancelled";
+      break;
+    }
+    int32_t next = sampler.sample(*logits, history);
+    r.ids.push_back(next);
+    history.push_back(next);
+    const auto& eos = opt.sampling.eos_ids;
+    bool is_eos = std::find(eos.begin(), eos.end(), next) != eos.end();
+    if (is_eos) {
+      // The EOS goes into the state too, so a chat continues after it.
+      session.feed({next});
+      r.finish_reason = "stop";
+      break;
+    }
+    StopMatcher::Result s = stops.feed(dec.feed(next));
+    bool keep_going = emit(s.text);
+    if (s.stopped) {
+      session.feed({next});
+      r.finish_reason = "stop";
+      break;
+    }
+    if (!keep_going) {
+      r.finish_reason = "cancelled";
+      break;
+    }
+    if (opt.context_limit > 0 && session.position() + 1 > opt.context_limit) {
+      session.feed({next});
+      break;
+    }
+    logits = &session.feed({next});
+  }
+  if (r.finish_reason != "stop") {
+    emit(stops.feed(dec.flush()).text);
+    if (!stops.stopped()) emit(stops.flush());
+  }
+  r.gen_seconds = since(t1);
+  return r;
+}
+
+}  // namespace flashmoe

@@ -1,0 +1,39 @@
+// The generate loop shared by `run`, `chat` and the server: feed the prompt,
+// sample, stream complete UTF-8 text, stop on EOS, stop strings, the token
+// limit, the context limit or a cancel request.
+#pragma once
+#include <atomic>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "engine/session.h"
+#include "tokenizer/tokenizer.h"
+
+namespace flashmoe {
+
+struct GenerateOptions {
+  int max_new_tokens = 256;
+  SamplingParams sampling;
+  std::vector<std::string> stop;     // stop strings (never emitted)
+  int64_t context_limit = 0;         // > 0: stop when the session reaches this many tokens
+  const std::atomic<bool>* cancel = nullptr;  // set to true to stop early
+};
+
+struct GenerateResult {
+  std::vector<int32_t> ids;        // generated ids (including a final EOS, if any)
+  std::string text;                // emitted text
+  std::string finish_reason;       // "stop" (EOS or stop string), "length", "cancelled"
+  int64_t prompt_tokens = 0;
+  double prompt_seconds = 0, gen_seconds = 0;
+};
+
+// Feeds `prompt` (must not be empty) on top of what the session holds, then
+// generates. on_text receives each piece of text as soon as it is final; it
+// may return false to cancel. Every generated token is fed back, so the
+// session afterwards holds the whole exchange and a chat can continue.
+GenerateResult generate(Session& session, const Tokenizer& tok, const std::vector<int32_t>& prompt,
+                        const GenerateOptions& opt, const std::function<bool(const std::string&)>& on_text);
+
+}  // namespace flashmoe
