@@ -23,7 +23,11 @@ namespace {
 void rows_kernel(const Matrix& W, int64_t r0, int64_t r1, const float* x, int64_t n, int64_t ldx,
                  float* y, int64_t ldy, std::vector<float>& buf) {
   if (n == 1) {
-    for (int64_t r = r0; r < r1; ++r) {
+    const size_t rb = W.row_bytes();
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4)
+      simd::dot4_mixed(W.dtype, static_cast<const uint8_t*>(W.data) + size_t(r) * rb, rb, x, W.cols, y + r);
+    for (; r < r1; ++r) {
       const uint8_t* row = static_cast<const uint8_t*>(W.data) + size_t(r) * W.row_bytes();
       y[r] = simd::dot_mixed(W.dtype, row, x, W.cols);
     }

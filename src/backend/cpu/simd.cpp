@@ -96,6 +96,34 @@ AVX2_FN float dot_mixed_avx2(DType t, const void* w, const float* x, int64_t n) 
   return s;
 }
 
+AVX2_FN void dot4_mixed_avx2(DType t, const void* w, size_t stride, const float* x, int64_t n, float out[4]) {
+  const uint8_t* base = static_cast<const uint8_t*>(w);
+  const void* r0 = base;
+  const void* r1 = base + stride;
+  const void* r2 = base + 2 * stride;
+  const void* r3 = base + 3 * stride;
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 xv = _mm256_loadu_ps(x + i);
+    s0 = _mm256_fmadd_ps(load8(t, r0, i), xv, s0);
+    s1 = _mm256_fmadd_ps(load8(t, r1, i), xv, s1);
+    s2 = _mm256_fmadd_ps(load8(t, r2, i), xv, s2);
+    s3 = _mm256_fmadd_ps(load8(t, r3, i), xv, s3);
+  }
+  // Horizontal sums of the four accumulators at once.
+  __m256 a01 = _mm256_hadd_ps(s0, s1), a23 = _mm256_hadd_ps(s2, s3);
+  __m256 a = _mm256_hadd_ps(a01, a23);
+  __m128 r = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  _mm_storeu_ps(out, r);
+  for (; i < n; ++i) {
+    out[0] += scalar_at(t, r0, i) * x[i];
+    out[1] += scalar_at(t, r1, i) * x[i];
+    out[2] += scalar_at(t, r2, i) * x[i];
+    out[3] += scalar_at(t, r3, i) * x[i];
+  }
+}
+
 AVX2_FN float dot_f32_avx2(const float* a, const float* b, int64_t n) {
   return dot_mixed_avx2(DType::F32, a, b, n);
 }
@@ -158,6 +186,14 @@ float dot_f32(const float* a, const float* b, int64_t n) {
   if (has_avx2()) return dot_f32_avx2(a, b, n);
 #endif
   return dot_f32_generic(a, b, n);
+}
+
+void dot4_mixed(DType t, const void* w, size_t stride, const float* x, int64_t n, float out[4]) {
+#ifdef FLASHMOE_X86
+  if (has_avx2() && (t == DType::BF16 || t == DType::F16 || t == DType::F32)) return dot4_mixed_avx2(t, w, stride, x, n, out);
+#endif
+  const uint8_t* base = static_cast<const uint8_t*>(w);
+  for (int k = 0; k < 4; ++k) out[k] = dot_mixed_generic(t, base + k * stride, x, n);
 }
 
 void dot4_f32(const float* a, int64_t lda, const float* x, int64_t n, float out[4]) {
