@@ -1,5 +1,6 @@
 #include "backend/cpu/simd.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -159,8 +160,9 @@ AVX2_FN void axpy_avx2(float alpha, const float* x, float* y, int64_t n) {
 
 bool has_avx2() {
 #ifdef FLASHMOE_X86
+  // FLASHMOE_NO_AVX2=1 forces the portable kernels (to test them on AVX2 machines).
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                         __builtin_cpu_supports("f16c");
+                         __builtin_cpu_supports("f16c") && !std::getenv("FLASHMOE_NO_AVX2");
   return ok;
 #else
   return false;
