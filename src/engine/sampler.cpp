@@ -1,0 +1,150 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <unordered_map>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace flashmoe {
+
+SamplingParams load_generation_config(const std::string& path, SamplingParams p) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::string file = fs::is_directory(path, ec) ? (fs::path(path) / "generation_config.json").string() : path;
+  if (!fs::exists(file, ec)) return p;
+  std::ifstream in(file);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+    if (!j.is_object()) fail("bad generation_config.json (" + file + "): not an object");
+    auto num = [&](const char* k, auto& dst) {
+      if (j.contains(k) && j[k].is_number()) dst = j[k].get<std::decay_t<decltype(dst)>>();
+    };
+    num("temperature", p.temperature);
+    num("top_p", p.top_p);
+    num("top_k", p.top_k);
+    num("min_p", p.min_p);
+    num("repetition_penalty", p.repetition_penalty);
+    if (j.contains("eos_token_id")) {
+      const auto& e = j["eos_token_id"];
+      if (e.is_number_integer()) p.eos_ids = {e.get<int32_t>()};
+      else if (e.is_array()) p.eos_ids = e.get<std::vector<int32_t>>();
+    }
+    if (j.contains("do_sample") && j["do_sample"].is_boolean() && !j["do_sample"].get<bool>()) p.temperature = 0;
+  } catch (const nlohmann::json::exception& e) {
+    fail("bad generation_config.json (" + file + "): " + e.what());
+  }
+  return p;
+}
+
+Sampler::Sampler(SamplingParams params) : params_(std::move(params)), rng_(params_.seed) {}
+
+void Sampler::apply_repetition_penalty(std::span<float> logits, std::span<const int32_t> history, float penalty) {
+  if (penalty == 1.0f) return;
+  std::vector<int32_t> seen(history.begin(), history.end());
+  std::sort(seen.begin(), seen.end());
+  seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+  for (int32_t id : seen) {
+    if (id < 0 || size_t(id) >= logits.size()) continue;
+    float& l = logits[id];
+    l = l < 0 ? l * penalty : l / penalty;  // once per distinct token
+  }
+}
+
+void Sampler::apply_presence_frequency(std::span<float> logits, std::span<const int32_t> history, float presence,
+                                       float frequency) {
+  if (presence == 0.0f && frequency == 0.0f) return;
+  std::unordered_map<int32_t, int> counts;
+  for (int32_t id : history)
+    if (id >= 0 && size_t(id) < logits.size()) ++counts[id];
+  for (auto [id, n] : counts) logits[id] -= presence + frequency * float(n);
+}
+
+std::vector<std::pair<int32_t, float>> Sampler::candidates(std::span<const float> logits, const SamplingParams& p) {
+  if (logits.empty()) fail("sampler: empty logits");
+  if (p.temperature <= 0.0f) {
+    const auto it = std::max_element(logits.begin(), logits.end());  // first index on ties
+    return {{int32_t(it - logits.begin()), 1.0f}};
+  }
+  const float inv_t = 1.0f / p.temperature;
+  const float max_l = *std::max_element(logits.begin(), logits.end());
+  // Probabilities over the whole vocab (temperature applied).
+  std::vector<std::pair<int32_t, float>> c;
+  c.reserve(logits.size());
+  double sum = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float e = std::exp((logits[i] - max_l) * inv_t);
+    sum += e;
+    c.emplace_back(int32_t(i), e);
+  }
+  for (auto& x : c) x.second = float(x.second / sum);
+  auto by_prob = [](const auto& a, const auto& b) { return a.second != b.second ? a.second > b.second : a.first < b.first; };
+
+  if (p.top_k > 0 && size_t(p.top_k) < c.size()) {
+    std::nth_element(c.begin(), c.begin() + (p.top_k - 1), c.end(), by_prob);
+    const float kth = c[size_t(p.top_k - 1)].second;
+    // Like HF, ties with the k-th value stay in.
+    auto keep_end = std::partition(c.begin() + p.top_k, c.end(), [&](const auto& x) { return x.second >= kth; });
+    c.erase(keep_end, c.end());
+  } else if (p.top_p < 1.0f) {
+    // Tokens each below (1 - top_p) / V sum to less than 1 - top_p, so the
+    // nucleus never reaches them: drop them before sorting the vocab.
+    const float eps = (1.0f - p.top_p) / float(logits.size());
+    c.erase(std::remove_if(c.begin(), c.end(), [&](const auto& x) { return x.second < eps; }), c.end());
+  }
+  std::sort(c.begin(), c.end(), by_prob);
+
+  auto renorm = [&] {
+    double s = 0;
+    for (const auto& x : c) s += x.second;
+    for (auto& x : c) x.second = float(x.second / s);
+  };
+  if (p.top_k > 0) renorm();
+  if (p.top_p < 1.0f) {
+    // Keep the highest-probability prefix until its mass reaches top_p (the
+    // token crossing the threshold stays; HF's "cumprob <= 1 - top_p" rule).
+    double cum = 0;
+    size_t keep = 0;
+    while (keep < c.size() && (keep == 0 || cum < p.top_p)) cum += c[keep++].second;
+    c.resize(keep);
+    renorm();
+  }
+  if (p.min_p > 0.0f) {
+    const float cut = p.min_p * c.front().second;
+    size_t keep = 1;
+    while (keep < c.size() && c[keep].second >= cut) ++keep;
+    c.resize(keep);
+    renorm();
+  }
+  return c;
+}
+
+int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+  std::span<const float> l = logits;
+  const bool penalise = !history.empty() && (params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
+                                             params_.frequency_penalty != 0.0f);
+  if (penalise) {
+    work_.assign(logits.begin(), logits.end());
+    apply_repetition_penalty(work_, history, params_.repetition_penalty);
+    apply_presence_frequency(work_, history, params_.presence_penalty, params_.frequency_penalty);
+    l = work_;
+  }
+  const auto c = candidates(l, params_);
+  if (c.size() == 1) return c[0].first;
+  // 53 random bits -> [0, 1): the same on every standard library, unlike
+  // std::uniform_real_distribution.
+  const double u = double(rng_() >> 11) * 0x1.0p-53;
+  double cum = 0;
+  for (const auto& [id, prob] : c) {
+    cum += prob;
+    if (u < cum) return id;
+  }
+  return c.back().first;
+}
+
+}  // namespace flashmoe

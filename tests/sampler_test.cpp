@@ -1,0 +1,233 @@
+// Sampler and stop-string behaviour on hand-made distributions whose right
+// answers can be worked out on paper.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <set>
+
+#include "core/error.h"
+#include "engine/sampler.h"
+#include "engine/stop.h"
+
+using namespace flashmoe;
+
+namespace {
+
+// Logits whose softmax is exactly `probs` (log of each probability).
+std::vector<float> logits_for(const std::vector<float>& probs) {
+  std::vector<float> l;
+  for (float p : probs) l.push_back(std::log(p));
+  return l;
+}
+
+std::set<int32_t> ids_of(const std::vector<std::pair<int32_t, float>>& c) {
+  std::set<int32_t> s;
+  for (auto& x : c) s.insert(x.first);
+  return s;
+}
+
+std::vector<float> random_logits(size_t n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0, 3);
+  std::vector<float> l(n);
+  for (auto& x : l) x = d(g);
+  return l;
+}
+
+}  // namespace
+
+TEST(Sampler, GreedyIsArgmax) {
+  SamplingParams p;
+  p.temperature = 0;
+  Sampler s(p);
+  for (uint32_t seed = 0; seed < 20; ++seed) {
+    const auto l = random_logits(1000, seed);
+    EXPECT_EQ(s.sample(l), int32_t(std::max_element(l.begin(), l.end()) - l.begin()));
+  }
+  EXPECT_EQ(s.sample(std::vector<float>{1, 5, 5, 2}), 1);  // first index on ties
+}
+
+TEST(Sampler, SameSeedSameSequenceDifferentSeedDiffers) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 1234;
+  const auto l = random_logits(500, 7);
+  std::vector<int32_t> a, b, c;
+  Sampler s1(p), s2(p);
+  p.seed = 99;
+  Sampler s3(p);
+  for (int i = 0; i < 200; ++i) {
+    a.push_back(s1.sample(l));
+    b.push_back(s2.sample(l));
+    c.push_back(s3.sample(l));
+  }
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  EXPECT_GT(std::set<int32_t>(a.begin(), a.end()).size(), 5u);  // really sampling
+}
+
+TEST(Sampler, TopKOneEqualsGreedy) {
+  SamplingParams p;
+  p.temperature = 1.5f;
+  p.top_k = 1;
+  p.seed = 3;
+  Sampler s(p);
+  for (uint32_t seed = 0; seed < 50; ++seed) {
+    const auto l = random_logits(300, seed);
+    EXPECT_EQ(s.sample(l), int32_t(std::max_element(l.begin(), l.end()) - l.begin()));
+  }
+}
+
+TEST(Sampler, TopKKeepsTheKLargest) {
+  SamplingParams p;
+  p.top_k = 2;
+  const auto c = Sampler::candidates(logits_for({0.1f, 0.4f, 0.2f, 0.3f}), p);
+  EXPECT_EQ(ids_of(c), (std::set<int32_t>{1, 3}));
+  EXPECT_NEAR(c[0].second, 0.4f / 0.7f, 1e-5);
+}
+
+TEST(Sampler, TopPKeepsSmallestNucleus) {
+  // Sorted: 0.5 (id 2), 0.25 (id 0), 0.15 (id 3), 0.1 (id 1).
+  const auto l = logits_for({0.25f, 0.1f, 0.5f, 0.15f});
+  SamplingParams p;
+  p.top_p = 0.7f;  // 0.5 < 0.7, 0.75 >= 0.7: ids {2, 0}
+  EXPECT_EQ(ids_of(Sampler::candidates(l, p)), (std::set<int32_t>{0, 2}));
+  p.top_p = 0.8f;  // needs 0.9: ids {2, 0, 3}
+  EXPECT_EQ(ids_of(Sampler::candidates(l, p)), (std::set<int32_t>{0, 2, 3}));
+  p.top_p = 0.4f;  // the top token alone
+  const auto c = Sampler::candidates(l, p);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].first, 2);
+  EXPECT_FLOAT_EQ(c[0].second, 1.0f);
+  // Sampling with top_p never returns an excluded token.
+  p.top_p = 0.7f;
+  p.seed = 5;
+  Sampler s(p);
+  for (int i = 0; i < 300; ++i) {
+    const int32_t t = s.sample(l);
+    EXPECT_TRUE(t == 0 || t == 2) << t;
+  }
+}
+
+TEST(Sampler, MinPDropsTokensBelowFractionOfTop) {
+  const auto l = logits_for({0.5f, 0.3f, 0.12f, 0.08f});
+  SamplingParams p;
+  p.min_p = 0.2f;  // cut = 0.1: keeps 0.5, 0.3, 0.12
+  EXPECT_EQ(ids_of(Sampler::candidates(l, p)), (std::set<int32_t>{0, 1, 2}));
+  p.min_p = 0.5f;  // cut = 0.25
+  const auto c = Sampler::candidates(l, p);
+  EXPECT_EQ(ids_of(c), (std::set<int32_t>{0, 1}));
+  EXPECT_NEAR(c[0].second, 0.5f / 0.8f, 1e-5);
+}
+
+TEST(Sampler, TemperatureSharpensAndFlattens) {
+  const auto l = logits_for({0.6f, 0.4f});
+  SamplingParams p;
+  p.temperature = 0.5f;  // p ∝ 0.6^2 : 0.4^2
+  auto c = Sampler::candidates(l, p);
+  EXPECT_NEAR(c[0].second, 0.36f / 0.52f, 1e-5);
+  p.temperature = 2.0f;  // p ∝ sqrt
+  c = Sampler::candidates(l, p);
+  EXPECT_NEAR(c[0].second, std::sqrt(0.6f) / (std::sqrt(0.6f) + std::sqrt(0.4f)), 1e-5);
+}
+
+TEST(Sampler, RepetitionPenaltyHfSemantics) {
+  std::vector<float> l = {2.0f, -2.0f, 1.0f, 0.5f};
+  const std::vector<int32_t> hist = {0, 1, 1, 0};
+  Sampler::apply_repetition_penalty(l, hist, 2.0f);
+  EXPECT_FLOAT_EQ(l[0], 1.0f);   // positive: divided (once, despite two occurrences)
+  EXPECT_FLOAT_EQ(l[1], -4.0f);  // negative: multiplied
+  EXPECT_FLOAT_EQ(l[2], 1.0f);   // unseen: unchanged
+  EXPECT_FLOAT_EQ(l[3], 0.5f);
+}
+
+TEST(Sampler, PresenceAndFrequencyPenaltyOpenAiSemantics) {
+  std::vector<float> l = {2.0f, -2.0f, 1.0f};
+  const std::vector<int32_t> hist = {0, 0, 0, 1};
+  Sampler::apply_presence_frequency(l, hist, 0.5f, 0.0f);
+  EXPECT_FLOAT_EQ(l[0], 1.5f);  // once, however often seen
+  EXPECT_FLOAT_EQ(l[1], -2.5f);
+  EXPECT_FLOAT_EQ(l[2], 1.0f);
+  Sampler::apply_presence_frequency(l, hist, 0.0f, 0.25f);
+  EXPECT_FLOAT_EQ(l[0], 0.75f);  // 3 occurrences
+  EXPECT_FLOAT_EQ(l[1], -2.75f);
+}
+
+TEST(Sampler, PenaltiesChangeTheGreedyChoice) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.repetition_penalty = 3.0f;
+  Sampler s(p);
+  const std::vector<float> l = {3.0f, 2.0f};
+  EXPECT_EQ(s.sample(l), 0);
+  const std::vector<int32_t> hist = {0};
+  EXPECT_EQ(s.sample(l, hist), 1);  // 3 / 3 = 1 < 2
+}
+
+TEST(Sampler, GenerationConfigDefaults) {
+  const std::string dir = ::testing::TempDir();
+  const std::string f = dir + "/generation_config.json";
+  std::ofstream(f) << R"({"temperature": 0.6, "top_p": 0.95, "top_k": 20, "eos_token_id": [151645, 151643], "do_sample": true})";
+  const SamplingParams p = load_generation_config(f);
+  EXPECT_FLOAT_EQ(p.temperature, 0.6f);
+  EXPECT_FLOAT_EQ(p.top_p, 0.95f);
+  EXPECT_EQ(p.top_k, 20);
+  EXPECT_EQ(p.eos_ids, (std::vector<int32_t>{151645, 151643}));
+  const SamplingParams q = load_generation_config(std::string(FLASHMOE_SOURCE_DIR) + "/models/coder-mini/model");
+  EXPECT_EQ(q.eos_ids, (std::vector<int32_t>{4091}));
+  EXPECT_FLOAT_EQ(q.temperature, 1.0f);  // not in the file: default kept
+  SamplingParams base;
+  base.temperature = 0.3f;
+  EXPECT_FLOAT_EQ(load_generation_config("/nonexistent", base).temperature, 0.3f);
+  std::ofstream(f) << "{broken";
+  EXPECT_THROW(load_generation_config(f), Error);
+}
+
+TEST(StopMatcher, HoldsBackPartialStopAndCutsAtStop) {
+  StopMatcher m({"<|im_end|>", "STOP"});
+  auto r = m.feed("Hello <|im");
+  EXPECT_EQ(r.text, "Hello ");
+  EXPECT_FALSE(r.stopped);
+  EXPECT_EQ(m.held_bytes(), 4u);
+  r = m.feed("_en");
+  EXPECT_EQ(r.text, "");
+  r = m.feed("d|> trailing");
+  EXPECT_TRUE(r.stopped);
+  EXPECT_EQ(r.text, "");
+  EXPECT_EQ(r.which, 0);
+  EXPECT_EQ(m.feed("more").text, "");
+  EXPECT_EQ(m.flush(), "");
+}
+
+TEST(StopMatcher, ReleasesFalseAlarmsAndFlushes) {
+  StopMatcher m({"<|im_end|>"});
+  EXPECT_EQ(m.feed("a <|im").text, "a ");
+  EXPECT_EQ(m.feed("_start|> b").text, "<|im_start|> b");  // not a stop after all
+  EXPECT_EQ(m.feed("x<").text, "x");
+  EXPECT_EQ(m.flush(), "<");  // end of generation: held text released
+  StopMatcher n({"STOP", "TO"});
+  auto r = n.feed("aSTOPb");
+  EXPECT_TRUE(r.stopped);
+  EXPECT_EQ(r.text, "a");  // earliest occurrence wins
+  EXPECT_EQ(r.which, 0);
+  StopMatcher none({});
+  EXPECT_EQ(none.feed("<|im_end|>").text, "<|im_end|>");
+}
+
+TEST(StopMatcher, StopSpanningManySmallChunks) {
+  StopMatcher m({"\n\nUser:"});
+  std::string emitted;
+  const std::string stream = "answer\n\nUse it\n\nUser: next";
+  bool stopped = false;
+  for (char c : stream) {
+    auto r = m.feed(std::string(1, c));
+    emitted += r.text;
+    if (r.stopped) {
+      stopped = true;
+      break;
+    }
+  }
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(emitted, "answer\n\nUse it");
+}
