@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "engine/eval.h"
+#include "format/model_files.h"
 #include "engine/session.h"
 #include "test_util.h"
 
@@ -24,8 +25,8 @@ struct CoderMini {
 
 CoderMini& coder_mini() {
   static CoderMini* cm = [] {
-    const ModelPaths p = resolve_model_paths(source_path("models/coder-mini"));
-    auto* c = new CoderMini{QwenModel::load(p.model_dir), Tokenizer::load(p.tokenizer), {}};
+    const ModelFiles p = resolve_model_files(source_path("models/coder-mini"));
+    auto* c = new CoderMini{QwenModel::load(p.model_dir), Tokenizer::load(p.tokenizer_json), {}};
     std::ifstream f(source_path("models/coder-mini/eval/code_heldout.txt"), std::ios::binary);
     std::string text(20000, '\0');
     f.read(text.data(), std::streamsize(text.size()));
@@ -39,13 +40,13 @@ CoderMini& coder_mini() {
 }
 
 TEST(EvalPaths, BothLayoutsResolve) {
-  const ModelPaths a = resolve_model_paths(source_path("models/coder-mini"));
-  const ModelPaths b = resolve_model_paths(source_path("models/coder-mini/model"));
+  const ModelFiles a = resolve_model_files(source_path("models/coder-mini"));
+  const ModelFiles b = resolve_model_files(source_path("models/coder-mini/model"));
   EXPECT_EQ(std::filesystem::path(a.model_dir), std::filesystem::path(b.model_dir));
-  EXPECT_EQ(std::filesystem::path(a.tokenizer).filename(), "tokenizer.json");
-  EXPECT_EQ(std::filesystem::canonical(a.tokenizer), std::filesystem::canonical(b.tokenizer));
-  EXPECT_THROW(resolve_model_paths(source_path("models/no-such-model")), Error);
-  EXPECT_THROW(resolve_model_paths(source_path("tests")), Error);
+  EXPECT_EQ(std::filesystem::path(a.tokenizer_json).filename(), "tokenizer.json");
+  EXPECT_EQ(std::filesystem::canonical(a.tokenizer_json), std::filesystem::canonical(b.tokenizer_json));
+  EXPECT_THROW(resolve_model_files(source_path("models/no-such-model")), Error);
+  EXPECT_THROW(resolve_model_files(source_path("tests")), Error);
 }
 
 // Independent log-softmax, in long double.

@@ -12,6 +12,7 @@
 #include "cli/common.h"
 #include "core/error.h"
 #include "engine/eval.h"
+#include "format/model_files.h"
 
 namespace flashmoe::cli {
 namespace {
@@ -27,8 +28,9 @@ struct EvalArgs {
 void run_eval(ModelOptions& mo, const EvalArgs& a) {
   finalize_model_options(&mo);
   if (a.perplexity.empty() && a.recall.empty()) fail("eval: give --perplexity FILE and/or --recall FILE.jsonl");
-  const ModelPaths paths = resolve_model_paths(mo.model_dir);
-  const Tokenizer tok = Tokenizer::load(paths.tokenizer);
+  const ModelFiles paths = resolve_model_files(mo.model_dir);
+  if (paths.tokenizer_json.empty()) fail("tokenizer.json not found for " + mo.model_dir + " (looked in the model directory and next to it)");
+  const Tokenizer tok = Tokenizer::load(paths.tokenizer_json);
   // Read and check the inputs before the (slower) model load.
   std::vector<int32_t> text_ids;
   if (!a.perplexity.empty()) text_ids = tokenize_file(tok, a.perplexity);

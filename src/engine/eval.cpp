@@ -16,29 +16,6 @@ namespace flashmoe {
 
 namespace fs = std::filesystem;
 
-ModelPaths resolve_model_paths(const std::string& dir) {
-  std::error_code ec;
-  ModelPaths p;
-  const fs::path d(dir);
-  if (!fs::exists(d, ec)) fail("model directory not found: " + dir);
-  if (fs::is_directory(d, ec) && fs::exists(d / "config.json", ec)) {
-    p.model_dir = d.string();
-  } else if (fs::is_directory(d, ec) && fs::exists(d / "model" / "config.json", ec)) {
-    p.model_dir = (d / "model").string();
-  } else {
-    fail("no config.json in " + dir + " nor in " + (d / "model").string() +
-         " (give the model directory, or the directory above a model/ subdirectory)");
-  }
-  const fs::path md(p.model_dir);
-  for (const fs::path& c : {d / "tokenizer.json", md / "tokenizer.json", md.parent_path() / "tokenizer.json"}) {
-    if (fs::is_regular_file(c, ec)) {
-      p.tokenizer = c.string();
-      return p;
-    }
-  }
-  fail("tokenizer.json not found in " + md.string() + " nor in its parent directory");
-}
-
 bool is_reference_kv(const KvConfig& kv) {
   return kv.dtype == KvDType::F32 && kv.retention() == KvRetention::Full;
 }

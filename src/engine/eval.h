@@ -17,15 +17,6 @@
 
 namespace flashmoe {
 
-// Where the model (config.json + safetensors) and tokenizer.json of DIR are:
-// DIR itself holding config.json, or DIR/model/config.json (a model kept one
-// level down, like models/coder-mini); the tokenizer is DIR/tokenizer.json,
-// the model directory's tokenizer.json, or the one of its parent.
-struct ModelPaths {
-  std::string model_dir;
-  std::string tokenizer;
-};
-ModelPaths resolve_model_paths(const std::string& dir);
 
 // Called with a short progress line (no newline) as work advances.
 using EvalProgress = std::function<void(const std::string&)>;
