@@ -35,8 +35,8 @@ struct ExpertTask {
 
 }  // namespace
 
-void ffn_block(const ModelConfig& c, const FfnWeights& w, const float* x, int64_t n, float* out,
-               ThreadPool& pool) {
+void ffn_block(const ModelConfig& c, const FfnWeights& w, ExpertStore& store, int64_t layer, const float* x,
+               int64_t n, float* out, ThreadPool& pool) {
   const int64_t H = c.hidden_size;
   if (!w.moe) {
     const FfnExpert& e = w.dense;
@@ -69,12 +69,16 @@ void ffn_block(const ModelConfig& c, const FfnWeights& w, const float* x, int64_
       task.weights.push_back(c.norm_topk_prob ? p[order[j]] / sum : p[order[j]]);
     }
   }
-  std::vector<ExpertTask> work;
+  // One fetch per layer: a streaming store reads all its misses in parallel.
+  std::vector<int32_t> ids;
   for (int64_t e = 0; e < E; ++e)
-    if (!tasks[e].tokens.empty()) {
-      tasks[e].expert = &w.experts[e];
-      work.push_back(std::move(tasks[e]));
-    }
+    if (!tasks[e].tokens.empty()) ids.push_back(int32_t(e));
+  ExpertBatch batch = store.fetch(layer, ids);
+  std::vector<ExpertTask> work;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    tasks[ids[i]].expert = &batch.experts[i];
+    work.push_back(std::move(tasks[ids[i]]));
+  }
   if (w.has_shared) {
     ExpertTask s;
     s.expert = &w.shared;
