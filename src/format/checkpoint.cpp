@@ -166,6 +166,12 @@ std::vector<float> Checkpoint::vector_f32(const std::string& name, const std::ve
   return out;
 }
 
+std::vector<std::string> Checkpoint::tensor_names() const {
+  std::vector<std::string> out;
+  for (const auto& kv : where_) out.push_back(kv.first);
+  return out;
+}
+
 int64_t Checkpoint::total_bytes() const {
   int64_t n = 0;
   for (const auto& kv : where_) {

@@ -32,6 +32,8 @@ class Checkpoint {
   std::vector<float> vector_f32(const std::string& name, const std::vector<int64_t>& shape) const;
 
   const std::string& prefix() const { return prefix_; }
+  // Every tensor's full name, sorted.
+  std::vector<std::string> tensor_names() const;
   int64_t total_bytes() const;
 
  private:
