@@ -81,11 +81,17 @@ PackedManifest read_manifest(const std::string& dir, const ModelConfig& cfg) {
     if (m.version < 1) bad("invalid format version " + std::to_string(m.version));
     const json& ex = j.at("experts");
     QuantKind q = parse_expert_format(ex.at("format").get<std::string>(), path);
-    m.layout = ExpertLayout::make(cfg.hidden_size, cfg.moe_intermediate, q, ex.at("group").get<int32_t>());
+    try {
+      m.layout = ExpertLayout::make(cfg.hidden_size, cfg.moe_intermediate, q, ex.at("group").get<int32_t>());
+    } catch (const Error& e) {
+      bad(std::string("experts section does not describe a valid layout: ") + e.what());
+    }
     if (ex.at("bytes").get<uint64_t>() != m.layout.bytes || ex.at("gate").at("offset").get<uint64_t>() != m.layout.gate.offset ||
         ex.at("down").at("rows").get<int64_t>() != m.layout.down.rows || ex.at("down").at("cols").get<int64_t>() != m.layout.down.cols)
-      bad("expert layout does not match config.json (hidden " + std::to_string(cfg.hidden_size) + ", moe_intermediate " +
-          std::to_string(cfg.moe_intermediate) + "): the manifest and config.json are from different models");
+      bad("expert layout is inconsistent: format " + m.layout.format_name() + " with hidden size " +
+          std::to_string(cfg.hidden_size) + " and moe_intermediate " + std::to_string(cfg.moe_intermediate) +
+          " (config.json) needs " + std::to_string(m.layout.bytes) + " bytes per expert, the manifest says " +
+          std::to_string(ex.at("bytes").get<uint64_t>()) + " (manifest and files are from different packs?)");
     for (const json& lj : j.at("layers")) {
       PackedLayer l;
       l.layer = lj.at("layer").get<int64_t>();
