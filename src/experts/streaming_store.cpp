@@ -18,6 +18,40 @@ namespace flashmoe {
 
 namespace {
 
+// Recycles expert buffers. A fresh buffer of this size is mmapped by malloc
+// and page-faulted in on first touch, which costs as much as the read itself
+// on a VM; reusing buffers keeps a miss at one pread. At most `max_free`
+// idle buffers are kept (a layer's worth), so this adds no more than the
+// working set that --max-memory already reserves.
+class BufferPool : public std::enable_shared_from_this<BufferPool> {
+ public:
+  BufferPool(size_t len, size_t max_free) : len_(len), max_free_(max_free) {}
+  ~BufferPool() {
+    for (void* p : free_) std::free(p);
+  }
+  std::shared_ptr<const void> get() {
+    void* p = nullptr;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!free_.empty()) p = free_.back(), free_.pop_back();
+    }
+    if (!p) p = std::aligned_alloc(kExpertAlign, len_);
+    if (!p) throw std::bad_alloc();
+    auto self = shared_from_this();
+    return std::shared_ptr<const void>(p, [self](const void* q) { self->put(const_cast<void*>(q)); });
+  }
+
+ private:
+  void put(void* p) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (free_.size() < max_free_) free_.push_back(p);
+    else std::free(p);
+  }
+  size_t len_, max_free_;
+  std::mutex mu_;
+  std::vector<void*> free_;
+};
+
 struct LayerFile {
   int fd = -1;
   bool direct = false;
@@ -26,7 +60,12 @@ struct LayerFile {
 class StreamingStore : public ExpertStore {
  public:
   StreamingStore(const PackedManifest& m, uint64_t cache_bytes, CachePolicy policy, int io_threads, bool direct)
-      : m_(m), cache_(cache_bytes, policy), io_(std::max(1, io_threads)), policy_(policy) {
+      : m_(m),
+        cache_(cache_bytes, policy),
+        io_(std::max(1, io_threads)),
+        policy_(policy),
+        buffers_(std::make_shared<BufferPool>(align_up(m.layout.bytes, kExpertAlign),
+                                              m.layers.empty() ? 0 : m.layers[0].experts.size())) {
     stats_.expert_bytes = m.layout.bytes;
     for (const auto& l : m_.layers) {
       if (size_t(l.layer) >= files_.size()) files_.resize(l.layer + 1);
@@ -104,9 +143,8 @@ class StreamingStore : public ExpertStore {
     const PackedExpert& e = pl.experts[id];
     const LayerFile& f = files_[pl.layer];
     const uint64_t len = align_up(e.size, kExpertAlign);  // whole pages, as O_DIRECT needs
-    void* p = std::aligned_alloc(kExpertAlign, len);
-    if (!p) throw std::bad_alloc();
-    std::shared_ptr<const void> buf(p, [](const void* q) { std::free(const_cast<void*>(q)); });
+    std::shared_ptr<const void> buf = buffers_->get();
+    void* p = const_cast<void*>(buf.get());
     const std::string what = m_.path_of(pl) + ": expert " + std::to_string(id) + " of layer " + std::to_string(pl.layer);
     uint64_t got = 0;
     while (got < e.size) {
@@ -130,6 +168,7 @@ class StreamingStore : public ExpertStore {
   ExpertCache cache_;
   mutable ThreadPool io_;
   CachePolicy policy_;
+  std::shared_ptr<BufferPool> buffers_;
   bool drop_after_read_ = false;
   std::mutex mu_;
   ExpertStats stats_;
