@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Measures expert streaming on coder-mini: decode tokens/s (median of 3),
+# Measures expert streaming on coder-mini: decode tokens/s (median of 5),
 # reads and bytes per token against the cache size, with cold reads (O_DIRECT:
 # the page cache never serves an expert), and peak RSS. Prints markdown rows.
 # Usage: scripts/bench-streaming.sh [BUILD_DIR]
@@ -11,18 +11,18 @@ trap 'rm -rf "$OUT"' EXIT
 IDS=1,2,3,4,5,6,7,8,9,10,100,200,300,400,500,600
 for fmt in bf16 q4; do "$B" pack -m "$HF" -o "$OUT/$fmt" --experts "$fmt" 2>/dev/null; done
 
-# One markdown row: label | tok/s (median of 3) | hit rate | reads/token | MiB/token | I/O wait | peak RSS
+# One markdown row: label | tok/s (median of 5) | hit rate | reads/token | MiB/token | I/O wait | peak RSS
 row() {
   local label=$1; shift
   local toks=() line="" rss=""
-  for i in 1 2 3; do
+  for i in 1 2 3 4 5; do
     local o
     o=$(/usr/bin/time -f "RSS %M" "$B" generate --ids "$IDS" -n 64 --greedy --stats -t 2 "$@" 2>&1 >/dev/null)
     toks+=("$(echo "$o" | sed -n 's/^decode: 63 tokens in .* s, \([0-9.]*\) tokens\/s/\1/p')")
     line=$(echo "$o" | grep '^decode:  experts')
     rss=$(echo "$o" | sed -n 's/^RSS //p')
   done
-  local med; med=$(printf '%s\n' "${toks[@]}" | sort -n | sed -n 2p)
+  local med; med=$(printf '%s\n' "${toks[@]}" | sort -n | sed -n 3p)
   local hit reads mibt wait
   hit=$(echo "$line" | sed -n 's/.*hit rate \([0-9.]*%\).*/\1/p')
   reads=$(echo "$line" | sed -n 's/.*reads (\([0-9.]*\) per token).*/\1/p')
