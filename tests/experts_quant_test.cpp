@@ -101,8 +101,9 @@ TEST(ExpertsQuant, MatmulEqualsDequantisedF32Matmul) {
           double mag = 0;
           for (int64_t c = 0; c < cols; ++c) mag += std::fabs(deq[r * cols + c] * x[t * cols + c]);
           ASSERT_LE(std::fabs(yq[t * rows + r] - yf[t * rows + r]), 1e-5 * mag) << quant_name(k) << " n=" << n;
-          if (n == 1)
+          if (n == 1) {
             ASSERT_LE(std::fabs(cpu::quant_dot_row_portable(q.view(), r, x.data()) - yf[r]), 1e-5 * mag);
+          }
         }
     }
   }

@@ -16,7 +16,7 @@ void add_model_options(CLI::App* cmd, ModelOptions* opt) {
                   "Where routed experts come from: auto (stream a packed model, memory otherwise), mmap, stream");
   cmd->add_option("--expert-cache", opt->experts.cache_mb,
                   "Streaming expert cache in MiB (0: none, read through the OS page cache; default: as much as "
-                  "--max-memory allows, all experts without it)")->check(CLI::NonNegativeNumber);
+                  "--max-memory allows, else up to 3/4 of RAM; at most all experts)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--expert-cache-policy", opt->cache_policy, "Cache eviction: lru (default) or lfu (frequency-aware)");
   cmd->add_option("--io-threads", opt->experts.io_threads, "Threads reading experts from disk (default 4)")
       ->check(CLI::PositiveNumber);

@@ -18,7 +18,7 @@ enum class CachePolicy { Lru, Lfu };
 // Chosen on the command line (cli/common.cpp), passed to QwenModel::load.
 struct ExpertOptions {
   std::string store = "auto";  // auto (stream when packed), mmap, stream
-  int64_t cache_mb = -1;       // streaming cache; -1: as large as --max-memory allows (all experts if no limit)
+  int64_t cache_mb = -1;       // streaming cache; -1: as large as --max-memory (else 3/4 of RAM) allows, at most all experts
   CachePolicy policy = CachePolicy::Lru;
   int io_threads = 4;
   bool direct_io = false;      // O_DIRECT reads (cold-cache measurements); falls back when unsupported

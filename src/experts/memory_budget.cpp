@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <unistd.h>
 
 #include "core/error.h"
 
@@ -43,7 +44,12 @@ MemoryPlan plan_streaming_memory(const ModelConfig& c, uint64_t non_expert, uint
   p.working_set = uint64_t(std::min<int64_t>(c.num_experts, 256 * c.num_experts_per_tok)) * expert_bytes;
   const uint64_t requested = o.cache_mb < 0 ? all_experts : uint64_t(o.cache_mb) * kMiB;
   if (o.max_memory_gb <= 0) {
-    p.cache = requested;
+    // No budget given: an automatic cache still stays within 3/4 of physical
+    // memory, so a model larger than RAM never grows its cache into swap/OOM.
+    const uint64_t phys = uint64_t(::sysconf(_SC_PHYS_PAGES)) * uint64_t(::sysconf(_SC_PAGESIZE));
+    const uint64_t fixed = p.non_expert + p.state + p.runtime + p.working_set;
+    const uint64_t room = phys / 4 * 3 > fixed ? phys / 4 * 3 - fixed : 0;
+    p.cache = o.cache_mb < 0 ? std::min(requested, room) : requested;
     return p;
   }
   const uint64_t budget = budget_bytes(o);
