@@ -5,6 +5,7 @@
 // from packed per-layer files into a bounded cache).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,7 +47,11 @@ class ExpertStore {
   virtual ~ExpertStore() = default;
   // Views of the given experts of MoE layer `layer`. Throws Error (naming the
   // file and expert) if one cannot be read or fails its checksum.
-  virtual ExpertBatch fetch(int64_t layer, const std::vector<int32_t>& ids) = 0;
+  // `while_waiting` (if given) runs exactly once on the calling thread, while
+  // a streaming store's reads are in flight: the MoE block computes the
+  // shared expert there, hiding part of the I/O behind compute.
+  virtual ExpertBatch fetch(int64_t layer, const std::vector<int32_t>& ids,
+                            const std::function<void()>& while_waiting = nullptr) = 0;
   virtual ExpertStats stats() const = 0;
   virtual void reset_stats() = 0;
   virtual void note_tokens(int64_t n) = 0;

@@ -13,7 +13,9 @@ namespace {
 class WeightsStore : public ExpertStore {
  public:
   WeightsStore(const ModelWeights& w, uint64_t expert_bytes) : w_(w) { stats_.expert_bytes = expert_bytes; }
-  ExpertBatch fetch(int64_t layer, const std::vector<int32_t>& ids) override {
+  ExpertBatch fetch(int64_t layer, const std::vector<int32_t>& ids,
+                    const std::function<void()>& while_waiting) override {
+    if (while_waiting) while_waiting();
     ExpertBatch b;
     for (int32_t id : ids) b.experts.push_back(w_.layers[layer].ffn.experts[id]);
     stats_.requested += ids.size();
@@ -40,7 +42,9 @@ class MmapPackedStore : public ExpertStore {
       verified_[l.layer].assign(l.experts.size(), false);
     }
   }
-  ExpertBatch fetch(int64_t layer, const std::vector<int32_t>& ids) override {
+  ExpertBatch fetch(int64_t layer, const std::vector<int32_t>& ids,
+                    const std::function<void()>& while_waiting) override {
+    if (while_waiting) while_waiting();
     std::lock_guard<std::mutex> lk(mu_);
     const PackedLayer* pl = m_.find_layer(layer);
     ExpertBatch b;

@@ -7,10 +7,13 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <condition_variable>
+#include <deque>
+#include <latch>
 #include <mutex>
+#include <thread>
 
 #include "core/error.h"
-#include "core/thread_pool.h"
 #include "core/xxhash64.h"
 #include "experts/expert_cache.h"
 
@@ -52,6 +55,51 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   std::vector<void*> free_;
 };
 
+// Threads that run submitted reads in the background, so the caller can
+// compute while they are in flight (unlike ThreadPool, whose caller joins in).
+class IoQueue {
+ public:
+  explicit IoQueue(int n) {
+    for (int i = 0; i < n; ++i) threads_.emplace_back([this] { loop(); });
+  }
+  ~IoQueue() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  int size() const { return int(threads_.size()); }
+  void submit(std::function<void()> fn) {  // fn must not throw
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      q_.push_back(std::move(fn));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
+        if (q_.empty()) return;
+        fn = std::move(q_.front());
+        q_.pop_front();
+      }
+      fn();
+    }
+  }
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> q_;
+  bool stop_ = false;
+};
+
 struct LayerFile {
   int fd = -1;
   bool direct = false;
@@ -88,7 +136,8 @@ class StreamingStore : public ExpertStore {
       if (f.fd >= 0) ::close(f.fd);
   }
 
-  ExpertBatch fetch(int64_t layer, const std::vector<int32_t>& ids) override {
+  ExpertBatch fetch(int64_t layer, const std::vector<int32_t>& ids,
+                    const std::function<void()>& while_waiting) override {
     std::lock_guard<std::mutex> lk(mu_);
     const PackedLayer* pl = m_.find_layer(layer);
     ExpertBatch b;
@@ -102,24 +151,34 @@ class StreamingStore : public ExpertStore {
     stats_.requested += ids.size();
     stats_.hits += ids.size() - miss.size();
     stats_.misses += miss.size();
-    if (!miss.empty()) {
-      auto t0 = std::chrono::steady_clock::now();
-      std::vector<std::string> errors(miss.size());
-      io_.parallel_for(int64_t(miss.size()), [&](int64_t s, int64_t e) {
-        for (int64_t j = s; j < e; ++j) {
-          try {
-            b.pins[miss[j]] = read_expert(*pl, ids[miss[j]]);
-          } catch (const Error& err) {
-            errors[j] = err.what();
-          }
+
+    // Every miss is one read on the I/O threads; the caller's own work runs meanwhile.
+    std::vector<std::string> errors(miss.size());
+    std::latch done(std::ptrdiff_t(miss.size()));
+    for (size_t j = 0; j < miss.size(); ++j)
+      io_.submit([&, j] {
+        try {
+          b.pins[miss[j]] = read_expert(*pl, ids[miss[j]]);
+        } catch (const std::exception& err) {
+          errors[j] = err.what();
         }
+        done.count_down();
       });
-      stats_.io_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      for (const auto& err : errors)
-        if (!err.empty()) fail(err);
-      stats_.bytes_read += miss.size() * m_.layout.bytes;
-      for (size_t j : miss) cache_.put(ExpertCache::key(layer, ids[j]), b.pins[j], align_up(m_.layout.bytes, kExpertAlign));
+    if (while_waiting) {
+      try {
+        while_waiting();
+      } catch (...) {
+        done.wait();  // the reads write into this frame
+        throw;
+      }
     }
+    const auto t0 = std::chrono::steady_clock::now();
+    done.wait();
+    stats_.io_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (const auto& err : errors)
+      if (!err.empty()) fail(err);
+    stats_.bytes_read += miss.size() * m_.layout.bytes;
+    for (size_t j : miss) cache_.put(ExpertCache::key(layer, ids[j]), b.pins[j], align_up(m_.layout.bytes, kExpertAlign));
     for (size_t i = 0; i < ids.size(); ++i) b.experts[i] = m_.layout.views(static_cast<const uint8_t*>(b.pins[i].get()));
     return b;
   }
@@ -166,7 +225,7 @@ class StreamingStore : public ExpertStore {
   PackedManifest m_;
   std::vector<LayerFile> files_;
   ExpertCache cache_;
-  mutable ThreadPool io_;
+  IoQueue io_;
   CachePolicy policy_;
   std::shared_ptr<BufferPool> buffers_;
   bool drop_after_read_ = false;
