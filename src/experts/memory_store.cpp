@@ -23,7 +23,7 @@ class WeightsStore : public ExpertStore {
     return b;
   }
   ExpertStats stats() const override { return stats_; }
-  void reset_stats() override { stats_ = ExpertStats{0, 0, 0, 0, 0, 0, 0, 0, stats_.expert_bytes}; }
+  void reset_stats() override { stats_ = ExpertStats{.expert_bytes = stats_.expert_bytes}; }
   void note_tokens(int64_t n) override { stats_.tokens += n; }
   std::string describe() const override { return "in memory (mmapped checkpoint)"; }
 
@@ -64,7 +64,7 @@ class MmapPackedStore : public ExpertStore {
     return b;
   }
   ExpertStats stats() const override { return stats_; }
-  void reset_stats() override { stats_ = ExpertStats{0, 0, 0, 0, 0, 0, 0, 0, stats_.expert_bytes}; }
+  void reset_stats() override { stats_ = ExpertStats{.expert_bytes = stats_.expert_bytes}; }
   void note_tokens(int64_t n) override { stats_.tokens += n; }
   std::string describe() const override { return "in memory (mmapped packed files, " + m_.layout.format_name() + ")"; }
 

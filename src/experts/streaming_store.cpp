@@ -189,7 +189,7 @@ class StreamingStore : public ExpertStore {
     s.cache_capacity = cache_.capacity();
     return s;
   }
-  void reset_stats() override { stats_ = ExpertStats{0, 0, 0, 0, 0, 0, 0, 0, stats_.expert_bytes}; }
+  void reset_stats() override { stats_ = ExpertStats{.expert_bytes = stats_.expert_bytes}; }
   void note_tokens(int64_t n) override { stats_.tokens += n; }
   std::string describe() const override {
     return "streaming (" + m_.layout.format_name() + ", cache " + std::to_string(cache_.capacity() >> 20) + " MiB, " +
