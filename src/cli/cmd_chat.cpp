@@ -63,7 +63,7 @@ Registrar reg(21, [](CLI::App& app) {
   a->gen.n_predict = 512;
   cmd->callback([a] {
     finalize_model_options(&a->model);
-    TextModel tm = load_text_model(a->model.model_dir);
+    TextModel tm = load_text_model(a->model.model_dir, a->model.experts);
     const ChatTemplate& tmpl = tm.chat_template();
     GenerateOptions go = make_generate_options(a->gen, tm.files, tm.eos_ids(true), tm.model->config().max_position_embeddings);
     go.cancel = &g_cancel;

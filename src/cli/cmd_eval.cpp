@@ -37,7 +37,7 @@ void run_eval(ModelOptions& mo, const EvalArgs& a) {
   std::vector<RecallItem> items;
   if (!a.recall.empty()) items = load_recall_jsonl(a.recall);
 
-  auto model = QwenModel::load(paths.model_dir);
+  auto model = QwenModel::load(paths.model_dir, mo.experts);
   ThreadPool pool(mo.threads);
   const bool tty = !a.quiet;
   EvalProgress progress;
