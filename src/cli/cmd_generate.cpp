@@ -25,18 +25,13 @@ Registrar reg(11, [](CLI::App& app) {
   cmd->callback([opt, ids, n, greedy, print_ids] {
     finalize_model_options(opt.get());
     std::vector<int32_t> tok = parse_ids(*ids);
-    auto model = QwenModel::load(opt->model_dir);
+    LoadedModel lm = load_model(*opt);
     ThreadPool pool(opt->threads);
-    Session s(*model, opt->kv, pool);
-    const int64_t V = model->config().vocab_size;
+    Session s(*lm.host, opt->kv, pool, lm.cuda.get());
     std::vector<int32_t> gen;
     if (*n > 0) {
-      const std::vector<float>* logits = &s.feed(tok);
-      for (int i = 0; i < *n; ++i) {
-        int32_t next = argmax(logits->data(), V);
-        gen.push_back(next);
-        if (i + 1 < *n) logits = &s.feed({next});
-      }
+      s.feed(tok);
+      gen = s.greedy(*n);
     }
     for (size_t i = 0; i < gen.size(); ++i) std::printf("%s%d", i ? " " : "", gen[i]);
     std::printf("\n");

@@ -8,13 +8,31 @@
 
 namespace flashmoe::cli {
 
-void add_model_options(CLI::App* cmd, ModelOptions* opt) {
-  cmd->add_option("-m,--model", opt->model_dir, "Model directory (config.json + safetensors)")->required();
+void add_model_options(CLI::App* cmd, ModelOptions* opt, bool require_model) {
+  auto* m = cmd->add_option("-m,--model", opt->model_dir, "Model directory (config.json + safetensors)");
+  if (require_model) m->required();
   cmd->add_option("-t,--threads", opt->threads, "Threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--device", opt->device, "Where the forward pass runs: cpu (default) or cuda (GPU 0)")
+      ->type_name("cpu|cuda");
   add_kv_options(cmd, &opt->kv);
 }
 
-void finalize_model_options(ModelOptions* opt) { finalize_kv_options(&opt->kv); }
+void finalize_model_options(ModelOptions* opt) {
+  if (opt->device != "cpu" && opt->device != "cuda")
+    fail("--device: '" + opt->device + "' is not a device (expected cpu or cuda)");
+  finalize_kv_options(&opt->kv);
+}
+
+LoadedModel load_model(const ModelOptions& opt) {
+  LoadedModel m;
+  m.host = QwenModel::load(opt.model_dir);
+  if (opt.device == "cuda") {
+    std::string why;
+    if (!CudaModel::available(&why)) fail("--device cuda: no usable GPU (" + why + "); use --device cpu");
+    m.cuda = CudaModel::upload(*m.host);
+  }
+  return m;
+}
 
 std::vector<int32_t> parse_ids(const std::string& s) {
   std::vector<int32_t> ids;
