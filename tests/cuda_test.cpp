@@ -204,7 +204,7 @@ TEST(CudaCoderMini, PiecesGraphsAndGreedyAgree) {
 
 TEST(CudaErrors, H2oIsRefusedWithAClearMessage) {
   REQUIRE_GPU();
-  auto model = QwenModel::load(fixture_dir("tiny-qwen35moe") + "/model");
+  auto model = QwenModel::load(source_path("models/coder-mini/model"));
   auto cuda = CudaModel::upload(*model);
   KvConfig h;
   h.h2o_budget = 32;
@@ -227,7 +227,7 @@ TEST(CudaCli, DeviceCudaWithoutGpuSaysSo) {
 
 TEST(CudaCli, GenerateOnGpuEqualsCpu) {
   REQUIRE_GPU();
-  const std::string m = fixture_dir("tiny-qwen35moe") + "/model";
+  const std::string m = source_path("models/coder-mini/model");
   CmdResult c = run_flashmoe("generate -m " + m + " --ids 1,2,3 -n 12 --device cpu");
   CmdResult g = run_flashmoe("generate -m " + m + " --ids 1,2,3 -n 12 --device cuda");
   EXPECT_EQ(c.code, 0) << c.err;
