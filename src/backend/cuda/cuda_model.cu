@@ -220,7 +220,8 @@ struct CudaModel::Impl {
     CK(cudaSetDevice(dev));
     CK(cudaGetDeviceProperties(&prop, dev));
     CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    const int big = int(prop.sharedMemPerBlockOptin);
+    // The opt-in limit covers static shared memory too (the reductions use a little).
+    const int big = int(prop.sharedMemPerBlockOptin) - 4096;
     CK(cudaFuncSetAttribute(matvec_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
     CK(cudaFuncSetAttribute(matvec_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
     CK(cudaFuncSetAttribute(matvec_kernel<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
