@@ -228,9 +228,6 @@ struct CudaModel::Impl {
     CK(cudaFuncSetAttribute(gate_up_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
     CK(cudaFuncSetAttribute(gate_up_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
     CK(cudaFuncSetAttribute(gate_up_kernel<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
-    CK(cudaFuncSetAttribute(down_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
-    CK(cudaFuncSetAttribute(down_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
-    CK(cudaFuncSetAttribute(down_kernel<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   }
 
   // Scratch buffers and constants, once the dimensions are known.
@@ -293,22 +290,32 @@ struct CudaModel::Impl {
     event_class.push_back(cls);
   }
 
+  // Warps per row: enough warps in flight for matrices of few rows.
+  int split_for(int rows, int cols, int vec) const {
+    const int target = prop.multiProcessorCount * 48;
+    int s = 1;
+    while (s < kWarps && rows * s < target && cols % (2 * s * vec) == 0) s *= 2;
+    return s;
+  }
+
   void matvec(const DMat& W, const float* xin, const float* nw, float* y, int acc, int cls) {
-    const int blocks = std::min((W.rows + kWarps - 1) / kWarps, prop.multiProcessorCount * 8);
+    const int split = split_for(W.rows, W.cols, int(16 / dt_size(W.dt)));
+    const int rpb = kWarps / split;
+    const int blocks = std::min((W.rows + rpb - 1) / rpb, prop.multiProcessorCount * 8);
     const size_t smem = size_t(W.cols) * 4;
     const float eps = c.rms_norm_eps;
     switch (W.dt) {
       case DT_F32:
         matvec_kernel<float><<<blocks, kThreads, smem, stream>>>(static_cast<const float*>(W.p), W.rows, W.cols, xin,
-                                                                nw, eps, y, acc);
+                                                                nw, eps, y, acc, split);
         break;
       case DT_F16:
         matvec_kernel<__half><<<blocks, kThreads, smem, stream>>>(static_cast<const __half*>(W.p), W.rows, W.cols,
-                                                                 xin, nw, eps, y, acc);
+                                                                 xin, nw, eps, y, acc, split);
         break;
       default:
         matvec_kernel<__nv_bfloat16><<<blocks, kThreads, smem, stream>>>(static_cast<const __nv_bfloat16*>(W.p),
-                                                                        W.rows, W.cols, xin, nw, eps, y, acc);
+                                                                        W.rows, W.cols, xin, nw, eps, y, acc, split);
     }
     mark(cls);
   }
@@ -318,8 +325,11 @@ struct CudaModel::Impl {
     dim3 g1((a.maxI + kWarps - 1) / kWarps, slots);
     gate_up_kernel<T><<<g1, kThreads, size_t(a.H) * 4, stream>>>(a);
     mark(K_EXPERTS);
-    const int blocks = std::min((a.H + kWarps - 1) / kWarps, prop.multiProcessorCount * 8);
-    down_kernel<T><<<blocks, kThreads, size_t(slots) * a.maxI * 4, stream>>>(a);
+    int split = 1;
+    while (split * 2 <= std::min(slots, kWarps)) split *= 2;
+    const int rpb = kWarps / split;
+    const int blocks = std::min((a.H + rpb - 1) / rpb, prop.multiProcessorCount * 8);
+    down_kernel<T><<<blocks, kThreads, 0, stream>>>(a, split);
     mark(K_EXPERTS);
   }
 

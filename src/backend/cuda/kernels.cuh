@@ -65,7 +65,7 @@ __device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : lo
 
 __device__ __forceinline__ uint4 ld_stream(const void* p) {
   uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                : "l"(p));
   return r;
@@ -150,17 +150,35 @@ __global__ void embed_kernel(const T* __restrict__ E, int H, const int* __restri
     x[i] = to_f<T>(E[size_t(tok) * H + i]);
 }
 
-// y[r] (+)= W[r,:] . norm(x); warps loop over rows (grid-stride).
+// y[r] (+)= W[r,:] . norm(x). `split` warps share a row (each a slice of
+// the columns; partials summed in a fixed order), kWarps/split rows per
+// block, blocks loop over rows (grid-stride). Splitting keeps enough loads
+// in flight for matrices of few rows.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) matvec_kernel(const T* __restrict__ W, int rows, int cols,
                                                           const float* __restrict__ x, const float* __restrict__ nw,
-                                                          float eps, float* __restrict__ y, int accumulate) {
+                                                          float eps, float* __restrict__ y, int accumulate, int split) {
   extern __shared__ __align__(16) float xs[];
+  __shared__ float part[kWarps];
   load_x(x, nw, eps, cols, xs);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int r = blockIdx.x * kWarps + warp; r < rows; r += gridDim.x * kWarps) {
-    float acc = warp_sum(row_dot<T>(W + size_t(r) * cols, xs, cols, lane));
-    if (lane == 0) y[r] = accumulate ? y[r] + acc : acc;
+  const int rpb = kWarps / split, sub = warp % split, lr = warp / split, chunk = cols / split;
+  for (int r0 = blockIdx.x * rpb; r0 < rows; r0 += gridDim.x * rpb) {
+    const int r = r0 + lr;
+    float acc = 0.f;
+    if (r < rows) acc = warp_sum(row_dot<T>(W + size_t(r) * cols + sub * chunk, xs + sub * chunk, chunk, lane));
+    if (split == 1) {
+      if (lane == 0 && r < rows) y[r] = accumulate ? y[r] + acc : acc;
+      continue;
+    }
+    if (lane == 0) part[warp] = acc;
+    __syncthreads();
+    if (sub == 0 && lane == 0 && r < rows) {
+      float t = 0.f;
+      for (int i = 0; i < split; ++i) t += part[lr * split + i];
+      y[r] = accumulate ? y[r] + t : t;
+    }
+    __syncthreads();
   }
 }
 
@@ -548,30 +566,43 @@ __global__ void __launch_bounds__(kThreads) gate_up_kernel(MoeArgs a) {
                       : static_cast<const T*>(a.gu) + size_t(a.ids[j]) * 2 * size_t(a.I) * a.H;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int r = blockIdx.x * kWarps + warp; r < I; r += gridDim.x * kWarps) {
-    const float g = warp_sum(row_dot<T>(W + size_t(r) * a.H, xs, a.H, lane));
-    const float u = warp_sum(row_dot<T>(W + size_t(I + r) * a.H, xs, a.H, lane));
+    float g = row_dot<T>(W + size_t(r) * a.H, xs, a.H, lane);
+    float u = row_dot<T>(W + size_t(I + r) * a.H, xs, a.H, lane);
+    g = warp_sum(g);
+    u = warp_sum(u);
     if (lane == 0) a.hb[j * a.maxI + r] = siluf_(g) * u;
   }
 }
 
-// x[r] += sum_j w_j * down_j[r] . h_j
+// x[r] += sum_j w_j * down_j[r] . h_j. `split` warps share a row, each
+// taking slots sub, sub+split, ...; partials summed in a fixed order.
+// h is read from global memory (small, stays in L1/L2).
 template <typename T>
-__global__ void __launch_bounds__(kThreads) down_kernel(MoeArgs a) {
-  extern __shared__ __align__(16) float hs[];
+__global__ void __launch_bounds__(kThreads) down_kernel(MoeArgs a, int split) {
+  __shared__ float part[kWarps];
   const int slots = a.k + (a.has_shared ? 1 : 0);
-  for (int i = threadIdx.x; i < slots * a.maxI; i += blockDim.x) hs[i] = a.hb[i];
-  __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int r = blockIdx.x * kWarps + warp; r < a.H; r += gridDim.x * kWarps) {
+  const int rpb = kWarps / split, sub = warp % split, lr = warp / split;
+  for (int r0 = blockIdx.x * rpb; r0 < a.H; r0 += gridDim.x * rpb) {
+    const int r = r0 + lr;
     float acc = 0.f;
-    for (int j = 0; j < slots; ++j) {
-      const bool shared = j == a.k;
-      const int I = shared ? a.Is : a.I;
-      const T* W = shared ? static_cast<const T*>(a.s_down)
-                          : static_cast<const T*>(a.down) + size_t(a.ids[j]) * size_t(a.H) * a.I;
-      acc += a.w[j] * warp_sum(row_dot<T>(W + size_t(r) * I, hs + j * a.maxI, I, lane));
+    if (r < a.H) {
+      for (int j = sub; j < slots; j += split) {
+        const bool shared = j == a.k;
+        const int I = shared ? a.Is : a.I;
+        const T* W = shared ? static_cast<const T*>(a.s_down)
+                            : static_cast<const T*>(a.down) + size_t(a.ids[j]) * size_t(a.H) * a.I;
+        acc += a.w[j] * warp_sum(row_dot<T>(W + size_t(r) * I, a.hb + j * a.maxI, I, lane));
+      }
     }
-    if (lane == 0) a.x[r] += acc;
+    if (lane == 0) part[warp] = acc;
+    __syncthreads();
+    if (sub == 0 && lane == 0 && r < a.H) {
+      float t = 0.f;
+      for (int i = 0; i < split; ++i) t += part[lr * split + i];
+      a.x[r] += t;
+    }
+    __syncthreads();
   }
 }
 
