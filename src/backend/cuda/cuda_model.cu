@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -217,6 +218,7 @@ struct CudaModel::Impl {
   void init_device() {
     std::string why;
     if (!CudaModel::available(&why)) fail("no usable CUDA device: " + why + "; use --device cpu");
+    if (const char* e = std::getenv("FLASHMOE_CUDA_PDL")) use_pdl = std::string(e) != "0";
     CK(cudaSetDevice(dev));
     CK(cudaGetDeviceProperties(&prop, dev));
     CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -290,6 +292,26 @@ struct CudaModel::Impl {
     event_class.push_back(cls);
   }
 
+  // Launch with programmatic stream serialization (PDL), except where the
+  // previous operation in the stream is not a kernel of this step.
+  bool use_pdl = true;
+  bool pdl_next = false;  // set after the first kernel of a step
+  template <typename... K, typename... A>
+  void go(void (*kern)(K...), dim3 grid, dim3 block, size_t smem, A... args) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = use_pdl && pdl_next ? 1 : 0;
+    check(cudaLaunchKernelEx(&cfg, kern, args...), "cudaLaunchKernelEx");
+    pdl_next = true;
+  }
+
   // Warps per row: enough warps in flight for matrices of few rows.
   int split_for(int rows, int cols, int vec) const {
     const int target = prop.multiProcessorCount * 48;
@@ -306,15 +328,15 @@ struct CudaModel::Impl {
     const float eps = c.rms_norm_eps;
     switch (W.dt) {
       case DT_F32:
-        matvec_kernel<float><<<blocks, kThreads, smem, stream>>>(static_cast<const float*>(W.p), W.rows, W.cols, xin,
+        go(matvec_kernel<float>, blocks, kThreads, smem, static_cast<const float*>(W.p), W.rows, W.cols, xin,
                                                                 nw, eps, y, acc, split);
         break;
       case DT_F16:
-        matvec_kernel<__half><<<blocks, kThreads, smem, stream>>>(static_cast<const __half*>(W.p), W.rows, W.cols,
+        go(matvec_kernel<__half>, blocks, kThreads, smem, static_cast<const __half*>(W.p), W.rows, W.cols,
                                                                  xin, nw, eps, y, acc, split);
         break;
       default:
-        matvec_kernel<__nv_bfloat16><<<blocks, kThreads, smem, stream>>>(static_cast<const __nv_bfloat16*>(W.p),
+        go(matvec_kernel<__nv_bfloat16>, blocks, kThreads, smem, static_cast<const __nv_bfloat16*>(W.p),
                                                                         W.rows, W.cols, xin, nw, eps, y, acc, split);
     }
     mark(cls);
@@ -323,13 +345,13 @@ struct CudaModel::Impl {
   template <typename T>
   void moe_launch(const MoeArgs& a, int slots) {
     dim3 g1((a.maxI + kWarps - 1) / kWarps, slots);
-    gate_up_kernel<T><<<g1, kThreads, size_t(a.H) * 4, stream>>>(a);
+    go(gate_up_kernel<T>, g1, kThreads, size_t(a.H) * 4, a);
     mark(K_EXPERTS);
     int split = 1;
     while (split * 2 <= std::min(slots, kWarps)) split *= 2;
     const int rpb = kWarps / split;
     const int blocks = std::min((a.H + rpb - 1) / rpb, prop.multiProcessorCount * 8);
-    down_kernel<T><<<blocks, kThreads, 0, stream>>>(a, split);
+    go(down_kernel<T>, blocks, kThreads, 0, a, split);
     mark(K_EXPERTS);
   }
 
@@ -337,17 +359,18 @@ struct CudaModel::Impl {
   void enqueue_step(CudaState::Impl& s, int kind) {
     const ModelConfig& m = c;
     const int H = int(m.hidden_size);
+    pdl_next = false;
     switch (embed.dt) {
       case DT_F32:
-        embed_kernel<float><<<(H + 255) / 256, 256, 0, stream>>>(static_cast<const float*>(embed.p), H, s.d_ids,
+        go(embed_kernel<float>, (H + 255) / 256, 256, 0, static_cast<const float*>(embed.p), H, s.d_ids,
                                                                  s.d_pos, s.d_base, kRing, x);
         break;
       case DT_F16:
-        embed_kernel<__half><<<(H + 255) / 256, 256, 0, stream>>>(static_cast<const __half*>(embed.p), H, s.d_ids,
+        go(embed_kernel<__half>, (H + 255) / 256, 256, 0, static_cast<const __half*>(embed.p), H, s.d_ids,
                                                                   s.d_pos, s.d_base, kRing, x);
         break;
       default:
-        embed_kernel<__nv_bfloat16><<<(H + 255) / 256, 256, 0, stream>>>(
+        go(embed_kernel<__nv_bfloat16>, (H + 255) / 256, 256, 0, 
             static_cast<const __nv_bfloat16*>(embed.p), H, s.d_ids, s.d_pos, s.d_base, kRing, x);
     }
     mark(K_EMBED);
@@ -359,7 +382,7 @@ struct CudaModel::Impl {
       const int sl = slot[li];
       if (!d.full) {
         matvec(d.lin_in, x, d.in_norm, proj, 0, K_PROJ);
-        conv_kernel<<<(C + 255) / 256, 256, 0, stream>>>(proj, C, K, d.conv_w, s.conv[sl], convout);
+        go(conv_kernel, (C + 255) / 256, 256, 0, proj, C, K, d.conv_w, s.conv[sl], convout);
         mark(K_CONV);
         DeltaArgs a;
         a.conv = convout;
@@ -379,10 +402,10 @@ struct CudaModel::Impl {
         a.eps = m.rms_norm_eps;
         const size_t smem = size_t(2 * dk) * 4;
         auto th = [&](int split) { return std::min(1024, std::max(32, (dv * split + 31) / 32 * 32)); };
-        if (dk == 128 && dv * 4 <= 1024) delta_kernel<128, 4><<<nv, th(4), smem, stream>>>(a);
-        else if (dk == 64 && dv * 2 <= 1024) delta_kernel<64, 2><<<nv, th(2), smem, stream>>>(a);
-        else if (dk == 32) delta_kernel<32, 1><<<nv, th(1), smem, stream>>>(a);
-        else delta_kernel<0, 1><<<nv, th(1), smem, stream>>>(a);
+        if (dk == 128 && dv * 4 <= 1024) go(delta_kernel<128, 4>, nv, th(4), smem, a);
+        else if (dk == 64 && dv * 2 <= 1024) go(delta_kernel<64, 2>, nv, th(2), smem, a);
+        else if (dk == 32) go(delta_kernel<32, 1>, nv, th(1), smem, a);
+        else go(delta_kernel<0, 1>, nv, th(1), smem, a);
         mark(K_DELTA);
         matvec(d.out_proj, lin_o, nullptr, x, 1, K_OUT);
       } else {
@@ -402,7 +425,7 @@ struct CudaModel::Impl {
         p.ns = s.ns;
         p.kvt = s.kvt;
         p.eps = m.rms_norm_eps;
-        attn_prep_kernel<<<nh + 1, 128, size_t(std::max(hd, 2 * nkv * hd)) * 4, stream>>>(p);
+        go(attn_prep_kernel, nh + 1, 128, size_t(std::max(hd, 2 * nkv * hd)) * 4, p);
         mark(K_ATTN);
         AttnArgs a;
         a.q = q;
@@ -419,10 +442,10 @@ struct CudaModel::Impl {
         const int groups = std::max(1, 256 / hd);
         const size_t smem = size_t(hd + groups * hd) * 4;
         switch (s.kvt) {
-          case KV_F32: attn_kernel<KV_F32><<<nh, 256, smem, stream>>>(a); break;
-          case KV_BF16: attn_kernel<KV_BF16><<<nh, 256, smem, stream>>>(a); break;
-          case KV_F16: attn_kernel<KV_F16><<<nh, 256, smem, stream>>>(a); break;
-          default: attn_kernel<KV_FP8><<<nh, 256, smem, stream>>>(a); break;
+          case KV_F32: go(attn_kernel<KV_F32>, nh, 256, smem, a); break;
+          case KV_BF16: go(attn_kernel<KV_BF16>, nh, 256, smem, a); break;
+          case KV_F16: go(attn_kernel<KV_F16>, nh, 256, smem, a); break;
+          default: go(attn_kernel<KV_FP8>, nh, 256, smem, a); break;
         }
         mark(K_ATTN);
         matvec(d.o_proj, attn_o, nullptr, x, 1, K_OUT);
@@ -439,7 +462,7 @@ struct CudaModel::Impl {
       int slots;
       if (d.moe) {
         matvec(d.router, x, d.post_norm, rlogits, 0, K_ROUTER);
-        topk_kernel<<<1, 32, 0, stream>>>(rlogits, int(m.num_experts), int(m.num_experts_per_tok),
+        go(topk_kernel, 1, 32, 0, rlogits, int(m.num_experts), int(m.num_experts_per_tok),
                                           m.norm_topk_prob ? 1 : 0, d.has_shared ? 1 : 0, eids, ew);
         mark(K_ROUTER);
         a.gu = d.gu;
@@ -472,11 +495,11 @@ struct CudaModel::Impl {
     }
     if (kind >= 1) matvec(lm_head, x, final_norm, logits, 0, K_LMHEAD);
     if (kind == 2) {
-      argmax_kernel<<<1, 1024, 0, stream>>>(logits, int(m.vocab_size), s.d_ids, s.d_pos, s.d_base, kRing, s.d_out,
+      go(argmax_kernel, 1, 1024, 0, logits, int(m.vocab_size), s.d_ids, s.d_pos, s.d_base, kRing, s.d_out,
                                             s.d_step);
       mark(K_ARGMAX);
     }
-    advance_kernel<<<1, 1, 0, stream>>>(s.d_pos, s.d_step);
+    go(advance_kernel, 1, 1, 0, s.d_pos, s.d_step);
     check(cudaGetLastError(), "advance");
   }
 

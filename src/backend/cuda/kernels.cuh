@@ -59,6 +59,18 @@ __device__ __forceinline__ float block_max(float v) {
   return total;
 }
 
+// Programmatic dependent launch (Hopper): a kernel may start while the one
+// before it drains; it waits here before touching anything that kernel
+// writes, then lets the next one start. Before the wait, only weights (and
+// data complete two kernels back) may be read. No-ops without the attribute.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+// The warp prefetches `bytes` bytes from p into L2 (one 128-byte line per lane-step).
+__device__ __forceinline__ void warp_prefetch(const void* p, size_t bytes, int lane) {
+  for (size_t o = size_t(lane) * 128; o < bytes; o += 32 * 128) prefetch_l2(static_cast<const char*>(p) + o);
+}
+
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float siluf_(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
@@ -145,6 +157,8 @@ __device__ __forceinline__ void load_x(const float* __restrict__ x, const float*
 template <typename T>
 __global__ void embed_kernel(const T* __restrict__ E, int H, const int* __restrict__ ids, const int* __restrict__ pos,
                              const int* __restrict__ base, int ring, float* __restrict__ x) {
+  pdl_wait();
+  pdl_trigger();
   const int tok = ids[(*pos - *base) % ring];
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < H; i += gridDim.x * blockDim.x)
     x[i] = to_f<T>(E[size_t(tok) * H + i]);
@@ -160,9 +174,13 @@ __global__ void __launch_bounds__(kThreads) matvec_kernel(const T* __restrict__ 
                                                           float eps, float* __restrict__ y, int accumulate, int split) {
   extern __shared__ __align__(16) float xs[];
   __shared__ float part[kWarps];
-  load_x(x, nw, eps, cols, xs);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rpb = kWarps / split, sub = warp % split, lr = warp / split, chunk = cols / split;
+  if (blockIdx.x * rpb + lr < rows)
+    warp_prefetch(W + size_t(blockIdx.x * rpb + lr) * cols + sub * chunk, size_t(chunk) * sizeof(T), lane);
+  pdl_wait();
+  pdl_trigger();
+  load_x(x, nw, eps, cols, xs);
   for (int r0 = blockIdx.x * rpb; r0 < rows; r0 += gridDim.x * rpb) {
     const int r = r0 + lr;
     float acc = 0.f;
@@ -186,6 +204,8 @@ __global__ void __launch_bounds__(kThreads) matvec_kernel(const T* __restrict__ 
 // state: [C][K-1] previous inputs.
 __global__ void conv_kernel(const float* __restrict__ u, int C, int K, const float* __restrict__ taps,
                             float* __restrict__ state, float* __restrict__ out) {
+  pdl_wait();
+  pdl_trigger();
   const int ch = blockIdx.x * blockDim.x + threadIdx.x;
   if (ch >= C) return;
   float* st = state + size_t(ch) * (K - 1);
@@ -221,6 +241,8 @@ __global__ void delta_kernel(DeltaArgs a) {
   float* k = sm + a.dk;
   const int h = blockIdx.x, r = a.nv / a.nk, g = h / r, dk = a.dk, dv = a.dv;
   const int j = threadIdx.x / SPLIT, part = threadIdx.x % SPLIT;
+  pdl_wait();
+  pdl_trigger();
   float sq = 0.f, sk = 0.f;
   for (int i = threadIdx.x; i < dk; i += blockDim.x) {
     const float qi = a.conv[g * dk + i], ki = a.conv[a.nk * dk + g * dk + i];
@@ -354,6 +376,8 @@ __device__ __forceinline__ void kv_store(void* dst, size_t off, int kvt, float v
 // rope, v), fp8 scales, store at the slot of this position.
 __global__ void attn_prep_kernel(AttnPrepArgs a) {
   extern __shared__ float sm[];
+  pdl_wait();
+  pdl_trigger();
   const int pos = *a.pos, hd = a.hd;
   if (blockIdx.x < a.nh) {
     const int h = blockIdx.x;
@@ -435,6 +459,8 @@ struct AttnArgs {
 template <int KVT>
 __global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
   extern __shared__ float sm[];  // q [hd], partial sums [groups][hd]
+  pdl_wait();
+  pdl_trigger();
   const int h = blockIdx.x, hd = a.hd, kvh = h / (a.nh / a.nkv);
   const int n = kv_valid(a.kv, *a.pos), row = a.nkv * hd;
   float* q = sm;
@@ -487,6 +513,8 @@ __global__ void topk_kernel(const float* __restrict__ logits, int E, int k, int 
                             int* __restrict__ ids, float* __restrict__ w) {
   constexpr int PER = 16;
   const int lane = threadIdx.x;
+  pdl_wait();
+  pdl_trigger();
   float v[PER];
   float mx = -INFINITY;
 #pragma unroll
@@ -561,6 +589,8 @@ __global__ void __launch_bounds__(kThreads) gate_up_kernel(MoeArgs a) {
   const bool shared = j == a.k;
   const int I = shared ? a.Is : a.I;
   if (int(blockIdx.x) * kWarps >= I) return;
+  pdl_wait();
+  pdl_trigger();
   load_x(a.x, a.norm_w, a.eps, a.H, xs);
   const T* W = shared ? static_cast<const T*>(a.s_gu)
                       : static_cast<const T*>(a.gu) + size_t(a.ids[j]) * 2 * size_t(a.I) * a.H;
@@ -583,6 +613,17 @@ __global__ void __launch_bounds__(kThreads) down_kernel(MoeArgs a, int split) {
   const int slots = a.k + (a.has_shared ? 1 : 0);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rpb = kWarps / split, sub = warp % split, lr = warp / split;
+  // The expert ids are final here: the router finished before gate_up passed its wait.
+  if (blockIdx.x * rpb + lr < a.H)
+    for (int j = sub; j < slots; j += split) {
+      const bool shared = j == a.k;
+      const int I = shared ? a.Is : a.I;
+      const T* W = shared ? static_cast<const T*>(a.s_down)
+                          : static_cast<const T*>(a.down) + size_t(a.ids[j]) * size_t(a.H) * a.I;
+      warp_prefetch(W + size_t(blockIdx.x * rpb + lr) * I, size_t(I) * sizeof(T), lane);
+    }
+  pdl_wait();
+  pdl_trigger();
   for (int r0 = blockIdx.x * rpb; r0 < a.H; r0 += gridDim.x * rpb) {
     const int r = r0 + lr;
     float acc = 0.f;
@@ -609,6 +650,8 @@ __global__ void __launch_bounds__(kThreads) down_kernel(MoeArgs a, int split) {
 // Greedy: argmax of logits (ties: lower index) -> ids ring at pos+1, out[step].
 __global__ void argmax_kernel(const float* __restrict__ logits, int V, int* ids, const int* pos, const int* base,
                               int ring, int* out, const int* step) {
+  pdl_wait();
+  pdl_trigger();
   float bv = -INFINITY;
   int bi = 0x7fffffff;
   for (int i = threadIdx.x; i < V; i += blockDim.x) {
@@ -658,6 +701,7 @@ __global__ void argmax_kernel(const float* __restrict__ logits, int V, int* ids,
 
 // End of a step: position and step counters advance.
 __global__ void advance_kernel(int* pos, int* step) {
+  pdl_wait();
   *pos += 1;
   *step += 1;
 }
