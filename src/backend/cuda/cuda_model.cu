@@ -323,16 +323,8 @@ struct CudaModel::Impl {
   void matvec(const DMat& W, const float* xin, const float* nw, float* y, int acc, int cls) {
     const int split = split_for(W.rows, W.cols, int(16 / dt_size(W.dt)));
     const int rpb = kWarps / split;
+    const int blocks = std::min((W.rows + rpb - 1) / rpb, prop.multiProcessorCount * 8);
     const size_t smem = size_t(W.cols) * 4;
-    // One wave of resident blocks, each looping over rows: the prologue (the
-    // norm of x) is paid once per block, not once per row group.
-    int occ = 1;
-    switch (W.dt) {
-      case DT_F32: cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, matvec_kernel<float>, kThreads, smem); break;
-      case DT_F16: cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, matvec_kernel<__half>, kThreads, smem); break;
-      default: cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, matvec_kernel<__nv_bfloat16>, kThreads, smem);
-    }
-    const int blocks = std::min((W.rows + rpb - 1) / rpb, prop.multiProcessorCount * std::max(occ, 1));
     const float eps = c.rms_norm_eps;
     switch (W.dt) {
       case DT_F32:
@@ -352,10 +344,7 @@ struct CudaModel::Impl {
 
   template <typename T>
   void moe_launch(const MoeArgs& a, int slots) {
-    int occ = 1;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gate_up_kernel<T>, kThreads, size_t(a.H) * 4);
-    const int per_slot = std::max(1, prop.multiProcessorCount * std::max(occ, 1) / slots);
-    dim3 g1(std::min((a.maxI + kWarps - 1) / kWarps, per_slot), slots);
+    dim3 g1((a.maxI + kWarps - 1) / kWarps, slots);
     go(gate_up_kernel<T>, g1, kThreads, size_t(a.H) * 4, a);
     mark(K_EXPERTS);
     int split = 1;

@@ -133,34 +133,6 @@ __device__ __forceinline__ float row_dot(const T* __restrict__ w, const float* x
   return acc0 + acc1;
 }
 
-// The first kPre 16-byte pieces of a lane's share of a row, loaded into
-// registers before a kernel's prologue (the norm of x) so that the weight
-// stream starts at once instead of after it.
-constexpr int kPre = 8;
-template <typename T>
-__device__ __forceinline__ void row_preload(const T* __restrict__ w, int cols, int lane, uint4 (&pre)[kPre]) {
-  constexpr int V = 16 / sizeof(T);
-#pragma unroll
-  for (int i = 0; i < kPre; ++i) {
-    const int c = lane * V + i * 32 * V;
-    if (c < cols) pre[i] = ld_stream(w + c);
-  }
-}
-template <typename T>
-__device__ __forceinline__ float row_dot_pre(const T* __restrict__ w, const float* xs, int cols, int lane,
-                                             const uint4 (&pre)[kPre]) {
-  constexpr int V = 16 / sizeof(T);
-  float acc = 0.f;
-#pragma unroll
-  for (int i = 0; i < kPre; ++i) {
-    const int c = lane * V + i * 32 * V;
-    if (c < cols) acc += dot16<T>(pre[i], xs + c);
-  }
-  const int done = kPre * 32 * V;
-  if (cols > done) acc += row_dot<T>(w + done, xs + done, cols - done, lane);
-  return acc;
-}
-
 // xs = x (cols floats), optionally zero-centred-RMS-normed with weight nw.
 __device__ __forceinline__ void load_x(const float* __restrict__ x, const float* __restrict__ nw, float eps,
                                        int cols, float* xs) {
@@ -204,21 +176,15 @@ __global__ void __launch_bounds__(kThreads) matvec_kernel(const T* __restrict__ 
   __shared__ float part[kWarps];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rpb = kWarps / split, sub = warp % split, lr = warp / split, chunk = cols / split;
-  uint4 pre[kPre];
-  const int r_first = blockIdx.x * rpb + lr;
-  if (r_first < rows) row_preload<T>(W + size_t(r_first) * cols + sub * chunk, chunk, lane, pre);
+  if (blockIdx.x * rpb + lr < rows)
+    warp_prefetch(W + size_t(blockIdx.x * rpb + lr) * cols + sub * chunk, size_t(chunk) * sizeof(T), lane);
   pdl_wait();
   pdl_trigger();
   load_x(x, nw, eps, cols, xs);
   for (int r0 = blockIdx.x * rpb; r0 < rows; r0 += gridDim.x * rpb) {
     const int r = r0 + lr;
     float acc = 0.f;
-    if (r < rows) {
-      const T* wr = W + size_t(r) * cols + sub * chunk;
-      acc = r == r_first ? row_dot_pre<T>(wr, xs + sub * chunk, chunk, lane, pre)
-                         : row_dot<T>(wr, xs + sub * chunk, chunk, lane);
-      acc = warp_sum(acc);
-    }
+    if (r < rows) acc = warp_sum(row_dot<T>(W + size_t(r) * cols + sub * chunk, xs + sub * chunk, chunk, lane));
     if (split == 1) {
       if (lane == 0 && r < rows) y[r] = accumulate ? y[r] + acc : acc;
       continue;
@@ -623,32 +589,15 @@ __global__ void __launch_bounds__(kThreads) gate_up_kernel(MoeArgs a) {
   const bool shared = j == a.k;
   const int I = shared ? a.Is : a.I;
   if (int(blockIdx.x) * kWarps >= I) return;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int r_first = blockIdx.x * kWarps + warp;
-  uint4 pg[kPre], pu[kPre];
-  const T* W = nullptr;
-  if (shared) {  // the shared expert's weights can be loaded before the wait
-    W = static_cast<const T*>(a.s_gu);
-    if (r_first < I) {
-      row_preload<T>(W + size_t(r_first) * a.H, a.H, lane, pg);
-      row_preload<T>(W + size_t(I + r_first) * a.H, a.H, lane, pu);
-    }
-  }
   pdl_wait();
   pdl_trigger();
-  if (!shared) {  // the expert ids come from the router, just finished
-    W = static_cast<const T*>(a.gu) + size_t(a.ids[j]) * 2 * size_t(a.I) * a.H;
-    if (r_first < I) {
-      row_preload<T>(W + size_t(r_first) * a.H, a.H, lane, pg);
-      row_preload<T>(W + size_t(I + r_first) * a.H, a.H, lane, pu);
-    }
-  }
   load_x(a.x, a.norm_w, a.eps, a.H, xs);
-  for (int r = r_first; r < I; r += gridDim.x * kWarps) {
-    const bool first = r == r_first;
-    float g = first ? row_dot_pre<T>(W + size_t(r) * a.H, xs, a.H, lane, pg) : row_dot<T>(W + size_t(r) * a.H, xs, a.H, lane);
-    float u = first ? row_dot_pre<T>(W + size_t(I + r) * a.H, xs, a.H, lane, pu)
-                    : row_dot<T>(W + size_t(I + r) * a.H, xs, a.H, lane);
+  const T* W = shared ? static_cast<const T*>(a.s_gu)
+                      : static_cast<const T*>(a.gu) + size_t(a.ids[j]) * 2 * size_t(a.I) * a.H;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int r = blockIdx.x * kWarps + warp; r < I; r += gridDim.x * kWarps) {
+    float g = row_dot<T>(W + size_t(r) * a.H, xs, a.H, lane);
+    float u = row_dot<T>(W + size_t(I + r) * a.H, xs, a.H, lane);
     g = warp_sum(g);
     u = warp_sum(u);
     if (lane == 0) a.hb[j * a.maxI + r] = siluf_(g) * u;
