@@ -9,7 +9,9 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "core/error.h"
 #include "engine/session.h"
+#include "kv/presets.h"
 #include "model/weight_bytes.h"
 
 namespace flashmoe::cli {
@@ -50,20 +52,126 @@ double memcpy_gbps(ThreadPool& pool) {
   return double(bytes) / best / 1e9;  // bytes copied per second (each read once, written once)
 }
 
+// GPU path: the model uploaded (or synthetic weights built on the device),
+// prompt processing through CudaModel::forward, generation through
+// decode_greedy (graph replays, no host round trip per token).
+void bench_cuda(const ModelOptions& opt, const std::string& synthetic, int layers, int pp, int tg, int reps,
+                bool no_graph, int profile_steps) {
+  std::unique_ptr<QwenModel> host;
+  std::unique_ptr<CudaModel> cm;
+  std::string what;
+  std::string why;
+  if (!CudaModel::available(&why)) fail("--device cuda: no usable GPU (" + why + "); use --device cpu");
+  if (!synthetic.empty()) {
+    ModelConfig c = model_preset(synthetic);
+    if (layers > 0 && layers < c.num_layers) {
+      c.num_layers = layers;
+      c.layer_kinds.resize(size_t(layers));
+      c.layer_is_moe.resize(size_t(layers));
+    }
+    cm = CudaModel::synthetic(c, 1234);
+    what = "synthetic " + synthetic + " (random bf16 weights, " + std::to_string(c.num_layers) + " layers)";
+  } else {
+    host = QwenModel::load(opt.model_dir);
+    cm = CudaModel::upload(*host);
+    what = opt.model_dir;
+  }
+  cm->set_use_graph(!no_graph);
+  const ModelConfig& c = cm->config();
+  std::mt19937 rng(1234);
+  std::uniform_int_distribution<int32_t> tok(0, int32_t(c.vocab_size - 1));
+  std::printf("model: %s (%s, %lld layers, %.2f GB of weights on %s)\nkv: %s; cuda graph: %s\n", what.c_str(),
+              c.model_type.c_str(), (long long)c.num_layers, double(cm->weight_bytes_total()) / 1e9,
+              cm->device_name().c_str(), opt.kv.describe().c_str(), no_graph ? "off" : "on");
+  std::printf("| test  | tokens/s (mean ± sd) |\n|-------|----------------------|\n");
+  std::vector<float> logits(size_t(c.vocab_size));
+  if (pp > 0) {
+    std::vector<double> rate;
+    std::vector<int32_t> ids(static_cast<size_t>(pp));
+    for (auto& i : ids) i = tok(rng);
+    {
+      auto warm = cm->new_state(opt.kv);
+      cm->forward(*warm, ids.data(), std::min<int64_t>(pp, 16), LogitsMode::Last, logits.data());
+    }
+    for (int r = 0; r < reps; ++r) {
+      auto st = cm->new_state(opt.kv);
+      auto t = Clock::now();
+      cm->forward(*st, ids.data(), pp, LogitsMode::Last, logits.data());
+      rate.push_back(double(pp) / seconds_since(t));
+    }
+    Stat st = stats(rate);
+    std::printf("| pp%-3d | %9.1f ± %-8.1f |\n", pp, st.mean, st.sd);
+  }
+  if (tg > 0) {
+    std::vector<double> rate;
+    std::vector<int32_t> out(static_cast<size_t>(tg));
+    for (int r = 0; r < reps + 1; ++r) {  // the first run captures the graph and warms up
+      auto st = cm->new_state(opt.kv);
+      auto t = Clock::now();
+      cm->decode_greedy(*st, tok(rng), tg, out.data());
+      if (r > 0) rate.push_back(double(tg) / seconds_since(t));
+    }
+    Stat st = stats(rate);
+    std::printf("| tg%-3d | %9.1f ± %-8.1f |\n", tg, st.mean, st.sd);
+    const double bytes = double(cm->weight_bytes_per_token());
+    const double gbps = st.mean * bytes / 1e9;
+    const double copy = cm->copy_bandwidth_gbps();
+    std::printf("decode reads %.1f MB of weights per token -> %.1f GB/s; device copy (cudaMemcpy D2D, read+written): "
+                "%.1f GB/s; decode at %.0f%% of that roofline (roofline %.1f tokens/s)\n",
+                bytes / 1e6, gbps, copy, 100.0 * gbps / copy, copy * 1e9 / bytes);
+  }
+  if (profile_steps > 0) {
+    auto st = cm->new_state(opt.kv);
+    std::vector<int32_t> out(64);
+    cm->decode_greedy(*st, tok(rng), 64, out.data());  // some context first
+    auto times = cm->profile_decode(*st, out.back(), profile_steps);
+    double total = 0;
+    for (auto& k : times) total += k.ms;
+    std::printf("per-kernel time of a decode step (plain launches, cudaEvents between kernels, %d steps at context 64+):\n",
+                profile_steps);
+    std::printf("| kernel class | ms/token | launches/token | share |\n|---|---|---|---|\n");
+    for (auto& k : times)
+      if (k.launches > 0)
+        std::printf("| %s | %.4f | %d | %.1f%% |\n", k.name.c_str(), k.ms / profile_steps, k.launches / profile_steps,
+                    100.0 * k.ms / total);
+    std::printf("| total | %.4f | | |\n", total / profile_steps);
+  }
+}
+
 Registrar reg(40, [](CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Measure prompt processing (pp) and generation (tg) speed");
   auto opt = std::make_shared<ModelOptions>();
   auto pp = std::make_shared<int>(512);
   auto tg = std::make_shared<int>(128);
   auto reps = std::make_shared<int>(3);
-  add_model_options(cmd, opt.get());
+  auto synthetic = std::make_shared<std::string>();
+  auto layers = std::make_shared<int>(0);
+  auto no_graph = std::make_shared<bool>(false);
+  auto profile = std::make_shared<int>(0);
+  add_model_options(cmd, opt.get(), /*require_model=*/false);
   cmd->add_option("-p,--n-prompt", *pp, "Prompt tokens for the pp test (0: skip)")->check(CLI::NonNegativeNumber);
   cmd->add_option("-n,--n-gen", *tg, "Generated tokens for the tg test (0: skip)")->check(CLI::NonNegativeNumber);
   cmd->add_option("-r,--repetitions", *reps, "Repetitions of each test")->check(CLI::PositiveNumber);
-  cmd->callback([=] {
+  cmd->add_option("--synthetic", *synthetic,
+                  "With --device cuda: random bf16 weights of a published size instead of -m (qwen3.5-35b-a3b, "
+                  "qwen3.5-122b-a10b, qwen3.5-397b-a17b, qwen3-next-80b-a3b)");
+  cmd->add_option("--layers", *layers, "With --synthetic: only the first N layers")->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--no-graph", *no_graph, "With --device cuda: plain kernel launches instead of a CUDA graph");
+  cmd->add_option("--profile", *profile, "With --device cuda: time each kernel class over N decode steps")
+      ->check(CLI::NonNegativeNumber);
+  cmd->callback([opt, pp, tg, reps, synthetic, layers, no_graph, profile] {
     finalize_model_options(opt.get());
+    if (opt->model_dir.empty() == synthetic->empty())
+      fail(synthetic->empty() ? "bench: give a model with -m/--model (or --synthetic with --device cuda)"
+                              : "bench: give either -m/--model or --synthetic, not both");
+    if (opt->device == "cuda") {
+      bench_cuda(*opt, *synthetic, *layers, *pp, *tg, *reps, *no_graph, *profile);
+      return;
+    }
+    if (!synthetic->empty()) fail("bench: --synthetic needs --device cuda");
     auto model = QwenModel::load(opt->model_dir, opt->experts);
     ThreadPool pool(opt->threads);
+    const int PP = *pp, TG = *tg, REPS = *reps;
     const ModelConfig& c = model->config();
     WeightBytes wb = count_weight_bytes(c, model->weights());
     std::mt19937 rng(1234);
@@ -71,32 +179,32 @@ Registrar reg(40, [](CLI::App& app) {
     std::printf("model: %s (%s, %lld layers, %.1f MB of weights)\nthreads: %d\n", opt->model_dir.c_str(),
                 c.model_type.c_str(), (long long)c.num_layers, double(wb.total) / 1e6, pool.size());
     std::printf("| test  | tokens/s (mean ± sd) |\n|-------|----------------------|\n");
-    if (*pp > 0) {
+    if (PP > 0) {
       std::vector<double> rate;
-      std::vector<int32_t> ids(static_cast<size_t>(*pp));
+      std::vector<int32_t> ids(static_cast<size_t>(PP));
       for (auto& i : ids) i = tok(rng);
       Session warm(*model, opt->kv, pool);
       warm.feed(std::vector<int32_t>(ids.begin(), ids.begin() + std::min<size_t>(ids.size(), 16)));
-      for (int r = 0; r < *reps; ++r) {
+      for (int r = 0; r < REPS; ++r) {
         Session s(*model, opt->kv, pool);
         auto t = Clock::now();
         s.feed(ids);
-        rate.push_back(double(*pp) / seconds_since(t));
+        rate.push_back(double(PP) / seconds_since(t));
       }
       Stat st = stats(rate);
-      std::printf("| pp%-3d | %9.1f ± %-8.1f |\n", *pp, st.mean, st.sd);
+      std::printf("| pp%-3d | %9.1f ± %-8.1f |\n", PP, st.mean, st.sd);
     }
-    if (*tg > 0) {
+    if (TG > 0) {
       std::vector<double> rate;
-      for (int r = 0; r < *reps + 1; ++r) {  // first run warms caches and pages
+      for (int r = 0; r < REPS + 1; ++r) {  // first run warms caches and pages
         Session s(*model, opt->kv, pool);
         int32_t next = tok(rng);
         auto t = Clock::now();
-        for (int i = 0; i < *tg; ++i) next = argmax(s.feed({next}).data(), c.vocab_size);
-        if (r > 0) rate.push_back(double(*tg) / seconds_since(t));
+        for (int i = 0; i < TG; ++i) next = argmax(s.feed({next}).data(), c.vocab_size);
+        if (r > 0) rate.push_back(double(TG) / seconds_since(t));
       }
       Stat st = stats(rate);
-      std::printf("| tg%-3d | %9.1f ± %-8.1f |\n", *tg, st.mean, st.sd);
+      std::printf("| tg%-3d | %9.1f ± %-8.1f |\n", TG, st.mean, st.sd);
       double gbps = st.mean * double(wb.per_token) / 1e9;
       double copy = memcpy_gbps(pool);
       std::printf("decode reads %.2f MB of weights per token -> %.2f GB/s; memcpy on %d threads: %.2f GB/s "

@@ -63,12 +63,12 @@ Registrar reg(21, [](CLI::App& app) {
   a->gen.n_predict = 512;
   cmd->callback([a] {
     finalize_model_options(&a->model);
-    TextModel tm = load_text_model(a->model.model_dir, a->model.experts);
+    TextModel tm = load_text_model(a->model);
     const ChatTemplate& tmpl = tm.chat_template();
     GenerateOptions go = make_generate_options(a->gen, tm.files, tm.eos_ids(true), tm.model->config().max_position_embeddings);
     go.cancel = &g_cancel;
     ThreadPool pool(a->model.threads);
-    Session session(*tm.model, a->model.kv, pool);
+    Session session(*tm.model, a->model.kv, pool, tm.cuda.get());
     const bool tty = isatty(0) && isatty(1);
     std::signal(SIGINT, on_sigint);
     rl_catch_signals = 0;

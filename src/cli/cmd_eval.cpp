@@ -27,6 +27,7 @@ struct EvalArgs {
 
 void run_eval(ModelOptions& mo, const EvalArgs& a) {
   finalize_model_options(&mo);
+  if (mo.device != "cpu") fail("eval runs on --device cpu for now");
   if (a.perplexity.empty() && a.recall.empty()) fail("eval: give --perplexity FILE and/or --recall FILE.jsonl");
   const ModelFiles paths = resolve_model_files(mo.model_dir);
   if (paths.tokenizer_json.empty()) fail("tokenizer.json not found for " + mo.model_dir + " (looked in the model directory and next to it)");

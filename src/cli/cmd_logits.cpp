@@ -1,6 +1,7 @@
 // flashmoe logits: run ids as one prompt, write every position's logits.
 #include "cli/command.h"
 #include "cli/common.h"
+#include "core/error.h"
 #include "engine/session.h"
 #include "format/safetensors.h"
 
@@ -17,12 +18,14 @@ Registrar reg(10, [](CLI::App& app) {
   cmd->add_flag("--hidden", *hidden, "Also write tensor 'hidden' [layers+1, N, H]: the residual stream after each layer");
   cmd->add_option("--ids", *ids, "Comma-separated token ids")->required();
   cmd->add_option("-o,--output", *out, "Output safetensors file (tensor 'logits', F32 [N, vocab])")->required();
-  cmd->callback([=] {
+  cmd->callback([opt, ids, out, hidden] {
     finalize_model_options(opt.get());
     std::vector<int32_t> tok = parse_ids(*ids);
-    auto model = QwenModel::load(opt->model_dir, opt->experts);
+    if (*hidden && opt->device == "cuda") fail("--hidden is only available with --device cpu");
+    LoadedModel lm = load_model(*opt);
+    auto& model = lm.host;
     ThreadPool pool(opt->threads);
-    Session s(*model, opt->kv, pool);
+    Session s(*model, opt->kv, pool, lm.cuda.get());
     model->set_capture_hidden(*hidden);
     std::vector<float> logits = s.feed_all(tok);
     const int64_t n = int64_t(tok.size());

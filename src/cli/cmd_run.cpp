@@ -31,14 +31,14 @@ Registrar reg(20, [](CLI::App& app) {
   cmd->callback([a] {
     finalize_model_options(&a->model);
     if (a->prompt.empty()) fail("the prompt is empty (-p \"...\")");
-    TextModel tm = load_text_model(a->model.model_dir, a->model.experts);
+    TextModel tm = load_text_model(a->model);
     std::string text = a->prompt;
     if (a->chat) text = tm.render_user_turn(a->system, a->prompt, a->no_think);
     else if (!a->system.empty()) fail("--system needs --chat");
     std::vector<int32_t> ids = tm.tokenizer.encode(text);
     GenerateOptions go = make_generate_options(a->gen, tm.files, tm.eos_ids(a->chat), tm.model->config().max_position_embeddings);
     ThreadPool pool(a->model.threads);
-    Session session(*tm.model, a->model.kv, pool);
+    Session session(*tm.model, a->model.kv, pool, tm.cuda.get());
     if (a->show_prompt) std::fwrite(text.data(), 1, text.size(), stdout);
     GenerateResult r = generate(session, tm.tokenizer, ids, go, [](const std::string& piece) {
       std::fwrite(piece.data(), 1, piece.size(), stdout);

@@ -10,9 +10,12 @@
 
 namespace flashmoe::cli {
 
-void add_model_options(CLI::App* cmd, ModelOptions* opt) {
-  cmd->add_option("-m,--model", opt->model_dir, "Model directory (config.json + safetensors)")->required();
+void add_model_options(CLI::App* cmd, ModelOptions* opt, bool require_model) {
+  auto* m = cmd->add_option("-m,--model", opt->model_dir, "Model directory (config.json + safetensors)");
+  if (require_model) m->required();
   cmd->add_option("-t,--threads", opt->threads, "Threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--device", opt->device, "Where the forward pass runs: cpu (default) or cuda (GPU 0)")
+      ->type_name("cpu|cuda");
   add_kv_options(cmd, &opt->kv);
   cmd->add_option("--expert-store", opt->experts.store,
                   "Where routed experts come from: auto (stream a packed model, memory otherwise), mmap, stream");
@@ -31,6 +34,8 @@ void add_model_options(CLI::App* cmd, ModelOptions* opt) {
 }
 
 void finalize_model_options(ModelOptions* opt) {
+  if (opt->device != "cpu" && opt->device != "cuda")
+    fail("--device: '" + opt->device + "' is not a device (expected cpu or cuda)");
   finalize_kv_options(&opt->kv);
   opt->experts.policy = parse_cache_policy(opt->cache_policy);
 }
@@ -43,6 +48,20 @@ void print_expert_stats(const ModelOptions& opt, const QwenModel& model, const c
   std::fprintf(stderr, "%s %s\n  store: %s\n", label,
                format_expert_stats(model.expert_store().stats(), moe, c.num_experts_per_tok).c_str(),
                model.expert_store().describe().c_str());
+}
+
+LoadedModel load_model(const ModelOptions& opt) {
+  LoadedModel m;
+  m.host = QwenModel::load(opt.model_dir, opt.experts);
+  if (opt.device == "cuda") {
+    std::string why;
+    if (!CudaModel::available(&why)) fail("--device cuda: no usable GPU (" + why + "); use --device cpu");
+    for (const LayerWeights& l : m.host->weights().layers)
+      if (l.ffn.moe && l.ffn.experts.empty())
+        fail("--device cuda needs the experts in memory: a packed (streamed) model runs on --device cpu for now");
+    m.cuda = CudaModel::upload(*m.host);
+  }
+  return m;
 }
 
 std::vector<int32_t> parse_ids(const std::string& s) {

@@ -5,7 +5,9 @@
 #include <vector>
 
 #include "experts/expert_store.h"
+#include "backend/cuda/cuda_model.h"
 #include "kv/kv_config.h"
+#include "model/qwen_model.h"
 
 namespace flashmoe {
 class QwenModel;
@@ -16,19 +18,29 @@ namespace flashmoe::cli {
 struct ModelOptions {
   std::string model_dir;
   int threads = 0;  // 0: all cores
+  std::string device = "cpu";  // cpu | cuda
   KvConfig kv;
   ExpertOptions experts;
   std::string cache_policy = "lru";
   bool stats = false;  // --stats: print expert-store statistics to stderr
 };
 
-// Adds -m/--model, -t/--threads, the expert-store options and --stats to a command.
-void add_model_options(CLI::App* cmd, ModelOptions* opt);
+// Adds -m/--model, -t/--threads, --device, the KV-cache options, the
+// expert-store options and --stats to a command.
+void add_model_options(CLI::App* cmd, ModelOptions* opt, bool require_model = true);
 // Validates what add_model_options parsed; call at the start of the callback.
 void finalize_model_options(ModelOptions* opt);
 
 // Prints the expert-store statistics to stderr when --stats was given.
 void print_expert_stats(const ModelOptions& opt, const QwenModel& model, const char* label);
+
+// The model of opt.model_dir on the host, and on the GPU when --device cuda
+// (throws Error naming what failed, e.g. no GPU, with a hint to use --device cpu).
+struct LoadedModel {
+  std::unique_ptr<QwenModel> host;
+  std::unique_ptr<CudaModel> cuda;  // null for --device cpu
+};
+LoadedModel load_model(const ModelOptions& opt);
 
 // Parses "1,2,3" into token ids; throws Error naming the bad item.
 std::vector<int32_t> parse_ids(const std::string& s);

@@ -6,11 +6,14 @@
 
 namespace flashmoe::cli {
 
-TextModel load_text_model(const std::string& path, const ExpertOptions& experts) {
+TextModel load_text_model(const ModelOptions& opt) {
+  const std::string& path = opt.model_dir;
   ModelFiles files = resolve_model_files(path);
   if (files.tokenizer_json.empty())
     fail("no tokenizer.json found for " + path + " (looked in the model directory and next to it)");
-  TextModel tm{files, QwenModel::load(files.model_dir, experts), Tokenizer::load(files.tokenizer_json), std::nullopt};
+  Tokenizer tok = Tokenizer::load(files.tokenizer_json);
+  LoadedModel lm = load_model(opt);
+  TextModel tm{files, std::move(lm.host), std::move(lm.cuda), std::move(tok), std::nullopt};
   if (!files.tokenizer_config.empty()) {
     try {
       tm.chat.emplace(ChatTemplate::load(files.tokenizer_config));

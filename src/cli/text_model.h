@@ -4,6 +4,8 @@
 #include <optional>
 #include <string>
 
+#include "backend/cuda/cuda_model.h"
+#include "cli/common.h"
 #include "format/model_files.h"
 #include "model/qwen_model.h"
 #include "tokenizer/chat_template.h"
@@ -14,6 +16,7 @@ namespace flashmoe::cli {
 struct TextModel {
   ModelFiles files;
   std::unique_ptr<QwenModel> model;
+  std::unique_ptr<CudaModel> cuda;  // set with --device cuda
   Tokenizer tokenizer;
   std::optional<ChatTemplate> chat;  // absent when there is no tokenizer_config.json template
 
@@ -25,6 +28,6 @@ struct TextModel {
 };
 
 // Throws Error naming what is missing (model dir, tokenizer.json).
-TextModel load_text_model(const std::string& path, const ExpertOptions& experts = {});
+TextModel load_text_model(const ModelOptions& opt);
 
 }  // namespace flashmoe::cli

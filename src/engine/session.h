@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/cuda/cuda_model.h"
 #include "core/thread_pool.h"
 #include "model/qwen_model.h"
 
@@ -11,15 +12,23 @@ namespace flashmoe {
 
 class Session {
  public:
-  Session(const QwenModel& model, const KvConfig& kv, ThreadPool& pool);
+  // With `cuda`, the forward pass runs on that device (its state lives
+  // there); the model must be the one `cuda` was uploaded from.
+  Session(const QwenModel& model, const KvConfig& kv, ThreadPool& pool, const CudaModel* cuda = nullptr);
 
   // Feeds tokens; returns the next-token logits after the last one.
   const std::vector<float>& feed(const std::vector<int32_t>& ids);
   // Feeds tokens and returns the logits after every one of them ([n, vocab]).
   std::vector<float> feed_all(const std::vector<int32_t>& ids);
 
+  // Greedy continuation: the argmax after the tokens fed so far, then n-1
+  // more, each fed in turn (the last one is not fed). On CUDA without host
+  // round trips. Needs at least one token fed before.
+  std::vector<int32_t> greedy(int64_t n);
+
   const std::vector<int32_t>& tokens() const { return tokens_; }
-  int64_t position() const { return state_.pos; }
+  int64_t position() const { return cuda_ ? cstate_->position() : state_.pos; }
+  bool on_device() const { return cuda_ != nullptr; }
   const ModelState& state() const { return state_; }
   ModelState& state() { return state_; }
   const QwenModel& model() const { return model_; }
@@ -30,7 +39,9 @@ class Session {
   const QwenModel& model_;
   KvConfig kv_;
   ThreadPool& pool_;
-  ModelState state_;
+  const CudaModel* cuda_;
+  std::unique_ptr<CudaState> cstate_;
+  ModelState state_;  // host state (empty when on a device)
   std::vector<int32_t> tokens_;
   std::vector<float> logits_;
 };

@@ -1,0 +1,951 @@
+// The CUDA backend: weight upload, per-session device state, the decode step
+// (one token through every layer, routing on the device) and its CUDA graph.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_model.h"
+#include "backend/cuda/kernels.cuh"
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace flashmoe {
+
+using namespace flashmoe::cuda;
+
+namespace {
+
+constexpr int kRing = 8192;  // token-id ring on the device (prompt chunks, generated ids)
+
+std::string cuda_msg(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    fail(std::string("CUDA error in ") + what + " (" + cuda_msg(e) + "); use --device cpu to run on the CPU");
+}
+#define CK(x) check((x), #x)
+
+void* dev_alloc(size_t bytes, const std::string& what) {
+  void* p = nullptr;
+  cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 16));
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "out of device memory allocating %.1f MB for %s (%.2f of %.2f GB free)",
+                  double(bytes) / 1e6, what.c_str(), double(fr) / 1e9, double(tot) / 1e9);
+    fail(std::string(buf) + "; use --device cpu, a smaller model (--layers) or a smaller KV cache");
+  }
+  check(e, ("cudaMalloc for " + what).c_str());
+  return p;
+}
+
+enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2 };
+int dt_of(DType t) {
+  switch (t) {
+    case DType::F32: return DT_F32;
+    case DType::F16: return DT_F16;
+    case DType::BF16: return DT_BF16;
+    default: fail(std::string("CUDA backend: weights of type ") + dtype_name(t) + " are not supported");
+  }
+}
+size_t dt_size(int dt) { return dt == DT_F32 ? 4 : 2; }
+
+struct DMat {
+  int dt = DT_F32;
+  void* p = nullptr;
+  int rows = 0, cols = 0;
+  size_t bytes() const { return size_t(rows) * cols * dt_size(dt); }
+};
+
+struct DLayer {
+  bool full = false;
+  float *in_norm = nullptr, *post_norm = nullptr;
+  DMat lin_in, out_proj;  // [C + nv*dv + 2nv, H] (q,k,v | z | b | a), [H, nv*dv]
+  float *conv_w = nullptr, *dt_bias = nullptr, *neg_exp_A = nullptr, *gnorm = nullptr;
+  DMat qkv, o_proj;  // [2nh*hd + 2nkv*hd, H], [H, nh*hd]
+  float *q_norm = nullptr, *k_norm = nullptr;
+  bool moe = false;
+  DMat router;  // [E (+1: shared expert gate), H]
+  int edt = DT_BF16;
+  void *gu = nullptr, *down = nullptr;  // routed experts [E][2I][H], [E][H][I]
+  bool has_shared = false;              // shared expert (MoE) or dense MLP
+  DMat s_gu, s_down;                    // [2Is, H], [H, Is]
+};
+
+enum KernelClass { K_EMBED, K_PROJ, K_CONV, K_DELTA, K_ATTN, K_OUT, K_ROUTER, K_EXPERTS, K_LMHEAD, K_ARGMAX, K_N };
+const char* kClassNames[K_N] = {"embed",      "in-proj (norm fused)", "conv1d",  "delta-rule", "attention",
+                                "out-proj",   "router+topk",          "experts", "lm_head",    "argmax"};
+
+}  // namespace
+
+// ---------------------------------------------------------------- state
+
+struct CudaState::Impl {
+  int dev = 0;
+  KvConfig kv;
+  int64_t pos = 0;
+  int cap = 0, window = 0, sinks = 0, kvt = KV_F32, ns = 0;
+  size_t el = 4;
+  int nkv = 0, hd = 0, nh = 0;
+  std::vector<KvLayer> kvl;
+  std::vector<float*> conv, ssm;
+  float* scores = nullptr;
+  int *d_pos = nullptr, *d_base = nullptr, *d_ids = nullptr, *d_out = nullptr, *d_step = nullptr;
+  cudaGraphExec_t graphs[3] = {nullptr, nullptr, nullptr};
+
+  void drop_graphs() {
+    for (auto& g : graphs)
+      if (g) {
+        cudaGraphExecDestroy(g);
+        g = nullptr;
+      }
+  }
+  ~Impl() {
+    cudaSetDevice(dev);
+    drop_graphs();
+    for (auto& l : kvl)
+      for (void* p : {l.k, l.v, static_cast<void*>(l.ks), static_cast<void*>(l.vs)}) cudaFree(p);
+    for (float* p : conv) cudaFree(p);
+    for (float* p : ssm) cudaFree(p);
+    for (void* p : {static_cast<void*>(scores), static_cast<void*>(d_pos), static_cast<void*>(d_base),
+                    static_cast<void*>(d_ids), static_cast<void*>(d_out), static_cast<void*>(d_step)})
+      cudaFree(p);
+  }
+};
+
+CudaState::~CudaState() = default;
+int64_t CudaState::position() const { return p_->pos; }
+
+// ---------------------------------------------------------------- model
+
+struct CudaModel::Impl {
+  ModelConfig c;
+  int dev = 0;
+  cudaDeviceProp prop{};
+  std::vector<void*> allocs;
+  DMat embed, lm_head;
+  float* final_norm = nullptr;
+  std::vector<DLayer> L;
+  std::vector<int> slot;  // per layer: index among full or linear layers
+  float* inv_freq = nullptr;
+  float* ones = nullptr;
+  float *x = nullptr, *proj = nullptr, *convout = nullptr, *lin_o = nullptr, *q = nullptr, *attn_o = nullptr,
+        *rlogits = nullptr, *ew = nullptr, *hb = nullptr, *logits = nullptr;
+  int* eids = nullptr;
+  int maxI = 0;
+  cudaStream_t stream = nullptr;
+  bool use_graph = true;
+  int64_t bytes_total = 0, bytes_per_token = 0;
+  float* pinned_logits = nullptr;
+  int* pinned_ids = nullptr;
+  // profiling: an event after each launch, with its kernel class
+  bool profiling = false;
+  std::vector<cudaEvent_t> events;
+  std::vector<int> event_class;
+
+  ~Impl() {
+    cudaSetDevice(dev);
+    for (void* p : allocs) cudaFree(p);
+    for (auto e : events) cudaEventDestroy(e);
+    if (pinned_logits) cudaFreeHost(pinned_logits);
+    if (pinned_ids) cudaFreeHost(pinned_ids);
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  void* alloc(size_t bytes, const std::string& what) {
+    void* p = dev_alloc(bytes, what);
+    allocs.push_back(p);
+    return p;
+  }
+  float* alloc_f(size_t n, const std::string& what) { return static_cast<float*>(alloc(n * 4, what)); }
+  float* upload_vec(const std::vector<float>& v, const std::string& what) {
+    float* p = alloc_f(v.size(), what);
+    CK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    return p;
+  }
+
+  // Rows of several host matrices (same cols) stacked into one device matrix,
+  // in the common storage type (f32 when they differ or when forced).
+  DMat upload_rows(const std::vector<Matrix>& parts, const std::string& what, int force_dt = -1) {
+    DMat m;
+    m.cols = int(parts.at(0).cols);
+    int dt = force_dt >= 0 ? force_dt : dt_of(parts[0].dtype);
+    int64_t rows = 0;
+    for (const Matrix& p : parts) {
+      if (p.cols != m.cols) fail("CUDA backend: " + what + ": parts differ in columns");
+      if (force_dt < 0 && dt_of(p.dtype) != dt) dt = DT_F32;
+      rows += p.rows;
+    }
+    m.dt = dt;
+    m.rows = int(rows);
+    if ((size_t(m.cols) * dt_size(dt)) % 16 != 0)
+      fail("CUDA backend: " + what + " has " + std::to_string(m.cols) +
+           " columns; rows must be a multiple of 16 bytes (use --device cpu)");
+    m.p = alloc(m.bytes(), what);
+    uint8_t* dst = static_cast<uint8_t*>(m.p);
+    std::vector<uint8_t> conv;
+    for (const Matrix& p : parts) {
+      const size_t n = size_t(p.rows) * p.cols, out_bytes = n * dt_size(dt);
+      if (dt_of(p.dtype) == dt) {
+        CK(cudaMemcpy(dst, p.data, out_bytes, cudaMemcpyHostToDevice));
+      } else {
+        // Widen (or narrow, when forced) on the host.
+        conv.resize(out_bytes);
+        for (size_t i = 0; i < n; ++i) {
+          float f;
+          switch (p.dtype) {
+            case DType::F32: f = static_cast<const float*>(p.data)[i]; break;
+            case DType::F16: f = f16_to_f32(static_cast<const uint16_t*>(p.data)[i]); break;
+            default: f = bf16_to_f32(static_cast<const uint16_t*>(p.data)[i]); break;
+          }
+          if (dt == DT_F32) reinterpret_cast<float*>(conv.data())[i] = f;
+          else if (dt == DT_F16) reinterpret_cast<uint16_t*>(conv.data())[i] = f32_to_f16(f);
+          else reinterpret_cast<uint16_t*>(conv.data())[i] = f32_to_bf16(f);
+        }
+        CK(cudaMemcpy(dst, conv.data(), out_bytes, cudaMemcpyHostToDevice));
+      }
+      dst += out_bytes;
+    }
+    bytes_total += int64_t(m.bytes());
+    return m;
+  }
+
+  void init_device() {
+    std::string why;
+    if (!CudaModel::available(&why)) fail("no usable CUDA device: " + why + "; use --device cpu");
+    if (const char* e = std::getenv("FLASHMOE_CUDA_PDL")) use_pdl = std::string(e) != "0";
+    CK(cudaSetDevice(dev));
+    CK(cudaGetDeviceProperties(&prop, dev));
+    CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    // The opt-in limit covers static shared memory too (the reductions use a little).
+    const int big = int(prop.sharedMemPerBlockOptin) - 4096;
+    CK(cudaFuncSetAttribute(matvec_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+    CK(cudaFuncSetAttribute(matvec_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+    CK(cudaFuncSetAttribute(matvec_kernel<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+    CK(cudaFuncSetAttribute(gate_up_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+    CK(cudaFuncSetAttribute(gate_up_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+    CK(cudaFuncSetAttribute(gate_up_kernel<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  }
+
+  // Scratch buffers and constants, once the dimensions are known.
+  void init_common() {
+    const ModelConfig& m = c;
+    if (m.num_experts > 512) fail("CUDA backend: more than 512 experts is not supported");
+    if (m.num_experts_per_tok > 32) fail("CUDA backend: top-k above 32 is not supported");
+    if (m.num_kv_heads > 0 && (m.num_heads % m.num_kv_heads) != 0) fail("CUDA backend: heads not a multiple of kv heads");
+    const int64_t rd = m.rotary_dim;
+    std::vector<float> inv;
+    for (int64_t i = 0; i < rd / 2; ++i) {
+      float f = float(1.0 / std::pow(m.rope_theta, double(2 * i) / double(rd)));
+      if (m.torch_dtype == "bfloat16") f = bf16_to_f32(f32_to_bf16(f));
+      else if (m.torch_dtype == "float16") f = f16_to_f32(f32_to_f16(f));
+      inv.push_back(f);
+    }
+    if (inv.empty()) inv.push_back(0.f);
+    inv_freq = upload_vec(inv, "rotary frequencies");
+    ones = upload_vec({1.0f, 1.0f}, "constants");
+    int proj_rows = 1;
+    for (const DLayer& l : L) proj_rows = std::max({proj_rows, l.lin_in.rows, l.qkv.rows});
+    const int64_t H = m.hidden_size;
+    x = alloc_f(size_t(H), "activations");
+    proj = alloc_f(size_t(proj_rows), "activations");
+    convout = alloc_f(size_t(std::max<int64_t>(1, m.lin_conv_dim())), "activations");
+    lin_o = alloc_f(size_t(std::max<int64_t>(1, m.lin_num_v_heads * m.lin_v_dim)), "activations");
+    q = alloc_f(size_t(std::max<int64_t>(1, m.num_heads * m.head_dim)), "activations");
+    attn_o = alloc_f(size_t(std::max<int64_t>(1, m.num_heads * m.head_dim)), "activations");
+    rlogits = alloc_f(size_t(m.num_experts + 1), "router logits");
+    ew = alloc_f(size_t(m.num_experts_per_tok + 1), "expert weights");
+    eids = static_cast<int*>(alloc(size_t(m.num_experts_per_tok + 1) * 4, "expert ids"));
+    maxI = int(std::max({m.moe_intermediate, m.shared_intermediate, m.intermediate_size, int64_t(1)}));
+    hb = alloc_f(size_t(m.num_experts_per_tok + 1) * maxI, "expert activations");
+    logits = alloc_f(size_t(m.vocab_size), "logits");
+    CK(cudaMallocHost(&pinned_logits, size_t(m.vocab_size) * 4));
+    CK(cudaMallocHost(&pinned_ids, size_t(kRing) * 4));
+    slot.clear();
+    int full = 0, lin = 0;
+    for (auto k : m.layer_kinds) slot.push_back(k == LayerKind::Full ? full++ : lin++);
+    // Bytes one decoded token reads: everything but the unrouted experts.
+    bytes_per_token = int64_t(lm_head.bytes()) + int64_t(embed.cols) * int64_t(dt_size(embed.dt));
+    for (const DLayer& l : L) {
+      bytes_per_token += int64_t(l.lin_in.bytes() + l.out_proj.bytes() + l.qkv.bytes() + l.o_proj.bytes() +
+                                 l.router.bytes() + l.s_gu.bytes() + l.s_down.bytes());
+      if (l.moe)
+        bytes_per_token += int64_t(m.num_experts_per_tok) * 3 * m.moe_intermediate * m.hidden_size * int64_t(dt_size(l.edt));
+    }
+  }
+
+  void mark(int cls) {
+    check(cudaGetLastError(), kClassNames[cls]);
+    if (!profiling) return;
+    const size_t i = event_class.size();
+    if (events.size() <= i) {
+      cudaEvent_t e;
+      CK(cudaEventCreate(&e));
+      events.push_back(e);
+    }
+    CK(cudaEventRecord(events[i], stream));
+    event_class.push_back(cls);
+  }
+
+  // Launch with programmatic stream serialization (PDL), except where the
+  // previous operation in the stream is not a kernel of this step.
+  bool use_pdl = true;
+  bool pdl_next = false;  // set after the first kernel of a step
+  template <typename... K, typename... A>
+  void go(void (*kern)(K...), dim3 grid, dim3 block, size_t smem, A... args) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = use_pdl && pdl_next ? 1 : 0;
+    check(cudaLaunchKernelEx(&cfg, kern, args...), "cudaLaunchKernelEx");
+    pdl_next = true;
+  }
+
+  // Warps per row: enough warps in flight for matrices of few rows.
+  int split_for(int rows, int cols, int vec) const {
+    const int target = prop.multiProcessorCount * 48;
+    int s = 1;
+    while (s < kWarps && rows * s < target && cols % (2 * s * vec) == 0) s *= 2;
+    return s;
+  }
+
+  void matvec(const DMat& W, const float* xin, const float* nw, float* y, int acc, int cls) {
+    const int split = split_for(W.rows, W.cols, int(16 / dt_size(W.dt)));
+    const int rpb = kWarps / split;
+    const int blocks = std::min((W.rows + rpb - 1) / rpb, prop.multiProcessorCount * 8);
+    const size_t smem = size_t(W.cols) * 4;
+    const float eps = c.rms_norm_eps;
+    switch (W.dt) {
+      case DT_F32:
+        go(matvec_kernel<float>, blocks, kThreads, smem, static_cast<const float*>(W.p), W.rows, W.cols, xin,
+                                                                nw, eps, y, acc, split);
+        break;
+      case DT_F16:
+        go(matvec_kernel<__half>, blocks, kThreads, smem, static_cast<const __half*>(W.p), W.rows, W.cols,
+                                                                 xin, nw, eps, y, acc, split);
+        break;
+      default:
+        go(matvec_kernel<__nv_bfloat16>, blocks, kThreads, smem, static_cast<const __nv_bfloat16*>(W.p),
+                                                                        W.rows, W.cols, xin, nw, eps, y, acc, split);
+    }
+    mark(cls);
+  }
+
+  template <typename T>
+  void moe_launch(const MoeArgs& a, int slots) {
+    dim3 g1((a.maxI + kWarps - 1) / kWarps, slots);
+    go(gate_up_kernel<T>, g1, kThreads, size_t(a.H) * 4, a);
+    mark(K_EXPERTS);
+    int split = 1;
+    while (split * 2 <= std::min(slots, kWarps)) split *= 2;
+    const int rpb = kWarps / split;
+    const int blocks = std::min((a.H + rpb - 1) / rpb, prop.multiProcessorCount * 8);
+    go(down_kernel<T>, blocks, kThreads, 0, a, split);
+    mark(K_EXPERTS);
+  }
+
+  // One token through the model. kind 0: no logits; 1: logits; 2: logits + argmax.
+  void enqueue_step(CudaState::Impl& s, int kind) {
+    const ModelConfig& m = c;
+    const int H = int(m.hidden_size);
+    pdl_next = false;
+    switch (embed.dt) {
+      case DT_F32:
+        go(embed_kernel<float>, (H + 255) / 256, 256, 0, static_cast<const float*>(embed.p), H, s.d_ids,
+                                                                 s.d_pos, s.d_base, kRing, x);
+        break;
+      case DT_F16:
+        go(embed_kernel<__half>, (H + 255) / 256, 256, 0, static_cast<const __half*>(embed.p), H, s.d_ids,
+                                                                  s.d_pos, s.d_base, kRing, x);
+        break;
+      default:
+        go(embed_kernel<__nv_bfloat16>, (H + 255) / 256, 256, 0, 
+            static_cast<const __nv_bfloat16*>(embed.p), H, s.d_ids, s.d_pos, s.d_base, kRing, x);
+    }
+    mark(K_EMBED);
+    const int nk = int(m.lin_num_k_heads), nv = int(m.lin_num_v_heads), dk = int(m.lin_k_dim), dv = int(m.lin_v_dim);
+    const int C = int(m.lin_conv_dim()), K = int(m.conv_kernel);
+    const int nh = int(m.num_heads), nkv = int(m.num_kv_heads), hd = int(m.head_dim);
+    for (size_t li = 0; li < L.size(); ++li) {
+      const DLayer& d = L[li];
+      const int sl = slot[li];
+      if (!d.full) {
+        matvec(d.lin_in, x, d.in_norm, proj, 0, K_PROJ);
+        go(conv_kernel, (C + 255) / 256, 256, 0, proj, C, K, d.conv_w, s.conv[sl], convout);
+        mark(K_CONV);
+        DeltaArgs a;
+        a.conv = convout;
+        a.proj = proj;
+        a.zoff = C;
+        a.boff = C + nv * dv;
+        a.aoff = C + nv * dv + nv;
+        a.dt_bias = d.dt_bias;
+        a.neg_exp_A = d.neg_exp_A;
+        a.norm_w = d.gnorm;
+        a.S = s.ssm[sl];
+        a.out = lin_o;
+        a.nk = nk;
+        a.nv = nv;
+        a.dk = dk;
+        a.dv = dv;
+        a.eps = m.rms_norm_eps;
+        const size_t smem = size_t(2 * dk) * 4;
+        auto th = [&](int split) { return std::min(1024, std::max(32, (dv * split + 31) / 32 * 32)); };
+        if (dk == 128 && dv * 4 <= 1024) go(delta_kernel<128, 4>, nv, th(4), smem, a);
+        else if (dk == 64 && dv * 2 <= 1024) go(delta_kernel<64, 2>, nv, th(2), smem, a);
+        else if (dk == 32) go(delta_kernel<32, 1>, nv, th(1), smem, a);
+        else go(delta_kernel<0, 1>, nv, th(1), smem, a);
+        mark(K_DELTA);
+        matvec(d.out_proj, lin_o, nullptr, x, 1, K_OUT);
+      } else {
+        matvec(d.qkv, x, d.in_norm, proj, 0, K_PROJ);
+        AttnPrepArgs p;
+        p.qkv = proj;
+        p.q_norm = d.q_norm;
+        p.k_norm = d.k_norm;
+        p.inv_freq = inv_freq;
+        p.q = q;
+        p.pos = s.d_pos;
+        p.kv = s.kvl[sl];
+        p.nh = nh;
+        p.nkv = nkv;
+        p.hd = hd;
+        p.rd = int(m.rotary_dim);
+        p.ns = s.ns;
+        p.kvt = s.kvt;
+        p.eps = m.rms_norm_eps;
+        go(attn_prep_kernel, nh + 1, 128, size_t(std::max(hd, 2 * nkv * hd)) * 4, p);
+        mark(K_ATTN);
+        AttnArgs a;
+        a.q = q;
+        a.gate = proj;
+        a.scores = s.scores;
+        a.out = attn_o;
+        a.pos = s.d_pos;
+        a.kv = s.kvl[sl];
+        a.nh = nh;
+        a.nkv = nkv;
+        a.hd = hd;
+        a.ns = s.ns;
+        a.scale = 1.0f / std::sqrt(float(hd));
+        const int groups = std::max(1, 256 / hd);
+        const size_t smem = size_t(hd + groups * hd) * 4;
+        switch (s.kvt) {
+          case KV_F32: go(attn_kernel<KV_F32>, nh, 256, smem, a); break;
+          case KV_BF16: go(attn_kernel<KV_BF16>, nh, 256, smem, a); break;
+          case KV_F16: go(attn_kernel<KV_F16>, nh, 256, smem, a); break;
+          default: go(attn_kernel<KV_FP8>, nh, 256, smem, a); break;
+        }
+        mark(K_ATTN);
+        matvec(d.o_proj, attn_o, nullptr, x, 1, K_OUT);
+      }
+      // Feed-forward.
+      MoeArgs a;
+      a.H = H;
+      a.maxI = maxI;
+      a.norm_w = d.post_norm;
+      a.eps = m.rms_norm_eps;
+      a.x = x;
+      a.hb = hb;
+      a.ids = eids;
+      int slots;
+      if (d.moe) {
+        matvec(d.router, x, d.post_norm, rlogits, 0, K_ROUTER);
+        go(topk_kernel, 1, 32, 0, rlogits, int(m.num_experts), int(m.num_experts_per_tok),
+                                          m.norm_topk_prob ? 1 : 0, d.has_shared ? 1 : 0, eids, ew);
+        mark(K_ROUTER);
+        a.gu = d.gu;
+        a.down = d.down;
+        a.k = int(m.num_experts_per_tok);
+        a.I = int(m.moe_intermediate);
+        a.w = ew;
+        a.has_shared = d.has_shared ? 1 : 0;
+        a.s_gu = d.s_gu.p;
+        a.s_down = d.s_down.p;
+        a.Is = d.has_shared ? d.s_down.cols : 0;
+        slots = a.k + a.has_shared;
+      } else {
+        a.gu = nullptr;
+        a.down = nullptr;
+        a.k = 0;
+        a.I = 0;
+        a.w = ones;
+        a.has_shared = 1;
+        a.s_gu = d.s_gu.p;
+        a.s_down = d.s_down.p;
+        a.Is = d.s_down.cols;
+        slots = 1;
+      }
+      switch (d.edt) {
+        case DT_F32: moe_launch<float>(a, slots); break;
+        case DT_F16: moe_launch<__half>(a, slots); break;
+        default: moe_launch<__nv_bfloat16>(a, slots); break;
+      }
+    }
+    if (kind >= 1) matvec(lm_head, x, final_norm, logits, 0, K_LMHEAD);
+    if (kind == 2) {
+      go(argmax_kernel, 1, 1024, 0, logits, int(m.vocab_size), s.d_ids, s.d_pos, s.d_base, kRing, s.d_out,
+                                            s.d_step);
+      mark(K_ARGMAX);
+    }
+    go(advance_kernel, 1, 1, 0, s.d_pos, s.d_step);
+    check(cudaGetLastError(), "advance");
+  }
+
+  void run_step(CudaState::Impl& s, int kind) {
+    if (!use_graph || profiling) {
+      enqueue_step(s, kind);
+      return;
+    }
+    if (!s.graphs[kind]) {
+      cudaGraph_t g;
+      CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      try {
+        enqueue_step(s, kind);
+      } catch (...) {
+        cudaStreamEndCapture(stream, &g);
+        cudaGetLastError();
+        throw;
+      }
+      CK(cudaStreamEndCapture(stream, &g));
+      cudaError_t e = cudaGraphInstantiate(&s.graphs[kind], g, 0);
+      cudaGraphDestroy(g);
+      check(e, "cudaGraphInstantiate");
+    }
+    CK(cudaGraphLaunch(s.graphs[kind], stream));
+  }
+
+  // Full retention: grow the KV storage (and scores) to hold `slots`.
+  void ensure_cap(CudaState::Impl& s, int64_t slots) {
+    if (s.window > 0 || slots <= s.cap) return;
+    int64_t nc = std::max<int64_t>(int64_t(s.cap) * 2, slots);
+    nc = (nc + 255) / 256 * 256;
+    if (nc > (int64_t(1) << 30)) fail("CUDA backend: context too long");
+    s.drop_graphs();
+    const size_t row = size_t(s.nkv) * s.hd;
+    for (KvLayer& l : s.kvl) {
+      KvLayer n = l;
+      n.cap = int(nc);
+      n.k = dev_alloc(size_t(nc) * row * s.el, "KV cache");
+      n.v = dev_alloc(size_t(nc) * row * s.el, "KV cache");
+      n.ks = static_cast<float*>(dev_alloc(size_t(nc) * std::max(s.ns, 1) * 4, "KV scales"));
+      n.vs = static_cast<float*>(dev_alloc(size_t(nc) * std::max(s.ns, 1) * 4, "KV scales"));
+      const size_t used = size_t(std::min<int64_t>(s.pos, s.cap));
+      if (used) {
+        CK(cudaMemcpy(n.k, l.k, used * row * s.el, cudaMemcpyDeviceToDevice));
+        CK(cudaMemcpy(n.v, l.v, used * row * s.el, cudaMemcpyDeviceToDevice));
+        if (s.ns) {
+          CK(cudaMemcpy(n.ks, l.ks, used * s.ns * 4, cudaMemcpyDeviceToDevice));
+          CK(cudaMemcpy(n.vs, l.vs, used * s.ns * 4, cudaMemcpyDeviceToDevice));
+        }
+      }
+      for (void* p : {l.k, l.v, static_cast<void*>(l.ks), static_cast<void*>(l.vs)}) cudaFree(p);
+      l = n;
+    }
+    cudaFree(s.scores);
+    s.scores = static_cast<float*>(dev_alloc(size_t(nc) * std::max(s.nh, 1) * 4, "attention scores"));
+    s.cap = int(nc);
+  }
+
+  // Puts ids[0..n) into the device ring at positions pos.. (base = pos).
+  void put_ids(CudaState::Impl& s, const int32_t* ids, int64_t n) {
+    std::memcpy(pinned_ids, ids, size_t(n) * 4);
+    pinned_ids[n] = int32_t(s.pos);  // base, copied separately below
+    CK(cudaMemcpyAsync(s.d_ids, pinned_ids, size_t(n) * 4, cudaMemcpyHostToDevice, stream));
+    CK(cudaMemcpyAsync(s.d_base, pinned_ids + n, 4, cudaMemcpyHostToDevice, stream));
+  }
+};
+
+bool CudaModel::available(std::string* why) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    if (why) *why = cuda_msg(e);
+    return false;
+  }
+  if (n == 0) {
+    if (why) *why = "no CUDA device found";
+    return false;
+  }
+  return true;
+}
+
+CudaModel::CudaModel() : p_(new Impl) {}
+CudaModel::~CudaModel() = default;
+
+const ModelConfig& CudaModel::config() const { return p_->c; }
+std::string CudaModel::device_name() const { return p_->prop.name; }
+int64_t CudaModel::weight_bytes_total() const { return p_->bytes_total; }
+int64_t CudaModel::weight_bytes_per_token() const { return p_->bytes_per_token; }
+void CudaModel::set_use_graph(bool on) { p_->use_graph = on; }
+
+std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model) {
+  std::unique_ptr<CudaModel> cm(new CudaModel);
+  Impl& m = *cm->p_;
+  m.c = model.config();
+  m.init_device();
+  const ModelConfig& c = m.c;
+  const ModelWeights& w = model.weights();
+  m.embed = m.upload_rows({w.embed}, "embedding");
+  m.lm_head = w.lm_head.data == w.embed.data ? m.embed : m.upload_rows({w.lm_head}, "lm_head");
+  m.final_norm = m.upload_vec(w.final_norm, "final norm");
+  const int64_t nk = c.lin_num_k_heads, nv = c.lin_num_v_heads, dk = c.lin_k_dim, dv = c.lin_v_dim;
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const LayerWeights& lw = w.layers[size_t(i)];
+    const std::string p = "layer " + std::to_string(i) + " ";
+    DLayer d;
+    d.full = lw.kind == LayerKind::Full;
+    d.in_norm = m.upload_vec(lw.input_norm, p + "norm");
+    d.post_norm = m.upload_vec(lw.post_norm, p + "norm");
+    if (d.full) {
+      const AttentionWeights& a = lw.attn;
+      d.qkv = m.upload_rows({a.q_proj, a.k_proj, a.v_proj}, p + "q/k/v projection");
+      d.o_proj = m.upload_rows({a.o_proj}, p + "o_proj");
+      d.q_norm = m.upload_vec(a.q_norm, p + "q_norm");
+      d.k_norm = m.upload_vec(a.k_norm, p + "k_norm");
+    } else {
+      const LinearAttentionWeights& l = lw.lin;
+      std::vector<Matrix> parts;
+      if (l.grouped) {
+        // Qwen3-Next: per key head g [q_g, k_g, v_g (r*dv), z_g (r*dv)] and [b_g (r), a_g (r)];
+        // reorder to q (all), k, v, z, b, a.
+        const int64_t r = nv / nk, group = 2 * dk + 2 * r * dv;
+        for (int64_t g = 0; g < nk; ++g) parts.push_back(l.in_qkvz.slice_rows(g * group, dk));
+        for (int64_t g = 0; g < nk; ++g) parts.push_back(l.in_qkvz.slice_rows(g * group + dk, dk));
+        for (int64_t g = 0; g < nk; ++g) parts.push_back(l.in_qkvz.slice_rows(g * group + 2 * dk, r * dv));
+        for (int64_t g = 0; g < nk; ++g) parts.push_back(l.in_qkvz.slice_rows(g * group + 2 * dk + r * dv, r * dv));
+        for (int64_t g = 0; g < nk; ++g) parts.push_back(l.in_ba.slice_rows(g * 2 * r, r));
+        for (int64_t g = 0; g < nk; ++g) parts.push_back(l.in_ba.slice_rows(g * 2 * r + r, r));
+      } else {
+        parts = {l.in_qkv, l.in_z, l.in_b, l.in_a};
+      }
+      d.lin_in = m.upload_rows(parts, p + "linear-attention projections");
+      d.out_proj = m.upload_rows({l.out_proj}, p + "out_proj");
+      d.conv_w = m.upload_vec(l.conv, p + "conv1d");
+      d.dt_bias = m.upload_vec(l.dt_bias, p + "dt_bias");
+      d.neg_exp_A = m.upload_vec(l.neg_exp_A, p + "A_log");
+      d.gnorm = m.upload_vec(l.norm, p + "gated norm");
+    }
+    const FfnWeights& f = lw.ffn;
+    if (f.moe) {
+      d.moe = true;
+      std::vector<Matrix> r = {f.router};
+      if (f.has_shared) r.push_back(f.shared_gate);
+      d.router = m.upload_rows(r, p + "router");
+      // One storage type for every expert matrix of the layer.
+      int dt = dt_of(f.experts.at(0).gate.dtype);
+      auto same = [&](const Matrix& x) {
+        if (dt_of(x.dtype) != dt) dt = DT_F32;
+      };
+      for (const FfnExpert& e : f.experts) same(e.gate), same(e.up), same(e.down);
+      if (f.has_shared) same(f.shared.gate), same(f.shared.up), same(f.shared.down);
+      std::vector<Matrix> gu, dn;
+      for (const FfnExpert& e : f.experts) {
+        gu.push_back(e.gate);
+        gu.push_back(e.up);
+        dn.push_back(e.down);
+      }
+      d.edt = dt;
+      d.gu = m.upload_rows(gu, p + "experts gate/up", dt).p;
+      d.down = m.upload_rows(dn, p + "experts down", dt).p;
+      if (f.has_shared) {
+        d.has_shared = true;
+        d.s_gu = m.upload_rows({f.shared.gate, f.shared.up}, p + "shared expert", dt);
+        d.s_down = m.upload_rows({f.shared.down}, p + "shared expert", dt);
+      }
+    } else {
+      int dt = dt_of(f.dense.gate.dtype);
+      if (dt_of(f.dense.up.dtype) != dt || dt_of(f.dense.down.dtype) != dt) dt = DT_F32;
+      d.edt = dt;
+      d.has_shared = true;
+      d.s_gu = m.upload_rows({f.dense.gate, f.dense.up}, p + "mlp", dt);
+      d.s_down = m.upload_rows({f.dense.down}, p + "mlp", dt);
+    }
+    m.L.push_back(d);
+  }
+  m.init_common();
+  return cm;
+}
+
+std::unique_ptr<CudaModel> CudaModel::synthetic(const ModelConfig& cfg, uint64_t seed) {
+  std::unique_ptr<CudaModel> cm(new CudaModel);
+  Impl& m = *cm->p_;
+  m.c = cfg;
+  m.init_device();
+  const ModelConfig& c = m.c;
+  uint64_t salt = seed;
+  auto rnd = [&](int rows, int cols, const std::string& what) {
+    DMat d;
+    d.dt = DT_BF16;
+    d.rows = rows;
+    d.cols = cols;
+    d.p = m.alloc(d.bytes(), what);
+    fill_random_kernel<__nv_bfloat16><<<4096, 256, 0, m.stream>>>(static_cast<__nv_bfloat16*>(d.p),
+                                                                   size_t(rows) * cols, ++salt,
+                                                                   1.0f / std::sqrt(float(cols)));
+    check(cudaGetLastError(), "fill");
+    m.bytes_total += int64_t(d.bytes());
+    return d;
+  };
+  auto cst = [&](size_t n, float v, const std::string& what) {
+    float* p = m.alloc_f(n, what);
+    fill_const_kernel<<<64, 256, 0, m.stream>>>(p, n, v);
+    return p;
+  };
+  auto rndf = [&](size_t n, float scale, const std::string& what) {
+    float* p = m.alloc_f(n, what);
+    fill_random_kernel<float><<<64, 256, 0, m.stream>>>(p, n, ++salt, scale);
+    return p;
+  };
+  const int H = int(c.hidden_size), V = int(c.vocab_size);
+  const int nv = int(c.lin_num_v_heads), dv = int(c.lin_v_dim);
+  const int C = int(c.lin_conv_dim()), K = int(c.conv_kernel);
+  const int nh = int(c.num_heads), nkv = int(c.num_kv_heads), hd = int(c.head_dim);
+  const int E = int(c.num_experts), I = int(c.moe_intermediate), Is = int(c.shared_intermediate);
+  m.embed = rnd(V, H, "embedding");
+  m.lm_head = c.tie_word_embeddings ? m.embed : rnd(V, H, "lm_head");
+  m.final_norm = cst(size_t(H), 0.f, "norm");
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    DLayer d;
+    d.full = c.layer_kinds[size_t(i)] == LayerKind::Full;
+    d.in_norm = cst(size_t(H), 0.f, "norm");
+    d.post_norm = cst(size_t(H), 0.f, "norm");
+    if (d.full) {
+      d.qkv = rnd(2 * nh * hd + 2 * nkv * hd, H, "qkv");
+      d.o_proj = rnd(H, nh * hd, "o_proj");
+      d.q_norm = cst(size_t(hd), 0.f, "q_norm");
+      d.k_norm = cst(size_t(hd), 0.f, "k_norm");
+    } else {
+      d.lin_in = rnd(C + nv * dv + 2 * nv, H, "linear in");
+      d.out_proj = rnd(H, nv * dv, "linear out");
+      d.conv_w = rndf(size_t(C) * K, 0.5f, "conv");
+      d.dt_bias = cst(size_t(nv), 0.f, "dt_bias");
+      d.neg_exp_A = cst(size_t(nv), -1.f, "A");
+      d.gnorm = cst(size_t(dv), 1.f, "gnorm");
+    }
+    if (E > 0) {
+      d.moe = true;
+      d.router = rnd(E + (Is > 0 ? 1 : 0), H, "router");
+      d.edt = DT_BF16;
+      d.gu = rnd(E * 2 * I, H, "experts gate/up").p;
+      d.down = rnd(E * H, I, "experts down").p;
+      if (Is > 0) {
+        d.has_shared = true;
+        d.s_gu = rnd(2 * Is, H, "shared expert");
+        d.s_down = rnd(H, Is, "shared expert");
+      }
+    } else {
+      const int Id = int(c.intermediate_size);
+      d.has_shared = true;
+      d.s_gu = rnd(2 * Id, H, "mlp");
+      d.s_down = rnd(H, Id, "mlp");
+    }
+    m.L.push_back(d);
+  }
+  CK(cudaStreamSynchronize(m.stream));
+  m.init_common();
+  return cm;
+}
+
+std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv) const {
+  const Impl& m = *p_;
+  kv.validate();
+  const KvRetention ret = kv.retention();
+  if (ret == KvRetention::H2O)
+    fail("the CUDA backend does not implement --kv-h2o (heavy-hitter retention) yet; use --device cpu for it");
+  CK(cudaSetDevice(m.dev));
+  auto st = std::make_unique<CudaState>();
+  st->p_ = std::make_unique<CudaState::Impl>();
+  CudaState::Impl& s = *st->p_;
+  s.dev = m.dev;
+  s.kv = kv;
+  s.nkv = int(m.c.num_kv_heads);
+  s.hd = int(m.c.head_dim);
+  s.nh = int(m.c.num_heads);
+  switch (kv.dtype) {
+    case KvDType::F32: s.kvt = KV_F32; s.el = 4; break;
+    case KvDType::BF16: s.kvt = KV_BF16; s.el = 2; break;
+    case KvDType::F16: s.kvt = KV_F16; s.el = 2; break;
+    case KvDType::FP8: s.kvt = KV_FP8; s.el = 1; break;
+  }
+  s.ns = kv.dtype != KvDType::FP8 ? 0 : kv.fp8_scale == Fp8ScaleMode::Head ? s.nkv : 1;
+  if (s.ns > 64) fail("CUDA backend: more than 64 KV heads with per-head fp8 scales is not supported");
+  if (ret == KvRetention::Window) s.window = int(kv.window);
+  if (ret == KvRetention::Streaming) {
+    s.window = int(kv.window);
+    s.sinks = int(kv.sinks);
+  }
+  s.cap = s.window > 0 ? s.window : 1024;
+  const size_t row = size_t(s.nkv) * s.hd;
+  const int64_t C = m.c.lin_conv_dim(), Kc = m.c.conv_kernel;
+  const int64_t ssm_n = m.c.lin_num_v_heads * m.c.lin_k_dim * m.c.lin_v_dim;
+  for (auto k : m.c.layer_kinds) {
+    if (k == LayerKind::Full) {
+      KvLayer l{};
+      l.cap = s.cap;
+      l.window = s.window;
+      l.sinks = s.sinks;
+      // pushed first so that the destructor frees whatever was allocated
+      s.kvl.push_back(l);
+      KvLayer& b = s.kvl.back();
+      b.k = dev_alloc(size_t(s.cap) * row * s.el, "KV cache");
+      b.v = dev_alloc(size_t(s.cap) * row * s.el, "KV cache");
+      b.ks = static_cast<float*>(dev_alloc(size_t(s.cap) * std::max(s.ns, 1) * 4, "KV scales"));
+      b.vs = static_cast<float*>(dev_alloc(size_t(s.cap) * std::max(s.ns, 1) * 4, "KV scales"));
+    } else {
+      s.conv.push_back(static_cast<float*>(dev_alloc(size_t(C * (Kc - 1)) * 4, "conv state")));
+      CK(cudaMemset(s.conv.back(), 0, size_t(C * (Kc - 1)) * 4));
+      s.ssm.push_back(static_cast<float*>(dev_alloc(size_t(ssm_n) * 4, "delta-rule state")));
+      CK(cudaMemset(s.ssm.back(), 0, size_t(ssm_n) * 4));
+    }
+  }
+  s.scores = static_cast<float*>(dev_alloc(size_t(s.cap) * std::max(s.nh, 1) * 4, "attention scores"));
+  s.d_pos = static_cast<int*>(dev_alloc(4, "counters"));
+  s.d_base = static_cast<int*>(dev_alloc(4, "counters"));
+  s.d_step = static_cast<int*>(dev_alloc(4, "counters"));
+  s.d_ids = static_cast<int*>(dev_alloc(size_t(kRing) * 4, "token ids"));
+  s.d_out = static_cast<int*>(dev_alloc(size_t(kRing) * 4, "token ids"));
+  for (int* p : {s.d_pos, s.d_base, s.d_step}) CK(cudaMemset(p, 0, 4));
+  CK(cudaMemset(s.d_ids, 0, size_t(kRing) * 4));
+  CK(cudaDeviceSynchronize());
+  return st;
+}
+
+void CudaModel::forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits) const {
+  Impl& m = *p_;
+  CudaState::Impl& s = *st.p_;
+  const int64_t V = m.c.vocab_size;
+  for (int64_t i = 0; i < n; ++i)
+    if (ids[i] < 0 || ids[i] >= V)
+      fail("token id " + std::to_string(ids[i]) + " is out of range: the vocabulary has " + std::to_string(V) +
+           " tokens (0.." + std::to_string(V - 1) + ")");
+  CK(cudaSetDevice(m.dev));
+  m.ensure_cap(s, s.pos + n);
+  for (int64_t b = 0; b < n; b += kRing - 1) {
+    const int64_t len = std::min<int64_t>(kRing - 1, n - b);
+    m.put_ids(s, ids + b, len);
+    for (int64_t t = 0; t < len; ++t) {
+      const int64_t g = b + t;
+      const bool want = mode == LogitsMode::All || (mode == LogitsMode::Last && g == n - 1);
+      m.run_step(s, want ? 1 : 0);
+      ++s.pos;
+      if (want) {
+        CK(cudaMemcpyAsync(m.pinned_logits, m.logits, size_t(V) * 4, cudaMemcpyDeviceToHost, m.stream));
+        CK(cudaStreamSynchronize(m.stream));
+        std::memcpy(mode == LogitsMode::All ? logits + g * V : logits, m.pinned_logits, size_t(V) * 4);
+      }
+    }
+    CK(cudaStreamSynchronize(m.stream));
+  }
+}
+
+void CudaModel::decode_greedy(CudaState& st, int32_t first, int64_t n, int32_t* out) const {
+  Impl& m = *p_;
+  CudaState::Impl& s = *st.p_;
+  if (first < 0 || first >= m.c.vocab_size) fail("token id " + std::to_string(first) + " is out of range");
+  CK(cudaSetDevice(m.dev));
+  m.ensure_cap(s, s.pos + n);
+  int32_t next = first;
+  for (int64_t b = 0; b < n; b += kRing - 2) {
+    const int64_t len = std::min<int64_t>(kRing - 2, n - b);
+    m.put_ids(s, &next, 1);
+    CK(cudaMemsetAsync(s.d_step, 0, 4, m.stream));
+    for (int64_t t = 0; t < len; ++t) {
+      m.run_step(s, 2);
+      ++s.pos;
+    }
+    CK(cudaMemcpyAsync(m.pinned_ids, s.d_out, size_t(len) * 4, cudaMemcpyDeviceToHost, m.stream));
+    CK(cudaStreamSynchronize(m.stream));
+    std::memcpy(out + b, m.pinned_ids, size_t(len) * 4);
+    next = out[b + len - 1];
+  }
+}
+
+double CudaModel::copy_bandwidth_gbps() const {
+  Impl& m = *p_;
+  CK(cudaSetDevice(m.dev));
+  size_t fr = 0, tot = 0;
+  CK(cudaMemGetInfo(&fr, &tot));
+  size_t bytes = std::min<size_t>(size_t(2) << 30, fr / 4);
+  bytes &= ~size_t(0xfffff);
+  void* a = dev_alloc(bytes, "bandwidth test");
+  void* b = nullptr;
+  try {
+    b = dev_alloc(bytes, "bandwidth test");
+  } catch (...) {
+    cudaFree(a);
+    throw;
+  }
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  CK(cudaMemsetAsync(a, 1, bytes, m.stream));
+  CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, m.stream));
+  float best = 1e30f;
+  for (int r = 0; r < 10; ++r) {
+    CK(cudaEventRecord(e0, m.stream));
+    CK(cudaMemcpyAsync(r % 2 ? a : b, r % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice, m.stream));
+    CK(cudaEventRecord(e1, m.stream));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    best = std::min(best, ms);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * double(bytes) / (double(best) * 1e-3) / 1e9;
+}
+
+std::vector<CudaKernelTime> CudaModel::profile_decode(CudaState& st, int32_t first, int steps) const {
+  Impl& m = *p_;
+  CudaState::Impl& s = *st.p_;
+  CK(cudaSetDevice(m.dev));
+  m.ensure_cap(s, s.pos + steps);
+  std::vector<CudaKernelTime> out(K_N);
+  for (int i = 0; i < K_N; ++i) out[size_t(i)].name = kClassNames[i];
+  m.put_ids(s, &first, 1);
+  CK(cudaMemsetAsync(s.d_step, 0, 4, m.stream));
+  cudaEvent_t start;
+  CK(cudaEventCreate(&start));
+  m.profiling = true;
+  try {
+    for (int t = 0; t < steps; ++t) {
+      m.event_class.clear();
+      CK(cudaEventRecord(start, m.stream));
+      m.enqueue_step(s, 2);
+      ++s.pos;
+      CK(cudaStreamSynchronize(m.stream));
+      cudaEvent_t prev = start;
+      for (size_t i = 0; i < m.event_class.size(); ++i) {
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, prev, m.events[i]));
+        out[size_t(m.event_class[i])].ms += ms;
+        out[size_t(m.event_class[i])].launches += 1;
+        prev = m.events[i];
+      }
+    }
+  } catch (...) {
+    m.profiling = false;
+    cudaEventDestroy(start);
+    throw;
+  }
+  m.profiling = false;
+  cudaEventDestroy(start);
+  return out;
+}
+
+}  // namespace flashmoe

@@ -1,0 +1,75 @@
+// The CUDA backend: a QwenModel's weights uploaded to one GPU and the whole
+// forward pass run there (embedding to lm_head), with the per-session state
+// (KV caches, conv and delta-rule states) in device memory. Routing is
+// decided on the device, so a decode step needs no host round trip; each
+// step is captured once in a CUDA graph and replayed.
+//
+// Plain C++ header (no CUDA headers): builds without CUDA, where every entry
+// point throws Error("this build has no CUDA backend").
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "format/config.h"
+#include "kv/kv_config.h"
+#include "model/qwen_model.h"
+
+namespace flashmoe {
+
+// One conversation's device state. Created by CudaModel::new_state.
+class CudaState {
+ public:
+  ~CudaState();
+  int64_t position() const;
+  struct Impl;
+  std::unique_ptr<Impl> p_;
+};
+
+struct CudaKernelTime {
+  std::string name;
+  double ms = 0;     // total over the profiled steps
+  int launches = 0;  // kernel launches of this class over the profiled steps
+};
+
+class CudaModel {
+ public:
+  // Whether a CUDA device can be used; `why` receives the reason if not.
+  static bool available(std::string* why = nullptr);
+  // Uploads the weights of a loaded model (bf16/f16/f32 kept as stored).
+  static std::unique_ptr<CudaModel> upload(const QwenModel& m);
+  // Random bf16 weights of the given dimensions, built on the device (no
+  // checkpoint): for benchmarks of published model sizes.
+  static std::unique_ptr<CudaModel> synthetic(const ModelConfig& c, uint64_t seed);
+  ~CudaModel();
+
+  const ModelConfig& config() const;
+  std::string device_name() const;
+  int64_t weight_bytes_total() const;      // bytes of weights in device memory
+  int64_t weight_bytes_per_token() const;  // bytes of weights one decoded token reads
+
+  // Throws Error for a KV policy the CUDA backend does not implement (h2o).
+  std::unique_ptr<CudaState> new_state(const KvConfig& kv) const;
+
+  // Same contract as QwenModel::forward (ids are checked against the vocabulary).
+  void forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits) const;
+  // Greedy decoding without host round trips: feeds `first`, then each
+  // argmax in turn, n steps; out receives the n argmax ids.
+  void decode_greedy(CudaState& st, int32_t first, int64_t n, int32_t* out) const;
+
+  // Graph capture of the decode step (default on); off: plain launches.
+  void set_use_graph(bool on);
+  // Device-to-device cudaMemcpy bandwidth, bytes read + written per second / 1e9.
+  double copy_bandwidth_gbps() const;
+  // Per-kernel-class time of `steps` decode steps (plain launches, events
+  // between kernels); advances `st` by `steps` tokens.
+  std::vector<CudaKernelTime> profile_decode(CudaState& st, int32_t first, int steps) const;
+
+ private:
+  CudaModel();
+  struct Impl;
+  std::unique_ptr<Impl> p_;
+};
+
+}  // namespace flashmoe

@@ -1,0 +1,39 @@
+// The CUDA backend's entry points for builds without CUDA: each one says so.
+#ifndef FLASHMOE_HAVE_CUDA
+#include "backend/cuda/cuda_model.h"
+
+#include "core/error.h"
+
+namespace flashmoe {
+
+namespace {
+[[noreturn]] void no_cuda() { fail("this build has no CUDA backend (rebuild with nvcc available, or use --device cpu)"); }
+}  // namespace
+
+struct CudaState::Impl {};
+struct CudaModel::Impl {};
+
+CudaState::~CudaState() = default;
+int64_t CudaState::position() const { no_cuda(); }
+
+bool CudaModel::available(std::string* why) {
+  if (why) *why = "this build has no CUDA backend";
+  return false;
+}
+CudaModel::CudaModel() = default;
+CudaModel::~CudaModel() = default;
+std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel&) { no_cuda(); }
+std::unique_ptr<CudaModel> CudaModel::synthetic(const ModelConfig&, uint64_t) { no_cuda(); }
+const ModelConfig& CudaModel::config() const { no_cuda(); }
+std::string CudaModel::device_name() const { no_cuda(); }
+int64_t CudaModel::weight_bytes_total() const { no_cuda(); }
+int64_t CudaModel::weight_bytes_per_token() const { no_cuda(); }
+std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig&) const { no_cuda(); }
+void CudaModel::forward(CudaState&, const int32_t*, int64_t, LogitsMode, float*) const { no_cuda(); }
+void CudaModel::decode_greedy(CudaState&, int32_t, int64_t, int32_t*) const { no_cuda(); }
+void CudaModel::set_use_graph(bool) { no_cuda(); }
+double CudaModel::copy_bandwidth_gbps() const { no_cuda(); }
+std::vector<CudaKernelTime> CudaModel::profile_decode(CudaState&, int32_t, int) const { no_cuda(); }
+
+}  // namespace flashmoe
+#endif

@@ -1,0 +1,730 @@
+// Device kernels of the CUDA backend. All math in fp32; weights are read in
+// their storage type (float, __half, __nv_bfloat16) with 16-byte loads.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace flashmoe::cuda {
+
+constexpr int kWarps = 8;  // warps per block in the row kernels
+constexpr int kThreads = kWarps * 32;
+
+// ------------------------------------------------------------------ helpers
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Sum over the block (any multiple of 32 threads up to 1024); every thread gets it.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float red[32];
+  __shared__ float total;
+  v = warp_sum(v);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (l == 0) red[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    float t = l < nw ? red[l] : 0.0f;
+    t = warp_sum(t);
+    if (l == 0) total = t;
+  }
+  __syncthreads();
+  return total;
+}
+__device__ __forceinline__ float block_max(float v) {
+  __shared__ float red[32];
+  __shared__ float total;
+  v = warp_max(v);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (l == 0) red[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    float t = l < nw ? red[l] : -INFINITY;
+    t = warp_max(t);
+    if (l == 0) total = t;
+  }
+  __syncthreads();
+  return total;
+}
+
+// Programmatic dependent launch (Hopper): a kernel may start while the one
+// before it drains; it waits here before touching anything that kernel
+// writes, then lets the next one start. Before the wait, only weights (and
+// data complete two kernels back) may be read. No-ops without the attribute.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+// The warp prefetches `bytes` bytes from p into L2 (one 128-byte line per lane-step).
+__device__ __forceinline__ void warp_prefetch(const void* p, size_t bytes, int lane) {
+  for (size_t o = size_t(lane) * 128; o < bytes; o += 32 * 128) prefetch_l2(static_cast<const char*>(p) + o);
+}
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float siluf_(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+__device__ __forceinline__ uint4 ld_stream(const void* p) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+template <typename T> __device__ __forceinline__ float to_f(T v);
+template <> __device__ __forceinline__ float to_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ float to_f<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// dot of 16 bytes of weights (4 or 8 elements) with xs[0..]
+template <typename T>
+__device__ __forceinline__ float dot16(const uint4& w, const float* xs) {
+  if constexpr (sizeof(T) == 4) {
+    const float4 x = *reinterpret_cast<const float4*>(xs);
+    return __uint_as_float(w.x) * x.x + __uint_as_float(w.y) * x.y + __uint_as_float(w.z) * x.z +
+           __uint_as_float(w.w) * x.w;
+  } else {
+    const float4 a = *reinterpret_cast<const float4*>(xs);
+    const float4 b = *reinterpret_cast<const float4*>(xs + 4);
+    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+    float2 f[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        f[i] = make_float2(__uint_as_float(u[i] << 16), __uint_as_float(u[i] & 0xffff0000u));
+      } else {
+        __half2 h = *reinterpret_cast<const __half2*>(&u[i]);
+        f[i] = __half22float2(h);
+      }
+    }
+    return f[0].x * a.x + f[0].y * a.y + f[1].x * a.z + f[1].y * a.w + f[2].x * b.x + f[2].y * b.y +
+           f[3].x * b.z + f[3].y * b.w;
+  }
+}
+
+// One warp's partial dot of a weight row (cols elements, 16-byte aligned,
+// cols a multiple of the vector width) with xs in shared memory.
+template <typename T>
+__device__ __forceinline__ float row_dot(const T* __restrict__ w, const float* xs, int cols, int lane) {
+  constexpr int V = 16 / sizeof(T);
+  float acc0 = 0.f, acc1 = 0.f;
+  int c = lane * V;
+  // Two independent loads in flight per iteration, unrolled for more.
+#pragma unroll 4
+  for (; c + 32 * V < cols; c += 64 * V) {
+    const uint4 a = ld_stream(w + c);
+    const uint4 b = ld_stream(w + c + 32 * V);
+    acc0 += dot16<T>(a, xs + c);
+    acc1 += dot16<T>(b, xs + c + 32 * V);
+  }
+  if (c < cols) acc0 += dot16<T>(ld_stream(w + c), xs + c);
+  return acc0 + acc1;
+}
+
+// xs = x (cols floats), optionally zero-centred-RMS-normed with weight nw.
+__device__ __forceinline__ void load_x(const float* __restrict__ x, const float* __restrict__ nw, float eps,
+                                       int cols, float* xs) {
+  if (nw) {
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+      const float v = x[i];
+      ss += v * v;
+    }
+    ss = block_sum(ss);
+    const float r = 1.0f / sqrtf(ss / float(cols) + eps);
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) xs[i] = x[i] * r * (1.0f + nw[i]);
+  } else {
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) xs[i] = x[i];
+  }
+  __syncthreads();
+}
+
+// ------------------------------------------------------------------ kernels
+
+// x = embed[token]
+template <typename T>
+__global__ void embed_kernel(const T* __restrict__ E, int H, const int* __restrict__ ids, const int* __restrict__ pos,
+                             const int* __restrict__ base, int ring, float* __restrict__ x) {
+  pdl_wait();
+  pdl_trigger();
+  const int tok = ids[(*pos - *base) % ring];
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < H; i += gridDim.x * blockDim.x)
+    x[i] = to_f<T>(E[size_t(tok) * H + i]);
+}
+
+// y[r] (+)= W[r,:] . norm(x). `split` warps share a row (each a slice of
+// the columns; partials summed in a fixed order), kWarps/split rows per
+// block, blocks loop over rows (grid-stride). Splitting keeps enough loads
+// in flight for matrices of few rows.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) matvec_kernel(const T* __restrict__ W, int rows, int cols,
+                                                          const float* __restrict__ x, const float* __restrict__ nw,
+                                                          float eps, float* __restrict__ y, int accumulate, int split) {
+  extern __shared__ __align__(16) float xs[];
+  __shared__ float part[kWarps];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int rpb = kWarps / split, sub = warp % split, lr = warp / split, chunk = cols / split;
+  if (blockIdx.x * rpb + lr < rows)
+    warp_prefetch(W + size_t(blockIdx.x * rpb + lr) * cols + sub * chunk, size_t(chunk) * sizeof(T), lane);
+  pdl_wait();
+  pdl_trigger();
+  load_x(x, nw, eps, cols, xs);
+  for (int r0 = blockIdx.x * rpb; r0 < rows; r0 += gridDim.x * rpb) {
+    const int r = r0 + lr;
+    float acc = 0.f;
+    if (r < rows) acc = warp_sum(row_dot<T>(W + size_t(r) * cols + sub * chunk, xs + sub * chunk, chunk, lane));
+    if (split == 1) {
+      if (lane == 0 && r < rows) y[r] = accumulate ? y[r] + acc : acc;
+      continue;
+    }
+    if (lane == 0) part[warp] = acc;
+    __syncthreads();
+    if (sub == 0 && lane == 0 && r < rows) {
+      float t = 0.f;
+      for (int i = 0; i < split; ++i) t += part[lr * split + i];
+      y[r] = accumulate ? y[r] + t : t;
+    }
+    __syncthreads();
+  }
+}
+
+// GatedDeltaNet causal depthwise conv (kernel K) + SiLU over C channels.
+// state: [C][K-1] previous inputs.
+__global__ void conv_kernel(const float* __restrict__ u, int C, int K, const float* __restrict__ taps,
+                            float* __restrict__ state, float* __restrict__ out) {
+  pdl_wait();
+  pdl_trigger();
+  const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+  if (ch >= C) return;
+  float* st = state + size_t(ch) * (K - 1);
+  const float* tp = taps + size_t(ch) * K;
+  const float v = u[ch];
+  float acc = tp[K - 1] * v;
+  for (int j = 0; j < K - 1; ++j) acc += tp[j] * st[j];
+  for (int j = 0; j + 1 < K - 1; ++j) st[j] = st[j + 1];
+  if (K > 1) st[K - 2] = v;
+  out[ch] = siluf_(acc);
+}
+
+struct DeltaArgs {
+  const float* conv;  // [C]: q [nk*dk], k [nk*dk], v [nv*dv] (after conv + silu)
+  const float* proj;  // projection output: z at zoff [nv*dv], b at boff [nv], a at aoff [nv]
+  int zoff, boff, aoff;
+  const float* dt_bias;
+  const float* neg_exp_A;
+  const float* norm_w;  // [dv]
+  float* S;             // [nv][dk][dv]
+  float* out;           // [nv*dv]
+  int nk, nv, dk, dv;
+  float eps;
+};
+
+// One block per value head. DK > 0: SPLIT threads per value column j, each
+// holding DK/SPLIT rows of the state column in registers (blockDim = dv*SPLIT);
+// DK == 0: generic, one thread per column, state read and written in memory.
+template <int DK, int SPLIT>
+__global__ void delta_kernel(DeltaArgs a) {
+  extern __shared__ float sm[];
+  float* q = sm;
+  float* k = sm + a.dk;
+  const int h = blockIdx.x, r = a.nv / a.nk, g = h / r, dk = a.dk, dv = a.dv;
+  const int j = threadIdx.x / SPLIT, part = threadIdx.x % SPLIT;
+  pdl_wait();
+  pdl_trigger();
+  float sq = 0.f, sk = 0.f;
+  for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+    const float qi = a.conv[g * dk + i], ki = a.conv[a.nk * dk + g * dk + i];
+    q[i] = qi;
+    k[i] = ki;
+    sq += qi * qi;
+    sk += ki * ki;
+  }
+  sq = block_sum(sq);
+  sk = block_sum(sk);
+  const float rq = (1.0f / sqrtf(float(dk))) / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
+  for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+    q[i] *= rq;
+    k[i] *= rk;
+  }
+  __syncthreads();
+  const float beta = sigmoidf_(a.proj[a.boff + h]);
+  const float decay = expf(a.neg_exp_A[h] * softplusf_(a.proj[a.aoff + h] + a.dt_bias[h]));
+  float o = 0.f;
+  const bool active = j < dv;
+  float* S = a.S + size_t(h) * dk * dv + (active ? j : 0);
+  const float v = active ? a.conv[2 * a.nk * dk + h * dv + j] : 0.f;
+  if constexpr (DK > 0) {
+    constexpr int R = DK / SPLIT;
+    const int i0 = part * R;
+    float s[R];
+    float m = 0.f;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      s[i] = active ? S[size_t(i0 + i) * dv] * decay : 0.f;
+      m += k[i0 + i] * s[i];
+    }
+#pragma unroll
+    for (int o2 = 1; o2 < SPLIT; o2 <<= 1) m += __shfl_xor_sync(0xffffffffu, m, o2);
+    const float d = (v - m) * beta;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      s[i] += k[i0 + i] * d;
+      o += q[i0 + i] * s[i];
+      if (active) S[size_t(i0 + i) * dv] = s[i];
+    }
+#pragma unroll
+    for (int o2 = 1; o2 < SPLIT; o2 <<= 1) o += __shfl_xor_sync(0xffffffffu, o, o2);
+  } else if (active) {
+    float m = 0.f;
+    for (int i = 0; i < dk; ++i) {
+      const float si = S[size_t(i) * dv] * decay;
+      S[size_t(i) * dv] = si;
+      m += k[i] * si;
+    }
+    const float d = (v - m) * beta;
+    for (int i = 0; i < dk; ++i) {
+      const float si = S[size_t(i) * dv] + k[i] * d;
+      S[size_t(i) * dv] = si;
+      o += q[i] * si;
+    }
+  }
+  const float ss = block_sum(active && part == 0 ? o * o : 0.f);
+  if (active && part == 0) {
+    const float rn = 1.0f / sqrtf(ss / float(dv) + a.eps);
+    a.out[h * dv + j] = o * rn * a.norm_w[j] * siluf_(a.proj[a.zoff + h * dv + j]);
+  }
+}
+
+// KV storage element types.
+enum KvT { KV_F32 = 0, KV_BF16 = 1, KV_F16 = 2, KV_FP8 = 3 };
+
+struct KvLayer {
+  void* k;      // [cap][nkv][hd] elements
+  void* v;
+  float* ks;    // fp8 scales [cap][ns]
+  float* vs;
+  int cap;      // slots allocated
+  int window;   // 0: full; else the circular window W (streaming: W with sinks)
+  int sinks;    // streaming: first positions kept; 0 otherwise
+};
+
+__device__ __forceinline__ int kv_slot(const KvLayer& L, int pos) {
+  if (L.window == 0) return pos;
+  if (L.sinks == 0) return pos % L.window;
+  return pos < L.sinks ? pos : L.sinks + (pos - L.sinks) % (L.window - L.sinks);
+}
+__device__ __forceinline__ int kv_valid(const KvLayer& L, int pos) {  // after appending pos
+  return L.window == 0 ? pos + 1 : min(pos + 1, L.window);
+}
+
+struct AttnPrepArgs {
+  const float* qkv;  // [2*nh*hd | nkv*hd (k) | nkv*hd (v)]
+  const float* q_norm;
+  const float* k_norm;
+  const float* inv_freq;  // [rd/2]
+  float* q;               // [nh*hd] normed + rotated
+  const int* pos;
+  KvLayer kv;
+  int nh, nkv, hd, rd, ns, kvt;
+  float eps;
+};
+
+__device__ __forceinline__ void rope_in_smem(float* x, int rd, const float* inv_freq, int pos) {
+  const int half = rd / 2;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const float f = float(pos) * inv_freq[i];
+    const float c = float(cos(double(f))), s = float(sin(double(f)));
+    const float a = x[i], b = x[i + half];
+    x[i] = a * c - b * s;
+    x[i + half] = b * c + a * s;
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ void norm_in_smem(float* x, const float* w, int n, float eps) {
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += x[i] * x[i];
+  ss = block_sum(ss);
+  const float r = 1.0f / sqrtf(ss / float(n) + eps);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) x[i] = x[i] * r * (1.0f + w[i]);
+  __syncthreads();
+}
+
+__device__ __forceinline__ void kv_store(void* dst, size_t off, int kvt, float v, float scale) {
+  switch (kvt) {
+    case KV_F32: static_cast<float*>(dst)[off] = v; break;
+    case KV_BF16: static_cast<__nv_bfloat16*>(dst)[off] = __float2bfloat16_rn(v); break;
+    case KV_F16: static_cast<__half*>(dst)[off] = __float2half_rn(v); break;
+    default:
+      static_cast<uint8_t*>(dst)[off] = __nv_cvt_float_to_fp8(v / scale, __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
+// Blocks 0..nh-1: q heads (norm + rope). Block nh: every KV head (k norm +
+// rope, v), fp8 scales, store at the slot of this position.
+__global__ void attn_prep_kernel(AttnPrepArgs a) {
+  extern __shared__ float sm[];
+  pdl_wait();
+  pdl_trigger();
+  const int pos = *a.pos, hd = a.hd;
+  if (blockIdx.x < a.nh) {
+    const int h = blockIdx.x;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) sm[i] = a.qkv[h * 2 * hd + i];
+    __syncthreads();
+    norm_in_smem(sm, a.q_norm, hd, a.eps);
+    rope_in_smem(sm, a.rd, a.inv_freq, pos);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) a.q[h * hd + i] = sm[i];
+    return;
+  }
+  const int row = a.nkv * hd;
+  float* kk = sm;
+  float* vv = sm + row;
+  __shared__ float scales[2][64];
+  const float* kin = a.qkv + 2 * a.nh * hd;
+  for (int i = threadIdx.x; i < row; i += blockDim.x) {
+    kk[i] = kin[i];
+    vv[i] = kin[row + i];
+  }
+  __syncthreads();
+  for (int h = 0; h < a.nkv; ++h) {
+    norm_in_smem(kk + h * hd, a.k_norm, hd, a.eps);
+    rope_in_smem(kk + h * hd, a.rd, a.inv_freq, pos);
+  }
+  if (a.kvt == KV_FP8) {
+    const int block = row / a.ns;
+    for (int b = 0; b < a.ns; ++b) {
+      float mk = 0.f, mv = 0.f;
+      for (int i = threadIdx.x; i < block; i += blockDim.x) {
+        mk = fmaxf(mk, fabsf(kk[b * block + i]));
+        mv = fmaxf(mv, fabsf(vv[b * block + i]));
+      }
+      mk = block_max(mk);
+      mv = block_max(mv);
+      if (threadIdx.x == 0) {
+        scales[0][b] = mk > 0.f ? mk / 240.0f : 1.0f;
+        scales[1][b] = mv > 0.f ? mv / 240.0f : 1.0f;
+      }
+    }
+    __syncthreads();
+  }
+  const int slot = kv_slot(a.kv, pos);
+  if (a.kvt == KV_FP8 && threadIdx.x < a.ns) {
+    a.kv.ks[size_t(slot) * a.ns + threadIdx.x] = scales[0][threadIdx.x];
+    a.kv.vs[size_t(slot) * a.ns + threadIdx.x] = scales[1][threadIdx.x];
+  }
+  const int block = a.ns > 0 ? row / a.ns : row;
+  for (int i = threadIdx.x; i < row; i += blockDim.x) {
+    const int b = a.ns > 0 ? i / block : 0;
+    kv_store(a.kv.k, size_t(slot) * row + i, a.kvt, kk[i], a.kvt == KV_FP8 ? scales[0][b] : 1.f);
+    kv_store(a.kv.v, size_t(slot) * row + i, a.kvt, vv[i], a.kvt == KV_FP8 ? scales[1][b] : 1.f);
+  }
+}
+
+template <int KVT>
+__device__ __forceinline__ float kv_load(const void* p, size_t off) {
+  if constexpr (KVT == KV_F32) return static_cast<const float*>(p)[off];
+  else if constexpr (KVT == KV_BF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[off]);
+  else if constexpr (KVT == KV_F16) return __half2float(static_cast<const __half*>(p)[off]);
+  else {
+    __nv_fp8_e4m3 v;
+    v.__x = static_cast<const uint8_t*>(p)[off];
+    return float(v);
+  }
+}
+
+struct AttnArgs {
+  const float* q;     // [nh*hd]
+  const float* gate;  // qkv projection: gate of head h at h*2*hd + hd
+  float* scores;      // scratch [nh][cap]
+  float* out;         // [nh*hd]
+  const int* pos;
+  KvLayer kv;
+  int nh, nkv, hd, ns;
+  float scale;
+};
+
+// One block per query head: scores, softmax, weighted values, output gate.
+template <int KVT>
+__global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
+  extern __shared__ float sm[];  // q [hd], partial sums [groups][hd]
+  pdl_wait();
+  pdl_trigger();
+  const int h = blockIdx.x, hd = a.hd, kvh = h / (a.nh / a.nkv);
+  const int n = kv_valid(a.kv, *a.pos), row = a.nkv * hd;
+  float* q = sm;
+  float* part = sm + hd;
+  float* sc = a.scores + size_t(h) * a.kv.cap;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) q[i] = a.q[h * hd + i];
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  float mx = -INFINITY;
+  for (int s = warp; s < n; s += nw) {
+    const size_t off = size_t(s) * row + size_t(kvh) * hd;
+    float d = 0.f;
+    for (int i = lane; i < hd; i += 32) d += q[i] * kv_load<KVT>(a.kv.k, off + i);
+    d = warp_sum(d);
+    if constexpr (KVT == KV_FP8) d *= a.kv.ks[size_t(s) * a.ns + (a.ns == 1 ? 0 : kvh)];
+    d *= a.scale;
+    if (lane == 0) sc[s] = d;
+    mx = fmaxf(mx, d);
+  }
+  mx = block_max(mx);
+  float sum = 0.f;
+  for (int s = threadIdx.x; s < n; s += blockDim.x) {
+    const float e = expf(sc[s] - mx);
+    sc[s] = e;
+    sum += e;
+  }
+  sum = block_sum(sum);  // also orders the sc writes before the reads below
+  const int groups = blockDim.x / hd > 0 ? blockDim.x / hd : 1;
+  const int grp = threadIdx.x / hd;
+  for (int d = threadIdx.x % hd; d < hd && grp < groups; d += blockDim.x) {
+    float acc = 0.f;
+    for (int s = grp; s < n; s += groups) {
+      float v = kv_load<KVT>(a.kv.v, size_t(s) * row + size_t(kvh) * hd + d);
+      if constexpr (KVT == KV_FP8) v *= a.kv.vs[size_t(s) * a.ns + (a.ns == 1 ? 0 : kvh)];
+      acc += sc[s] * v;
+    }
+    part[grp * hd + d] = acc;
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float acc = 0.f;
+    for (int g = 0; g < groups; ++g) acc += part[g * hd + d];
+    a.out[h * hd + d] = acc / sum * sigmoidf_(a.gate[h * 2 * hd + hd + d]);
+  }
+}
+
+// Router: softmax over E logits, top-k (ties: lower index), renormalised
+// weights; the shared expert's gate logit is logits[E]. One warp, E <= 512.
+__global__ void topk_kernel(const float* __restrict__ logits, int E, int k, int norm_topk, int has_shared,
+                            int* __restrict__ ids, float* __restrict__ w) {
+  constexpr int PER = 16;
+  const int lane = threadIdx.x;
+  pdl_wait();
+  pdl_trigger();
+  float v[PER];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int e = i * 32 + lane;
+    v[i] = e < E ? logits[e] : -INFINITY;
+    mx = fmaxf(mx, v[i]);
+  }
+  mx = warp_max(mx);
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int e = i * 32 + lane;
+    v[i] = e < E ? expf(v[i] - mx) : -1.0f;
+    sum += e < E ? v[i] : 0.f;
+  }
+  sum = warp_sum(sum);
+#pragma unroll
+  for (int i = 0; i < PER; ++i)
+    if (i * 32 + lane < E) v[i] /= sum;
+  float chosen_sum = 0.f, chosen_p = 0.f;
+  for (int r = 0; r < k; ++r) {
+    float bv = -2.f;
+    int bi = 0x7fffffff;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+      const int e = i * 32 + lane;
+      if (v[i] > bv) {
+        bv = v[i];
+        bi = e;
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < PER; ++i)
+      if (i * 32 + lane == bi) v[i] = -1.0f;
+    chosen_sum += bv;
+    if (lane == r) chosen_p = bv;
+    if (lane == 0) ids[r] = bi;
+  }
+  if (lane < k) w[lane] = norm_topk ? chosen_p / chosen_sum : chosen_p;
+  if (lane == 0 && has_shared) w[k] = sigmoidf_(logits[E]);
+}
+
+struct MoeArgs {
+  const void* gu;      // routed experts [E][2I][H]
+  const void* down;    // routed experts [E][H][I]
+  const void* s_gu;    // shared / dense [2Is][H]
+  const void* s_down;  // [H][Is]
+  const int* ids;      // [k]
+  const float* w;      // [k (+1)]
+  int k, I, Is, H, maxI, has_shared;
+  const float* norm_w;
+  float eps;
+  float* x;   // residual stream [H] (input of gate_up, accumulated by down)
+  float* hb;  // [k+1][maxI]
+};
+
+// h[j][r] = silu(gate_j[r] . xn) * (up_j[r] . xn); blockIdx.y = slot j.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) gate_up_kernel(MoeArgs a) {
+  extern __shared__ __align__(16) float xs[];
+  const int j = blockIdx.y;
+  const bool shared = j == a.k;
+  const int I = shared ? a.Is : a.I;
+  if (int(blockIdx.x) * kWarps >= I) return;
+  pdl_wait();
+  pdl_trigger();
+  load_x(a.x, a.norm_w, a.eps, a.H, xs);
+  const T* W = shared ? static_cast<const T*>(a.s_gu)
+                      : static_cast<const T*>(a.gu) + size_t(a.ids[j]) * 2 * size_t(a.I) * a.H;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int r = blockIdx.x * kWarps + warp; r < I; r += gridDim.x * kWarps) {
+    float g = row_dot<T>(W + size_t(r) * a.H, xs, a.H, lane);
+    float u = row_dot<T>(W + size_t(I + r) * a.H, xs, a.H, lane);
+    g = warp_sum(g);
+    u = warp_sum(u);
+    if (lane == 0) a.hb[j * a.maxI + r] = siluf_(g) * u;
+  }
+}
+
+// x[r] += sum_j w_j * down_j[r] . h_j. `split` warps share a row, each
+// taking slots sub, sub+split, ...; partials summed in a fixed order.
+// h is read from global memory (small, stays in L1/L2).
+template <typename T>
+__global__ void __launch_bounds__(kThreads) down_kernel(MoeArgs a, int split) {
+  __shared__ float part[kWarps];
+  const int slots = a.k + (a.has_shared ? 1 : 0);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int rpb = kWarps / split, sub = warp % split, lr = warp / split;
+  // The expert ids are final here: the router finished before gate_up passed its wait.
+  if (blockIdx.x * rpb + lr < a.H)
+    for (int j = sub; j < slots; j += split) {
+      const bool shared = j == a.k;
+      const int I = shared ? a.Is : a.I;
+      const T* W = shared ? static_cast<const T*>(a.s_down)
+                          : static_cast<const T*>(a.down) + size_t(a.ids[j]) * size_t(a.H) * a.I;
+      warp_prefetch(W + size_t(blockIdx.x * rpb + lr) * I, size_t(I) * sizeof(T), lane);
+    }
+  pdl_wait();
+  pdl_trigger();
+  for (int r0 = blockIdx.x * rpb; r0 < a.H; r0 += gridDim.x * rpb) {
+    const int r = r0 + lr;
+    float acc = 0.f;
+    if (r < a.H) {
+      for (int j = sub; j < slots; j += split) {
+        const bool shared = j == a.k;
+        const int I = shared ? a.Is : a.I;
+        const T* W = shared ? static_cast<const T*>(a.s_down)
+                            : static_cast<const T*>(a.down) + size_t(a.ids[j]) * size_t(a.H) * a.I;
+        acc += a.w[j] * warp_sum(row_dot<T>(W + size_t(r) * I, a.hb + j * a.maxI, I, lane));
+      }
+    }
+    if (lane == 0) part[warp] = acc;
+    __syncthreads();
+    if (sub == 0 && lane == 0 && r < a.H) {
+      float t = 0.f;
+      for (int i = 0; i < split; ++i) t += part[lr * split + i];
+      a.x[r] += t;
+    }
+    __syncthreads();
+  }
+}
+
+// Greedy: argmax of logits (ties: lower index) -> ids ring at pos+1, out[step].
+__global__ void argmax_kernel(const float* __restrict__ logits, int V, int* ids, const int* pos, const int* base,
+                              int ring, int* out, const int* step) {
+  pdl_wait();
+  pdl_trigger();
+  float bv = -INFINITY;
+  int bi = 0x7fffffff;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) {
+    const float v = logits[i];
+    if (v > bv) {
+      bv = v;
+      bi = i;
+    }
+  }
+  __shared__ float sv[32];
+  __shared__ int si[32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (ov > bv || (ov == bv && oi < bi)) {
+      bv = ov;
+      bi = oi;
+    }
+  }
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  if (l == 0) {
+    sv[w] = bv;
+    si[w] = bi;
+  }
+  __syncthreads();
+  if (w == 0) {
+    const int nw = blockDim.x >> 5;
+    bv = l < nw ? sv[l] : -INFINITY;
+    bi = l < nw ? si[l] : 0x7fffffff;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    if (l == 0) {
+      if (bi == 0x7fffffff) bi = 0;  // all NaN: still a valid id
+      ids[(*pos + 1 - *base) % ring] = bi;
+      out[*step] = bi;
+    }
+  }
+}
+
+// End of a step: position and step counters advance.
+__global__ void advance_kernel(int* pos, int* step) {
+  pdl_wait();
+  *pos += 1;
+  *step += 1;
+}
+
+// Deterministic pseudo-random fill (synthetic weights): uniform in [-scale, scale).
+__device__ __forceinline__ uint32_t hash32(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return uint32_t(x);
+}
+template <typename T>
+__global__ void fill_random_kernel(T* p, size_t n, uint64_t seed, float scale) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float u = float(hash32(seed * 0x9E3779B97F4A7C15ULL + i)) * (1.0f / 4294967296.0f) * 2.0f - 1.0f;
+    if constexpr (std::is_same_v<T, float>) p[i] = u * scale;
+    else p[i] = __float2bfloat16_rn(u * scale);
+  }
+}
+__global__ void fill_const_kernel(float* p, size_t n, float v) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) p[i] = v;
+}
+
+}  // namespace flashmoe::cuda

@@ -1,0 +1,244 @@
+// The CUDA backend against HF's references and against the CPU backend.
+// Skipped (with the reason) where no GPU is usable, e.g. in CI.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "backend/cuda/cuda_model.h"
+#include "core/error.h"
+#include "engine/session.h"
+#include "test_util.h"
+
+using namespace flashmoe;
+using namespace flashmoe::test;
+
+namespace {
+
+#define REQUIRE_GPU()                                                   \
+  do {                                                                  \
+    std::string why;                                                    \
+    if (!CudaModel::available(&why)) GTEST_SKIP() << "no GPU: " << why; \
+  } while (0)
+
+const char* kFixtures[] = {"tiny-qwen35moe",  "tiny-qwen35moe-fused", "tiny-qwen35moe-text",
+                           "tiny-qwen35-dense", "tiny-qwen3next",      "tiny-qwen3next-sharded"};
+
+// Mean over rows of KL(p || q) with p, q = softmax of the two logit rows.
+double mean_kl(const std::vector<float>& a, const std::vector<float>& b, int64_t V) {
+  const size_t rows = a.size() / size_t(V);
+  double total = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    const float* x = a.data() + r * V;
+    const float* y = b.data() + r * V;
+    double mx = -1e300, my = -1e300;
+    for (int64_t i = 0; i < V; ++i) mx = std::max(mx, double(x[i])), my = std::max(my, double(y[i]));
+    double sx = 0, sy = 0;
+    for (int64_t i = 0; i < V; ++i) sx += std::exp(x[i] - mx), sy += std::exp(y[i] - my);
+    double kl = 0;
+    for (int64_t i = 0; i < V; ++i) {
+      const double lp = x[i] - mx - std::log(sx), lq = y[i] - my - std::log(sy);
+      kl += std::exp(lp) * (lp - lq);
+    }
+    total += kl;
+  }
+  return total / double(rows);
+}
+
+class CudaGolden : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaGolden, LogitsLongAndGreedyMatchHf) {
+  REQUIRE_GPU();
+  const std::string dir = fixture_dir(GetParam()), ref = dir + "/reference.safetensors";
+  auto model = QwenModel::load(dir + "/model");
+  auto cuda = CudaModel::upload(*model);
+  ThreadPool pool(2);
+  RefTensor ids = load_ref(ref, "ids_long"), logits = load_ref(ref, "logits_long");
+  {
+    Session s(*model, KvConfig{}, pool, cuda.get());
+    std::vector<float> got = s.feed_all(ids.ids);
+    ASSERT_EQ(got.size(), logits.f32.size());
+    EXPECT_LE(max_abs_diff(got.data(), logits.f32.data(), got.size()), 1e-3f);
+  }
+  RefTensor prompt = load_ref(ref, "prompt"), greedy = load_ref(ref, "greedy");
+  {
+    // Token by token through feed(), as the CPU golden test does.
+    Session s(*model, KvConfig{}, pool, cuda.get());
+    const int64_t V = model->config().vocab_size;
+    std::vector<int32_t> out;
+    const std::vector<float>* l = &s.feed(prompt.ids);
+    for (size_t i = 0; i < greedy.ids.size(); ++i) {
+      out.push_back(argmax(l->data(), V));
+      l = &s.feed({out.back()});
+    }
+    EXPECT_EQ(out, greedy.ids);
+  }
+  {
+    // On-device greedy (argmax in the graph, no host round trip).
+    Session s(*model, KvConfig{}, pool, cuda.get());
+    s.feed(prompt.ids);
+    EXPECT_EQ(s.greedy(int64_t(greedy.ids.size())), greedy.ids);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGolden, ::testing::ValuesIn(kFixtures), [](const auto& info) {
+  std::string n = info.param;
+  for (char& c : n)
+    if (c == '-') c = '_';
+  return n;
+});
+
+struct KvCase {
+  const char* name;
+  KvConfig kv;
+};
+
+std::vector<KvCase> kv_cases() {
+  std::vector<KvCase> v;
+  v.push_back({"f32-full", KvConfig{}});
+  KvConfig w;
+  w.window = 64;
+  v.push_back({"f32-window64", w});
+  KvConfig b;
+  b.dtype = KvDType::BF16;
+  v.push_back({"bf16-full", b});
+  KvConfig f;
+  f.dtype = KvDType::FP8;
+  v.push_back({"fp8-position", f});
+  KvConfig fh;
+  fh.dtype = KvDType::FP8;
+  fh.fp8_scale = Fp8ScaleMode::Head;
+  fh.window = 64;
+  v.push_back({"fp8-head-window64", fh});
+  KvConfig s;
+  s.streaming = true;
+  s.window = 48;
+  v.push_back({"streaming48", s});
+  return v;
+}
+
+// CUDA vs CPU on coder-mini, fp32 math on both: the distributions agree.
+TEST(CudaCoderMini, MatchesCpuForEveryKvConfig) {
+  REQUIRE_GPU();
+  const std::string dir = source_path("models/coder-mini");
+  auto model = QwenModel::load(dir + "/model");
+  auto cuda = CudaModel::upload(*model);
+  RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
+  const int64_t V = model->config().vocab_size;
+  ThreadPool pool(2);
+  for (const KvCase& c : kv_cases()) {
+    Session cpu(*model, c.kv, pool), gpu(*model, c.kv, pool, cuda.get());
+    std::vector<float> a = cpu.feed_all(ids.ids), b = gpu.feed_all(ids.ids);
+    ASSERT_EQ(a.size(), b.size());
+    const double kl = mean_kl(a, b, V);
+    const float mad = max_abs_diff(a.data(), b.data(), a.size());
+    // fp8 codes can flip at a rounding boundary when K differs by an ulp.
+    const bool fp8 = c.kv.dtype == KvDType::FP8;
+    EXPECT_LE(kl, fp8 ? 1e-3 : 1e-4) << c.name;
+    if (!fp8) {
+      EXPECT_LE(mad, 2e-3f) << c.name;
+    }
+    std::printf("[cuda-vs-cpu] %-18s mean KL %.3g, max |dlogit| %.3g\n", c.name, kl, mad);
+  }
+}
+
+TEST(CudaCoderMini, LogitsAndFp8MatchHf) {
+  REQUIRE_GPU();
+  const std::string dir = source_path("models/coder-mini"), ref = dir + "/reference.safetensors";
+  auto model = QwenModel::load(dir + "/model");
+  auto cuda = CudaModel::upload(*model);
+  ThreadPool pool(2);
+  RefTensor ids = load_ref(ref, "ids"), exact = load_ref(ref, "logits");
+  {
+    Session s(*model, KvConfig{}, pool, cuda.get());
+    std::vector<float> got = s.feed_all(ids.ids);
+    EXPECT_LE(max_abs_diff(got.data(), exact.f32.data(), got.size()), 1e-3f);
+  }
+  {
+    KvConfig w;
+    w.window = 64;
+    Session s(*model, w, pool, cuda.get());
+    std::vector<float> got = s.feed_all(ids.ids);
+    RefTensor w64 = load_ref(ref, "logits_window64");
+    EXPECT_LE(max_abs_diff(got.data(), w64.f32.data(), got.size()), 1e-3f);
+  }
+  {
+    KvConfig f;
+    f.dtype = KvDType::FP8;
+    Session s(*model, f, pool, cuda.get());
+    std::vector<float> got = s.feed_all(ids.ids);
+    RefTensor fp8 = load_ref(ref, "logits_fp8");
+    const float to_fp8 = mean_abs_diff(got.data(), fp8.f32.data(), got.size());
+    const float gap = mean_abs_diff(exact.f32.data(), fp8.f32.data(), got.size());
+    EXPECT_LE(to_fp8, 0.1f * gap) << "engine-vs-fp8 " << to_fp8 << ", exact-vs-fp8 " << gap;
+  }
+}
+
+// Prefill in pieces, greedy on the device, graph on/off: one result.
+TEST(CudaCoderMini, PiecesGraphsAndGreedyAgree) {
+  REQUIRE_GPU();
+  const std::string dir = source_path("models/coder-mini");
+  auto model = QwenModel::load(dir + "/model");
+  auto cuda = CudaModel::upload(*model);
+  RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
+  const int64_t V = model->config().vocab_size;
+  ThreadPool pool(2);
+  Session one(*model, KvConfig{}, pool, cuda.get()), two(*model, KvConfig{}, pool, cuda.get());
+  std::vector<float> all = one.feed_all(ids.ids);
+  std::vector<int32_t> a(ids.ids.begin(), ids.ids.begin() + 100), b(ids.ids.begin() + 100, ids.ids.end());
+  two.feed(a);
+  std::vector<float> rest = two.feed_all(b);
+  EXPECT_LE(max_abs_diff(rest.data(), all.data() + 100 * V, rest.size()), 1e-4f);
+
+  Session cpu(*model, KvConfig{}, pool), gpu(*model, KvConfig{}, pool, cuda.get());
+  cpu.feed(a);
+  gpu.feed(a);
+  std::vector<int32_t> gc = cpu.greedy(40), gg = gpu.greedy(40);
+  EXPECT_EQ(gc, gg);
+
+  cuda->set_use_graph(false);
+  Session plain(*model, KvConfig{}, pool, cuda.get());
+  plain.feed(a);
+  EXPECT_EQ(plain.greedy(40), gg);
+  cuda->set_use_graph(true);
+}
+
+TEST(CudaErrors, H2oIsRefusedWithAClearMessage) {
+  REQUIRE_GPU();
+  auto model = QwenModel::load(source_path("models/coder-mini/model"));
+  auto cuda = CudaModel::upload(*model);
+  KvConfig h;
+  h.h2o_budget = 32;
+  try {
+    cuda->new_state(h);
+    FAIL() << "h2o accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--device cpu"), std::string::npos) << e.what();
+  }
+}
+
+// Runs everywhere: without a GPU, --device cuda fails with a clear message.
+TEST(CudaCli, DeviceCudaWithoutGpuSaysSo) {
+  std::string why;
+  if (CudaModel::available(&why)) GTEST_SKIP() << "a GPU is present";
+  CmdResult r = run_flashmoe("generate -m " + fixture_dir("tiny-qwen35moe") + "/model --ids 1,2,3 -n 2 --device cuda");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--device cpu"), std::string::npos) << r.err;
+}
+
+TEST(CudaCli, GenerateOnGpuEqualsCpu) {
+  REQUIRE_GPU();
+  const std::string m = source_path("models/coder-mini/model");
+  CmdResult c = run_flashmoe("generate -m " + m + " --ids 1,2,3 -n 12 --device cpu");
+  CmdResult g = run_flashmoe("generate -m " + m + " --ids 1,2,3 -n 12 --device cuda");
+  EXPECT_EQ(c.code, 0) << c.err;
+  EXPECT_EQ(g.code, 0) << g.err;
+  EXPECT_EQ(c.out, g.out);
+}
+
+TEST(CudaCli, UnknownDeviceIsAnError) {
+  CmdResult r = run_flashmoe("generate -m " + fixture_dir("tiny-qwen35moe") + "/model --ids 1 --device tpu");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--device"), std::string::npos) << r.err;
+}
+
+}  // namespace
