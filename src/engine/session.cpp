@@ -12,6 +12,12 @@ void Session::reset() {
   tokens_.clear();
 }
 
+void Session::restore(const ModelState& state, const std::vector<int32_t>& tokens) {
+  if (state.pos != int64_t(tokens.size())) fail("session snapshot: position and token count disagree");
+  state_ = state;
+  tokens_ = tokens;
+}
+
 const std::vector<float>& Session::feed(const std::vector<int32_t>& ids) {
   if (ids.empty()) fail("nothing to feed: the token list is empty");
   logits_.resize(size_t(model_.config().vocab_size));
