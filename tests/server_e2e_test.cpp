@@ -344,7 +344,9 @@ TEST(ServerE2E, BadRequestsGet400WithJsonError) {
     EXPECT_TRUE(e["error"]["message"].is_string());
     EXPECT_EQ(r->body.find("/work"), std::string::npos) << "leaks a path: " << r->body;
     EXPECT_EQ(r->body.find(FLASHMOE_SOURCE_DIR), std::string::npos) << "leaks a path: " << r->body;
-    if (!code.empty()) EXPECT_EQ(e["error"]["code"], code) << r->body;
+    if (!code.empty()) {
+      EXPECT_EQ(e["error"]["code"], code) << r->body;
+    }
   };
   expect_400("/v1/chat/completions", "{\"messages\": [");
   expect_400("/v1/chat/completions", R"({"messages": "hello"})");
