@@ -1,11 +1,13 @@
 // flashmoe serve: the OpenAI-compatible HTTP server (src/server/) over one
 // model bundle. SIGINT/SIGTERM are taken by a dedicated thread (sigwait), so
-// shutdown runs in ordinary code: cancel generations, close the socket,
+// shutdown runs in ordinary code (sigtimedwait, polling a done flag so the
+// thread also ends when listen() returns on its own): cancel generations, close the socket,
 // let httplib join its workers.
 #include <pthread.h>
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <thread>
@@ -97,13 +99,18 @@ Registrar reg(30, [](CLI::App& app) {
                  a->cfg.state_cache, (long long)sm.context);
     std::fflush(stderr);
 
-    std::thread waiter([&srv, sigs] {
-      int sig = 0;
-      sigwait(&sigs, &sig);
-      srv.stop();
+    std::atomic<bool> done{false};
+    std::thread waiter([&srv, &done, sigs] {
+      timespec tick{0, 200 * 1000 * 1000};
+      while (!done) {
+        if (sigtimedwait(&sigs, nullptr, &tick) > 0) {
+          srv.stop();
+          return;
+        }
+      }
     });
     bool ok = srv.listen();
-    pthread_kill(waiter.native_handle(), SIGTERM);  // wakes the waiter if listen ended on its own
+    done = true;
     waiter.join();
     std::fprintf(stderr, "flashmoe serve: stopped\n");
     if (!ok) fail("the server stopped with an error");
