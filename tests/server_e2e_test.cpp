@@ -196,6 +196,12 @@ TEST(ServerE2E, ChatNonStreaming) {
   auto models = c.Get("/v1/models");
   ASSERT_TRUE(models);
   EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "coder-mini");
+  auto one = c.Get("/v1/models/coder-mini");
+  ASSERT_TRUE(one);
+  EXPECT_EQ(json::parse(one->body)["id"], "coder-mini");
+  auto none = c.Get("/v1/models/other");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 404);
   auto health = c.Get("/health");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);

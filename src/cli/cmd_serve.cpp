@@ -56,6 +56,7 @@ Registrar reg(30, [](CLI::App& app) {
       ->check(CLI::NonNegativeNumber)->group(g);
   cmd->add_option("--max-tokens", a->cfg.max_tokens, "Cap on (and default for) a request's max_tokens (default 4096)")
       ->check(CLI::PositiveNumber)->group(g);
+  cmd->add_flag("--log-requests", a->cfg.access_log, "Print one line per request (method, endpoint, status) to stderr")->group(g);
   cmd->add_option("-c,--ctx-size", a->ctx_size, "Context limit in tokens (default: the model's max_position_embeddings)")
       ->check(CLI::NonNegativeNumber)->group(g);
   cmd->callback([a] {
@@ -97,6 +98,9 @@ Registrar reg(30, [](CLI::App& app) {
                  "context %lld)\n",
                  sm.id.c_str(), a->cfg.host.c_str(), port, a->cfg.parallel, a->cfg.threads_per_slot, a->cfg.queue,
                  a->cfg.state_cache, (long long)sm.context);
+    if (a->cfg.api_key.empty() && a->cfg.host != "127.0.0.1" && a->cfg.host != "localhost" && a->cfg.host != "::1")
+      std::fprintf(stderr, "flashmoe serve: warning: listening on %s without --api-key; anyone who can reach it can use it\n",
+                   a->cfg.host.c_str());
     std::fflush(stderr);
 
     std::atomic<bool> done{false};

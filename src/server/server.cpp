@@ -326,6 +326,14 @@ struct HttpServer::Impl {
     svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(models_json().dump(), "application/json");
     });
+    svr.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+      if (req.matches[1] != m.id) {
+        send_error(res, ApiError(404, "the model '" + std::string(req.matches[1]) + "' does not exist",
+                                 "invalid_request_error", "model_not_found", "model"));
+        return;
+      }
+      res.set_content(models_json()["data"][0].dump(), "application/json");
+    });
     svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
       if (stopping) res.status = 503;
       res.set_content(json{{"status", stopping ? "shutting down" : "ok"}}.dump(), "application/json");
@@ -350,6 +358,8 @@ struct HttpServer::Impl {
     });
     svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
       metrics.count_request(endpoint_label(req.path), res.status);
+      if (cfg.access_log)
+        std::fprintf(stderr, "%s %s %d\n", req.method.c_str(), endpoint_label(req.path).c_str(), res.status);
     });
   }
 };

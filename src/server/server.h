@@ -25,6 +25,7 @@ struct ServerConfig {
   size_t state_cache = 32;          // conversation snapshots kept (0: no reuse)
   int threads_per_slot = 1;
   int max_tokens = 4096;            // cap on (and default for) max_tokens
+  bool access_log = false;          // one line per request on stderr
 };
 
 // The model as the server sees it; everything is borrowed and must outlive
