@@ -82,6 +82,14 @@ TEST(ServerStateCache, LongestProperPrefixWinsAndLruBounds) {
   ASSERT_TRUE(s);
   EXPECT_EQ(s->tokens.size(), 2u);
 
+  // The byte budget evicts too: each of these snapshots holds 2 ints.
+  StateCache small(8, 3 * 2 * sizeof(int32_t));
+  for (int i = 0; i < 5; ++i) small.put({i, i}, state_at(2));
+  EXPECT_EQ(small.size(), 3u);
+  EXPECT_EQ(small.bytes(), 3 * 2 * sizeof(int32_t));
+  EXPECT_TRUE(small.find({4, 4, 1}));
+  EXPECT_FALSE(small.find({1, 1, 1}));
+
   StateCache off(0);
   off.put({1, 2}, state_at(2));
   EXPECT_EQ(off.size(), 0u);

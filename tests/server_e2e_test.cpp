@@ -476,19 +476,21 @@ TEST(ServerE2E, EightConcurrentClients) {
   }
 }
 
-TEST(ServerE2E, SigtermStopsCleanly) {
-  auto srv = std::make_unique<ServerProcess>(standard_args());
-  ASSERT_NE(srv->port(), 0) << srv->failure_log();
-  pid_t pid = srv->pid();
-  kill(pid, SIGTERM);
-  int status = 0;
-  pid_t w = 0;
-  for (int i = 0; i < 200 && w == 0; ++i) {
-    w = waitpid(pid, &status, WNOHANG);
-    if (w == 0) std::this_thread::sleep_for(50ms);
+TEST(ServerE2E, SigtermAndSigintStopCleanly) {
+  for (int sig : {SIGTERM, SIGINT}) {
+    auto srv = std::make_unique<ServerProcess>(standard_args());
+    ASSERT_NE(srv->port(), 0) << srv->failure_log();
+    pid_t pid = srv->pid();
+    kill(pid, sig);
+    int status = 0;
+    pid_t w = 0;
+    for (int i = 0; i < 200 && w == 0; ++i) {
+      w = waitpid(pid, &status, WNOHANG);
+      if (w == 0) std::this_thread::sleep_for(50ms);
+    }
+    ASSERT_EQ(w, pid) << "server did not exit after signal " << sig;
+    srv->forget();
+    EXPECT_TRUE(WIFEXITED(status)) << "signal " << sig;
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "signal " << sig;
   }
-  ASSERT_EQ(w, pid) << "server did not exit after SIGTERM";
-  EXPECT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0);
-  srv->forget();
 }

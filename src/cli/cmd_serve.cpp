@@ -27,6 +27,7 @@ struct ServeArgs {
   server::ServerConfig cfg;
   std::string alias;
   int64_t ctx_size = 0;
+  size_t state_cache_mb = 4096;
 };
 
 std::string model_id(const std::string& path) {
@@ -54,6 +55,8 @@ Registrar reg(30, [](CLI::App& app) {
       ->check(CLI::PositiveNumber)->group(g);
   cmd->add_option("--state-cache", a->cfg.state_cache, "Conversation state snapshots kept for reuse, LRU (default 32; 0: off)")
       ->check(CLI::NonNegativeNumber)->group(g);
+  cmd->add_option("--state-cache-mb", a->state_cache_mb, "Memory the state snapshots may hold, MiB (default 4096)")
+      ->check(CLI::PositiveNumber)->group(g);
   cmd->add_option("--max-tokens", a->cfg.max_tokens, "Cap on (and default for) a request's max_tokens (default 4096)")
       ->check(CLI::PositiveNumber)->group(g);
   cmd->add_flag("--log-requests", a->cfg.access_log, "Print one line per request (method, endpoint, status) to stderr")->group(g);
@@ -89,6 +92,7 @@ Registrar reg(30, [](CLI::App& app) {
     int64_t model_ctx = tm.model->config().max_position_embeddings;
     sm.context = a->ctx_size > 0 ? std::min(a->ctx_size, model_ctx) : model_ctx;
 
+    a->cfg.state_cache_bytes = a->state_cache_mb << 20;
     int threads = a->model.threads > 0 ? a->model.threads : ThreadPool::hardware_threads();
     a->cfg.threads_per_slot = std::max(1, threads / a->cfg.parallel);
     server::HttpServer srv(a->cfg, sm);

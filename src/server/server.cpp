@@ -86,7 +86,7 @@ struct HttpServer::Impl {
 
   Impl(ServerConfig c, ServedModel model)
       : cfg(std::move(c)), m(std::move(model)), slots(cfg.parallel, cfg.queue, cfg.threads_per_slot),
-        cache(cfg.state_cache) {}
+        cache(cfg.state_cache, cfg.state_cache_bytes) {}
 
   // ---- request -> job ----
 

@@ -23,6 +23,7 @@ struct ServerConfig {
   int queue = 32;                   // requests waiting for a slot before 503
   size_t max_body = 1 << 20;        // bytes; larger bodies get 413
   size_t state_cache = 32;          // conversation snapshots kept (0: no reuse)
+  size_t state_cache_bytes = size_t(4096) << 20;  // and the memory they may hold
   int threads_per_slot = 1;
   int max_tokens = 4096;            // cap on (and default for) max_tokens
   bool access_log = false;          // one line per request on stderr

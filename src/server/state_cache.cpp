@@ -20,12 +20,25 @@ std::shared_ptr<const Snapshot> StateCache::find(const std::vector<int32_t>& pro
 
 void StateCache::put(std::vector<int32_t> tokens, const ModelState& state) {
   if (capacity_ == 0 || tokens.empty()) return;
+  size_t size = state.kv_bytes() + state.recurrent_bytes() + tokens.size() * sizeof(int32_t);
+  if (size > max_bytes_) return;
   // Copy outside the lock: a state copy can be large.
   auto snap = std::make_shared<Snapshot>(Snapshot{std::move(tokens), state});
   std::lock_guard<std::mutex> lock(mu_);
-  lru_.remove_if([&](const std::shared_ptr<const Snapshot>& s) { return s->tokens == snap->tokens; });
+  for (auto it = lru_.begin(); it != lru_.end();) {
+    if ((*it)->tokens == snap->tokens) {
+      bytes_ -= (*it)->bytes();
+      it = lru_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  bytes_ += snap->bytes();
   lru_.push_front(std::move(snap));
-  while (lru_.size() > capacity_) lru_.pop_back();
+  while (lru_.size() > capacity_ || bytes_ > max_bytes_) {
+    bytes_ -= lru_.back()->bytes();
+    lru_.pop_back();
+  }
 }
 
 size_t StateCache::size() const {
@@ -35,9 +48,7 @@ size_t StateCache::size() const {
 
 size_t StateCache::bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
-  size_t n = 0;
-  for (const auto& s : lru_) n += s->bytes();
-  return n;
+  return bytes_;
 }
 
 }  // namespace flashmoe::server

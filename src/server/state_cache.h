@@ -3,8 +3,10 @@
 // not work: instead we keep whole ModelState copies taken at message
 // boundaries, each with the exact token ids it has consumed. A request whose
 // prompt ids extend a snapshot's ids starts from a copy of that snapshot and
-// feeds only the suffix. The pool is bounded (LRU) by entry count.
+// feeds only the suffix. The pool is bounded (LRU) by entry count and by
+// bytes: a long conversation's KV cache can be large on a real model.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -23,7 +25,7 @@ struct Snapshot {
 
 class StateCache {
  public:
-  explicit StateCache(size_t capacity) : capacity_(capacity) {}
+  explicit StateCache(size_t capacity, size_t max_bytes = SIZE_MAX) : capacity_(capacity), max_bytes_(max_bytes) {}
 
   // The snapshot with the longest token list that is a proper prefix of
   // `prompt` (at least one prompt token is left to feed, so the caller gets
@@ -31,7 +33,8 @@ class StateCache {
   std::shared_ptr<const Snapshot> find(const std::vector<int32_t>& prompt);
 
   // Stores a snapshot (an entry with the same tokens is replaced); evicts the
-  // least recently used entries beyond the capacity. No-op at capacity 0.
+  // least recently used entries beyond the capacity or the byte budget. No-op
+  // at capacity 0 or for a snapshot larger than the whole budget.
   void put(std::vector<int32_t> tokens, const ModelState& state);
 
   size_t capacity() const { return capacity_; }
@@ -39,7 +42,7 @@ class StateCache {
   size_t bytes() const;  // memory held by all snapshots
 
  private:
-  size_t capacity_;
+  size_t capacity_, max_bytes_, bytes_ = 0;
   mutable std::mutex mu_;
   std::list<std::shared_ptr<const Snapshot>> lru_;  // front = most recent
 };
