@@ -62,7 +62,7 @@ Registrar reg(40, [](CLI::App& app) {
   cmd->add_option("-r,--repetitions", *reps, "Repetitions of each test")->check(CLI::PositiveNumber);
   cmd->callback([=] {
     finalize_model_options(opt.get());
-    auto model = QwenModel::load(opt->model_dir);
+    auto model = QwenModel::load(opt->model_dir, opt->experts);
     ThreadPool pool(opt->threads);
     const ModelConfig& c = model->config();
     WeightBytes wb = count_weight_bytes(c, model->weights());

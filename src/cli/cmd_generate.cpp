@@ -1,4 +1,5 @@
 // flashmoe generate: continue token ids (greedy), printing the new ids.
+#include <chrono>
 #include <cstdio>
 
 #include "cli/command.h"
@@ -25,21 +26,30 @@ Registrar reg(11, [](CLI::App& app) {
   cmd->callback([opt, ids, n, greedy, print_ids] {
     finalize_model_options(opt.get());
     std::vector<int32_t> tok = parse_ids(*ids);
-    auto model = QwenModel::load(opt->model_dir);
+    auto model = QwenModel::load(opt->model_dir, opt->experts);
     ThreadPool pool(opt->threads);
     Session s(*model, opt->kv, pool);
     const int64_t V = model->config().vocab_size;
     std::vector<int32_t> gen;
+    double decode_s = 0;
     if (*n > 0) {
       const std::vector<float>* logits = &s.feed(tok);
+      print_expert_stats(*opt, *model, "prefill:");
+      model->expert_store().reset_stats();  // decode numbers on their own
+      auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < *n; ++i) {
         int32_t next = argmax(logits->data(), V);
         gen.push_back(next);
         if (i + 1 < *n) logits = &s.feed({next});
       }
+      decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     for (size_t i = 0; i < gen.size(); ++i) std::printf("%s%d", i ? " " : "", gen[i]);
     std::printf("\n");
+    if (opt->stats && *n > 1) {
+      std::fprintf(stderr, "decode: %d tokens in %.3f s, %.2f tokens/s\n", *n - 1, decode_s, double(*n - 1) / decode_s);
+      print_expert_stats(*opt, *model, "decode: ");
+    }
   });
 });
 

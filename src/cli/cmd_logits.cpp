@@ -20,7 +20,7 @@ Registrar reg(10, [](CLI::App& app) {
   cmd->callback([=] {
     finalize_model_options(opt.get());
     std::vector<int32_t> tok = parse_ids(*ids);
-    auto model = QwenModel::load(opt->model_dir);
+    auto model = QwenModel::load(opt->model_dir, opt->experts);
     ThreadPool pool(opt->threads);
     Session s(*model, opt->kv, pool);
     model->set_capture_hidden(*hidden);
@@ -33,6 +33,7 @@ Registrar reg(10, [](CLI::App& app) {
       tensors.push_back({"hidden", DType::F32, {model->config().num_layers + 1, n, model->config().hidden_size}, h.data()});
     }
     write_safetensors(*out, tensors);
+    print_expert_stats(*opt, *model, "prefill:");
   });
 });
 

@@ -31,7 +31,7 @@ Registrar reg(20, [](CLI::App& app) {
   cmd->callback([a] {
     finalize_model_options(&a->model);
     if (a->prompt.empty()) fail("the prompt is empty (-p \"...\")");
-    TextModel tm = load_text_model(a->model.model_dir);
+    TextModel tm = load_text_model(a->model.model_dir, a->model.experts);
     std::string text = a->prompt;
     if (a->chat) text = tm.render_user_turn(a->system, a->prompt, a->no_think);
     else if (!a->system.empty()) fail("--system needs --chat");
@@ -47,6 +47,7 @@ Registrar reg(20, [](CLI::App& app) {
     });
     std::fputc('\n', stdout);
     std::fflush(stdout);
+    print_expert_stats(a->model, *tm.model, "experts:");
     std::fprintf(stderr, "\nprompt: %lld tokens in %.3f s (%.1f tokens/s)\ngeneration: %zu tokens in %.3f s (%.1f tokens/s), finish: %s\n",
                  (long long)r.prompt_tokens, r.prompt_seconds, double(r.prompt_tokens) / std::max(r.prompt_seconds, 1e-9),
                  r.ids.size(), r.gen_seconds, double(r.ids.size()) / std::max(r.gen_seconds, 1e-9),

@@ -6,11 +6,11 @@
 
 namespace flashmoe::cli {
 
-TextModel load_text_model(const std::string& path) {
+TextModel load_text_model(const std::string& path, const ExpertOptions& experts) {
   ModelFiles files = resolve_model_files(path);
   if (files.tokenizer_json.empty())
     fail("no tokenizer.json found for " + path + " (looked in the model directory and next to it)");
-  TextModel tm{files, QwenModel::load(files.model_dir), Tokenizer::load(files.tokenizer_json), std::nullopt};
+  TextModel tm{files, QwenModel::load(files.model_dir, experts), Tokenizer::load(files.tokenizer_json), std::nullopt};
   if (!files.tokenizer_config.empty()) {
     try {
       tm.chat.emplace(ChatTemplate::load(files.tokenizer_config));

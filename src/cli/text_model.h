@@ -25,6 +25,6 @@ struct TextModel {
 };
 
 // Throws Error naming what is missing (model dir, tokenizer.json).
-TextModel load_text_model(const std::string& path);
+TextModel load_text_model(const std::string& path, const ExpertOptions& experts = {});
 
 }  // namespace flashmoe::cli

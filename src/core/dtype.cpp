@@ -6,6 +6,7 @@ size_t dtype_size(DType t) {
   switch (t) {
     case DType::F32: return 4;
     case DType::I32: return 4;
+    case DType::U32: return 4;
     case DType::F16: return 2;
     case DType::BF16: return 2;
     case DType::I64: return 8;
@@ -22,6 +23,7 @@ const char* dtype_name(DType t) {
     case DType::BF16: return "BF16";
     case DType::I64: return "I64";
     case DType::I32: return "I32";
+    case DType::U32: return "U32";
     case DType::U8: return "U8";
     case DType::F8_E4M3: return "F8_E4M3";
   }
@@ -31,7 +33,7 @@ const char* dtype_name(DType t) {
 bool dtype_from_safetensors(const std::string& s, DType* out) {
   static const struct { const char* name; DType t; } table[] = {
       {"F32", DType::F32}, {"F16", DType::F16},   {"BF16", DType::BF16},
-      {"I64", DType::I64}, {"I32", DType::I32},   {"U8", DType::U8},
+      {"I64", DType::I64}, {"I32", DType::I32},   {"U32", DType::U32},   {"U8", DType::U8},
       {"F8_E4M3", DType::F8_E4M3}};
   for (const auto& e : table)
     if (s == e.name) { *out = e.t; return true; }

@@ -6,7 +6,7 @@
 
 namespace flashmoe {
 
-enum class DType { F32, F16, BF16, I64, I32, U8, F8_E4M3 };
+enum class DType { F32, F16, BF16, I64, I32, U32, U8, F8_E4M3 };
 
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);

@@ -66,6 +66,25 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   bool wrapper = std::any_of(where_.begin(), where_.end(),
                              [](const auto& kv) { return starts_with(kv.first, "model.language_model."); });
   prefix_ = wrapper ? "model.language_model." : "model.";
+
+  // MLX writes {"quantization": {"group_size": 64, "bits": 4}} into config.json.
+  const std::string cfg_path = dir + "/config.json";
+  if (file_exists(cfg_path)) {
+    json cfg = json::parse(read_text_file(cfg_path), nullptr, false);
+    const json* q = nullptr;
+    if (cfg.is_object() && cfg.contains("quantization")) q = &cfg["quantization"];
+    if (q && q->is_object()) {
+      if (!q->contains("group_size") || !(*q)["group_size"].is_number_integer() || !q->contains("bits") ||
+          !(*q)["bits"].is_number_integer())
+        fail(cfg_path + ": 'quantization' must have integer 'group_size' and 'bits'");
+      quant_group_ = (*q)["group_size"].get<int>();
+      quant_bits_ = (*q)["bits"].get<int>();
+      if (quant_bits_ != 4 && quant_bits_ != 8)
+        fail(cfg_path + ": quantization bits " + std::to_string(quant_bits_) + " is not supported (4 or 8)");
+      if (quant_group_ <= 0 || quant_group_ % 8 != 0)
+        fail(cfg_path + ": quantization group_size " + std::to_string(quant_group_) + " must be a positive multiple of 8");
+    }
+  }
 }
 
 std::string Checkpoint::full_name(const std::string& name) const {
@@ -93,8 +112,44 @@ TensorView Checkpoint::expect(const std::string& name, const std::vector<int64_t
 }
 
 Matrix Checkpoint::matrix(const std::string& name, int64_t rows, int64_t cols) const {
+  TensorView raw = get(name);
+  if (raw.dtype == DType::U32 || raw.dtype == DType::I32) return quantized_matrix(raw, rows, cols);
   TensorView t = expect(name, {rows, cols});
   return Matrix{t.dtype, t.data, rows, cols};
+}
+
+Matrix Checkpoint::quantized_matrix(const TensorView& w, int64_t rows, int64_t cols) const {
+  const std::string& n = w.name;
+  if (quant_bits_ == 0)
+    fail(dir_ + ": tensor '" + n + "' is packed (" + dtype_name(w.dtype) +
+         ") but config.json has no 'quantization' {group_size, bits}");
+  const int bits = quant_bits_, group = quant_group_;
+  if (cols % group != 0 || (cols * bits) % 32 != 0)
+    fail(dir_ + ": tensor '" + n + "': " + std::to_string(cols) + " columns do not split into groups of " +
+         std::to_string(group));
+  const std::vector<int64_t> packed = {rows, cols * bits / 32}, side = {rows, cols / group};
+  if (w.shape != packed)
+    fail(dir_ + ": tensor '" + n + "' has shape " + w.shape_str() + ", expected " + shape_to_string(packed) +
+         " for " + std::to_string(bits) + "-bit weights of [" + std::to_string(rows) + ", " +
+         std::to_string(cols) + "]");
+  const std::string stem = n.size() > 7 && n.compare(n.size() - 7, 7, ".weight") == 0 ? n.substr(0, n.size() - 7) : n;
+  TensorView sc = get("/" + stem + ".scales"), bi = get("/" + stem + ".biases");
+  for (const TensorView* t : {&sc, &bi}) {
+    if (t->shape != side)
+      fail(dir_ + ": tensor '" + t->name + "' has shape " + t->shape_str() + ", expected " + shape_to_string(side));
+    if (t->dtype != DType::BF16)
+      fail(dir_ + ": tensor '" + t->name + "' has dtype " + dtype_name(t->dtype) + "; quantisation scales and biases must be BF16");
+  }
+  Matrix m;
+  m.dtype = DType::U8;
+  m.data = w.data;
+  m.rows = rows;
+  m.cols = cols;
+  m.quant = bits == 4 ? QuantKind::Q4 : QuantKind::Q8;
+  m.group = group;
+  m.scales = reinterpret_cast<const uint16_t*>(sc.data);
+  m.biases = reinterpret_cast<const uint16_t*>(bi.data);
+  return m;
 }
 
 std::vector<float> Checkpoint::vector_f32(const std::string& name, const std::vector<int64_t>& shape) const {
@@ -108,6 +163,12 @@ std::vector<float> Checkpoint::vector_f32(const std::string& name, const std::ve
       default: out[i] = f16_to_f32(static_cast<const uint16_t*>(p)[i]); break;
     }
   }
+  return out;
+}
+
+std::vector<std::string> Checkpoint::tensor_names() const {
+  std::vector<std::string> out;
+  for (const auto& kv : where_) out.push_back(kv.first);
   return out;
 }
 

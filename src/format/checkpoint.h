@@ -24,17 +24,25 @@ class Checkpoint {
   TensorView get(const std::string& name) const;  // throws Error if missing
 
   // Typed accessors that check the shape and name the tensor on mismatch.
+  // matrix() also reads MLX group-wise quantised weights: `X.weight` packed
+  // into U32/I32 [rows, cols * bits / 32] beside bf16 `X.scales` and
+  // `X.biases` [rows, cols / group], as config.json's `quantization` says.
   Matrix matrix(const std::string& name, int64_t rows, int64_t cols) const;
   TensorView expect(const std::string& name, const std::vector<int64_t>& shape) const;
   std::vector<float> vector_f32(const std::string& name, const std::vector<int64_t>& shape) const;
 
   const std::string& prefix() const { return prefix_; }
+  // Every tensor's full name, sorted.
+  std::vector<std::string> tensor_names() const;
   int64_t total_bytes() const;
 
  private:
   std::string full_name(const std::string& name) const;
 
+  Matrix quantized_matrix(const TensorView& w, int64_t rows, int64_t cols) const;
+
   std::string dir_, prefix_;
+  int quant_bits_ = 0, quant_group_ = 0;  // from config.json "quantization"; 0 if absent
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const SafetensorsFile*> where_;
 };

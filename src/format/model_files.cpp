@@ -16,8 +16,9 @@ std::string first_existing(std::initializer_list<std::string> candidates) {
 ModelFiles resolve_model_files(const std::string& path) {
   if (!is_directory(path)) fail("model directory not found: " + path);
   ModelFiles f;
-  if (file_exists(path + "/config.json") || !file_exists(path + "/model/config.json")) f.model_dir = path;
-  else f.model_dir = path + "/model";
+  if (file_exists(path + "/config.json")) f.model_dir = path;
+  else if (file_exists(path + "/model/config.json")) f.model_dir = path + "/model";
+  else fail("no config.json in " + path + " nor in " + path + "/model (give the model directory, or the bundle above its model/ folder)");
   const std::string& m = f.model_dir;
   f.tokenizer_json = first_existing({m + "/tokenizer.json", path + "/tokenizer.json", m + "/../tokenizer.json"});
   f.tokenizer_config = first_existing({m + "/tokenizer_config.json", path + "/tokenizer_config.json",

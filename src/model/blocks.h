@@ -3,6 +3,7 @@
 #pragma once
 #include "core/thread_pool.h"
 #include "format/config.h"
+#include "experts/expert_store.h"
 #include "kv/kv_cache.h"
 #include "model/weights.h"
 
@@ -16,7 +17,8 @@ void linear_attention_block(const ModelConfig& c, const LinearAttentionWeights& 
                             std::vector<float>& conv_state, std::vector<float>& ssm_state,
                             const float* x, int64_t n, float* out, ThreadPool& pool);
 
-void ffn_block(const ModelConfig& c, const FfnWeights& w, const float* x, int64_t n, float* out,
-               ThreadPool& pool);
+// Routed experts of MoE layer `layer` come from `store`.
+void ffn_block(const ModelConfig& c, const FfnWeights& w, ExpertStore& store, int64_t layer, const float* x,
+               int64_t n, float* out, ThreadPool& pool);
 
 }  // namespace flashmoe

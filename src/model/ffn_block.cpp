@@ -35,8 +35,8 @@ struct ExpertTask {
 
 }  // namespace
 
-void ffn_block(const ModelConfig& c, const FfnWeights& w, const float* x, int64_t n, float* out,
-               ThreadPool& pool) {
+void ffn_block(const ModelConfig& c, const FfnWeights& w, ExpertStore& store, int64_t layer, const float* x,
+               int64_t n, float* out, ThreadPool& pool) {
   const int64_t H = c.hidden_size;
   if (!w.moe) {
     const FfnExpert& e = w.dense;
@@ -69,20 +69,31 @@ void ffn_block(const ModelConfig& c, const FfnWeights& w, const float* x, int64_
       task.weights.push_back(c.norm_topk_prob ? p[order[j]] / sum : p[order[j]]);
     }
   }
-  std::vector<ExpertTask> work;
+  // The shared expert does not depend on the routing, so it is computed
+  // (row-parallel) while a streaming store reads this layer's misses.
+  std::vector<float> shared_out, shared_w;
+  auto shared_expert = [&] {
+    if (!w.has_shared) return;
+    const FfnExpert& e = w.shared;
+    const int64_t I = e.gate.rows;
+    std::vector<float> g(size_t(n * I)), u(size_t(n * I));
+    cpu::matmul(pool, e.gate, x, n, g.data());
+    cpu::matmul(pool, e.up, x, n, u.data());
+    for (int64_t i = 0; i < n * I; ++i) g[i] = cpu::silu(g[i]) * u[i];
+    shared_out.resize(size_t(n * H));
+    cpu::matmul(pool, e.down, g.data(), n, shared_out.data());
+    for (int64_t t = 0; t < n; ++t) shared_w.push_back(cpu::sigmoid(cpu::simd_dot_row(w.shared_gate, 0, x + t * H)));
+  };
+
+  // One fetch per layer: a streaming store reads all its misses in parallel.
+  std::vector<int32_t> ids;
   for (int64_t e = 0; e < E; ++e)
-    if (!tasks[e].tokens.empty()) {
-      tasks[e].expert = &w.experts[e];
-      work.push_back(std::move(tasks[e]));
-    }
-  if (w.has_shared) {
-    ExpertTask s;
-    s.expert = &w.shared;
-    for (int64_t t = 0; t < n; ++t) {
-      s.tokens.push_back(t);
-      s.weights.push_back(cpu::sigmoid(cpu::simd_dot_row(w.shared_gate, 0, x + t * H)));
-    }
-    work.push_back(std::move(s));
+    if (!tasks[e].tokens.empty()) ids.push_back(int32_t(e));
+  ExpertBatch batch = store.fetch(layer, ids, shared_expert);
+  std::vector<ExpertTask> work;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    tasks[ids[i]].expert = &batch.experts[i];
+    work.push_back(std::move(tasks[ids[i]]));
   }
 
   // Experts in parallel, each on one thread: with top-k >= threads this keeps
@@ -102,6 +113,8 @@ void ffn_block(const ModelConfig& c, const FfnWeights& w, const float* x, int64_
   for (const ExpertTask& task : work)
     for (size_t j = 0; j < task.tokens.size(); ++j)
       cpu::simd::axpy(task.weights[j], task.result.data() + j * H, out + task.tokens[j] * H, H);
+  if (w.has_shared)
+    for (int64_t t = 0; t < n; ++t) cpu::simd::axpy(shared_w[t], shared_out.data() + t * H, out + t * H, H);
 }
 
 }  // namespace flashmoe

@@ -8,6 +8,8 @@
 #include "backend/cpu/ops.h"
 #include "core/error.h"
 #include "format/model_files.h"
+#include "experts/manifest.h"
+#include "experts/open_store.h"
 #include "model/blocks.h"
 
 namespace flashmoe {
@@ -18,8 +20,10 @@ namespace {
 constexpr int64_t kPrefillChunk = 256;
 }  // namespace
 
-QwenModel::QwenModel(const std::string& dir) : cfg_(load_model_config(dir)), ck_(dir) {
-  w_ = load_weights(ck_, cfg_);
+QwenModel::QwenModel(const std::string& dir, const ExpertOptions& experts)
+    : cfg_(load_model_config(dir)), ck_(dir) {
+  w_ = load_weights(ck_, cfg_, /*with_experts=*/!is_packed_dir(dir));
+  store_ = open_expert_store(dir, cfg_, ck_, w_, experts);
   const int64_t rd = cfg_.rotary_dim;
   // HF casts the inv_freq buffer along with the weights when a model is
   // loaded in its checkpoint dtype, so a bf16 checkpoint rotates with
@@ -34,8 +38,8 @@ QwenModel::QwenModel(const std::string& dir) : cfg_(load_model_config(dir)), ck_
   for (auto k : cfg_.layer_kinds) layer_slot_.push_back(k == LayerKind::Full ? full++ : lin++);
 }
 
-std::unique_ptr<QwenModel> QwenModel::load(const std::string& dir) {
-  return std::unique_ptr<QwenModel>(new QwenModel(resolve_model_files(dir).model_dir));
+std::unique_ptr<QwenModel> QwenModel::load(const std::string& dir, const ExpertOptions& experts) {
+  return std::unique_ptr<QwenModel>(new QwenModel(resolve_model_files(dir).model_dir, experts));
 }
 
 ModelState QwenModel::new_state(const KvConfig& kv) const {
@@ -91,11 +95,12 @@ void QwenModel::forward_chunk(ModelState& st, const int32_t* ids, int64_t n, Log
     for (size_t i = 0; i < x.size(); ++i) x[i] += out[i];
     for (int64_t t = 0; t < n; ++t)
       cpu::rmsnorm_zc(x.data() + t * H, lw.post_norm.data(), H, cfg_.rms_norm_eps, xn.data() + t * H);
-    ffn_block(cfg_, lw.ffn, xn.data(), n, out.data(), pool);
+    ffn_block(cfg_, lw.ffn, *store_, l, xn.data(), n, out.data(), pool);
     for (size_t i = 0; i < x.size(); ++i) x[i] += out[i];
     capture(l + 1);
   }
   st.pos += n;
+  store_->note_tokens(n);
 
   if (mode == LogitsMode::None) return;
   const int64_t first = mode == LogitsMode::All ? 0 : n - 1;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "experts/expert_store.h"
 #include "format/checkpoint.h"
 #include "format/config.h"
 #include "kv/kv_config.h"
@@ -19,11 +20,13 @@ enum class LogitsMode { None, Last, All };
 class QwenModel {
  public:
   // Loads config.json and the safetensors of an HF model directory (or of
-  // the model/ folder of a bundle, see format/model_files.h).
-  static std::unique_ptr<QwenModel> load(const std::string& dir);
+  // the model/ folder of a bundle, see format/model_files.h), or a
+  // directory written by `flashmoe pack` (recognised by its manifest).
+  static std::unique_ptr<QwenModel> load(const std::string& dir, const ExpertOptions& experts = {});
 
   const ModelConfig& config() const { return cfg_; }
   const ModelWeights& weights() const { return w_; }
+  ExpertStore& expert_store() const { return *store_; }
 
   ModelState new_state(const KvConfig& kv) const;
 
@@ -39,13 +42,14 @@ class QwenModel {
   const std::vector<std::vector<float>>& captured_hidden() const { return hidden_; }
 
  private:
-  QwenModel(const std::string& dir);
+  QwenModel(const std::string& dir, const ExpertOptions& experts);
   void forward_chunk(ModelState& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits,
                      ThreadPool& pool) const;
 
   ModelConfig cfg_;
   Checkpoint ck_;
   ModelWeights w_;
+  std::unique_ptr<ExpertStore> store_;
   std::vector<float> inv_freq_;       // [rotary_dim / 2]
   std::vector<int> layer_slot_;       // index into ModelState::kv or ::ssm per layer
   mutable bool capture_ = false;

@@ -32,7 +32,7 @@ void load_experts(const Checkpoint& ck, const std::string& p, const ModelConfig&
 
 }  // namespace
 
-ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& c) {
+ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& c, bool with_experts) {
   ModelWeights w;
   const int64_t H = c.hidden_size, V = c.vocab_size;
   w.embed = ck.matrix("embed_tokens.weight", V, H);
@@ -82,7 +82,7 @@ ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& c) {
     if (c.layer_is_moe[i]) {
       lw.ffn.moe = true;
       lw.ffn.router = ck.matrix(m + "gate.weight", c.num_experts, H);
-      load_experts(ck, m, c, &lw.ffn);
+      if (with_experts) load_experts(ck, m, c, &lw.ffn);
       if (c.shared_intermediate > 0) {
         lw.ffn.has_shared = true;
         lw.ffn.shared = load_mlp(ck, m + "shared_expert.", H, c.shared_intermediate);

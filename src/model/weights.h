@@ -36,7 +36,7 @@ struct LinearAttentionWeights {
 struct FfnWeights {
   bool moe = false;
   Matrix router;                  // [E, H]
-  std::vector<FfnExpert> experts; // [E]
+  std::vector<FfnExpert> experts; // [E], HF checkpoints only; the forward pass asks the ExpertStore
   bool has_shared = false;
   FfnExpert shared;
   Matrix shared_gate;             // [1, H]
@@ -58,6 +58,8 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
 };
 
-ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& cfg);
+// With with_experts false (packed models) the routed experts are left to the
+// expert store and FfnWeights::experts stays empty.
+ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& cfg, bool with_experts = true);
 
 }  // namespace flashmoe

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "backend/cpu/matmul_quant.h"
 #include "backend/cpu/simd.h"
 #include "core/error.h"
 
@@ -11,6 +12,7 @@ namespace flashmoe::cpu {
 bool cpu_has_avx2() { return simd::has_avx2(); }
 
 void load_row(const Matrix& W, int64_t r, float* out) {
+  if (W.quantized()) return quant_dequant_row(W, r, out);
   const uint8_t* row = static_cast<const uint8_t*>(W.data) + size_t(r) * W.row_bytes();
   simd::to_f32(W.dtype, row, W.cols, out);
 }
@@ -22,8 +24,16 @@ namespace {
 // reused across the tokens.
 void rows_kernel(const Matrix& W, int64_t r0, int64_t r1, const float* x, int64_t n, int64_t ldx,
                  float* y, int64_t ldy, std::vector<float>& buf) {
+  if (n == 1 && W.quantized()) {
+    for (int64_t r = r0; r < r1; ++r) y[r] = quant_dot_row(W, r, x);
+    return;
+  }
   if (n == 1) {
-    for (int64_t r = r0; r < r1; ++r) {
+    const size_t rb = W.row_bytes();
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4)
+      simd::dot4_mixed(W.dtype, static_cast<const uint8_t*>(W.data) + size_t(r) * rb, rb, x, W.cols, y + r);
+    for (; r < r1; ++r) {
       const uint8_t* row = static_cast<const uint8_t*>(W.data) + size_t(r) * W.row_bytes();
       y[r] = simd::dot_mixed(W.dtype, row, x, W.cols);
     }
@@ -73,6 +83,7 @@ void matmul(ThreadPool& pool, const Matrix& W, const float* x, int64_t n, int64_
 
 namespace flashmoe::cpu {
 float simd_dot_row(const Matrix& W, int64_t r, const float* x) {
+  if (W.quantized()) return quant_dot_row(W, r, x);
   return simd::dot_mixed(W.dtype, static_cast<const uint8_t*>(W.data) + size_t(r) * W.row_bytes(), x, W.cols);
 }
 }  // namespace flashmoe::cpu

@@ -1,5 +1,6 @@
 #include "backend/cpu/simd.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -81,19 +82,54 @@ AVX2_FN void to_f32_avx2(DType t, const void* src, int64_t n, float* out) {
   for (; i < n; ++i) out[i] = scalar_at(t, src, i);
 }
 
+// Every dot product here uses the same arithmetic per row: one 8-lane
+// accumulator filled in index order, reduced as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)),
+// then the scalar tail. So a row gives bit-identical results whether it is
+// computed alone, in a group of four, from bf16 or from its fp32 widening:
+// prefill (rows widened once, many tokens) and decode (one token) agree
+// exactly, which FP8 KV storage needs (a last-bit change in K can flip an
+// FP8 rounding).
+AVX2_FN inline float hsum_canonical(__m256 v) {
+  __m256 a = _mm256_hadd_ps(v, v);  // [l0+l1, l2+l3, ., ., l4+l5, l6+l7, ., .]
+  a = _mm256_hadd_ps(a, a);         // [(l0+l1)+(l2+l3), ., ., ., (l4+l5)+(l6+l7), ...]
+  return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1)));
+}
+
 AVX2_FN float dot_mixed_avx2(DType t, const void* w, const float* x, int64_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  __m256 acc = _mm256_setzero_ps();
   int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    a0 = _mm256_fmadd_ps(load8(t, w, i), _mm256_loadu_ps(x + i), a0);
-    a1 = _mm256_fmadd_ps(load8(t, w, i + 8), _mm256_loadu_ps(x + i + 8), a1);
-    a2 = _mm256_fmadd_ps(load8(t, w, i + 16), _mm256_loadu_ps(x + i + 16), a2);
-    a3 = _mm256_fmadd_ps(load8(t, w, i + 24), _mm256_loadu_ps(x + i + 24), a3);
-  }
-  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(load8(t, w, i), _mm256_loadu_ps(x + i), a0);
-  float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(load8(t, w, i), _mm256_loadu_ps(x + i), acc);
+  float s = hsum_canonical(acc);
   for (; i < n; ++i) s += scalar_at(t, w, i) * x[i];
   return s;
+}
+
+AVX2_FN void dot4_mixed_avx2(DType t, const void* w, size_t stride, const float* x, int64_t n, float out[4]) {
+  const uint8_t* base = static_cast<const uint8_t*>(w);
+  const void* r0 = base;
+  const void* r1 = base + stride;
+  const void* r2 = base + 2 * stride;
+  const void* r3 = base + 3 * stride;
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 xv = _mm256_loadu_ps(x + i);
+    s0 = _mm256_fmadd_ps(load8(t, r0, i), xv, s0);
+    s1 = _mm256_fmadd_ps(load8(t, r1, i), xv, s1);
+    s2 = _mm256_fmadd_ps(load8(t, r2, i), xv, s2);
+    s3 = _mm256_fmadd_ps(load8(t, r3, i), xv, s3);
+  }
+  // Horizontal sums of the four accumulators at once.
+  __m256 a01 = _mm256_hadd_ps(s0, s1), a23 = _mm256_hadd_ps(s2, s3);
+  __m256 a = _mm256_hadd_ps(a01, a23);
+  __m128 r = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  _mm_storeu_ps(out, r);
+  for (; i < n; ++i) {
+    out[0] += scalar_at(t, r0, i) * x[i];
+    out[1] += scalar_at(t, r1, i) * x[i];
+    out[2] += scalar_at(t, r2, i) * x[i];
+    out[3] += scalar_at(t, r3, i) * x[i];
+  }
 }
 
 AVX2_FN float dot_f32_avx2(const float* a, const float* b, int64_t n) {
@@ -101,21 +137,7 @@ AVX2_FN float dot_f32_avx2(const float* a, const float* b, int64_t n) {
 }
 
 AVX2_FN void dot4_f32_avx2(const float* a, int64_t lda, const float* x, int64_t n, float out[4]) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 xv = _mm256_loadu_ps(x + i);
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), xv, s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + lda + i), xv, s1);
-    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + 2 * lda + i), xv, s2);
-    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + 3 * lda + i), xv, s3);
-  }
-  out[0] = hsum(s0);
-  out[1] = hsum(s1);
-  out[2] = hsum(s2);
-  out[3] = hsum(s3);
-  for (; i < n; ++i)
-    for (int k = 0; k < 4; ++k) out[k] += a[k * lda + i] * x[i];
+  dot4_mixed_avx2(DType::F32, a, size_t(lda) * sizeof(float), x, n, out);
 }
 
 AVX2_FN void axpy_avx2(float alpha, const float* x, float* y, int64_t n) {
@@ -131,8 +153,9 @@ AVX2_FN void axpy_avx2(float alpha, const float* x, float* y, int64_t n) {
 
 bool has_avx2() {
 #ifdef FLASHMOE_X86
+  // FLASHMOE_NO_AVX2=1 forces the portable kernels (to test them on AVX2 machines).
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                         __builtin_cpu_supports("f16c");
+                         __builtin_cpu_supports("f16c") && !std::getenv("FLASHMOE_NO_AVX2");
   return ok;
 #else
   return false;
@@ -158,6 +181,14 @@ float dot_f32(const float* a, const float* b, int64_t n) {
   if (has_avx2()) return dot_f32_avx2(a, b, n);
 #endif
   return dot_f32_generic(a, b, n);
+}
+
+void dot4_mixed(DType t, const void* w, size_t stride, const float* x, int64_t n, float out[4]) {
+#ifdef FLASHMOE_X86
+  if (has_avx2() && (t == DType::BF16 || t == DType::F16 || t == DType::F32)) return dot4_mixed_avx2(t, w, stride, x, n, out);
+#endif
+  const uint8_t* base = static_cast<const uint8_t*>(w);
+  for (int k = 0; k < 4; ++k) out[k] = dot_mixed_generic(t, base + k * stride, x, n);
 }
 
 void dot4_f32(const float* a, int64_t lda, const float* x, int64_t n, float out[4]) {

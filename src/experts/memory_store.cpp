@@ -1,0 +1,89 @@
+#include "experts/memory_store.h"
+
+#include <mutex>
+
+#include "core/error.h"
+#include "core/mapped_file.h"
+#include "core/xxhash64.h"
+
+namespace flashmoe {
+
+namespace {
+
+class WeightsStore : public ExpertStore {
+ public:
+  WeightsStore(const ModelWeights& w, uint64_t expert_bytes) : w_(w) { stats_.expert_bytes = expert_bytes; }
+  ExpertBatch fetch(int64_t layer, const std::vector<int32_t>& ids,
+                    const std::function<void()>& while_waiting) override {
+    if (while_waiting) while_waiting();
+    ExpertBatch b;
+    for (int32_t id : ids) b.experts.push_back(w_.layers[layer].ffn.experts[id]);
+    stats_.requested += ids.size();
+    stats_.hits += ids.size();
+    return b;
+  }
+  ExpertStats stats() const override { return stats_; }
+  void reset_stats() override { stats_ = ExpertStats{.expert_bytes = stats_.expert_bytes}; }
+  void note_tokens(int64_t n) override { stats_.tokens += n; }
+  std::string describe() const override { return "in memory (mmapped checkpoint)"; }
+
+ private:
+  const ModelWeights& w_;
+  ExpertStats stats_;
+};
+
+class MmapPackedStore : public ExpertStore {
+ public:
+  explicit MmapPackedStore(const PackedManifest& m) : m_(m) {
+    stats_.expert_bytes = m.layout.bytes;
+    for (const auto& l : m_.layers) {
+      if (size_t(l.layer) >= files_.size()) files_.resize(l.layer + 1), verified_.resize(l.layer + 1);
+      files_[l.layer] = std::make_unique<MappedFile>(m_.path_of(l));
+      verified_[l.layer].assign(l.experts.size(), false);
+    }
+  }
+  ExpertBatch fetch(int64_t layer, const std::vector<int32_t>& ids,
+                    const std::function<void()>& while_waiting) override {
+    if (while_waiting) while_waiting();
+    std::lock_guard<std::mutex> lk(mu_);
+    const PackedLayer* pl = m_.find_layer(layer);
+    ExpertBatch b;
+    for (int32_t id : ids) {
+      const PackedExpert& e = pl->experts[id];
+      const uint8_t* base = files_[layer]->data() + e.offset;
+      if (!verified_[layer][id]) {
+        if (xxhash64(base, e.size) != e.xxh64)
+          fail(m_.path_of(*pl) + ": expert " + std::to_string(id) + " of layer " + std::to_string(layer) +
+               " fails its checksum: the file is corrupt (re-run flashmoe pack)");
+        verified_[layer][id] = true;
+      }
+      b.experts.push_back(m_.layout.views(base));
+    }
+    stats_.requested += ids.size();
+    stats_.hits += ids.size();
+    return b;
+  }
+  ExpertStats stats() const override { return stats_; }
+  void reset_stats() override { stats_ = ExpertStats{.expert_bytes = stats_.expert_bytes}; }
+  void note_tokens(int64_t n) override { stats_.tokens += n; }
+  std::string describe() const override { return "in memory (mmapped packed files, " + m_.layout.format_name() + ")"; }
+
+ private:
+  PackedManifest m_;
+  std::vector<std::unique_ptr<MappedFile>> files_;
+  std::vector<std::vector<bool>> verified_;
+  std::mutex mu_;
+  ExpertStats stats_;
+};
+
+}  // namespace
+
+std::unique_ptr<ExpertStore> make_weights_store(const ModelWeights& w, uint64_t expert_bytes) {
+  return std::make_unique<WeightsStore>(w, expert_bytes);
+}
+
+std::unique_ptr<ExpertStore> make_mmap_packed_store(const PackedManifest& m) {
+  return std::make_unique<MmapPackedStore>(m);
+}
+
+}  // namespace flashmoe

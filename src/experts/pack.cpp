@@ -1,0 +1,171 @@
+#include "experts/pack.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "core/mapped_file.h"
+#include "core/xxhash64.h"
+#include "experts/manifest.h"
+#include "experts/quantize.h"
+#include "format/checkpoint.h"
+#include "format/config.h"
+#include "format/safetensors.h"
+#include "model/weights.h"
+
+namespace flashmoe {
+
+namespace {
+
+void write_all(int fd, const void* p, size_t n, uint64_t off, const std::string& path) {
+  const uint8_t* b = static_cast<const uint8_t*>(p);
+  while (n > 0) {
+    ssize_t w = ::pwrite(fd, b, n, off_t(off));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) fail("cannot write " + path + ": " + std::strerror(errno));
+    b += w, n -= size_t(w), off += uint64_t(w);
+  }
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("cannot write " + path + ": " + std::strerror(errno));
+  write_all(fd, text.data(), text.size(), 0, path);
+  ::fsync(fd);
+  ::close(fd);
+}
+
+void remove_tree(const std::string& dir) {
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n == "." || n == "..") continue;
+      std::string p = dir + "/" + n;
+      if (is_directory(p)) remove_tree(p);
+      else ::unlink(p.c_str());
+    }
+    ::closedir(d);
+  }
+  ::rmdir(dir.c_str());
+}
+
+// Files besides the weights that a model directory carries (config, tokenizer,
+// generation defaults); copied as they are.
+std::vector<std::string> side_files(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n == "." || n == ".." || is_directory(dir + "/" + n)) continue;
+      if (n.size() > 12 && n.compare(n.size() - 12, 12, ".safetensors") == 0) continue;
+      if (n == "model.safetensors.index.json") continue;
+      out.push_back(n);
+    }
+    ::closedir(d);
+  }
+  return out;
+}
+
+void write_expert_layer(const std::string& path, const std::vector<FfnExpert>& experts, const ExpertLayout& layout,
+                        const PackOptions& opt, PackedLayer* pl) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("cannot write " + path + ": " + std::strerror(errno));
+  std::vector<uint8_t> rec(layout.bytes);
+  uint64_t at = 0;
+  try {
+    for (const FfnExpert& e : experts) {
+      std::fill(rec.begin(), rec.end(), uint8_t(0));
+      const std::pair<const Matrix*, const ExpertPart*> parts[3] = {{&e.gate, &layout.gate}, {&e.up, &layout.up}, {&e.down, &layout.down}};
+      for (const auto& [m, part] : parts) {
+        QuantizedMatrix q = quantize_matrix(*m, opt.experts, opt.group);
+        std::memcpy(rec.data() + part->offset, q.data.data(), part->bytes);
+        if (opt.experts != QuantKind::None) {
+          std::memcpy(rec.data() + part->scales, q.scales.data(), q.scales.size() * 2);
+          std::memcpy(rec.data() + part->biases, q.biases.data(), q.biases.size() * 2);
+        }
+      }
+      write_all(fd, rec.data(), rec.size(), at, path);
+      pl->experts.push_back(PackedExpert{at, layout.bytes, xxhash64(rec.data(), rec.size())});
+      at = align_up(at + layout.bytes, kExpertAlign);
+    }
+    // Pad to whole pages so an O_DIRECT read of the last expert stays inside the file.
+    if (::ftruncate(fd, off_t(at)) != 0) fail("cannot write " + path + ": " + std::strerror(errno));
+    if (::fsync(fd) != 0) fail("cannot write " + path + ": " + std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  pl->file_bytes = at;
+}
+
+}  // namespace
+
+void pack_model(const std::string& in, const std::string& out, const PackOptions& opt, const PackProgress& progress) {
+  if (!is_directory(in)) fail("model directory not found: " + in);
+  if (is_packed_dir(in)) fail(in + " is already a packed model (it has " + kManifestName + ")");
+  if (file_exists(out) || is_directory(out)) fail("output " + out + " already exists; remove it or choose another -o");
+  const ModelConfig cfg = load_model_config(in);
+  if (cfg.num_experts == 0) fail(in + ": model has no MoE layers; there are no experts to pack");
+  const Checkpoint ck(in);
+  const ModelWeights w = load_weights(ck, cfg);
+  const ExpertLayout layout = ExpertLayout::make(cfg.hidden_size, cfg.moe_intermediate, opt.experts, opt.group);
+
+  std::string tmpl = out + ".tmp-XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (!::mkdtemp(buf.data())) fail("cannot create a directory next to " + out + ": " + std::strerror(errno));
+  const std::string tmp(buf.data());
+  try {
+    if (::mkdir((tmp + "/experts").c_str(), 0755) != 0) fail("cannot create " + tmp + "/experts: " + std::strerror(errno));
+    // Non-expert weights, byte for byte under their original names.
+    std::vector<TensorToWrite> rest;
+    for (const std::string& name : ck.tensor_names()) {
+      if (name.find(".mlp.experts.") != std::string::npos) continue;
+      TensorView t = ck.get("/" + name);
+      rest.push_back({name, t.dtype, t.shape, t.data});
+    }
+    write_safetensors(tmp + "/model.safetensors", rest);
+    for (const std::string& f : side_files(in)) write_text(tmp + "/" + f, read_text_file(in + "/" + f));
+    for (const std::string& f : opt.extra_files) {
+      const std::string base = f.substr(f.find_last_of('/') + 1);
+      if (!file_exists(tmp + "/" + base)) write_text(tmp + "/" + base, read_text_file(f));
+    }
+
+    PackedManifest m;
+    m.layout = layout;
+    int64_t moe_layers = 0, done = 0;
+    for (int64_t i = 0; i < cfg.num_layers; ++i) moe_layers += cfg.layer_is_moe[i] ? 1 : 0;
+    for (int64_t i = 0; i < cfg.num_layers; ++i) {
+      if (!cfg.layer_is_moe[i]) continue;
+      char name[64];
+      std::snprintf(name, sizeof name, "experts/layer-%03lld.bin", static_cast<long long>(i));
+      PackedLayer pl;
+      pl.layer = i;
+      pl.file = name;
+      write_expert_layer(tmp + "/" + name, w.layers[i].ffn.experts, layout, opt, &pl);
+      m.layers.push_back(std::move(pl));
+      if (progress) progress(++done, moe_layers);
+    }
+    // The manifest last: a directory without one is never taken for a packed model.
+    write_text(tmp + "/" + kManifestName, manifest_to_json(m, read_text_file(in + "/config.json")));
+    if (int dfd = ::open(tmp.c_str(), O_RDONLY | O_DIRECTORY); dfd >= 0) {
+      ::fsync(dfd);
+      ::close(dfd);
+    }
+    ::chmod(tmp.c_str(), 0755);  // mkdtemp makes it private
+    if (::rename(tmp.c_str(), out.c_str()) != 0) fail("cannot rename " + tmp + " to " + out + ": " + std::strerror(errno));
+  } catch (...) {
+    remove_tree(tmp);
+    throw;
+  }
+}
+
+}  // namespace flashmoe

@@ -1,0 +1,30 @@
+// `flashmoe pack`: rewrites an HF checkpoint into the streaming layout: per
+// MoE layer one file of experts (each expert one aligned record, optionally
+// quantised), the other weights in model.safetensors, and the manifest.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/matrix.h"
+
+namespace flashmoe {
+
+struct PackOptions {
+  QuantKind experts = QuantKind::None;  // None: bf16
+  int32_t group = 64;
+  // Files from elsewhere to carry along (e.g. a bundle's tokenizer.json that
+  // sits beside the model directory); copied under their base names.
+  std::vector<std::string> extra_files;
+};
+
+// progress(done, total) is called after each expert layer.
+using PackProgress = std::function<void(int64_t done, int64_t total)>;
+
+// Writes into OUT.tmp-XXXXXX and renames it to `out` only when complete, so a
+// crash never leaves a directory that looks like a valid packed model.
+// Throws Error if `out` exists or anything cannot be read or written.
+void pack_model(const std::string& in, const std::string& out, const PackOptions& opt,
+                const PackProgress& progress = nullptr);
+
+}  // namespace flashmoe

@@ -1,0 +1,90 @@
+// Text in, text out through the real binary: run and chat on coder-mini.
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+using namespace flashmoe::test;
+
+namespace {
+
+std::string model() { return source_path("models/coder-mini"); }
+
+TEST(CliRun, GreedyIsDeterministicAndReportsSpeed) {
+  std::string args = "run -m " + model() + " -p 'def add(a, b):' -n 12 --temp 0 -t 1";
+  CmdResult a = run_flashmoe(args), b = run_flashmoe(args);
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_GT(a.out.size(), 1u);
+  EXPECT_NE(a.err.find("tokens/s"), std::string::npos) << a.err;
+}
+
+TEST(CliRun, SameSeedSameSampleDifferentSeedDiffers) {
+  std::string base = "run -m " + model() + " -p 'import os' -n 24 --temp 1.0 -t 1 --seed ";
+  CmdResult a = run_flashmoe(base + "11"), b = run_flashmoe(base + "11"), c = run_flashmoe(base + "12");
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_NE(a.out, c.out);
+}
+
+TEST(CliRun, StopStringEndsGenerationAndIsNotPrinted) {
+  CmdResult full = run_flashmoe("run -m " + model() + " -p 'def add(a, b):' -n 24 --temp 0 -t 1");
+  ASSERT_EQ(full.code, 0);
+  // Stop on a piece of what greedy decoding produces anyway.
+  std::string text = full.out.substr(0, full.out.size() - 1);
+  ASSERT_GT(text.size(), 6u);
+  std::string stop = text.substr(3, 3);
+  CmdResult cut = run_flashmoe("run -m " + model() + " -p 'def add(a, b):' -n 24 --temp 0 -t 1 --stop '" + stop + "'");
+  ASSERT_EQ(cut.code, 0) << cut.err;
+  EXPECT_EQ(cut.out, text.substr(0, text.find(stop)) + "\n");
+}
+
+TEST(CliRun, ChatTemplateMode) {
+  CmdResult r = run_flashmoe("run -m " + model() + " --chat -p 'hello' -n 4 --temp 0 --show-prompt -t 1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n", 0), 0u) << r.out;
+}
+
+TEST(CliRun, BadInputs) {
+  CmdResult empty = run_flashmoe("run -m " + model() + " -p ''");
+  EXPECT_NE(empty.code, 0);
+  EXPECT_NE(empty.err.find("prompt is empty"), std::string::npos) << empty.err;
+
+  CmdResult utf8 = run_flashmoe("run -m " + model() + " -p \"$(printf 'ab\\377\\376cd')\"");
+  EXPECT_NE(utf8.code, 0);
+  EXPECT_NE(utf8.err.find("UTF-8"), std::string::npos) << utf8.err;
+
+  CmdResult longp = run_flashmoe("run -m " + model() + " -p 'def a_long_function_name(x, y, z):' -c 5");
+  EXPECT_NE(longp.code, 0);
+  EXPECT_NE(longp.err.find("longer than the context"), std::string::npos) << longp.err;
+
+  CmdResult flag = run_flashmoe("run -m " + model() + " -p x --frobnicate");
+  EXPECT_NE(flag.code, 0);
+  EXPECT_NE(flag.err.find("frobnicate"), std::string::npos) << flag.err;
+
+  CmdResult notok = run_flashmoe("run -m " + fixture_dir("tiny-qwen35moe") + "/model -p x");
+  EXPECT_NE(notok.code, 0);
+  EXPECT_NE(notok.err.find("tokenizer.json"), std::string::npos) << notok.err;
+}
+
+TEST(CliChat, SecondTurnReusesTheFirstTurnsState) {
+  CmdResult r = run_flashmoe("chat -m " + model() + " -n 8 --temp 0 -t 1", "def add(a, b):\nclass Foo:\n/quit\n");
+  ASSERT_EQ(r.code, 0) << r.err;
+  size_t first = r.err.find("[0 prompt tokens reused");
+  ASSERT_NE(first, std::string::npos) << r.err;
+  size_t second = r.err.find(" prompt tokens reused", first + 10);
+  ASSERT_NE(second, std::string::npos) << r.err;
+  size_t line_start = r.err.rfind('[', second);
+  int reused = std::stoi(r.err.substr(line_start + 1));
+  EXPECT_GT(reused, 10) << r.err;
+}
+
+TEST(CliChat, ResetStartsOver) {
+  CmdResult r = run_flashmoe("chat -m " + model() + " -n 4 --temp 0 -t 1", "hello\n/reset\nhello\n");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("(conversation reset)"), std::string::npos);
+  // After the reset the second turn starts from nothing again.
+  size_t reset = r.err.find("(conversation reset)");
+  EXPECT_NE(r.err.find("[0 prompt tokens reused", reset), std::string::npos) << r.err;
+}
+
+}  // namespace
