@@ -73,7 +73,7 @@ Registrar reg(30, [](CLI::App& app) {
     pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
     signal(SIGPIPE, SIG_IGN);
 
-    TextModel tm = load_text_model(a->model.model_dir);
+    TextModel tm = load_text_model(a->model.model_dir, a->model.experts);
     server::ServedModel sm;
     sm.id = a->alias.empty() ? model_id(a->model.model_dir) : a->alias;
     sm.model = tm.model.get();

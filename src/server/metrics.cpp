@@ -73,8 +73,14 @@ std::string Metrics::render(const Gauges& g) const {
   line(o, "flashmoe_slots_total %lld\n", (long long)g.slots_total);
   help(o, "flashmoe_queue_waiting", "gauge", "Requests waiting for a slot.");
   line(o, "flashmoe_queue_waiting %lld\n", (long long)g.queue_waiting);
-  help(o, "flashmoe_expert_cache_hit_ratio", "gauge", "Expert cache hit ratio (0: experts are held in memory, no cache yet).");
-  line(o, "flashmoe_expert_cache_hit_ratio 0\n");
+  help(o, "flashmoe_expert_cache_hit_ratio", "gauge",
+       "Routed experts served without a disk read / experts requested (1 when all experts are in memory; 0 before any).");
+  line(o, "flashmoe_expert_cache_hit_ratio %.6f\n",
+       g.expert_requested ? double(g.expert_hits) / double(g.expert_requested) : 0.0);
+  help(o, "flashmoe_expert_cache_misses_total", "counter", "Routed experts read from disk.");
+  line(o, "flashmoe_expert_cache_misses_total %llu\n", (unsigned long long)g.expert_misses);
+  help(o, "flashmoe_expert_bytes_read_total", "counter", "Bytes of expert weights read from disk.");
+  line(o, "flashmoe_expert_bytes_read_total %llu\n", (unsigned long long)g.expert_bytes_read);
   return o;
 }
 

@@ -22,6 +22,7 @@ class Metrics {
     int64_t snapshot_bytes = 0;      // the state cache
     int64_t snapshots = 0;
     int64_t slots_busy = 0, slots_total = 0, queue_waiting = 0;
+    uint64_t expert_requested = 0, expert_hits = 0, expert_misses = 0, expert_bytes_read = 0;
   };
   std::string render(const Gauges& g) const;
 

@@ -297,6 +297,11 @@ struct HttpServer::Impl {
     g.slots_busy = slots.busy();
     g.slots_total = slots.slots();
     g.queue_waiting = slots.waiting();
+    ExpertStats es = m.model->expert_store().stats();
+    g.expert_requested = es.requested;
+    g.expert_hits = es.hits;
+    g.expert_misses = es.misses;
+    g.expert_bytes_read = es.bytes_read;
     return metrics.render(g);
   }
 
