@@ -34,6 +34,13 @@ std::vector<int32_t> Session::greedy(int64_t n) {
   return out;
 }
 
+void Session::restore(const ModelState& state, const std::vector<int32_t>& tokens) {
+  if (cuda_) fail("conversation snapshots are kept on the host: not available with --device cuda");
+  if (state.pos != int64_t(tokens.size())) fail("session snapshot: position and token count disagree");
+  state_ = state;
+  tokens_ = tokens;
+}
+
 const std::vector<float>& Session::feed(const std::vector<int32_t>& ids) {
   if (ids.empty()) fail("nothing to feed: the token list is empty");
   logits_.resize(size_t(model_.config().vocab_size));

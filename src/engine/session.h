@@ -34,6 +34,9 @@ class Session {
   const QwenModel& model() const { return model_; }
   const KvConfig& kv_config() const { return kv_; }
   void reset();
+  // Replaces the state with a snapshot taken from a session of the same model
+  // and KV config, together with the tokens that snapshot has consumed.
+  void restore(const ModelState& state, const std::vector<int32_t>& tokens);
 
  private:
   const QwenModel& model_;

@@ -1,0 +1,66 @@
+// Client side of bench/server_bench.sh (Node 20, no packages: fetch + SSE by hand).
+//   node server_bench.mjs ttft URL HISTORY_FILE   -> time to first token of turn 2
+//   node server_bench.mjs throughput URL CLIENTS REQUESTS MAX_TOKENS
+const [mode, url, ...rest] = process.argv.slice(2);
+
+async function chat(body) {
+  const t0 = performance.now();
+  const r = await fetch(`${url}/v1/chat/completions`, {
+    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+  });
+  if (!r.ok) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
+  if (!body.stream) return { json: await r.json(), seconds: (performance.now() - t0) / 1000 };
+  const dec = new TextDecoder();
+  let buf = "", ttft = null, text = "", usage = null;
+  for await (const part of r.body) {
+    buf += dec.decode(part, { stream: true });
+    let i;
+    while ((i = buf.indexOf("\n\n")) >= 0) {
+      const ev = buf.slice(0, i); buf = buf.slice(i + 2);
+      if (!ev.startsWith("data: ") || ev === "data: [DONE]") continue;
+      const j = JSON.parse(ev.slice(6));
+      if (j.usage) usage = j.usage;
+      const c = j.choices[0]?.delta?.content;
+      if (c) { if (ttft === null) ttft = (performance.now() - t0) / 1000; text += c; }
+    }
+  }
+  return { ttft, text, usage, seconds: (performance.now() - t0) / 1000 };
+}
+
+if (mode === "ttft") {
+  const fs = await import("node:fs");
+  const history = fs.readFileSync(rest[0], "utf8");
+  const msgs = [{ role: "system", content: "You review this code:\n" + history },
+                { role: "user", content: "What does the generate function do?" }];
+  const ttfts = [];
+  for (let rep = 0; rep < 3; rep++) {
+    // A fresh conversation each time (the seed in the question makes it new).
+    const m = [{ ...msgs[0], content: msgs[0].content + `\n# review ${rep} ${Date.now()}` }, msgs[1]];
+    const t1 = await chat({ messages: m, max_tokens: 64, temperature: 0 });
+    m.push({ role: "assistant", content: t1.json.choices[0].message.content });
+    m.push({ role: "user", content: "And how does it stop?" });
+    const t2 = await chat({ messages: m, max_tokens: 8, temperature: 0, stream: true, stream_options: { include_usage: true } });
+    ttfts.push(t2.ttft);
+    console.log(`rep ${rep}: turn 1 ${t1.json.usage.prompt_tokens} prompt tokens in ${t1.seconds.toFixed(3)} s; ` +
+                `turn 2 ${t2.usage.prompt_tokens} prompt tokens (${t2.usage.prompt_tokens_details.cached_tokens} cached), ` +
+                `first token after ${(t2.ttft * 1000).toFixed(1)} ms`);
+  }
+  ttfts.sort((a, b) => a - b);
+  console.log(`turn-2 TTFT median ${(ttfts[1] * 1000).toFixed(1)} ms`);
+} else if (mode === "throughput") {
+  const [clients, requests, maxTokens] = rest.map(Number);
+  let tokens = 0;
+  const t0 = performance.now();
+  await Promise.all(Array.from({ length: clients }, async (_, c) => {
+    for (let i = 0; i < requests; i++) {
+      const r = await chat({ messages: [{ role: "user", content: `Client ${c} request ${i}: write a sorting function.` }],
+                             max_tokens: maxTokens, temperature: 0.7, seed: c * 1000 + i, ignore_eos: true });
+      tokens += r.json.usage.completion_tokens;
+    }
+  }));
+  const s = (performance.now() - t0) / 1000;
+  console.log(`${clients} clients: ${tokens} tokens in ${s.toFixed(2)} s = ${(tokens / s).toFixed(1)} generated tokens/s total`);
+} else {
+  console.error("usage: server_bench.mjs ttft URL HISTORY_FILE | throughput URL CLIENTS REQUESTS MAX_TOKENS");
+  process.exit(2);
+}

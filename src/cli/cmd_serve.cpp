@@ -1,0 +1,130 @@
+// flashmoe serve: the OpenAI-compatible HTTP server (src/server/) over one
+// model bundle. SIGINT/SIGTERM are taken by a dedicated thread (sigwait), so
+// shutdown runs in ordinary code (sigtimedwait, polling a done flag so the
+// thread also ends when listen() returns on its own): cancel generations, close the socket,
+// let httplib join its workers.
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "cli/command.h"
+#include "cli/common.h"
+#include "cli/text_model.h"
+#include "core/error.h"
+#include "engine/sampler.h"
+#include "server/server.h"
+
+namespace flashmoe::cli {
+namespace {
+
+struct ServeArgs {
+  ModelOptions model;
+  server::ServerConfig cfg;
+  std::string alias;
+  int64_t ctx_size = 0;
+  size_t state_cache_mb = 4096;
+};
+
+std::string model_id(const std::string& path) {
+  std::filesystem::path p = std::filesystem::path(path).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  std::string id = p.filename().string();
+  return id.empty() || id == "." ? "model" : id;
+}
+
+Registrar reg(30, [](CLI::App& app) {
+  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (chat/completions, completions, models, metrics)");
+  auto a = std::make_shared<ServeArgs>();
+  add_model_options(cmd, &a->model);
+  const char* g = "Server";
+  cmd->add_option("--host", a->cfg.host, "Address to bind (default 127.0.0.1: this machine only)")->group(g);
+  cmd->add_option("--port", a->cfg.port, "Port (default 8080; 0: any free port, printed at startup)")
+      ->check(CLI::Range(0, 65535))->group(g);
+  cmd->add_option("--api-key", a->cfg.api_key, "Require 'Authorization: Bearer KEY' on every endpoint but /health")->group(g);
+  cmd->add_option("--alias", a->alias, "Model id in requests and /v1/models (default: the model directory's name)")->group(g);
+  cmd->add_option("--parallel", a->cfg.parallel, "Requests generating at once (default 1); threads are split among them")
+      ->check(CLI::Range(1, 256))->group(g);
+  cmd->add_option("--queue", a->cfg.queue, "Requests waiting for a free slot before answering 503 (default 32)")
+      ->check(CLI::Range(0, 4096))->group(g);
+  cmd->add_option("--max-body", a->cfg.max_body, "Largest request body in bytes; larger gets 413 (default 1048576)")
+      ->check(CLI::PositiveNumber)->group(g);
+  cmd->add_option("--state-cache", a->cfg.state_cache, "Conversation state snapshots kept for reuse, LRU (default 32; 0: off)")
+      ->check(CLI::NonNegativeNumber)->group(g);
+  cmd->add_option("--state-cache-mb", a->state_cache_mb, "Memory the state snapshots may hold, MiB (default 4096)")
+      ->check(CLI::PositiveNumber)->group(g);
+  cmd->add_option("--max-tokens", a->cfg.max_tokens, "Cap on (and default for) a request's max_tokens (default 4096)")
+      ->check(CLI::PositiveNumber)->group(g);
+  cmd->add_flag("--log-requests", a->cfg.access_log, "Print one line per request (method, endpoint, status) to stderr")->group(g);
+  cmd->add_option("-c,--ctx-size", a->ctx_size, "Context limit in tokens (default: the model's max_position_embeddings)")
+      ->check(CLI::NonNegativeNumber)->group(g);
+  cmd->callback([a] {
+    finalize_model_options(&a->model);
+    // Before any thread exists, so every thread inherits the mask and only
+    // the waiter below sees these signals.
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+    signal(SIGPIPE, SIG_IGN);
+
+    if (a->model.device != "cpu") fail("serve runs on --device cpu for now");
+    TextModel tm = load_text_model(a->model);
+    server::ServedModel sm;
+    sm.id = a->alias.empty() ? model_id(a->model.model_dir) : a->alias;
+    sm.model = tm.model.get();
+    sm.tokenizer = &tm.tokenizer;
+    sm.chat = tm.chat ? &*tm.chat : nullptr;
+    sm.kv = a->model.kv;
+    SamplingParams base;
+    base.temperature = 0.7f;  // when generation_config.json does not say
+    base.top_p = 0.95f;
+    sm.defaults = tm.files.generation_config.empty() ? base : load_generation_config(tm.files.generation_config, base);
+    sm.eos_chat = tm.eos_ids(true);
+    sm.eos_text = tm.eos_ids(false);
+    for (auto* v : {&sm.eos_chat, &sm.eos_text})
+      for (int32_t e : sm.defaults.eos_ids)
+        if (std::find(v->begin(), v->end(), e) == v->end()) v->push_back(e);
+    int64_t model_ctx = tm.model->config().max_position_embeddings;
+    sm.context = a->ctx_size > 0 ? std::min(a->ctx_size, model_ctx) : model_ctx;
+
+    a->cfg.state_cache_bytes = a->state_cache_mb << 20;
+    int threads = a->model.threads > 0 ? a->model.threads : ThreadPool::hardware_threads();
+    a->cfg.threads_per_slot = std::max(1, threads / a->cfg.parallel);
+    server::HttpServer srv(a->cfg, sm);
+    int port = srv.bind();
+    std::fprintf(stderr,
+                 "flashmoe serve: model '%s' on http://%s:%d (parallel %d x %d threads, queue %d, state cache %zu, "
+                 "context %lld)\n",
+                 sm.id.c_str(), a->cfg.host.c_str(), port, a->cfg.parallel, a->cfg.threads_per_slot, a->cfg.queue,
+                 a->cfg.state_cache, (long long)sm.context);
+    if (a->cfg.api_key.empty() && a->cfg.host != "127.0.0.1" && a->cfg.host != "localhost" && a->cfg.host != "::1")
+      std::fprintf(stderr, "flashmoe serve: warning: listening on %s without --api-key; anyone who can reach it can use it\n",
+                   a->cfg.host.c_str());
+    std::fflush(stderr);
+
+    std::atomic<bool> done{false};
+    std::thread waiter([&srv, &done, sigs] {
+      timespec tick{0, 200 * 1000 * 1000};
+      while (!done) {
+        if (sigtimedwait(&sigs, nullptr, &tick) > 0) {
+          srv.stop();
+          return;
+        }
+      }
+    });
+    bool ok = srv.listen();
+    done = true;
+    waiter.join();
+    std::fprintf(stderr, "flashmoe serve: stopped\n");
+    if (!ok) fail("the server stopped with an error");
+  });
+});
+
+}  // namespace
+}  // namespace flashmoe::cli

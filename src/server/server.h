@@ -1,0 +1,63 @@
+// `flashmoe serve`: an OpenAI-compatible HTTP server over one loaded model.
+// Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,
+// GET /health, GET /metrics. See docs/server.md.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "kv/kv_config.h"
+#include "model/qwen_model.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace flashmoe::server {
+
+struct ServerConfig {
+  std::string host = "127.0.0.1";
+  int port = 8080;                  // 0: any free port (see HttpServer::bind)
+  std::string api_key;              // non-empty: Bearer auth on all but /health
+  int parallel = 1;                 // requests generating at once
+  int queue = 32;                   // requests waiting for a slot before 503
+  size_t max_body = 1 << 20;        // bytes; larger bodies get 413
+  size_t state_cache = 32;          // conversation snapshots kept (0: no reuse)
+  size_t state_cache_bytes = size_t(4096) << 20;  // and the memory they may hold
+  int threads_per_slot = 1;
+  int max_tokens = 4096;            // cap on (and default for) max_tokens
+  bool access_log = false;          // one line per request on stderr
+};
+
+// The model as the server sees it; everything is borrowed and must outlive
+// the server. The model and tokenizer are only read, from many threads.
+struct ServedModel {
+  std::string id;                   // model id in requests and /v1/models
+  const QwenModel* model = nullptr;
+  const Tokenizer* tokenizer = nullptr;
+  const ChatTemplate* chat = nullptr;   // null: /v1/chat/completions answers 400
+  KvConfig kv;
+  SamplingParams defaults;          // generation_config.json defaults (seed unused)
+  std::vector<int32_t> eos_chat, eos_text;
+  int64_t context = 0;              // context limit in tokens
+};
+
+class HttpServer {
+ public:
+  HttpServer(ServerConfig cfg, ServedModel model);
+  ~HttpServer();
+  // Binds the listening socket; returns the port (useful with port 0).
+  // Throws flashmoe::Error when the address cannot be bound.
+  int bind();
+  // Serves until stop(); returns false if the server failed.
+  bool listen();
+  // From any thread (or a signal-waiting thread): cancels running
+  // generations, refuses queued ones, closes the socket.
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace flashmoe::server

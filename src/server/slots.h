@@ -1,0 +1,61 @@
+// Model slots: --parallel N requests run at once, each on its own ThreadPool
+// (the model weights are shared, read-only). Further requests wait in a
+// bounded queue; beyond it acquire() refuses at once so the caller can answer
+// 503 instead of piling up connections.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "model/model_state.h"
+
+namespace flashmoe::server {
+
+class SlotPool {
+ public:
+  SlotPool(int slots, int queue, int threads_per_slot);
+
+  class Lease {
+   public:
+    Lease(SlotPool& pool, int index) : pool_(pool), index_(index) {}
+    ~Lease();
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ThreadPool& threads() { return *pool_.pools_[size_t(index_)]; }
+    // Publishes the memory held by the request's state, for the gauges
+    // (called by the request's own thread, so nothing reads a state that is
+    // being written).
+    void report(const ModelState& st);
+
+   private:
+    SlotPool& pool_;
+    int index_;
+  };
+
+  // A free slot, waiting in the queue for one if needed; null when the queue
+  // is full or the pool is shutting down.
+  std::unique_ptr<Lease> acquire();
+  // Wakes every waiter (they get null) and refuses new requests.
+  void shutdown();
+
+  int slots() const { return int(pools_.size()); }
+  int busy() const;
+  int waiting() const;
+  // KV and recurrent-state bytes last reported by the running requests.
+  void state_bytes(int64_t* kv, int64_t* recurrent) const;
+
+ private:
+  std::vector<std::unique_ptr<ThreadPool>> pools_;
+  std::vector<bool> busy_;
+  std::vector<std::pair<int64_t, int64_t>> bytes_;  // per slot: KV, recurrent
+  int queue_limit_, waiting_ = 0;
+  bool stopping_ = false;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+}  // namespace flashmoe::server

@@ -1,0 +1,50 @@
+// Conversation snapshots for reuse across requests. Hybrid models cannot
+// rewind a GatedDeltaNet state, so a plain prefix cache over KV entries does
+// not work: instead we keep whole ModelState copies taken at message
+// boundaries, each with the exact token ids it has consumed. A request whose
+// prompt ids extend a snapshot's ids starts from a copy of that snapshot and
+// feeds only the suffix. The pool is bounded (LRU) by entry count and by
+// bytes: a long conversation's KV cache can be large on a real model.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "model/model_state.h"
+
+namespace flashmoe::server {
+
+struct Snapshot {
+  std::vector<int32_t> tokens;  // what `state` has consumed, in order
+  ModelState state;
+  size_t bytes() const { return state.kv_bytes() + state.recurrent_bytes() + tokens.size() * sizeof(int32_t); }
+};
+
+class StateCache {
+ public:
+  explicit StateCache(size_t capacity, size_t max_bytes = SIZE_MAX) : capacity_(capacity), max_bytes_(max_bytes) {}
+
+  // The snapshot with the longest token list that is a proper prefix of
+  // `prompt` (at least one prompt token is left to feed, so the caller gets
+  // fresh logits), or null. A hit becomes the most recently used entry.
+  std::shared_ptr<const Snapshot> find(const std::vector<int32_t>& prompt);
+
+  // Stores a snapshot (an entry with the same tokens is replaced); evicts the
+  // least recently used entries beyond the capacity or the byte budget. No-op
+  // at capacity 0 or for a snapshot larger than the whole budget.
+  void put(std::vector<int32_t> tokens, const ModelState& state);
+
+  size_t capacity() const { return capacity_; }
+  size_t size() const;
+  size_t bytes() const;  // memory held by all snapshots
+
+ private:
+  size_t capacity_, max_bytes_, bytes_ = 0;
+  mutable std::mutex mu_;
+  std::list<std::shared_ptr<const Snapshot>> lru_;  // front = most recent
+};
+
+}  // namespace flashmoe::server

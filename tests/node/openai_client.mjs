@@ -1,0 +1,109 @@
+// Drives `flashmoe serve` with the official openai package: models, plain and
+// streamed chat, plain completions, and an error mapped to the SDK's class.
+import OpenAI from "openai";
+import { spawn } from "node:child_process";
+import assert from "node:assert/strict";
+
+const [bin, modelDir] = process.argv.slice(2);
+const key = "node-test-key";
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+async function startServer() {
+  for (let attempt = 0; attempt < 8; attempt++) {
+    const port = 20000 + Math.floor(Math.random() * 40000);
+    const proc = spawn(bin, ["serve", "-m", modelDir, "--port", String(port), "--api-key", key,
+                             "--parallel", "2", "-t", "2"], { stdio: ["ignore", "inherit", "pipe"] });
+    let log = "";
+    let exited = false;
+    proc.stderr.on("data", (d) => { log += d; process.stderr.write(d); });
+    proc.on("exit", () => { exited = true; });
+    const deadline = Date.now() + 60000;
+    while (Date.now() < deadline && !exited) {
+      if (log.includes("flashmoe serve: model")) {
+        try {
+          const r = await fetch(`http://127.0.0.1:${port}/health`);
+          if (r.ok) return { proc, port };
+        } catch {}
+      }
+      await sleep(100);
+    }
+    if (!exited) proc.kill("SIGKILL");
+  }
+  throw new Error("flashmoe serve did not start");
+}
+
+const { proc, port } = await startServer();
+const client = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: key, maxRetries: 0 });
+const tests = [];
+const test = (name, fn) => tests.push({ name, fn });
+const messages = [{ role: "user", content: "Write a Python function that returns the square of x." }];
+
+test("models.list", async () => {
+  const ids = [];
+  for await (const m of client.models.list()) ids.push(m.id);
+  assert.deepEqual(ids, ["coder-mini"]);
+});
+
+let plain = "";
+test("chat.completions.create", async () => {
+  const r = await client.chat.completions.create({ model: "coder-mini", messages, max_tokens: 24, temperature: 0 });
+  assert.equal(r.object, "chat.completion");
+  assert.equal(r.choices[0].message.role, "assistant");
+  plain = r.choices[0].message.content;
+  assert.ok(typeof plain === "string" && plain.length > 0);
+  assert.ok(["stop", "length"].includes(r.choices[0].finish_reason));
+  assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens);
+});
+
+test("chat.completions.create stream", async () => {
+  const stream = await client.chat.completions.create({
+    model: "coder-mini", messages, max_tokens: 24, temperature: 0, stream: true,
+    stream_options: { include_usage: true },
+  });
+  let text = "", finish = null, usage = null, chunks = 0;
+  for await (const chunk of stream) {
+    chunks++;
+    if (chunk.usage) usage = chunk.usage;
+    const c = chunk.choices[0];
+    if (!c) continue;
+    if (c.delta?.content) text += c.delta.content;
+    if (c.finish_reason) finish = c.finish_reason;
+  }
+  assert.ok(chunks >= 3);
+  assert.equal(text, plain);
+  assert.ok(finish === "stop" || finish === "length");
+  assert.ok(usage && usage.completion_tokens > 0);
+});
+
+test("completions.create", async () => {
+  const r = await client.completions.create({ model: "coder-mini", prompt: "def add(a, b):\n", max_tokens: 16, temperature: 0 });
+  assert.equal(r.object, "text_completion");
+  assert.equal(typeof r.choices[0].text, "string");
+});
+
+test("unknown model is a BadRequestError", async () => {
+  await assert.rejects(
+    client.chat.completions.create({ model: "gpt-4o", messages, max_tokens: 4 }),
+    (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && e.code === "model_not_found");
+});
+
+test("wrong key is an AuthenticationError", async () => {
+  const bad = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: "wrong", maxRetries: 0 });
+  await assert.rejects(bad.models.list(), (e) => e instanceof OpenAI.AuthenticationError && e.status === 401);
+});
+
+let passed = 0, failed = 0;
+for (const t of tests) {
+  try {
+    await t.fn();
+    passed++;
+    console.log(`ok - ${t.name}`);
+  } catch (e) {
+    failed++;
+    console.log(`not ok - ${t.name}: ${e.stack ?? e}`);
+  }
+}
+proc.kill("SIGTERM");
+await new Promise((r) => proc.exitCode !== null ? r() : proc.on("exit", r));
+console.log(`${passed} passed, ${failed} failed`);
+process.exit(failed ? 1 : 0);

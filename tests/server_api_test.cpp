@@ -1,0 +1,97 @@
+// The HTTP-free parts of the server: request validation and the snapshot
+// pool's prefix matching and LRU bound.
+#include <gtest/gtest.h>
+
+#include "server/openai_api.h"
+#include "server/state_cache.h"
+
+using namespace flashmoe;
+using namespace flashmoe::server;
+
+namespace {
+
+int status_of(const std::string& body, bool chat = true) {
+  try {
+    parse_completion_request(body, chat);
+    return 200;
+  } catch (const ApiError& e) {
+    return e.status;
+  }
+}
+
+ModelState state_at(int64_t pos) {
+  ModelState s;
+  s.pos = pos;
+  return s;
+}
+
+}  // namespace
+
+TEST(ServerApi, ParsesChatRequest) {
+  auto r = parse_completion_request(
+      R"({"model":"m","messages":[{"role":"developer","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"}]}],
+          "temperature":0.5,"top_p":0.9,"max_tokens":12,"stop":"\n","seed":7,"stream":true,
+          "stream_options":{"include_usage":true},"presence_penalty":0.1,"frequency_penalty":-0.2})",
+      true);
+  EXPECT_EQ(r.model, "m");
+  ASSERT_EQ(r.messages.size(), 2u);
+  EXPECT_EQ(r.messages[0]["role"], "system");
+  EXPECT_EQ(r.messages[1]["content"], "hi");
+  EXPECT_FLOAT_EQ(*r.temperature, 0.5f);
+  EXPECT_EQ(*r.max_tokens, 12);
+  EXPECT_EQ(r.stop, std::vector<std::string>{"\n"});
+  EXPECT_EQ(*r.seed, 7u);
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+}
+
+TEST(ServerApi, RejectsBadRequests) {
+  EXPECT_EQ(status_of("{not json"), 400);
+  EXPECT_EQ(status_of("[1,2]"), 400);
+  EXPECT_EQ(status_of(R"({"messages":"hi"})"), 400);
+  EXPECT_EQ(status_of(R"({"messages":[]})"), 400);
+  EXPECT_EQ(status_of(R"({"messages":[{"role":"wizard","content":"x"}]})"), 400);
+  EXPECT_EQ(status_of(R"({"messages":[{"role":"user","content":"x"}],"temperature":"hot"})"), 400);
+  EXPECT_EQ(status_of(R"({"messages":[{"role":"user","content":"x"}],"temperature":5})"), 400);
+  EXPECT_EQ(status_of(R"({"messages":[{"role":"user","content":"x"}],"max_tokens":0})"), 400);
+  EXPECT_EQ(status_of(R"({"messages":[{"role":"user","content":"x"}],"max_tokens":1.5})"), 400);
+  EXPECT_EQ(status_of(R"({"messages":[{"role":"user","content":"x"}],"stop":[1]})"), 400);
+  EXPECT_EQ(status_of(R"({"messages":[{"role":"user","content":"x"}],"stream":"yes"})"), 400);
+  EXPECT_EQ(status_of(R"({"messages":[{"role":"user","content":"x"}],"n":2})"), 400);
+  EXPECT_EQ(status_of(R"({"prompt":5})", false), 400);
+  EXPECT_EQ(status_of(R"({"prompt":""})", false), 400);
+  EXPECT_EQ(status_of(R"({"prompt":"def f():","temperature":null})", false), 200);
+}
+
+TEST(ServerStateCache, LongestProperPrefixWinsAndLruBounds) {
+  StateCache c(2);
+  c.put({1, 2}, state_at(2));
+  c.put({1, 2, 3, 4}, state_at(4));
+  auto s = c.find({1, 2, 3, 4, 5});
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->tokens.size(), 4u);
+  // An exact match leaves nothing to feed, so the shorter prefix is used.
+  s = c.find({1, 2, 3, 4});
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->tokens.size(), 2u);
+  EXPECT_FALSE(c.find({9, 1, 2}));
+  // {1,2} was used last; adding a third entry evicts {1,2,3,4}.
+  c.put({7, 8}, state_at(2));
+  EXPECT_EQ(c.size(), 2u);
+  s = c.find({1, 2, 3, 4, 5});
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->tokens.size(), 2u);
+
+  // The byte budget evicts too: each of these snapshots holds 2 ints.
+  StateCache small(8, 3 * 2 * sizeof(int32_t));
+  for (int i = 0; i < 5; ++i) small.put({i, i}, state_at(2));
+  EXPECT_EQ(small.size(), 3u);
+  EXPECT_EQ(small.bytes(), 3 * 2 * sizeof(int32_t));
+  EXPECT_TRUE(small.find({4, 4, 1}));
+  EXPECT_FALSE(small.find({1, 1, 1}));
+
+  StateCache off(0);
+  off.put({1, 2}, state_at(2));
+  EXPECT_EQ(off.size(), 0u);
+  EXPECT_FALSE(off.find({1, 2, 3}));
+}

@@ -1,0 +1,496 @@
+// End to end: starts the real `flashmoe serve` on coder-mini on a loopback
+// port and talks plain HTTP to it, as a client would.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <httplib.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <regex>
+#include <thread>
+
+#include "test_util.h"
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+using flashmoe::test::read_file;
+using flashmoe::test::source_path;
+using flashmoe::test::TempDir;
+
+namespace {
+
+const std::string kKey = "test-key-123";
+
+// One `flashmoe serve` child process on a random free high port.
+class ServerProcess {
+ public:
+  explicit ServerProcess(std::vector<std::string> extra) {
+    std::mt19937 rng(std::random_device{}());
+    for (int attempt = 0; attempt < 8 && port_ == 0; ++attempt) {
+      int port = 20000 + int(rng() % 40000);
+      std::string log = dir_.path + "/serve.log";
+      std::vector<std::string> args = {FLASHMOE_BINARY, "serve", "-m", source_path("models/coder-mini"), "--port",
+                                       std::to_string(port)};
+      args.insert(args.end(), extra.begin(), extra.end());
+      pid_ = fork();
+      if (pid_ == 0) {
+        FILE* f = std::fopen(log.c_str(), "w");
+        dup2(fileno(f), 1);
+        dup2(fileno(f), 2);
+        std::vector<char*> argv;
+        for (auto& a : args) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        execv(argv[0], argv.data());
+        _exit(127);
+      }
+      // Ours once it printed its banner (after binding), not merely when
+      // something answers on the port.
+      auto deadline = std::chrono::steady_clock::now() + 60s;
+      while (std::chrono::steady_clock::now() < deadline) {
+        int status = 0;
+        if (waitpid(pid_, &status, WNOHANG) == pid_) {
+          pid_ = -1;
+          break;  // exited: port taken (or a real failure, shown by the log)
+        }
+        if (read_file(log).find("flashmoe serve: model") != std::string::npos) {
+          httplib::Client c("127.0.0.1", port);
+          auto r = c.Get("/health");
+          if (r && r->status == 200) {
+            port_ = port;
+            break;
+          }
+        }
+        std::this_thread::sleep_for(50ms);
+      }
+      if (port_ == 0) last_log_ = read_file(log);
+    }
+  }
+  ~ServerProcess() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    for (int i = 0; i < 200; ++i) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_cleanly_ = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        return;
+      }
+      std::this_thread::sleep_for(50ms);
+    }
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  int port() const { return port_; }
+  const std::string& failure_log() const { return last_log_; }
+  pid_t pid() const { return pid_; }
+  void forget() { pid_ = -1; }  // the caller reaped the process
+
+  httplib::Client client(bool with_key = true) const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(120, 0);
+    if (with_key) c.set_default_headers({{"Authorization", "Bearer " + kKey}});
+    return c;
+  }
+
+ private:
+  TempDir dir_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+  bool exited_cleanly_ = false;
+  std::string last_log_;
+};
+
+// The usual server for these tests: 4 slots, API key, small limits.
+std::vector<std::string> standard_args() {
+  return {"--api-key", kKey, "--parallel", "4", "--queue", "16", "--max-body", "65536", "-c", "512", "-t", "2"};
+}
+
+json post_json(httplib::Client& c, const std::string& path, const json& body, int* status = nullptr) {
+  auto r = c.Post(path.c_str(), body.dump(), "application/json");
+  if (!r) {
+    ADD_FAILURE() << "no response from " << path;
+    return json();
+  }
+  if (status) *status = r->status;
+  return json::parse(r->body, nullptr, false);
+}
+
+json chat_body(const std::vector<std::pair<std::string, std::string>>& msgs, int max_tokens = 16) {
+  json m = json::array();
+  for (auto& [role, content] : msgs) m.push_back({{"role", role}, {"content", content}});
+  return {{"model", "coder-mini"}, {"messages", m}, {"max_tokens", max_tokens}, {"temperature", 0}};
+}
+
+// Splits an SSE body into the JSON of each `data:` event; `done` says
+// whether the stream ended with [DONE].
+std::vector<json> sse_events(const std::string& body, bool* done) {
+  std::vector<json> out;
+  *done = false;
+  size_t i = 0;
+  while ((i = body.find("data: ", i)) != std::string::npos) {
+    size_t end = body.find("\n\n", i);
+    std::string data = body.substr(i + 6, end == std::string::npos ? std::string::npos : end - i - 6);
+    if (data == "[DONE]") *done = true;
+    else out.push_back(json::parse(data, nullptr, false));
+    i = end == std::string::npos ? body.size() : end + 2;
+  }
+  return out;
+}
+
+int64_t metric(httplib::Client& c, const std::string& name) {
+  auto r = c.Get("/metrics");
+  if (!r) return -1;
+  std::smatch m;
+  std::regex re("(^|\n)" + name + " ([0-9.e+]+)");
+  if (!std::regex_search(r->body, m, re)) return -1;
+  return int64_t(std::stod(m[2].str()));
+}
+
+// A raw socket, to disconnect in the middle of a stream.
+int connect_raw(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+#define START_SERVER(var, ...)                                            \
+  ServerProcess var(__VA_ARGS__);                                         \
+  ASSERT_NE(var.port(), 0) << "server did not start:\n" << var.failure_log()
+
+}  // namespace
+
+TEST(ServerE2E, ChatNonStreaming) {
+  START_SERVER(srv, standard_args());
+  auto c = srv.client();
+  int st = 0;
+  json r = post_json(c, "/v1/chat/completions", chat_body({{"user", "Write a Python function that adds two numbers."}}), &st);
+  ASSERT_EQ(st, 200) << r.dump();
+  EXPECT_EQ(r["object"], "chat.completion");
+  EXPECT_EQ(r["model"], "coder-mini");
+  EXPECT_TRUE(r["id"].get<std::string>().rfind("chatcmpl-", 0) == 0);
+  const json& ch = r["choices"][0];
+  EXPECT_EQ(ch["message"]["role"], "assistant");
+  EXPECT_TRUE(ch["message"]["content"].is_string());
+  EXPECT_FALSE(ch["message"]["content"].get<std::string>().empty());
+  EXPECT_TRUE(ch["finish_reason"] == "stop" || ch["finish_reason"] == "length");
+  const json& u = r["usage"];
+  EXPECT_GT(u["prompt_tokens"].get<int>(), 5);
+  EXPECT_GT(u["completion_tokens"].get<int>(), 0);
+  EXPECT_LE(u["completion_tokens"].get<int>(), 16);
+  EXPECT_EQ(u["total_tokens"], u["prompt_tokens"].get<int>() + u["completion_tokens"].get<int>());
+  EXPECT_EQ(u["prompt_tokens_details"]["cached_tokens"], 0);
+
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "coder-mini");
+  auto one = c.Get("/v1/models/coder-mini");
+  ASSERT_TRUE(one);
+  EXPECT_EQ(json::parse(one->body)["id"], "coder-mini");
+  auto none = c.Get("/v1/models/other");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 404);
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
+TEST(ServerE2E, ChatStreamingMatchesNonStreaming) {
+  START_SERVER(srv, standard_args());
+  auto c = srv.client();
+  json body = chat_body({{"user", "Explain what a linked list is."}}, 24);
+  json full = post_json(c, "/v1/chat/completions", body);
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  EXPECT_NE(r->get_header_value("Content-Type").find("text/event-stream"), std::string::npos);
+  bool done = false;
+  auto ev = sse_events(r->body, &done);
+  EXPECT_TRUE(done);
+  ASSERT_GE(ev.size(), 3u);
+  EXPECT_EQ(ev[0]["object"], "chat.completion.chunk");
+  EXPECT_EQ(ev[0]["choices"][0]["delta"]["role"], "assistant");
+  std::string text, finish;
+  for (auto& e : ev) {
+    if (e["choices"].empty()) continue;
+    const json& ch = e["choices"][0];
+    if (ch["delta"].contains("content")) text += ch["delta"]["content"].get<std::string>();
+    if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+  }
+  EXPECT_EQ(text, full["choices"][0]["message"]["content"].get<std::string>());
+  EXPECT_EQ(finish, full["choices"][0]["finish_reason"].get<std::string>());
+  // The usage chunk comes last, with empty choices.
+  EXPECT_TRUE(ev.back()["choices"].empty());
+  EXPECT_EQ(ev.back()["usage"]["completion_tokens"], full["usage"]["completion_tokens"]);
+}
+
+TEST(ServerE2E, CompletionsStreaming) {
+  START_SERVER(srv, standard_args());
+  auto c = srv.client();
+  json body = {{"prompt", "def fibonacci(n):\n"}, {"max_tokens", 16}, {"temperature", 0}, {"stream", true}};
+  auto r = c.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  bool done = false;
+  auto ev = sse_events(r->body, &done);
+  EXPECT_TRUE(done);
+  ASSERT_FALSE(ev.empty());
+  EXPECT_EQ(ev[0]["object"], "text_completion");
+  EXPECT_FALSE(ev.back()["choices"][0]["finish_reason"].is_null());
+}
+
+TEST(ServerE2E, MultiTurnReusesConversationState) {
+  START_SERVER(srv, standard_args());
+  auto c = srv.client();
+  std::vector<std::pair<std::string, std::string>> turn = {{"system", "You are a helpful coding assistant."},
+                                                           {"user", "Write a function to reverse a string."}};
+  json r1 = post_json(c, "/v1/chat/completions", chat_body(turn, 24));
+  std::string answer = r1["choices"][0]["message"]["content"];
+  turn.push_back({"assistant", answer});
+  turn.push_back({"user", "Now make it handle None."});
+  json r2 = post_json(c, "/v1/chat/completions", chat_body(turn, 24));
+  int64_t cached = r2["usage"]["prompt_tokens_details"]["cached_tokens"];
+  // At least turn 1's prompt (everything up to the generation prompt) is reused.
+  EXPECT_GT(cached, r1["usage"]["prompt_tokens"].get<int64_t>() - 5);
+  EXPECT_LT(cached, r2["usage"]["prompt_tokens"].get<int64_t>());
+  EXPECT_GE(metric(c, "flashmoe_prompt_tokens_reused_total"), cached);
+  EXPECT_GT(metric(c, "flashmoe_state_cache_entries"), 0);
+
+  // Same conversation without reuse: the same (greedy) answer, nothing cached.
+  auto args = standard_args();
+  args.insert(args.end(), {"--state-cache", "0"});
+  START_SERVER(plain, args);
+  auto c0 = plain.client();
+  json p1 = post_json(c0, "/v1/chat/completions", chat_body({turn[0], turn[1]}, 24));
+  EXPECT_EQ(p1["choices"][0]["message"]["content"], answer);
+  json p2 = post_json(c0, "/v1/chat/completions", chat_body(turn, 24));
+  EXPECT_EQ(p2["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(p2["choices"][0]["message"]["content"], r2["choices"][0]["message"]["content"]);
+  EXPECT_EQ(metric(c0, "flashmoe_prompt_tokens_reused_total"), 0);
+}
+
+TEST(ServerE2E, StopStrings) {
+  START_SERVER(srv, standard_args());
+  auto c = srv.client();
+  json body = {{"prompt", "def bubble_sort(items):\n"}, {"max_tokens", 32}, {"temperature", 0}, {"ignore_eos", true}};
+  json full = post_json(c, "/v1/completions", body);
+  std::string text = full["choices"][0]["text"];
+  ASSERT_GE(text.size(), 12u) << text;
+  std::string stop = text.substr(6, 3);
+  std::string expect = text.substr(0, text.find(stop));
+  body["stop"] = stop;
+  json r = post_json(c, "/v1/completions", body);
+  EXPECT_EQ(r["choices"][0]["text"], expect);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  body["stop"] = json::array({"@@never@@", stop});
+  r = post_json(c, "/v1/completions", body);
+  EXPECT_EQ(r["choices"][0]["text"], expect);
+}
+
+TEST(ServerE2E, SeedReproducesSampling) {
+  START_SERVER(srv, standard_args());
+  auto c = srv.client();
+  json body = chat_body({{"user", "Write a haiku about compilers."}}, 24);
+  body["temperature"] = 1.0;
+  body["seed"] = 1234;
+  json a = post_json(c, "/v1/chat/completions", body);
+  json b = post_json(c, "/v1/chat/completions", body);
+  EXPECT_EQ(a["choices"][0]["message"]["content"], b["choices"][0]["message"]["content"]);
+  EXPECT_FALSE(a["choices"][0]["message"]["content"].get<std::string>().empty());
+}
+
+TEST(ServerE2E, ApiKeyRequired) {
+  START_SERVER(srv, standard_args());
+  auto anon = srv.client(false);
+  auto r = anon.Post("/v1/chat/completions", chat_body({{"user", "hi"}}).dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  json e = json::parse(r->body);
+  EXPECT_EQ(e["error"]["type"], "authentication_error");
+  r = anon.Get("/v1/models");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  r = anon.Get("/metrics");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  httplib::Client wrong("127.0.0.1", srv.port());
+  wrong.set_default_headers({{"Authorization", "Bearer nope"}});
+  r = wrong.Get("/v1/models");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  r = anon.Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+}
+
+TEST(ServerE2E, BadRequestsGet400WithJsonError) {
+  START_SERVER(srv, standard_args());
+  auto c = srv.client();
+  auto expect_400 = [&](const std::string& path, const std::string& body, const std::string& code = "") {
+    auto r = c.Post(path.c_str(), body, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << body << " -> " << r->body;
+    json e = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(e.is_object()) << r->body;
+    EXPECT_EQ(e["error"]["type"], "invalid_request_error") << r->body;
+    EXPECT_TRUE(e["error"]["message"].is_string());
+    EXPECT_EQ(r->body.find("/work"), std::string::npos) << "leaks a path: " << r->body;
+    EXPECT_EQ(r->body.find(FLASHMOE_SOURCE_DIR), std::string::npos) << "leaks a path: " << r->body;
+    if (!code.empty()) {
+      EXPECT_EQ(e["error"]["code"], code) << r->body;
+    }
+  };
+  expect_400("/v1/chat/completions", "{\"messages\": [");
+  expect_400("/v1/chat/completions", R"({"messages": "hello"})");
+  expect_400("/v1/chat/completions", R"({"messages": [{"role":"user","content":"hi"}], "temperature": "warm"})");
+  expect_400("/v1/chat/completions", R"({"model":"gpt-4","messages": [{"role":"user","content":"hi"}]})",
+             "model_not_found");
+  expect_400("/v1/chat/completions", R"({"messages": [{"role":"user","content":"hi"}], "max_tokens": -3})");
+  expect_400("/v1/completions", R"({"prompt": ["a", "b"]})");
+  // Longer than this server's 512-token context.
+  std::string long_prompt;
+  for (int i = 0; i < 400; ++i) long_prompt += "x = foo(bar) ";
+  expect_400("/v1/completions", json{{"prompt", long_prompt}}.dump(), "context_length_exceeded");
+  // Unknown route: 404 with the same error shape.
+  auto r = c.Get("/v1/nothing");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404);
+  EXPECT_TRUE(json::parse(r->body, nullptr, false).contains("error"));
+  // And the server still serves.
+  int st = 0;
+  post_json(c, "/v1/chat/completions", chat_body({{"user", "hi"}}, 4), &st);
+  EXPECT_EQ(st, 200);
+}
+
+TEST(ServerE2E, OversizedBodyGets413) {
+  START_SERVER(srv, standard_args());
+  auto c = srv.client();
+  json body = chat_body({{"user", std::string(100000, 'a')}});
+  auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 413);
+  EXPECT_TRUE(json::parse(r->body, nullptr, false).contains("error")) << r->body;
+  auto c2 = srv.client();
+  int st = 0;
+  post_json(c2, "/v1/chat/completions", chat_body({{"user", "hi"}}, 4), &st);
+  EXPECT_EQ(st, 200);
+}
+
+TEST(ServerE2E, DisconnectMidStreamCancelsAndFreesTheSlot) {
+  // One slot and no queue: the slot must come back for the next request.
+  START_SERVER(srv, {"--parallel", "1", "--queue", "0", "-t", "1"});
+  int fd = connect_raw(srv.port());
+  ASSERT_GE(fd, 0);
+  std::string body = json{{"prompt", "def main():\n"}, {"max_tokens", 4000}, {"ignore_eos", true}, {"stream", true}}.dump();
+  std::string req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                    "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(send(fd, req.data(), req.size(), MSG_NOSIGNAL), ssize_t(req.size()));
+  std::string got;
+  char buf[4096];
+  while (got.find("data: ", got.find("data: ") + 1) == std::string::npos) {  // two events seen
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+    ASSERT_GT(n, 0);
+    got.append(buf, size_t(n));
+  }
+  EXPECT_NE(got.find("200 OK"), std::string::npos);
+
+  // Meanwhile the only slot is busy and the queue is 0: a second request is refused.
+  httplib::Client c("127.0.0.1", srv.port());
+  c.set_read_timeout(60, 0);
+  auto busy = c.Post("/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}}.dump(), "application/json");
+  ASSERT_TRUE(busy);
+  EXPECT_EQ(busy->status, 503);
+  EXPECT_TRUE(json::parse(busy->body, nullptr, false).contains("error"));
+
+  close(fd);
+  auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (std::chrono::steady_clock::now() < deadline &&
+         (metric(c, "flashmoe_generations_cancelled_total") < 1 || metric(c, "flashmoe_slots_busy") != 0))
+    std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(metric(c, "flashmoe_generations_cancelled_total"), 1);
+  EXPECT_EQ(metric(c, "flashmoe_slots_busy"), 0);
+  // Far fewer than 4000 tokens were generated.
+  EXPECT_LT(metric(c, "flashmoe_generated_tokens_total"), 3000);
+  for (int i = 0; i < 2; ++i) {
+    auto r = c.Post("/v1/completions", json{{"prompt", "def add(a, b):\n"}, {"max_tokens", 8}}.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+  }
+}
+
+TEST(ServerE2E, EightConcurrentClients) {
+  START_SERVER(srv, standard_args());
+  const int n = 8;
+  std::vector<json> bodies;
+  for (int i = 0; i < n; ++i)
+    bodies.push_back(chat_body({{"user", "Write function number " + std::to_string(i) + " in Python."}}, 16));
+  // Greedy answers one at a time first...
+  std::vector<std::string> expect(n);
+  {
+    auto c = srv.client();
+    for (int i = 0; i < n; ++i) expect[size_t(i)] = post_json(c, "/v1/chat/completions", bodies[size_t(i)])["choices"][0]["message"]["content"];
+  }
+  // ...then all at once, half of them streamed.
+  std::vector<std::string> got(n);
+  std::vector<int> status(n, 0);
+  std::vector<std::thread> ts;
+  for (int i = 0; i < n; ++i)
+    ts.emplace_back([&, i] {
+      auto c = srv.client();
+      json b = bodies[size_t(i)];
+      if (i % 2) {
+        b["stream"] = true;
+        auto r = c.Post("/v1/chat/completions", b.dump(), "application/json");
+        if (!r) return;
+        status[size_t(i)] = r->status;
+        bool done = false;
+        for (auto& e : sse_events(r->body, &done))
+          if (!e["choices"].empty() && e["choices"][0]["delta"].contains("content"))
+            got[size_t(i)] += e["choices"][0]["delta"]["content"].get<std::string>();
+        if (!done) status[size_t(i)] = -1;
+      } else {
+        auto r = c.Post("/v1/chat/completions", b.dump(), "application/json");
+        if (!r) return;
+        status[size_t(i)] = r->status;
+        got[size_t(i)] = json::parse(r->body)["choices"][0]["message"]["content"];
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(status[size_t(i)], 200) << "client " << i;
+    EXPECT_EQ(got[size_t(i)], expect[size_t(i)]) << "client " << i;
+  }
+}
+
+TEST(ServerE2E, SigtermAndSigintStopCleanly) {
+  for (int sig : {SIGTERM, SIGINT}) {
+    auto srv = std::make_unique<ServerProcess>(standard_args());
+    ASSERT_NE(srv->port(), 0) << srv->failure_log();
+    pid_t pid = srv->pid();
+    kill(pid, sig);
+    int status = 0;
+    pid_t w = 0;
+    for (int i = 0; i < 200 && w == 0; ++i) {
+      w = waitpid(pid, &status, WNOHANG);
+      if (w == 0) std::this_thread::sleep_for(50ms);
+    }
+    ASSERT_EQ(w, pid) << "server did not exit after signal " << sig;
+    srv->forget();
+    EXPECT_TRUE(WIFEXITED(status)) << "signal " << sig;
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "signal " << sig;
+  }
+}
