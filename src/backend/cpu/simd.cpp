@@ -56,14 +56,6 @@ float dot_f32_generic(const float* a, const float* b, int64_t n) {
 #ifdef FLASHMOE_X86
 namespace {
 
-AVX2_FN inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
-  return _mm_cvtss_f32(lo);
-}
-
 AVX2_FN inline __m256 load8(DType t, const void* p, int64_t i) {
   if (t == DType::BF16) {
     __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
