@@ -390,8 +390,12 @@ std::vector<Tok> tokenize(const std::string& s) {
       std::string num = s.substr(k, e - k);
       num.erase(std::remove(num.begin(), num.end(), '_'), num.end());
       Tok t{is_float ? Tok::Float : Tok::Int, num};
-      if (is_float) t.f = std::stod(num);
-      else t.i = std::stoll(num);
+      try {
+        if (is_float) t.f = std::stod(num);
+        else t.i = std::stoll(num);
+      } catch (const std::out_of_range&) {  // std::stoll/stod throw it for 2**63 and up
+        syntax("number literal '" + num + "' is out of range");
+      }
       out.push_back(t);
       k = e;
     } else if (c == '\'' || c == '"') {
