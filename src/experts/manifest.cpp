@@ -61,11 +61,15 @@ std::string manifest_to_json(const PackedManifest& m, const std::string& config_
 }
 
 PackedManifest read_manifest(const std::string& dir, const ModelConfig& cfg) {
+  return parse_manifest(read_text_file(dir + "/" + kManifestName), dir, cfg);
+}
+
+PackedManifest parse_manifest(const std::string& text, const std::string& dir, const ModelConfig& cfg) {
   const std::string path = dir + "/" + kManifestName;
   auto bad = [&](const std::string& why) -> void { fail(path + ": " + why); };
   json j;
   try {
-    j = json::parse(read_text_file(path));
+    j = json::parse(text);
   } catch (const json::exception& e) {
     fail(path + ": not valid JSON (" + e.what() + ")");
   }

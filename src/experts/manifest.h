@@ -42,6 +42,8 @@ bool is_packed_dir(const std::string& dir);
 // Reads and checks the manifest against config.json and the layer files on
 // disk (existence, sizes, offsets): throws Error naming the first mismatch.
 PackedManifest read_manifest(const std::string& dir, const ModelConfig& cfg);
+// The same checks on manifest text already read (`dir` locates the layer files).
+PackedManifest parse_manifest(const std::string& text, const std::string& dir, const ModelConfig& cfg);
 
 // Serialises the manifest; `config_json` is config.json's text, copied in.
 std::string manifest_to_json(const PackedManifest& m, const std::string& config_json);

@@ -390,8 +390,12 @@ std::vector<Tok> tokenize(const std::string& s) {
       std::string num = s.substr(k, e - k);
       num.erase(std::remove(num.begin(), num.end(), '_'), num.end());
       Tok t{is_float ? Tok::Float : Tok::Int, num};
-      if (is_float) t.f = std::stod(num);
-      else t.i = std::stoll(num);
+      try {
+        if (is_float) t.f = std::stod(num);
+        else t.i = std::stoll(num);
+      } catch (const std::out_of_range&) {  // std::stoll/stod throw it for 2**63 and up
+        syntax("number literal '" + num + "' is out of range");
+      }
       out.push_back(t);
       k = e;
     } else if (c == '\'' || c == '"') {
@@ -443,13 +447,40 @@ struct Expr {
   std::vector<ExprP> args;
   std::vector<std::pair<std::string, ExprP>> kwargs;
   bool negate = false;
+  int depth = 1;  // of the tree built through mk (operator chains included)
 };
+
+// Nesting limits: the parser, the evaluator and the AST's destructors are
+// recursive, so a hostile template ("((((...", "1+1+1+...", a macro calling
+// itself) must fail with an Error before it can overflow the stack.
+constexpr int kMaxExprDepth = 256;    // AST depth of one expression
+constexpr int kMaxParseNesting = 96;  // parenthesis / unary / list nesting
+constexpr int kMaxBlockNesting = 128; // {% if/for/macro/set %} blocks
+constexpr int kMaxEvalDepth = 2048;   // evaluator recursion, macros included
+constexpr int kMaxMacroDepth = 64;    // nested macro calls
+
+struct DepthGuard {
+  DepthGuard(int& d, int limit, const char* what, void (*err)(const std::string&)) : d_(d) {
+    if (++d_ > limit) {
+      --d_;
+      err(std::string(what) + " nested too deeply (limit " + std::to_string(limit) + ")");
+    }
+  }
+  ~DepthGuard() { --d_; }
+  int& d_;
+};
+
+[[noreturn]] void syntax(const std::string& msg);
 
 ExprP mk(Expr::Kind k, std::string name = {}, std::vector<ExprP> args = {}) {
   auto e = std::make_shared<Expr>();
   e->kind = k;
   e->name = std::move(name);
   e->args = std::move(args);
+  for (const auto& a : e->args)
+    if (a) e->depth = std::max(e->depth, a->depth + 1);
+  if (e->depth > kMaxExprDepth)
+    syntax("expression nested too deeply (limit " + std::to_string(kMaxExprDepth) + ")");
   return e;
 }
 
@@ -480,6 +511,7 @@ class ExprParser {
 
  private:
   ExprP parse_cond() {
+    DepthGuard g(nest_, kMaxParseNesting, "expression", err_syntax);
     ExprP e = parse_or();
     if (accept_name("if")) {
       ExprP cond = parse_or();
@@ -499,6 +531,7 @@ class ExprParser {
     return e;
   }
   ExprP parse_not() {
+    DepthGuard g(nest_, kMaxParseNesting, "expression", err_syntax);
     if (accept_name("not")) return mk(Expr::Not, {}, {parse_not()});
     return parse_compare();
   }
@@ -557,6 +590,7 @@ class ExprParser {
     return e;
   }
   ExprP parse_unary() {
+    DepthGuard g(nest_, kMaxParseNesting, "expression", err_syntax);
     if (accept_op("-")) return parse_filters(mk(Expr::Neg, {}, {parse_unary()}));
     if (accept_op("+")) return parse_unary();
     return parse_filters(parse_postfix(parse_primary()));
@@ -693,6 +727,8 @@ class ExprParser {
 
   std::vector<Tok> toks_;
   size_t p_ = 0;
+  int nest_ = 0;
+  static void err_syntax(const std::string& m) { syntax(m); }
   std::string src_;
 };
 
@@ -791,6 +827,7 @@ class StmtParser {
   }
 
   std::vector<NodeP> parse_body(const std::vector<std::string>& enders, std::string& ended) {
+    DepthGuard g(nest_, kMaxBlockNesting, "block", [](const std::string& m) { syntax(m); });
     auto nodes = parse_block(enders, ended);
     return nodes;
   }
@@ -883,6 +920,7 @@ class StmtParser {
 
   std::vector<Chunk> chunks_;
   size_t i_ = 0;
+  int nest_ = 0;
 };
 
 }  // namespace
@@ -1052,6 +1090,7 @@ class Scope {
 class Renderer {
  public:
   explicit Renderer(const Object& ctx) : scope_(ctx) {}
+  int macro_depth_ = 0, eval_depth_ = 0;
 
   Flow exec(const std::vector<NodeP>& nodes, std::string& out) {
     for (const auto& n : nodes) {
@@ -1146,6 +1185,7 @@ class Renderer {
     const Node* node = &n;
     scope_.set(n.target, Value::function([this, node](const std::vector<Value>& args, const Kwargs& kwargs) {
       if (args.size() > node->vars.size()) runtime("macro '" + node->target + "' got too many arguments");
+      DepthGuard g(macro_depth_, kMaxMacroDepth, "macro call", [](const std::string& m) { runtime(m); });
       scope_.push();
       for (size_t k = 0; k < node->vars.size(); ++k) {
         Value v;
@@ -1163,6 +1203,7 @@ class Renderer {
   }
 
   Value eval(const Expr& e) {
+    DepthGuard g(eval_depth_, kMaxEvalDepth, "expression evaluation", [](const std::string& m) { runtime(m); });
     switch (e.kind) {
       case Expr::Literal: return e.lit;
       case Expr::Name: return lookup_name(e.name);
