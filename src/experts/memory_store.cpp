@@ -10,32 +10,57 @@ namespace flashmoe {
 
 namespace {
 
-class WeightsStore : public ExpertStore {
+// What both in-memory stores share: every fetch is a hit, and the counters
+// are guarded by a lock because `serve --parallel` fetches from several
+// sessions at once.
+class InMemoryStore : public ExpertStore {
  public:
-  WeightsStore(const ModelWeights& w, uint64_t expert_bytes) : w_(w) { stats_.expert_bytes = expert_bytes; }
+  ExpertStats stats() const override {
+    std::lock_guard<std::mutex> lk(stats_mu_);
+    return stats_;
+  }
+  void reset_stats() override {
+    std::lock_guard<std::mutex> lk(stats_mu_);
+    stats_ = ExpertStats{.expert_bytes = stats_.expert_bytes};
+  }
+  void note_tokens(int64_t n) override {
+    std::lock_guard<std::mutex> lk(stats_mu_);
+    stats_.tokens += n;
+  }
+
+ protected:
+  explicit InMemoryStore(uint64_t expert_bytes) { stats_.expert_bytes = expert_bytes; }
+  void count_hits(size_t n) {
+    std::lock_guard<std::mutex> lk(stats_mu_);
+    stats_.requested += n;
+    stats_.hits += n;
+  }
+
+ private:
+  mutable std::mutex stats_mu_;
+  ExpertStats stats_;
+};
+
+class WeightsStore : public InMemoryStore {
+ public:
+  WeightsStore(const ModelWeights& w, uint64_t expert_bytes) : InMemoryStore(expert_bytes), w_(w) {}
   ExpertBatch fetch(int64_t layer, const std::vector<int32_t>& ids,
                     const std::function<void()>& while_waiting) override {
     if (while_waiting) while_waiting();
     ExpertBatch b;
     for (int32_t id : ids) b.experts.push_back(w_.layers[layer].ffn.experts[id]);
-    stats_.requested += ids.size();
-    stats_.hits += ids.size();
+    count_hits(ids.size());
     return b;
   }
-  ExpertStats stats() const override { return stats_; }
-  void reset_stats() override { stats_ = ExpertStats{.expert_bytes = stats_.expert_bytes}; }
-  void note_tokens(int64_t n) override { stats_.tokens += n; }
   std::string describe() const override { return "in memory (mmapped checkpoint)"; }
 
  private:
   const ModelWeights& w_;
-  ExpertStats stats_;
 };
 
-class MmapPackedStore : public ExpertStore {
+class MmapPackedStore : public InMemoryStore {
  public:
-  explicit MmapPackedStore(const PackedManifest& m) : m_(m) {
-    stats_.expert_bytes = m.layout.bytes;
+  explicit MmapPackedStore(const PackedManifest& m) : InMemoryStore(m.layout.bytes), m_(m) {
     for (const auto& l : m_.layers) {
       if (size_t(l.layer) >= files_.size()) files_.resize(l.layer + 1), verified_.resize(l.layer + 1);
       files_[l.layer] = std::make_unique<MappedFile>(m_.path_of(l));
@@ -59,21 +84,16 @@ class MmapPackedStore : public ExpertStore {
       }
       b.experts.push_back(m_.layout.views(base));
     }
-    stats_.requested += ids.size();
-    stats_.hits += ids.size();
+    count_hits(ids.size());
     return b;
   }
-  ExpertStats stats() const override { return stats_; }
-  void reset_stats() override { stats_ = ExpertStats{.expert_bytes = stats_.expert_bytes}; }
-  void note_tokens(int64_t n) override { stats_.tokens += n; }
   std::string describe() const override { return "in memory (mmapped packed files, " + m_.layout.format_name() + ")"; }
 
  private:
   PackedManifest m_;
   std::vector<std::unique_ptr<MappedFile>> files_;
   std::vector<std::vector<bool>> verified_;
-  std::mutex mu_;
-  ExpertStats stats_;
+  std::mutex mu_;  // guards verified_
 };
 
 }  // namespace
