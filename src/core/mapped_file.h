@@ -1,5 +1,12 @@
 // A read-only memory mapping of a whole file. Weights stay in the page cache
 // and are read in place; nothing is copied at load time.
+//
+// If a mapped file is truncated under the running process (or its storage
+// fails), touching a page that is gone raises SIGBUS. The first mapping
+// installs a SIGBUS handler that, for an address inside a live mapping,
+// prints "flashmoe: error: <file>: the file became unreadable while in use
+// ..." and exits with status 1; any other SIGBUS goes to the previous handler
+// (e.g. a sanitizer's) or the default action.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -22,6 +29,7 @@ class MappedFile {
   std::string path_;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  int guard_ = -1;  // slot in the SIGBUS handler's table of mappings
 };
 
 bool file_exists(const std::string& path);
