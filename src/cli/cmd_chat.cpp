@@ -112,6 +112,11 @@ Registrar reg(21, [](CLI::App& app) {
         });
       } catch (const Error& e) {
         g_generating = false;
+        // Scripted (stdin not a terminal): nobody can retry, so the first
+        // failure ends the run with the usual one-line error and status 1.
+        if (!tty) throw;
+        // Interactive: the turn is dropped and the session has started over
+        // (Session::feed resets on a failed forward pass); the user may retry.
         messages.erase(messages.end() - 1);
         std::fprintf(stderr, "error: %s\n", e.what());
         continue;

@@ -26,7 +26,12 @@ std::vector<int32_t> Session::greedy(int64_t n) {
   if (n == 1) return out;
   if (cuda_) {
     out.resize(size_t(n));
-    cuda_->decode_greedy(*cstate_, out[0], n - 1, out.data() + 1);
+    try {
+      cuda_->decode_greedy(*cstate_, out[0], n - 1, out.data() + 1);
+    } catch (...) {
+      reset();  // the device state is part-way through the run (see run_forward)
+      throw;
+    }
     tokens_.insert(tokens_.end(), out.begin(), out.end() - 1);
     return out;
   }
@@ -41,11 +46,29 @@ void Session::restore(const ModelState& state, const std::vector<int32_t>& token
   tokens_ = tokens;
 }
 
+// A forward pass that fails part-way (an expert file that cannot be read, a
+// failing device) has already advanced the state of the layers before the
+// failure, while tokens_ still says it holds only what came before. Reusing
+// that state would continue from a corrupted context and produce plausible
+// but wrong text, so the session starts over instead: the next feed reads
+// the conversation again from the start.
+void Session::run_forward(const std::vector<int32_t>& ids, LogitsMode mode, float* out) {
+  try {
+    if (cuda_) cuda_->forward(*cstate_, ids.data(), int64_t(ids.size()), mode, out);
+    else model_.forward(state_, ids.data(), int64_t(ids.size()), mode, out, pool_);
+  } catch (...) {
+    try {
+      reset();
+    } catch (...) {
+    }
+    throw;
+  }
+}
+
 const std::vector<float>& Session::feed(const std::vector<int32_t>& ids) {
   if (ids.empty()) fail("nothing to feed: the token list is empty");
   logits_.resize(size_t(model_.config().vocab_size));
-  if (cuda_) cuda_->forward(*cstate_, ids.data(), int64_t(ids.size()), LogitsMode::Last, logits_.data());
-  else model_.forward(state_, ids.data(), int64_t(ids.size()), LogitsMode::Last, logits_.data(), pool_);
+  run_forward(ids, LogitsMode::Last, logits_.data());
   tokens_.insert(tokens_.end(), ids.begin(), ids.end());
   return logits_;
 }
@@ -53,8 +76,7 @@ const std::vector<float>& Session::feed(const std::vector<int32_t>& ids) {
 std::vector<float> Session::feed_all(const std::vector<int32_t>& ids) {
   if (ids.empty()) fail("nothing to feed: the token list is empty");
   std::vector<float> out(ids.size() * size_t(model_.config().vocab_size));
-  if (cuda_) cuda_->forward(*cstate_, ids.data(), int64_t(ids.size()), LogitsMode::All, out.data());
-  else model_.forward(state_, ids.data(), int64_t(ids.size()), LogitsMode::All, out.data(), pool_);
+  run_forward(ids, LogitsMode::All, out.data());
   const size_t V = size_t(model_.config().vocab_size);
   logits_.assign(out.end() - V, out.end());
   tokens_.insert(tokens_.end(), ids.begin(), ids.end());

@@ -33,12 +33,17 @@ class Session {
   ModelState& state() { return state_; }
   const QwenModel& model() const { return model_; }
   const KvConfig& kv_config() const { return kv_; }
+  // Starts over: an empty state, no tokens. Also done by feed()/feed_all()
+  // when the forward pass throws, since a half-run pass leaves the state
+  // inconsistent with tokens().
   void reset();
   // Replaces the state with a snapshot taken from a session of the same model
   // and KV config, together with the tokens that snapshot has consumed.
   void restore(const ModelState& state, const std::vector<int32_t>& tokens);
 
  private:
+  void run_forward(const std::vector<int32_t>& ids, LogitsMode mode, float* out);
+
   const QwenModel& model_;
   KvConfig kv_;
   ThreadPool& pool_;
