@@ -96,8 +96,19 @@ bool Checkpoint::has(const std::string& name) const { return where_.count(full_n
 TensorView Checkpoint::get(const std::string& name) const {
   std::string full = full_name(name);
   auto it = where_.find(full);
-  if (it == where_.end()) fail(dir_ + ": checkpoint has no tensor '" + full + "'");
-  return it->second->get(full);
+  if (it == where_.end())
+    fail(dir_ + ": checkpoint has no tensor '" + full +
+         "', which config.json implies (the checkpoint is incomplete, or config.json does not describe it)");
+  TensorView t = it->second->get(full);
+  used_.insert(full);
+  return t;
+}
+
+std::vector<std::string> Checkpoint::unused_tensors() const {
+  std::vector<std::string> out;
+  for (const auto& kv : where_)
+    if (starts_with(kv.first, prefix_) && !used_.count(kv.first)) out.push_back(kv.first);
+  return out;
 }
 
 TensorView Checkpoint::expect(const std::string& name, const std::vector<int64_t>& shape) const {

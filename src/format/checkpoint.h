@@ -4,6 +4,7 @@
 #pragma once
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,10 @@ class Checkpoint {
   const std::string& prefix() const { return prefix_; }
   // Every tensor's full name, sorted.
   std::vector<std::string> tensor_names() const;
+  // Tensors of the text model (under prefix()) that no get() has asked for
+  // yet, sorted: after loading, these are weights config.json does not
+  // describe (e.g. it lists fewer layers than the checkpoint holds).
+  std::vector<std::string> unused_tensors() const;
   int64_t total_bytes() const;
 
  private:
@@ -45,6 +50,7 @@ class Checkpoint {
   int quant_bits_ = 0, quant_group_ = 0;  // from config.json "quantization"; 0 if absent
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const SafetensorsFile*> where_;
+  mutable std::set<std::string> used_;  // full names get() has returned (loading is single-threaded)
 };
 
 }  // namespace flashmoe

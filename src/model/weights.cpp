@@ -1,6 +1,7 @@
 #include "model/weights.h"
 
 #include <cmath>
+#include <cstdlib>
 
 #include "core/error.h"
 
@@ -28,6 +29,39 @@ void load_experts(const Checkpoint& ck, const std::string& p, const ModelConfig&
   } else {
     for (int64_t e = 0; e < E; ++e) f->experts.push_back(load_mlp(ck, p + "experts." + std::to_string(e) + ".", H, I));
   }
+}
+
+// Every tensor config.json implies has been checked above; the reverse check
+// catches a config.json that describes less than the checkpoint holds
+// (fewer layers, no shared expert, a dense layer where the weights are MoE):
+// such a model would load, silently skip those weights and produce fluent
+// garbage.
+void check_all_used(const Checkpoint& ck, const ModelConfig& c, bool with_experts) {
+  std::vector<std::string> unused;
+  for (const std::string& n : ck.unused_tensors())
+    if (with_experts || n.find(".mlp.experts.") == std::string::npos) unused.push_back(n);
+  if (unused.empty()) return;
+  const std::string& first = unused.front();
+  const std::string more =
+      unused.size() > 1 ? " (and " + std::to_string(unused.size() - 1) + " more tensors)" : std::string();
+  std::string why;
+  const std::string lp = ck.prefix() + "layers.";
+  if (first.compare(0, lp.size(), lp) == 0) {
+    const int64_t layer = std::atoll(first.c_str() + lp.size());
+    if (layer >= c.num_layers)
+      why = "the checkpoint has layer " + std::to_string(layer) + " but config.json says num_hidden_layers " +
+            std::to_string(c.num_layers);
+    else if (first.find(".shared_expert") != std::string::npos && c.shared_intermediate == 0)
+      why = "the checkpoint has a shared expert but config.json has no shared_expert_intermediate_size";
+    else if (first.find(".mlp.") != std::string::npos)
+      why = "config.json makes layer " + std::to_string(layer) + (c.layer_is_moe[layer] ? " an MoE" : " a dense") +
+            " layer (num_experts, mlp_only_layers, decoder_sparse_step)";
+    else
+      why = "config.json makes layer " + std::to_string(layer) +
+            (c.layer_kinds[layer] == LayerKind::Full ? " full attention" : " linear attention") + " (layer_types)";
+  }
+  fail(ck.dir() + ": config.json does not match the checkpoint: tensor '" + first + "'" + more +
+       " is not used by the model config.json describes" + (why.empty() ? "" : ": " + why));
 }
 
 }  // namespace
@@ -93,6 +127,7 @@ ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& c, bool with_
     }
     w.layers.push_back(std::move(lw));
   }
+  check_all_used(ck, c, with_experts);
   return w;
 }
 
