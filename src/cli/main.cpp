@@ -1,5 +1,6 @@
 // flashmoe: the command-line front end. Parses, dispatches to a subcommand,
 // and turns every user-caused failure into one message and a non-zero exit.
+#include <csignal>
 #include <cstdio>
 #include <map>
 
@@ -24,6 +25,10 @@ std::vector<CommandSetup> registered_commands() {
 }  // namespace flashmoe::cli
 
 int main(int argc, char** argv) {
+  // A file size limit (ulimit -f) would kill the process mid-write with
+  // SIGXFSZ; ignored, the write fails with EFBIG and the command reports it
+  // and cleans up (pack removes its temporary directory).
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"flashmoe: inference for Qwen3.5 / Qwen3-Next hybrid-attention MoE models"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "flashmoe 0.1.0");

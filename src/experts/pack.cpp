@@ -29,17 +29,27 @@ void write_all(int fd, const void* p, size_t n, uint64_t off, const std::string&
   while (n > 0) {
     ssize_t w = ::pwrite(fd, b, n, off_t(off));
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) fail("cannot write " + path + ": " + std::strerror(errno));
+    if (w <= 0) fail("cannot write " + path + ": " + errno_text(w == 0 ? ENOSPC : errno));
     b += w, n -= size_t(w), off += uint64_t(w);
   }
 }
 
 void write_text(const std::string& path, const std::string& text) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("cannot write " + path + ": " + std::strerror(errno));
-  write_all(fd, text.data(), text.size(), 0, path);
-  ::fsync(fd);
-  ::close(fd);
+  if (fd < 0) fail("cannot write " + path + ": " + errno_text(errno));
+  try {
+    write_all(fd, text.data(), text.size(), 0, path);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  // Delayed allocation reports a full disk only here (or at close).
+  if (::fsync(fd) != 0) {
+    const int e = errno;
+    ::close(fd);
+    fail("cannot write " + path + ": " + errno_text(e));
+  }
+  if (::close(fd) != 0) fail("cannot write " + path + ": " + errno_text(errno));
 }
 
 void remove_tree(const std::string& dir) {
@@ -76,7 +86,7 @@ std::vector<std::string> side_files(const std::string& dir) {
 void write_expert_layer(const std::string& path, const std::vector<FfnExpert>& experts, const ExpertLayout& layout,
                         const PackOptions& opt, PackedLayer* pl) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("cannot write " + path + ": " + std::strerror(errno));
+  if (fd < 0) fail("cannot write " + path + ": " + errno_text(errno));
   std::vector<uint8_t> rec(layout.bytes);
   uint64_t at = 0;
   try {
@@ -96,13 +106,13 @@ void write_expert_layer(const std::string& path, const std::vector<FfnExpert>& e
       at = align_up(at + layout.bytes, kExpertAlign);
     }
     // Pad to whole pages so an O_DIRECT read of the last expert stays inside the file.
-    if (::ftruncate(fd, off_t(at)) != 0) fail("cannot write " + path + ": " + std::strerror(errno));
-    if (::fsync(fd) != 0) fail("cannot write " + path + ": " + std::strerror(errno));
+    if (::ftruncate(fd, off_t(at)) != 0) fail("cannot write " + path + ": " + errno_text(errno));
+    if (::fsync(fd) != 0) fail("cannot write " + path + ": " + errno_text(errno));
   } catch (...) {
     ::close(fd);
     throw;
   }
-  ::close(fd);
+  if (::close(fd) != 0) fail("cannot write " + path + ": " + errno_text(errno));
   pl->file_bytes = at;
 }
 
@@ -121,10 +131,10 @@ void pack_model(const std::string& in, const std::string& out, const PackOptions
   std::string tmpl = out + ".tmp-XXXXXX";
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
-  if (!::mkdtemp(buf.data())) fail("cannot create a directory next to " + out + ": " + std::strerror(errno));
+  if (!::mkdtemp(buf.data())) fail("cannot create a directory next to " + out + ": " + errno_text(errno));
   const std::string tmp(buf.data());
   try {
-    if (::mkdir((tmp + "/experts").c_str(), 0755) != 0) fail("cannot create " + tmp + "/experts: " + std::strerror(errno));
+    if (::mkdir((tmp + "/experts").c_str(), 0755) != 0) fail("cannot create " + tmp + "/experts: " + errno_text(errno));
     // Non-expert weights, byte for byte under their original names.
     std::vector<TensorToWrite> rest;
     for (const std::string& name : ck.tensor_names()) {
@@ -161,7 +171,10 @@ void pack_model(const std::string& in, const std::string& out, const PackOptions
       ::close(dfd);
     }
     ::chmod(tmp.c_str(), 0755);  // mkdtemp makes it private
-    if (::rename(tmp.c_str(), out.c_str()) != 0) fail("cannot rename " + tmp + " to " + out + ": " + std::strerror(errno));
+    if (::rename(tmp.c_str(), out.c_str()) != 0) fail("cannot rename " + tmp + " to " + out + ": " + errno_text(errno));
+  } catch (const Error& e) {
+    remove_tree(tmp);
+    fail(std::string(e.what()) + "; pack stopped, " + out + " was not created");
   } catch (...) {
     remove_tree(tmp);
     throw;

@@ -1,5 +1,8 @@
 #include "format/safetensors.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -106,19 +109,29 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
   while ((h.size() + 8) % 8) h += ' ';  // keep the data section 8-byte aligned
   std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) fail("cannot write " + path + ": " + std::strerror(errno));
+  if (!f) fail("cannot write " + path + ": " + errno_text(errno));
+  // The first failure's errno is kept: later calls (and the clean-up) may change errno.
+  int err = 0;
+  auto put = [&](const void* p, size_t n) {
+    errno = 0;
+    if (!err && std::fwrite(p, 1, n, f) != n) err = errno ? errno : EIO;
+  };
   uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(h.size()) >> (8 * i));
-  bool ok = std::fwrite(len, 1, 8, f) == 8 && std::fwrite(h.data(), 1, h.size(), f) == h.size();
+  put(len, 8);
+  put(h.data(), h.size());
   for (const auto& t : tensors) {
     size_t n = dtype_size(t.dtype);
     for (int64_t d : t.shape) n *= size_t(d);
-    ok = ok && std::fwrite(t.data, 1, n, f) == n;
+    put(t.data, n);
   }
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (!err && std::fflush(f) != 0) err = errno ? errno : EIO;
+  if (!err && ::fsync(::fileno(f)) != 0 && errno != EINVAL) err = errno;  // a full disk may only show here
+  if (std::fclose(f) != 0 && !err) err = errno ? errno : EIO;
+  if (!err && std::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
+  if (err) {
     std::remove(tmp.c_str());
-    fail("cannot write " + path + ": " + std::strerror(errno));
+    fail("cannot write " + path + ": " + errno_text(err));
   }
 }
 
