@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
 
 #include "format/safetensors.h"
 #include "test_util.h"
@@ -138,6 +140,73 @@ TEST(CliErrors, UnsupportedDtype) {
   CmdResult r2 = logits_on(m.dir());
   expect_error(r2, "model.norm.weight");
   expect_error(r2, "dtype F64");
+}
+
+// A config.json that disagrees with the tensors: each lie is caught at load
+// with a message naming the tensor (or the field), never a crash or garbage
+// output. The fixture: 4 layers (3 linear + 1 full), hidden 128, vocab 512,
+// 4 heads x 64 (2 KV heads), 16 experts x 64, shared expert 96, tied embeddings.
+struct ConfigLie {
+  const char* what;
+  std::function<void(nlohmann::json&)> edit;
+  std::vector<std::string> needles;
+};
+
+TEST(CliErrors, ConfigThatLiesAboutShapes) {
+  const std::vector<ConfigLie> lies = {
+      {"hidden_size", [](auto& j) { j["hidden_size"] = 96; }, {"model.embed_tokens.weight", "[512, 96]", "from config.json"}},
+      {"vocab_size", [](auto& j) { j["vocab_size"] = 1024; }, {"model.embed_tokens.weight", "[1024, 128]"}},
+      {"num_experts", [](auto& j) { j["num_experts"] = 8; }, {"model.layers.0.mlp.gate.weight", "[8, 128]"}},
+      {"moe_intermediate_size", [](auto& j) { j["moe_intermediate_size"] = 32; }, {"model.layers.0.mlp.experts.", "from config.json"}},
+      {"num_attention_heads", [](auto& j) { j["num_attention_heads"] = 8; }, {"model.layers.3.self_attn.q_proj.weight"}},
+      {"head_dim", [](auto& j) { j["head_dim"] = 32; }, {"model.layers.3.self_attn.q_proj.weight"}},
+      {"heads x head_dim kept", [](auto& j) { j["num_attention_heads"] = 8, j["num_key_value_heads"] = 4, j["head_dim"] = 32; },
+       {"model.layers.3.self_attn.q_norm.weight", "[32]"}},
+      {"num_key_value_heads", [](auto& j) { j["num_key_value_heads"] = 4; }, {"model.layers.3.self_attn.k_proj.weight"}},
+      {"linear_num_value_heads", [](auto& j) { j["linear_num_value_heads"] = 8; }, {"model.layers.0.linear_attn.in_proj_qkv.weight"}},
+      {"linear_conv_kernel_dim", [](auto& j) { j["linear_conv_kernel_dim"] = 3; }, {"model.layers.0.linear_attn.conv1d.weight"}},
+      {"shared_expert_intermediate_size", [](auto& j) { j["shared_expert_intermediate_size"] = 48; },
+       {"model.layers.0.mlp.shared_expert.gate_proj.weight"}},
+      {"no shared expert", [](auto& j) { j.erase("shared_expert_intermediate_size"); },
+       {"model.layers.0.mlp.shared_expert", "is not used", "no shared_expert_intermediate_size"}},
+      {"fewer layers", [](auto& j) { j["num_hidden_layers"] = 3, j.erase("layer_types"); },
+       {"model.layers.3.", "is not used", "has layer 3 but config.json says num_hidden_layers 3"}},
+      {"more layers", [](auto& j) { j["num_hidden_layers"] = 5, j.erase("layer_types"); }, {"model.layers.4.", "which config.json implies"}},
+      {"layer_types", [](auto& j) { j["layer_types"][0] = "full_attention"; }, {"model.layers.0.self_attn.q_proj.weight", "which config.json implies"}},
+      {"mlp_only_layers", [](auto& j) { j["mlp_only_layers"] = {0}, j["intermediate_size"] = 64; },
+       {"model.layers.0.mlp.gate_proj.weight"}},
+      {"tie_word_embeddings", [](auto& j) { j["tie_word_embeddings"] = false; }, {"lm_head.weight", "tie_word_embeddings"}},
+  };
+  for (const auto& lie : lies) {
+    SCOPED_TRACE(lie.what);
+    ModelCopy m;
+    m.copy_weights();
+    nlohmann::json j = nlohmann::json::parse(read_file(m.dir() + "/config.json"));
+    lie.edit(j);
+    write_file(m.dir() + "/config.json", j.dump());
+    TempDir out;
+    CmdResult r = run_flashmoe("logits -m " + m.dir() + " --ids 1,2,3 -o " + out.path + "/l.safetensors");
+    EXPECT_EQ(r.code, 1) << r.err;
+    for (const auto& n : lie.needles) expect_error(r, n);
+    EXPECT_FALSE(std::filesystem::exists(out.path + "/l.safetensors"));
+  }
+}
+
+// A packed model whose config.json no longer matches its expert files.
+TEST(CliErrors, PackedConfigThatLiesAboutExperts) {
+  TempDir t;
+  const std::string packed = t.path + "/p";
+  ASSERT_EQ(run_flashmoe("pack -m " + fixture_dir(kFixture) + "/model -o " + packed).code, 0);
+  const std::string cfg = read_file(packed + "/config.json");
+  nlohmann::json j = nlohmann::json::parse(cfg);
+  j["moe_intermediate_size"] = 32;
+  write_file(packed + "/config.json", j.dump());
+  expect_error(run_flashmoe("generate -m " + packed + " --ids 1,2,3 -n 2 --greedy"), "expert layout is inconsistent");
+  j = nlohmann::json::parse(cfg);
+  j["num_hidden_layers"] = 3;
+  j.erase("layer_types");
+  write_file(packed + "/config.json", j.dump());
+  expect_error(run_flashmoe("generate -m " + packed + " --ids 1,2,3 -n 2 --greedy"), "num_hidden_layers 3");
 }
 
 TEST(CliErrors, IdsOutOfVocabulary) {
