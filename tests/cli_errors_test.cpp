@@ -152,31 +152,7 @@ struct ConfigLie {
   std::vector<std::string> needles;
 };
 
-TEST(CliErrors, ConfigThatLiesAboutShapes) {
-  const std::vector<ConfigLie> lies = {
-      {"hidden_size", [](auto& j) { j["hidden_size"] = 96; }, {"model.embed_tokens.weight", "[512, 96]", "from config.json"}},
-      {"vocab_size", [](auto& j) { j["vocab_size"] = 1024; }, {"model.embed_tokens.weight", "[1024, 128]"}},
-      {"num_experts", [](auto& j) { j["num_experts"] = 8; }, {"model.layers.0.mlp.gate.weight", "[8, 128]"}},
-      {"moe_intermediate_size", [](auto& j) { j["moe_intermediate_size"] = 32; }, {"model.layers.0.mlp.experts.", "from config.json"}},
-      {"num_attention_heads", [](auto& j) { j["num_attention_heads"] = 8; }, {"model.layers.3.self_attn.q_proj.weight"}},
-      {"head_dim", [](auto& j) { j["head_dim"] = 32; }, {"model.layers.3.self_attn.q_proj.weight"}},
-      {"heads x head_dim kept", [](auto& j) { j["num_attention_heads"] = 8, j["num_key_value_heads"] = 4, j["head_dim"] = 32; },
-       {"model.layers.3.self_attn.q_norm.weight", "[32]"}},
-      {"num_key_value_heads", [](auto& j) { j["num_key_value_heads"] = 4; }, {"model.layers.3.self_attn.k_proj.weight"}},
-      {"linear_num_value_heads", [](auto& j) { j["linear_num_value_heads"] = 8; }, {"model.layers.0.linear_attn.in_proj_qkv.weight"}},
-      {"linear_conv_kernel_dim", [](auto& j) { j["linear_conv_kernel_dim"] = 3; }, {"model.layers.0.linear_attn.conv1d.weight"}},
-      {"shared_expert_intermediate_size", [](auto& j) { j["shared_expert_intermediate_size"] = 48; },
-       {"model.layers.0.mlp.shared_expert.gate_proj.weight"}},
-      {"no shared expert", [](auto& j) { j.erase("shared_expert_intermediate_size"); },
-       {"model.layers.0.mlp.shared_expert", "is not used", "no shared_expert_intermediate_size"}},
-      {"fewer layers", [](auto& j) { j["num_hidden_layers"] = 3, j.erase("layer_types"); },
-       {"model.layers.3.", "is not used", "has layer 3 but config.json says num_hidden_layers 3"}},
-      {"more layers", [](auto& j) { j["num_hidden_layers"] = 5, j.erase("layer_types"); }, {"model.layers.4.", "which config.json implies"}},
-      {"layer_types", [](auto& j) { j["layer_types"][0] = "full_attention"; }, {"model.layers.0.self_attn.q_proj.weight", "which config.json implies"}},
-      {"mlp_only_layers", [](auto& j) { j["mlp_only_layers"] = {0}, j["intermediate_size"] = 64; },
-       {"model.layers.0.mlp.gate_proj.weight"}},
-      {"tie_word_embeddings", [](auto& j) { j["tie_word_embeddings"] = false; }, {"lm_head.weight", "tie_word_embeddings"}},
-  };
+void expect_lies_refused(const std::vector<ConfigLie>& lies) {
   for (const auto& lie : lies) {
     SCOPED_TRACE(lie.what);
     ModelCopy m;
@@ -190,6 +166,39 @@ TEST(CliErrors, ConfigThatLiesAboutShapes) {
     for (const auto& n : lie.needles) expect_error(r, n);
     EXPECT_FALSE(std::filesystem::exists(out.path + "/l.safetensors"));
   }
+}
+
+TEST(CliErrors, ConfigThatLiesAboutShapes) {
+  expect_lies_refused({
+      {"hidden_size", [](auto& j) { j["hidden_size"] = 96; }, {"model.embed_tokens.weight", "[512, 96]", "from config.json"}},
+      {"vocab_size", [](auto& j) { j["vocab_size"] = 1024; }, {"model.embed_tokens.weight", "[1024, 128]"}},
+      {"num_experts", [](auto& j) { j["num_experts"] = 8; }, {"model.layers.0.mlp.gate.weight", "[8, 128]"}},
+      {"moe_intermediate_size", [](auto& j) { j["moe_intermediate_size"] = 32; }, {"model.layers.0.mlp.experts.", "from config.json"}},
+      {"num_attention_heads", [](auto& j) { j["num_attention_heads"] = 8; }, {"model.layers.3.self_attn.q_proj.weight"}},
+      {"head_dim", [](auto& j) { j["head_dim"] = 32; }, {"model.layers.3.self_attn.q_proj.weight"}},
+      {"heads x head_dim kept", [](auto& j) { j["num_attention_heads"] = 8, j["num_key_value_heads"] = 4, j["head_dim"] = 32; },
+       {"model.layers.3.self_attn.q_norm.weight", "[32]"}},
+      {"num_key_value_heads", [](auto& j) { j["num_key_value_heads"] = 4; }, {"model.layers.3.self_attn.k_proj.weight"}},
+      {"linear_num_value_heads", [](auto& j) { j["linear_num_value_heads"] = 8; }, {"model.layers.0.linear_attn.in_proj_qkv.weight"}},
+      {"linear_conv_kernel_dim", [](auto& j) { j["linear_conv_kernel_dim"] = 3; }, {"model.layers.0.linear_attn.conv1d.weight"}},
+      {"shared_expert_intermediate_size", [](auto& j) { j["shared_expert_intermediate_size"] = 48; },
+       {"model.layers.0.mlp.shared_expert.gate_proj.weight"}},
+  });
+}
+
+// Lies about which weights exist (layers, layer kinds, shared expert, lm_head).
+TEST(CliErrors, ConfigThatLiesAboutLayers) {
+  expect_lies_refused({
+      {"no shared expert", [](auto& j) { j.erase("shared_expert_intermediate_size"); },
+       {"model.layers.0.mlp.shared_expert", "is not used", "no shared_expert_intermediate_size"}},
+      {"fewer layers", [](auto& j) { j["num_hidden_layers"] = 3, j.erase("layer_types"); },
+       {"model.layers.3.", "is not used", "has layer 3 but config.json says num_hidden_layers 3"}},
+      {"more layers", [](auto& j) { j["num_hidden_layers"] = 5, j.erase("layer_types"); }, {"model.layers.4.", "which config.json implies"}},
+      {"layer_types", [](auto& j) { j["layer_types"][0] = "full_attention"; }, {"model.layers.0.self_attn.q_proj.weight", "which config.json implies"}},
+      {"mlp_only_layers", [](auto& j) { j["mlp_only_layers"] = {0}, j["intermediate_size"] = 64; },
+       {"model.layers.0.mlp.gate_proj.weight"}},
+      {"tie_word_embeddings", [](auto& j) { j["tie_word_embeddings"] = false; }, {"lm_head.weight", "tie_word_embeddings"}},
+  });
 }
 
 // A packed model whose config.json no longer matches its expert files.
