@@ -1,6 +1,7 @@
 #include "model/weights.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 
 #include "core/error.h"
@@ -60,8 +61,13 @@ void check_all_used(const Checkpoint& ck, const ModelConfig& c, bool with_expert
       why = "config.json makes layer " + std::to_string(layer) +
             (c.layer_kinds[layer] == LayerKind::Full ? " full attention" : " linear attention") + " (layer_types)";
   }
-  fail(ck.dir() + ": config.json does not match the checkpoint: tensor '" + first + "'" + more +
-       " is not used by the model config.json describes" + (why.empty() ? "" : ": " + why));
+  const std::string msg = ck.dir() + ": config.json does not match the checkpoint: tensor '" + first + "'" + more +
+                          " is not used by the model config.json describes";
+  // A structural disagreement is an error; other extra tensors (a layout
+  // this loader does not know) only warn, so an unfamiliar but valid
+  // checkpoint still loads.
+  if (!why.empty()) fail(msg + ": " + why);
+  std::fprintf(stderr, "flashmoe: warning: %s; they are ignored\n", msg.c_str());
 }
 
 }  // namespace
