@@ -45,7 +45,7 @@ void check_all_used(const Checkpoint& ck, const ModelConfig& c, bool with_expert
   const std::string& first = unused.front();
   const std::string more =
       unused.size() > 1 ? " (and " + std::to_string(unused.size() - 1) + " more tensors)" : std::string();
-  std::string why;
+  std::string why, hint;  // why: config.json is certainly wrong; hint: it may be
   const std::string lp = ck.prefix() + "layers.";
   if (first.compare(0, lp.size(), lp) == 0) {
     const int64_t layer = std::atoll(first.c_str() + lp.size());
@@ -55,11 +55,11 @@ void check_all_used(const Checkpoint& ck, const ModelConfig& c, bool with_expert
     else if (first.find(".shared_expert") != std::string::npos && c.shared_intermediate == 0)
       why = "the checkpoint has a shared expert but config.json has no shared_expert_intermediate_size";
     else if (first.find(".mlp.") != std::string::npos)
-      why = "config.json makes layer " + std::to_string(layer) + (c.layer_is_moe[layer] ? " an MoE" : " a dense") +
-            " layer (num_experts, mlp_only_layers, decoder_sparse_step)";
+      hint = "config.json makes layer " + std::to_string(layer) + (c.layer_is_moe[layer] ? " an MoE" : " a dense") +
+             " layer (num_experts, mlp_only_layers, decoder_sparse_step)";
     else
-      why = "config.json makes layer " + std::to_string(layer) +
-            (c.layer_kinds[layer] == LayerKind::Full ? " full attention" : " linear attention") + " (layer_types)";
+      hint = "config.json makes layer " + std::to_string(layer) +
+             (c.layer_kinds[layer] == LayerKind::Full ? " full attention" : " linear attention") + " (layer_types)";
   }
   const std::string msg = ck.dir() + ": config.json does not match the checkpoint: tensor '" + first + "'" + more +
                           " is not used by the model config.json describes";
@@ -67,7 +67,7 @@ void check_all_used(const Checkpoint& ck, const ModelConfig& c, bool with_expert
   // this loader does not know) only warn, so an unfamiliar but valid
   // checkpoint still loads.
   if (!why.empty()) fail(msg + ": " + why);
-  std::fprintf(stderr, "flashmoe: warning: %s; they are ignored\n", msg.c_str());
+  std::fprintf(stderr, "flashmoe: warning: %s%s; they are ignored\n", msg.c_str(), hint.empty() ? "" : (" (" + hint + ")").c_str());
 }
 
 }  // namespace
