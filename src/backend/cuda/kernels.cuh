@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "backend/cuda/tier_count.cuh"
+
 namespace flashmoe::cuda {
 
 constexpr int kWarps = 8;  // warps per block in the row kernels
@@ -164,23 +166,29 @@ __global__ void embed_kernel(const T* __restrict__ E, int H, const int* __restri
     x[i] = to_f<T>(E[size_t(tok) * H + i]);
 }
 
-// y[r] (+)= W[r,:] . norm(x). `split` warps share a row (each a slice of
-// the columns; partials summed in a fixed order), kWarps/split rows per
-// block, blocks loop over rows (grid-stride). Splitting keeps enough loads
-// in flight for matrices of few rows.
+// The first n rows this warp will process in a row kernel (grid-stride over
+// blocks of rpb rows, `split` warps per row): prefetched into L2 before the
+// kernel waits on its predecessor (PDL), so the weight stream overlaps the
+// previous kernel's tail instead of starting after it. The host picks n so
+// that what all warps prefetch fits in half the L2.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) matvec_kernel(const T* __restrict__ W, int rows, int cols,
-                                                          const float* __restrict__ x, const float* __restrict__ nw,
-                                                          float eps, float* __restrict__ y, int accumulate, int split) {
-  extern __shared__ __align__(16) float xs[];
+__device__ __forceinline__ void prefetch_rows(const T* W, int rows, int cols, int split, int n) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int rpb = kWarps / split, sub = warp % split, lr = warp / split, chunk = cols / split;
+  for (int r = blockIdx.x * rpb + lr, i = 0; r < rows && i < n; r += gridDim.x * rpb, ++i)
+    warp_prefetch(W + size_t(r) * cols + sub * chunk, size_t(chunk) * sizeof(T), lane);
+}
+
+// y[r] (+)= W[r,:] . xs for the rows of this block. `split` warps share a
+// row (each a slice of the columns; partials summed in a fixed order),
+// kWarps/split rows per block, blocks loop over rows (grid-stride).
+// Splitting keeps enough loads in flight for matrices of few rows.
+template <typename T>
+__device__ __forceinline__ void matvec_rows(const T* __restrict__ W, int rows, int cols, const float* xs,
+                                            float* __restrict__ y, int accumulate, int split) {
   __shared__ float part[kWarps];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rpb = kWarps / split, sub = warp % split, lr = warp / split, chunk = cols / split;
-  if (blockIdx.x * rpb + lr < rows)
-    warp_prefetch(W + size_t(blockIdx.x * rpb + lr) * cols + sub * chunk, size_t(chunk) * sizeof(T), lane);
-  pdl_wait();
-  pdl_trigger();
-  load_x(x, nw, eps, cols, xs);
   for (int r0 = blockIdx.x * rpb; r0 < rows; r0 += gridDim.x * rpb) {
     const int r = r0 + lr;
     float acc = 0.f;
@@ -198,6 +206,20 @@ __global__ void __launch_bounds__(kThreads) matvec_kernel(const T* __restrict__ 
     }
     __syncthreads();
   }
+}
+
+// y[r] (+)= W[r,:] . norm(x) (norm skipped when nw is null).
+template <typename T>
+__global__ void __launch_bounds__(kThreads) matvec_kernel(const T* __restrict__ W, int rows, int cols,
+                                                          const float* __restrict__ x, const float* __restrict__ nw,
+                                                          float eps, float* __restrict__ y, int accumulate, int split,
+                                                          int pf_rows) {
+  extern __shared__ __align__(16) float xs[];
+  prefetch_rows(W, rows, cols, split, pf_rows);
+  pdl_wait();
+  pdl_trigger();
+  load_x(x, nw, eps, cols, xs);
+  matvec_rows(W, rows, cols, xs, y, accumulate, split);
 }
 
 // GatedDeltaNet causal depthwise conv (kernel K) + SiLU over C channels.
@@ -229,7 +251,27 @@ struct DeltaArgs {
   float* out;           // [nv*dv]
   int nk, nv, dk, dv;
   float eps;
+  // fused: the conv1d + SiLU is computed here from proj[0..C) (conv is then
+  // unused), with the state kept as a ring of the last K inputs per channel.
+  int fused, K;
+  const float* taps;  // [C][K]
+  float* cstate;      // [C][K] ring: input of position p at p % K
+  const int* pos;
 };
+
+// Causal depthwise conv + SiLU of one channel at position pos over the ring
+// state (the slot written, pos % K, is never one this step reads, so blocks
+// sharing a channel do not race; only one of them writes it).
+__device__ __forceinline__ float conv_ring(const DeltaArgs& a, int ch, int pos, bool write) {
+  const int K = a.K;
+  float* st = a.cstate + size_t(ch) * K;
+  const float* tp = a.taps + size_t(ch) * K;
+  const float v = a.proj[ch];
+  float acc = tp[K - 1] * v;
+  for (int m = K - 1; m >= 1; --m) acc += tp[K - 1 - m] * st[(pos - m + K * 4) % K];  // same order as conv_kernel
+  if (write) st[pos % K] = v;
+  return siluf_(acc);
+}
 
 // One block per value head. DK > 0: SPLIT threads per value column j, each
 // holding DK/SPLIT rows of the state column in registers (blockDim = dv*SPLIT);
@@ -243,9 +285,12 @@ __global__ void delta_kernel(DeltaArgs a) {
   const int j = threadIdx.x / SPLIT, part = threadIdx.x % SPLIT;
   pdl_wait();
   pdl_trigger();
+  const int pos = a.fused ? *a.pos : 0;
+  const bool wqk = (h % r) == 0;  // one block per key group writes its q/k conv state
   float sq = 0.f, sk = 0.f;
   for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-    const float qi = a.conv[g * dk + i], ki = a.conv[a.nk * dk + g * dk + i];
+    const float qi = a.fused ? conv_ring(a, g * dk + i, pos, wqk) : a.conv[g * dk + i];
+    const float ki = a.fused ? conv_ring(a, a.nk * dk + g * dk + i, pos, wqk) : a.conv[a.nk * dk + g * dk + i];
     q[i] = qi;
     k[i] = ki;
     sq += qi * qi;
@@ -264,7 +309,8 @@ __global__ void delta_kernel(DeltaArgs a) {
   float o = 0.f;
   const bool active = j < dv;
   float* S = a.S + size_t(h) * dk * dv + (active ? j : 0);
-  const float v = active ? a.conv[2 * a.nk * dk + h * dv + j] : 0.f;
+  const int vch = 2 * a.nk * dk + h * dv + j;
+  const float v = !active ? 0.f : a.fused ? conv_ring(a, vch, pos, part == 0) : a.conv[vch];
   if constexpr (DK > 0) {
     constexpr int R = DK / SPLIT;
     const int i0 = part * R;
@@ -509,18 +555,18 @@ __global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
 
 // Router: softmax over E logits, top-k (ties: lower index), renormalised
 // weights; the shared expert's gate logit is logits[E]. One warp, E <= 512.
-__global__ void topk_kernel(const float* __restrict__ logits, int E, int k, int norm_topk, int has_shared,
-                            int* __restrict__ ids, float* __restrict__ w) {
+// Logits are read through L2 (.cg): in the fused router they were written
+// by other blocks of the same grid.
+__device__ __forceinline__ void topk_warp(const float* logits, int E, int k, int norm_topk, int has_shared, int* ids,
+                                          float* w, TierCount tc) {
   constexpr int PER = 16;
-  const int lane = threadIdx.x;
-  pdl_wait();
-  pdl_trigger();
+  const int lane = threadIdx.x & 31;
   float v[PER];
   float mx = -INFINITY;
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
     const int e = i * 32 + lane;
-    v[i] = e < E ? logits[e] : -INFINITY;
+    v[i] = e < E ? __ldcg(logits + e) : -INFINITY;
     mx = fmaxf(mx, v[i]);
   }
   mx = warp_max(mx);
@@ -561,20 +607,71 @@ __global__ void topk_kernel(const float* __restrict__ logits, int E, int k, int 
       if (i * 32 + lane == bi) v[i] = -1.0f;
     chosen_sum += bv;
     if (lane == r) chosen_p = bv;
-    if (lane == 0) ids[r] = bi;
+    if (lane == 0) {
+      ids[r] = bi;
+      if (tc.counts) {
+        atomicAdd(tc.counts + bi, 1u);
+        atomicAdd(tc.hits + (tc.tier[bi] ? 1 : 0), 1ull);
+      }
+    }
   }
   if (lane < k) w[lane] = norm_topk ? chosen_p / chosen_sum : chosen_p;
-  if (lane == 0 && has_shared) w[k] = sigmoidf_(logits[E]);
+  if (lane == 0 && has_shared) w[k] = sigmoidf_(__ldcg(logits + E));
+}
+
+__global__ void topk_kernel(const float* __restrict__ logits, int E, int k, int norm_topk, int has_shared,
+                            int* __restrict__ ids, float* __restrict__ w, TierCount tc) {
+  pdl_wait();
+  pdl_trigger();
+  topk_warp(logits, E, k, norm_topk, has_shared, ids, w, tc);
+}
+
+// Router matvec and top-k in one launch: every block computes its router
+// rows; the last block to finish (a counter, reset by that block) runs the
+// top-k. Saves a kernel boundary per MoE layer.
+struct RouterArgs {
+  int rows, cols, E, k, norm_topk, has_shared, split, pf_rows;
+  const float* x;
+  const float* nw;
+  float eps;
+  float* logits;  // [rows]
+  int* ids;
+  float* w;
+  unsigned* done;  // zero between launches
+  TierCount tc;
+  float* xn;  // block 0 stores the normed x here for the expert kernels (may be null)
+};
+template <typename T>
+__global__ void __launch_bounds__(kThreads) router_kernel(const T* __restrict__ W, RouterArgs a) {
+  extern __shared__ __align__(16) float xs[];
+  __shared__ int last;
+  prefetch_rows(W, a.rows, a.cols, a.split, a.pf_rows);
+  pdl_wait();
+  pdl_trigger();
+  load_x(a.x, a.nw, a.eps, a.cols, xs);
+  if (a.xn && blockIdx.x == 0)
+    for (int i = threadIdx.x; i < a.cols; i += blockDim.x) a.xn[i] = xs[i];
+  matvec_rows(W, a.rows, a.cols, xs, a.logits, 0, a.split);
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(a.done, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x < 32) topk_warp(a.logits, a.E, a.k, a.norm_topk, a.has_shared, a.ids, a.w, a.tc);
+  if (threadIdx.x == 0) *a.done = 0;
 }
 
 struct MoeArgs {
-  const void* gu;      // routed experts [E][2I][H]
-  const void* down;    // routed experts [E][H][I]
+  const void* const* gu_tab;    // [E] routed expert e's gate/up rows [2I][H] (VRAM or pinned host)
+  const void* const* down_tab;  // [E] routed expert e's down rows [H][I]
   const void* s_gu;    // shared / dense [2Is][H]
   const void* s_down;  // [H][Is]
   const int* ids;      // [k]
   const float* w;      // [k (+1)]
   int k, I, Is, H, maxI, has_shared;
+  int pf_rows;  // down: rows per warp prefetched before the wait
+  const float* xn;  // x already normed by the router (null: norm x here with norm_w)
   const float* norm_w;
   float eps;
   float* x;   // residual stream [H] (input of gate_up, accumulated by down)
@@ -591,9 +688,9 @@ __global__ void __launch_bounds__(kThreads) gate_up_kernel(MoeArgs a) {
   if (int(blockIdx.x) * kWarps >= I) return;
   pdl_wait();
   pdl_trigger();
-  load_x(a.x, a.norm_w, a.eps, a.H, xs);
+  load_x(a.xn ? a.xn : a.x, a.xn ? nullptr : a.norm_w, a.eps, a.H, xs);
   const T* W = shared ? static_cast<const T*>(a.s_gu)
-                      : static_cast<const T*>(a.gu) + size_t(a.ids[j]) * 2 * size_t(a.I) * a.H;
+                      : static_cast<const T*>(a.gu_tab[a.ids[j]]);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int r = blockIdx.x * kWarps + warp; r < I; r += gridDim.x * kWarps) {
     float g = row_dot<T>(W + size_t(r) * a.H, xs, a.H, lane);
@@ -614,13 +711,13 @@ __global__ void __launch_bounds__(kThreads) down_kernel(MoeArgs a, int split) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rpb = kWarps / split, sub = warp % split, lr = warp / split;
   // The expert ids are final here: the router finished before gate_up passed its wait.
-  if (blockIdx.x * rpb + lr < a.H)
+  for (int r = blockIdx.x * rpb + lr, i = 0; r < a.H && i < a.pf_rows; r += gridDim.x * rpb, ++i)
     for (int j = sub; j < slots; j += split) {
       const bool shared = j == a.k;
       const int I = shared ? a.Is : a.I;
       const T* W = shared ? static_cast<const T*>(a.s_down)
-                          : static_cast<const T*>(a.down) + size_t(a.ids[j]) * size_t(a.H) * a.I;
-      warp_prefetch(W + size_t(blockIdx.x * rpb + lr) * I, size_t(I) * sizeof(T), lane);
+                          : static_cast<const T*>(a.down_tab[a.ids[j]]);
+      warp_prefetch(W + size_t(r) * I, size_t(I) * sizeof(T), lane);
     }
   pdl_wait();
   pdl_trigger();
@@ -632,7 +729,7 @@ __global__ void __launch_bounds__(kThreads) down_kernel(MoeArgs a, int split) {
         const bool shared = j == a.k;
         const int I = shared ? a.Is : a.I;
         const T* W = shared ? static_cast<const T*>(a.s_down)
-                            : static_cast<const T*>(a.down) + size_t(a.ids[j]) * size_t(a.H) * a.I;
+                            : static_cast<const T*>(a.down_tab[a.ids[j]]);
         acc += a.w[j] * warp_sum(row_dot<T>(W + size_t(r) * I, a.hb + j * a.maxI, I, lane));
       }
     }
