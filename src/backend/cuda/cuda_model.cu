@@ -133,7 +133,8 @@ struct CudaModel::Impl {
   //    the top-k); FLASHMOE_CUDA_FUSE_CONV (off): conv1d inside the delta-rule
   //    kernel. Both save launches but measured 1-3% slower: the last-block
   //    handoff and the serial conv in each delta block cost more than a launch.
-  bool fuse = false, fuse_conv = false, prefetch_all = true;
+  //  FLASHMOE_CUDA_ILP (on): several rows per warp at once (rows_dot).
+  bool fuse = false, fuse_conv = false, prefetch_all = true, ilp = true;
   int bps = 4;
   unsigned* router_done = nullptr;
   CudaOptions opts;
@@ -264,6 +265,7 @@ struct CudaModel::Impl {
     if (const char* e = std::getenv("FLASHMOE_CUDA_PDL")) use_pdl = std::string(e) != "0";
     if (const char* e = std::getenv("FLASHMOE_CUDA_FUSE")) fuse = std::string(e) == "1";
     if (const char* e = std::getenv("FLASHMOE_CUDA_FUSE_CONV")) fuse_conv = std::string(e) == "1";
+    if (const char* e = std::getenv("FLASHMOE_CUDA_ILP")) ilp = std::string(e) != "0";
     if (const char* e = std::getenv("FLASHMOE_CUDA_BPS")) bps = std::clamp(std::atoi(e), 1, 8);
     if (const char* e = std::getenv("FLASHMOE_CUDA_PREFETCH")) prefetch_all = std::string(e) != "0";
     CK(cudaSetDevice(dev));
@@ -393,16 +395,16 @@ struct CudaModel::Impl {
     switch (W.dt) {
       case DT_F32:
         go(matvec_kernel<float>, blocks, kThreads, smem, static_cast<const float*>(W.p), W.rows, W.cols, xin,
-                                                                nw, eps, y, acc, split, pf);
+                                                                nw, eps, y, acc, split, pf, int(ilp));
         break;
       case DT_F16:
         go(matvec_kernel<__half>, blocks, kThreads, smem, static_cast<const __half*>(W.p), W.rows, W.cols,
-                                                                 xin, nw, eps, y, acc, split, pf);
+                                                                 xin, nw, eps, y, acc, split, pf, int(ilp));
         break;
       default:
         go(matvec_kernel<__nv_bfloat16>, blocks, kThreads, smem, static_cast<const __nv_bfloat16*>(W.p),
                                                                         W.rows, W.cols, xin, nw, eps, y, acc, split,
-                                                                        pf);
+                                                                        pf, int(ilp));
     }
     mark(cls);
   }
@@ -430,6 +432,7 @@ struct CudaModel::Impl {
     a.done = router_done;
     a.tc = d.tc;
     a.xn = fuse ? xn : nullptr;
+    a.ilp = int(ilp);
     if (!fuse) {
       matvec(W, x, d.post_norm, rlogits, 0, K_ROUTER);
       go(topk_kernel, 1, 32, 0, rlogits, a.E, a.k, a.norm_topk, a.has_shared, eids, ew, d.tc);
@@ -572,6 +575,7 @@ struct CudaModel::Impl {
       a.hb = hb;
       a.ids = eids;
       a.xn = d.moe && fuse ? xn : nullptr;
+      a.ilp = int(ilp);
       int slots;
       if (d.moe) {
         route(d);

@@ -135,6 +135,43 @@ __device__ __forceinline__ float row_dot(const T* __restrict__ w, const float* x
   return acc0 + acc1;
 }
 
+// Up to R rows at once (row i at w + i * step; n <= R of them valid), each
+// with the same arithmetic as row_dot: the loads of all the rows are issued
+// before any is consumed, so a warp has R times the bytes in flight and a
+// kernel's chain of dependent load rounds is R times shorter.
+template <typename T, int R>
+__device__ __forceinline__ void rows_dot(const T* __restrict__ w, size_t step, int n, const float* xs, int cols,
+                                         int lane, float* out) {
+  constexpr int V = 16 / sizeof(T);
+  float a0[R], a1[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) a0[i] = a1[i] = 0.f;
+  int c = lane * V;
+#pragma unroll 2
+  for (; c + 32 * V < cols; c += 64 * V) {
+    uint4 p[R], q[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+      if (i < n) {
+        p[i] = ld_stream(w + i * step + c);
+        q[i] = ld_stream(w + i * step + c + 32 * V);
+      }
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+      if (i < n) {
+        a0[i] += dot16<T>(p[i], xs + c);
+        a1[i] += dot16<T>(q[i], xs + c + 32 * V);
+      }
+  }
+  if (c < cols) {
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+      if (i < n) a0[i] += dot16<T>(ld_stream(w + i * step + c), xs + c);
+  }
+#pragma unroll
+  for (int i = 0; i < R; ++i) out[i] = a0[i] + a1[i];
+}
+
 // xs = x (cols floats), optionally zero-centred-RMS-normed with weight nw.
 __device__ __forceinline__ void load_x(const float* __restrict__ x, const float* __restrict__ nw, float eps,
                                        int cols, float* xs) {
@@ -181,29 +218,41 @@ __device__ __forceinline__ void prefetch_rows(const T* W, int rows, int cols, in
 
 // y[r] (+)= W[r,:] . xs for the rows of this block. `split` warps share a
 // row (each a slice of the columns; partials summed in a fixed order),
-// kWarps/split rows per block, blocks loop over rows (grid-stride).
-// Splitting keeps enough loads in flight for matrices of few rows.
+// kWarps/split rows per block, blocks loop over rows (grid-stride), two
+// rows per warp at a time when ilp is set. Splitting keeps enough loads in
+// flight for matrices of few rows.
 template <typename T>
 __device__ __forceinline__ void matvec_rows(const T* __restrict__ W, int rows, int cols, const float* xs,
-                                            float* __restrict__ y, int accumulate, int split) {
-  __shared__ float part[kWarps];
+                                            float* __restrict__ y, int accumulate, int split, int ilp) {
+  __shared__ float part[2][kWarps];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rpb = kWarps / split, sub = warp % split, lr = warp / split, chunk = cols / split;
-  for (int r0 = blockIdx.x * rpb; r0 < rows; r0 += gridDim.x * rpb) {
+  const int stride = gridDim.x * rpb, per = ilp ? 2 : 1;
+  for (int r0 = blockIdx.x * rpb; r0 < rows; r0 += per * stride) {
     const int r = r0 + lr;
-    float acc = 0.f;
-    if (r < rows) acc = warp_sum(row_dot<T>(W + size_t(r) * cols + sub * chunk, xs + sub * chunk, chunk, lane));
+    const int n = r >= rows ? 0 : (per == 2 && r + stride < rows ? 2 : 1);
+    float acc[2] = {0.f, 0.f};
+    if (n == 2) rows_dot<T, 2>(W + size_t(r) * cols + sub * chunk, size_t(stride) * cols, 2, xs + sub * chunk, chunk, lane, acc);
+    else if (n == 1) acc[0] = row_dot<T>(W + size_t(r) * cols + sub * chunk, xs + sub * chunk, chunk, lane);
+    acc[0] = warp_sum(acc[0]);
+    acc[1] = warp_sum(acc[1]);
     if (split == 1) {
-      if (lane == 0 && r < rows) y[r] = accumulate ? y[r] + acc : acc;
+      if (lane == 0)
+        for (int i = 0; i < n; ++i) {
+          const int ri = r + i * stride;
+          y[ri] = accumulate ? y[ri] + acc[i] : acc[i];
+        }
       continue;
     }
-    if (lane == 0) part[warp] = acc;
+    if (lane == 0) part[0][warp] = acc[0], part[1][warp] = acc[1];
     __syncthreads();
-    if (sub == 0 && lane == 0 && r < rows) {
-      float t = 0.f;
-      for (int i = 0; i < split; ++i) t += part[lr * split + i];
-      y[r] = accumulate ? y[r] + t : t;
-    }
+    if (sub == 0 && lane == 0)
+      for (int i = 0; i < n; ++i) {
+        float t = 0.f;
+        for (int k = 0; k < split; ++k) t += part[i][lr * split + k];
+        const int ri = r + i * stride;
+        y[ri] = accumulate ? y[ri] + t : t;
+      }
     __syncthreads();
   }
 }
@@ -213,13 +262,13 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) matvec_kernel(const T* __restrict__ W, int rows, int cols,
                                                           const float* __restrict__ x, const float* __restrict__ nw,
                                                           float eps, float* __restrict__ y, int accumulate, int split,
-                                                          int pf_rows) {
+                                                          int pf_rows, int ilp) {
   extern __shared__ __align__(16) float xs[];
   prefetch_rows(W, rows, cols, split, pf_rows);
   pdl_wait();
   pdl_trigger();
   load_x(x, nw, eps, cols, xs);
-  matvec_rows(W, rows, cols, xs, y, accumulate, split);
+  matvec_rows(W, rows, cols, xs, y, accumulate, split, ilp);
 }
 
 // GatedDeltaNet causal depthwise conv (kernel K) + SiLU over C channels.
@@ -630,7 +679,7 @@ __global__ void topk_kernel(const float* __restrict__ logits, int E, int k, int 
 // rows; the last block to finish (a counter, reset by that block) runs the
 // top-k. Saves a kernel boundary per MoE layer.
 struct RouterArgs {
-  int rows, cols, E, k, norm_topk, has_shared, split, pf_rows;
+  int rows, cols, E, k, norm_topk, has_shared, split, pf_rows, ilp;
   const float* x;
   const float* nw;
   float eps;
@@ -651,7 +700,7 @@ __global__ void __launch_bounds__(kThreads) router_kernel(const T* __restrict__ 
   load_x(a.x, a.nw, a.eps, a.cols, xs);
   if (a.xn && blockIdx.x == 0)
     for (int i = threadIdx.x; i < a.cols; i += blockDim.x) a.xn[i] = xs[i];
-  matvec_rows(W, a.rows, a.cols, xs, a.logits, 0, a.split);
+  matvec_rows(W, a.rows, a.cols, xs, a.logits, 0, a.split, a.ilp);
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(a.done, 1u) == gridDim.x - 1;
@@ -671,6 +720,7 @@ struct MoeArgs {
   const float* w;      // [k (+1)]
   int k, I, Is, H, maxI, has_shared;
   int pf_rows;  // down: rows per warp prefetched before the wait
+  int ilp;      // several rows per warp at once (rows_dot)
   const float* xn;  // x already normed by the router (null: norm x here with norm_w)
   const float* norm_w;
   float eps;
@@ -693,10 +743,14 @@ __global__ void __launch_bounds__(kThreads) gate_up_kernel(MoeArgs a) {
                       : static_cast<const T*>(a.gu_tab[a.ids[j]]);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int r = blockIdx.x * kWarps + warp; r < I; r += gridDim.x * kWarps) {
-    float g = row_dot<T>(W + size_t(r) * a.H, xs, a.H, lane);
-    float u = row_dot<T>(W + size_t(I + r) * a.H, xs, a.H, lane);
-    g = warp_sum(g);
-    u = warp_sum(u);
+    float gu[2];
+    if (a.ilp) {
+      rows_dot<T, 2>(W + size_t(r) * a.H, size_t(I) * a.H, 2, xs, a.H, lane, gu);
+    } else {
+      gu[0] = row_dot<T>(W + size_t(r) * a.H, xs, a.H, lane);
+      gu[1] = row_dot<T>(W + size_t(I + r) * a.H, xs, a.H, lane);
+    }
+    const float g = warp_sum(gu[0]), u = warp_sum(gu[1]);
     if (lane == 0) a.hb[j * a.maxI + r] = siluf_(g) * u;
   }
 }
@@ -705,8 +759,7 @@ __global__ void __launch_bounds__(kThreads) gate_up_kernel(MoeArgs a) {
 // taking slots sub, sub+split, ...; partials summed in a fixed order.
 // h is read from global memory (small, stays in L1/L2).
 template <typename T>
-__global__ void __launch_bounds__(kThreads) down_kernel(MoeArgs a, int split) {
-  __shared__ float part[kWarps];
+__global__ void __launch_bounds__(kThreads, 4) down_kernel(MoeArgs a, int split) {
   const int slots = a.k + (a.has_shared ? 1 : 0);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rpb = kWarps / split, sub = warp % split, lr = warp / split;
@@ -721,25 +774,37 @@ __global__ void __launch_bounds__(kThreads) down_kernel(MoeArgs a, int split) {
     }
   pdl_wait();
   pdl_trigger();
-  for (int r0 = blockIdx.x * rpb; r0 < a.H; r0 += gridDim.x * rpb) {
+  // ilp: kDownRows rows per warp at a time (r, r + stride, ...), one slot after another.
+  constexpr int kDownRows = 2;
+  __shared__ float part4[kDownRows][kWarps];
+  const int stride = gridDim.x * rpb, per = a.ilp ? kDownRows : 1;
+  for (int r0 = blockIdx.x * rpb; r0 < a.H; r0 += per * stride) {
     const int r = r0 + lr;
-    float acc = 0.f;
-    if (r < a.H) {
+    int n = 0;
+    while (n < per && r + n * stride < a.H) ++n;
+    float acc[kDownRows] = {};
+    if (n > 0) {
       for (int j = sub; j < slots; j += split) {
         const bool shared = j == a.k;
         const int I = shared ? a.Is : a.I;
         const T* W = shared ? static_cast<const T*>(a.s_down)
                             : static_cast<const T*>(a.down_tab[a.ids[j]]);
-        acc += a.w[j] * warp_sum(row_dot<T>(W + size_t(r) * I, a.hb + j * a.maxI, I, lane));
+        float d[kDownRows];
+        rows_dot<T, kDownRows>(W + size_t(r) * I, size_t(stride) * I, n, a.hb + j * a.maxI, I, lane, d);
+#pragma unroll
+        for (int i = 0; i < kDownRows; ++i) acc[i] += a.w[j] * warp_sum(d[i]);
       }
     }
-    if (lane == 0) part[warp] = acc;
+    if (lane == 0)
+#pragma unroll
+      for (int i = 0; i < kDownRows; ++i) part4[i][warp] = acc[i];
     __syncthreads();
-    if (sub == 0 && lane == 0 && r < a.H) {
-      float t = 0.f;
-      for (int i = 0; i < split; ++i) t += part[lr * split + i];
-      a.x[r] += t;
-    }
+    if (sub == 0 && lane == 0)
+      for (int i = 0; i < n; ++i) {
+        float t = 0.f;
+        for (int k = 0; k < split; ++k) t += part4[i][lr * split + k];
+        a.x[r + i * stride] += t;
+      }
     __syncthreads();
   }
 }
