@@ -134,7 +134,8 @@ struct CudaModel::Impl {
   //    kernel. Both save launches but measured 1-3% slower: the last-block
   //    handoff and the serial conv in each delta block cost more than a launch.
   //  FLASHMOE_CUDA_ILP (on): several rows per warp at once (rows_dot).
-  bool fuse = false, fuse_conv = false, prefetch_all = true, ilp = true;
+  bool fuse = false, fuse_conv = false, prefetch_all = true;
+  int ilp = 1;  // several rows per warp at once in the row kernels (1: on)
   int bps = 4;
   unsigned* router_done = nullptr;
   CudaOptions opts;
@@ -385,26 +386,42 @@ struct CudaModel::Impl {
     return int(std::clamp<size_t>(fit, 1, size_t(per_warp)));
   }
 
+  // Blocks per SM for a row kernel: bps, or fewer when that many do not fit
+  // (registers, shared memory), so the grid is one resident wave.
+  std::vector<std::pair<std::pair<const void*, size_t>, int>> fit_cache;
+  int per_sm(const void* func, size_t smem) {
+    for (auto& f : fit_cache)
+      if (f.first.first == func && f.first.second == smem) return f.second;
+    int n = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, func, kThreads, smem));
+    n = std::clamp(n, 1, bps);
+    fit_cache.push_back({{func, smem}, n});
+    return n;
+  }
+
   void matvec(const DMat& W, const float* xin, const float* nw, float* y, int acc, int cls) {
     const int split = split_for(W.rows, W.cols, int(16 / dt_size(W.dt)));
     const int rpb = kWarps / split;
-    const int blocks = std::min((W.rows + rpb - 1) / rpb, prop.multiProcessorCount * bps);
+    const void* fn = W.dt == DT_F32   ? reinterpret_cast<const void*>(matvec_kernel<float>)
+                     : W.dt == DT_F16 ? reinterpret_cast<const void*>(matvec_kernel<__half>)
+                                      : reinterpret_cast<const void*>(matvec_kernel<__nv_bfloat16>);
+    const int blocks = std::min((W.rows + rpb - 1) / rpb, prop.multiProcessorCount * per_sm(fn, size_t(W.cols) * 4));
     const int pf = pf_rows(W.bytes(), W.rows, blocks, rpb);
     const size_t smem = size_t(W.cols) * 4;
     const float eps = c.rms_norm_eps;
     switch (W.dt) {
       case DT_F32:
         go(matvec_kernel<float>, blocks, kThreads, smem, static_cast<const float*>(W.p), W.rows, W.cols, xin,
-                                                                nw, eps, y, acc, split, pf, int(ilp));
+                                                                nw, eps, y, acc, split, pf, ilp);
         break;
       case DT_F16:
         go(matvec_kernel<__half>, blocks, kThreads, smem, static_cast<const __half*>(W.p), W.rows, W.cols,
-                                                                 xin, nw, eps, y, acc, split, pf, int(ilp));
+                                                                 xin, nw, eps, y, acc, split, pf, ilp);
         break;
       default:
         go(matvec_kernel<__nv_bfloat16>, blocks, kThreads, smem, static_cast<const __nv_bfloat16*>(W.p),
                                                                         W.rows, W.cols, xin, nw, eps, y, acc, split,
-                                                                        pf, int(ilp));
+                                                                        pf, ilp);
     }
     mark(cls);
   }
@@ -432,7 +449,7 @@ struct CudaModel::Impl {
     a.done = router_done;
     a.tc = d.tc;
     a.xn = fuse ? xn : nullptr;
-    a.ilp = int(ilp);
+    a.ilp = ilp;
     if (!fuse) {
       matvec(W, x, d.post_norm, rlogits, 0, K_ROUTER);
       go(topk_kernel, 1, 32, 0, rlogits, a.E, a.k, a.norm_topk, a.has_shared, eids, ew, d.tc);
@@ -575,7 +592,7 @@ struct CudaModel::Impl {
       a.hb = hb;
       a.ids = eids;
       a.xn = d.moe && fuse ? xn : nullptr;
-      a.ilp = int(ilp);
+      a.ilp = ilp;
       int slots;
       if (d.moe) {
         route(d);
