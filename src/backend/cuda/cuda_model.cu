@@ -123,17 +123,20 @@ struct CudaModel::Impl {
   cudaStream_t stream = nullptr;
   bool use_graph = true;
   // Decode-step variants, switchable by environment for side-by-side
-  // measurements (bench/NOTES-cuda.md has the numbers):
-  //  FLASHMOE_CUDA_PREFETCH (on): whole row ranges, up to half the L2,
-  //    prefetched before a kernel waits on its predecessor (+0.5-2%).
+  // measurements (35B tg128; bench/NOTES-cuda.md has every run):
+  //  FLASHMOE_CUDA_ILP (on): several rows per warp at once (rows_dot), the
+  //    change that paid: 287 -> 297 tokens/s; 4 rows per warp was slower
+  //    (more registers, 3 blocks per SM).
   //  FLASHMOE_CUDA_BPS (4): resident blocks per SM the row kernels are sized
   //    for; 4 leaves room for the next kernel's blocks to start early (PDL).
-  //    8 is 0.5% slower, 3 and 2 starve the loads in flight (-9%, -22%).
+  //    8 is 2-5% slower, 3 and 2 starve the loads in flight.
+  //  FLASHMOE_CUDA_PREFETCH (on): whole row ranges, up to half the L2,
+  //    prefetched before a kernel waits on its predecessor (+2% before ILP,
+  //    within noise after it).
   //  FLASHMOE_CUDA_FUSE (off): router + top-k in one kernel (last block does
   //    the top-k); FLASHMOE_CUDA_FUSE_CONV (off): conv1d inside the delta-rule
-  //    kernel. Both save launches but measured 1-3% slower: the last-block
-  //    handoff and the serial conv in each delta block cost more than a launch.
-  //  FLASHMOE_CUDA_ILP (on): several rows per warp at once (rows_dot).
+  //    kernel. Both save launches but did not pay (-1 to +0.5%, and -2%): the
+  //    last-block handoff and the serial conv per delta block cost what a launch does.
   bool fuse = false, fuse_conv = false, prefetch_all = true;
   int ilp = 1;  // several rows per warp at once in the row kernels (1: on)
   int bps = 4;
