@@ -235,6 +235,80 @@ TEST(CudaCli, GenerateOnGpuEqualsCpu) {
   EXPECT_EQ(c.out, g.out);
 }
 
+// Tiered experts (--gpu-expert-cache): experts outside VRAM are read from
+// pinned host memory by the same kernels, so the logits are bitwise those of
+// the all-in-VRAM model; the counters see both tiers, and routing that
+// favours some experts moves them into VRAM.
+TEST(CudaTiers, SameLogitsAndCountersAtEveryCacheSize) {
+  REQUIRE_GPU();
+  const std::string dir = source_path("models/coder-mini");
+  auto model = QwenModel::load(dir + "/model");
+  auto full = CudaModel::upload(*model);
+  EXPECT_FALSE(full->tier_stats().enabled);
+  RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
+  ThreadPool pool(2);
+  Session ref(*model, KvConfig{}, pool, full.get()), ref2(*model, KvConfig{}, pool, full.get());
+  const std::vector<float> want = ref.feed_all(ids.ids);
+  ref2.feed(ids.ids);
+  const std::vector<int32_t> want_greedy = ref2.greedy(24);
+  const int E = int(model->config().num_experts), k = int(model->config().num_experts_per_tok);
+  int64_t moe = 0;
+  for (bool b : model->config().layer_is_moe) moe += b ? 1 : 0;
+  for (double frac : {0.0, 0.25, 0.5}) {
+    CudaOptions o;
+    o.expert_cache_fraction = frac;
+    auto cm = CudaModel::upload(*model, o);
+    Session s(*model, KvConfig{}, pool, cm.get()), s2(*model, KvConfig{}, pool, cm.get());
+    const std::vector<float> got = s.feed_all(ids.ids);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f) << "cache " << frac;
+    s2.feed(ids.ids);
+    EXPECT_EQ(s2.greedy(24), want_greedy) << "cache " << frac;
+    const CudaTierStats t = cm->tier_stats();
+    ASSERT_TRUE(t.enabled);
+    EXPECT_EQ(t.slots_per_layer, int(frac * E));
+    // Two prompts + 23 decode steps: every token chooses k experts in every MoE layer.
+    const uint64_t tokens = 2 * ids.ids.size() + 24 - 1;
+    EXPECT_EQ(t.vram_hits + t.host_hits, tokens * uint64_t(k) * uint64_t(moe)) << "cache " << frac;
+    EXPECT_GT(t.host_hits, 0u) << "cache " << frac;
+    if (frac == 0.0) {
+      EXPECT_EQ(t.vram_hits, 0u);
+      EXPECT_EQ(t.promotions, 0u);
+    } else {
+      EXPECT_GT(t.vram_hits, 0u) << "cache " << frac;
+      EXPECT_GT(t.promotions, 0u) << "cache " << frac;
+      // Hot experts moved in: more than the slots' share of choices came from VRAM.
+      EXPECT_GT(double(t.vram_hits) / double(t.vram_hits + t.host_hits), frac) << "cache " << frac;
+    }
+    std::printf("[cuda-tiers] cache %.0f%%: vram %llu, host %llu, promotions %llu\n", 100 * frac,
+                (unsigned long long)t.vram_hits, (unsigned long long)t.host_hits, (unsigned long long)t.promotions);
+  }
+}
+
+// Runs everywhere: the option is checked before any GPU is touched.
+TEST(CudaCli, GpuExpertCacheIsValidated) {
+  const std::string m = fixture_dir("tiny-qwen35moe") + "/model";
+  CmdResult a = run_flashmoe("generate -m " + m + " --ids 1 --device cuda --gpu-expert-cache lots");
+  EXPECT_NE(a.code, 0);
+  EXPECT_NE(a.err.find("--gpu-expert-cache: 'lots' is not a size"), std::string::npos) << a.err;
+  CmdResult b = run_flashmoe("generate -m " + m + " --ids 1 --device cuda --gpu-expert-cache 150%");
+  EXPECT_NE(b.code, 0);
+  EXPECT_NE(b.err.find("'150%' is not a size"), std::string::npos) << b.err;
+  CmdResult c = run_flashmoe("generate -m " + m + " --ids 1 --gpu-expert-cache 50%");
+  EXPECT_NE(c.code, 0);
+  EXPECT_NE(c.err.find("--gpu-expert-cache needs --device cuda"), std::string::npos) << c.err;
+}
+
+TEST(CudaCli, GpuExpertCacheRunsAndReportsTiers) {
+  REQUIRE_GPU();
+  const std::string m = source_path("models/coder-mini/model");
+  CmdResult c = run_flashmoe("generate -m " + m + " --ids 1,2,3 -n 12 --device cpu");
+  CmdResult g = run_flashmoe("generate -m " + m + " --ids 1,2,3 -n 12 --device cuda --gpu-expert-cache 25% --stats");
+  EXPECT_EQ(g.code, 0) << g.err;
+  EXPECT_EQ(c.out, g.out);
+  EXPECT_NE(g.err.find("choices served: vram"), std::string::npos) << g.err;
+}
+
 TEST(CudaCli, UnknownDeviceIsAnError) {
   CmdResult r = run_flashmoe("generate -m " + fixture_dir("tiny-qwen35moe") + "/model --ids 1 --device tpu");
   EXPECT_NE(r.code, 0);

@@ -69,11 +69,11 @@ void bench_cuda(const ModelOptions& opt, const std::string& synthetic, int layer
       c.layer_kinds.resize(size_t(layers));
       c.layer_is_moe.resize(size_t(layers));
     }
-    cm = CudaModel::synthetic(c, 1234);
+    cm = CudaModel::synthetic(c, 1234, opt.cuda);
     what = "synthetic " + synthetic + " (random bf16 weights, " + std::to_string(c.num_layers) + " layers)";
   } else {
     host = QwenModel::load(opt.model_dir);
-    cm = CudaModel::upload(*host);
+    cm = CudaModel::upload(*host, opt.cuda);
     what = opt.model_dir;
   }
   cm->set_use_graph(!no_graph);
@@ -107,6 +107,7 @@ void bench_cuda(const ModelOptions& opt, const std::string& synthetic, int layer
     std::vector<int32_t> out(static_cast<size_t>(tg));
     for (int r = 0; r < reps + 1; ++r) {  // the first run captures the graph and warms up
       auto st = cm->new_state(opt.kv);
+      if (r == 1) cm->reset_tier_stats();
       auto t = Clock::now();
       cm->decode_greedy(*st, tok(rng), tg, out.data());
       if (r > 0) rate.push_back(double(tg) / seconds_since(t));
@@ -119,6 +120,20 @@ void bench_cuda(const ModelOptions& opt, const std::string& synthetic, int layer
     std::printf("decode reads %.1f MB of weights per token -> %.1f GB/s; device copy (cudaMemcpy D2D, read+written): "
                 "%.1f GB/s; decode at %.0f%% of that roofline (roofline %.1f tokens/s)\n",
                 bytes / 1e6, gbps, copy, 100.0 * gbps / copy, copy * 1e9 / bytes);
+    const CudaTierStats ts = cm->tier_stats();
+    if (ts.enabled) {
+      // Experts read over the host link per token, and the speed that link
+      // alone would allow (the VRAM part runs at the roofline above).
+      const double tokens = double(tg) * reps;
+      const double host_bytes = double(ts.host_hits) * double(ts.expert_bytes) / tokens;
+      const double link = cm->host_link_gbps();
+      const double t_link = host_bytes / (link * 1e9), t_vram = (bytes - host_bytes) / (copy * 1e9);
+      std::printf("%s\n", format_tier_stats(ts, int64_t(tokens)).c_str());
+      std::printf("host->device link (cudaMemcpy from pinned memory): %.1f GB/s; link-bound decode %.1f tokens/s "
+                  "(link + VRAM roofline: %.1f tokens/s); tg at %.0f%% of the link bound\n",
+                  link, host_bytes > 0 ? 1.0 / t_link : 0.0, 1.0 / (t_link + t_vram),
+                  host_bytes > 0 ? 100.0 * st.mean * t_link : 0.0);
+    }
   }
   if (profile_steps > 0) {
     auto st = cm->new_state(opt.kv);

@@ -34,7 +34,7 @@ Registrar reg(11, [](CLI::App& app) {
     double decode_s = 0;
     if (*n > 0) {
       s.feed(tok);
-      print_expert_stats(*opt, *model, "prefill:");
+      print_expert_stats(*opt, *model, "prefill:", lm.cuda.get());
       model->expert_store().reset_stats();  // decode numbers on their own
       auto t0 = std::chrono::steady_clock::now();
       gen = s.greedy(*n);
@@ -44,7 +44,7 @@ Registrar reg(11, [](CLI::App& app) {
     std::printf("\n");
     if (opt->stats && *n > 1) {
       std::fprintf(stderr, "decode: %d tokens in %.3f s, %.2f tokens/s\n", *n - 1, decode_s, double(*n - 1) / decode_s);
-      print_expert_stats(*opt, *model, "decode: ");
+      print_expert_stats(*opt, *model, "decode: ", lm.cuda.get());
     }
   });
 });

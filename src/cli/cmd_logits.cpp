@@ -36,7 +36,7 @@ Registrar reg(10, [](CLI::App& app) {
       tensors.push_back({"hidden", DType::F32, {model->config().num_layers + 1, n, model->config().hidden_size}, h.data()});
     }
     write_safetensors(*out, tensors);
-    print_expert_stats(*opt, *model, "prefill:");
+    print_expert_stats(*opt, *model, "prefill:", lm.cuda.get());
   });
 });
 

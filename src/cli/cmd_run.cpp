@@ -47,7 +47,7 @@ Registrar reg(20, [](CLI::App& app) {
     });
     std::fputc('\n', stdout);
     std::fflush(stdout);
-    print_expert_stats(a->model, *tm.model, "experts:");
+    print_expert_stats(a->model, *tm.model, "experts:", tm.cuda.get());
     std::fprintf(stderr, "\nprompt: %lld tokens in %.3f s (%.1f tokens/s)\ngeneration: %zu tokens in %.3f s (%.1f tokens/s), finish: %s\n",
                  (long long)r.prompt_tokens, r.prompt_seconds, double(r.prompt_tokens) / std::max(r.prompt_seconds, 1e-9),
                  r.ids.size(), r.gen_seconds, double(r.ids.size()) / std::max(r.gen_seconds, 1e-9),

@@ -30,6 +30,11 @@ void add_model_options(CLI::App* cmd, ModelOptions* opt, bool require_model) {
   cmd->add_option("--max-memory", opt->experts.max_memory_gb,
                   "Memory budget of the whole process in GiB; caches are sized to stay under it")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--gpu-expert-cache", opt->gpu_expert_cache,
+                  "With --device cuda: VRAM for routed experts, in GB (e.g. 20) or as a share of all expert bytes "
+                  "(e.g. 50%); the rest stay in pinned host memory, read over the host link and promoted to VRAM "
+                  "when hot (default: all experts in VRAM)")
+      ->type_name("GB|N%");
   cmd->add_flag("--stats", opt->stats, "Print expert-store statistics (hit rate, bytes and reads per token, I/O wait)");
 }
 
@@ -37,11 +42,49 @@ void finalize_model_options(ModelOptions* opt) {
   if (opt->device != "cpu" && opt->device != "cuda")
     fail("--device: '" + opt->device + "' is not a device (expected cpu or cuda)");
   finalize_kv_options(&opt->kv);
+  if (!opt->gpu_expert_cache.empty()) {
+    const std::string& v = opt->gpu_expert_cache;
+    const bool pct = v.back() == '%';
+    char* end = nullptr;
+    errno = 0;
+    const std::string num = pct ? v.substr(0, v.size() - 1) : v;
+    const double d = std::strtod(num.c_str(), &end);
+    if (num.empty() || *end != '\0' || errno == ERANGE || !(d >= 0) || (pct && d > 100))
+      fail("--gpu-expert-cache: '" + v + "' is not a size (expected GB like 20 or 0.5, or a share like 50%)");
+    if (opt->device != "cuda") fail("--gpu-expert-cache needs --device cuda");
+    if (pct) opt->cuda.expert_cache_fraction = d / 100.0;
+    else opt->cuda.expert_cache_gb = d;
+  }
   opt->experts.policy = parse_cache_policy(opt->cache_policy);
 }
 
-void print_expert_stats(const ModelOptions& opt, const QwenModel& model, const char* label) {
+std::string format_tier_stats(const CudaTierStats& s, int64_t tokens) {
+  if (!s.enabled) return "gpu expert cache: off (every expert in VRAM)";
+  const double all = double(std::max<uint64_t>(1, s.vram_hits + s.host_hits));
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "gpu expert cache: %d of %d experts per layer in VRAM (%.2f GB), the rest in pinned host memory "
+                "(%.2f GB)\n  choices served: vram %llu (%.1f%%), host %llu (%.1f%%), disk 0 (every expert is held in "
+                "host memory); promotions %llu (%.1f MB)",
+                s.slots_per_layer, s.experts_per_layer, double(s.slots_per_layer) * s.layers * s.expert_bytes / 1e9,
+                double(s.experts_per_layer) * s.layers * s.expert_bytes / 1e9, (unsigned long long)s.vram_hits,
+                100.0 * s.vram_hits / all, (unsigned long long)s.host_hits, 100.0 * s.host_hits / all,
+                (unsigned long long)s.promotions, double(s.promoted_bytes) / 1e6);
+  std::string out = buf;
+  if (tokens > 0) {
+    std::snprintf(buf, sizeof buf, "; %.1f MB per token over the host link",
+                  double(s.host_hits) * double(s.expert_bytes) / double(tokens) / 1e6);
+    out += buf;
+  }
+  return out;
+}
+
+void print_expert_stats(const ModelOptions& opt, const QwenModel& model, const char* label, const CudaModel* cuda) {
   if (!opt.stats) return;
+  if (cuda) {
+    std::fprintf(stderr, "%s %s\n", label, format_tier_stats(cuda->tier_stats()).c_str());
+    return;
+  }
   const ModelConfig& c = model.config();
   int64_t moe = 0;
   for (bool b : c.layer_is_moe) moe += b ? 1 : 0;
@@ -59,7 +102,7 @@ LoadedModel load_model(const ModelOptions& opt) {
     for (const LayerWeights& l : m.host->weights().layers)
       if (l.ffn.moe && l.ffn.experts.empty())
         fail("--device cuda needs the experts in memory: a packed (streamed) model runs on --device cpu for now");
-    m.cuda = CudaModel::upload(*m.host);
+    m.cuda = CudaModel::upload(*m.host, opt.cuda);
   }
   return m;
 }

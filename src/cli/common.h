@@ -23,6 +23,8 @@ struct ModelOptions {
   ExpertOptions experts;
   std::string cache_policy = "lru";
   bool stats = false;  // --stats: print expert-store statistics to stderr
+  std::string gpu_expert_cache;  // --gpu-expert-cache: "GB" or "N%" (empty: all experts in VRAM)
+  CudaOptions cuda;              // parsed from the above by finalize_model_options
 };
 
 // Adds -m/--model, -t/--threads, --device, the KV-cache options, the
@@ -31,8 +33,12 @@ void add_model_options(CLI::App* cmd, ModelOptions* opt, bool require_model = tr
 // Validates what add_model_options parsed; call at the start of the callback.
 void finalize_model_options(ModelOptions* opt);
 
-// Prints the expert-store statistics to stderr when --stats was given.
-void print_expert_stats(const ModelOptions& opt, const QwenModel& model, const char* label);
+// Prints the expert-store statistics to stderr when --stats was given (with
+// a GPU model: the tiered expert cache's counters).
+void print_expert_stats(const ModelOptions& opt, const QwenModel& model, const char* label,
+                        const CudaModel* cuda = nullptr);
+// "vram hits 1234 (56.1%), host 967 (43.9%), ..." for the tiered expert cache.
+std::string format_tier_stats(const CudaTierStats& s, int64_t tokens = 0);
 
 // The model of opt.model_dir on the host, and on the GPU when --device cuda
 // (throws Error naming what failed, e.g. no GPU, with a hint to use --device cpu).

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "backend/cuda/cuda_model.h"
+#include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/expert_tiers.cuh"
 #include "backend/cuda/kernels.cuh"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -20,29 +22,6 @@ using namespace flashmoe::cuda;
 namespace {
 
 constexpr int kRing = 8192;  // token-id ring on the device (prompt chunks, generated ids)
-
-std::string cuda_msg(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    fail(std::string("CUDA error in ") + what + " (" + cuda_msg(e) + "); use --device cpu to run on the CPU");
-}
-#define CK(x) check((x), #x)
-
-void* dev_alloc(size_t bytes, const std::string& what) {
-  void* p = nullptr;
-  cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 16));
-  if (e == cudaErrorMemoryAllocation) {
-    cudaGetLastError();
-    size_t fr = 0, tot = 0;
-    cudaMemGetInfo(&fr, &tot);
-    char buf[256];
-    std::snprintf(buf, sizeof buf, "out of device memory allocating %.1f MB for %s (%.2f of %.2f GB free)",
-                  double(bytes) / 1e6, what.c_str(), double(fr) / 1e9, double(tot) / 1e9);
-    fail(std::string(buf) + "; use --device cpu, a smaller model (--layers) or a smaller KV cache");
-  }
-  check(e, ("cudaMalloc for " + what).c_str());
-  return p;
-}
 
 enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2 };
 int dt_of(DType t) {
@@ -72,7 +51,10 @@ struct DLayer {
   bool moe = false;
   DMat router;  // [E (+1: shared expert gate), H]
   int edt = DT_BF16;
-  void *gu = nullptr, *down = nullptr;  // routed experts [E][2I][H], [E][H][I]
+  void *gu = nullptr, *down = nullptr;  // routed experts [E][2I][H], [E][H][I] (null when tiered)
+  const void* const* gu_tab = nullptr;  // [E] device pointers of each expert's rows (see ExpertTiers)
+  const void* const* down_tab = nullptr;
+  TierCount tc{};  // choice accounting (tiered cache only)
   bool has_shared = false;              // shared expert (MoE) or dense MLP
   DMat s_gu, s_down;                    // [2Is, H], [H, Is]
 };
@@ -135,11 +117,32 @@ struct CudaModel::Impl {
   float* inv_freq = nullptr;
   float* ones = nullptr;
   float *x = nullptr, *proj = nullptr, *convout = nullptr, *lin_o = nullptr, *q = nullptr, *attn_o = nullptr,
-        *rlogits = nullptr, *ew = nullptr, *hb = nullptr, *logits = nullptr;
+        *rlogits = nullptr, *ew = nullptr, *hb = nullptr, *logits = nullptr, *xn = nullptr;
   int* eids = nullptr;
   int maxI = 0;
   cudaStream_t stream = nullptr;
   bool use_graph = true;
+  // Decode-step variants, switchable by environment for side-by-side
+  // measurements (35B tg128; bench/NOTES-cuda.md has every run):
+  //  FLASHMOE_CUDA_ILP (on): several rows per warp at once (rows_dot), the
+  //    change that paid: 287 -> 297 tokens/s; 4 rows per warp was slower
+  //    (more registers, 3 blocks per SM).
+  //  FLASHMOE_CUDA_BPS (4): resident blocks per SM the row kernels are sized
+  //    for; 4 leaves room for the next kernel's blocks to start early (PDL).
+  //    8 is 2-5% slower, 3 and 2 starve the loads in flight.
+  //  FLASHMOE_CUDA_PREFETCH (on): whole row ranges, up to half the L2,
+  //    prefetched before a kernel waits on its predecessor (+2% before ILP,
+  //    within noise after it).
+  //  FLASHMOE_CUDA_FUSE (off): router + top-k in one kernel (last block does
+  //    the top-k); FLASHMOE_CUDA_FUSE_CONV (off): conv1d inside the delta-rule
+  //    kernel. Both save launches but did not pay (-1 to +0.5%, and -2%): the
+  //    last-block handoff and the serial conv per delta block cost what a launch does.
+  bool fuse = false, fuse_conv = false, prefetch_all = true;
+  int ilp = 1;  // several rows per warp at once in the row kernels (1: on)
+  int bps = 4;
+  unsigned* router_done = nullptr;
+  CudaOptions opts;
+  std::unique_ptr<ExpertTiers> tiers;
   int64_t bytes_total = 0, bytes_per_token = 0;
   float* pinned_logits = nullptr;
   int* pinned_ids = nullptr;
@@ -150,6 +153,8 @@ struct CudaModel::Impl {
 
   ~Impl() {
     cudaSetDevice(dev);
+    if (stream) cudaStreamSynchronize(stream);
+    tiers.reset();
     for (void* p : allocs) cudaFree(p);
     for (auto e : events) cudaEventDestroy(e);
     if (pinned_logits) cudaFreeHost(pinned_logits);
@@ -167,6 +172,32 @@ struct CudaModel::Impl {
     float* p = alloc_f(v.size(), what);
     CK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
     return p;
+  }
+
+  // Rows of several host matrices (same cols) written one after the other
+  // into dst (host memory) in storage type dt; returns the bytes written.
+  static size_t write_rows_host(const std::vector<Matrix>& parts, int dt, uint8_t* dst) {
+    size_t off = 0;
+    for (const Matrix& p : parts) {
+      const size_t n = size_t(p.rows) * p.cols, out_bytes = n * dt_size(dt);
+      if (dt_of(p.dtype) == dt) {
+        std::memcpy(dst + off, p.data, out_bytes);
+      } else {
+        for (size_t i = 0; i < n; ++i) {  // widen (or narrow, when forced)
+          float f;
+          switch (p.dtype) {
+            case DType::F32: f = static_cast<const float*>(p.data)[i]; break;
+            case DType::F16: f = f16_to_f32(static_cast<const uint16_t*>(p.data)[i]); break;
+            default: f = bf16_to_f32(static_cast<const uint16_t*>(p.data)[i]); break;
+          }
+          if (dt == DT_F32) reinterpret_cast<float*>(dst + off)[i] = f;
+          else if (dt == DT_F16) reinterpret_cast<uint16_t*>(dst + off)[i] = f32_to_f16(f);
+          else reinterpret_cast<uint16_t*>(dst + off)[i] = f32_to_bf16(f);
+        }
+      }
+      off += out_bytes;
+    }
+    return off;
   }
 
   // Rows of several host matrices (same cols) stacked into one device matrix,
@@ -188,37 +219,59 @@ struct CudaModel::Impl {
            " columns; rows must be a multiple of 16 bytes (use --device cpu)");
     m.p = alloc(m.bytes(), what);
     uint8_t* dst = static_cast<uint8_t*>(m.p);
-    std::vector<uint8_t> conv;
-    for (const Matrix& p : parts) {
-      const size_t n = size_t(p.rows) * p.cols, out_bytes = n * dt_size(dt);
-      if (dt_of(p.dtype) == dt) {
-        CK(cudaMemcpy(dst, p.data, out_bytes, cudaMemcpyHostToDevice));
-      } else {
-        // Widen (or narrow, when forced) on the host.
-        conv.resize(out_bytes);
-        for (size_t i = 0; i < n; ++i) {
-          float f;
-          switch (p.dtype) {
-            case DType::F32: f = static_cast<const float*>(p.data)[i]; break;
-            case DType::F16: f = f16_to_f32(static_cast<const uint16_t*>(p.data)[i]); break;
-            default: f = bf16_to_f32(static_cast<const uint16_t*>(p.data)[i]); break;
-          }
-          if (dt == DT_F32) reinterpret_cast<float*>(conv.data())[i] = f;
-          else if (dt == DT_F16) reinterpret_cast<uint16_t*>(conv.data())[i] = f32_to_f16(f);
-          else reinterpret_cast<uint16_t*>(conv.data())[i] = f32_to_bf16(f);
-        }
-        CK(cudaMemcpy(dst, conv.data(), out_bytes, cudaMemcpyHostToDevice));
-      }
-      dst += out_bytes;
+    std::vector<uint8_t> buf;
+    for (const Matrix& p : parts) {  // one part at a time: bounded host memory
+      buf.resize(size_t(p.rows) * p.cols * dt_size(dt));
+      const size_t n = write_rows_host({p}, dt, buf.data());
+      CK(cudaMemcpy(dst, buf.data(), n, cudaMemcpyHostToDevice));
+      dst += n;
     }
     bytes_total += int64_t(m.bytes());
     return m;
+  }
+
+  // Expert pointer table of a layer whose experts are contiguous in VRAM.
+  const void* const* contiguous_table(const void* base, int E, size_t stride, const std::string& what) {
+    std::vector<const void*> t(static_cast<size_t>(E), nullptr);
+    for (int e = 0; e < E; ++e) t[size_t(e)] = static_cast<const uint8_t*>(base) + size_t(e) * stride;
+    void* d = alloc(t.size() * sizeof(void*), what);
+    CK(cudaMemcpy(d, t.data(), t.size() * sizeof(void*), cudaMemcpyHostToDevice));
+    return static_cast<const void* const*>(d);
+  }
+
+  // VRAM slots per MoE layer for the routed experts under opts; E (all) when
+  // the cache holds every expert or no cache size was given.
+  int expert_slots(int64_t expert_bytes, int64_t moe) const {
+    const int64_t E = c.num_experts;
+    if (E <= 0 || moe == 0) return int(E);
+    double budget;
+    if (opts.expert_cache_gb >= 0) budget = opts.expert_cache_gb * 1e9;
+    else if (opts.expert_cache_fraction >= 0) budget = opts.expert_cache_fraction * double(E * moe * expert_bytes);
+    else return int(E);
+    const int64_t slots = int64_t(budget / double(moe * expert_bytes));
+    return int(std::clamp<int64_t>(slots, 0, E));
+  }
+
+  // Creates the tiered cache when the routed experts do not all get VRAM.
+  bool make_tiers(int dt, int moe) {
+    const int64_t I = c.moe_intermediate, H = c.hidden_size, E = c.num_experts;
+    const size_t gu = size_t(2 * I * H) * dt_size(dt), dn = size_t(H * I) * dt_size(dt);
+    const int slots = expert_slots(int64_t(gu + dn), moe);
+    if (slots >= E) return false;
+    tiers = std::make_unique<ExpertTiers>(moe, int(E), gu, dn, slots);
+    bytes_total += int64_t(tiers->vram_bytes());
+    return true;
   }
 
   void init_device() {
     std::string why;
     if (!CudaModel::available(&why)) fail("no usable CUDA device: " + why + "; use --device cpu");
     if (const char* e = std::getenv("FLASHMOE_CUDA_PDL")) use_pdl = std::string(e) != "0";
+    if (const char* e = std::getenv("FLASHMOE_CUDA_FUSE")) fuse = std::string(e) == "1";
+    if (const char* e = std::getenv("FLASHMOE_CUDA_FUSE_CONV")) fuse_conv = std::string(e) == "1";
+    if (const char* e = std::getenv("FLASHMOE_CUDA_ILP")) ilp = std::string(e) != "0";
+    if (const char* e = std::getenv("FLASHMOE_CUDA_BPS")) bps = std::clamp(std::atoi(e), 1, 8);
+    if (const char* e = std::getenv("FLASHMOE_CUDA_PREFETCH")) prefetch_all = std::string(e) != "0";
     CK(cudaSetDevice(dev));
     CK(cudaGetDeviceProperties(&prop, dev));
     CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -230,6 +283,9 @@ struct CudaModel::Impl {
     CK(cudaFuncSetAttribute(gate_up_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
     CK(cudaFuncSetAttribute(gate_up_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
     CK(cudaFuncSetAttribute(gate_up_kernel<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+    CK(cudaFuncSetAttribute(router_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+    CK(cudaFuncSetAttribute(router_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+    CK(cudaFuncSetAttribute(router_kernel<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   }
 
   // Scratch buffers and constants, once the dimensions are known.
@@ -264,6 +320,9 @@ struct CudaModel::Impl {
     maxI = int(std::max({m.moe_intermediate, m.shared_intermediate, m.intermediate_size, int64_t(1)}));
     hb = alloc_f(size_t(m.num_experts_per_tok + 1) * maxI, "expert activations");
     logits = alloc_f(size_t(m.vocab_size), "logits");
+    router_done = static_cast<unsigned*>(alloc(4, "router counter"));
+    xn = alloc_f(size_t(H), "activations");
+    CK(cudaMemset(router_done, 0, 4));
     CK(cudaMallocHost(&pinned_logits, size_t(m.vocab_size) * 4));
     CK(cudaMallocHost(&pinned_ids, size_t(kRing) * 4));
     slot.clear();
@@ -320,26 +379,93 @@ struct CudaModel::Impl {
     return s;
   }
 
+  // Rows per warp to prefetch before a row kernel's wait: all of them when
+  // the whole matrix fits in half the L2, else as many as do (at least one).
+  int pf_rows(size_t bytes, int rows, int blocks, int rpb) const {
+    const int per_warp = (rows + blocks * rpb - 1) / (blocks * rpb);
+    if (!prefetch_all) return 1;
+    const size_t half = size_t(prop.l2CacheSize) / 2, row = bytes / size_t(std::max(rows, 1));
+    const size_t fit = half / std::max<size_t>(1, row * size_t(blocks) * rpb);
+    return int(std::clamp<size_t>(fit, 1, size_t(per_warp)));
+  }
+
+  // Blocks per SM for a row kernel: bps, or fewer when that many do not fit
+  // (registers, shared memory), so the grid is one resident wave.
+  std::vector<std::pair<std::pair<const void*, size_t>, int>> fit_cache;
+  int per_sm(const void* func, size_t smem) {
+    for (auto& f : fit_cache)
+      if (f.first.first == func && f.first.second == smem) return f.second;
+    int n = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, func, kThreads, smem));
+    n = std::clamp(n, 1, bps);
+    fit_cache.push_back({{func, smem}, n});
+    return n;
+  }
+
   void matvec(const DMat& W, const float* xin, const float* nw, float* y, int acc, int cls) {
     const int split = split_for(W.rows, W.cols, int(16 / dt_size(W.dt)));
     const int rpb = kWarps / split;
-    const int blocks = std::min((W.rows + rpb - 1) / rpb, prop.multiProcessorCount * 8);
+    const void* fn = W.dt == DT_F32   ? reinterpret_cast<const void*>(matvec_kernel<float>)
+                     : W.dt == DT_F16 ? reinterpret_cast<const void*>(matvec_kernel<__half>)
+                                      : reinterpret_cast<const void*>(matvec_kernel<__nv_bfloat16>);
+    const int blocks = std::min((W.rows + rpb - 1) / rpb, prop.multiProcessorCount * per_sm(fn, size_t(W.cols) * 4));
+    const int pf = pf_rows(W.bytes(), W.rows, blocks, rpb);
     const size_t smem = size_t(W.cols) * 4;
     const float eps = c.rms_norm_eps;
     switch (W.dt) {
       case DT_F32:
         go(matvec_kernel<float>, blocks, kThreads, smem, static_cast<const float*>(W.p), W.rows, W.cols, xin,
-                                                                nw, eps, y, acc, split);
+                                                                nw, eps, y, acc, split, pf, ilp);
         break;
       case DT_F16:
         go(matvec_kernel<__half>, blocks, kThreads, smem, static_cast<const __half*>(W.p), W.rows, W.cols,
-                                                                 xin, nw, eps, y, acc, split);
+                                                                 xin, nw, eps, y, acc, split, pf, ilp);
         break;
       default:
         go(matvec_kernel<__nv_bfloat16>, blocks, kThreads, smem, static_cast<const __nv_bfloat16*>(W.p),
-                                                                        W.rows, W.cols, xin, nw, eps, y, acc, split);
+                                                                        W.rows, W.cols, xin, nw, eps, y, acc, split,
+                                                                        pf, ilp);
     }
     mark(cls);
+  }
+
+  // Router logits + top-k in one kernel (fuse) or two.
+  void route(const DLayer& d) {
+    const DMat& W = d.router;
+    RouterArgs a;
+    a.rows = W.rows;
+    a.cols = W.cols;
+    a.E = int(c.num_experts);
+    a.k = int(c.num_experts_per_tok);
+    a.norm_topk = c.norm_topk_prob ? 1 : 0;
+    a.has_shared = d.has_shared ? 1 : 0;
+    a.split = split_for(W.rows, W.cols, int(16 / dt_size(W.dt)));
+    const int rpb = kWarps / a.split;
+    const int blocks = std::min((W.rows + rpb - 1) / rpb, prop.multiProcessorCount * bps);
+    a.pf_rows = pf_rows(W.bytes(), W.rows, blocks, rpb);
+    a.x = x;
+    a.nw = d.post_norm;
+    a.eps = c.rms_norm_eps;
+    a.logits = rlogits;
+    a.ids = eids;
+    a.w = ew;
+    a.done = router_done;
+    a.tc = d.tc;
+    a.xn = fuse ? xn : nullptr;
+    a.ilp = ilp;
+    if (!fuse) {
+      matvec(W, x, d.post_norm, rlogits, 0, K_ROUTER);
+      go(topk_kernel, 1, 32, 0, rlogits, a.E, a.k, a.norm_topk, a.has_shared, eids, ew, d.tc);
+      mark(K_ROUTER);
+      return;
+    }
+    const size_t smem = size_t(W.cols) * 4;
+    switch (W.dt) {
+      case DT_F32: go(router_kernel<float>, blocks, kThreads, smem, static_cast<const float*>(W.p), a); break;
+      case DT_F16: go(router_kernel<__half>, blocks, kThreads, smem, static_cast<const __half*>(W.p), a); break;
+      default: go(router_kernel<__nv_bfloat16>, blocks, kThreads, smem, static_cast<const __nv_bfloat16*>(W.p), a);
+    }
+    mark(K_ROUTER);
   }
 
   template <typename T>
@@ -350,8 +476,10 @@ struct CudaModel::Impl {
     int split = 1;
     while (split * 2 <= std::min(slots, kWarps)) split *= 2;
     const int rpb = kWarps / split;
-    const int blocks = std::min((a.H + rpb - 1) / rpb, prop.multiProcessorCount * 8);
-    go(down_kernel<T>, blocks, kThreads, 0, a, split);
+    const int blocks = std::min((a.H + rpb - 1) / rpb, prop.multiProcessorCount * bps);
+    MoeArgs b = a;
+    b.pf_rows = pf_rows(size_t(slots) * a.H * std::max(a.I, a.Is) * sizeof(T), a.H, blocks, rpb);
+    go(down_kernel<T>, blocks, kThreads, 0, b, split);
     mark(K_EXPERTS);
   }
 
@@ -382,9 +510,16 @@ struct CudaModel::Impl {
       const int sl = slot[li];
       if (!d.full) {
         matvec(d.lin_in, x, d.in_norm, proj, 0, K_PROJ);
-        go(conv_kernel, (C + 255) / 256, 256, 0, proj, C, K, d.conv_w, s.conv[sl], convout);
-        mark(K_CONV);
+        if (!fuse_conv) {
+          go(conv_kernel, (C + 255) / 256, 256, 0, proj, C, K, d.conv_w, s.conv[sl], convout);
+          mark(K_CONV);
+        }
         DeltaArgs a;
+        a.fused = fuse_conv ? 1 : 0;
+        a.K = K;
+        a.taps = d.conv_w;
+        a.cstate = s.conv[sl];
+        a.pos = s.d_pos;
         a.conv = convout;
         a.proj = proj;
         a.zoff = C;
@@ -459,14 +594,13 @@ struct CudaModel::Impl {
       a.x = x;
       a.hb = hb;
       a.ids = eids;
+      a.xn = d.moe && fuse ? xn : nullptr;
+      a.ilp = ilp;
       int slots;
       if (d.moe) {
-        matvec(d.router, x, d.post_norm, rlogits, 0, K_ROUTER);
-        go(topk_kernel, 1, 32, 0, rlogits, int(m.num_experts), int(m.num_experts_per_tok),
-                                          m.norm_topk_prob ? 1 : 0, d.has_shared ? 1 : 0, eids, ew);
-        mark(K_ROUTER);
-        a.gu = d.gu;
-        a.down = d.down;
+        route(d);
+        a.gu_tab = d.gu_tab;
+        a.down_tab = d.down_tab;
         a.k = int(m.num_experts_per_tok);
         a.I = int(m.moe_intermediate);
         a.w = ew;
@@ -476,8 +610,8 @@ struct CudaModel::Impl {
         a.Is = d.has_shared ? d.s_down.cols : 0;
         slots = a.k + a.has_shared;
       } else {
-        a.gu = nullptr;
-        a.down = nullptr;
+        a.gu_tab = nullptr;
+        a.down_tab = nullptr;
         a.k = 0;
         a.I = 0;
         a.w = ones;
@@ -591,10 +725,11 @@ int64_t CudaModel::weight_bytes_total() const { return p_->bytes_total; }
 int64_t CudaModel::weight_bytes_per_token() const { return p_->bytes_per_token; }
 void CudaModel::set_use_graph(bool on) { p_->use_graph = on; }
 
-std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model) {
+std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaOptions& o) {
   std::unique_ptr<CudaModel> cm(new CudaModel);
   Impl& m = *cm->p_;
   m.c = model.config();
+  m.opts = o;
   m.init_device();
   const ModelConfig& c = m.c;
   const ModelWeights& w = model.weights();
@@ -602,6 +737,8 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model) {
   m.lm_head = w.lm_head.data == w.embed.data ? m.embed : m.upload_rows({w.lm_head}, "lm_head");
   m.final_norm = m.upload_vec(w.final_norm, "final norm");
   const int64_t nk = c.lin_num_k_heads, nv = c.lin_num_v_heads, dk = c.lin_k_dim, dv = c.lin_v_dim;
+  int moe_index = 0, tier_dt = -1;
+  bool tiered = false;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const LayerWeights& lw = w.layers[size_t(i)];
     const std::string p = "layer " + std::to_string(i) + " ";
@@ -651,15 +788,41 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model) {
       };
       for (const FfnExpert& e : f.experts) same(e.gate), same(e.up), same(e.down);
       if (f.has_shared) same(f.shared.gate), same(f.shared.up), same(f.shared.down);
-      std::vector<Matrix> gu, dn;
-      for (const FfnExpert& e : f.experts) {
-        gu.push_back(e.gate);
-        gu.push_back(e.up);
-        dn.push_back(e.down);
-      }
       d.edt = dt;
-      d.gu = m.upload_rows(gu, p + "experts gate/up", dt).p;
-      d.down = m.upload_rows(dn, p + "experts down", dt).p;
+      const int E = int(f.experts.size());
+      const size_t gu_bytes = size_t(2 * c.moe_intermediate * c.hidden_size) * dt_size(dt);
+      const size_t dn_bytes = size_t(c.hidden_size * c.moe_intermediate) * dt_size(dt);
+      if (moe_index == 0) {
+        int moe = 0;
+        for (const LayerWeights& x : w.layers) moe += x.ffn.moe ? 1 : 0;
+        tiered = m.make_tiers(dt, moe);
+      }
+      if (tiered) {
+        if (moe_index > 0 && dt != tier_dt)
+          fail("--gpu-expert-cache: the experts of " + p + "have a different storage type than those of the "
+               "first MoE layer; use --device cpu");
+        for (int e = 0; e < E; ++e) {
+          const FfnExpert& x = f.experts[size_t(e)];
+          Impl::write_rows_host({x.gate, x.up}, dt, m.tiers->host_gu(moe_index) + size_t(e) * gu_bytes);
+          Impl::write_rows_host({x.down}, dt, m.tiers->host_down(moe_index) + size_t(e) * dn_bytes);
+        }
+        d.gu_tab = m.tiers->gu_tab(moe_index);
+        d.down_tab = m.tiers->down_tab(moe_index);
+        d.tc = m.tiers->count(moe_index);
+      } else {
+        std::vector<Matrix> gu, dn;
+        for (const FfnExpert& e : f.experts) {
+          gu.push_back(e.gate);
+          gu.push_back(e.up);
+          dn.push_back(e.down);
+        }
+        d.gu = m.upload_rows(gu, p + "experts gate/up", dt).p;
+        d.down = m.upload_rows(dn, p + "experts down", dt).p;
+        d.gu_tab = m.contiguous_table(d.gu, E, gu_bytes, p + "expert table");
+        d.down_tab = m.contiguous_table(d.down, E, dn_bytes, p + "expert table");
+      }
+      if (moe_index == 0) tier_dt = dt;
+      ++moe_index;
       if (f.has_shared) {
         d.has_shared = true;
         d.s_gu = m.upload_rows({f.shared.gate, f.shared.up}, p + "shared expert", dt);
@@ -675,14 +838,16 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model) {
     }
     m.L.push_back(d);
   }
+  if (m.tiers) m.tiers->start();
   m.init_common();
   return cm;
 }
 
-std::unique_ptr<CudaModel> CudaModel::synthetic(const ModelConfig& cfg, uint64_t seed) {
+std::unique_ptr<CudaModel> CudaModel::synthetic(const ModelConfig& cfg, uint64_t seed, const CudaOptions& o) {
   std::unique_ptr<CudaModel> cm(new CudaModel);
   Impl& m = *cm->p_;
   m.c = cfg;
+  m.opts = o;
   m.init_device();
   const ModelConfig& c = m.c;
   uint64_t salt = seed;
@@ -717,6 +882,8 @@ std::unique_ptr<CudaModel> CudaModel::synthetic(const ModelConfig& cfg, uint64_t
   m.embed = rnd(V, H, "embedding");
   m.lm_head = c.tie_word_embeddings ? m.embed : rnd(V, H, "lm_head");
   m.final_norm = cst(size_t(H), 0.f, "norm");
+  int moe_index = 0;
+  void *tmp_gu = nullptr, *tmp_dn = nullptr;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     DLayer d;
     d.full = c.layer_kinds[size_t(i)] == LayerKind::Full;
@@ -739,8 +906,30 @@ std::unique_ptr<CudaModel> CudaModel::synthetic(const ModelConfig& cfg, uint64_t
       d.moe = true;
       d.router = rnd(E + (Is > 0 ? 1 : 0), H, "router");
       d.edt = DT_BF16;
-      d.gu = rnd(E * 2 * I, H, "experts gate/up").p;
-      d.down = rnd(E * H, I, "experts down").p;
+      const size_t gu_bytes = size_t(2 * I) * H * 2, dn_bytes = size_t(H) * I * 2;
+      if (moe_index == 0 && m.make_tiers(DT_BF16, int(c.num_layers))) {
+        // Staging for one layer's experts, generated on the device and copied to pinned memory.
+        tmp_gu = dev_alloc(size_t(E) * gu_bytes, "synthetic expert staging");
+        tmp_dn = dev_alloc(size_t(E) * dn_bytes, "synthetic expert staging");
+      }
+      if (m.tiers) {
+        fill_random_kernel<__nv_bfloat16><<<4096, 256, 0, m.stream>>>(static_cast<__nv_bfloat16*>(tmp_gu),
+                                                                       size_t(E) * 2 * I * H, ++salt, 1.0f / std::sqrt(float(H)));
+        fill_random_kernel<__nv_bfloat16><<<4096, 256, 0, m.stream>>>(static_cast<__nv_bfloat16*>(tmp_dn),
+                                                                       size_t(E) * H * I, ++salt, 1.0f / std::sqrt(float(I)));
+        check(cudaGetLastError(), "fill");
+        CK(cudaMemcpyAsync(m.tiers->host_gu(moe_index), tmp_gu, size_t(E) * gu_bytes, cudaMemcpyDeviceToHost, m.stream));
+        CK(cudaMemcpyAsync(m.tiers->host_down(moe_index), tmp_dn, size_t(E) * dn_bytes, cudaMemcpyDeviceToHost, m.stream));
+        d.gu_tab = m.tiers->gu_tab(moe_index);
+        d.down_tab = m.tiers->down_tab(moe_index);
+        d.tc = m.tiers->count(moe_index);
+      } else {
+        d.gu = rnd(E * 2 * I, H, "experts gate/up").p;
+        d.down = rnd(E * H, I, "experts down").p;
+        d.gu_tab = m.contiguous_table(d.gu, E, gu_bytes, "expert table");
+        d.down_tab = m.contiguous_table(d.down, E, dn_bytes, "expert table");
+      }
+      ++moe_index;
       if (Is > 0) {
         d.has_shared = true;
         d.s_gu = rnd(2 * Is, H, "shared expert");
@@ -755,6 +944,9 @@ std::unique_ptr<CudaModel> CudaModel::synthetic(const ModelConfig& cfg, uint64_t
     m.L.push_back(d);
   }
   CK(cudaStreamSynchronize(m.stream));
+  cudaFree(tmp_gu);
+  cudaFree(tmp_dn);
+  if (m.tiers) m.tiers->start();
   m.init_common();
   return cm;
 }
@@ -805,8 +997,9 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv) const {
       b.ks = static_cast<float*>(dev_alloc(size_t(s.cap) * std::max(s.ns, 1) * 4, "KV scales"));
       b.vs = static_cast<float*>(dev_alloc(size_t(s.cap) * std::max(s.ns, 1) * 4, "KV scales"));
     } else {
-      s.conv.push_back(static_cast<float*>(dev_alloc(size_t(C * (Kc - 1)) * 4, "conv state")));
-      CK(cudaMemset(s.conv.back(), 0, size_t(C * (Kc - 1)) * 4));
+      // [C][K]: the fused kernel keeps a ring of K inputs, the unfused one K-1.
+      s.conv.push_back(static_cast<float*>(dev_alloc(size_t(C * Kc) * 4, "conv state")));
+      CK(cudaMemset(s.conv.back(), 0, size_t(C * Kc) * 4));
       s.ssm.push_back(static_cast<float*>(dev_alloc(size_t(ssm_n) * 4, "delta-rule state")));
       CK(cudaMemset(s.ssm.back(), 0, size_t(ssm_n) * 4));
     }
@@ -841,6 +1034,7 @@ void CudaModel::forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode
       const bool want = mode == LogitsMode::All || (mode == LogitsMode::Last && g == n - 1);
       m.run_step(s, want ? 1 : 0);
       ++s.pos;
+      if (m.tiers) m.tiers->maintain(m.stream);
       if (want) {
         CK(cudaMemcpyAsync(m.pinned_logits, m.logits, size_t(V) * 4, cudaMemcpyDeviceToHost, m.stream));
         CK(cudaStreamSynchronize(m.stream));
@@ -865,6 +1059,7 @@ void CudaModel::decode_greedy(CudaState& st, int32_t first, int64_t n, int32_t* 
     for (int64_t t = 0; t < len; ++t) {
       m.run_step(s, 2);
       ++s.pos;
+      if (m.tiers) m.tiers->maintain(m.stream);
     }
     CK(cudaMemcpyAsync(m.pinned_ids, s.d_out, size_t(len) * 4, cudaMemcpyDeviceToHost, m.stream));
     CK(cudaStreamSynchronize(m.stream));
@@ -908,6 +1103,56 @@ double CudaModel::copy_bandwidth_gbps() const {
   cudaFree(a);
   cudaFree(b);
   return 2.0 * double(bytes) / (double(best) * 1e-3) / 1e9;
+}
+
+double CudaModel::host_link_gbps() const {
+  Impl& m = *p_;
+  CK(cudaSetDevice(m.dev));
+  const size_t bytes = size_t(1) << 30;
+  void* h = nullptr;
+  CK(cudaMallocHost(&h, bytes));
+  void* d = nullptr;
+  try {
+    d = dev_alloc(bytes, "link bandwidth test");
+  } catch (...) {
+    cudaFreeHost(h);
+    throw;
+  }
+  std::memset(h, 1, bytes);
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  float best = 1e30f;
+  for (int r = 0; r < 5; ++r) {
+    CK(cudaEventRecord(e0, m.stream));
+    CK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, m.stream));
+    CK(cudaEventRecord(e1, m.stream));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    best = std::min(best, ms);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(d);
+  cudaFreeHost(h);
+  return double(bytes) / (double(best) * 1e-3) / 1e9;
+}
+
+CudaTierStats CudaModel::tier_stats() const {
+  Impl& m = *p_;
+  if (!m.tiers) return {};
+  CK(cudaSetDevice(m.dev));
+  CK(cudaStreamSynchronize(m.stream));
+  return m.tiers->stats();
+}
+
+void CudaModel::reset_tier_stats() {
+  Impl& m = *p_;
+  if (!m.tiers) return;
+  CK(cudaSetDevice(m.dev));
+  CK(cudaStreamSynchronize(m.stream));
+  m.tiers->reset_stats();
 }
 
 std::vector<CudaKernelTime> CudaModel::profile_decode(CudaState& st, int32_t first, int steps) const {

@@ -33,15 +33,34 @@ struct CudaKernelTime {
   int launches = 0;  // kernel launches of this class over the profiled steps
 };
 
+// Where the routed experts live on the GPU (--gpu-expert-cache).
+struct CudaOptions {
+  // VRAM for routed experts: a size in GB (expert_cache_gb >= 0) or a
+  // fraction of all expert bytes (expert_cache_fraction >= 0); neither: all
+  // experts in VRAM. What does not fit stays in pinned host memory, read
+  // over the host link by the expert kernels and promoted to VRAM when hot.
+  double expert_cache_gb = -1;
+  double expert_cache_fraction = -1;
+};
+
+// Counters of the tiered expert cache (all zero / disabled without one).
+struct CudaTierStats {
+  bool enabled = false;
+  uint64_t vram_hits = 0, host_hits = 0;  // routed-expert choices served from each tier
+  uint64_t promotions = 0, promoted_bytes = 0;
+  int layers = 0, experts_per_layer = 0, slots_per_layer = 0;
+  int64_t expert_bytes = 0;  // one expert: gate + up + down
+};
+
 class CudaModel {
  public:
   // Whether a CUDA device can be used; `why` receives the reason if not.
   static bool available(std::string* why = nullptr);
   // Uploads the weights of a loaded model (bf16/f16/f32 kept as stored).
-  static std::unique_ptr<CudaModel> upload(const QwenModel& m);
+  static std::unique_ptr<CudaModel> upload(const QwenModel& m, const CudaOptions& o = {});
   // Random bf16 weights of the given dimensions, built on the device (no
   // checkpoint): for benchmarks of published model sizes.
-  static std::unique_ptr<CudaModel> synthetic(const ModelConfig& c, uint64_t seed);
+  static std::unique_ptr<CudaModel> synthetic(const ModelConfig& c, uint64_t seed, const CudaOptions& o = {});
   ~CudaModel();
 
   const ModelConfig& config() const;
@@ -62,6 +81,11 @@ class CudaModel {
   void set_use_graph(bool on);
   // Device-to-device cudaMemcpy bandwidth, bytes read + written per second / 1e9.
   double copy_bandwidth_gbps() const;
+  // Host-to-device cudaMemcpy bandwidth from pinned memory, GB/s.
+  double host_link_gbps() const;
+  // Tiered expert cache counters (call with no step in flight), and reset.
+  CudaTierStats tier_stats() const;
+  void reset_tier_stats();
   // Per-kernel-class time of `steps` decode steps (plain launches, events
   // between kernels); advances `st` by `steps` tokens.
   std::vector<CudaKernelTime> profile_decode(CudaState& st, int32_t first, int steps) const;

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "backend/cuda/tier_count.cuh"
+
 namespace flashmoe::cuda {
 
 constexpr int kWarps = 8;  // warps per block in the row kernels
@@ -133,6 +135,43 @@ __device__ __forceinline__ float row_dot(const T* __restrict__ w, const float* x
   return acc0 + acc1;
 }
 
+// Up to R rows at once (row i at w + i * step; n <= R of them valid), each
+// with the same arithmetic as row_dot: the loads of all the rows are issued
+// before any is consumed, so a warp has R times the bytes in flight and a
+// kernel's chain of dependent load rounds is R times shorter.
+template <typename T, int R>
+__device__ __forceinline__ void rows_dot(const T* __restrict__ w, size_t step, int n, const float* xs, int cols,
+                                         int lane, float* out) {
+  constexpr int V = 16 / sizeof(T);
+  float a0[R], a1[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) a0[i] = a1[i] = 0.f;
+  int c = lane * V;
+#pragma unroll 2
+  for (; c + 32 * V < cols; c += 64 * V) {
+    uint4 p[R], q[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+      if (i < n) {
+        p[i] = ld_stream(w + i * step + c);
+        q[i] = ld_stream(w + i * step + c + 32 * V);
+      }
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+      if (i < n) {
+        a0[i] += dot16<T>(p[i], xs + c);
+        a1[i] += dot16<T>(q[i], xs + c + 32 * V);
+      }
+  }
+  if (c < cols) {
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+      if (i < n) a0[i] += dot16<T>(ld_stream(w + i * step + c), xs + c);
+  }
+#pragma unroll
+  for (int i = 0; i < R; ++i) out[i] = a0[i] + a1[i];
+}
+
 // xs = x (cols floats), optionally zero-centred-RMS-normed with weight nw.
 __device__ __forceinline__ void load_x(const float* __restrict__ x, const float* __restrict__ nw, float eps,
                                        int cols, float* xs) {
@@ -164,40 +203,72 @@ __global__ void embed_kernel(const T* __restrict__ E, int H, const int* __restri
     x[i] = to_f<T>(E[size_t(tok) * H + i]);
 }
 
-// y[r] (+)= W[r,:] . norm(x). `split` warps share a row (each a slice of
-// the columns; partials summed in a fixed order), kWarps/split rows per
-// block, blocks loop over rows (grid-stride). Splitting keeps enough loads
-// in flight for matrices of few rows.
+// The first n rows this warp will process in a row kernel (grid-stride over
+// blocks of rpb rows, `split` warps per row): prefetched into L2 before the
+// kernel waits on its predecessor (PDL), so the weight stream overlaps the
+// previous kernel's tail instead of starting after it. The host picks n so
+// that what all warps prefetch fits in half the L2.
+template <typename T>
+__device__ __forceinline__ void prefetch_rows(const T* W, int rows, int cols, int split, int n) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int rpb = kWarps / split, sub = warp % split, lr = warp / split, chunk = cols / split;
+  for (int r = blockIdx.x * rpb + lr, i = 0; r < rows && i < n; r += gridDim.x * rpb, ++i)
+    warp_prefetch(W + size_t(r) * cols + sub * chunk, size_t(chunk) * sizeof(T), lane);
+}
+
+// y[r] (+)= W[r,:] . xs for the rows of this block. `split` warps share a
+// row (each a slice of the columns; partials summed in a fixed order),
+// kWarps/split rows per block, blocks loop over rows (grid-stride), two
+// rows per warp at a time when ilp is set. Splitting keeps enough loads in
+// flight for matrices of few rows.
+template <typename T>
+__device__ __forceinline__ void matvec_rows(const T* __restrict__ W, int rows, int cols, const float* xs,
+                                            float* __restrict__ y, int accumulate, int split, int ilp) {
+  __shared__ float part[2][kWarps];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int rpb = kWarps / split, sub = warp % split, lr = warp / split, chunk = cols / split;
+  const int stride = gridDim.x * rpb, per = ilp ? 2 : 1;
+  for (int r0 = blockIdx.x * rpb; r0 < rows; r0 += per * stride) {
+    const int r = r0 + lr;
+    const int n = r >= rows ? 0 : (per == 2 && r + stride < rows ? 2 : 1);
+    float acc[2] = {0.f, 0.f};
+    if (n == 2) rows_dot<T, 2>(W + size_t(r) * cols + sub * chunk, size_t(stride) * cols, 2, xs + sub * chunk, chunk, lane, acc);
+    else if (n == 1) acc[0] = row_dot<T>(W + size_t(r) * cols + sub * chunk, xs + sub * chunk, chunk, lane);
+    acc[0] = warp_sum(acc[0]);
+    acc[1] = warp_sum(acc[1]);
+    if (split == 1) {
+      if (lane == 0)
+        for (int i = 0; i < n; ++i) {
+          const int ri = r + i * stride;
+          y[ri] = accumulate ? y[ri] + acc[i] : acc[i];
+        }
+      continue;
+    }
+    if (lane == 0) part[0][warp] = acc[0], part[1][warp] = acc[1];
+    __syncthreads();
+    if (sub == 0 && lane == 0)
+      for (int i = 0; i < n; ++i) {
+        float t = 0.f;
+        for (int k = 0; k < split; ++k) t += part[i][lr * split + k];
+        const int ri = r + i * stride;
+        y[ri] = accumulate ? y[ri] + t : t;
+      }
+    __syncthreads();
+  }
+}
+
+// y[r] (+)= W[r,:] . norm(x) (norm skipped when nw is null).
 template <typename T>
 __global__ void __launch_bounds__(kThreads) matvec_kernel(const T* __restrict__ W, int rows, int cols,
                                                           const float* __restrict__ x, const float* __restrict__ nw,
-                                                          float eps, float* __restrict__ y, int accumulate, int split) {
+                                                          float eps, float* __restrict__ y, int accumulate, int split,
+                                                          int pf_rows, int ilp) {
   extern __shared__ __align__(16) float xs[];
-  __shared__ float part[kWarps];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int rpb = kWarps / split, sub = warp % split, lr = warp / split, chunk = cols / split;
-  if (blockIdx.x * rpb + lr < rows)
-    warp_prefetch(W + size_t(blockIdx.x * rpb + lr) * cols + sub * chunk, size_t(chunk) * sizeof(T), lane);
+  prefetch_rows(W, rows, cols, split, pf_rows);
   pdl_wait();
   pdl_trigger();
   load_x(x, nw, eps, cols, xs);
-  for (int r0 = blockIdx.x * rpb; r0 < rows; r0 += gridDim.x * rpb) {
-    const int r = r0 + lr;
-    float acc = 0.f;
-    if (r < rows) acc = warp_sum(row_dot<T>(W + size_t(r) * cols + sub * chunk, xs + sub * chunk, chunk, lane));
-    if (split == 1) {
-      if (lane == 0 && r < rows) y[r] = accumulate ? y[r] + acc : acc;
-      continue;
-    }
-    if (lane == 0) part[warp] = acc;
-    __syncthreads();
-    if (sub == 0 && lane == 0 && r < rows) {
-      float t = 0.f;
-      for (int i = 0; i < split; ++i) t += part[lr * split + i];
-      y[r] = accumulate ? y[r] + t : t;
-    }
-    __syncthreads();
-  }
+  matvec_rows(W, rows, cols, xs, y, accumulate, split, ilp);
 }
 
 // GatedDeltaNet causal depthwise conv (kernel K) + SiLU over C channels.
@@ -229,7 +300,27 @@ struct DeltaArgs {
   float* out;           // [nv*dv]
   int nk, nv, dk, dv;
   float eps;
+  // fused: the conv1d + SiLU is computed here from proj[0..C) (conv is then
+  // unused), with the state kept as a ring of the last K inputs per channel.
+  int fused, K;
+  const float* taps;  // [C][K]
+  float* cstate;      // [C][K] ring: input of position p at p % K
+  const int* pos;
 };
+
+// Causal depthwise conv + SiLU of one channel at position pos over the ring
+// state (the slot written, pos % K, is never one this step reads, so blocks
+// sharing a channel do not race; only one of them writes it).
+__device__ __forceinline__ float conv_ring(const DeltaArgs& a, int ch, int pos, bool write) {
+  const int K = a.K;
+  float* st = a.cstate + size_t(ch) * K;
+  const float* tp = a.taps + size_t(ch) * K;
+  const float v = a.proj[ch];
+  float acc = tp[K - 1] * v;
+  for (int m = K - 1; m >= 1; --m) acc += tp[K - 1 - m] * st[(pos - m + K * 4) % K];  // same order as conv_kernel
+  if (write) st[pos % K] = v;
+  return siluf_(acc);
+}
 
 // One block per value head. DK > 0: SPLIT threads per value column j, each
 // holding DK/SPLIT rows of the state column in registers (blockDim = dv*SPLIT);
@@ -243,9 +334,12 @@ __global__ void delta_kernel(DeltaArgs a) {
   const int j = threadIdx.x / SPLIT, part = threadIdx.x % SPLIT;
   pdl_wait();
   pdl_trigger();
+  const int pos = a.fused ? *a.pos : 0;
+  const bool wqk = (h % r) == 0;  // one block per key group writes its q/k conv state
   float sq = 0.f, sk = 0.f;
   for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-    const float qi = a.conv[g * dk + i], ki = a.conv[a.nk * dk + g * dk + i];
+    const float qi = a.fused ? conv_ring(a, g * dk + i, pos, wqk) : a.conv[g * dk + i];
+    const float ki = a.fused ? conv_ring(a, a.nk * dk + g * dk + i, pos, wqk) : a.conv[a.nk * dk + g * dk + i];
     q[i] = qi;
     k[i] = ki;
     sq += qi * qi;
@@ -264,7 +358,8 @@ __global__ void delta_kernel(DeltaArgs a) {
   float o = 0.f;
   const bool active = j < dv;
   float* S = a.S + size_t(h) * dk * dv + (active ? j : 0);
-  const float v = active ? a.conv[2 * a.nk * dk + h * dv + j] : 0.f;
+  const int vch = 2 * a.nk * dk + h * dv + j;
+  const float v = !active ? 0.f : a.fused ? conv_ring(a, vch, pos, part == 0) : a.conv[vch];
   if constexpr (DK > 0) {
     constexpr int R = DK / SPLIT;
     const int i0 = part * R;
@@ -509,18 +604,18 @@ __global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
 
 // Router: softmax over E logits, top-k (ties: lower index), renormalised
 // weights; the shared expert's gate logit is logits[E]. One warp, E <= 512.
-__global__ void topk_kernel(const float* __restrict__ logits, int E, int k, int norm_topk, int has_shared,
-                            int* __restrict__ ids, float* __restrict__ w) {
+// Logits are read through L2 (.cg): in the fused router they were written
+// by other blocks of the same grid.
+__device__ __forceinline__ void topk_warp(const float* logits, int E, int k, int norm_topk, int has_shared, int* ids,
+                                          float* w, TierCount tc) {
   constexpr int PER = 16;
-  const int lane = threadIdx.x;
-  pdl_wait();
-  pdl_trigger();
+  const int lane = threadIdx.x & 31;
   float v[PER];
   float mx = -INFINITY;
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
     const int e = i * 32 + lane;
-    v[i] = e < E ? logits[e] : -INFINITY;
+    v[i] = e < E ? __ldcg(logits + e) : -INFINITY;
     mx = fmaxf(mx, v[i]);
   }
   mx = warp_max(mx);
@@ -561,20 +656,72 @@ __global__ void topk_kernel(const float* __restrict__ logits, int E, int k, int 
       if (i * 32 + lane == bi) v[i] = -1.0f;
     chosen_sum += bv;
     if (lane == r) chosen_p = bv;
-    if (lane == 0) ids[r] = bi;
+    if (lane == 0) {
+      ids[r] = bi;
+      if (tc.counts) {
+        atomicAdd(tc.counts + bi, 1u);
+        atomicAdd(tc.hits + (tc.tier[bi] ? 1 : 0), 1ull);
+      }
+    }
   }
   if (lane < k) w[lane] = norm_topk ? chosen_p / chosen_sum : chosen_p;
-  if (lane == 0 && has_shared) w[k] = sigmoidf_(logits[E]);
+  if (lane == 0 && has_shared) w[k] = sigmoidf_(__ldcg(logits + E));
+}
+
+__global__ void topk_kernel(const float* __restrict__ logits, int E, int k, int norm_topk, int has_shared,
+                            int* __restrict__ ids, float* __restrict__ w, TierCount tc) {
+  pdl_wait();
+  pdl_trigger();
+  topk_warp(logits, E, k, norm_topk, has_shared, ids, w, tc);
+}
+
+// Router matvec and top-k in one launch: every block computes its router
+// rows; the last block to finish (a counter, reset by that block) runs the
+// top-k. Saves a kernel boundary per MoE layer.
+struct RouterArgs {
+  int rows, cols, E, k, norm_topk, has_shared, split, pf_rows, ilp;
+  const float* x;
+  const float* nw;
+  float eps;
+  float* logits;  // [rows]
+  int* ids;
+  float* w;
+  unsigned* done;  // zero between launches
+  TierCount tc;
+  float* xn;  // block 0 stores the normed x here for the expert kernels (may be null)
+};
+template <typename T>
+__global__ void __launch_bounds__(kThreads) router_kernel(const T* __restrict__ W, RouterArgs a) {
+  extern __shared__ __align__(16) float xs[];
+  __shared__ int last;
+  prefetch_rows(W, a.rows, a.cols, a.split, a.pf_rows);
+  pdl_wait();
+  pdl_trigger();
+  load_x(a.x, a.nw, a.eps, a.cols, xs);
+  if (a.xn && blockIdx.x == 0)
+    for (int i = threadIdx.x; i < a.cols; i += blockDim.x) a.xn[i] = xs[i];
+  matvec_rows(W, a.rows, a.cols, xs, a.logits, 0, a.split, a.ilp);
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(a.done, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x < 32) topk_warp(a.logits, a.E, a.k, a.norm_topk, a.has_shared, a.ids, a.w, a.tc);
+  if (threadIdx.x == 0) *a.done = 0;
 }
 
 struct MoeArgs {
-  const void* gu;      // routed experts [E][2I][H]
-  const void* down;    // routed experts [E][H][I]
+  const void* const* gu_tab;    // [E] routed expert e's gate/up rows [2I][H] (VRAM or pinned host)
+  const void* const* down_tab;  // [E] routed expert e's down rows [H][I]
   const void* s_gu;    // shared / dense [2Is][H]
   const void* s_down;  // [H][Is]
   const int* ids;      // [k]
   const float* w;      // [k (+1)]
   int k, I, Is, H, maxI, has_shared;
+  int pf_rows;  // down: rows per warp prefetched before the wait
+  int ilp;      // several rows per warp at once (rows_dot)
+  const float* xn;  // x already normed by the router (null: norm x here with norm_w)
   const float* norm_w;
   float eps;
   float* x;   // residual stream [H] (input of gate_up, accumulated by down)
@@ -591,15 +738,19 @@ __global__ void __launch_bounds__(kThreads) gate_up_kernel(MoeArgs a) {
   if (int(blockIdx.x) * kWarps >= I) return;
   pdl_wait();
   pdl_trigger();
-  load_x(a.x, a.norm_w, a.eps, a.H, xs);
+  load_x(a.xn ? a.xn : a.x, a.xn ? nullptr : a.norm_w, a.eps, a.H, xs);
   const T* W = shared ? static_cast<const T*>(a.s_gu)
-                      : static_cast<const T*>(a.gu) + size_t(a.ids[j]) * 2 * size_t(a.I) * a.H;
+                      : static_cast<const T*>(a.gu_tab[a.ids[j]]);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int r = blockIdx.x * kWarps + warp; r < I; r += gridDim.x * kWarps) {
-    float g = row_dot<T>(W + size_t(r) * a.H, xs, a.H, lane);
-    float u = row_dot<T>(W + size_t(I + r) * a.H, xs, a.H, lane);
-    g = warp_sum(g);
-    u = warp_sum(u);
+    float gu[2];
+    if (a.ilp) {
+      rows_dot<T, 2>(W + size_t(r) * a.H, size_t(I) * a.H, 2, xs, a.H, lane, gu);
+    } else {
+      gu[0] = row_dot<T>(W + size_t(r) * a.H, xs, a.H, lane);
+      gu[1] = row_dot<T>(W + size_t(I + r) * a.H, xs, a.H, lane);
+    }
+    const float g = warp_sum(gu[0]), u = warp_sum(gu[1]);
     if (lane == 0) a.hb[j * a.maxI + r] = siluf_(g) * u;
   }
 }
@@ -608,41 +759,52 @@ __global__ void __launch_bounds__(kThreads) gate_up_kernel(MoeArgs a) {
 // taking slots sub, sub+split, ...; partials summed in a fixed order.
 // h is read from global memory (small, stays in L1/L2).
 template <typename T>
-__global__ void __launch_bounds__(kThreads) down_kernel(MoeArgs a, int split) {
-  __shared__ float part[kWarps];
+__global__ void __launch_bounds__(kThreads, 4) down_kernel(MoeArgs a, int split) {
   const int slots = a.k + (a.has_shared ? 1 : 0);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rpb = kWarps / split, sub = warp % split, lr = warp / split;
   // The expert ids are final here: the router finished before gate_up passed its wait.
-  if (blockIdx.x * rpb + lr < a.H)
+  for (int r = blockIdx.x * rpb + lr, i = 0; r < a.H && i < a.pf_rows; r += gridDim.x * rpb, ++i)
     for (int j = sub; j < slots; j += split) {
       const bool shared = j == a.k;
       const int I = shared ? a.Is : a.I;
       const T* W = shared ? static_cast<const T*>(a.s_down)
-                          : static_cast<const T*>(a.down) + size_t(a.ids[j]) * size_t(a.H) * a.I;
-      warp_prefetch(W + size_t(blockIdx.x * rpb + lr) * I, size_t(I) * sizeof(T), lane);
+                          : static_cast<const T*>(a.down_tab[a.ids[j]]);
+      warp_prefetch(W + size_t(r) * I, size_t(I) * sizeof(T), lane);
     }
   pdl_wait();
   pdl_trigger();
-  for (int r0 = blockIdx.x * rpb; r0 < a.H; r0 += gridDim.x * rpb) {
+  // ilp: kDownRows rows per warp at a time (r, r + stride, ...), one slot after another.
+  constexpr int kDownRows = 2;
+  __shared__ float part4[kDownRows][kWarps];
+  const int stride = gridDim.x * rpb, per = a.ilp ? kDownRows : 1;
+  for (int r0 = blockIdx.x * rpb; r0 < a.H; r0 += per * stride) {
     const int r = r0 + lr;
-    float acc = 0.f;
-    if (r < a.H) {
+    int n = 0;
+    while (n < per && r + n * stride < a.H) ++n;
+    float acc[kDownRows] = {};
+    if (n > 0) {
       for (int j = sub; j < slots; j += split) {
         const bool shared = j == a.k;
         const int I = shared ? a.Is : a.I;
         const T* W = shared ? static_cast<const T*>(a.s_down)
-                            : static_cast<const T*>(a.down) + size_t(a.ids[j]) * size_t(a.H) * a.I;
-        acc += a.w[j] * warp_sum(row_dot<T>(W + size_t(r) * I, a.hb + j * a.maxI, I, lane));
+                            : static_cast<const T*>(a.down_tab[a.ids[j]]);
+        float d[kDownRows];
+        rows_dot<T, kDownRows>(W + size_t(r) * I, size_t(stride) * I, n, a.hb + j * a.maxI, I, lane, d);
+#pragma unroll
+        for (int i = 0; i < kDownRows; ++i) acc[i] += a.w[j] * warp_sum(d[i]);
       }
     }
-    if (lane == 0) part[warp] = acc;
+    if (lane == 0)
+#pragma unroll
+      for (int i = 0; i < kDownRows; ++i) part4[i][warp] = acc[i];
     __syncthreads();
-    if (sub == 0 && lane == 0 && r < a.H) {
-      float t = 0.f;
-      for (int i = 0; i < split; ++i) t += part[lr * split + i];
-      a.x[r] += t;
-    }
+    if (sub == 0 && lane == 0)
+      for (int i = 0; i < n; ++i) {
+        float t = 0.f;
+        for (int k = 0; k < split; ++k) t += part4[i][lr * split + k];
+        a.x[r + i * stride] += t;
+      }
     __syncthreads();
   }
 }

@@ -1,0 +1,227 @@
+// The tiered expert cache: VRAM slots over pinned host memory (see the header).
+#include "backend/cuda/expert_tiers.cuh"
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+
+#include "backend/cuda/cuda_check.cuh"
+
+namespace flashmoe::cuda {
+
+namespace {
+
+// Points expert e of a layer at new storage (tiered expert cache).
+__global__ void set_expert_kernel(const void** gu_tab, const void** down_tab, int* tier, int e, const void* gu,
+                                  const void* down, int t) {
+  gu_tab[e] = gu;
+  down_tab[e] = down;
+  tier[e] = t;
+}
+
+constexpr int kSnapshotEvery = 8;     // decode steps between count snapshots
+constexpr int kPromotionsPerLayer = 2;  // per snapshot: bounds the link traffic spent on promotions
+}  // namespace
+
+ExpertTiers::ExpertTiers(int layers, int E, size_t gu_bytes, size_t down_bytes, int slots)
+    : layers_(layers), E_(E), slots_(slots), gu_(gu_bytes), down_(down_bytes) {
+  const size_t per_layer = size_t(E) * (gu_ + down_);
+  for (int l = 0; l < layers; ++l) {
+    void* p = nullptr;
+    cudaError_t e = cudaHostAlloc(&p, per_layer, cudaHostAllocMapped | cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      char buf[200];
+      std::snprintf(buf, sizeof buf, "%.1f GB", double(per_layer) * layers / 1e9);
+      fail(std::string("--gpu-expert-cache: pinning ") + buf +
+           " of host memory for the experts outside VRAM failed (" + cuda_msg(e) +
+           "); use a larger --gpu-expert-cache, a machine with more RAM, or --device cpu");
+    }
+    host_.push_back(static_cast<uint8_t*>(p));
+    vram_.push_back(static_cast<uint8_t*>(
+        dev_alloc(size_t(std::max(slots, 1)) * (gu_ + down_), "GPU expert cache (layer " + std::to_string(l) + ")")));
+  }
+  const size_t n = size_t(layers) * E;
+  d_gu_tab_ = static_cast<const void**>(dev_alloc(n * sizeof(void*), "expert tables"));
+  d_down_tab_ = static_cast<const void**>(dev_alloc(n * sizeof(void*), "expert tables"));
+  d_tier_ = static_cast<int*>(dev_alloc(n * sizeof(int), "expert tables"));
+  d_counts_ = static_cast<unsigned*>(dev_alloc(n * sizeof(unsigned), "expert counters"));
+  d_hits_ = static_cast<unsigned long long*>(dev_alloc(2 * sizeof(unsigned long long), "expert counters"));
+  CK(cudaMemset(d_counts_, 0, n * sizeof(unsigned)));
+  CK(cudaMemset(d_hits_, 0, 2 * sizeof(unsigned long long)));
+  CK(cudaMallocHost(&h_counts_, n * sizeof(unsigned)));
+  CK(cudaEventCreateWithFlags(&snap_, cudaEventDisableTiming));
+  CK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+  where_.assign(n, -1);
+  owner_.assign(size_t(layers) * std::max(slots, 1), -1);
+  busy_.assign(n, 0);
+  score_.assign(n, 0.0);
+  last_.assign(n, 0);
+}
+
+ExpertTiers::~ExpertTiers() {
+  if (copy_) cudaStreamSynchronize(copy_);
+  for (auto& p : pending_) cudaEventDestroy(p.done);
+  for (auto* p : host_) cudaFreeHost(p);
+  for (auto* p : vram_) cudaFree(p);
+  for (void* p : {static_cast<void*>(d_gu_tab_), static_cast<void*>(d_down_tab_), static_cast<void*>(d_tier_),
+                  static_cast<void*>(d_counts_), static_cast<void*>(d_hits_)})
+    cudaFree(p);
+  if (h_counts_) cudaFreeHost(h_counts_);
+  if (snap_) cudaEventDestroy(snap_);
+  if (copy_) cudaStreamDestroy(copy_);
+}
+
+void ExpertTiers::start() {
+  const size_t n = size_t(layers_) * E_;
+  std::vector<const void*> gu(n), dn(n);
+  std::vector<int> tier(n);
+  for (int l = 0; l < layers_; ++l)
+    for (int e = 0; e < E_; ++e) {
+      const size_t i = size_t(l) * E_ + e;
+      if (e < slots_) {
+        uint8_t* s = vram_[size_t(l)] + size_t(e) * (gu_ + down_);
+        CK(cudaMemcpy(s, host_gu(l) + size_t(e) * gu_, gu_, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(s + gu_, host_down(l) + size_t(e) * down_, down_, cudaMemcpyHostToDevice));
+        gu[i] = s;
+        dn[i] = s + gu_;
+        tier[i] = 0;
+        where_[i] = e;
+        owner_[size_t(l) * slots_ + e] = e;
+      } else {
+        void *g = nullptr, *d = nullptr;
+        CK(cudaHostGetDevicePointer(&g, host_gu(l) + size_t(e) * gu_, 0));
+        CK(cudaHostGetDevicePointer(&d, host_down(l) + size_t(e) * down_, 0));
+        gu[i] = g;
+        dn[i] = d;
+        tier[i] = 1;
+      }
+    }
+  CK(cudaMemcpy(d_gu_tab_, gu.data(), n * sizeof(void*), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d_down_tab_, dn.data(), n * sizeof(void*), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d_tier_, tier.data(), n * sizeof(int), cudaMemcpyHostToDevice));
+}
+
+void ExpertTiers::set(cudaStream_t s, int l, int e, int slot) {
+  const void *g, *d;
+  if (slot >= 0) {
+    uint8_t* p = vram_[size_t(l)] + size_t(slot) * (gu_ + down_);
+    g = p;
+    d = p + gu_;
+  } else {
+    void *hg = nullptr, *hd = nullptr;
+    CK(cudaHostGetDevicePointer(&hg, host_gu(l) + size_t(e) * gu_, 0));
+    CK(cudaHostGetDevicePointer(&hd, host_down(l) + size_t(e) * down_, 0));
+    g = hg;
+    d = hd;
+  }
+  const size_t base = size_t(l) * E_;
+  set_expert_kernel<<<1, 1, 0, s>>>(d_gu_tab_ + base, d_down_tab_ + base, d_tier_ + base, e, g, d, slot >= 0 ? 0 : 1);
+  check(cudaGetLastError(), "set_expert_kernel");
+}
+
+void ExpertTiers::maintain(cudaStream_t main) {
+  // Promotions whose copy has landed: point the table at the slot. Steps
+  // enqueued from here on read the expert from VRAM.
+  for (size_t i = 0; i < pending_.size();) {
+    const cudaError_t q = cudaEventQuery(pending_[i].done);
+    if (q == cudaErrorNotReady) {
+      ++i;
+      continue;
+    }
+    check(q, "expert promotion copy");
+    const Pending p = pending_[i];
+    set(main, p.layer, p.expert, p.slot);
+    where_[size_t(p.layer) * E_ + p.expert] = p.slot;
+    busy_[size_t(p.layer) * E_ + p.expert] = 0;
+    cudaEventDestroy(p.done);
+    pending_.erase(pending_.begin() + long(i));
+  }
+  if (snap_pending_) {
+    const cudaError_t q = cudaEventQuery(snap_);
+    if (q == cudaErrorNotReady) return;
+    check(q, "expert count snapshot");
+    snap_pending_ = false;
+    plan(main);
+  }
+  if (++steps_ >= kSnapshotEvery) {
+    steps_ = 0;
+    CK(cudaMemcpyAsync(h_counts_, d_counts_, size_t(layers_) * E_ * sizeof(unsigned), cudaMemcpyDeviceToHost, main));
+    CK(cudaEventRecord(snap_, main));
+    snap_pending_ = true;
+  }
+}
+
+// Scores are decayed choice counts. An expert outside VRAM replaces the
+// coldest resident one only when clearly hotter (2x + 1): with near-uniform
+// routing nothing churns, with skewed routing the hot set moves in.
+void ExpertTiers::plan(cudaStream_t main) {
+  if (slots_ == 0) return;
+  for (int l = 0; l < layers_; ++l) {
+    const size_t base = size_t(l) * E_;
+    for (int e = 0; e < E_; ++e) {
+      const unsigned c = h_counts_[base + e];
+      score_[base + e] = score_[base + e] * 0.5 + double(c - last_[base + e]);
+      last_[base + e] = c;
+    }
+    std::vector<int> cand, vict;
+    for (int e = 0; e < E_; ++e)
+      if (!busy_[base + e]) (where_[base + e] < 0 ? cand : vict).push_back(e);
+    auto hotter = [&](int a, int b) { return score_[base + a] > score_[base + b] || (score_[base + a] == score_[base + b] && a < b); };
+    std::sort(cand.begin(), cand.end(), hotter);
+    std::sort(vict.begin(), vict.end(), [&](int a, int b) { return hotter(b, a); });
+    for (int i = 0; i < kPromotionsPerLayer && i < int(cand.size()) && i < int(vict.size()); ++i) {
+      const int in = cand[size_t(i)], out = vict[size_t(i)];
+      if (!(score_[base + in] > 2.0 * score_[base + out] + 1.0)) break;
+      const int slot = where_[base + out];
+      // Evict first (on the step stream: steps already enqueued may still read
+      // the slot), then copy into it on the copy stream once that has run.
+      set(main, l, out, -1);
+      where_[base + out] = -1;
+      owner_[size_t(l) * slots_ + slot] = in;
+      busy_[base + in] = 1;
+      cudaEvent_t evicted, done;
+      CK(cudaEventCreateWithFlags(&evicted, cudaEventDisableTiming));
+      CK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+      CK(cudaEventRecord(evicted, main));
+      CK(cudaStreamWaitEvent(copy_, evicted, 0));
+      uint8_t* s = vram_[size_t(l)] + size_t(slot) * (gu_ + down_);
+      CK(cudaMemcpyAsync(s, host_gu(l) + size_t(in) * gu_, gu_, cudaMemcpyHostToDevice, copy_));
+      CK(cudaMemcpyAsync(s + gu_, host_down(l) + size_t(in) * down_, down_, cudaMemcpyHostToDevice, copy_));
+      CK(cudaEventRecord(done, copy_));
+      cudaEventDestroy(evicted);  // destruction is deferred until the event completes
+      pending_.push_back({l, in, slot, done});
+      ++promotions_;
+      promoted_bytes_ += gu_ + down_;
+    }
+  }
+}
+
+void ExpertTiers::drain(cudaStream_t main) {
+  CK(cudaStreamSynchronize(copy_));
+  maintain(main);
+}
+
+CudaTierStats ExpertTiers::stats() const {
+  CudaTierStats s;
+  unsigned long long h[2] = {0, 0};
+  CK(cudaMemcpy(h, d_hits_, sizeof h, cudaMemcpyDeviceToHost));
+  s.enabled = true;
+  s.vram_hits = h[0];
+  s.host_hits = h[1];
+  s.promotions = promotions_;
+  s.promoted_bytes = promoted_bytes_;
+  s.layers = layers_;
+  s.experts_per_layer = E_;
+  s.slots_per_layer = slots_;
+  s.expert_bytes = int64_t(gu_ + down_);
+  return s;
+}
+
+void ExpertTiers::reset_stats() {
+  CK(cudaMemset(d_hits_, 0, 2 * sizeof(unsigned long long)));
+  promotions_ = 0;
+  promoted_bytes_ = 0;
+}
+
+}  // namespace flashmoe::cuda

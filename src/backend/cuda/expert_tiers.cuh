@@ -1,0 +1,85 @@
+// Routed experts tiered for models larger than the GPU (--gpu-expert-cache):
+// every expert lives in pinned, device-mapped host memory; a fixed number of
+// VRAM slots per layer hold the hottest ones. The expert kernels read each
+// expert through a per-layer pointer table, so an expert outside VRAM is
+// read straight over the host link (zero-copy) by the same kernels, and the
+// decode graph never changes. Choice counts are kept on the device (by the
+// top-k); between steps the host snapshots them without blocking and
+// promotes experts that have become hotter than a resident one, copying
+// them on a second stream while the decode keeps running.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/cuda/cuda_model.h"
+#include "backend/cuda/tier_count.cuh"
+
+namespace flashmoe::cuda {
+
+class ExpertTiers {
+ public:
+  // layers: MoE layers; E experts each, an expert = gu_bytes + down_bytes;
+  // slots: VRAM slots per layer (0 <= slots < E).
+  ExpertTiers(int layers, int E, size_t gu_bytes, size_t down_bytes, int slots);
+  ~ExpertTiers();
+  ExpertTiers(const ExpertTiers&) = delete;
+  ExpertTiers& operator=(const ExpertTiers&) = delete;
+
+  // Pinned host storage of layer l's experts, [E] x gu_bytes and [E] x down_bytes:
+  // the caller fills them, then calls start().
+  uint8_t* host_gu(int l) const { return host_[size_t(l)]; }
+  uint8_t* host_down(int l) const { return host_[size_t(l)] + size_t(E_) * gu_; }
+  // Experts 0..slots-1 of each layer copied to VRAM, pointer tables set.
+  void start();
+
+  // Device pointer tables of layer l ([E] entries) and its choice accounting.
+  const void* const* gu_tab(int l) const { return d_gu_tab_ + size_t(l) * E_; }
+  const void* const* down_tab(int l) const { return d_down_tab_ + size_t(l) * E_; }
+  TierCount count(int l) const { return {d_counts_ + size_t(l) * E_, d_tier_ + size_t(l) * E_, d_hits_}; }
+
+  // Between decode steps, on the stream the steps run on: completes finished
+  // promotions, takes a count snapshot every few steps, plans new promotions.
+  // Never waits for the device.
+  void maintain(cudaStream_t main);
+  // Waits for copies in flight (before the model is destroyed or measured).
+  void drain(cudaStream_t main);
+
+  CudaTierStats stats() const;
+  void reset_stats();
+  size_t vram_bytes() const { return size_t(layers_) * slots_ * (gu_ + down_); }
+  size_t host_bytes() const { return size_t(layers_) * E_ * (gu_ + down_); }
+
+ private:
+  struct Pending {
+    int layer, expert, slot;
+    cudaEvent_t done;
+  };
+  void plan(cudaStream_t main);
+  void set(cudaStream_t s, int l, int e, int slot);  // slot -1: host
+
+  int layers_, E_, slots_;
+  size_t gu_, down_;
+  std::vector<uint8_t*> host_;  // per layer, pinned + mapped
+  std::vector<uint8_t*> vram_;  // per layer, slots x (gu + down)
+  const void** d_gu_tab_ = nullptr;
+  const void** d_down_tab_ = nullptr;
+  int* d_tier_ = nullptr;
+  unsigned* d_counts_ = nullptr;
+  unsigned long long* d_hits_ = nullptr;
+  std::vector<int> where_;  // [layer][E]: VRAM slot or -1
+  std::vector<int> owner_;  // [layer][slot]: expert (resident or arriving)
+  std::vector<char> busy_;  // [layer][E]: promotion in flight
+  std::vector<double> score_;
+  std::vector<unsigned> last_;
+  unsigned* h_counts_ = nullptr;  // pinned snapshot
+  cudaEvent_t snap_ = nullptr;
+  bool snap_pending_ = false;
+  int steps_ = 0;
+  std::vector<Pending> pending_;
+  cudaStream_t copy_ = nullptr;
+  uint64_t promotions_ = 0, promoted_bytes_ = 0;
+};
+
+}  // namespace flashmoe::cuda
