@@ -139,6 +139,9 @@ struct CudaModel::Impl {
   //    last-block handoff and the serial conv per delta block cost what a launch does.
   bool fuse = false, fuse_conv = false, prefetch_all = true;
   int ilp = 1;  // several rows per warp at once in the row kernels (1: on)
+  //  FLASHMOE_CUDA_XDIRECT: matvecs without a norm (out-proj, o_proj) read x
+  //    from L1/L2 in the dot instead of staging it in shared memory first.
+  bool xdirect = true;
   int bps = 4;
   unsigned* router_done = nullptr;
   CudaOptions opts;
@@ -270,6 +273,7 @@ struct CudaModel::Impl {
     if (const char* e = std::getenv("FLASHMOE_CUDA_FUSE")) fuse = std::string(e) == "1";
     if (const char* e = std::getenv("FLASHMOE_CUDA_FUSE_CONV")) fuse_conv = std::string(e) == "1";
     if (const char* e = std::getenv("FLASHMOE_CUDA_ILP")) ilp = std::string(e) != "0";
+    if (const char* e = std::getenv("FLASHMOE_CUDA_XDIRECT")) xdirect = std::string(e) != "0";
     if (const char* e = std::getenv("FLASHMOE_CUDA_BPS")) bps = std::clamp(std::atoi(e), 1, 8);
     if (const char* e = std::getenv("FLASHMOE_CUDA_PREFETCH")) prefetch_all = std::string(e) != "0";
     CK(cudaSetDevice(dev));
@@ -408,23 +412,23 @@ struct CudaModel::Impl {
     const void* fn = W.dt == DT_F32   ? reinterpret_cast<const void*>(matvec_kernel<float>)
                      : W.dt == DT_F16 ? reinterpret_cast<const void*>(matvec_kernel<__half>)
                                       : reinterpret_cast<const void*>(matvec_kernel<__nv_bfloat16>);
-    const int blocks = std::min((W.rows + rpb - 1) / rpb, prop.multiProcessorCount * per_sm(fn, size_t(W.cols) * 4));
+    const size_t smem = nw || !xdirect ? size_t(W.cols) * 4 : 0;  // x staged in shared memory
+    const int blocks = std::min((W.rows + rpb - 1) / rpb, prop.multiProcessorCount * per_sm(fn, smem));
     const int pf = pf_rows(W.bytes(), W.rows, blocks, rpb);
-    const size_t smem = size_t(W.cols) * 4;
     const float eps = c.rms_norm_eps;
     switch (W.dt) {
       case DT_F32:
         go(matvec_kernel<float>, blocks, kThreads, smem, static_cast<const float*>(W.p), W.rows, W.cols, xin,
-                                                                nw, eps, y, acc, split, pf, ilp);
+                                                                nw, eps, y, acc, split, pf, ilp, int(xdirect));
         break;
       case DT_F16:
         go(matvec_kernel<__half>, blocks, kThreads, smem, static_cast<const __half*>(W.p), W.rows, W.cols,
-                                                                 xin, nw, eps, y, acc, split, pf, ilp);
+                                                                 xin, nw, eps, y, acc, split, pf, ilp, int(xdirect));
         break;
       default:
         go(matvec_kernel<__nv_bfloat16>, blocks, kThreads, smem, static_cast<const __nv_bfloat16*>(W.p),
                                                                         W.rows, W.cols, xin, nw, eps, y, acc, split,
-                                                                        pf, ilp);
+                                                                        pf, ilp, int(xdirect));
     }
     mark(cls);
   }

@@ -262,11 +262,17 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) matvec_kernel(const T* __restrict__ W, int rows, int cols,
                                                           const float* __restrict__ x, const float* __restrict__ nw,
                                                           float eps, float* __restrict__ y, int accumulate, int split,
-                                                          int pf_rows, int ilp) {
+                                                          int pf_rows, int ilp, int xdirect) {
   extern __shared__ __align__(16) float xs[];
   prefetch_rows(W, rows, cols, split, pf_rows);
   pdl_wait();
   pdl_trigger();
+  if (!nw && xdirect) {
+    // No norm: each warp reads its slice of x straight from L1/L2 alongside
+    // the weights, instead of the block staging all of x first.
+    matvec_rows(W, rows, cols, x, y, accumulate, split, ilp);
+    return;
+  }
   load_x(x, nw, eps, cols, xs);
   matvec_rows(W, rows, cols, xs, y, accumulate, split, ilp);
 }
