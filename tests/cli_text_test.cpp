@@ -73,6 +73,19 @@ TEST(CliRun, IgnoreEosGeneratesExactlyN) {
   EXPECT_GT(all.out.size(), eos.out.size());
 }
 
+// run records the conversation's tokens only when a penalty reads them (so a
+// long run keeps flat memory); with a penalty on they must still be there.
+TEST(CliRun, PenaltiesSeeTheHistory) {
+  const std::string base = "run -m " + model() + " -p 'def add(a, b):' -n 32 --temp 0 -t 1";
+  CmdResult plain = run_flashmoe(base), pen = run_flashmoe(base + " --repeat-penalty 1.5"),
+            freq = run_flashmoe(base + " --frequency-penalty 1.5");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  ASSERT_EQ(pen.code, 0) << pen.err;
+  ASSERT_EQ(freq.code, 0) << freq.err;
+  EXPECT_NE(plain.out, pen.out);
+  EXPECT_NE(plain.out, freq.out);
+}
+
 TEST(CliRun, ChatTemplateMode) {
   CmdResult r = run_flashmoe("run -m " + model() + " --chat -p 'hello' -n 4 --temp 0 --show-prompt -t 1");
   ASSERT_EQ(r.code, 0) << r.err;

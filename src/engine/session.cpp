@@ -19,7 +19,7 @@ void Session::reset() {
 std::vector<int32_t> Session::greedy(int64_t n) {
   std::vector<int32_t> out;
   if (n <= 0) return out;
-  if (tokens_.empty()) fail("greedy: feed a prompt first");
+  if (position() == 0) fail("greedy: feed a prompt first");
   const int64_t V = model_.config().vocab_size;
   if (logits_.size() != size_t(V)) fail("greedy: no logits of the last token (feed with feed(), not feed_all())");
   out.push_back(argmax(logits_.data(), V));
@@ -27,7 +27,7 @@ std::vector<int32_t> Session::greedy(int64_t n) {
   if (cuda_) {
     out.resize(size_t(n));
     cuda_->decode_greedy(*cstate_, out[0], n - 1, out.data() + 1);
-    tokens_.insert(tokens_.end(), out.begin(), out.end() - 1);
+    if (record_tokens_) tokens_.insert(tokens_.end(), out.begin(), out.end() - 1);
     return out;
   }
   for (int64_t i = 1; i < n; ++i) out.push_back(argmax(feed({out.back()}).data(), V));
@@ -46,7 +46,7 @@ const std::vector<float>& Session::feed(const std::vector<int32_t>& ids) {
   logits_.resize(size_t(model_.config().vocab_size));
   if (cuda_) cuda_->forward(*cstate_, ids.data(), int64_t(ids.size()), LogitsMode::Last, logits_.data());
   else model_.forward(state_, ids.data(), int64_t(ids.size()), LogitsMode::Last, logits_.data(), pool_);
-  tokens_.insert(tokens_.end(), ids.begin(), ids.end());
+  if (record_tokens_) tokens_.insert(tokens_.end(), ids.begin(), ids.end());
   return logits_;
 }
 
@@ -57,7 +57,7 @@ std::vector<float> Session::feed_all(const std::vector<int32_t>& ids) {
   else model_.forward(state_, ids.data(), int64_t(ids.size()), LogitsMode::All, out.data(), pool_);
   const size_t V = size_t(model_.config().vocab_size);
   logits_.assign(out.end() - V, out.end());
-  tokens_.insert(tokens_.end(), ids.begin(), ids.end());
+  if (record_tokens_) tokens_.insert(tokens_.end(), ids.begin(), ids.end());
   return out;
 }
 
