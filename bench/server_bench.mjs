@@ -1,6 +1,8 @@
-// Client side of bench/server_bench.sh (Node 20, no packages: fetch + SSE by hand).
+// Client side of bench/server_bench.sh and bench/server_soak.sh (Node 20, no
+// packages: fetch + SSE by hand).
 //   node server_bench.mjs ttft URL HISTORY_FILE   -> time to first token of turn 2
 //   node server_bench.mjs throughput URL CLIENTS REQUESTS MAX_TOKENS
+//   node server_bench.mjs soak URL CLIENTS REQUESTS MAX_TOKENS  -> see soak() below
 const [mode, url, ...rest] = process.argv.slice(2);
 
 async function chat(body) {
@@ -60,7 +62,11 @@ if (mode === "ttft") {
   }));
   const s = (performance.now() - t0) / 1000;
   console.log(`${clients} clients: ${tokens} tokens in ${s.toFixed(2)} s = ${(tokens / s).toFixed(1)} generated tokens/s total`);
+} else if (mode === "soak") {
+  const { soak } = await import("./server_soak.mjs");
+  const [clients, requests, maxTokens] = rest.map(Number);
+  process.exitCode = await soak(url, clients, requests, maxTokens);
 } else {
-  console.error("usage: server_bench.mjs ttft URL HISTORY_FILE | throughput URL CLIENTS REQUESTS MAX_TOKENS");
+  console.error("usage: server_bench.mjs ttft URL HISTORY_FILE | throughput|soak URL CLIENTS REQUESTS MAX_TOKENS");
   process.exit(2);
 }

@@ -1,6 +1,9 @@
 // Text in, text out through the real binary: run and chat on coder-mini.
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
+
 #include "test_util.h"
 
 using namespace flashmoe::test;
@@ -36,6 +39,51 @@ TEST(CliRun, StopStringEndsGenerationAndIsNotPrinted) {
   CmdResult cut = run_flashmoe("run -m " + model() + " -p 'def add(a, b):' -n 24 --temp 0 -t 1 --stop '" + stop + "'");
   ASSERT_EQ(cut.code, 0) << cut.err;
   EXPECT_EQ(cut.out, text.substr(0, text.find(stop)) + "\n");
+}
+
+// "generation: N tokens in ... finish: R" from run's stderr: N and R.
+std::pair<int, std::string> generation_summary(const std::string& err) {
+  size_t g = err.rfind("generation: ");
+  if (g == std::string::npos) return {-1, ""};
+  int n = std::stoi(err.substr(g + 12));
+  size_t f = err.find("finish: ", g);
+  std::string reason = f == std::string::npos ? "" : err.substr(f + 8, err.find('\n', f) - (f + 8));
+  return {n, reason};
+}
+
+TEST(CliRun, IgnoreEosGeneratesExactlyN) {
+  // The end of a script: greedy decoding on coder-mini samples <|endoftext|>
+  // after a dozen tokens, long before -n.
+  const std::string base = "run -m " + model() + " -p 'if __name__ == \"__main__\":\n    main()\n' -n 48 --temp 0 -t 1";
+  CmdResult eos = run_flashmoe(base);
+  ASSERT_EQ(eos.code, 0) << eos.err;
+  auto [n_eos, why_eos] = generation_summary(eos.err);
+  ASSERT_EQ(why_eos, "stop") << "this prompt no longer reaches EOS before -n; pick another\n" << eos.err;
+  ASSERT_GT(n_eos, 0);
+  ASSERT_LT(n_eos, 48) << eos.err;
+
+  CmdResult all = run_flashmoe(base + " --ignore-eos");
+  ASSERT_EQ(all.code, 0) << all.err;
+  auto [n_all, why_all] = generation_summary(all.err);
+  EXPECT_EQ(n_all, 48) << all.err;
+  EXPECT_EQ(why_all, "length") << all.err;
+  // Same greedy tokens up to the EOS (whose text is not printed), then more.
+  std::string before = eos.out.substr(0, eos.out.size() - 1);
+  EXPECT_EQ(all.out.rfind(before, 0), 0u) << "without: " << eos.out << "\nwith: " << all.out;
+  EXPECT_GT(all.out.size(), eos.out.size());
+}
+
+// run records the conversation's tokens only when a penalty reads them (so a
+// long run keeps flat memory); with a penalty on they must still be there.
+TEST(CliRun, PenaltiesSeeTheHistory) {
+  const std::string base = "run -m " + model() + " -p 'def add(a, b):' -n 32 --temp 0 -t 1";
+  CmdResult plain = run_flashmoe(base), pen = run_flashmoe(base + " --repeat-penalty 1.5"),
+            freq = run_flashmoe(base + " --frequency-penalty 1.5");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  ASSERT_EQ(pen.code, 0) << pen.err;
+  ASSERT_EQ(freq.code, 0) << freq.err;
+  EXPECT_NE(plain.out, pen.out);
+  EXPECT_NE(plain.out, freq.out);
 }
 
 TEST(CliRun, ChatTemplateMode) {

@@ -37,8 +37,12 @@ Registrar reg(20, [](CLI::App& app) {
     else if (!a->system.empty()) fail("--system needs --chat");
     std::vector<int32_t> ids = tm.tokenizer.encode(text);
     GenerateOptions go = make_generate_options(a->gen, tm.files, tm.eos_ids(a->chat), tm.model->config().max_position_embeddings);
+    go.keep_output = false;  // streamed to stdout as it comes; a long run need not hold it
     ThreadPool pool(a->model.threads);
     Session session(*tm.model, a->model.kv, pool, tm.cuda.get());
+    // Nothing reads the token list unless a penalty is on: without one, a
+    // long run with a bounded KV cache keeps flat memory (bench/soak.sh).
+    session.set_record_tokens(go.sampling.uses_history());
     if (a->show_prompt) std::fwrite(text.data(), 1, text.size(), stdout);
     GenerateResult r = generate(session, tm.tokenizer, ids, go, [](const std::string& piece) {
       std::fwrite(piece.data(), 1, piece.size(), stdout);
@@ -48,9 +52,9 @@ Registrar reg(20, [](CLI::App& app) {
     std::fputc('\n', stdout);
     std::fflush(stdout);
     print_expert_stats(a->model, *tm.model, "experts:", tm.cuda.get());
-    std::fprintf(stderr, "\nprompt: %lld tokens in %.3f s (%.1f tokens/s)\ngeneration: %zu tokens in %.3f s (%.1f tokens/s), finish: %s\n",
+    std::fprintf(stderr, "\nprompt: %lld tokens in %.3f s (%.1f tokens/s)\ngeneration: %lld tokens in %.3f s (%.1f tokens/s), finish: %s\n",
                  (long long)r.prompt_tokens, r.prompt_seconds, double(r.prompt_tokens) / std::max(r.prompt_seconds, 1e-9),
-                 r.ids.size(), r.gen_seconds, double(r.ids.size()) / std::max(r.gen_seconds, 1e-9),
+                 (long long)r.generated, r.gen_seconds, double(r.generated) / std::max(r.gen_seconds, 1e-9),
                  r.finish_reason.c_str());
   });
 });

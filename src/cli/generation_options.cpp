@@ -22,6 +22,10 @@ void add_generation_options(CLI::App* cmd, GenerationFlags* f) {
   cmd->add_option("--frequency-penalty", f->frequency_penalty, "Subtracted per occurrence of a token already seen")->group(g);
   cmd->add_option("--seed", f->seed, "Random seed (same seed, same output; default: random)")->group(g);
   cmd->add_option("--stop", f->stop, "Stop string (repeatable); it is not printed")->group(g);
+  cmd->add_flag("--ignore-eos", f->ignore_eos,
+                "Do not stop at end-of-sequence tokens: generate -n tokens unless a stop string or the context "
+                "limit (-c) ends it first (EOS tokens are still fed to the model, their text is not printed)")
+      ->group(g);
 }
 
 GenerateOptions make_generate_options(const GenerationFlags& f, const ModelFiles& files,
@@ -40,6 +44,7 @@ GenerateOptions make_generate_options(const GenerationFlags& f, const ModelFiles
   p.seed = f.seed ? *f.seed : std::random_device{}();
   for (int32_t e : extra_eos)
     if (e >= 0 && std::find(p.eos_ids.begin(), p.eos_ids.end(), e) == p.eos_ids.end()) p.eos_ids.push_back(e);
+  if (f.ignore_eos) p.eos_ids.clear();  // the generate loop stops only on the ids listed here
   GenerateOptions o;
   o.max_new_tokens = f.n_predict;
   o.sampling = p;

@@ -1,4 +1,4 @@
-// Sampling and generation-length options shared by run, chat (and serve).
+// Sampling and generation-length options shared by run and chat (serve has its own).
 #pragma once
 #include <CLI/CLI.hpp>
 #include <optional>
@@ -18,6 +18,7 @@ struct GenerationFlags {
   float presence_penalty = 0, frequency_penalty = 0;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
+  bool ignore_eos = false;  // --ignore-eos: end-of-sequence tokens do not end the generation
 };
 
 void add_generation_options(CLI::App* cmd, GenerationFlags* f);

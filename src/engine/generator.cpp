@@ -29,11 +29,10 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
   Sampler sampler(opt.sampling);
   StreamDecoder dec(tok, /*skip_special=*/true);
   StopMatcher stops(opt.stop);
-  std::vector<int32_t> history = session.tokens();
   r.finish_reason = "length";
   auto emit = [&](const std::string& piece) {
     if (piece.empty()) return true;
-    r.text += piece;
+    if (opt.keep_output) r.text += piece;
     return on_text(piece);
   };
   auto t1 = Clock::now();
@@ -42,9 +41,12 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
       r.finish_reason = "cancelled";
       break;
     }
-    int32_t next = sampler.sample(*logits, history);
-    r.ids.push_back(next);
-    history.push_back(next);
+    // The session holds every token so far (each sampled one is fed before
+    // the next sample), i.e. exactly the history the penalties look at; a
+    // session that does not record tokens is only used without penalties.
+    int32_t next = sampler.sample(*logits, session.tokens());
+    if (opt.keep_output) r.ids.push_back(next);
+    ++r.generated;
     const auto& eos = opt.sampling.eos_ids;
     bool is_eos = std::find(eos.begin(), eos.end(), next) != eos.end();
     if (is_eos) {

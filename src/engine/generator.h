@@ -19,11 +19,16 @@ struct GenerateOptions {
   std::vector<std::string> stop;     // stop strings (never emitted)
   int64_t context_limit = 0;         // > 0: stop when the session reaches this many tokens
   const std::atomic<bool>* cancel = nullptr;  // set to true to stop early
+  // false: GenerateResult::ids and ::text stay empty (the caller streams the
+  // text through on_text and needs only the count), so a long generation does
+  // not hold its whole output twice more.
+  bool keep_output = true;
 };
 
 struct GenerateResult {
-  std::vector<int32_t> ids;        // generated ids (including a final EOS, if any)
-  std::string text;                // emitted text
+  std::vector<int32_t> ids;        // generated ids (including a final EOS, if any); empty without keep_output
+  std::string text;                // emitted text; empty without keep_output
+  int64_t generated = 0;           // number of generated ids, also without keep_output
   std::string finish_reason;       // "stop" (EOS or stop string), "length", "cancelled"
   int64_t prompt_tokens = 0;
   double prompt_seconds = 0, gen_seconds = 0;

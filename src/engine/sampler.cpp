@@ -126,8 +126,7 @@ std::vector<std::pair<int32_t, float>> Sampler::candidates(std::span<const float
 
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
   std::span<const float> l = logits;
-  const bool penalise = !history.empty() && (params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
-                                             params_.frequency_penalty != 0.0f);
+  const bool penalise = !history.empty() && params_.uses_history();
   if (penalise) {
     work_.assign(logits.begin(), logits.end());
     apply_repetition_penalty(work_, history, params_.repetition_penalty);

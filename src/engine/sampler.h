@@ -23,6 +23,10 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;   // subtracted once per occurrence
   uint64_t seed = 0;
   std::vector<int32_t> eos_ids;     // generation stops on any of these
+  // Whether sampling reads the token history (any penalty on).
+  bool uses_history() const {
+    return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
+  }
 };
 
 // Defaults from <dir>/generation_config.json (or that file given directly)

@@ -19,7 +19,7 @@ void Session::reset() {
 std::vector<int32_t> Session::greedy(int64_t n) {
   std::vector<int32_t> out;
   if (n <= 0) return out;
-  if (tokens_.empty()) fail("greedy: feed a prompt first");
+  if (position() == 0) fail("greedy: feed a prompt first");
   const int64_t V = model_.config().vocab_size;
   if (logits_.size() != size_t(V)) fail("greedy: no logits of the last token (feed with feed(), not feed_all())");
   out.push_back(argmax(logits_.data(), V));
@@ -32,7 +32,7 @@ std::vector<int32_t> Session::greedy(int64_t n) {
       reset();  // the device state is part-way through the run (see run_forward)
       throw;
     }
-    tokens_.insert(tokens_.end(), out.begin(), out.end() - 1);
+    if (record_tokens_) tokens_.insert(tokens_.end(), out.begin(), out.end() - 1);
     return out;
   }
   for (int64_t i = 1; i < n; ++i) out.push_back(argmax(feed({out.back()}).data(), V));
@@ -69,7 +69,7 @@ const std::vector<float>& Session::feed(const std::vector<int32_t>& ids) {
   if (ids.empty()) fail("nothing to feed: the token list is empty");
   logits_.resize(size_t(model_.config().vocab_size));
   run_forward(ids, LogitsMode::Last, logits_.data());
-  tokens_.insert(tokens_.end(), ids.begin(), ids.end());
+  if (record_tokens_) tokens_.insert(tokens_.end(), ids.begin(), ids.end());
   return logits_;
 }
 
@@ -79,7 +79,7 @@ std::vector<float> Session::feed_all(const std::vector<int32_t>& ids) {
   run_forward(ids, LogitsMode::All, out.data());
   const size_t V = size_t(model_.config().vocab_size);
   logits_.assign(out.end() - V, out.end());
-  tokens_.insert(tokens_.end(), ids.begin(), ids.end());
+  if (record_tokens_) tokens_.insert(tokens_.end(), ids.begin(), ids.end());
   return out;
 }
 

@@ -26,7 +26,13 @@ class Session {
   // round trips. Needs at least one token fed before.
   std::vector<int32_t> greedy(int64_t n);
 
+  // Every token fed so far, unless recording is off (then empty).
   const std::vector<int32_t>& tokens() const { return tokens_; }
+  // Off: fed tokens are not recorded, so a long generation holds no memory
+  // per token beyond what the KV cache keeps. Only for a session that is
+  // never snapshotted and whose sampling reads no history (no penalties),
+  // like `flashmoe run`'s.
+  void set_record_tokens(bool on) { record_tokens_ = on; }
   int64_t position() const { return cuda_ ? cstate_->position() : state_.pos; }
   bool on_device() const { return cuda_ != nullptr; }
   const ModelState& state() const { return state_; }
@@ -51,6 +57,7 @@ class Session {
   std::unique_ptr<CudaState> cstate_;
   ModelState state_;  // host state (empty when on a device)
   std::vector<int32_t> tokens_;
+  bool record_tokens_ = true;
   std::vector<float> logits_;
 };
 
