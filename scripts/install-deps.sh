@@ -3,7 +3,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config nlohmann-json3-dev libcli11-dev libpcre2-dev
       libutf8proc-dev libgtest-dev libgmock-dev libbenchmark-dev libcpp-httplib-dev libreadline-dev)
-# `scripts/install-deps.sh fuzz` (make fuzz) adds clang and its libFuzzer runtime.
+# `scripts/install-deps.sh fuzz` (make test-asan, make fuzz) adds clang and its libFuzzer runtime.
 if [ "${1:-}" = fuzz ]; then pkgs+=(clang libclang-rt-14-dev); fi
 missing=()
 for p in "${pkgs[@]}"; do
