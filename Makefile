@@ -9,6 +9,7 @@ CMAKE_FLAGS ?=
 # targets, so one build serves both.
 ASAN_BUILD ?= build-asan
 SAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+COV_IGNORE = -fsanitize-coverage-ignorelist=$(CURDIR)/fuzz/coverage_ignore.txt
 # Seconds per fuzz target: `make test` runs each for 10 s (a smoke run in CI),
 # `make fuzz` for 60 s; FUZZ_SECONDS=N overrides both.
 FUZZ_SECONDS ?=
@@ -44,7 +45,7 @@ asan-build:
 	@scripts/install-deps.sh fuzz
 	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
 	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DFLASHMOE_CUDA=OFF \
-	  -DFLASHMOE_FUZZ=ON -DCMAKE_CXX_FLAGS="$(SAN_FLAGS) -fsanitize=fuzzer-no-link" \
+	  -DFLASHMOE_FUZZ=ON -DCMAKE_CXX_FLAGS="$(SAN_FLAGS) -fsanitize=fuzzer-no-link $(COV_IGNORE)" \
 	  -DCMAKE_EXE_LINKER_FLAGS="$(SAN_FLAGS)" -DCMAKE_DISABLE_FIND_PACKAGE_benchmark=ON >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 
