@@ -1072,6 +1072,29 @@ void CudaModel::decode_greedy(CudaState& st, int32_t first, int64_t n, int32_t* 
   }
 }
 
+namespace {
+// The fastest of `reps` runs of copy(r) on stream s, in milliseconds.
+template <class F>
+float best_ms(cudaStream_t s, int reps, F copy) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  float best = 1e30f;
+  for (int r = 0; r < reps; ++r) {
+    CK(cudaEventRecord(e0, s));
+    copy(r);
+    CK(cudaEventRecord(e1, s));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    best = std::min(best, ms);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return best;
+}
+}  // namespace
+
 double CudaModel::copy_bandwidth_gbps() const {
   Impl& m = *p_;
   CK(cudaSetDevice(m.dev));
@@ -1087,23 +1110,11 @@ double CudaModel::copy_bandwidth_gbps() const {
     cudaFree(a);
     throw;
   }
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
   CK(cudaMemsetAsync(a, 1, bytes, m.stream));
   CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, m.stream));
-  float best = 1e30f;
-  for (int r = 0; r < 10; ++r) {
-    CK(cudaEventRecord(e0, m.stream));
+  const float best = best_ms(m.stream, 10, [&](int r) {
     CK(cudaMemcpyAsync(r % 2 ? a : b, r % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice, m.stream));
-    CK(cudaEventRecord(e1, m.stream));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    best = std::min(best, ms);
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  });
   cudaFree(a);
   cudaFree(b);
   return 2.0 * double(bytes) / (double(best) * 1e-3) / 1e9;
@@ -1123,21 +1134,8 @@ double CudaModel::host_link_gbps() const {
     throw;
   }
   std::memset(h, 1, bytes);
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  float best = 1e30f;
-  for (int r = 0; r < 5; ++r) {
-    CK(cudaEventRecord(e0, m.stream));
-    CK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, m.stream));
-    CK(cudaEventRecord(e1, m.stream));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    best = std::min(best, ms);
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  const float best =
+      best_ms(m.stream, 5, [&](int) { CK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, m.stream)); });
   cudaFree(d);
   cudaFreeHost(h);
   return double(bytes) / (double(best) * 1e-3) / 1e9;
