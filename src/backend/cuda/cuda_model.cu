@@ -717,6 +717,21 @@ bool CudaModel::available(std::string* why) {
     if (why) *why = "no CUDA device found";
     return false;
   }
+  // The kernels are built for sm_90 and use Hopper instructions (programmatic
+  // dependent launch): an older GPU would fail at the first launch.
+  cudaDeviceProp p{};
+  e = cudaGetDeviceProperties(&p, 0);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    if (why) *why = cuda_msg(e);
+    return false;
+  }
+  if (p.major < 9) {
+    if (why)
+      *why = std::string("GPU 0 (") + p.name + ") has compute capability " + std::to_string(p.major) + "." +
+             std::to_string(p.minor) + "; this build's CUDA kernels need 9.0 (Hopper) or newer";
+    return false;
+  }
   return true;
 }
 
