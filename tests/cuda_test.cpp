@@ -23,26 +23,6 @@ namespace {
 const char* kFixtures[] = {"tiny-qwen35moe",  "tiny-qwen35moe-fused", "tiny-qwen35moe-text",
                            "tiny-qwen35-dense", "tiny-qwen3next",      "tiny-qwen3next-sharded"};
 
-// Mean over rows of KL(p || q) with p, q = softmax of the two logit rows.
-double mean_kl(const std::vector<float>& a, const std::vector<float>& b, int64_t V) {
-  const size_t rows = a.size() / size_t(V);
-  double total = 0;
-  for (size_t r = 0; r < rows; ++r) {
-    const float* x = a.data() + r * V;
-    const float* y = b.data() + r * V;
-    double mx = -1e300, my = -1e300;
-    for (int64_t i = 0; i < V; ++i) mx = std::max(mx, double(x[i])), my = std::max(my, double(y[i]));
-    double sx = 0, sy = 0;
-    for (int64_t i = 0; i < V; ++i) sx += std::exp(x[i] - mx), sy += std::exp(y[i] - my);
-    double kl = 0;
-    for (int64_t i = 0; i < V; ++i) {
-      const double lp = x[i] - mx - std::log(sx), lq = y[i] - my - std::log(sy);
-      kl += std::exp(lp) * (lp - lq);
-    }
-    total += kl;
-  }
-  return total / double(rows);
-}
 
 class CudaGolden : public ::testing::TestWithParam<const char*> {};
 

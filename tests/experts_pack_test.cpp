@@ -12,34 +12,16 @@
 #include "experts/quantize.h"
 #include "experts_test_util.h"
 #include "format/checkpoint.h"
+#include "test_util.h"
 
 using namespace flashmoe;
 using namespace flashmoe::testing;
+using flashmoe::test::mean_kl;
 
 namespace {
 
 const char* kFixtures[] = {"tiny-qwen35moe", "tiny-qwen35moe-fused", "tiny-qwen3next"};
 
-// Mean over positions of KL(softmax(ref) || softmax(got)).
-double mean_kl(const std::vector<float>& ref, const std::vector<float>& got, int64_t V) {
-  const int64_t n = int64_t(ref.size()) / V;
-  double total = 0;
-  for (int64_t t = 0; t < n; ++t) {
-    const float* a = ref.data() + t * V;
-    const float* b = got.data() + t * V;
-    double ma = a[0], mb = b[0];
-    for (int64_t i = 1; i < V; ++i) ma = std::max<double>(ma, a[i]), mb = std::max<double>(mb, b[i]);
-    double za = 0, zb = 0;
-    for (int64_t i = 0; i < V; ++i) za += std::exp(a[i] - ma), zb += std::exp(b[i] - mb);
-    double kl = 0;
-    for (int64_t i = 0; i < V; ++i) {
-      const double la = a[i] - ma - std::log(za), lb = b[i] - mb - std::log(zb);
-      kl += std::exp(la) * (la - lb);
-    }
-    total += kl;
-  }
-  return total / double(n);
-}
 
 std::string pack(const TempDir& tmp, const std::string& model, const std::string& name, QuantKind q) {
   const std::string out = tmp / name;

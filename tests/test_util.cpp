@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -35,6 +36,26 @@ RefTensor load_ref(const std::string& file, const std::string& name) {
     throw std::runtime_error("unexpected dtype in reference " + name);
   }
   return r;
+}
+
+double mean_kl(const std::vector<float>& ref, const std::vector<float>& got, int64_t V) {
+  const int64_t n = int64_t(ref.size()) / V;
+  double total = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* a = ref.data() + t * V;
+    const float* b = got.data() + t * V;
+    double ma = a[0], mb = b[0];
+    for (int64_t i = 1; i < V; ++i) ma = std::max<double>(ma, a[i]), mb = std::max<double>(mb, b[i]);
+    double za = 0, zb = 0;
+    for (int64_t i = 0; i < V; ++i) za += std::exp(a[i] - ma), zb += std::exp(b[i] - mb);
+    double kl = 0;
+    for (int64_t i = 0; i < V; ++i) {
+      const double la = a[i] - ma - std::log(za), lb = b[i] - mb - std::log(zb);
+      kl += std::exp(la) * (la - lb);
+    }
+    total += kl;
+  }
+  return total / double(n);
 }
 
 float max_abs_diff(const float* a, const float* b, size_t n) {

@@ -19,6 +19,8 @@ RefTensor load_ref(const std::string& file, const std::string& name);
 bool ref_has(const std::string& file, const std::string& name);
 
 float max_abs_diff(const float* a, const float* b, size_t n);
+// Mean over rows (V logits each) of KL(softmax(ref) || softmax(got)).
+double mean_kl(const std::vector<float>& ref, const std::vector<float>& got, int64_t V);
 float mean_abs_diff(const float* a, const float* b, size_t n);
 
 struct CmdResult {
