@@ -40,6 +40,7 @@ namespace {
 struct ChildLimits {
   std::optional<rlim_t> fsize;  // RLIMIT_FSIZE (a disk that fills up at this file size)
   bool drop_root = false;       // run as nobody when the test runs as root (permission tests)
+  std::string binary;           // instead of FLASHMOE_BINARY (a copy nobody can execute)
 };
 
 class Child {
@@ -47,7 +48,7 @@ class Child {
   Child(const std::vector<std::string>& args, const ChildLimits& lim = {}) {
     out_path_ = out_dir_.path + "/stdout";
     // Everything the child needs is prepared here: after fork() it only makes system calls.
-    std::string bin = FLASHMOE_BINARY;
+    std::string bin = lim.binary.empty() ? std::string(FLASHMOE_BINARY) : lim.binary;
     std::vector<std::string> copy = args;
     std::vector<char*> argv;
     argv.push_back(bin.data());
@@ -371,10 +372,17 @@ TEST(Faults, PackOnFullDiskFailsAndLeavesNothing) {
 TEST(Faults, PackIntoUnwritableDirectoryFails) {
   TempDir t;
   ::chmod(t.path.c_str(), 0755);  // the unprivileged child must reach the read-only directory
+  // The unprivileged child gets its own copies of the binary and the model:
+  // the checkout itself may sit in a directory only root can enter.
+  const std::string bin = t.path + "/flashmoe", model = t.path + "/model";
+  fs::copy_file(FLASHMOE_BINARY, bin);
+  fs::copy(fixture_dir("tiny-qwen35moe") + "/model", model);
+  for (const std::string& p : {bin, model}) ::chmod(p.c_str(), 0755);
+  for (const auto& e : fs::directory_iterator(model)) ::chmod(e.path().c_str(), 0644);
   const std::string ro = t.path + "/ro";
   fs::create_directories(ro);
   ::chmod(ro.c_str(), 0555);
-  Child ch({"pack", "-m", fixture_dir("tiny-qwen35moe") + "/model", "-o", ro + "/out"}, ChildLimits{.fsize = std::nullopt, .drop_root = true});
+  Child ch({"pack", "-m", model, "-o", ro + "/out"}, ChildLimits{.fsize = std::nullopt, .drop_root = true, .binary = bin});
   ch.close_stdin();
   const int st = ch.wait();
   ::chmod(ro.c_str(), 0755);
