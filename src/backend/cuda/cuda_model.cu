@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -143,6 +144,22 @@ struct CudaModel::Impl {
   //    from L1/L2 in the dot instead of staging it in shared memory first.
   bool xdirect = true;
   int bps = 4;
+  //  FLASHMOE_CUDA_SEL (on): the top-k writes the chosen experts' row pointers
+  //    (no ids -> table chase in the expert kernels). FLASHMOE_CUDA_DOWN2 (on):
+  //    the down projection with one warp per slot, 8 rows per block, all of a
+  //    warp's loads in flight at once. Together +0.6% (v10).
+  //  FLASHMOE_CUDA_GUTOPK (on, +2.6%): the top-k inside gate_up (every block
+  //    picks the experts itself from the router logits): one kernel boundary
+  //    less per MoE layer.
+  //  FLASHMOE_CUDA_AHEAD (off): conv1d / attention prep prefetch the out-proj,
+  //    router and shared-expert weights into L2 while they run: no gain (v10).
+  //  FLASHMOE_CUDA_SKIP=class,...: measurement only (wrong outputs): leave
+  //    the kernels of those classes (kClassNames or their first words, e.g.
+  //    experts,router) out of the step, to read each class's share of graph
+  //    replay time (bench/NOTES-cuda.md, v10).
+  bool use_sel = true, down2 = true, ahead = false, gu_topk = true;
+  unsigned skip_mask = 0;
+  const void** sel = nullptr;  // [2k] expert row pointers chosen by the top-k
   unsigned* router_done = nullptr;
   CudaOptions opts;
   std::unique_ptr<ExpertTiers> tiers;
@@ -276,6 +293,21 @@ struct CudaModel::Impl {
     if (const char* e = std::getenv("FLASHMOE_CUDA_XDIRECT")) xdirect = std::string(e) != "0";
     if (const char* e = std::getenv("FLASHMOE_CUDA_BPS")) bps = std::clamp(std::atoi(e), 1, 8);
     if (const char* e = std::getenv("FLASHMOE_CUDA_PREFETCH")) prefetch_all = std::string(e) != "0";
+    if (const char* e = std::getenv("FLASHMOE_CUDA_SEL")) use_sel = std::string(e) != "0";
+    if (const char* e = std::getenv("FLASHMOE_CUDA_DOWN2")) down2 = std::string(e) != "0";
+    if (const char* e = std::getenv("FLASHMOE_CUDA_AHEAD")) ahead = std::string(e) == "1";
+    if (const char* e = std::getenv("FLASHMOE_CUDA_GUTOPK")) gu_topk = std::string(e) != "0";
+    if (const char* e = std::getenv("FLASHMOE_CUDA_SKIP")) {  // class names or their first words, comma-separated
+      std::string list = e;
+      for (size_t at = 0; at <= list.size();) {
+        size_t end = list.find(',', at);
+        if (end == std::string::npos) end = list.size();
+        const std::string name = list.substr(at, end - at);
+        for (int i = 0; i < K_N && !name.empty(); ++i)
+          if (std::string(kClassNames[i]).rfind(name, 0) == 0) skip_mask |= 1u << i;
+        at = end + 1;
+      }
+    }
     CK(cudaSetDevice(dev));
     CK(cudaGetDeviceProperties(&prop, dev));
     CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -325,6 +357,12 @@ struct CudaModel::Impl {
     hb = alloc_f(size_t(m.num_experts_per_tok + 1) * maxI, "expert activations");
     logits = alloc_f(size_t(m.vocab_size), "logits");
     router_done = static_cast<unsigned*>(alloc(4, "router counter"));
+    sel = static_cast<const void**>(alloc(size_t(2 * std::max<int64_t>(1, m.num_experts_per_tok)) * sizeof(void*),
+                                          "expert selection"));
+    CK(cudaMemset(eids, 0, size_t(m.num_experts_per_tok + 1) * 4));
+    CK(cudaMemset(ew, 0, size_t(m.num_experts_per_tok + 1) * 4));
+    if (skip_mask >> K_ROUTER & 1u) use_sel = gu_topk = false;  // measurement without the top-k: ids stay 0
+    if (fuse) gu_topk = false;
     xn = alloc_f(size_t(H), "activations");
     CK(cudaMemset(router_done, 0, 4));
     CK(cudaMallocHost(&pinned_logits, size_t(m.vocab_size) * 4));
@@ -343,6 +381,7 @@ struct CudaModel::Impl {
   }
 
   void mark(int cls) {
+    flush(!(skip_mask >> cls & 1u));  // measurement mode: launch unless this class is left out
     check(cudaGetLastError(), kClassNames[cls]);
     if (!profiling) return;
     const size_t i = event_class.size();
@@ -359,8 +398,24 @@ struct CudaModel::Impl {
   // previous operation in the stream is not a kernel of this step.
   bool use_pdl = true;
   bool pdl_next = false;  // set after the first kernel of a step
+  std::function<void()> pending;  // with skip_mask: the launch mark() decides on
+  void flush(bool run) {
+    if (!pending) return;
+    auto l = std::move(pending);
+    pending = nullptr;
+    if (run) l();
+  }
   template <typename... K, typename... A>
   void go(void (*kern)(K...), dim3 grid, dim3 block, size_t smem, A... args) {
+    flush(true);
+    if (skip_mask) {
+      pending = [this, kern, grid, block, smem, args...] { launch(kern, grid, block, smem, args...); };
+      return;
+    }
+    launch(kern, grid, block, smem, args...);
+  }
+  template <typename... K, typename... A>
+  void launch(void (*kern)(K...), dim3 grid, dim3 block, size_t smem, A... args) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = grid;
     cfg.blockDim = block;
@@ -395,14 +450,19 @@ struct CudaModel::Impl {
 
   // Blocks per SM for a row kernel: bps, or fewer when that many do not fit
   // (registers, shared memory), so the grid is one resident wave.
-  std::vector<std::pair<std::pair<const void*, size_t>, int>> fit_cache;
-  int per_sm(const void* func, size_t smem) {
-    for (auto& f : fit_cache)
-      if (f.first.first == func && f.first.second == smem) return f.second;
+  struct Fit {
+    const void* func;
+    size_t smem;
+    int threads, n;
+  };
+  std::vector<Fit> fit_cache;
+  int per_sm(const void* func, size_t smem, int threads = kThreads) {
+    for (const Fit& f : fit_cache)
+      if (f.func == func && f.smem == smem && f.threads == threads) return f.n;
     int n = 0;
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, func, kThreads, smem));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, func, threads, smem));
     n = std::clamp(n, 1, bps);
-    fit_cache.push_back({{func, smem}, n});
+    fit_cache.push_back({func, smem, threads, n});
     return n;
   }
 
@@ -455,11 +515,13 @@ struct CudaModel::Impl {
     a.w = ew;
     a.done = router_done;
     a.tc = d.tc;
+    a.sel = ExpertSel{d.gu_tab, d.down_tab, use_sel ? sel : nullptr};
     a.xn = fuse ? xn : nullptr;
     a.ilp = ilp;
     if (!fuse) {
       matvec(W, x, d.post_norm, rlogits, 0, K_ROUTER);
-      go(topk_kernel, 1, 32, 0, rlogits, a.E, a.k, a.norm_topk, a.has_shared, eids, ew, d.tc);
+      if (gu_topk) return;  // gate_up does the top-k
+      go(topk_kernel, 1, 32, 0, rlogits, a.E, a.k, a.norm_topk, a.has_shared, eids, ew, d.tc, a.sel);
       mark(K_ROUTER);
       return;
     }
@@ -477,6 +539,21 @@ struct CudaModel::Impl {
     dim3 g1((a.maxI + kWarps - 1) / kWarps, slots);
     go(gate_up_kernel<T>, g1, kThreads, size_t(a.H) * 4, a);
     mark(K_EXPERTS);
+    if (down2 && slots >= 2 && slots <= kDown2MaxSlots) {
+      // 8 rows per warp when that grid is one resident wave (the 35B: 256
+      // blocks of 9 warps, 2 per SM), else 4 (fewer registers per thread).
+      auto waves = [&](const void* fn, int R) {
+        const int blocks = (a.H + R - 1) / R, resident = per_sm(fn, 0, slots * 32) * prop.multiProcessorCount;
+        return (blocks + resident - 1) / resident;
+      };
+      if (waves(reinterpret_cast<const void*>(down2_kernel<T, 8>), 8) <=
+          waves(reinterpret_cast<const void*>(down2_kernel<T, 4>), 4))
+        go(down2_kernel<T, 8>, (a.H + 7) / 8, slots * 32, 0, a);
+      else
+        go(down2_kernel<T, 4>, (a.H + 3) / 4, slots * 32, 0, a);
+      mark(K_EXPERTS);
+      return;
+    }
     int split = 1;
     while (split * 2 <= std::min(slots, kWarps)) split *= 2;
     const int rpb = kWarps / split;
@@ -485,6 +562,23 @@ struct CudaModel::Impl {
     b.pf_rows = pf_rows(size_t(slots) * a.H * std::max(a.I, a.Is) * sizeof(T), a.H, blocks, rpb);
     go(down_kernel<T>, blocks, kThreads, 0, b, split);
     mark(K_EXPERTS);
+  }
+
+  // What conv1d / attention prep pull into L2 for the rest of the layer:
+  // the output projection, the router and the shared expert, in the order
+  // they are read, up to half the L2 (l2_ahead).
+  Ahead ahead_of(const DLayer& d, const DMat& out) const {
+    Ahead a{};
+    if (!ahead) return a;
+    size_t room = size_t(prop.l2CacheSize) / 2;
+    const DMat* order[4] = {&out, &d.router, &d.s_gu, &d.s_down};
+    for (int i = 0; i < 4; ++i) {
+      const size_t n = std::min(order[i]->bytes(), room);
+      a.p[i] = order[i]->p;
+      a.n[i] = order[i]->p ? n : 0;
+      room -= a.n[i];
+    }
+    return a;
   }
 
   // One token through the model. kind 0: no logits; 1: logits; 2: logits + argmax.
@@ -515,7 +609,8 @@ struct CudaModel::Impl {
       if (!d.full) {
         matvec(d.lin_in, x, d.in_norm, proj, 0, K_PROJ);
         if (!fuse_conv) {
-          go(conv_kernel, (C + 255) / 256, 256, 0, proj, C, K, d.conv_w, s.conv[sl], convout);
+          go(conv_kernel, (C + 255) / 256, 256, 0, proj, C, K, d.conv_w, s.conv[sl], convout,
+             ahead_of(d, d.out_proj));
           mark(K_CONV);
         }
         DeltaArgs a;
@@ -564,6 +659,7 @@ struct CudaModel::Impl {
         p.ns = s.ns;
         p.kvt = s.kvt;
         p.eps = m.rms_norm_eps;
+        p.ahead = ahead_of(d, d.o_proj);
         go(attn_prep_kernel, nh + 1, 128, size_t(std::max(hd, 2 * nkv * hd)) * 4, p);
         mark(K_ATTN);
         AttnArgs a;
@@ -590,7 +686,7 @@ struct CudaModel::Impl {
         matvec(d.o_proj, attn_o, nullptr, x, 1, K_OUT);
       }
       // Feed-forward.
-      MoeArgs a;
+      MoeArgs a{};
       a.H = H;
       a.maxI = maxI;
       a.norm_w = d.post_norm;
@@ -598,6 +694,7 @@ struct CudaModel::Impl {
       a.x = x;
       a.hb = hb;
       a.ids = eids;
+      a.sel = d.moe && use_sel ? sel : nullptr;
       a.xn = d.moe && fuse ? xn : nullptr;
       a.ilp = ilp;
       int slots;
@@ -613,6 +710,16 @@ struct CudaModel::Impl {
         a.s_down = d.s_down.p;
         a.Is = d.has_shared ? d.s_down.cols : 0;
         slots = a.k + a.has_shared;
+        if (gu_topk) {
+          a.logits = rlogits;
+          a.E = int(m.num_experts);
+          a.norm_topk = m.norm_topk_prob ? 1 : 0;
+          a.tc = d.tc;
+          a.tsel = ExpertSel{d.gu_tab, d.down_tab, sel};
+          a.ids_out = eids;
+          a.w_out = ew;
+          a.sel = sel;
+        }
       } else {
         a.gu_tab = nullptr;
         a.down_tab = nullptr;
@@ -638,6 +745,7 @@ struct CudaModel::Impl {
       mark(K_ARGMAX);
     }
     go(advance_kernel, 1, 1, 0, s.d_pos, s.d_step);
+    flush(true);
     check(cudaGetLastError(), "advance");
   }
 

@@ -73,6 +73,27 @@ __device__ __forceinline__ void warp_prefetch(const void* p, size_t bytes, int l
   for (size_t o = size_t(lane) * 128; o < bytes; o += 32 * 128) prefetch_l2(static_cast<const char*>(p) + o);
 }
 
+// Weights of the kernels that come next, pulled into L2 by a kernel that
+// itself reads little (conv1d, attention prep): the memory would otherwise sit
+// idle while those latency-bound kernels run, and the next projection then
+// streams from L2. One 128-byte line per prefetch, spread over every thread
+// of the grid, issued before the PDL wait (weights never change during a
+// step). TMA bulk prefetches (cp.async.bulk.prefetch.L2, 64 KB each) were
+// measured instead: the issuing kernel lasts until they complete, 72 us per
+// conv1d launch.
+struct Ahead {
+  const void* p[4];
+  uint64_t n[4];  // bytes (0: unused)
+};
+__device__ __forceinline__ void l2_ahead(const Ahead& a) {
+  const uint64_t nt = uint64_t(gridDim.x) * blockDim.x;
+  const uint64_t tid = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+    for (uint64_t off = tid * 128; off < a.n[r]; off += nt * 128)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(a.p[r]) + off));
+}
+
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float siluf_(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
@@ -139,7 +160,8 @@ __device__ __forceinline__ float row_dot(const T* __restrict__ w, const float* x
 // with the same arithmetic as row_dot: the loads of all the rows are issued
 // before any is consumed, so a warp has R times the bytes in flight and a
 // kernel's chain of dependent load rounds is R times shorter.
-template <typename T, int R>
+// U: column steps unrolled (more loads in flight, more registers).
+template <typename T, int R, int U = 2>
 __device__ __forceinline__ void rows_dot(const T* __restrict__ w, size_t step, int n, const float* xs, int cols,
                                          int lane, float* out) {
   constexpr int V = 16 / sizeof(T);
@@ -147,7 +169,7 @@ __device__ __forceinline__ void rows_dot(const T* __restrict__ w, size_t step, i
 #pragma unroll
   for (int i = 0; i < R; ++i) a0[i] = a1[i] = 0.f;
   int c = lane * V;
-#pragma unroll 2
+#pragma unroll U
   for (; c + 32 * V < cols; c += 64 * V) {
     uint4 p[R], q[R];
 #pragma unroll
@@ -280,7 +302,8 @@ __global__ void __launch_bounds__(kThreads) matvec_kernel(const T* __restrict__ 
 // GatedDeltaNet causal depthwise conv (kernel K) + SiLU over C channels.
 // state: [C][K-1] previous inputs.
 __global__ void conv_kernel(const float* __restrict__ u, int C, int K, const float* __restrict__ taps,
-                            float* __restrict__ state, float* __restrict__ out) {
+                            float* __restrict__ state, float* __restrict__ out, Ahead ahead) {
+  l2_ahead(ahead);
   pdl_wait();
   pdl_trigger();
   const int ch = blockIdx.x * blockDim.x + threadIdx.x;
@@ -440,6 +463,7 @@ struct AttnPrepArgs {
   KvLayer kv;
   int nh, nkv, hd, rd, ns, kvt;
   float eps;
+  Ahead ahead;  // o_proj, router, shared expert: into L2 (see l2_ahead)
 };
 
 __device__ __forceinline__ void rope_in_smem(float* x, int rd, const float* inv_freq, int pos) {
@@ -477,6 +501,7 @@ __device__ __forceinline__ void kv_store(void* dst, size_t off, int kvt, float v
 // rope, v), fp8 scales, store at the slot of this position.
 __global__ void attn_prep_kernel(AttnPrepArgs a) {
   extern __shared__ float sm[];
+  l2_ahead(a.ahead);
   pdl_wait();
   pdl_trigger();
   const int pos = *a.pos, hd = a.hd;
@@ -612,8 +637,16 @@ __global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
 // weights; the shared expert's gate logit is logits[E]. One warp, E <= 512.
 // Logits are read through L2 (.cg): in the fused router they were written
 // by other blocks of the same grid.
+// Where the chosen experts' rows are (VRAM or pinned host memory): the top-k
+// resolves them once, so the expert kernels read a pointer instead of
+// chasing ids -> table -> rows (two more dependent memory rounds each).
+struct ExpertSel {
+  const void* const* gu_tab;    // [E] each expert's gate/up rows
+  const void* const* down_tab;  // [E] each expert's down rows
+  const void** out;             // [2k]: the chosen experts' gate/up rows, then their down rows (null: not used)
+};
 __device__ __forceinline__ void topk_warp(const float* logits, int E, int k, int norm_topk, int has_shared, int* ids,
-                                          float* w, TierCount tc) {
+                                          float* w, TierCount tc, ExpertSel sel) {
   constexpr int PER = 16;
   const int lane = threadIdx.x & 31;
   float v[PER];
@@ -637,6 +670,7 @@ __device__ __forceinline__ void topk_warp(const float* logits, int E, int k, int
   for (int i = 0; i < PER; ++i)
     if (i * 32 + lane < E) v[i] /= sum;
   float chosen_sum = 0.f, chosen_p = 0.f;
+  int chosen_id = 0;
   for (int r = 0; r < k; ++r) {
     float bv = -2.f;
     int bi = 0x7fffffff;
@@ -661,7 +695,7 @@ __device__ __forceinline__ void topk_warp(const float* logits, int E, int k, int
     for (int i = 0; i < PER; ++i)
       if (i * 32 + lane == bi) v[i] = -1.0f;
     chosen_sum += bv;
-    if (lane == r) chosen_p = bv;
+    if (lane == r) chosen_p = bv, chosen_id = bi;
     if (lane == 0) {
       ids[r] = bi;
       if (tc.counts) {
@@ -672,13 +706,26 @@ __device__ __forceinline__ void topk_warp(const float* logits, int E, int k, int
   }
   if (lane < k) w[lane] = norm_topk ? chosen_p / chosen_sum : chosen_p;
   if (lane == 0 && has_shared) w[k] = sigmoidf_(__ldcg(logits + E));
+  if (sel.out && lane < k) {
+    sel.out[lane] = sel.gu_tab[chosen_id];
+    sel.out[k + lane] = sel.down_tab[chosen_id];
+  }
+}
+
+// The pointer tables into L2 before the wait (they change only between steps).
+__device__ __forceinline__ void prefetch_tables(const ExpertSel& sel, int E) {
+  if (!sel.out) return;
+  const int lane = threadIdx.x & 31;
+  warp_prefetch(sel.gu_tab, size_t(E) * sizeof(void*), lane);
+  warp_prefetch(sel.down_tab, size_t(E) * sizeof(void*), lane);
 }
 
 __global__ void topk_kernel(const float* __restrict__ logits, int E, int k, int norm_topk, int has_shared,
-                            int* __restrict__ ids, float* __restrict__ w, TierCount tc) {
+                            int* __restrict__ ids, float* __restrict__ w, TierCount tc, ExpertSel sel) {
+  prefetch_tables(sel, E);
   pdl_wait();
   pdl_trigger();
-  topk_warp(logits, E, k, norm_topk, has_shared, ids, w, tc);
+  topk_warp(logits, E, k, norm_topk, has_shared, ids, w, tc, sel);
 }
 
 // Router matvec and top-k in one launch: every block computes its router
@@ -694,6 +741,7 @@ struct RouterArgs {
   float* w;
   unsigned* done;  // zero between launches
   TierCount tc;
+  ExpertSel sel;
   float* xn;  // block 0 stores the normed x here for the expert kernels (may be null)
 };
 template <typename T>
@@ -713,7 +761,7 @@ __global__ void __launch_bounds__(kThreads) router_kernel(const T* __restrict__ 
   __syncthreads();
   if (!last) return;
   __threadfence();
-  if (threadIdx.x < 32) topk_warp(a.logits, a.E, a.k, a.norm_topk, a.has_shared, a.ids, a.w, a.tc);
+  if (threadIdx.x < 32) topk_warp(a.logits, a.E, a.k, a.norm_topk, a.has_shared, a.ids, a.w, a.tc, a.sel);
   if (threadIdx.x == 0) *a.done = 0;
 }
 
@@ -723,6 +771,7 @@ struct MoeArgs {
   const void* s_gu;    // shared / dense [2Is][H]
   const void* s_down;  // [H][Is]
   const int* ids;      // [k]
+  const void* const* sel;  // [2k] chosen experts' rows written by the top-k (null: look up ids in the tables)
   const float* w;      // [k (+1)]
   int k, I, Is, H, maxI, has_shared;
   int pf_rows;  // down: rows per warp prefetched before the wait
@@ -732,22 +781,67 @@ struct MoeArgs {
   float eps;
   float* x;   // residual stream [H] (input of gate_up, accumulated by down)
   float* hb;  // [k+1][maxI]
+  // Top-k inside gate_up (logits non-null): every routed block picks the
+  // experts itself from the router's logits (a warp's work, done by all
+  // blocks at once) instead of waiting for a top-k kernel; block (0,0)
+  // publishes ids, weights and row pointers for down and does the counting.
+  const float* logits;
+  int E, norm_topk;
+  TierCount tc;
+  ExpertSel tsel;  // tables; .out: where block (0,0) publishes the row pointers
+  int* ids_out;
+  float* w_out;
 };
 
 // h[j][r] = silu(gate_j[r] . xn) * (up_j[r] . xn); blockIdx.y = slot j.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) gate_up_kernel(MoeArgs a) {
+__global__ void __launch_bounds__(kThreads, 5) gate_up_kernel(MoeArgs a) {
   extern __shared__ __align__(16) float xs[];
   const int j = blockIdx.y;
   const bool shared = j == a.k;
   const int I = shared ? a.Is : a.I;
   if (int(blockIdx.x) * kWarps >= I) return;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (shared)  // its rows are known before the wait
+    for (int r = blockIdx.x * kWarps + warp; r < I; r += gridDim.x * kWarps) {
+      warp_prefetch(static_cast<const T*>(a.s_gu) + size_t(r) * a.H, size_t(a.H) * sizeof(T), lane);
+      warp_prefetch(static_cast<const T*>(a.s_gu) + size_t(I + r) * a.H, size_t(a.H) * sizeof(T), lane);
+    }
+  else if (a.logits && warp == 0)
+    prefetch_tables(a.tsel, a.E);
   pdl_wait();
   pdl_trigger();
+  const T* W;
+  if (shared) {
+    W = static_cast<const T*>(a.s_gu);
+  } else if (a.logits) {
+    __shared__ const void* chosen[64];
+    __shared__ int cid[32];
+    __shared__ float cw[33];
+    const bool lead = blockIdx.x == 0 && blockIdx.y == 0;
+    if (warp == 0) {
+      ExpertSel to = a.tsel;
+      to.out = chosen;
+      TierCount tc = a.tc;
+      if (!lead) tc.counts = nullptr;
+      topk_warp(a.logits, a.E, a.k, a.norm_topk, a.has_shared, cid, cw, tc, to);
+      __syncwarp();
+      if (lead) {
+        if (lane < a.k) {
+          a.ids_out[lane] = cid[lane];
+          a.w_out[lane] = cw[lane];
+          a.tsel.out[lane] = chosen[lane];
+          a.tsel.out[a.k + lane] = chosen[a.k + lane];
+        }
+        if (lane == 0 && a.has_shared) a.w_out[a.k] = cw[a.k];
+      }
+    }
+    __syncthreads();
+    W = static_cast<const T*>(chosen[j]);
+  } else {
+    W = static_cast<const T*>(a.sel ? a.sel[j] : a.gu_tab[a.ids[j]]);
+  }
   load_x(a.xn ? a.xn : a.x, a.xn ? nullptr : a.norm_w, a.eps, a.H, xs);
-  const T* W = shared ? static_cast<const T*>(a.s_gu)
-                      : static_cast<const T*>(a.gu_tab[a.ids[j]]);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int r = blockIdx.x * kWarps + warp; r < I; r += gridDim.x * kWarps) {
     float gu[2];
     if (a.ilp) {
@@ -775,7 +869,7 @@ __global__ void __launch_bounds__(kThreads, 4) down_kernel(MoeArgs a, int split)
       const bool shared = j == a.k;
       const int I = shared ? a.Is : a.I;
       const T* W = shared ? static_cast<const T*>(a.s_down)
-                          : static_cast<const T*>(a.down_tab[a.ids[j]]);
+                          : static_cast<const T*>(a.sel ? a.sel[a.k + j] : a.down_tab[a.ids[j]]);
       warp_prefetch(W + size_t(r) * I, size_t(I) * sizeof(T), lane);
     }
   pdl_wait();
@@ -794,7 +888,7 @@ __global__ void __launch_bounds__(kThreads, 4) down_kernel(MoeArgs a, int split)
         const bool shared = j == a.k;
         const int I = shared ? a.Is : a.I;
         const T* W = shared ? static_cast<const T*>(a.s_down)
-                            : static_cast<const T*>(a.down_tab[a.ids[j]]);
+                            : static_cast<const T*>(a.sel ? a.sel[a.k + j] : a.down_tab[a.ids[j]]);
         float d[kDownRows];
         rows_dot<T, kDownRows>(W + size_t(r) * I, size_t(stride) * I, n, a.hb + j * a.maxI, I, lane, d);
 #pragma unroll
@@ -812,6 +906,39 @@ __global__ void __launch_bounds__(kThreads, 4) down_kernel(MoeArgs a, int split)
         a.x[r + i * stride] += t;
       }
     __syncthreads();
+  }
+}
+
+// x[r] += sum_j w_j * down_j[r] . h_j, R consecutive rows per block, one warp
+// per slot (block = slots warps): each warp resolves its expert once and has
+// all R rows' loads in flight at once, so the kernel is one round of loads
+// after the wait. Partials are summed over slots in a fixed order.
+constexpr int kDown2MaxSlots = 12;  // top-k + shared expert; more slots take down_kernel
+template <typename T, int R>
+__global__ void __maxnreg__(112) down2_kernel(MoeArgs a) {
+  __shared__ float part[kDown2MaxSlots][R];
+  const int j = threadIdx.x >> 5, lane = threadIdx.x & 31, slots = blockDim.x >> 5;
+  const int r0 = blockIdx.x * R, n = min(R, a.H - r0);
+  const bool shared = j == a.k;
+  const int I = shared ? a.Is : a.I;
+  if (shared) warp_prefetch(static_cast<const T*>(a.s_down) + size_t(r0) * I, size_t(n) * I * sizeof(T), lane);
+  pdl_wait();
+  pdl_trigger();
+  const T* W = shared ? static_cast<const T*>(a.s_down)
+                      : static_cast<const T*>(a.sel ? a.sel[a.k + j] : a.down_tab[a.ids[j]]);
+  float d[R];
+  rows_dot<T, R, 1>(W + size_t(r0) * I, size_t(I), n, a.hb + j * a.maxI, I, lane, d);
+  const float wj = a.w[j];
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const float v = warp_sum(d[i]);
+    if (lane == 0) part[j][i] = wj * v;
+  }
+  __syncthreads();
+  if (int(threadIdx.x) < n) {
+    float t = 0.f;
+    for (int s = 0; s < slots; ++s) t += part[s][threadIdx.x];
+    a.x[r0 + threadIdx.x] += t;
   }
 }
 
