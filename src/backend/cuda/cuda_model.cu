@@ -58,6 +58,7 @@ struct DLayer {
   TierCount tc{};  // choice accounting (tiered cache only)
   bool has_shared = false;              // shared expert (MoE) or dense MLP
   DMat s_gu, s_down;                    // [2Is, H], [H, Is]
+  float* rfold = nullptr;               // folded router [router rows][H + O] (outproj_router_kernel), or null
 };
 
 enum KernelClass { K_EMBED, K_PROJ, K_CONV, K_DELTA, K_ATTN, K_OUT, K_ROUTER, K_EXPERTS, K_LMHEAD, K_ARGMAX, K_N };
@@ -151,13 +152,14 @@ struct CudaModel::Impl {
   //  FLASHMOE_CUDA_GUTOPK (on, +2.6%): the top-k inside gate_up (every block
   //    picks the experts itself from the router logits): one kernel boundary
   //    less per MoE layer.
-  //  FLASHMOE_CUDA_AHEAD (off): conv1d / attention prep prefetch the out-proj,
-  //    router and shared-expert weights into L2 while they run: no gain (v10).
   //  FLASHMOE_CUDA_SKIP=class,...: measurement only (wrong outputs): leave
   //    the kernels of those classes (kClassNames or their first words, e.g.
   //    experts,router) out of the step, to read each class's share of graph
   //    replay time (bench/NOTES-cuda.md, v10).
-  bool use_sel = true, down2 = true, ahead = false, gu_topk = true;
+  //  FLASHMOE_CUDA_FOLD (on, +2.4%): the router folded into the output
+  //    projection's launch (outproj_router_kernel), no router kernel; needs GUTOPK.
+  bool use_sel = true, down2 = true, gu_topk = true, fold = true;
+  float* cat = nullptr;  // [H + O]: the layer's input residual (copied by the in-proj), then o (lin_o / attn_o)
   unsigned skip_mask = 0;
   const void** sel = nullptr;  // [2k] expert row pointers chosen by the top-k
   unsigned* router_done = nullptr;
@@ -295,8 +297,8 @@ struct CudaModel::Impl {
     if (const char* e = std::getenv("FLASHMOE_CUDA_PREFETCH")) prefetch_all = std::string(e) != "0";
     if (const char* e = std::getenv("FLASHMOE_CUDA_SEL")) use_sel = std::string(e) != "0";
     if (const char* e = std::getenv("FLASHMOE_CUDA_DOWN2")) down2 = std::string(e) != "0";
-    if (const char* e = std::getenv("FLASHMOE_CUDA_AHEAD")) ahead = std::string(e) == "1";
     if (const char* e = std::getenv("FLASHMOE_CUDA_GUTOPK")) gu_topk = std::string(e) != "0";
+    if (const char* e = std::getenv("FLASHMOE_CUDA_FOLD")) fold = std::string(e) != "0";
     if (const char* e = std::getenv("FLASHMOE_CUDA_SKIP")) {  // class names or their first words, comma-separated
       std::string list = e;
       for (size_t at = 0; at <= list.size();) {
@@ -308,6 +310,9 @@ struct CudaModel::Impl {
         at = end + 1;
       }
     }
+    if (skip_mask >> K_ROUTER & 1u) use_sel = gu_topk = false;  // measurement without the top-k: ids stay 0
+    if (fuse) gu_topk = false;
+    if (!gu_topk) fold = false;  // the folded logits are scaled by gate_up's top-k
     CK(cudaSetDevice(dev));
     CK(cudaGetDeviceProperties(&prop, dev));
     CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -347,9 +352,12 @@ struct CudaModel::Impl {
     x = alloc_f(size_t(H), "activations");
     proj = alloc_f(size_t(proj_rows), "activations");
     convout = alloc_f(size_t(std::max<int64_t>(1, m.lin_conv_dim())), "activations");
-    lin_o = alloc_f(size_t(std::max<int64_t>(1, m.lin_num_v_heads * m.lin_v_dim)), "activations");
+    const int64_t O = std::max<int64_t>({1, m.lin_num_v_heads * m.lin_v_dim, m.num_heads * m.head_dim});
+    cat = alloc_f(size_t(H + O), "activations");
+    lin_o = cat + H;  // a layer is linear or full: the two never live at once
     q = alloc_f(size_t(std::max<int64_t>(1, m.num_heads * m.head_dim)), "activations");
-    attn_o = alloc_f(size_t(std::max<int64_t>(1, m.num_heads * m.head_dim)), "activations");
+    attn_o = cat + H;
+    if (fold) fold_routers();
     rlogits = alloc_f(size_t(m.num_experts + 1), "router logits");
     ew = alloc_f(size_t(m.num_experts_per_tok + 1), "expert weights");
     eids = static_cast<int*>(alloc(size_t(m.num_experts_per_tok + 1) * 4, "expert ids"));
@@ -361,8 +369,6 @@ struct CudaModel::Impl {
                                           "expert selection"));
     CK(cudaMemset(eids, 0, size_t(m.num_experts_per_tok + 1) * 4));
     CK(cudaMemset(ew, 0, size_t(m.num_experts_per_tok + 1) * 4));
-    if (skip_mask >> K_ROUTER & 1u) use_sel = gu_topk = false;  // measurement without the top-k: ids stay 0
-    if (fuse) gu_topk = false;
     xn = alloc_f(size_t(H), "activations");
     CK(cudaMemset(router_done, 0, 4));
     CK(cudaMallocHost(&pinned_logits, size_t(m.vocab_size) * 4));
@@ -373,6 +379,8 @@ struct CudaModel::Impl {
     // Bytes one decoded token reads: everything but the unrouted experts.
     bytes_per_token = int64_t(lm_head.bytes()) + int64_t(embed.cols) * int64_t(dt_size(embed.dt));
     for (const DLayer& l : L) {
+      // The checkpoint's bytes (the roofline's numerator): a folded router
+      // reads its fp32 fold instead, more bytes, not counted here.
       bytes_per_token += int64_t(l.lin_in.bytes() + l.out_proj.bytes() + l.qkv.bytes() + l.o_proj.bytes() +
                                  l.router.bytes() + l.s_gu.bytes() + l.s_down.bytes());
       if (l.moe)
@@ -466,7 +474,7 @@ struct CudaModel::Impl {
     return n;
   }
 
-  void matvec(const DMat& W, const float* xin, const float* nw, float* y, int acc, int cls) {
+  void matvec(const DMat& W, const float* xin, const float* nw, float* y, int acc, int cls, float* xcopy = nullptr) {
     const int split = split_for(W.rows, W.cols, int(16 / dt_size(W.dt)));
     const int rpb = kWarps / split;
     const void* fn = W.dt == DT_F32   ? reinterpret_cast<const void*>(matvec_kernel<float>)
@@ -479,18 +487,80 @@ struct CudaModel::Impl {
     switch (W.dt) {
       case DT_F32:
         go(matvec_kernel<float>, blocks, kThreads, smem, static_cast<const float*>(W.p), W.rows, W.cols, xin,
-                                                                nw, eps, y, acc, split, pf, ilp, int(xdirect));
+                                                                nw, eps, y, acc, split, pf, ilp, int(xdirect), xcopy);
         break;
       case DT_F16:
         go(matvec_kernel<__half>, blocks, kThreads, smem, static_cast<const __half*>(W.p), W.rows, W.cols,
-                                                                 xin, nw, eps, y, acc, split, pf, ilp, int(xdirect));
+                                                                 xin, nw, eps, y, acc, split, pf, ilp, int(xdirect), xcopy);
         break;
       default:
         go(matvec_kernel<__nv_bfloat16>, blocks, kThreads, smem, static_cast<const __nv_bfloat16*>(W.p),
                                                                         W.rows, W.cols, xin, nw, eps, y, acc, split,
-                                                                        pf, ilp, int(xdirect));
+                                                                        pf, ilp, int(xdirect), xcopy);
     }
     mark(cls);
+  }
+
+  // x += W_out . o and the folded router's logits, one launch (outproj_router_kernel).
+  void outproj_router(const DLayer& d, const DMat& W) {
+    OutRouterArgs a;
+    a.cat = cat;
+    a.x = x;
+    a.R = d.rfold;
+    a.logits = rlogits;
+    a.H = W.rows;
+    a.O = W.cols;
+    a.rowsR = d.router.rows;
+    a.ilp = ilp;
+    a.splitA = split_for(W.rows, W.cols, int(16 / dt_size(W.dt)));
+    a.splitR = split_for(a.rowsR, a.H + a.O, 4);
+    const void* fn = W.dt == DT_F32   ? reinterpret_cast<const void*>(outproj_router_kernel<float>)
+                     : W.dt == DT_F16 ? reinterpret_cast<const void*>(outproj_router_kernel<__half>)
+                                      : reinterpret_cast<const void*>(outproj_router_kernel<__nv_bfloat16>);
+    // Router blocks first (they start at once); the projection gets what is
+    // left of one resident wave, at least one block per SM.
+    const int rpbR = kWarps / a.splitR, rpbA = kWarps / a.splitA, sms = prop.multiProcessorCount;
+    int resident = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, fn, kThreads, 0));
+    resident = std::max(resident, 1) * sms;
+    a.nbR = (a.rowsR + rpbR - 1) / rpbR;
+    a.nbA = std::min((a.H + rpbA - 1) / rpbA, std::max(sms, std::min(sms * bps, resident - a.nbR)));
+    const int blocks = a.nbR + a.nbA;
+    switch (W.dt) {
+      case DT_F32: go(outproj_router_kernel<float>, blocks, kThreads, 0, static_cast<const float*>(W.p), a); break;
+      case DT_F16: go(outproj_router_kernel<__half>, blocks, kThreads, 0, static_cast<const __half*>(W.p), a); break;
+      default:
+        go(outproj_router_kernel<__nv_bfloat16>, blocks, kThreads, 0, static_cast<const __nv_bfloat16*>(W.p), a);
+    }
+    mark(K_OUT);
+  }
+
+  // Folds each MoE layer's router into its output projection's launch where
+  // the shapes allow (see outproj_router_kernel); other layers keep the router.
+  template <typename T>
+  void fold_router(DLayer& d, const DMat& out) {
+    const int H = int(c.hidden_size), O = out.cols, rows = d.router.rows;
+    d.rfold = static_cast<float*>(alloc(size_t(rows) * (H + O) * 4, "folded router"));
+    bytes_total += int64_t(rows) * (H + O) * 4;
+    const dim3 grid(std::max(1, std::min(64, (H + O + 255) / 256)), rows);
+    fold_router_kernel<T><<<grid, 256, 0, stream>>>(static_cast<const T*>(d.router.p), rows, d.post_norm,
+                                                   static_cast<const T*>(out.p), H, O, d.rfold);
+    check(cudaGetLastError(), "fold_router_kernel");
+  }
+  void fold_routers() {
+    const int H = int(c.hidden_size);
+    for (DLayer& d : L) {
+      const DMat& out = d.full ? d.o_proj : d.out_proj;
+      if (!d.moe || !d.router.p || !d.post_norm || !out.p || out.rows != H || d.router.cols != H ||
+          out.dt != d.router.dt || H % 4 != 0 || out.cols % 4 != 0)
+        continue;
+      switch (out.dt) {
+        case DT_F32: fold_router<float>(d, out); break;
+        case DT_F16: fold_router<__half>(d, out); break;
+        default: fold_router<__nv_bfloat16>(d, out);
+      }
+    }
+    CK(cudaStreamSynchronize(stream));
   }
 
   // Router logits + top-k in one kernel (fuse) or two.
@@ -564,23 +634,6 @@ struct CudaModel::Impl {
     mark(K_EXPERTS);
   }
 
-  // What conv1d / attention prep pull into L2 for the rest of the layer:
-  // the output projection, the router and the shared expert, in the order
-  // they are read, up to half the L2 (l2_ahead).
-  Ahead ahead_of(const DLayer& d, const DMat& out) const {
-    Ahead a{};
-    if (!ahead) return a;
-    size_t room = size_t(prop.l2CacheSize) / 2;
-    const DMat* order[4] = {&out, &d.router, &d.s_gu, &d.s_down};
-    for (int i = 0; i < 4; ++i) {
-      const size_t n = std::min(order[i]->bytes(), room);
-      a.p[i] = order[i]->p;
-      a.n[i] = order[i]->p ? n : 0;
-      room -= a.n[i];
-    }
-    return a;
-  }
-
   // One token through the model. kind 0: no logits; 1: logits; 2: logits + argmax.
   void enqueue_step(CudaState::Impl& s, int kind) {
     const ModelConfig& m = c;
@@ -607,10 +660,9 @@ struct CudaModel::Impl {
       const DLayer& d = L[li];
       const int sl = slot[li];
       if (!d.full) {
-        matvec(d.lin_in, x, d.in_norm, proj, 0, K_PROJ);
+        matvec(d.lin_in, x, d.in_norm, proj, 0, K_PROJ, d.rfold ? cat : nullptr);
         if (!fuse_conv) {
-          go(conv_kernel, (C + 255) / 256, 256, 0, proj, C, K, d.conv_w, s.conv[sl], convout,
-             ahead_of(d, d.out_proj));
+          go(conv_kernel, (C + 255) / 256, 256, 0, proj, C, K, d.conv_w, s.conv[sl], convout);
           mark(K_CONV);
         }
         DeltaArgs a;
@@ -641,9 +693,10 @@ struct CudaModel::Impl {
         else if (dk == 32) go(delta_kernel<32, 1>, nv, th(1), smem, a);
         else go(delta_kernel<0, 1>, nv, th(1), smem, a);
         mark(K_DELTA);
-        matvec(d.out_proj, lin_o, nullptr, x, 1, K_OUT);
+        if (d.rfold) outproj_router(d, d.out_proj);
+        else matvec(d.out_proj, lin_o, nullptr, x, 1, K_OUT);
       } else {
-        matvec(d.qkv, x, d.in_norm, proj, 0, K_PROJ);
+        matvec(d.qkv, x, d.in_norm, proj, 0, K_PROJ, d.rfold ? cat : nullptr);
         AttnPrepArgs p;
         p.qkv = proj;
         p.q_norm = d.q_norm;
@@ -659,7 +712,6 @@ struct CudaModel::Impl {
         p.ns = s.ns;
         p.kvt = s.kvt;
         p.eps = m.rms_norm_eps;
-        p.ahead = ahead_of(d, d.o_proj);
         go(attn_prep_kernel, nh + 1, 128, size_t(std::max(hd, 2 * nkv * hd)) * 4, p);
         mark(K_ATTN);
         AttnArgs a;
@@ -683,7 +735,8 @@ struct CudaModel::Impl {
           default: go(attn_kernel<KV_FP8>, nh, 256, smem, a); break;
         }
         mark(K_ATTN);
-        matvec(d.o_proj, attn_o, nullptr, x, 1, K_OUT);
+        if (d.rfold) outproj_router(d, d.o_proj);
+        else matvec(d.o_proj, attn_o, nullptr, x, 1, K_OUT);
       }
       // Feed-forward.
       MoeArgs a{};
@@ -699,7 +752,7 @@ struct CudaModel::Impl {
       a.ilp = ilp;
       int slots;
       if (d.moe) {
-        route(d);
+        if (!d.rfold) route(d);  // else the logits came with the output projection
         a.gu_tab = d.gu_tab;
         a.down_tab = d.down_tab;
         a.k = int(m.num_experts_per_tok);
@@ -719,6 +772,7 @@ struct CudaModel::Impl {
           a.ids_out = eids;
           a.w_out = ew;
           a.sel = sel;
+          a.folded = d.rfold ? 1 : 0;
         }
       } else {
         a.gu_tab = nullptr;

@@ -73,27 +73,6 @@ __device__ __forceinline__ void warp_prefetch(const void* p, size_t bytes, int l
   for (size_t o = size_t(lane) * 128; o < bytes; o += 32 * 128) prefetch_l2(static_cast<const char*>(p) + o);
 }
 
-// Weights of the kernels that come next, pulled into L2 by a kernel that
-// itself reads little (conv1d, attention prep): the memory would otherwise sit
-// idle while those latency-bound kernels run, and the next projection then
-// streams from L2. One 128-byte line per prefetch, spread over every thread
-// of the grid, issued before the PDL wait (weights never change during a
-// step). TMA bulk prefetches (cp.async.bulk.prefetch.L2, 64 KB each) were
-// measured instead: the issuing kernel lasts until they complete, 72 us per
-// conv1d launch.
-struct Ahead {
-  const void* p[4];
-  uint64_t n[4];  // bytes (0: unused)
-};
-__device__ __forceinline__ void l2_ahead(const Ahead& a) {
-  const uint64_t nt = uint64_t(gridDim.x) * blockDim.x;
-  const uint64_t tid = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-#pragma unroll
-  for (int r = 0; r < 4; ++r)
-    for (uint64_t off = tid * 128; off < a.n[r]; off += nt * 128)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(a.p[r]) + off));
-}
-
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float siluf_(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
@@ -195,8 +174,9 @@ __device__ __forceinline__ void rows_dot(const T* __restrict__ w, size_t step, i
 }
 
 // xs = x (cols floats), optionally zero-centred-RMS-normed with weight nw.
-__device__ __forceinline__ void load_x(const float* __restrict__ x, const float* __restrict__ nw, float eps,
-                                       int cols, float* xs) {
+__device__ __forceinline__ float load_x(const float* __restrict__ x, const float* __restrict__ nw, float eps,
+                                        int cols, float* xs) {
+  float r = 1.0f;
   if (nw) {
     float ss = 0.f;
     for (int i = threadIdx.x; i < cols; i += blockDim.x) {
@@ -204,12 +184,13 @@ __device__ __forceinline__ void load_x(const float* __restrict__ x, const float*
       ss += v * v;
     }
     ss = block_sum(ss);
-    const float r = 1.0f / sqrtf(ss / float(cols) + eps);
+    r = 1.0f / sqrtf(ss / float(cols) + eps);
     for (int i = threadIdx.x; i < cols; i += blockDim.x) xs[i] = x[i] * r * (1.0f + nw[i]);
   } else {
     for (int i = threadIdx.x; i < cols; i += blockDim.x) xs[i] = x[i];
   }
   __syncthreads();
+  return r;  // the norm's scale 1/rms(x) (1 without a norm)
 }
 
 // ------------------------------------------------------------------ kernels
@@ -245,12 +226,13 @@ __device__ __forceinline__ void prefetch_rows(const T* W, int rows, int cols, in
 // flight for matrices of few rows.
 template <typename T>
 __device__ __forceinline__ void matvec_rows(const T* __restrict__ W, int rows, int cols, const float* xs,
-                                            float* __restrict__ y, int accumulate, int split, int ilp) {
+                                            float* __restrict__ y, int accumulate, int split, int ilp,
+                                            int bid, int nb) {  // this block's index among the nb doing W
   __shared__ float part[2][kWarps];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rpb = kWarps / split, sub = warp % split, lr = warp / split, chunk = cols / split;
-  const int stride = gridDim.x * rpb, per = ilp ? 2 : 1;
-  for (int r0 = blockIdx.x * rpb; r0 < rows; r0 += per * stride) {
+  const int stride = nb * rpb, per = ilp ? 2 : 1;
+  for (int r0 = bid * rpb; r0 < rows; r0 += per * stride) {
     const int r = r0 + lr;
     const int n = r >= rows ? 0 : (per == 2 && r + stride < rows ? 2 : 1);
     float acc[2] = {0.f, 0.f};
@@ -284,26 +266,76 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) matvec_kernel(const T* __restrict__ W, int rows, int cols,
                                                           const float* __restrict__ x, const float* __restrict__ nw,
                                                           float eps, float* __restrict__ y, int accumulate, int split,
-                                                          int pf_rows, int ilp, int xdirect) {
+                                                          int pf_rows, int ilp, int xdirect, float* __restrict__ xcopy) {
   extern __shared__ __align__(16) float xs[];
   prefetch_rows(W, rows, cols, split, pf_rows);
   pdl_wait();
   pdl_trigger();
+  // The layer's input residual, kept for the folded router (outproj_router_kernel).
+  if (xcopy && blockIdx.x == gridDim.x - 1)
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) xcopy[i] = x[i];
   if (!nw && xdirect) {
     // No norm: each warp reads its slice of x straight from L1/L2 alongside
     // the weights, instead of the block staging all of x first.
-    matvec_rows(W, rows, cols, x, y, accumulate, split, ilp);
+    matvec_rows(W, rows, cols, x, y, accumulate, split, ilp, blockIdx.x, gridDim.x);
     return;
   }
   load_x(x, nw, eps, cols, xs);
-  matvec_rows(W, rows, cols, xs, y, accumulate, split, ilp);
+  matvec_rows(W, rows, cols, xs, y, accumulate, split, ilp, blockIdx.x, gridDim.x);
+}
+
+// The output projection and the MoE router in one launch. The router reads
+// the residual after this projection, normed: Wr . norm(x + W_out . o). With
+// the norm weight and W_out folded into it at upload,
+//   R = [ Wr (1 + w) | Wr (1 + w) W_out ]   (fp32, rows x (H + O)),
+// rms(x_new) times its logits is R . [x ; o], x the residual before this
+// projection (copied by the in-proj kernel into cat, in front of o). So the
+// router rows no longer wait for the projection: blocks [0, nbR) compute
+// them while the others compute x += W_out . o, and gate_up divides by
+// rms(x_new), which its norm computes anyway, before the top-k. This removes
+// the router kernel and its boundary from every MoE layer.
+struct OutRouterArgs {
+  const float* cat;  // [H + O]: the residual before this projection, then o
+  float* x;          // [H] residual, += W_out . o
+  const float* R;    // [rowsR][H + O]
+  float* logits;     // [rowsR] R . cat
+  int H, O, rowsR;
+  int splitA, splitR, nbA, nbR, ilp;
+};
+template <typename T>
+__global__ void __launch_bounds__(kThreads) outproj_router_kernel(const T* __restrict__ W, OutRouterArgs a) {
+  pdl_wait();
+  pdl_trigger();
+  if (int(blockIdx.x) < a.nbR) {
+    matvec_rows<float>(a.R, a.rowsR, a.H + a.O, a.cat, a.logits, 0, a.splitR, a.ilp, blockIdx.x, a.nbR);
+    return;
+  }
+  matvec_rows<T>(W, a.H, a.O, a.cat + a.H, a.x, 1, a.splitA, a.ilp, int(blockIdx.x) - a.nbR, a.nbA);
+}
+
+// R (see outproj_router_kernel) from the router Wr [rows][H], the norm
+// weight w [H] and W_out [H][O]; accumulated in double, once at upload.
+template <typename T>
+__global__ void fold_router_kernel(const T* __restrict__ Wr, int rows, const float* __restrict__ w,
+                                   const T* __restrict__ Wout, int H, int O, float* __restrict__ R) {
+  const int e = blockIdx.y;
+  const T* wr = Wr + size_t(e) * H;
+  for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < H + O; c += gridDim.x * blockDim.x) {
+    double v = 0.0;
+    if (c < H) {
+      v = double(to_f<T>(wr[c])) * (1.0 + double(w[c]));
+    } else {
+      for (int h = 0; h < H; ++h)
+        v += double(to_f<T>(wr[h])) * (1.0 + double(w[h])) * double(to_f<T>(Wout[size_t(h) * O + (c - H)]));
+    }
+    R[size_t(e) * (H + O) + c] = float(v);
+  }
 }
 
 // GatedDeltaNet causal depthwise conv (kernel K) + SiLU over C channels.
 // state: [C][K-1] previous inputs.
 __global__ void conv_kernel(const float* __restrict__ u, int C, int K, const float* __restrict__ taps,
-                            float* __restrict__ state, float* __restrict__ out, Ahead ahead) {
-  l2_ahead(ahead);
+                            float* __restrict__ state, float* __restrict__ out) {
   pdl_wait();
   pdl_trigger();
   const int ch = blockIdx.x * blockDim.x + threadIdx.x;
@@ -463,7 +495,6 @@ struct AttnPrepArgs {
   KvLayer kv;
   int nh, nkv, hd, rd, ns, kvt;
   float eps;
-  Ahead ahead;  // o_proj, router, shared expert: into L2 (see l2_ahead)
 };
 
 __device__ __forceinline__ void rope_in_smem(float* x, int rd, const float* inv_freq, int pos) {
@@ -501,7 +532,6 @@ __device__ __forceinline__ void kv_store(void* dst, size_t off, int kvt, float v
 // rope, v), fp8 scales, store at the slot of this position.
 __global__ void attn_prep_kernel(AttnPrepArgs a) {
   extern __shared__ float sm[];
-  l2_ahead(a.ahead);
   pdl_wait();
   pdl_trigger();
   const int pos = *a.pos, hd = a.hd;
@@ -646,7 +676,7 @@ struct ExpertSel {
   const void** out;             // [2k]: the chosen experts' gate/up rows, then their down rows (null: not used)
 };
 __device__ __forceinline__ void topk_warp(const float* logits, int E, int k, int norm_topk, int has_shared, int* ids,
-                                          float* w, TierCount tc, ExpertSel sel) {
+                                          float* w, TierCount tc, ExpertSel sel, float scale = 1.0f) {
   constexpr int PER = 16;
   const int lane = threadIdx.x & 31;
   float v[PER];
@@ -654,7 +684,7 @@ __device__ __forceinline__ void topk_warp(const float* logits, int E, int k, int
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
     const int e = i * 32 + lane;
-    v[i] = e < E ? __ldcg(logits + e) : -INFINITY;
+    v[i] = e < E ? __ldcg(logits + e) * scale : -INFINITY;
     mx = fmaxf(mx, v[i]);
   }
   mx = warp_max(mx);
@@ -705,7 +735,7 @@ __device__ __forceinline__ void topk_warp(const float* logits, int E, int k, int
     }
   }
   if (lane < k) w[lane] = norm_topk ? chosen_p / chosen_sum : chosen_p;
-  if (lane == 0 && has_shared) w[k] = sigmoidf_(__ldcg(logits + E));
+  if (lane == 0 && has_shared) w[k] = sigmoidf_(__ldcg(logits + E) * scale);
   if (sel.out && lane < k) {
     sel.out[lane] = sel.gu_tab[chosen_id];
     sel.out[k + lane] = sel.down_tab[chosen_id];
@@ -754,7 +784,7 @@ __global__ void __launch_bounds__(kThreads) router_kernel(const T* __restrict__ 
   load_x(a.x, a.nw, a.eps, a.cols, xs);
   if (a.xn && blockIdx.x == 0)
     for (int i = threadIdx.x; i < a.cols; i += blockDim.x) a.xn[i] = xs[i];
-  matvec_rows(W, a.rows, a.cols, xs, a.logits, 0, a.split, a.ilp);
+  matvec_rows(W, a.rows, a.cols, xs, a.logits, 0, a.split, a.ilp, blockIdx.x, gridDim.x);
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(a.done, 1u) == gridDim.x - 1;
@@ -787,6 +817,7 @@ struct MoeArgs {
   // publishes ids, weights and row pointers for down and does the counting.
   const float* logits;
   int E, norm_topk;
+  int folded;  // logits are the folded router's, not yet divided by rms(x) (outproj_router_kernel)
   TierCount tc;
   ExpertSel tsel;  // tables; .out: where block (0,0) publishes the row pointers
   int* ids_out;
@@ -811,6 +842,8 @@ __global__ void __launch_bounds__(kThreads, 5) gate_up_kernel(MoeArgs a) {
     prefetch_tables(a.tsel, a.E);
   pdl_wait();
   pdl_trigger();
+  // x normed first: its scale 1/rms also turns folded router logits into logits.
+  const float rx = load_x(a.xn ? a.xn : a.x, a.xn ? nullptr : a.norm_w, a.eps, a.H, xs);
   const T* W;
   if (shared) {
     W = static_cast<const T*>(a.s_gu);
@@ -824,7 +857,7 @@ __global__ void __launch_bounds__(kThreads, 5) gate_up_kernel(MoeArgs a) {
       to.out = chosen;
       TierCount tc = a.tc;
       if (!lead) tc.counts = nullptr;
-      topk_warp(a.logits, a.E, a.k, a.norm_topk, a.has_shared, cid, cw, tc, to);
+      topk_warp(a.logits, a.E, a.k, a.norm_topk, a.has_shared, cid, cw, tc, to, a.folded ? rx : 1.0f);
       __syncwarp();
       if (lead) {
         if (lane < a.k) {
@@ -841,7 +874,6 @@ __global__ void __launch_bounds__(kThreads, 5) gate_up_kernel(MoeArgs a) {
   } else {
     W = static_cast<const T*>(a.sel ? a.sel[j] : a.gu_tab[a.ids[j]]);
   }
-  load_x(a.xn ? a.xn : a.x, a.xn ? nullptr : a.norm_w, a.eps, a.H, xs);
   for (int r = blockIdx.x * kWarps + warp; r < I; r += gridDim.x * kWarps) {
     float gu[2];
     if (a.ilp) {
