@@ -62,6 +62,7 @@ int connect_raw(int port) {
 
 TEST(ServerE2E, ChatNonStreaming) {
   START_SERVER(srv, standard_args());
+  EXPECT_NE(srv.log().find("(device cpu, parallel 4"), std::string::npos) << srv.log();  // FLASHMOE_DEVICE=cpu
   auto c = srv.client();
   int st = 0;
   json r = post_json(c, "/v1/chat/completions", chat_body({{"user", "Write a Python function that adds two numbers."}}), &st);
