@@ -10,6 +10,7 @@
 #include "engine/eval.h"
 #include "format/model_files.h"
 #include "engine/session.h"
+#include "kv/memory_calc.h"
 #include "test_util.h"
 
 namespace flashmoe {
@@ -84,6 +85,25 @@ TEST(Eval, PerplexityMatchesFeedAllByHand) {
   EXPECT_NEAR(r.perplexity, ppl, 1e-6 * ppl);
   EXPECT_GT(ppl, 1.0);
   EXPECT_LT(ppl, 100.0);  // a trained model on code, not a random one (vocab 4096)
+}
+
+// The KV bytes eval reports are kv-calc's count for the longest sequence
+// (computed, so the CPU and the GPU report the same number).
+TEST(Eval, KvBytesAreKvCalcsCount) {
+  CoderMini& cm = coder_mini();
+  ThreadPool pool(2);
+  PerplexityOptions po;
+  po.window_tokens = 128;
+  po.max_windows = 1;
+  po.kl = false;
+  KvConfig w;
+  w.window = 48;
+  const ModelConfig& c = cm.model->config();
+  for (const KvConfig& kv : {KvConfig{}, w}) {
+    const PerplexityResult r = eval_perplexity(*cm.model, cm.heldout, kv, pool, po);
+    EXPECT_EQ(r.kv_bytes, size_t(kv_cache_bytes(c, kv, 128))) << kv.describe();
+  }
+  EXPECT_EQ(kv_cache_bytes(c, w, 128), kv_memory(c, w).bytes_per_position() * 48);
 }
 
 TEST(Eval, KlHelpers) {

@@ -16,6 +16,26 @@
 
 namespace flashmoe::test {
 
+namespace {
+// The flashmoe processes the tests start run on the CPU unless a test says
+// otherwise (the CUDA tests pass --device), so that the suite gives the same
+// results on a GPU machine, where the default (auto) would pick the GPU.
+// ctest sets the same (CMakeLists.txt); this covers running flashmoe_tests
+// directly. Not overwritten: FLASHMOE_DEVICE=auto ./flashmoe_tests is allowed.
+[[maybe_unused]] const bool device_pinned = [] { return ::setenv("FLASHMOE_DEVICE", "cpu", /*overwrite=*/0) == 0; }();
+}  // namespace
+
+ScopedEnv::ScopedEnv(const std::string& name, const char* value) : name_(name) {
+  if (const char* old = std::getenv(name.c_str())) old_ = old;
+  if (value) ::setenv(name.c_str(), value, 1);
+  else ::unsetenv(name.c_str());
+}
+
+ScopedEnv::~ScopedEnv() {
+  if (old_) ::setenv(name_.c_str(), old_->c_str(), 1);
+  else ::unsetenv(name_.c_str());
+}
+
 std::string source_path(const std::string& rel) { return std::string(FLASHMOE_SOURCE_DIR) + "/" + rel; }
 std::string fixture_dir(const std::string& name) { return source_path("tests/fixtures/" + name); }
 

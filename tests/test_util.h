@@ -2,6 +2,7 @@
 // real flashmoe binary, scratch directories.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,20 @@ struct CmdResult {
 };
 // Runs FLASHMOE_BINARY with the given argument string (shell-quoted by the caller).
 CmdResult run_flashmoe(const std::string& args, const std::string& stdin_text = "");
+
+// Sets (or with nullptr unsets) an environment variable for the scope, for
+// the processes run_flashmoe starts; restores the old value afterwards.
+class ScopedEnv {
+ public:
+  ScopedEnv(const std::string& name, const char* value);
+  ~ScopedEnv();
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
 
 // A fresh directory under /tmp, removed by the destructor.
 struct TempDir {

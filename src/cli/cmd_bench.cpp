@@ -9,6 +9,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/device.h"
 #include "core/error.h"
 #include "engine/session.h"
 #include "kv/presets.h"
@@ -52,30 +53,29 @@ double memcpy_gbps(ThreadPool& pool) {
   return double(bytes) / best / 1e9;  // bytes copied per second (each read once, written once)
 }
 
-// GPU path: the model uploaded (or synthetic weights built on the device),
-// prompt processing through CudaModel::forward, generation through
-// decode_greedy (graph replays, no host round trip per token).
-void bench_cuda(const ModelOptions& opt, const std::string& synthetic, int layers, int pp, int tg, int reps,
-                bool no_graph, int profile_steps) {
-  std::unique_ptr<QwenModel> host;
-  std::unique_ptr<CudaModel> cm;
-  std::string what;
+// A model of a published size with random bf16 weights, built on the device.
+std::unique_ptr<CudaModel> synthetic_model(const ModelOptions& opt, const std::string& preset, int layers,
+                                           std::string* what) {
+  if (opt.device == "cpu")
+    fail(!opt.device_auto ? "bench: --synthetic needs --device cuda (or auto)"
+         : !opt.cpu_note.empty() ? "bench: --synthetic needs the GPU, and this run is on the CPU: " + opt.cpu_note
+                                 : "bench: --synthetic needs a usable GPU (" + opt.no_gpu + ")");
   std::string why;
-  if (!CudaModel::available(&why)) fail("--device cuda: no usable GPU (" + why + "); use --device cpu");
-  if (!synthetic.empty()) {
-    ModelConfig c = model_preset(synthetic);
-    if (layers > 0 && layers < c.num_layers) {
-      c.num_layers = layers;
-      c.layer_kinds.resize(size_t(layers));
-      c.layer_is_moe.resize(size_t(layers));
-    }
-    cm = CudaModel::synthetic(c, 1234, opt.cuda);
-    what = "synthetic " + synthetic + " (random bf16 weights, " + std::to_string(c.num_layers) + " layers)";
-  } else {
-    host = QwenModel::load(opt.model_dir);
-    cm = CudaModel::upload(*host, opt.cuda);
-    what = opt.model_dir;
+  if (!CudaModel::available(&why)) fail(device_words(opt) + ": no usable GPU (" + why + "); use --device cpu");
+  ModelConfig c = model_preset(preset);
+  if (layers > 0 && layers < c.num_layers) {
+    c.num_layers = layers;
+    c.layer_kinds.resize(size_t(layers));
+    c.layer_is_moe.resize(size_t(layers));
   }
+  *what = "synthetic " + preset + " (random bf16 weights, " + std::to_string(c.num_layers) + " layers)";
+  return CudaModel::synthetic(c, 1234, opt.cuda);
+}
+
+// GPU path: prompt processing through CudaModel::forward, generation
+// through decode_greedy (graph replays, no host round trip per token).
+void bench_cuda(const ModelOptions& opt, CudaModel* cm, const std::string& what, int pp, int tg, int reps,
+                bool no_graph, int profile_steps) {
   cm->set_use_graph(!no_graph);
   const ModelConfig& c = cm->config();
   std::mt19937 rng(1234);
@@ -168,23 +168,29 @@ Registrar reg(40, [](CLI::App& app) {
   cmd->add_option("-n,--n-gen", *tg, "Generated tokens for the tg test (0: skip)")->check(CLI::NonNegativeNumber);
   cmd->add_option("-r,--repetitions", *reps, "Repetitions of each test")->check(CLI::PositiveNumber);
   cmd->add_option("--synthetic", *synthetic,
-                  "With --device cuda: random bf16 weights of a published size instead of -m (qwen3.5-35b-a3b, "
+                  "On the GPU (--device cuda or auto): random bf16 weights of a published size instead of -m (qwen3.5-35b-a3b, "
                   "qwen3.5-122b-a10b, qwen3.5-397b-a17b, qwen3-next-80b-a3b)");
   cmd->add_option("--layers", *layers, "With --synthetic: only the first N layers")->check(CLI::NonNegativeNumber);
-  cmd->add_flag("--no-graph", *no_graph, "With --device cuda: plain kernel launches instead of a CUDA graph");
-  cmd->add_option("--profile", *profile, "With --device cuda: time each kernel class over N decode steps")
+  cmd->add_flag("--no-graph", *no_graph, "On the GPU: plain kernel launches instead of a CUDA graph");
+  cmd->add_option("--profile", *profile, "On the GPU: time each kernel class over N decode steps")
       ->check(CLI::NonNegativeNumber);
   cmd->callback([opt, pp, tg, reps, synthetic, layers, no_graph, profile] {
     finalize_model_options(opt.get());
     if (opt->model_dir.empty() == synthetic->empty())
-      fail(synthetic->empty() ? "bench: give a model with -m/--model (or --synthetic with --device cuda)"
+      fail(synthetic->empty() ? "bench: give a model with -m/--model (or --synthetic on a GPU)"
                               : "bench: give either -m/--model or --synthetic, not both");
-    if (opt->device == "cuda") {
-      bench_cuda(*opt, *synthetic, *layers, *pp, *tg, *reps, *no_graph, *profile);
+    if (!synthetic->empty()) {
+      std::string what;
+      auto cm = synthetic_model(*opt, *synthetic, *layers, &what);
+      bench_cuda(*opt, cm.get(), what, *pp, *tg, *reps, *no_graph, *profile);
       return;
     }
-    if (!synthetic->empty()) fail("bench: --synthetic needs --device cuda");
-    auto model = QwenModel::load(opt->model_dir, opt->experts);
+    LoadedModel lm = load_model(*opt);
+    if (lm.cuda) {
+      bench_cuda(*opt, lm.cuda.get(), opt->model_dir, *pp, *tg, *reps, *no_graph, *profile);
+      return;
+    }
+    auto& model = lm.host;
     ThreadPool pool(opt->threads);
     const int PP = *pp, TG = *tg, REPS = *reps;
     const ModelConfig& c = model->config();

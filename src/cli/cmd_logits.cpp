@@ -19,9 +19,9 @@ Registrar reg(10, [](CLI::App& app) {
   cmd->add_option("--ids", *ids, "Comma-separated token ids")->required();
   cmd->add_option("-o,--output", *out, "Output safetensors file (tensor 'logits', F32 [N, vocab])")->required();
   cmd->callback([opt, ids, out, hidden] {
+    if (*hidden) opt->cpu_only = "--hidden";  // the CUDA backend keeps no per-layer residuals
     finalize_model_options(opt.get());
     std::vector<int32_t> tok = parse_ids(*ids);
-    if (*hidden && opt->device == "cuda") fail("--hidden is only available with --device cpu");
     LoadedModel lm = load_model(*opt);
     auto& model = lm.host;
     ThreadPool pool(opt->threads);

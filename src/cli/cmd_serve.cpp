@@ -73,11 +73,11 @@ Registrar reg(30, [](CLI::App& app) {
     pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
     signal(SIGPIPE, SIG_IGN);
 
-    if (a->model.device != "cpu") fail("serve runs on --device cpu for now");
     TextModel tm = load_text_model(a->model);
     server::ServedModel sm;
     sm.id = a->alias.empty() ? model_id(a->model.model_dir) : a->alias;
     sm.model = tm.model.get();
+    sm.cuda = tm.cuda.get();
     sm.tokenizer = &tm.tokenizer;
     sm.chat = tm.chat ? &*tm.chat : nullptr;
     sm.kv = a->model.kv;
@@ -94,15 +94,25 @@ Registrar reg(30, [](CLI::App& app) {
     sm.context = a->ctx_size > 0 ? std::min(a->ctx_size, model_ctx) : model_ctx;
 
     a->cfg.state_cache_bytes = a->state_cache_mb << 20;
+    if (sm.cuda && a->cfg.state_cache > 0) {
+      // Snapshots are copies of the host state; the device state has no copy
+      // to take. Answers stay the same (each request reads its whole prompt),
+      // only the reuse of earlier turns is lost.
+      std::fprintf(stderr,
+                   "flashmoe serve: conversation snapshots (--state-cache) are off on the GPU: each request reads "
+                   "its whole prompt\n");
+      a->cfg.state_cache = 0;
+    }
     int threads = a->model.threads > 0 ? a->model.threads : ThreadPool::hardware_threads();
     a->cfg.threads_per_slot = std::max(1, threads / a->cfg.parallel);
     server::HttpServer srv(a->cfg, sm);
     int port = srv.bind();
+    const std::string device = sm.cuda ? "cuda (" + sm.cuda->device_name() + ")" : "cpu";
     std::fprintf(stderr,
-                 "flashmoe serve: model '%s' on http://%s:%d (parallel %d x %d threads, queue %d, state cache %zu, "
-                 "context %lld)\n",
-                 sm.id.c_str(), a->cfg.host.c_str(), port, a->cfg.parallel, a->cfg.threads_per_slot, a->cfg.queue,
-                 a->cfg.state_cache, (long long)sm.context);
+                 "flashmoe serve: model '%s' on http://%s:%d (device %s, parallel %d x %d threads, queue %d, state "
+                 "cache %zu, context %lld)\n",
+                 sm.id.c_str(), a->cfg.host.c_str(), port, device.c_str(), a->cfg.parallel, a->cfg.threads_per_slot,
+                 a->cfg.queue, a->cfg.state_cache, (long long)sm.context);
     if (a->cfg.api_key.empty() && a->cfg.host != "127.0.0.1" && a->cfg.host != "localhost" && a->cfg.host != "::1")
       std::fprintf(stderr, "flashmoe serve: warning: listening on %s without --api-key; anyone who can reach it can use it\n",
                    a->cfg.host.c_str());

@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdlib>
 
+#include "cli/device.h"
 #include "cli/kv_options.h"
 #include "core/error.h"
 #include "model/qwen_model.h"
@@ -14,8 +15,12 @@ void add_model_options(CLI::App* cmd, ModelOptions* opt, bool require_model) {
   auto* m = cmd->add_option("-m,--model", opt->model_dir, "Model directory (config.json + safetensors)");
   if (require_model) m->required();
   cmd->add_option("-t,--threads", opt->threads, "Threads (default: all cores)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--device", opt->device, "Where the forward pass runs: cpu (default) or cuda (GPU 0)")
-      ->type_name("cpu|cuda");
+  cmd->add_option("--device", opt->device,
+                  "Where the forward pass runs: auto (default: GPU 0 when it is usable and can run this, else the "
+                  "CPU), cpu, or cuda (GPU 0; an error when it cannot); the environment variable FLASHMOE_DEVICE "
+                  "sets the default")
+      ->type_name("cpu|cuda|auto")
+      ->each([opt](const std::string&) { opt->device_source = "--device"; });
   add_kv_options(cmd, &opt->kv);
   cmd->add_option("--expert-store", opt->experts.store,
                   "Where routed experts come from: auto (stream a packed model, memory otherwise), mmap, stream");
@@ -31,7 +36,7 @@ void add_model_options(CLI::App* cmd, ModelOptions* opt, bool require_model) {
                   "Memory budget of the whole process in GiB; caches are sized to stay under it")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--gpu-expert-cache", opt->gpu_expert_cache,
-                  "With --device cuda: VRAM for routed experts, in GB (e.g. 20) or as a share of all expert bytes "
+                  "On the GPU (--device cuda or auto): VRAM for routed experts, in GB (e.g. 20) or as a share of all expert bytes "
                   "(e.g. 50%); the rest stay in pinned host memory, read over the host link and promoted to VRAM "
                   "when hot (default: all experts in VRAM)")
       ->type_name("GB|N%");
@@ -39,8 +44,6 @@ void add_model_options(CLI::App* cmd, ModelOptions* opt, bool require_model) {
 }
 
 void finalize_model_options(ModelOptions* opt) {
-  if (opt->device != "cpu" && opt->device != "cuda")
-    fail("--device: '" + opt->device + "' is not a device (expected cpu or cuda)");
   finalize_kv_options(&opt->kv);
   if (!opt->gpu_expert_cache.empty()) {
     const std::string& v = opt->gpu_expert_cache;
@@ -51,10 +54,10 @@ void finalize_model_options(ModelOptions* opt) {
     const double d = std::strtod(num.c_str(), &end);
     if (num.empty() || *end != '\0' || errno == ERANGE || !(d >= 0) || (pct && d > 100))
       fail("--gpu-expert-cache: '" + v + "' is not a size (expected GB like 20 or 0.5, or a share like 50%)");
-    if (opt->device != "cuda") fail("--gpu-expert-cache needs --device cuda");
     if (pct) opt->cuda.expert_cache_fraction = d / 100.0;
     else opt->cuda.expert_cache_gb = d;
   }
+  choose_device(opt);  // after the KV options: --kv-h2o keeps auto on the CPU
   opt->experts.policy = parse_cache_policy(opt->cache_policy);
 }
 
@@ -96,14 +99,7 @@ void print_expert_stats(const ModelOptions& opt, const QwenModel& model, const c
 LoadedModel load_model(const ModelOptions& opt) {
   LoadedModel m;
   m.host = QwenModel::load(opt.model_dir, opt.experts);
-  if (opt.device == "cuda") {
-    std::string why;
-    if (!CudaModel::available(&why)) fail("--device cuda: no usable GPU (" + why + "); use --device cpu");
-    for (const LayerWeights& l : m.host->weights().layers)
-      if (l.ffn.moe && l.ffn.experts.empty())
-        fail("--device cuda needs the experts in memory: a packed (streamed) model runs on --device cpu for now");
-    m.cuda = CudaModel::upload(*m.host, opt.cuda);
-  }
+  m.cuda = place_model(opt, *m.host);
   return m;
 }
 

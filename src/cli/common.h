@@ -18,7 +18,20 @@ namespace flashmoe::cli {
 struct ModelOptions {
   std::string model_dir;
   int threads = 0;  // 0: all cores
-  std::string device = "cpu";  // cpu | cuda
+  // --device as given (empty: not given, then FLASHMOE_DEVICE, then auto).
+  // After finalize_model_options: "cpu", "cuda", or "auto" (a usable GPU is
+  // present and nothing seen so far keeps this run off it; load_model decides).
+  std::string device;
+  std::string device_source;  // after finalize: "--device", "FLASHMOE_DEVICE" or "" (the default, auto)
+  bool device_auto = false;   // after finalize: the device was chosen by auto
+  // Set by a command before finalize_model_options when this run uses
+  // something only the CPU backend implements (e.g. "--hidden"): auto then
+  // picks the CPU, an explicit cuda is an error naming it.
+  std::string cpu_only;
+  // After finalize, when auto picked the CPU: why (the note load_model prints;
+  // empty when there simply is no usable GPU, which needs no note), and
+  // no_gpu: why no GPU is usable ("" when one is).
+  std::string cpu_note, no_gpu;
   KvConfig kv;
   ExpertOptions experts;
   std::string cache_policy = "lru";
@@ -30,7 +43,9 @@ struct ModelOptions {
 // Adds -m/--model, -t/--threads, --device, the KV-cache options, the
 // expert-store options and --stats to a command.
 void add_model_options(CLI::App* cmd, ModelOptions* opt, bool require_model = true);
-// Validates what add_model_options parsed; call at the start of the callback.
+// Validates what add_model_options parsed and settles the device as far as
+// the options allow (cli/device.h); call at the start of the callback,
+// after setting ModelOptions::cpu_only if the command needs it.
 void finalize_model_options(ModelOptions* opt);
 
 // Prints the expert-store statistics to stderr when --stats was given (with
@@ -40,11 +55,13 @@ void print_expert_stats(const ModelOptions& opt, const QwenModel& model, const c
 // "vram hits 1234 (56.1%), host 967 (43.9%), ..." for the tiered expert cache.
 std::string format_tier_stats(const CudaTierStats& s, int64_t tokens = 0);
 
-// The model of opt.model_dir on the host, and on the GPU when --device cuda
-// (throws Error naming what failed, e.g. no GPU, with a hint to use --device cpu).
+// The model of opt.model_dir on the host, and on the GPU when the device is
+// cuda, or auto and the GPU can take it (see cli/device.h). An explicit cuda
+// that cannot run throws Error naming what failed, with a hint to use
+// --device cpu; auto falls back to the CPU with one note line on stderr.
 struct LoadedModel {
   std::unique_ptr<QwenModel> host;
-  std::unique_ptr<CudaModel> cuda;  // null for --device cpu
+  std::unique_ptr<CudaModel> cuda;  // null when the forward pass runs on the CPU
 };
 LoadedModel load_model(const ModelOptions& opt);
 

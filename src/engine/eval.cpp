@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "engine/session.h"
+#include "kv/memory_calc.h"
 
 namespace flashmoe {
 
@@ -48,8 +49,13 @@ double kl_of(const float* ref, const float* x, int64_t vocab) {
   return std::max(kl, 0.0);  // rounding can leave a tiny negative for identical rows
 }
 
+size_t eval_kv_bytes(const ModelConfig& cfg, const KvConfig& kv, int64_t tokens) {
+  return size_t(kv_cache_bytes(cfg, kv, tokens));
+}
+
 PerplexityResult eval_perplexity(const QwenModel& model, const std::vector<int32_t>& ids, const KvConfig& kv,
-                                 ThreadPool& pool, const PerplexityOptions& opt, const EvalProgress& progress) {
+                                 ThreadPool& pool, const PerplexityOptions& opt, const EvalProgress& progress,
+                                 const CudaModel* cuda) {
   const int64_t W = opt.window_tokens;
   const int64_t ctx = model.config().max_position_embeddings;
   if (W < 2) fail("--window-tokens must be at least 2 (got " + std::to_string(W) + ")");
@@ -74,13 +80,13 @@ PerplexityResult eval_perplexity(const QwenModel& model, const std::vector<int32
     const std::vector<int32_t> win(ids.begin() + w * W, ids.begin() + (w + 1) * W);
     std::vector<float> logits;
     {
-      Session s(model, kv, pool);
+      Session s(model, kv, pool, cuda);
       logits = s.feed_all(win);
-      r.kv_bytes = std::max(r.kv_bytes, s.state().kv_bytes());
     }
+    r.kv_bytes = std::max(r.kv_bytes, eval_kv_bytes(model.config(), kv, W));
     for (int64_t i = 0; i + 1 < W; ++i) nll += nll_of(logits.data() + i * V, V, win[size_t(i + 1)]);
     if (do_kl) {
-      Session ref(model, ref_kv, pool);
+      Session ref(model, ref_kv, pool, cuda);
       const std::vector<float> ref_logits = ref.feed_all(win);
       for (int64_t i = 0; i + 1 < W; ++i) kl += kl_of(ref_logits.data() + i * V, logits.data() + i * V, V);
     }
@@ -154,9 +160,8 @@ std::vector<RecallItem> load_recall_jsonl(const std::string& path) {
 }
 
 RecallResult eval_recall(const QwenModel& model, const Tokenizer& tok, const std::vector<RecallItem>& items,
-                         const KvConfig& kv, ThreadPool& pool, const EvalProgress& progress) {
+                         const KvConfig& kv, ThreadPool& pool, const EvalProgress& progress, const CudaModel* cuda) {
   using Clock = std::chrono::steady_clock;
-  const int64_t V = model.config().vocab_size;
   const int64_t ctx = model.config().max_position_embeddings;
   RecallResult r;
   for (size_t k = 0; k < items.size(); ++k) {
@@ -167,18 +172,15 @@ RecallResult eval_recall(const QwenModel& model, const Tokenizer& tok, const std
     if (ctx > 0 && int64_t(prompt.size()) + n_gen > ctx)
       fail("recall item " + std::to_string(k + 1) + ": prompt of " + std::to_string(prompt.size()) +
            " tokens + " + std::to_string(n_gen) + " generated exceeds the model's context of " + std::to_string(ctx));
-    Session s(model, kv, pool);
-    std::vector<int32_t> gen;
-    int32_t next = argmax(s.feed(prompt).data(), V);
-    gen.push_back(next);
+    Session s(model, kv, pool, cuda);
+    s.feed(prompt);
+    // The argmax after the prompt, then n_gen - 1 single-token steps, each
+    // feeding the previous argmax (the last one is not fed).
     const auto t0 = Clock::now();
-    for (int64_t i = 1; i < n_gen; ++i) {
-      next = argmax(s.feed({next}).data(), V);
-      gen.push_back(next);
-    }
+    const std::vector<int32_t> gen = s.greedy(n_gen);
     r.decode_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     r.decode_tokens += n_gen - 1;
-    r.kv_bytes = std::max(r.kv_bytes, s.state().kv_bytes());
+    r.kv_bytes = std::max(r.kv_bytes, eval_kv_bytes(model.config(), kv, s.position()));
     std::string out = tok.decode(gen);
     const bool ok = out.compare(0, it.answer.size(), it.answer) == 0;
     RecallCount& c = r.by_filler[it.filler_tokens];

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cuda_model.h"
 #include "core/thread_pool.h"
 #include "kv/kv_config.h"
 #include "model/qwen_model.h"
@@ -36,7 +37,7 @@ struct PerplexityResult {
   double mean_kl = 0;       // mean KL(P_f32_full || P_config) over the scored positions; 0 for the reference
   int64_t windows = 0;
   int64_t scored = 0;       // positions scored: windows * (window_tokens - 1)
-  size_t kv_bytes = 0;      // KV bytes of the config's session at the end of a window
+  size_t kv_bytes = 0;      // KV bytes at the end of a window (see eval_kv_bytes)
 };
 
 // Splits `ids` into consecutive windows of opt.window_tokens (a trailing
@@ -44,9 +45,19 @@ struct PerplexityResult {
 // token i+1 given tokens 0..i, and (unless kv is the reference) the KL of
 // the next-token distribution against an f32 full-cache session over the
 // same window. Throws Error when the text is shorter than one window or the
-// window exceeds the model's context.
+// window exceeds the model's context. With `cuda` (uploaded from `model`)
+// every session, the reference included, runs on that device.
 PerplexityResult eval_perplexity(const QwenModel& model, const std::vector<int32_t>& ids, const KvConfig& kv,
-                                 ThreadPool& pool, const PerplexityOptions& opt, const EvalProgress& progress = {});
+                                 ThreadPool& pool, const PerplexityOptions& opt, const EvalProgress& progress = {},
+                                 const CudaModel* cuda = nullptr);
+
+// The KV bytes an eval reports for a sequence of `tokens`: bytes per
+// retained position x positions retained, as `kv-calc` computes them from
+// the model config and the KvConfig. Computed rather than read from the
+// session's state so that every device reports the same number for the
+// same configuration (the CPU and the GPU lay out and grow their storage
+// differently, and the GPU's is not visible from here).
+size_t eval_kv_bytes(const ModelConfig& cfg, const KvConfig& kv, int64_t tokens);
 
 // Per-position helpers (exposed for tests): logits are one row of [vocab].
 double nll_of(const float* logits, int64_t vocab, int32_t target);
@@ -68,16 +79,19 @@ struct RecallResult {
   int64_t correct = 0, total = 0;
   int64_t decode_tokens = 0;      // single-token steps after the prompts
   double decode_seconds = 0;
-  size_t kv_bytes = 0;            // largest KV bytes seen at the end of an item
+  size_t kv_bytes = 0;            // largest KV bytes at the end of an item (see eval_kv_bytes)
   std::vector<std::string> outputs;  // decoded continuation per item
   double decode_tokens_per_s() const { return decode_seconds > 0 ? double(decode_tokens) / decode_seconds : 0; }
 };
 
 // For each item: feed the encoded prompt, greedily generate
 // (tokens of the answer + 2) tokens, and count it correct when the decoded
-// continuation starts with the answer.
+// continuation starts with the answer. With `cuda` the sessions run on that
+// device (decoding through Session::greedy, on the device without host
+// round trips).
 RecallResult eval_recall(const QwenModel& model, const Tokenizer& tok, const std::vector<RecallItem>& items,
-                         const KvConfig& kv, ThreadPool& pool, const EvalProgress& progress = {});
+                         const KvConfig& kv, ThreadPool& pool, const EvalProgress& progress = {},
+                         const CudaModel* cuda = nullptr);
 
 // Tokens of a text file; throws Error for a missing or empty file.
 std::vector<int32_t> tokenize_file(const Tokenizer& tok, const std::string& path);

@@ -4,15 +4,30 @@
 
 namespace flashmoe {
 
-Session::Session(const QwenModel& model, const KvConfig& kv, ThreadPool& pool, const CudaModel* cuda)
-    : model_(model), kv_(kv), pool_(pool), cuda_(cuda) {
-  if (cuda_) cstate_ = cuda_->new_state(kv);
-  else state_ = model.new_state(kv);
+Session::Session(const QwenModel& model, const KvConfig& kv, ThreadPool& pool, const CudaModel* cuda,
+                 FifoMutex* device_mutex)
+    : model_(model), kv_(kv), pool_(pool), cuda_(cuda), device_mutex_(cuda ? device_mutex : nullptr) {
+  if (cuda_) {
+    DeviceGuard g(device_mutex_);
+    cstate_ = cuda_->new_state(kv);
+  } else {
+    state_ = model.new_state(kv);
+  }
+}
+
+Session::~Session() {
+  DeviceGuard g(device_mutex_);  // freeing device memory is a device call too
+  cstate_.reset();
 }
 
 void Session::reset() {
-  if (cuda_) cstate_ = cuda_->new_state(kv_);
-  else state_ = model_.new_state(kv_);
+  if (cuda_) {
+    DeviceGuard g(device_mutex_);
+    cstate_.reset();  // before the new one: the device need not hold both
+    cstate_ = cuda_->new_state(kv_);
+  } else {
+    state_ = model_.new_state(kv_);
+  }
   tokens_.clear();
 }
 
@@ -27,6 +42,7 @@ std::vector<int32_t> Session::greedy(int64_t n) {
   if (cuda_) {
     out.resize(size_t(n));
     try {
+      DeviceGuard g(device_mutex_);
       cuda_->decode_greedy(*cstate_, out[0], n - 1, out.data() + 1);
     } catch (...) {
       reset();  // the device state is part-way through the run (see run_forward)
@@ -54,8 +70,12 @@ void Session::restore(const ModelState& state, const std::vector<int32_t>& token
 // the conversation again from the start.
 void Session::run_forward(const std::vector<int32_t>& ids, LogitsMode mode, float* out) {
   try {
-    if (cuda_) cuda_->forward(*cstate_, ids.data(), int64_t(ids.size()), mode, out);
-    else model_.forward(state_, ids.data(), int64_t(ids.size()), mode, out, pool_);
+    if (cuda_) {
+      DeviceGuard g(device_mutex_);
+      cuda_->forward(*cstate_, ids.data(), int64_t(ids.size()), mode, out);
+    } else {
+      model_.forward(state_, ids.data(), int64_t(ids.size()), mode, out, pool_);
+    }
   } catch (...) {
     try {
       reset();

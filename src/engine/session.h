@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_model.h"
+#include "core/fifo_mutex.h"
 #include "core/thread_pool.h"
 #include "model/qwen_model.h"
 
@@ -13,8 +14,15 @@ namespace flashmoe {
 class Session {
  public:
   // With `cuda`, the forward pass runs on that device (its state lives
-  // there); the model must be the one `cuda` was uploaded from.
-  Session(const QwenModel& model, const KvConfig& kv, ThreadPool& pool, const CudaModel* cuda = nullptr);
+  // there); the model must be the one `cuda` was uploaded from. A CudaModel
+  // runs one call at a time (one stream, shared scratch buffers): sessions
+  // that share it from several threads pass the same `device_mutex`, which
+  // every device call of theirs (state creation and release included) holds.
+  Session(const QwenModel& model, const KvConfig& kv, ThreadPool& pool, const CudaModel* cuda = nullptr,
+          FifoMutex* device_mutex = nullptr);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
 
   // Feeds tokens; returns the next-token logits after the last one.
   const std::vector<float>& feed(const std::vector<int32_t>& ids);
@@ -53,7 +61,19 @@ class Session {
   const QwenModel& model_;
   KvConfig kv_;
   ThreadPool& pool_;
+  // Holds device_mutex_ (when there is one) for the scope.
+  struct DeviceGuard {
+    explicit DeviceGuard(FifoMutex* m) : m_(m) {
+      if (m_) m_->lock();
+    }
+    ~DeviceGuard() {
+      if (m_) m_->unlock();
+    }
+    FifoMutex* m_;
+  };
+
   const CudaModel* cuda_;
+  FifoMutex* device_mutex_;
   std::unique_ptr<CudaState> cstate_;
   ModelState state_;  // host state (empty when on a device)
   std::vector<int32_t> tokens_;

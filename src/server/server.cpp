@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "engine/generator.h"
 #include "engine/session.h"
+#include "kv/memory_calc.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
 #include "server/slots.h"
@@ -83,10 +84,27 @@ struct HttpServer::Impl {
   StateCache cache;
   Metrics metrics;
   std::atomic<bool> stopping{false};
+  // One CudaModel runs one call at a time (one stream, shared scratch
+  // buffers), so the slots' sessions take turns on it, token by token in
+  // request order: --parallel N still lets a short request be answered while
+  // a long one streams, each slot keeping its own state on the device.
+  FifoMutex device_mutex;
 
   Impl(ServerConfig c, ServedModel model)
       : cfg(std::move(c)), m(std::move(model)), slots(cfg.parallel, cfg.queue, cfg.threads_per_slot),
-        cache(cfg.state_cache, cfg.state_cache_bytes) {}
+        cache(m.cuda ? 0 : cfg.state_cache, cfg.state_cache_bytes) {}
+
+  // The state bytes of a running request, for the gauges. On the device the
+  // state is not readable from here, so they are what the KV config and the
+  // model config say it holds (kv-calc's count), not what was allocated.
+  void report(SlotPool::Lease& lease, const Session& s) const {
+    if (!s.on_device()) {
+      lease.report(int64_t(s.state().kv_bytes()), int64_t(s.state().recurrent_bytes()));
+      return;
+    }
+    const ModelConfig& c = m.model->config();
+    lease.report(kv_cache_bytes(c, m.kv, s.position()), kv_memory(c, m.kv).constant_bytes());
+  }
 
   // ---- request -> job ----
 
@@ -150,9 +168,11 @@ struct HttpServer::Impl {
   // finished conversation (prompt + answer) is stored too.
   Outcome run(Job& j, SlotPool::Lease& lease, const std::function<bool(const std::string&)>& on_text) {
     Outcome out;
-    Session s(*m.model, m.kv, lease.threads());
+    Session s(*m.model, m.kv, lease.threads(), m.cuda, &device_mutex);
+    // Snapshots are host states: a device session neither takes nor stores them.
+    const bool snapshots = !s.on_device();
     size_t fed = 0;
-    if (auto snap = cache.find(j.ids)) {
+    if (auto snap = snapshots ? cache.find(j.ids) : nullptr) {
       s.restore(snap->state, snap->tokens);
       fed = snap->tokens.size();
       out.reused = int64_t(fed);
@@ -162,14 +182,14 @@ struct HttpServer::Impl {
       auto t0 = std::chrono::steady_clock::now();
       s.feed(std::vector<int32_t>(j.ids.begin() + std::ptrdiff_t(fed), j.ids.begin() + std::ptrdiff_t(j.boundary)));
       head_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      cache.put(s.tokens(), s.state());
+      if (snapshots) cache.put(s.tokens(), s.state());
       fed = j.boundary;
     }
-    lease.report(s.state());
+    report(lease, s);
     int64_t since_report = 0;
     auto cb = [&](const std::string& piece) {
       if (++since_report >= 16) {  // keep the memory gauges roughly current
-        lease.report(s.state());
+        report(lease, s);
         since_report = 0;
       }
       return on_text(piece);
@@ -178,7 +198,7 @@ struct HttpServer::Impl {
     out.r.prompt_seconds += head_seconds;
     out.r.prompt_tokens = int64_t(j.ids.size());
     bool cancelled = out.r.finish_reason == "cancelled";
-    if (!cancelled) cache.put(s.tokens(), s.state());
+    if (!cancelled && snapshots) cache.put(s.tokens(), s.state());
     metrics.count_generation(int64_t(j.ids.size()), out.reused, int64_t(out.r.ids.size()), out.r.prompt_seconds,
                              out.r.gen_seconds, cancelled);
     return out;

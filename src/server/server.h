@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cuda_model.h"
 #include "engine/sampler.h"
 #include "kv/kv_config.h"
 #include "model/qwen_model.h"
@@ -34,6 +35,11 @@ struct ServerConfig {
 struct ServedModel {
   std::string id;                   // model id in requests and /v1/models
   const QwenModel* model = nullptr;
+  // Set: the forward pass runs on this device. The server then serialises
+  // the device calls of its slots (see HttpServer::Impl::device_mutex) and
+  // keeps no conversation snapshots (they are host ModelStates; the device
+  // state cannot be copied out), so ServerConfig::state_cache is ignored.
+  const CudaModel* cuda = nullptr;
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat = nullptr;   // null: /v1/chat/completions answers 400
   KvConfig kv;

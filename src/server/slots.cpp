@@ -35,10 +35,9 @@ SlotPool::Lease::~Lease() {
   pool_.cv_.notify_one();
 }
 
-void SlotPool::Lease::report(const ModelState& st) {
-  std::pair<int64_t, int64_t> b{int64_t(st.kv_bytes()), int64_t(st.recurrent_bytes())};
+void SlotPool::Lease::report(int64_t kv_bytes, int64_t recurrent_bytes) {
   std::lock_guard<std::mutex> lock(pool_.mu_);
-  pool_.bytes_[size_t(index_)] = b;
+  pool_.bytes_[size_t(index_)] = {kv_bytes, recurrent_bytes};
 }
 
 void SlotPool::shutdown() {

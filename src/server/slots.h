@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "core/thread_pool.h"
-#include "model/model_state.h"
 
 namespace flashmoe::server {
 
@@ -26,10 +25,10 @@ class SlotPool {
     Lease(const Lease&) = delete;
     Lease& operator=(const Lease&) = delete;
     ThreadPool& threads() { return *pool_.pools_[size_t(index_)]; }
-    // Publishes the memory held by the request's state, for the gauges
-    // (called by the request's own thread, so nothing reads a state that is
-    // being written).
-    void report(const ModelState& st);
+    // Publishes the KV and recurrent-state bytes held by the request's
+    // state, for the gauges (measured by the request's own thread, so
+    // nothing reads a state that is being written).
+    void report(int64_t kv_bytes, int64_t recurrent_bytes);
 
    private:
     SlotPool& pool_;

@@ -1,0 +1,142 @@
+// A real `flashmoe serve` child process for the end-to-end tests
+// (server_e2e_test.cpp, and CudaServe in cuda_serve_test.cpp), and the
+// small HTTP helpers they share.
+#pragma once
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <httplib.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "test_util.h"
+
+namespace flashmoe::test::serve {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+inline const std::string kKey = "test-key-123";
+
+// One `flashmoe serve` child process on a random free high port.
+class ServerProcess {
+ public:
+  explicit ServerProcess(std::vector<std::string> extra) {
+    std::mt19937 rng(std::random_device{}());
+    for (int attempt = 0; attempt < 8 && port_ == 0; ++attempt) {
+      int port = 20000 + int(rng() % 40000);
+      std::string log = dir_.path + "/serve.log";
+      std::vector<std::string> args = {FLASHMOE_BINARY, "serve", "-m", source_path("models/coder-mini"), "--port",
+                                       std::to_string(port)};
+      args.insert(args.end(), extra.begin(), extra.end());
+      pid_ = fork();
+      if (pid_ == 0) {
+        FILE* f = std::fopen(log.c_str(), "w");
+        dup2(fileno(f), 1);
+        dup2(fileno(f), 2);
+        std::vector<char*> argv;
+        for (auto& a : args) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        execv(argv[0], argv.data());
+        _exit(127);
+      }
+      // Ours once it printed its banner (after binding), not merely when
+      // something answers on the port.
+      auto deadline = std::chrono::steady_clock::now() + 60s;
+      while (std::chrono::steady_clock::now() < deadline) {
+        int status = 0;
+        if (waitpid(pid_, &status, WNOHANG) == pid_) {
+          pid_ = -1;
+          break;  // exited: port taken (or a real failure, shown by the log)
+        }
+        if (read_file(log).find("flashmoe serve: model") != std::string::npos) {
+          httplib::Client c("127.0.0.1", port);
+          auto r = c.Get("/health");
+          if (r && r->status == 200) {
+            port_ = port;
+            break;
+          }
+        }
+        std::this_thread::sleep_for(50ms);
+      }
+      if (port_ == 0) last_log_ = read_file(log);
+    }
+  }
+  ~ServerProcess() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    for (int i = 0; i < 200; ++i) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_cleanly_ = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        return;
+      }
+      std::this_thread::sleep_for(50ms);
+    }
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  int port() const { return port_; }
+  const std::string& failure_log() const { return last_log_; }
+  std::string log() const { return read_file(dir_.path + "/serve.log"); }  // stderr and stdout so far
+  pid_t pid() const { return pid_; }
+  void forget() { pid_ = -1; }  // the caller reaped the process
+
+  httplib::Client client(bool with_key = true) const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(120, 0);
+    if (with_key) c.set_default_headers({{"Authorization", "Bearer " + kKey}});
+    return c;
+  }
+
+ private:
+  TempDir dir_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+  bool exited_cleanly_ = false;
+  std::string last_log_;
+};
+
+// The usual server for these tests: 4 slots, API key, small limits.
+inline std::vector<std::string> standard_args() {
+  return {"--api-key", kKey, "--parallel", "4", "--queue", "16", "--max-body", "65536", "-c", "512", "-t", "2"};
+}
+
+inline json post_json(httplib::Client& c, const std::string& path, const json& body, int* status = nullptr) {
+  auto r = c.Post(path.c_str(), body.dump(), "application/json");
+  if (!r) {
+    ADD_FAILURE() << "no response from " << path;
+    return json();
+  }
+  if (status) *status = r->status;
+  return json::parse(r->body, nullptr, false);
+}
+
+inline json chat_body(const std::vector<std::pair<std::string, std::string>>& msgs, int max_tokens = 16) {
+  json m = json::array();
+  for (auto& [role, content] : msgs) m.push_back({{"role", role}, {"content", content}});
+  return {{"model", "coder-mini"}, {"messages", m}, {"max_tokens", max_tokens}, {"temperature", 0}};
+}
+
+inline int64_t metric(httplib::Client& c, const std::string& name) {
+  auto r = c.Get("/metrics");
+  if (!r) return -1;
+  std::smatch m;
+  std::regex re("(^|\n)" + name + " ([0-9.e+]+)");
+  if (!std::regex_search(r->body, m, re)) return -1;
+  return int64_t(std::stod(m[2].str()));
+}
+
+}  // namespace flashmoe::test::serve
+
+#define START_SERVER(var, ...)                                            \
+  ServerProcess var(__VA_ARGS__);                                         \
+  ASSERT_NE(var.port(), 0) << "server did not start:\n" << var.failure_log()
