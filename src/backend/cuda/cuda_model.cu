@@ -141,6 +141,11 @@ struct CudaModel::Impl {
   //    last-block handoff and the serial conv per delta block cost what a launch does.
   bool fuse = false, fuse_conv = false, prefetch_all = true;
   int ilp = 1;  // several rows per warp at once in the row kernels (1: on)
+  //  FLASHMOE_CUDA_ROWS3 (see v11 in bench/NOTES-cuda.md): a matvec whose
+  //    grid leaves 3 rows per warp (in-proj: 12352 rows, 4224 warps) takes them
+  //    in one batch of loads instead of 2 + 1. FLASHMOE_CUDA_ROWS3=force: every
+  //    matvec takes 3 rows at a time (for tests of that path on small models).
+  int rows3 = 1;  // 0 off, 1 where a warp has 3 rows, 2 everywhere
   //  FLASHMOE_CUDA_XDIRECT (on, +2.6%): matvecs without a norm (out-proj, o_proj) read x
   //    from L1/L2 in the dot instead of staging it in shared memory first.
   bool xdirect = true;
@@ -292,6 +297,8 @@ struct CudaModel::Impl {
     if (const char* e = std::getenv("FLASHMOE_CUDA_FUSE")) fuse = std::string(e) == "1";
     if (const char* e = std::getenv("FLASHMOE_CUDA_FUSE_CONV")) fuse_conv = std::string(e) == "1";
     if (const char* e = std::getenv("FLASHMOE_CUDA_ILP")) ilp = std::string(e) != "0";
+    if (const char* e = std::getenv("FLASHMOE_CUDA_ROWS3"))
+      rows3 = std::string(e) == "0" ? 0 : std::string(e) == "force" ? 2 : 1;
     if (const char* e = std::getenv("FLASHMOE_CUDA_XDIRECT")) xdirect = std::string(e) != "0";
     if (const char* e = std::getenv("FLASHMOE_CUDA_BPS")) bps = std::clamp(std::atoi(e), 1, 8);
     if (const char* e = std::getenv("FLASHMOE_CUDA_PREFETCH")) prefetch_all = std::string(e) != "0";
@@ -484,6 +491,8 @@ struct CudaModel::Impl {
     const int blocks = std::min((W.rows + rpb - 1) / rpb, prop.multiProcessorCount * per_sm(fn, smem));
     const int pf = pf_rows(W.bytes(), W.rows, blocks, rpb);
     const float eps = c.rms_norm_eps;
+    const int per_warp = (W.rows + blocks * rpb - 1) / (blocks * rpb);
+    const int ilp = this->ilp && (rows3 == 2 || (rows3 == 1 && per_warp == 3)) ? 3 : this->ilp;
     switch (W.dt) {
       case DT_F32:
         go(matvec_kernel<float>, blocks, kThreads, smem, static_cast<const float*>(W.p), W.rows, W.cols, xin,

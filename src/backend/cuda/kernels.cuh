@@ -222,24 +222,28 @@ __device__ __forceinline__ void prefetch_rows(const T* W, int rows, int cols, in
 // y[r] (+)= W[r,:] . xs for the rows of this block. `split` warps share a
 // row (each a slice of the columns; partials summed in a fixed order),
 // kWarps/split rows per block, blocks loop over rows (grid-stride), two
-// rows per warp at a time when ilp is set. Splitting keeps enough loads in
-// flight for matrices of few rows.
+// rows per warp at a time when ilp is set (three when ilp is 3: for a
+// matrix that needs three rows per warp, one batch of loads instead of two).
+// Splitting keeps enough loads in flight for matrices of few rows.
 template <typename T>
 __device__ __forceinline__ void matvec_rows(const T* __restrict__ W, int rows, int cols, const float* xs,
                                             float* __restrict__ y, int accumulate, int split, int ilp,
                                             int bid, int nb) {  // this block's index among the nb doing W
-  __shared__ float part[2][kWarps];
+  __shared__ float part[3][kWarps];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rpb = kWarps / split, sub = warp % split, lr = warp / split, chunk = cols / split;
-  const int stride = nb * rpb, per = ilp ? 2 : 1;
+  const int stride = nb * rpb, per = ilp >= 3 ? 3 : ilp ? 2 : 1;
   for (int r0 = bid * rpb; r0 < rows; r0 += per * stride) {
     const int r = r0 + lr;
-    const int n = r >= rows ? 0 : (per == 2 && r + stride < rows ? 2 : 1);
-    float acc[2] = {0.f, 0.f};
-    if (n == 2) rows_dot<T, 2>(W + size_t(r) * cols + sub * chunk, size_t(stride) * cols, 2, xs + sub * chunk, chunk, lane, acc);
-    else if (n == 1) acc[0] = row_dot<T>(W + size_t(r) * cols + sub * chunk, xs + sub * chunk, chunk, lane);
-    acc[0] = warp_sum(acc[0]);
-    acc[1] = warp_sum(acc[1]);
+    int n = 0;
+    while (n < per && r + n * stride < rows) ++n;
+    float acc[3] = {0.f, 0.f, 0.f};
+    const T* w = W + size_t(r) * cols + sub * chunk;
+    if (n == 3) rows_dot<T, 3>(w, size_t(stride) * cols, 3, xs + sub * chunk, chunk, lane, acc);
+    else if (n == 2) rows_dot<T, 2>(w, size_t(stride) * cols, 2, xs + sub * chunk, chunk, lane, acc);
+    else if (n == 1) acc[0] = row_dot<T>(w, xs + sub * chunk, chunk, lane);
+#pragma unroll
+    for (int i = 0; i < 3; ++i) acc[i] = warp_sum(acc[i]);
     if (split == 1) {
       if (lane == 0)
         for (int i = 0; i < n; ++i) {
@@ -248,7 +252,7 @@ __device__ __forceinline__ void matvec_rows(const T* __restrict__ W, int rows, i
         }
       continue;
     }
-    if (lane == 0) part[0][warp] = acc[0], part[1][warp] = acc[1];
+    if (lane == 0) part[0][warp] = acc[0], part[1][warp] = acc[1], part[2][warp] = acc[2];
     __syncthreads();
     if (sub == 0 && lane == 0)
       for (int i = 0; i < n; ++i) {
