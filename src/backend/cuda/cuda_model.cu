@@ -163,12 +163,7 @@ struct CudaModel::Impl {
   //    replay time (bench/NOTES-cuda.md, v10).
   //  FLASHMOE_CUDA_FOLD (on, +2.4%): the router folded into the output
   //    projection's launch (outproj_router_kernel), no router kernel; needs GUTOPK.
-  //  FLASHMOE_CUDA_MOEFUSE (see bench/NOTES-cuda.md v12): gate/up and down
-  //    in one launch (moe_fused_kernel), slot by slot handoffs instead of a
-  //    kernel boundary; needs GUTOPK, every expert in VRAM and the grid resident.
-  bool use_sel = true, down2 = true, gu_topk = true, fold = true, moefuse = false;
-  unsigned *moe_ready = nullptr, *moe_done = nullptr, *moe_group = nullptr;
-  float* moe_part = nullptr;
+  bool use_sel = true, down2 = true, gu_topk = true, fold = true;
   float* cat = nullptr;  // [H + O]: the layer's input residual (copied by the in-proj), then o (lin_o / attn_o)
   unsigned skip_mask = 0;
   const void** sel = nullptr;  // [2k] expert row pointers chosen by the top-k
@@ -311,7 +306,6 @@ struct CudaModel::Impl {
     if (const char* e = std::getenv("FLASHMOE_CUDA_DOWN2")) down2 = std::string(e) != "0";
     if (const char* e = std::getenv("FLASHMOE_CUDA_GUTOPK")) gu_topk = std::string(e) != "0";
     if (const char* e = std::getenv("FLASHMOE_CUDA_FOLD")) fold = std::string(e) != "0";
-    if (const char* e = std::getenv("FLASHMOE_CUDA_MOEFUSE")) moefuse = std::string(e) == "1";
     if (const char* e = std::getenv("FLASHMOE_CUDA_SKIP")) {  // class names or their first words, comma-separated
       std::string list = e;
       for (size_t at = 0; at <= list.size();) {
@@ -325,7 +319,7 @@ struct CudaModel::Impl {
     }
     if (skip_mask >> K_ROUTER & 1u) use_sel = gu_topk = false;  // measurement without the top-k: ids stay 0
     if (fuse) gu_topk = false;
-    if (!gu_topk) fold = moefuse = false;  // the folded logits are scaled by gate_up's top-k
+    if (!gu_topk) fold = false;  // the folded logits are scaled by gate_up's top-k
     CK(cudaSetDevice(dev));
     CK(cudaGetDeviceProperties(&prop, dev));
     CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -380,12 +374,6 @@ struct CudaModel::Impl {
     router_done = static_cast<unsigned*>(alloc(4, "router counter"));
     sel = static_cast<const void**>(alloc(size_t(2 * std::max<int64_t>(1, m.num_experts_per_tok)) * sizeof(void*),
                                           "expert selection"));
-    moe_ready = static_cast<unsigned*>(alloc(64 * 4, "expert handoffs"));
-    moe_done = moe_ready + 32;
-    moe_group = static_cast<unsigned*>(alloc(size_t(maxI / kWarps + 1) * 4, "expert handoffs"));
-    moe_part = alloc_f(size_t(m.num_experts_per_tok + 1) * size_t(H), "expert partial rows");
-    CK(cudaMemset(moe_ready, 0, 64 * 4));
-    CK(cudaMemset(moe_group, 0, size_t(maxI / kWarps + 1) * 4));
     CK(cudaMemset(eids, 0, size_t(m.num_experts_per_tok + 1) * 4));
     CK(cudaMemset(ew, 0, size_t(m.num_experts_per_tok + 1) * 4));
     xn = alloc_f(size_t(H), "activations");
@@ -625,40 +613,8 @@ struct CudaModel::Impl {
     mark(K_ROUTER);
   }
 
-  // The fused expert kernel when it applies: top-k in the kernel, experts in
-  // VRAM (cp.async reads them; host-resident experts take the two kernels),
-  // shapes aligned for its shared-memory rows, and the whole grid resident.
-  template <typename T>
-  bool moe_fused(MoeArgs a, int slots) {
-    if (!moefuse || !a.logits || tiers || slots > 32) return false;
-    const int gx = (a.maxI + kWarps - 1) / kWarps;
-    const int rpb = (a.H + gx - 1) / gx;
-    if (a.H % 4 || a.maxI % 4 || (a.I * sizeof(T)) % 16 || (a.Is * sizeof(T)) % 16) return false;
-    const size_t smem = size_t(a.H + a.maxI) * 4 + size_t(rpb) * a.maxI * sizeof(T);
-    if (smem > size_t(prop.sharedMemPerBlockOptin) - 4096) return false;
-    const void* fn = reinterpret_cast<const void*>(moe_fused_kernel<T>);
-    int occ = 0;
-    for (const Fit& f : fit_cache)
-      if (f.func == fn && f.smem == smem && f.threads == -1) occ = f.n;
-    if (!occ) {
-      CK(cudaFuncSetAttribute(moe_fused_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-      CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_fused_kernel<T>, kThreads, smem));
-      fit_cache.push_back({fn, smem, -1, std::max(occ, 0)});
-    }
-    if (int64_t(gx) * slots > int64_t(occ) * prop.multiProcessorCount) return false;  // would wait on unscheduled blocks
-    a.ready = moe_ready;
-    a.done = moe_done;
-    a.group = moe_group;
-    a.part = moe_part;
-    a.rpb = rpb;
-    go(moe_fused_kernel<T>, dim3(gx, slots), kThreads, smem, a);
-    mark(K_EXPERTS);
-    return true;
-  }
-
   template <typename T>
   void moe_launch(const MoeArgs& a, int slots) {
-    if (moe_fused<T>(a, slots)) return;
     dim3 g1((a.maxI + kWarps - 1) / kWarps, slots);
     go(gate_up_kernel<T>, g1, kThreads, size_t(a.H) * 4, a);
     mark(K_EXPERTS);

@@ -826,13 +826,6 @@ struct MoeArgs {
   ExpertSel tsel;  // tables; .out: where block (0,0) publishes the row pointers
   int* ids_out;
   float* w_out;
-  // moe_fused_kernel's handoffs (zero between launches; each launch resets
-  // what it used).
-  unsigned* ready;  // [slot] blocks of the slot whose h rows are stored
-  unsigned* done;   // [slot] blocks of the slot past their wait on ready
-  unsigned* group;  // [row group] slot-blocks of the group whose partial rows are stored
-  float* part;      // [slot][H] w_j * down_j . h_j
-  int rpb;          // down rows per block (a row group)
 };
 
 // h[j][r] = silu(gate_j[r] . xn) * (up_j[r] . xn); blockIdx.y = slot j.
@@ -983,120 +976,6 @@ __global__ void __maxnreg__(112) down2_kernel(MoeArgs a) {
     for (int s = 0; s < slots; ++s) t += part[s][threadIdx.x];
     a.x[r0 + threadIdx.x] += t;
   }
-}
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
-// gate/up and down of a MoE layer in one launch. Block (x, j) computes the
-// h rows x*kWarps.. of slot j (as gate_up_kernel), then the down rows of row
-// group x, [x*rpb, (x+1)*rpb), of slot j, whose weights it copies into shared
-// memory (cp.async) while its gate/up runs. It waits only for the blocks of
-// its own slot (a counter per slot) instead of a kernel boundary; the last of
-// a row group's slot-blocks sums their partial rows in slot order (so the
-// result does not depend on timing) into x. Every block must be resident at
-// once (a block waits for others of its slot): the host checks the occupancy.
-// x is rewritten only after every block has read it: a row group is summed
-// after all its slot-blocks passed their slot's wait, which needs every block
-// of every slot past its norm of x.
-template <typename T>
-__global__ void __launch_bounds__(kThreads, 5) moe_fused_kernel(MoeArgs a) {
-  extern __shared__ __align__(16) float sm[];
-  float* xs = sm;                                      // [H]
-  float* hs = sm + a.H;                                // [maxI]
-  T* dsm = reinterpret_cast<T*>(sm + a.H + a.maxI);    // [rpb][I]
-  __shared__ const void* chosen[64];
-  __shared__ int cid[32];
-  __shared__ float cw[33];
-  __shared__ int last;
-  const int j = blockIdx.y, gx = blockIdx.x, slots = gridDim.y;
-  const bool shared = j == a.k;
-  const int I = shared ? a.Is : a.I;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int r0 = gx * a.rpb, nr = max(0, min(a.rpb, a.H - r0));
-  if (shared)
-    for (int r = gx * kWarps + warp; r < I; r += gridDim.x * kWarps) {
-      warp_prefetch(static_cast<const T*>(a.s_gu) + size_t(r) * a.H, size_t(a.H) * sizeof(T), lane);
-      warp_prefetch(static_cast<const T*>(a.s_gu) + size_t(I + r) * a.H, size_t(a.H) * sizeof(T), lane);
-    }
-  else if (warp == 0)
-    prefetch_tables(a.tsel, a.E);
-  pdl_wait();
-  pdl_trigger();
-  const float rx = load_x(a.x, a.norm_w, a.eps, a.H, xs);
-  const float scale = a.folded ? rx : 1.0f;
-  if (shared) {
-    if (threadIdx.x == 0) cw[0] = a.k > 0 ? sigmoidf_(__ldcg(a.logits + a.E) * scale) : 1.0f;
-  } else if (warp == 0) {
-    ExpertSel to = a.tsel;
-    to.out = chosen;
-    TierCount tc = a.tc;
-    if (gx != 0 || j != 0) tc.counts = nullptr;  // block (0,0) counts
-    topk_warp(a.logits, a.E, a.k, a.norm_topk, a.has_shared, cid, cw, tc, to, scale);
-  }
-  __syncthreads();
-  const T* Wg = static_cast<const T*>(shared ? a.s_gu : chosen[j]);
-  const T* Wd = static_cast<const T*>(shared ? a.s_down : chosen[a.k + j]);
-  const float wj = shared ? cw[0] : cw[j];
-  {  // this row group's down rows into shared memory, behind the gate/up work
-    const char* src = reinterpret_cast<const char*>(Wd + size_t(r0) * I);
-    char* dst = reinterpret_cast<char*>(dsm);
-    const int bytes = nr * I * int(sizeof(T));
-    for (int o = threadIdx.x * 16; o < bytes; o += blockDim.x * 16) cp_async16(dst + o, src + o);
-  }
-  for (int r = gx * kWarps + warp; r < I; r += gridDim.x * kWarps) {
-    float gu[2];
-    rows_dot<T, 2>(Wg + size_t(r) * a.H, size_t(I) * a.H, 2, xs, a.H, lane, gu);
-    const float g = warp_sum(gu[0]), u = warp_sum(gu[1]);
-    if (lane == 0) a.hb[j * a.maxI + r] = siluf_(g) * u;
-  }
-  __threadfence();  // this block's h rows, visible before the count says so
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    atomicAdd(a.ready + j, 1u);
-    while (*reinterpret_cast<volatile unsigned*>(a.ready + j) < gridDim.x) __nanosleep(32);
-    __threadfence();
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < I; i += blockDim.x) hs[i] = __ldcg(a.hb + j * a.maxI + i);
-  cp_async_wait_all();
-  __syncthreads();
-  if (threadIdx.x == 0 && atomicAdd(a.done + j, 1u) == gridDim.x - 1) {  // every block of the slot is past the wait
-    a.ready[j] = 0;
-    a.done[j] = 0;
-  }
-  constexpr int V = 16 / sizeof(T);
-  for (int i = warp; i < nr; i += kWarps) {
-    // The arithmetic of rows_dot (two accumulators, same order), so these
-    // rows equal down2_kernel's bit for bit (the tiered cache takes that path).
-    const T* w = dsm + size_t(i) * I;
-    float a0 = 0.f, a1 = 0.f;
-    int c = lane * V;
-    for (; c + 32 * V < I; c += 64 * V) {
-      a0 += dot16<T>(*reinterpret_cast<const uint4*>(w + c), hs + c);
-      a1 += dot16<T>(*reinterpret_cast<const uint4*>(w + c + 32 * V), hs + c + 32 * V);
-    }
-    if (c < I) a0 += dot16<T>(*reinterpret_cast<const uint4*>(w + c), hs + c);
-    const float acc = warp_sum(a0 + a1);
-    if (lane == 0) a.part[size_t(j) * a.H + r0 + i] = wj * acc;
-  }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(a.group + gx, 1u) == unsigned(slots - 1);
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  for (int i = threadIdx.x; i < nr; i += blockDim.x) {
-    float t = 0.f;
-    for (int s = 0; s < slots; ++s) t += __ldcg(a.part + size_t(s) * a.H + r0 + i);
-    a.x[r0 + i] += t;
-  }
-  if (threadIdx.x == 0) a.group[gx] = 0;
 }
 
 // Greedy: argmax of logits (ties: lower index) -> ids ring at pos+1, out[step].
