@@ -163,7 +163,12 @@ struct CudaModel::Impl {
   //    replay time (bench/NOTES-cuda.md, v10).
   //  FLASHMOE_CUDA_FOLD (on, +2.4%): the router folded into the output
   //    projection's launch (outproj_router_kernel), no router kernel; needs GUTOPK.
-  bool use_sel = true, down2 = true, gu_topk = true, fold = true;
+  //  FLASHMOE_CUDA_PRESEL (on, +6.8%, v13): with the fold, the last router
+  //    block picks the experts while the projection runs; gate_up only adds
+  //    the weights (the pick no longer delays every gate_up block).
+  bool use_sel = true, down2 = true, gu_topk = true, fold = true, presel = true;
+  unsigned* presel_done = nullptr;
+  float* presel_w = nullptr;
   float* cat = nullptr;  // [H + O]: the layer's input residual (copied by the in-proj), then o (lin_o / attn_o)
   unsigned skip_mask = 0;
   const void** sel = nullptr;  // [2k] expert row pointers chosen by the top-k
@@ -306,6 +311,7 @@ struct CudaModel::Impl {
     if (const char* e = std::getenv("FLASHMOE_CUDA_DOWN2")) down2 = std::string(e) != "0";
     if (const char* e = std::getenv("FLASHMOE_CUDA_GUTOPK")) gu_topk = std::string(e) != "0";
     if (const char* e = std::getenv("FLASHMOE_CUDA_FOLD")) fold = std::string(e) != "0";
+    if (const char* e = std::getenv("FLASHMOE_CUDA_PRESEL")) presel = std::string(e) != "0";
     if (const char* e = std::getenv("FLASHMOE_CUDA_SKIP")) {  // class names or their first words, comma-separated
       std::string list = e;
       for (size_t at = 0; at <= list.size();) {
@@ -320,6 +326,7 @@ struct CudaModel::Impl {
     if (skip_mask >> K_ROUTER & 1u) use_sel = gu_topk = false;  // measurement without the top-k: ids stay 0
     if (fuse) gu_topk = false;
     if (!gu_topk) fold = false;  // the folded logits are scaled by gate_up's top-k
+    if (!fold || (skip_mask >> K_OUT & 1u)) presel = false;  // the pick happens in the output projection's launch
     CK(cudaSetDevice(dev));
     CK(cudaGetDeviceProperties(&prop, dev));
     CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -374,6 +381,9 @@ struct CudaModel::Impl {
     router_done = static_cast<unsigned*>(alloc(4, "router counter"));
     sel = static_cast<const void**>(alloc(size_t(2 * std::max<int64_t>(1, m.num_experts_per_tok)) * sizeof(void*),
                                           "expert selection"));
+    presel_done = static_cast<unsigned*>(alloc(4, "router counter"));
+    presel_w = alloc_f(size_t(m.num_experts_per_tok + 1), "expert weights");
+    CK(cudaMemset(presel_done, 0, 4));
     CK(cudaMemset(eids, 0, size_t(m.num_experts_per_tok + 1) * 4));
     CK(cudaMemset(ew, 0, size_t(m.num_experts_per_tok + 1) * 4));
     xn = alloc_f(size_t(H), "activations");
@@ -521,6 +531,13 @@ struct CudaModel::Impl {
     a.O = W.cols;
     a.rowsR = d.router.rows;
     a.ilp = ilp;
+    a.E = int(c.num_experts);
+    a.k = int(c.num_experts_per_tok);
+    a.ids = eids;
+    a.wscratch = presel_w;
+    a.tc = d.tc;
+    a.sel = ExpertSel{d.gu_tab, d.down_tab, presel ? sel : nullptr};
+    a.done = presel_done;
     a.splitA = split_for(W.rows, W.cols, int(16 / dt_size(W.dt)));
     a.splitR = split_for(a.rowsR, a.H + a.O, 4);
     const void* fn = W.dt == DT_F32   ? reinterpret_cast<const void*>(outproj_router_kernel<float>)
@@ -782,6 +799,7 @@ struct CudaModel::Impl {
           a.w_out = ew;
           a.sel = sel;
           a.folded = d.rfold ? 1 : 0;
+          a.presel = d.rfold && presel ? 1 : 0;
         }
       } else {
         a.gu_tab = nullptr;

@@ -288,35 +288,6 @@ __global__ void __launch_bounds__(kThreads) matvec_kernel(const T* __restrict__ 
   matvec_rows(W, rows, cols, xs, y, accumulate, split, ilp, blockIdx.x, gridDim.x);
 }
 
-// The output projection and the MoE router in one launch. The router reads
-// the residual after this projection, normed: Wr . norm(x + W_out . o). With
-// the norm weight and W_out folded into it at upload,
-//   R = [ Wr (1 + w) | Wr (1 + w) W_out ]   (fp32, rows x (H + O)),
-// rms(x_new) times its logits is R . [x ; o], x the residual before this
-// projection (copied by the in-proj kernel into cat, in front of o). So the
-// router rows no longer wait for the projection: blocks [0, nbR) compute
-// them while the others compute x += W_out . o, and gate_up divides by
-// rms(x_new), which its norm computes anyway, before the top-k. This removes
-// the router kernel and its boundary from every MoE layer.
-struct OutRouterArgs {
-  const float* cat;  // [H + O]: the residual before this projection, then o
-  float* x;          // [H] residual, += W_out . o
-  const float* R;    // [rowsR][H + O]
-  float* logits;     // [rowsR] R . cat
-  int H, O, rowsR;
-  int splitA, splitR, nbA, nbR, ilp;
-};
-template <typename T>
-__global__ void __launch_bounds__(kThreads) outproj_router_kernel(const T* __restrict__ W, OutRouterArgs a) {
-  pdl_wait();
-  pdl_trigger();
-  if (int(blockIdx.x) < a.nbR) {
-    matvec_rows<float>(a.R, a.rowsR, a.H + a.O, a.cat, a.logits, 0, a.splitR, a.ilp, blockIdx.x, a.nbR);
-    return;
-  }
-  matvec_rows<T>(W, a.H, a.O, a.cat + a.H, a.x, 1, a.splitA, a.ilp, int(blockIdx.x) - a.nbR, a.nbA);
-}
-
 // R (see outproj_router_kernel) from the router Wr [rows][H], the norm
 // weight w [H] and W_out [H][O]; accumulated in double, once at upload.
 template <typename T>
@@ -762,6 +733,85 @@ __global__ void topk_kernel(const float* __restrict__ logits, int E, int k, int 
   topk_warp(logits, E, k, norm_topk, has_shared, ids, w, tc, sel);
 }
 
+// The routing weights of experts already picked (ids): softmax of
+// logits * scale over all E, taken at the picks, renormalised over them when
+// norm_topk; w[k] = the shared expert's gate. One warp, E <= 512.
+__device__ __forceinline__ void topk_weights(const float* logits, int E, int k, int norm_topk, int has_shared,
+                                             const int* ids, float scale, float* w) {
+  constexpr int PER = 16;
+  const int lane = threadIdx.x & 31;
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int e = i * 32 + lane;
+    if (e < E) mx = fmaxf(mx, __ldcg(logits + e) * scale);
+  }
+  mx = warp_max(mx);
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int e = i * 32 + lane;
+    if (e < E) sum += expf(__ldcg(logits + e) * scale - mx);
+  }
+  sum = warp_sum(sum);
+  const float p = lane < k ? expf(__ldcg(logits + ids[lane]) * scale - mx) / sum : 0.f;
+  const float chosen = warp_sum(p);
+  if (lane < k) w[lane] = norm_topk ? p / chosen : p;
+  if (lane == 0 && has_shared) w[k] = sigmoidf_(__ldcg(logits + E) * scale);
+}
+
+// The output projection and the MoE router in one launch. The router reads
+// the residual after this projection, normed: Wr . norm(x + W_out . o). With
+// the norm weight and W_out folded into it at upload,
+//   R = [ Wr (1 + w) | Wr (1 + w) W_out ]   (fp32, rows x (H + O)),
+// rms(x_new) times its logits is R . [x ; o], x the residual before this
+// projection (copied by the in-proj kernel into cat, in front of o). So the
+// router rows no longer wait for the projection: blocks [0, nbR) compute
+// them while the others compute x += W_out . o, and gate_up divides by
+// rms(x_new), which its norm computes anyway, before the top-k. This removes
+// the router kernel and its boundary from every MoE layer.
+struct OutRouterArgs {
+  const float* cat;  // [H + O]: the residual before this projection, then o
+  float* x;          // [H] residual, += W_out . o
+  const float* R;    // [rowsR][H + O]
+  float* logits;     // [rowsR] R . cat
+  int H, O, rowsR;
+  int splitA, splitR, nbA, nbR, ilp;
+  // Expert selection by the last router block (sel.out null: none).
+  int E, k;
+  int* ids;
+  float* wscratch;  // [k] (the weights are gate_up's)
+  TierCount tc;
+  ExpertSel sel;
+  unsigned* done;  // router blocks finished (zero between launches)
+};
+template <typename T>
+__global__ void __launch_bounds__(kThreads) outproj_router_kernel(const T* __restrict__ W, OutRouterArgs a) {
+  if (a.sel.out && blockIdx.x == 0 && threadIdx.x < 32) prefetch_tables(a.sel, a.E);
+  pdl_wait();
+  pdl_trigger();
+  if (int(blockIdx.x) < a.nbR) {
+    matvec_rows<float>(a.R, a.rowsR, a.H + a.O, a.cat, a.logits, 0, a.splitR, a.ilp, blockIdx.x, a.nbR);
+    if (!a.sel.out) return;
+    // The last router block picks the experts. The top-k of logits * s is
+    // that of the logits for any s > 0, so the pick needs no rms(x_new): it
+    // happens here, while the projection blocks still run, instead of at the
+    // start of every gate_up block. gate_up's first block computes the
+    // weights, which do need it (topk_weights).
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(a.done, 1u) == unsigned(a.nbR - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x < 32) topk_warp(a.logits, a.E, a.k, 0, 0, a.ids, a.wscratch, a.tc, a.sel, 1.0f);
+    if (threadIdx.x == 0) *a.done = 0;
+    return;
+  }
+  matvec_rows<T>(W, a.H, a.O, a.cat + a.H, a.x, 1, a.splitA, a.ilp, int(blockIdx.x) - a.nbR, a.nbA);
+}
+
 // Router matvec and top-k in one launch: every block computes its router
 // rows; the last block to finish (a counter, reset by that block) runs the
 // top-k. Saves a kernel boundary per MoE layer.
@@ -822,6 +872,7 @@ struct MoeArgs {
   const float* logits;
   int E, norm_topk;
   int folded;  // logits are the folded router's, not yet divided by rms(x) (outproj_router_kernel)
+  int presel;  // the experts were picked by outproj_router_kernel (ids, sel): only the weights are left
   TierCount tc;
   ExpertSel tsel;  // tables; .out: where block (0,0) publishes the row pointers
   int* ids_out;
@@ -842,7 +893,7 @@ __global__ void __launch_bounds__(kThreads, 5) gate_up_kernel(MoeArgs a) {
       warp_prefetch(static_cast<const T*>(a.s_gu) + size_t(r) * a.H, size_t(a.H) * sizeof(T), lane);
       warp_prefetch(static_cast<const T*>(a.s_gu) + size_t(I + r) * a.H, size_t(a.H) * sizeof(T), lane);
     }
-  else if (a.logits && warp == 0)
+  else if (a.logits && !a.presel && warp == 0)
     prefetch_tables(a.tsel, a.E);
   pdl_wait();
   pdl_trigger();
@@ -851,6 +902,10 @@ __global__ void __launch_bounds__(kThreads, 5) gate_up_kernel(MoeArgs a) {
   const T* W;
   if (shared) {
     W = static_cast<const T*>(a.s_gu);
+  } else if (a.presel) {  // picked by outproj_router_kernel; block (0,0) adds the weights
+    W = static_cast<const T*>(a.sel[j]);
+    if (blockIdx.x == 0 && blockIdx.y == 0 && warp == 0)
+      topk_weights(a.logits, a.E, a.k, a.norm_topk, a.has_shared, a.ids, a.folded ? rx : 1.0f, a.w_out);
   } else if (a.logits) {
     __shared__ const void* chosen[64];
     __shared__ int cid[32];
