@@ -284,7 +284,10 @@ TEST(Cli, GeneratePrintsGreedyIds) {
                              " --greedy --print-ids");
   ASSERT_EQ(r.code, 0) << r.err;
   std::string expect;
-  for (size_t i = 0; i < greedy.ids.size(); ++i) expect += (i ? " " : "") + std::to_string(greedy.ids[i]);
+  for (size_t i = 0; i < greedy.ids.size(); ++i) {
+    if (i) expect += ' ';
+    expect += std::to_string(greedy.ids[i]);
+  }
   EXPECT_EQ(r.out, expect + "\n");
 }
 

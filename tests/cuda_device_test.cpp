@@ -19,12 +19,6 @@ using namespace flashmoe::test;
 
 namespace {
 
-#define REQUIRE_GPU()                                                   \
-  do {                                                                  \
-    std::string why;                                                    \
-    if (!CudaModel::available(&why)) GTEST_SKIP() << "no GPU: " << why; \
-  } while (0)
-
 const std::string kMini = source_path("models/coder-mini/model");
 const std::string kGen = "generate -m " + kMini + " --ids 1,2,3 -n 12";
 

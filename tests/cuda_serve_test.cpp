@@ -13,12 +13,6 @@ using flashmoe::test::ScopedEnv;
 
 namespace {
 
-#define REQUIRE_GPU()                                                   \
-  do {                                                                  \
-    std::string why;                                                    \
-    if (!CudaModel::available(&why)) GTEST_SKIP() << "no GPU: " << why; \
-  } while (0)
-
 std::vector<std::string> on(const std::string& device) {
   std::vector<std::string> a = standard_args();
   a.insert(a.end(), {"--device", device});

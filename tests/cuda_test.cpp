@@ -14,12 +14,6 @@ using namespace flashmoe::test;
 
 namespace {
 
-#define REQUIRE_GPU()                                                   \
-  do {                                                                  \
-    std::string why;                                                    \
-    if (!CudaModel::available(&why)) GTEST_SKIP() << "no GPU: " << why; \
-  } while (0)
-
 const char* kFixtures[] = {"tiny-qwen35moe",  "tiny-qwen35moe-fused", "tiny-qwen35moe-text",
                            "tiny-qwen35-dense", "tiny-qwen3next",      "tiny-qwen3next-sharded"};
 

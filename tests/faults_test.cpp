@@ -40,7 +40,7 @@ namespace {
 struct ChildLimits {
   std::optional<rlim_t> fsize;  // RLIMIT_FSIZE (a disk that fills up at this file size)
   bool drop_root = false;       // run as nobody when the test runs as root (permission tests)
-  std::string binary;           // instead of FLASHMOE_BINARY (a copy nobody can execute)
+  std::string binary = {};      // instead of FLASHMOE_BINARY (a copy nobody can execute)
 };
 
 class Child {

@@ -6,6 +6,15 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cuda_model.h"
+
+// Skips a CUDA test, with the reason, where no usable GPU is present (CI).
+#define REQUIRE_GPU()                                                                      \
+  do {                                                                                     \
+    std::string why;                                                                       \
+    if (!::flashmoe::CudaModel::available(&why)) GTEST_SKIP() << "no GPU: " << why;        \
+  } while (0)
+
 namespace flashmoe::test {
 
 std::string source_path(const std::string& rel);  // FLASHMOE_SOURCE_DIR/rel
