@@ -25,6 +25,7 @@
 #include "experts/pack.h"
 #include "format/safetensors.h"
 #include "model/qwen_model.h"
+#include "server_process.h"
 #include "test_util.h"
 
 using namespace flashmoe;
@@ -263,6 +264,43 @@ TEST(Faults, StreamedExpertFileOverwrittenWhileRunning) {
 // Replaced by rename or deleted: the process holds the old files open, so it
 // goes on with the data it was started with, the answer identical to an
 // undisturbed run.
+// The same fault under serve: the request that meets it gets a 5xx (the
+// server's fault, not the client's), the reason goes to the server's log,
+// and the server keeps answering.
+TEST(Faults, StreamedExpertFileOverwrittenUnderServeIs500AndLogged) {
+  using namespace flashmoe::test::serve;
+  TempDir t;
+  const std::string m = copy_tree(packed_coder_mini(), t, "m");
+  std::vector<std::string> args = standard_args();
+  args.insert(args.end(), {"--expert-cache", "0"});
+  ServerProcess srv(args, m);
+  ASSERT_NE(srv.port(), 0) << srv.failure_log();
+  auto c = srv.client();
+  int status = 0;
+  post_json(c, "/v1/completions", {{"prompt", "def add(a, b):"}, {"max_tokens", 4}, {"temperature", 0}}, &status);
+  ASSERT_EQ(status, 200);
+  for (const auto& e : fs::directory_iterator(m + "/experts")) {
+    const std::string zeros(size_t(fs::file_size(e.path())), '\0');
+    int fd = ::open(e.path().c_str(), O_WRONLY);
+    ASSERT_EQ(::pwrite(fd, zeros.data(), zeros.size(), 0), ssize_t(zeros.size()));
+    ::close(fd);
+  }
+  const json err = post_json(c, "/v1/completions", {{"prompt", "class Stack:"}, {"max_tokens", 4}}, &status);
+  EXPECT_EQ(status, 500);
+  EXPECT_EQ(err["error"]["type"], "server_error") << err.dump();
+  EXPECT_NE(err["error"]["message"].get<std::string>().find("server's log"), std::string::npos) << err.dump();
+  EXPECT_EQ(err.dump().find(m), std::string::npos) << "file names stay in the log: " << err.dump();
+  const std::string log = srv.log();
+  EXPECT_NE(log.find("flashmoe serve: error: a request failed: "), std::string::npos) << log;
+  EXPECT_NE(log.find("fails its checksum"), std::string::npos) << log;
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  // A request that cannot run is still the client's 4xx.
+  post_json(c, "/v1/completions", {{"prompt", ""}, {"max_tokens", 4}}, &status);
+  EXPECT_EQ(status, 400);
+}
+
 TEST(Faults, StreamedExpertFilesRenamedOverOrDeletedWhileRunningKeepOldData) {
   TempDir t;
   const std::string m = copy_tree(packed_coder_mini(), t, "m");

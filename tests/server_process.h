@@ -26,16 +26,17 @@ using namespace std::chrono_literals;
 
 inline const std::string kKey = "test-key-123";
 
-// One `flashmoe serve` child process on a random free high port.
+// One `flashmoe serve` child process on a random free high port, serving
+// models/coder-mini unless given another model directory.
 class ServerProcess {
  public:
-  explicit ServerProcess(std::vector<std::string> extra) {
+  explicit ServerProcess(std::vector<std::string> extra, std::string model = "") {
+    if (model.empty()) model = source_path("models/coder-mini");
     std::mt19937 rng(std::random_device{}());
     for (int attempt = 0; attempt < 8 && port_ == 0; ++attempt) {
       int port = 20000 + int(rng() % 40000);
       std::string log = dir_.path + "/serve.log";
-      std::vector<std::string> args = {FLASHMOE_BINARY, "serve", "-m", source_path("models/coder-mini"), "--port",
-                                       std::to_string(port)};
+      std::vector<std::string> args = {FLASHMOE_BINARY, "serve", "-m", model, "--port", std::to_string(port)};
       args.insert(args.end(), extra.begin(), extra.end());
       pid_ = fork();
       if (pid_ == 0) {

@@ -45,6 +45,22 @@ bool same_secret(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
+bool out_of_device_memory(const std::exception& e) {
+  return std::string(e.what()).find("out of device memory") != std::string::npos;
+}
+
+// What a client is told when the model fails on its request; the details
+// (file names) stay in the log.
+std::string model_failure_message(const std::exception& e) {
+  return out_of_device_memory(e) ? "the GPU is out of memory for this request; try again later"
+                                 : "the model failed on this request (the server's log has the reason)";
+}
+
+void log_failure(const std::exception& e) {
+  std::fprintf(stderr, "flashmoe serve: error: a request failed: %s\n", e.what());
+  std::fflush(stderr);
+}
+
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   res.set_content(error_body(e), "application/json");
@@ -289,16 +305,22 @@ struct HttpServer::Impl {
               write("data: [DONE]\n\n");
               sink.done();
               return true;
-            } catch (const std::exception&) {
+            } catch (const std::exception& e) {
               lease.reset();
-              write(sse(json{{"error", {{"message", "internal error"}, {"type", "server_error"}}}}));
+              log_failure(e);
+              write(sse(json{{"error", {{"message", model_failure_message(e)}, {"type", "server_error"}}}}));
               return false;
             }
           });
     } catch (const ApiError& e) {
       send_error(res, e);
-    } catch (const Error&) {
-      send_error(res, ApiError(400, "the request could not be processed"));
+    } catch (const Error& e) {
+      // Requests are validated before they run (ApiError above), so an Error
+      // here is the model failing: a corrupt or vanished expert file, the
+      // GPU. The server's fault, not the client's: 5xx, and the reason goes
+      // to the server's log, where the operator looks.
+      log_failure(e);
+      send_error(res, ApiError(out_of_device_memory(e) ? 503 : 500, model_failure_message(e), "server_error"));
     } catch (const std::bad_alloc&) {
       send_error(res, ApiError(503, "out of memory", "server_error"));
     }
