@@ -407,6 +407,41 @@ TEST(Faults, PackOnFullDiskFailsAndLeavesNothing) {
 }
 
 // (c) An output directory that cannot be written to.
+// SIGTERM during pack: the pack stops, removes its temporary directory and
+// ends by SIGTERM (so a shell sees 143). Deterministic: the child starts with
+// SIGTERM blocked and already pending; pack unblocks it when it installs its
+// handler, so the signal lands before the first expert is written.
+TEST(Faults, PackInterruptedBySigtermLeavesNothing) {
+  TempDir t;
+  const std::string out = t.path + "/out", err_file = t.path + "/err", model = source_path("models/coder-mini");
+  const std::string bin = FLASHMOE_BINARY;
+  sigset_t block, old;
+  sigemptyset(&block);
+  sigaddset(&block, SIGTERM);
+  ASSERT_EQ(pthread_sigmask(SIG_BLOCK, &block, &old), 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fd = ::open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 2);
+    execl(bin.c_str(), bin.c_str(), "pack", "-m", model.c_str(), "-o", out.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  ASSERT_GT(pid, 0);
+  ASSERT_EQ(kill(pid, SIGTERM), 0);  // pending in the child until pack unblocks it
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  const std::string err = read_file(err_file);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "exit status " << status << "\n" << err;
+  EXPECT_EQ(WTERMSIG(status), SIGTERM);
+  EXPECT_NE(err.find("flashmoe: error: interrupted by a signal; pack stopped, " + out + " was not created"),
+            std::string::npos)
+      << err;
+  EXPECT_FALSE(fs::exists(out));
+  for (const auto& e : fs::directory_iterator(t.path))
+    EXPECT_EQ(e.path().filename().string().find("out.tmp-"), std::string::npos) << "left behind: " << e.path();
+}
+
 TEST(Faults, PackIntoUnwritableDirectoryFails) {
   TempDir t;
   ::chmod(t.path.c_str(), 0755);  // the unprivileged child must reach the read-only directory

@@ -1,6 +1,8 @@
 // flashmoe pack: rewrite an HF checkpoint into the expert-streaming layout.
+#include <signal.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 
 #include "cli/command.h"
@@ -11,6 +13,27 @@
 
 namespace flashmoe::cli {
 namespace {
+
+// SIGINT / SIGTERM during a pack: the handler only records the signal; the
+// pack stops at its next expert and removes its temporary directory, then
+// the signal is raised again with its default action, so the exit status
+// says what ended the process (a shell sees 130 / 143, as without us).
+volatile std::sig_atomic_t g_pack_signal = 0;
+void on_pack_signal(int sig) { g_pack_signal = sig; }
+
+void catch_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_pack_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM}) ::sigaction(sig, &sa, nullptr);
+  // Unblocked too: a signal sent while the parent had it blocked is pending
+  // from the start and is seen at the pack's first check.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  ::sigprocmask(SIG_UNBLOCK, &set, nullptr);
+}
 
 Registrar reg(20, [](CLI::App& app) {
   auto* cmd = app.add_subcommand("pack", "Pack an HF checkpoint for expert streaming (per-layer expert files + manifest)");
@@ -31,13 +54,25 @@ Registrar reg(20, [](CLI::App& app) {
     const ModelFiles files = resolve_model_files(*in);
     for (const std::string* f : {&files.tokenizer_json, &files.tokenizer_config})
       if (!f->empty()) opt.extra_files.push_back(*f);
-    pack_model(files.model_dir, *out, opt, [&](int64_t done, int64_t total) {
-      const int width = 30, filled = int(width * done / total);
-      std::fprintf(stderr, "%spacking experts [%.*s%*s] %lld/%lld layers%s", tty ? "\r" : "", filled,
-                   "##############################", width - filled, "", (long long)done, (long long)total,
-                   tty && done < total ? "" : "\n");
-      std::fflush(stderr);
-    });
+    opt.stop = &g_pack_signal;
+    catch_stop_signals();
+    try {
+      pack_model(files.model_dir, *out, opt, [&](int64_t done, int64_t total) {
+        const int width = 30, filled = int(width * done / total);
+        std::fprintf(stderr, "%spacking experts [%.*s%*s] %lld/%lld layers%s", tty ? "\r" : "", filled,
+                     "##############################", width - filled, "", (long long)done, (long long)total,
+                     tty && done < total ? "" : "\n");
+        std::fflush(stderr);
+      });
+    } catch (const Error& e) {
+      if (const int sig = g_pack_signal) {
+        std::fprintf(stderr, "%sflashmoe: error: %s\n", tty ? "\n" : "", e.what());
+        std::fflush(stderr);
+        std::signal(sig, SIG_DFL);
+        std::raise(sig);
+      }
+      throw;
+    }
     std::fprintf(stderr, "packed %s -> %s (experts %s)\n", in->c_str(), out->c_str(), format->c_str());
   });
 });

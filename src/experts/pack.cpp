@@ -83,6 +83,10 @@ std::vector<std::string> side_files(const std::string& dir) {
   return out;
 }
 
+void check_stop(const PackOptions& opt) {
+  if (opt.stop && *opt.stop) fail("interrupted by a signal");
+}
+
 void write_expert_layer(const std::string& path, const std::vector<FfnExpert>& experts, const ExpertLayout& layout,
                         const PackOptions& opt, PackedLayer* pl) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -91,6 +95,7 @@ void write_expert_layer(const std::string& path, const std::vector<FfnExpert>& e
   uint64_t at = 0;
   try {
     for (const FfnExpert& e : experts) {
+      check_stop(opt);
       std::fill(rec.begin(), rec.end(), uint8_t(0));
       const std::pair<const Matrix*, const ExpertPart*> parts[3] = {{&e.gate, &layout.gate}, {&e.up, &layout.up}, {&e.down, &layout.down}};
       for (const auto& [m, part] : parts) {
@@ -134,6 +139,7 @@ void pack_model(const std::string& in, const std::string& out, const PackOptions
   if (!::mkdtemp(buf.data())) fail("cannot create a directory next to " + out + ": " + errno_text(errno));
   const std::string tmp(buf.data());
   try {
+    check_stop(opt);
     if (::mkdir((tmp + "/experts").c_str(), 0755) != 0) fail("cannot create " + tmp + "/experts: " + errno_text(errno));
     // Non-expert weights, byte for byte under their original names.
     std::vector<TensorToWrite> rest;
@@ -164,6 +170,7 @@ void pack_model(const std::string& in, const std::string& out, const PackOptions
       m.layers.push_back(std::move(pl));
       if (progress) progress(++done, moe_layers);
     }
+    check_stop(opt);
     // The manifest last: a directory without one is never taken for a packed model.
     write_text(tmp + "/" + kManifestName, manifest_to_json(m, read_text_file(in + "/config.json")));
     if (int dfd = ::open(tmp.c_str(), O_RDONLY | O_DIRECTORY); dfd >= 0) {

@@ -2,6 +2,7 @@
 // MoE layer one file of experts (each expert one aligned record, optionally
 // quantised), the other weights in model.safetensors, and the manifest.
 #pragma once
+#include <csignal>
 #include <functional>
 #include <string>
 #include <vector>
@@ -16,6 +17,9 @@ struct PackOptions {
   // Files from elsewhere to carry along (e.g. a bundle's tokenizer.json that
   // sits beside the model directory); copied under their base names.
   std::vector<std::string> extra_files;
+  // Set (non-zero) by a signal handler to stop: the pack stops at its next
+  // expert, removes what it wrote and fails with "interrupted".
+  const volatile std::sig_atomic_t* stop = nullptr;
 };
 
 // progress(done, total) is called after each expert layer.
