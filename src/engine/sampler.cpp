@@ -4,7 +4,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <unordered_map>
 
 #include <nlohmann/json.hpp>
 
@@ -44,25 +43,43 @@ SamplingParams load_generation_config(const std::string& path, SamplingParams p)
 
 Sampler::Sampler(SamplingParams params) : params_(std::move(params)), rng_(params_.seed) {}
 
+// Both penalties mark the history's tokens in a vocabulary-sized table that
+// is kept per thread and cleared again through the history, so a token costs
+// O(history) with no sort, hash or allocation (sorting the history every
+// token made long runs with a penalty quadratic with a large constant).
+namespace {
+template <typename T>
+std::vector<T>& scratch(size_t n) {
+  thread_local std::vector<T> v;
+  if (v.size() < n) v.assign(n, T(0));
+  return v;
+}
+}  // namespace
+
 void Sampler::apply_repetition_penalty(std::span<float> logits, std::span<const int32_t> history, float penalty) {
   if (penalty == 1.0f) return;
-  std::vector<int32_t> seen(history.begin(), history.end());
-  std::sort(seen.begin(), seen.end());
-  seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
-  for (int32_t id : seen) {
-    if (id < 0 || size_t(id) >= logits.size()) continue;
-    float& l = logits[id];
+  std::vector<uint8_t>& seen = scratch<uint8_t>(logits.size());
+  for (int32_t id : history) {
+    if (id < 0 || size_t(id) >= logits.size() || seen[size_t(id)]) continue;
+    seen[size_t(id)] = 1;
+    float& l = logits[size_t(id)];
     l = l < 0 ? l * penalty : l / penalty;  // once per distinct token
   }
+  for (int32_t id : history)
+    if (id >= 0 && size_t(id) < logits.size()) seen[size_t(id)] = 0;
 }
 
 void Sampler::apply_presence_frequency(std::span<float> logits, std::span<const int32_t> history, float presence,
                                        float frequency) {
   if (presence == 0.0f && frequency == 0.0f) return;
-  std::unordered_map<int32_t, int> counts;
+  std::vector<int32_t>& counts = scratch<int32_t>(logits.size());
   for (int32_t id : history)
-    if (id >= 0 && size_t(id) < logits.size()) ++counts[id];
-  for (auto [id, n] : counts) logits[id] -= presence + frequency * float(n);
+    if (id >= 0 && size_t(id) < logits.size()) ++counts[size_t(id)];
+  for (int32_t id : history) {
+    if (id < 0 || size_t(id) >= logits.size() || counts[size_t(id)] == 0) continue;
+    logits[size_t(id)] -= presence + frequency * float(counts[size_t(id)]);  // once per distinct token
+    counts[size_t(id)] = 0;
+  }
 }
 
 std::vector<std::pair<int32_t, float>> Sampler::candidates(std::span<const float> logits, const SamplingParams& p) {
