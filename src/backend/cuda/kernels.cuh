@@ -638,10 +638,6 @@ __global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
   }
 }
 
-// Router: softmax over E logits, top-k (ties: lower index), renormalised
-// weights; the shared expert's gate logit is logits[E]. One warp, E <= 512.
-// Logits are read through L2 (.cg): in the fused router they were written
-// by other blocks of the same grid.
 // Where the chosen experts' rows are (VRAM or pinned host memory): the top-k
 // resolves them once, so the expert kernels read a pointer instead of
 // chasing ids -> table -> rows (two more dependent memory rounds each).
@@ -650,6 +646,11 @@ struct ExpertSel {
   const void* const* down_tab;  // [E] each expert's down rows
   const void** out;             // [2k]: the chosen experts' gate/up rows, then their down rows (null: not used)
 };
+
+// Router: softmax over E logits, top-k (ties: lower index), renormalised
+// weights; the shared expert's gate logit is logits[E]. One warp, E <= 512.
+// Logits are read through L2 (.cg): in the fused router they were written
+// by other blocks of the same grid.
 __device__ __forceinline__ void topk_warp(const float* logits, int E, int k, int norm_topk, int has_shared, int* ids,
                                           float* w, TierCount tc, ExpertSel sel, float scale = 1.0f) {
   constexpr int PER = 16;
@@ -768,8 +769,8 @@ __device__ __forceinline__ void topk_weights(const float* logits, int E, int k, 
 // projection (copied by the in-proj kernel into cat, in front of o). So the
 // router rows no longer wait for the projection: blocks [0, nbR) compute
 // them while the others compute x += W_out . o, and gate_up divides by
-// rms(x_new), which its norm computes anyway, before the top-k. This removes
-// the router kernel and its boundary from every MoE layer.
+// rms(x_new), which its norm computes anyway, for the routing weights. This
+// removes the router kernel and its boundary from every MoE layer.
 struct OutRouterArgs {
   const float* cat;  // [H + O]: the residual before this projection, then o
   float* x;          // [H] residual, += W_out . o
@@ -865,10 +866,12 @@ struct MoeArgs {
   float eps;
   float* x;   // residual stream [H] (input of gate_up, accumulated by down)
   float* hb;  // [k+1][maxI]
-  // Top-k inside gate_up (logits non-null): every routed block picks the
-  // experts itself from the router's logits (a warp's work, done by all
-  // blocks at once) instead of waiting for a top-k kernel; block (0,0)
+  // Top-k inside gate_up (logits non-null, presel 0): every routed block
+  // picks the experts itself from the router's logits (a warp's work, done
+  // by all blocks at once) instead of waiting for a top-k kernel; block (0,0)
   // publishes ids, weights and row pointers for down and does the counting.
+  // With presel the pick was made before (outproj_router_kernel) and block
+  // (0,0) only computes the weights.
   const float* logits;
   int E, norm_topk;
   int folded;  // logits are the folded router's, not yet divided by rms(x) (outproj_router_kernel)
