@@ -115,6 +115,44 @@ TEST(CudaCoderMini, MatchesCpuForEveryKvConfig) {
   }
 }
 
+// The decode-step kernel variants (FLASHMOE_CUDA_*, read at upload) against
+// the CPU: forced ones reach paths the default takes only on larger shapes
+// (delta2 clusters of several blocks, 3 rows per warp), switched-off ones
+// keep the older paths honest.
+TEST(CudaCoderMini, KernelVariantsMatchCpu) {
+  REQUIRE_GPU();
+  const std::string dir = source_path("models/coder-mini");
+  auto model = QwenModel::load(dir + "/model");
+  RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
+  const int64_t V = model->config().vocab_size;
+  ThreadPool pool(2);
+  Session cpu(*model, KvConfig{}, pool);
+  const std::vector<float> a = cpu.feed_all(ids.ids);
+  // Each variant: up to two NAME=value settings.
+  const std::vector<std::vector<std::pair<const char*, const char*>>> variants = {
+      {{"FLASHMOE_CUDA_DELTA2", "force"}},
+      {{"FLASHMOE_CUDA_DELTA2", "0"}},
+      {{"FLASHMOE_CUDA_FUSE_CONV", "1"}},
+      {{"FLASHMOE_CUDA_FUSE_CONV", "1"}, {"FLASHMOE_CUDA_DELTA2", "force"}},
+      {{"FLASHMOE_CUDA_DOWNPRE", "0"}},
+      {{"FLASHMOE_CUDA_ROWS3", "force"}},
+      {{"FLASHMOE_CUDA_PRESEL", "0"}}};
+  for (const auto& v : variants) {
+    std::string what;
+    for (const auto& [name, value] : v) what += std::string(name) + "=" + value + " ";
+    ScopedEnv e0(v[0].first, v[0].second);
+    ScopedEnv e1(v.size() > 1 ? v[1].first : "FLASHMOE_CUDA_UNUSED", v.size() > 1 ? v[1].second : nullptr);
+    auto cuda = CudaModel::upload(*model);
+    Session gpu(*model, KvConfig{}, pool, cuda.get());
+    const std::vector<float> b = gpu.feed_all(ids.ids);
+    ASSERT_EQ(a.size(), b.size());
+    const double kl = mean_kl(a, b, V);
+    EXPECT_LE(kl, 1e-4) << what;
+    EXPECT_LE(max_abs_diff(a.data(), b.data(), a.size()), 2e-3f) << what;
+    std::printf("[cuda-variant] %smean KL %.3g\n", what.c_str(), kl);
+  }
+}
+
 TEST(CudaCoderMini, LogitsAndFp8MatchHf) {
   REQUIRE_GPU();
   const std::string dir = source_path("models/coder-mini"), ref = dir + "/reference.safetensors";

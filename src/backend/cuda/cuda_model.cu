@@ -11,6 +11,8 @@
 
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/delta_cluster.cuh"
+#include "backend/cuda/down_early.cuh"
 #include "backend/cuda/expert_tiers.cuh"
 #include "backend/cuda/kernels.cuh"
 #include "core/dtype.h"
@@ -168,6 +170,19 @@ struct CudaModel::Impl {
   //    block picks the experts while the projection runs; gate_up only adds
   //    the weights (the pick no longer delays every gate_up block).
   bool use_sel = true, down2 = true, gu_topk = true, fold = true, presel = true;
+  //  FLASHMOE_CUDA_DELTA2 (on, v14): the delta step over a cluster of blocks
+  //    per value head, its state read before the PDL wait (delta_cluster.cuh).
+  //    force: 8 columns per block, so small test models run clusters too.
+  int delta2 = 1;  // 0 off, 1 on, 2 force
+  //  FLASHMOE_CUDA_DOWNPRE (on, v14): down's rows loaded before its PDL wait
+  //    when the pick was made two kernels back (down_early.cuh).
+  bool down_pre = true;
+  //  FLASHMOE_CUDA_ATTNPF (on, v14): attention prefetches the earlier
+  //    positions' K/V rows into L2 before its wait.
+  bool attn_pf = true;
+  //  FLASHMOE_CUDA_NWPRE (on, v14): the norm weights of normed kernels
+  //    (in-proj, gate_up, lm_head) into registers before the wait.
+  bool nw_pre = true;
   unsigned* presel_done = nullptr;
   float* presel_w = nullptr;
   float* cat = nullptr;  // [H + O]: the layer's input residual (copied by the in-proj), then o (lin_o / attn_o)
@@ -313,6 +328,11 @@ struct CudaModel::Impl {
     if (const char* e = std::getenv("FLASHMOE_CUDA_GUTOPK")) gu_topk = std::string(e) != "0";
     if (const char* e = std::getenv("FLASHMOE_CUDA_FOLD")) fold = std::string(e) != "0";
     if (const char* e = std::getenv("FLASHMOE_CUDA_PRESEL")) presel = std::string(e) != "0";
+    if (const char* e = std::getenv("FLASHMOE_CUDA_NWPRE")) nw_pre = std::string(e) != "0";
+    if (const char* e = std::getenv("FLASHMOE_CUDA_ATTNPF")) attn_pf = std::string(e) != "0";
+    if (const char* e = std::getenv("FLASHMOE_CUDA_DOWNPRE")) down_pre = std::string(e) != "0";
+    if (const char* e = std::getenv("FLASHMOE_CUDA_DELTA2"))
+      delta2 = std::string(e) == "0" ? 0 : std::string(e) == "force" ? 2 : 1;
     if (const char* e = std::getenv("FLASHMOE_CUDA_SKIP")) {  // class names or their first words, comma-separated
       std::string list = e;
       for (size_t at = 0; at <= list.size();) {
@@ -431,27 +451,37 @@ struct CudaModel::Impl {
     pending = nullptr;
     if (run) l();
   }
+  int cluster_next = 1;  // blocks per cluster of the next go() (then back to 1)
   template <typename... K, typename... A>
   void go(void (*kern)(K...), dim3 grid, dim3 block, size_t smem, A... args) {
     flush(true);
+    const int cl = cluster_next;
+    cluster_next = 1;
     if (skip_mask) {
-      pending = [this, kern, grid, block, smem, args...] { launch(kern, grid, block, smem, args...); };
+      pending = [this, kern, grid, block, smem, cl, args...] { launch(kern, grid, block, smem, cl, args...); };
       return;
     }
-    launch(kern, grid, block, smem, args...);
+    launch(kern, grid, block, smem, cl, args...);
   }
   template <typename... K, typename... A>
-  void launch(void (*kern)(K...), dim3 grid, dim3 block, size_t smem, A... args) {
+  void launch(void (*kern)(K...), dim3 grid, dim3 block, size_t smem, int cl, A... args) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute at[2];
+    int n = 0;
+    if (use_pdl && pdl_next) {
+      at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      at[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cl > 1) {
+      at[n].id = cudaLaunchAttributeClusterDimension;
+      at[n++].val.clusterDim = {unsigned(cl), 1, 1};
+    }
     cfg.attrs = at;
-    cfg.numAttrs = use_pdl && pdl_next ? 1 : 0;
+    cfg.numAttrs = n;
     check(cudaLaunchKernelEx(&cfg, kern, args...), "cudaLaunchKernelEx");
     pdl_next = true;
   }
@@ -507,16 +537,16 @@ struct CudaModel::Impl {
     switch (W.dt) {
       case DT_F32:
         go(matvec_kernel<float>, blocks, kThreads, smem, static_cast<const float*>(W.p), W.rows, W.cols, xin,
-                                                                nw, eps, y, acc, split, pf, ilp, int(xdirect), xcopy);
+                                                                nw, eps, y, acc, split, pf, ilp, int(xdirect), xcopy, int(nw_pre));
         break;
       case DT_F16:
         go(matvec_kernel<__half>, blocks, kThreads, smem, static_cast<const __half*>(W.p), W.rows, W.cols,
-                                                                 xin, nw, eps, y, acc, split, pf, ilp, int(xdirect), xcopy);
+                                                                 xin, nw, eps, y, acc, split, pf, ilp, int(xdirect), xcopy, int(nw_pre));
         break;
       default:
         go(matvec_kernel<__nv_bfloat16>, blocks, kThreads, smem, static_cast<const __nv_bfloat16*>(W.p),
                                                                         W.rows, W.cols, xin, nw, eps, y, acc, split,
-                                                                        pf, ilp, int(xdirect), xcopy);
+                                                                        pf, ilp, int(xdirect), xcopy, int(nw_pre));
     }
     mark(cls);
   }
@@ -631,6 +661,30 @@ struct CudaModel::Impl {
     mark(K_ROUTER);
   }
 
+  // The delta step on delta2_kernel (a cluster of blocks per head) where
+  // its shapes allow; false: the caller launches delta_kernel.
+  bool delta_cluster(const DeltaArgs& a) {
+    if (!delta2) return false;
+    int cpb = delta2 == 2 ? 8 : 32;  // 2 (tests): 8 columns per block, clusters even on small heads
+    if (a.dv % cpb || a.dv / cpb > 8) cpb = 32;
+    if (a.dv % cpb || a.dv / cpb > 8) return false;
+    cluster_next = a.dv / cpb;
+    const dim3 grid(a.nv * (a.dv / cpb));
+    auto run = [&](auto kern, int threads) { go(kern, grid, threads, 0, a); };
+    if (cpb == 32) {
+      if (a.dk == 128) run(delta2_kernel<128, 32, 8>, 256);
+      else if (a.dk == 64) run(delta2_kernel<64, 32, 8>, 256);
+      else if (a.dk == 32) run(delta2_kernel<32, 32, 8>, 256);
+      else return cluster_next = 1, false;
+    } else {
+      if (a.dk == 128) run(delta2_kernel<128, 8, 8>, 64);
+      else if (a.dk == 64) run(delta2_kernel<64, 8, 8>, 64);
+      else if (a.dk == 32) run(delta2_kernel<32, 8, 8>, 64);
+      else return cluster_next = 1, false;
+    }
+    return true;
+  }
+
   template <typename T>
   void moe_launch(const MoeArgs& a, int slots) {
     dim3 g1((a.maxI + kWarps - 1) / kWarps, slots);
@@ -643,11 +697,17 @@ struct CudaModel::Impl {
         const int blocks = (a.H + R - 1) / R, resident = per_sm(fn, 0, slots * 32) * prop.multiProcessorCount;
         return (blocks + resident - 1) / resident;
       };
-      if (waves(reinterpret_cast<const void*>(down2_kernel<T, 8>), 8) <=
-          waves(reinterpret_cast<const void*>(down2_kernel<T, 4>), 4))
-        go(down2_kernel<T, 8>, (a.H + 7) / 8, slots * 32, 0, a);
-      else
-        go(down2_kernel<T, 4>, (a.H + 3) / 4, slots * 32, 0, a);
+      const bool r8 = waves(reinterpret_cast<const void*>(down2_kernel<T, 8>), 8) <=
+                      waves(reinterpret_cast<const void*>(down2_kernel<T, 4>), 4);
+      // down_early_kernel: the rows in registers before the wait when the pick
+      // was final two kernels back (not made by gate_up itself).
+      const int ch = (std::max(a.I, a.Is) * int(sizeof(T)) + 511) / 512;  // 16-byte chunks per lane and row
+      const int early = !a.logits || a.presel ? 1 : 0;
+      if (down_pre && r8 && ch == 1) go(down_early_kernel<T, 8, 1>, (a.H + 7) / 8, slots * 32, 0, a, early);
+      else if (down_pre && r8 && ch == 2) go(down_early_kernel<T, 8, 2>, (a.H + 7) / 8, slots * 32, 0, a, early);
+      else if (down_pre && !r8 && ch <= 4) go(down_early_kernel<T, 4, 4>, (a.H + 3) / 4, slots * 32, 0, a, early);
+      else if (r8) go(down2_kernel<T, 8>, (a.H + 7) / 8, slots * 32, 0, a);
+      else go(down2_kernel<T, 4>, (a.H + 3) / 4, slots * 32, 0, a);
       mark(K_EXPERTS);
       return;
     }
@@ -715,7 +775,8 @@ struct CudaModel::Impl {
         a.eps = m.rms_norm_eps;
         const size_t smem = size_t(2 * dk) * 4;
         auto th = [&](int split) { return std::min(1024, std::max(32, (dv * split + 31) / 32 * 32)); };
-        if (dk == 128 && dv * 4 <= 1024) go(delta_kernel<128, 4>, nv, th(4), smem, a);
+        if (delta_cluster(a)) {
+        } else if (dk == 128 && dv * 4 <= 1024) go(delta_kernel<128, 4>, nv, th(4), smem, a);
         else if (dk == 64 && dv * 2 <= 1024) go(delta_kernel<64, 2>, nv, th(2), smem, a);
         else if (dk == 32) go(delta_kernel<32, 1>, nv, th(1), smem, a);
         else go(delta_kernel<0, 1>, nv, th(1), smem, a);
@@ -753,7 +814,8 @@ struct CudaModel::Impl {
         a.hd = hd;
         a.ns = s.ns;
         a.scale = 1.0f / std::sqrt(float(hd));
-        const int groups = std::max(1, 256 / hd);
+        a.prefetch = attn_pf ? 1 : 0;
+        const int groups = std::max(8, 256 / hd);  // 8: the warps' partials (attn_kernel)
         const size_t smem = size_t(hd + groups * hd) * 4;
         switch (s.kvt) {
           case KV_F32: go(attn_kernel<KV_F32>, nh, 256, smem, a); break;
@@ -777,6 +839,7 @@ struct CudaModel::Impl {
       a.sel = d.moe && use_sel ? sel : nullptr;
       a.xn = d.moe && fuse ? xn : nullptr;
       a.ilp = ilp;
+      a.nw_pre = nw_pre ? 1 : 0;
       int slots;
       if (d.moe) {
         if (!d.rfold) route(d);  // else the logits came with the output projection

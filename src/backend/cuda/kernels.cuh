@@ -173,11 +173,46 @@ __device__ __forceinline__ void rows_dot(const T* __restrict__ w, size_t step, i
   for (int i = 0; i < R; ++i) out[i] = a0[i] + a1[i];
 }
 
-// xs = x (cols floats), optionally zero-centred-RMS-normed with weight nw.
+// The norm weights (1 + nw[i]) of this thread's elements, i = threadIdx.x +
+// k * blockDim.x, read into registers before the PDL wait: they are weights,
+// and read after it they were one more DRAM round trip on every normed
+// kernel's critical path (FLASHMOE_CUDA_NWPRE, v14).
+constexpr int kNormPer = 8;  // elements per thread held (cols <= kNormPer * blockDim.x)
+struct NormPre {
+  float w[kNormPer];
+  bool on = false;
+};
+__device__ __forceinline__ void norm_preload(const float* __restrict__ nw, int cols, bool on, NormPre& p) {
+  p.on = on && nw && cols <= kNormPer * int(blockDim.x);
+  if (!p.on) return;
+#pragma unroll
+  for (int k = 0; k < kNormPer; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    p.w[k] = i < cols ? 1.0f + nw[i] : 1.0f;
+  }
+}
+
+// xs = x (cols floats), optionally zero-centred-RMS-normed with weight nw
+// (its 1 + nw already in registers when pre.on: the same arithmetic).
 __device__ __forceinline__ float load_x(const float* __restrict__ x, const float* __restrict__ nw, float eps,
-                                        int cols, float* xs) {
+                                        int cols, float* xs, const NormPre* pre = nullptr) {
   float r = 1.0f;
-  if (nw) {
+  if (nw && pre && pre->on) {
+    float v[kNormPer], ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < kNormPer; ++k) {
+      const int i = threadIdx.x + k * blockDim.x;
+      v[k] = i < cols ? x[i] : 0.f;
+      ss += v[k] * v[k];
+    }
+    ss = block_sum(ss);
+    r = 1.0f / sqrtf(ss / float(cols) + eps);
+#pragma unroll
+    for (int k = 0; k < kNormPer; ++k) {
+      const int i = threadIdx.x + k * blockDim.x;
+      if (i < cols) xs[i] = v[k] * r * pre->w[k];
+    }
+  } else if (nw) {
     float ss = 0.f;
     for (int i = threadIdx.x; i < cols; i += blockDim.x) {
       const float v = x[i];
@@ -267,12 +302,15 @@ __device__ __forceinline__ void matvec_rows(const T* __restrict__ W, int rows, i
 
 // y[r] (+)= W[r,:] . norm(x) (norm skipped when nw is null).
 template <typename T>
-__global__ void __launch_bounds__(kThreads) matvec_kernel(const T* __restrict__ W, int rows, int cols,
+__global__ void __launch_bounds__(kThreads, 4) matvec_kernel(const T* __restrict__ W, int rows, int cols,
                                                           const float* __restrict__ x, const float* __restrict__ nw,
                                                           float eps, float* __restrict__ y, int accumulate, int split,
-                                                          int pf_rows, int ilp, int xdirect, float* __restrict__ xcopy) {
+                                                          int pf_rows, int ilp, int xdirect, float* __restrict__ xcopy,
+                                                          int nw_pre) {
   extern __shared__ __align__(16) float xs[];
   prefetch_rows(W, rows, cols, split, pf_rows);
+  NormPre pre;
+  norm_preload(nw, cols, nw_pre, pre);
   pdl_wait();
   pdl_trigger();
   // The layer's input residual, kept for the folded router (outproj_router_kernel).
@@ -284,7 +322,7 @@ __global__ void __launch_bounds__(kThreads) matvec_kernel(const T* __restrict__ 
     matvec_rows(W, rows, cols, x, y, accumulate, split, ilp, blockIdx.x, gridDim.x);
     return;
   }
-  load_x(x, nw, eps, cols, xs);
+  load_x(x, nw, eps, cols, xs, &pre);
   matvec_rows(W, rows, cols, xs, y, accumulate, split, ilp, blockIdx.x, gridDim.x);
 }
 
@@ -311,17 +349,44 @@ __global__ void fold_router_kernel(const T* __restrict__ Wr, int rows, const flo
 // state: [C][K-1] previous inputs.
 __global__ void conv_kernel(const float* __restrict__ u, int C, int K, const float* __restrict__ taps,
                             float* __restrict__ state, float* __restrict__ out) {
+  // The taps and the previous inputs are known before the wait (weights, and
+  // this layer's state from the last step): into registers first.
+  constexpr int kMaxK = 8;
+  const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+  const bool reg = ch < C && K <= kMaxK;
+  float tp[kMaxK], st[kMaxK];
+  if (reg) {
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j) {
+      tp[j] = j < K ? taps[size_t(ch) * K + j] : 0.f;
+      st[j] = j < K - 1 ? state[size_t(ch) * (K - 1) + j] : 0.f;
+    }
+  }
   pdl_wait();
   pdl_trigger();
-  const int ch = blockIdx.x * blockDim.x + threadIdx.x;
   if (ch >= C) return;
-  float* st = state + size_t(ch) * (K - 1);
-  const float* tp = taps + size_t(ch) * K;
+  float* sp = state + size_t(ch) * (K - 1);
   const float v = u[ch];
-  float acc = tp[K - 1] * v;
-  for (int j = 0; j < K - 1; ++j) acc += tp[j] * st[j];
-  for (int j = 0; j + 1 < K - 1; ++j) st[j] = st[j + 1];
-  if (K > 1) st[K - 2] = v;
+  if (reg) {
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j)
+      if (j == K - 1) acc = tp[j] * v;
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j)
+      if (j < K - 1) acc += tp[j] * st[j];
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j)
+      if (j + 1 < K - 1) sp[j] = st[j + 1];
+    if (K > 1) sp[K - 2] = v;
+    out[ch] = siluf_(acc);
+    return;
+  }
+  const float* tpp = taps + size_t(ch) * K;
+  float acc = tpp[K - 1] * v;
+  for (int j = 0; j < K - 1; ++j) acc += tpp[j] * sp[j];
+  for (int j = 0; j + 1 < K - 1; ++j) sp[j] = sp[j + 1];
+  if (K > 1) sp[K - 2] = v;
   out[ch] = siluf_(acc);
 }
 
@@ -472,8 +537,44 @@ struct AttnPrepArgs {
   float eps;
 };
 
-__device__ __forceinline__ void rope_in_smem(float* x, int rd, const float* inv_freq, int pos) {
+// The rotation of this thread's pair i = threadIdx.x (i < rd/2) and the
+// norm weights (1 + w) of its elements i = threadIdx.x + k * blockDim.x:
+// neither depends on the previous kernel (weights, and the position from
+// the last step), so attn_prep computes them before its wait. ok: the
+// shapes fit (rd/2 <= blockDim.x, n <= kRopeNorm * blockDim.x).
+constexpr int kRopeNorm = 4;
+struct RopeNorm {
+  float c = 1.f, s = 0.f, w[kRopeNorm];
+  bool ok;
+};
+__device__ __forceinline__ void rope_norm_pre(RopeNorm& p, int rd, const float* inv_freq, int pos, const float* w,
+                                              int n) {
+  p.ok = rd / 2 <= int(blockDim.x) && n <= kRopeNorm * int(blockDim.x);
+  if (!p.ok) return;
+  if (int(threadIdx.x) < rd / 2) {
+    const float f = float(pos) * inv_freq[threadIdx.x];
+    p.c = float(cos(double(f)));
+    p.s = float(sin(double(f)));
+  }
+#pragma unroll
+  for (int k = 0; k < kRopeNorm; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    p.w[k] = i < n ? 1.0f + w[i] : 1.0f;
+  }
+}
+
+__device__ __forceinline__ void rope_in_smem(float* x, int rd, const float* inv_freq, int pos, const RopeNorm& p) {
   const int half = rd / 2;
+  if (p.ok) {
+    if (int(threadIdx.x) < half) {
+      const int i = threadIdx.x;
+      const float a = x[i], b = x[i + half];
+      x[i] = a * p.c - b * p.s;
+      x[i + half] = b * p.c + a * p.s;
+    }
+    __syncthreads();
+    return;
+  }
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
     const float f = float(pos) * inv_freq[i];
     const float c = float(cos(double(f))), s = float(sin(double(f)));
@@ -484,12 +585,20 @@ __device__ __forceinline__ void rope_in_smem(float* x, int rd, const float* inv_
   __syncthreads();
 }
 
-__device__ __forceinline__ void norm_in_smem(float* x, const float* w, int n, float eps) {
+__device__ __forceinline__ void norm_in_smem(float* x, const float* w, int n, float eps, const RopeNorm& p) {
   float ss = 0.f;
   for (int i = threadIdx.x; i < n; i += blockDim.x) ss += x[i] * x[i];
   ss = block_sum(ss);
   const float r = 1.0f / sqrtf(ss / float(n) + eps);
-  for (int i = threadIdx.x; i < n; i += blockDim.x) x[i] = x[i] * r * (1.0f + w[i]);
+  if (p.ok) {
+#pragma unroll
+    for (int k = 0; k < kRopeNorm; ++k) {
+      const int i = threadIdx.x + k * blockDim.x;
+      if (i < n) x[i] = x[i] * r * p.w[k];
+    }
+  } else {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) x[i] = x[i] * r * (1.0f + w[i]);
+  }
   __syncthreads();
 }
 
@@ -507,15 +616,17 @@ __device__ __forceinline__ void kv_store(void* dst, size_t off, int kvt, float v
 // rope, v), fp8 scales, store at the slot of this position.
 __global__ void attn_prep_kernel(AttnPrepArgs a) {
   extern __shared__ float sm[];
+  const int pos = *a.pos, hd = a.hd;
+  RopeNorm pre;
+  rope_norm_pre(pre, a.rd, a.inv_freq, pos, int(blockIdx.x) < a.nh ? a.q_norm : a.k_norm, hd);
   pdl_wait();
   pdl_trigger();
-  const int pos = *a.pos, hd = a.hd;
   if (blockIdx.x < a.nh) {
     const int h = blockIdx.x;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) sm[i] = a.qkv[h * 2 * hd + i];
     __syncthreads();
-    norm_in_smem(sm, a.q_norm, hd, a.eps);
-    rope_in_smem(sm, a.rd, a.inv_freq, pos);
+    norm_in_smem(sm, a.q_norm, hd, a.eps, pre);
+    rope_in_smem(sm, a.rd, a.inv_freq, pos, pre);
     for (int i = threadIdx.x; i < hd; i += blockDim.x) a.q[h * hd + i] = sm[i];
     return;
   }
@@ -530,8 +641,8 @@ __global__ void attn_prep_kernel(AttnPrepArgs a) {
   }
   __syncthreads();
   for (int h = 0; h < a.nkv; ++h) {
-    norm_in_smem(kk + h * hd, a.k_norm, hd, a.eps);
-    rope_in_smem(kk + h * hd, a.rd, a.inv_freq, pos);
+    norm_in_smem(kk + h * hd, a.k_norm, hd, a.eps, pre);
+    rope_in_smem(kk + h * hd, a.rd, a.inv_freq, pos, pre);
   }
   if (a.kvt == KV_FP8) {
     const int block = row / a.ns;
@@ -584,16 +695,31 @@ struct AttnArgs {
   KvLayer kv;
   int nh, nkv, hd, ns;
   float scale;
+  int prefetch;  // earlier positions' K/V rows into L2 before the wait (FLASHMOE_CUDA_ATTNPF)
 };
 
 // One block per query head: scores, softmax, weighted values, output gate.
 template <int KVT>
 __global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
   extern __shared__ float sm[];  // q [hd], partial sums [groups][hd]
+  const int h = blockIdx.x, hd = a.hd, group = a.nh / a.nkv, kvh = h / group;
+  const int n = kv_valid(a.kv, *a.pos), row = a.nkv * hd;
+  if (a.prefetch) {
+    // The rows of earlier positions (complete since the last step) into L2
+    // before the wait, shared out over the blocks of this KV head; only the
+    // current position's row comes from attn_prep.
+    const size_t bytes = size_t(hd) * (KVT == KV_F32 ? 4 : KVT == KV_FP8 ? 1 : 2);
+    const int lines = int((bytes + 127) / 128), self = kv_slot(a.kv, *a.pos);
+    for (int t = (h % group) * blockDim.x + threadIdx.x; t < n * lines; t += group * blockDim.x) {
+      const int s = t / lines;
+      if (s == self) continue;
+      const size_t off = (size_t(s) * row + size_t(kvh) * hd) * bytes / hd + size_t(t % lines) * 128;
+      prefetch_l2(static_cast<const char*>(a.kv.k) + off);
+      prefetch_l2(static_cast<const char*>(a.kv.v) + off);
+    }
+  }
   pdl_wait();
   pdl_trigger();
-  const int h = blockIdx.x, hd = a.hd, kvh = h / (a.nh / a.nkv);
-  const int n = kv_valid(a.kv, *a.pos), row = a.nkv * hd;
   float* q = sm;
   float* part = sm + hd;
   float* sc = a.scores + size_t(h) * a.kv.cap;
@@ -601,15 +727,34 @@ __global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
   float mx = -INFINITY;
-  for (int s = warp; s < n; s += nw) {
-    const size_t off = size_t(s) * row + size_t(kvh) * hd;
-    float d = 0.f;
-    for (int i = lane; i < hd; i += 32) d += q[i] * kv_load<KVT>(a.kv.k, off + i);
-    d = warp_sum(d);
-    if constexpr (KVT == KV_FP8) d *= a.kv.ks[size_t(s) * a.ns + (a.ns == 1 ? 0 : kvh)];
-    d *= a.scale;
-    if (lane == 0) sc[s] = d;
-    mx = fmaxf(mx, d);
+  // kU positions per warp at once: their loads in flight together (the
+  // chain of dependent rounds per warp is kU times shorter); each score sums
+  // in the same order as one at a time.
+  constexpr int kU = 4;
+  for (int s0 = warp; s0 < n; s0 += kU * nw) {
+    float d[kU];
+    size_t off[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      d[u] = 0.f;
+      off[u] = size_t(min(s0 + u * nw, n - 1)) * row + size_t(kvh) * hd;
+    }
+#pragma unroll 2
+    for (int i = lane; i < hd; i += 32) {
+      const float qi = q[i];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) d[u] += qi * kv_load<KVT>(a.kv.k, off[u] + i);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int s = s0 + u * nw;
+      float e = warp_sum(d[u]);
+      if (s >= n) break;
+      if constexpr (KVT == KV_FP8) e *= a.kv.ks[size_t(s) * a.ns + (a.ns == 1 ? 0 : kvh)];
+      e *= a.scale;
+      if (lane == 0) sc[s] = e;
+      mx = fmaxf(mx, e);
+    }
   }
   mx = block_max(mx);
   float sum = 0.f;
@@ -619,10 +764,44 @@ __global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
     sum += e;
   }
   sum = block_sum(sum);  // also orders the sc writes before the reads below
+  if (hd % 32 == 0 && hd <= 256) {
+    // Weighted values: each warp takes every nw-th position (several at
+    // once), a lane 1/32 of the head's dims; partials per warp summed below.
+    // (One thread per dim over all positions was a chain of n dependent
+    // rounds per thread.) part holds nw * hd floats.
+    float acc[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = 0.f;
+#pragma unroll 4
+    for (int s = warp; s < n; s += nw) {
+      const float p = sc[s];
+      float vs = 1.f;
+      if constexpr (KVT == KV_FP8) vs = a.kv.vs[size_t(s) * a.ns + (a.ns == 1 ? 0 : kvh)];
+      const size_t off = size_t(s) * row + size_t(kvh) * hd + lane;
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        if (i * 32 < hd) {
+          float v = kv_load<KVT>(a.kv.v, off + i * 32);
+          if constexpr (KVT == KV_FP8) v *= vs;
+          acc[i] += p * v;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (i * 32 < hd) part[warp * hd + i * 32 + lane] = acc[i];
+    __syncthreads();
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+      float t = 0.f;
+      for (int w = 0; w < nw; ++w) t += part[w * hd + d];
+      a.out[h * hd + d] = t / sum * sigmoidf_(a.gate[h * 2 * hd + hd + d]);
+    }
+    return;
+  }
   const int groups = blockDim.x / hd > 0 ? blockDim.x / hd : 1;
   const int grp = threadIdx.x / hd;
   for (int d = threadIdx.x % hd; d < hd && grp < groups; d += blockDim.x) {
     float acc = 0.f;
+#pragma unroll 8
     for (int s = grp; s < n; s += groups) {
       float v = kv_load<KVT>(a.kv.v, size_t(s) * row + size_t(kvh) * hd + d);
       if constexpr (KVT == KV_FP8) v *= a.kv.vs[size_t(s) * a.ns + (a.ns == 1 ? 0 : kvh)];
@@ -876,6 +1055,7 @@ struct MoeArgs {
   int E, norm_topk;
   int folded;  // logits are the folded router's, not yet divided by rms(x) (outproj_router_kernel)
   int presel;  // the experts were picked by outproj_router_kernel (ids, sel): only the weights are left
+  int nw_pre;  // norm weights into registers before the wait (norm_preload)
   TierCount tc;
   ExpertSel tsel;  // tables; .out: where block (0,0) publishes the row pointers
   int* ids_out;
@@ -898,10 +1078,12 @@ __global__ void __launch_bounds__(kThreads, 5) gate_up_kernel(MoeArgs a) {
     }
   else if (a.logits && !a.presel && warp == 0)
     prefetch_tables(a.tsel, a.E);
+  NormPre pre;
+  norm_preload(a.norm_w, a.H, a.nw_pre && !a.xn, pre);
   pdl_wait();
   pdl_trigger();
   // x normed first: its scale 1/rms also turns folded router logits into logits.
-  const float rx = load_x(a.xn ? a.xn : a.x, a.xn ? nullptr : a.norm_w, a.eps, a.H, xs);
+  const float rx = load_x(a.xn ? a.xn : a.x, a.xn ? nullptr : a.norm_w, a.eps, a.H, xs, &pre);
   const T* W;
   if (shared) {
     W = static_cast<const T*>(a.s_gu);

@@ -1,0 +1,118 @@
+// The GatedDeltaNet decode step spread over a cluster of blocks per value
+// head (FLASHMOE_CUDA_DELTA2, v14 in bench/NOTES-cuda.md). delta_kernel runs
+// one block per head: 32 SMs for the 35B, each streaming a 64 KB state
+// column block in and out, after the wait. Here:
+//  - each block owns CPB value columns of one head (a cluster of dv/CPB
+//    blocks per head: 128 SMs for the 35B), PARTS row groups of the state
+//    per column, lanes on consecutive columns (coalesced);
+//  - the state is the previous step's, so it is read into registers before
+//    the PDL wait, while the projection before still runs (the per-head
+//    weights too);
+//  - the gated RMS norm over the head's dv outputs sums the blocks' squares
+//    through distributed shared memory (cluster barrier), in rank order, so
+//    every block gets the same scale;
+//  - with FLASHMOE_CUDA_FUSE_CONV the conv1d runs here too (no conv kernel).
+#pragma once
+#include <cooperative_groups.h>
+
+#include "backend/cuda/kernels.cuh"
+
+namespace flashmoe::cuda {
+
+template <int DK, int CPB, int PARTS>
+__global__ void __launch_bounds__(CPB * PARTS) delta2_kernel(DeltaArgs a) {
+  static_assert(DK % PARTS == 0 && DK % 32 == 0 && CPB * PARTS >= 64 && CPB <= 32, "delta2 shape");
+  constexpr int R = DK / PARTS;  // state rows per thread
+  __shared__ float q[DK], k[DK];
+  __shared__ float red[PARTS][CPB];
+  __shared__ float sq_block;
+  const int dv = a.dv, CL = dv / CPB;
+  const int h = blockIdx.x / CL, rank = blockIdx.x % CL;
+  const int col = threadIdx.x % CPB, part = threadIdx.x / CPB;
+  const int j = rank * CPB + col;  // value column
+  float* S = a.S + (size_t(h) * DK + size_t(part) * R) * dv + j;
+  float s[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) s[i] = S[size_t(i) * dv];
+  const float nwj = a.norm_w[j], dtb = a.dt_bias[h], nea = a.neg_exp_A[h];  // weights: before the wait too
+  pdl_wait();
+  pdl_trigger();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = h / (a.nv / a.nk);
+  // fused: the conv1d + SiLU of the channels this block reads, from the
+  // projection and the ring state (conv_ring); q/k channels are shared by the
+  // heads of a key group, so one block of the group writes their state.
+  const int pos = a.fused ? *a.pos : 0;
+  if (warp < 2) {  // warp 0: q, warp 1: k of the key group, l2-normed (q also by 1/sqrt(dk))
+    const int ch0 = warp * a.nk * DK + g * DK;
+    const bool wqk = h % (a.nv / a.nk) == 0 && rank == 0;
+    float v[DK / 32], ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < DK / 32; ++i) {
+      v[i] = a.fused ? conv_ring(a, ch0 + i * 32 + lane, pos, wqk) : a.conv[ch0 + i * 32 + lane];
+      ss += v[i] * v[i];
+    }
+    ss = warp_sum(ss);
+    const float r = warp ? 1.0f / sqrtf(ss + 1e-6f) : (1.0f / sqrtf(float(DK))) / sqrtf(ss + 1e-6f);
+    float* dst = warp ? k : q;
+#pragma unroll
+    for (int i = 0; i < DK / 32; ++i) dst[i * 32 + lane] = v[i] * r;
+  }
+  const float beta = sigmoidf_(a.proj[a.boff + h]);
+  const float decay = expf(nea * softplusf_(a.proj[a.aoff + h] + dtb));
+  const int vch = 2 * a.nk * DK + h * dv + j;
+  const float v = a.fused ? conv_ring(a, vch, pos, part == 0) : a.conv[vch];
+  __syncthreads();
+  const int i0 = part * R;
+  float m = 0.f;
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    s[i] *= decay;
+    m += k[i0 + i] * s[i];
+  }
+  red[part][col] = m;
+  __syncthreads();
+  m = 0.f;
+#pragma unroll
+  for (int p = 0; p < PARTS; ++p) m += red[p][col];
+  const float d = (v - m) * beta;
+  float o = 0.f;
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    s[i] += k[i0 + i] * d;
+    o += q[i0 + i] * s[i];
+    S[size_t(i) * dv] = s[i];
+  }
+  __syncthreads();  // every thread has read red
+  red[part][col] = o;
+  __syncthreads();
+  if (part == 0) {
+    o = 0.f;
+#pragma unroll
+    for (int p = 0; p < PARTS; ++p) o += red[p][col];
+    red[0][col] = o * o;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float t = 0.f;
+    for (int c = 0; c < CPB; ++c) t += red[0][c];
+    sq_block = t;
+  }
+  float ss;
+  if (CL == 1) {
+    __syncthreads();
+    ss = sq_block;
+  } else {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync();
+    ss = 0.f;
+    for (int r = 0; r < CL; ++r) ss += *cl.map_shared_rank(&sq_block, r);
+    cl.sync();  // no block leaves while another still reads its square sum
+  }
+  if (part == 0) {
+    const float rn = 1.0f / sqrtf(ss / float(dv) + a.eps);
+    a.out[h * dv + j] = o * rn * nwj * siluf_(a.proj[a.zoff + h * dv + j]);
+  }
+}
+
+}  // namespace flashmoe::cuda
