@@ -91,8 +91,7 @@ std::vector<KvCase> kv_cases() {
 }
 
 // CUDA vs CPU on coder-mini, fp32 math on both: the distributions agree.
-TEST(CudaCoderMini, MatchesCpuForEveryKvConfig) {
-  REQUIRE_GPU();
+void expect_matches_cpu_for_every_kv_config(const char* label) {
   const std::string dir = source_path("models/coder-mini");
   auto model = QwenModel::load(dir + "/model");
   auto cuda = CudaModel::upload(*model);
@@ -107,12 +106,25 @@ TEST(CudaCoderMini, MatchesCpuForEveryKvConfig) {
     const float mad = max_abs_diff(a.data(), b.data(), a.size());
     // fp8 codes can flip at a rounding boundary when K differs by an ulp.
     const bool fp8 = c.kv.dtype == KvDType::FP8;
-    EXPECT_LE(kl, fp8 ? 1e-3 : 1e-4) << c.name;
+    EXPECT_LE(kl, fp8 ? 1e-3 : 1e-4) << label << " " << c.name;
     if (!fp8) {
-      EXPECT_LE(mad, 2e-3f) << c.name;
+      EXPECT_LE(mad, 2e-3f) << label << " " << c.name;
     }
-    std::printf("[cuda-vs-cpu] %-18s mean KL %.3g, max |dlogit| %.3g\n", c.name, kl, mad);
+    std::printf("[cuda-vs-cpu%s] %-18s mean KL %.3g, max |dlogit| %.3g\n", label, c.name, kl, mad);
   }
+}
+
+TEST(CudaCoderMini, MatchesCpuForEveryKvConfig) {
+  REQUIRE_GPU();
+  expect_matches_cpu_for_every_kv_config("");
+}
+
+// Attention split over a cluster of blocks per head (the path of long
+// contexts) in every KV format, forced on this small model.
+TEST(CudaCoderMini, SplitAttentionMatchesCpuForEveryKvConfig) {
+  REQUIRE_GPU();
+  ScopedEnv split("FLASHMOE_CUDA_ATTNSPLIT", "force");
+  expect_matches_cpu_for_every_kv_config(" split4");
 }
 
 // The decode-step kernel variants (FLASHMOE_CUDA_*, read at upload) against
@@ -135,6 +147,7 @@ TEST(CudaCoderMini, KernelVariantsMatchCpu) {
       {{"FLASHMOE_CUDA_FUSE_CONV", "1"}},
       {{"FLASHMOE_CUDA_FUSE_CONV", "1"}, {"FLASHMOE_CUDA_DELTA2", "force"}},
       {{"FLASHMOE_CUDA_DOWNPRE", "0"}},
+      {{"FLASHMOE_CUDA_ATTNSPLIT", "force"}},
       {{"FLASHMOE_CUDA_ROWS3", "force"}},
       {{"FLASHMOE_CUDA_PRESEL", "0"}}};
   for (const auto& v : variants) {

@@ -72,9 +72,15 @@ std::unique_ptr<CudaModel> synthetic_model(const ModelOptions& opt, const std::s
   return CudaModel::synthetic(c, 1234, opt.cuda);
 }
 
+// "| tg128 |" or, at a context depth, "| tg128 @ d4096 |" (llama-bench's naming).
+void print_tg(int tg, int depth, const Stat& st) {
+  if (depth > 0) std::printf("| tg%d @ d%d | %9.1f ± %-8.1f |\n", tg, depth, st.mean, st.sd);
+  else std::printf("| tg%-3d | %9.1f ± %-8.1f |\n", tg, st.mean, st.sd);
+}
+
 // GPU path: prompt processing through CudaModel::forward, generation
 // through decode_greedy (graph replays, no host round trip per token).
-void bench_cuda(const ModelOptions& opt, CudaModel* cm, const std::string& what, int pp, int tg, int reps,
+void bench_cuda(const ModelOptions& opt, CudaModel* cm, const std::string& what, int pp, int tg, int depth, int reps,
                 bool no_graph, int profile_steps) {
   cm->set_use_graph(!no_graph);
   const ModelConfig& c = cm->config();
@@ -104,16 +110,18 @@ void bench_cuda(const ModelOptions& opt, CudaModel* cm, const std::string& what,
   }
   if (tg > 0) {
     std::vector<double> rate;
-    std::vector<int32_t> out(static_cast<size_t>(tg));
+    std::vector<int32_t> out(static_cast<size_t>(tg)), ctx(static_cast<size_t>(depth));
+    for (auto& i : ctx) i = tok(rng);
     for (int r = 0; r < reps + 1; ++r) {  // the first run captures the graph and warms up
       auto st = cm->new_state(opt.kv);
+      if (depth > 0) cm->forward(*st, ctx.data(), depth, LogitsMode::None, nullptr);  // the context, not timed
       if (r == 1) cm->reset_tier_stats();
       auto t = Clock::now();
       cm->decode_greedy(*st, tok(rng), tg, out.data());
       if (r > 0) rate.push_back(double(tg) / seconds_since(t));
     }
     Stat st = stats(rate);
-    std::printf("| tg%-3d | %9.1f ± %-8.1f |\n", tg, st.mean, st.sd);
+    print_tg(tg, depth, st);
     const double bytes = double(cm->weight_bytes_per_token());
     const double gbps = st.mean * bytes / 1e9;
     const double copy = cm->copy_bandwidth_gbps();
@@ -158,6 +166,7 @@ Registrar reg(40, [](CLI::App& app) {
   auto opt = std::make_shared<ModelOptions>();
   auto pp = std::make_shared<int>(512);
   auto tg = std::make_shared<int>(128);
+  auto depth = std::make_shared<int>(0);
   auto reps = std::make_shared<int>(3);
   auto synthetic = std::make_shared<std::string>();
   auto layers = std::make_shared<int>(0);
@@ -166,6 +175,9 @@ Registrar reg(40, [](CLI::App& app) {
   add_model_options(cmd, opt.get(), /*require_model=*/false);
   cmd->add_option("-p,--n-prompt", *pp, "Prompt tokens for the pp test (0: skip)")->check(CLI::NonNegativeNumber);
   cmd->add_option("-n,--n-gen", *tg, "Generated tokens for the tg test (0: skip)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("-d,--depth", *depth,
+                  "Context tokens (random, prefilled before each tg run and not timed): tg at that depth")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("-r,--repetitions", *reps, "Repetitions of each test")->check(CLI::PositiveNumber);
   cmd->add_option("--synthetic", *synthetic,
                   "On the GPU (--device cuda or auto): random bf16 weights of a published size instead of -m (qwen3.5-35b-a3b, "
@@ -174,7 +186,7 @@ Registrar reg(40, [](CLI::App& app) {
   cmd->add_flag("--no-graph", *no_graph, "On the GPU: plain kernel launches instead of a CUDA graph");
   cmd->add_option("--profile", *profile, "On the GPU: time each kernel class over N decode steps")
       ->check(CLI::NonNegativeNumber);
-  cmd->callback([opt, pp, tg, reps, synthetic, layers, no_graph, profile] {
+  cmd->callback([opt, pp, tg, depth, reps, synthetic, layers, no_graph, profile] {
     finalize_model_options(opt.get());
     if (opt->model_dir.empty() == synthetic->empty())
       fail(synthetic->empty() ? "bench: give a model with -m/--model (or --synthetic on a GPU)"
@@ -182,17 +194,17 @@ Registrar reg(40, [](CLI::App& app) {
     if (!synthetic->empty()) {
       std::string what;
       auto cm = synthetic_model(*opt, *synthetic, *layers, &what);
-      bench_cuda(*opt, cm.get(), what, *pp, *tg, *reps, *no_graph, *profile);
+      bench_cuda(*opt, cm.get(), what, *pp, *tg, *depth, *reps, *no_graph, *profile);
       return;
     }
     LoadedModel lm = load_model(*opt);
     if (lm.cuda) {
-      bench_cuda(*opt, lm.cuda.get(), opt->model_dir, *pp, *tg, *reps, *no_graph, *profile);
+      bench_cuda(*opt, lm.cuda.get(), opt->model_dir, *pp, *tg, *depth, *reps, *no_graph, *profile);
       return;
     }
     auto& model = lm.host;
     ThreadPool pool(opt->threads);
-    const int PP = *pp, TG = *tg, REPS = *reps;
+    const int PP = *pp, TG = *tg, D = *depth, REPS = *reps;
     const ModelConfig& c = model->config();
     WeightBytes wb = count_weight_bytes(c, model->weights());
     std::mt19937 rng(1234);
@@ -217,15 +229,18 @@ Registrar reg(40, [](CLI::App& app) {
     }
     if (TG > 0) {
       std::vector<double> rate;
+      std::vector<int32_t> ctx(static_cast<size_t>(D));
+      for (auto& i : ctx) i = tok(rng);
       for (int r = 0; r < REPS + 1; ++r) {  // first run warms caches and pages
         Session s(*model, opt->kv, pool);
+        if (D > 0) s.feed(ctx);  // the context, not timed
         int32_t next = tok(rng);
         auto t = Clock::now();
         for (int i = 0; i < TG; ++i) next = argmax(s.feed({next}).data(), c.vocab_size);
         if (r > 0) rate.push_back(double(TG) / seconds_since(t));
       }
       Stat st = stats(rate);
-      std::printf("| tg%-3d | %9.1f ± %-8.1f |\n", TG, st.mean, st.sd);
+      print_tg(TG, D, st);
       double gbps = st.mean * double(wb.per_token) / 1e9;
       double copy = memcpy_gbps(pool);
       std::printf("decode reads %.2f MB of weights per token -> %.2f GB/s; memcpy on %d threads: %.2f GB/s "

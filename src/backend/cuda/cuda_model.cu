@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_model.h"
+#include "backend/cuda/attention.cuh"
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/delta_cluster.cuh"
 #include "backend/cuda/down_early.cuh"
@@ -180,6 +181,9 @@ struct CudaModel::Impl {
   //  FLASHMOE_CUDA_ATTNPF (on, v14): attention prefetches the earlier
   //    positions' K/V rows into L2 before its wait.
   bool attn_pf = true;
+  //  FLASHMOE_CUDA_ATTNSPLIT (auto, v14): attention over a cluster of blocks
+  //    per head for long contexts (attn_blocks); 0: one block; force: 4 blocks.
+  int attn_split = 1;  // 0 off, 1 auto, 2 force
   //  FLASHMOE_CUDA_NWPRE (on, v14): the norm weights of normed kernels
   //    (in-proj, gate_up, lm_head) into registers before the wait.
   bool nw_pre = true;
@@ -329,6 +333,8 @@ struct CudaModel::Impl {
     if (const char* e = std::getenv("FLASHMOE_CUDA_FOLD")) fold = std::string(e) != "0";
     if (const char* e = std::getenv("FLASHMOE_CUDA_PRESEL")) presel = std::string(e) != "0";
     if (const char* e = std::getenv("FLASHMOE_CUDA_NWPRE")) nw_pre = std::string(e) != "0";
+    if (const char* e = std::getenv("FLASHMOE_CUDA_ATTNSPLIT"))
+      attn_split = std::string(e) == "0" ? 0 : std::string(e) == "force" ? 2 : 1;
     if (const char* e = std::getenv("FLASHMOE_CUDA_ATTNPF")) attn_pf = std::string(e) != "0";
     if (const char* e = std::getenv("FLASHMOE_CUDA_DOWNPRE")) down_pre = std::string(e) != "0";
     if (const char* e = std::getenv("FLASHMOE_CUDA_DELTA2"))
@@ -661,6 +667,16 @@ struct CudaModel::Impl {
     mark(K_ROUTER);
   }
 
+  // Blocks per query head in attn_kernel (a cluster, each a slice of the
+  // positions): 1 up to 1024 positions of KV capacity, then one per 1024 up
+  // to 8, so a long context is read by up to 8x as many SMs. The graph is
+  // captured per capacity (ensure_cap drops it), so this follows the cache.
+  int attn_blocks(int cap, int hd) const {
+    if (hd % 8 || hd > 256 || attn_split == 0) return 1;  // attn_kernel's vec path only
+    if (attn_split == 2) return 4;  // force (tests)
+    return std::clamp(cap / 1024, 1, 8);
+  }
+
   // The delta step on delta2_kernel (a cluster of blocks per head) where
   // its shapes allow; false: the caller launches delta_kernel.
   bool delta_cluster(const DeltaArgs& a) {
@@ -816,12 +832,14 @@ struct CudaModel::Impl {
         a.scale = 1.0f / std::sqrt(float(hd));
         a.prefetch = attn_pf ? 1 : 0;
         const int groups = std::max(8, 256 / hd);  // 8: the warps' partials (attn_kernel)
-        const size_t smem = size_t(hd + groups * hd) * 4;
+        const size_t smem = size_t(2 * hd + groups * hd) * 4;
+        a.split = attn_blocks(s.cap, hd);
+        cluster_next = a.split;
         switch (s.kvt) {
-          case KV_F32: go(attn_kernel<KV_F32>, nh, 256, smem, a); break;
-          case KV_BF16: go(attn_kernel<KV_BF16>, nh, 256, smem, a); break;
-          case KV_F16: go(attn_kernel<KV_F16>, nh, 256, smem, a); break;
-          default: go(attn_kernel<KV_FP8>, nh, 256, smem, a); break;
+          case KV_F32: go(attn_kernel<KV_F32>, nh * a.split, 256, smem, a); break;
+          case KV_BF16: go(attn_kernel<KV_BF16>, nh * a.split, 256, smem, a); break;
+          case KV_F16: go(attn_kernel<KV_F16>, nh * a.split, 256, smem, a); break;
+          default: go(attn_kernel<KV_FP8>, nh * a.split, 256, smem, a); break;
         }
         mark(K_ATTN);
         if (d.rfold) outproj_router(d, d.o_proj);
@@ -886,7 +904,7 @@ struct CudaModel::Impl {
     if (kind >= 1) matvec(lm_head, x, final_norm, logits, 0, K_LMHEAD);
     if (kind == 2) {
       go(argmax_kernel, 1, 1024, 0, logits, int(m.vocab_size), s.d_ids, s.d_pos, s.d_base, kRing, s.d_out,
-                                            s.d_step);
+         s.d_step, static_cast<const char*>(embed.p), size_t(H) * dt_size(embed.dt));
       mark(K_ARGMAX);
     }
     go(advance_kernel, 1, 1, 0, s.d_pos, s.d_step);

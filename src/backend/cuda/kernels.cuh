@@ -503,320 +503,6 @@ __global__ void delta_kernel(DeltaArgs a) {
   }
 }
 
-// KV storage element types.
-enum KvT { KV_F32 = 0, KV_BF16 = 1, KV_F16 = 2, KV_FP8 = 3 };
-
-struct KvLayer {
-  void* k;      // [cap][nkv][hd] elements
-  void* v;
-  float* ks;    // fp8 scales [cap][ns]
-  float* vs;
-  int cap;      // slots allocated
-  int window;   // 0: full; else the circular window W (streaming: W with sinks)
-  int sinks;    // streaming: first positions kept; 0 otherwise
-};
-
-__device__ __forceinline__ int kv_slot(const KvLayer& L, int pos) {
-  if (L.window == 0) return pos;
-  if (L.sinks == 0) return pos % L.window;
-  return pos < L.sinks ? pos : L.sinks + (pos - L.sinks) % (L.window - L.sinks);
-}
-__device__ __forceinline__ int kv_valid(const KvLayer& L, int pos) {  // after appending pos
-  return L.window == 0 ? pos + 1 : min(pos + 1, L.window);
-}
-
-struct AttnPrepArgs {
-  const float* qkv;  // [2*nh*hd | nkv*hd (k) | nkv*hd (v)]
-  const float* q_norm;
-  const float* k_norm;
-  const float* inv_freq;  // [rd/2]
-  float* q;               // [nh*hd] normed + rotated
-  const int* pos;
-  KvLayer kv;
-  int nh, nkv, hd, rd, ns, kvt;
-  float eps;
-};
-
-// The rotation of this thread's pair i = threadIdx.x (i < rd/2) and the
-// norm weights (1 + w) of its elements i = threadIdx.x + k * blockDim.x:
-// neither depends on the previous kernel (weights, and the position from
-// the last step), so attn_prep computes them before its wait. ok: the
-// shapes fit (rd/2 <= blockDim.x, n <= kRopeNorm * blockDim.x).
-constexpr int kRopeNorm = 4;
-struct RopeNorm {
-  float c = 1.f, s = 0.f, w[kRopeNorm];
-  bool ok;
-};
-__device__ __forceinline__ void rope_norm_pre(RopeNorm& p, int rd, const float* inv_freq, int pos, const float* w,
-                                              int n) {
-  p.ok = rd / 2 <= int(blockDim.x) && n <= kRopeNorm * int(blockDim.x);
-  if (!p.ok) return;
-  if (int(threadIdx.x) < rd / 2) {
-    const float f = float(pos) * inv_freq[threadIdx.x];
-    p.c = float(cos(double(f)));
-    p.s = float(sin(double(f)));
-  }
-#pragma unroll
-  for (int k = 0; k < kRopeNorm; ++k) {
-    const int i = threadIdx.x + k * blockDim.x;
-    p.w[k] = i < n ? 1.0f + w[i] : 1.0f;
-  }
-}
-
-__device__ __forceinline__ void rope_in_smem(float* x, int rd, const float* inv_freq, int pos, const RopeNorm& p) {
-  const int half = rd / 2;
-  if (p.ok) {
-    if (int(threadIdx.x) < half) {
-      const int i = threadIdx.x;
-      const float a = x[i], b = x[i + half];
-      x[i] = a * p.c - b * p.s;
-      x[i + half] = b * p.c + a * p.s;
-    }
-    __syncthreads();
-    return;
-  }
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    const float f = float(pos) * inv_freq[i];
-    const float c = float(cos(double(f))), s = float(sin(double(f)));
-    const float a = x[i], b = x[i + half];
-    x[i] = a * c - b * s;
-    x[i + half] = b * c + a * s;
-  }
-  __syncthreads();
-}
-
-__device__ __forceinline__ void norm_in_smem(float* x, const float* w, int n, float eps, const RopeNorm& p) {
-  float ss = 0.f;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += x[i] * x[i];
-  ss = block_sum(ss);
-  const float r = 1.0f / sqrtf(ss / float(n) + eps);
-  if (p.ok) {
-#pragma unroll
-    for (int k = 0; k < kRopeNorm; ++k) {
-      const int i = threadIdx.x + k * blockDim.x;
-      if (i < n) x[i] = x[i] * r * p.w[k];
-    }
-  } else {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) x[i] = x[i] * r * (1.0f + w[i]);
-  }
-  __syncthreads();
-}
-
-__device__ __forceinline__ void kv_store(void* dst, size_t off, int kvt, float v, float scale) {
-  switch (kvt) {
-    case KV_F32: static_cast<float*>(dst)[off] = v; break;
-    case KV_BF16: static_cast<__nv_bfloat16*>(dst)[off] = __float2bfloat16_rn(v); break;
-    case KV_F16: static_cast<__half*>(dst)[off] = __float2half_rn(v); break;
-    default:
-      static_cast<uint8_t*>(dst)[off] = __nv_cvt_float_to_fp8(v / scale, __NV_SATFINITE, __NV_E4M3);
-  }
-}
-
-// Blocks 0..nh-1: q heads (norm + rope). Block nh: every KV head (k norm +
-// rope, v), fp8 scales, store at the slot of this position.
-__global__ void attn_prep_kernel(AttnPrepArgs a) {
-  extern __shared__ float sm[];
-  const int pos = *a.pos, hd = a.hd;
-  RopeNorm pre;
-  rope_norm_pre(pre, a.rd, a.inv_freq, pos, int(blockIdx.x) < a.nh ? a.q_norm : a.k_norm, hd);
-  pdl_wait();
-  pdl_trigger();
-  if (blockIdx.x < a.nh) {
-    const int h = blockIdx.x;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) sm[i] = a.qkv[h * 2 * hd + i];
-    __syncthreads();
-    norm_in_smem(sm, a.q_norm, hd, a.eps, pre);
-    rope_in_smem(sm, a.rd, a.inv_freq, pos, pre);
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) a.q[h * hd + i] = sm[i];
-    return;
-  }
-  const int row = a.nkv * hd;
-  float* kk = sm;
-  float* vv = sm + row;
-  __shared__ float scales[2][64];
-  const float* kin = a.qkv + 2 * a.nh * hd;
-  for (int i = threadIdx.x; i < row; i += blockDim.x) {
-    kk[i] = kin[i];
-    vv[i] = kin[row + i];
-  }
-  __syncthreads();
-  for (int h = 0; h < a.nkv; ++h) {
-    norm_in_smem(kk + h * hd, a.k_norm, hd, a.eps, pre);
-    rope_in_smem(kk + h * hd, a.rd, a.inv_freq, pos, pre);
-  }
-  if (a.kvt == KV_FP8) {
-    const int block = row / a.ns;
-    for (int b = 0; b < a.ns; ++b) {
-      float mk = 0.f, mv = 0.f;
-      for (int i = threadIdx.x; i < block; i += blockDim.x) {
-        mk = fmaxf(mk, fabsf(kk[b * block + i]));
-        mv = fmaxf(mv, fabsf(vv[b * block + i]));
-      }
-      mk = block_max(mk);
-      mv = block_max(mv);
-      if (threadIdx.x == 0) {
-        scales[0][b] = mk > 0.f ? mk / 240.0f : 1.0f;
-        scales[1][b] = mv > 0.f ? mv / 240.0f : 1.0f;
-      }
-    }
-    __syncthreads();
-  }
-  const int slot = kv_slot(a.kv, pos);
-  if (a.kvt == KV_FP8 && threadIdx.x < a.ns) {
-    a.kv.ks[size_t(slot) * a.ns + threadIdx.x] = scales[0][threadIdx.x];
-    a.kv.vs[size_t(slot) * a.ns + threadIdx.x] = scales[1][threadIdx.x];
-  }
-  const int block = a.ns > 0 ? row / a.ns : row;
-  for (int i = threadIdx.x; i < row; i += blockDim.x) {
-    const int b = a.ns > 0 ? i / block : 0;
-    kv_store(a.kv.k, size_t(slot) * row + i, a.kvt, kk[i], a.kvt == KV_FP8 ? scales[0][b] : 1.f);
-    kv_store(a.kv.v, size_t(slot) * row + i, a.kvt, vv[i], a.kvt == KV_FP8 ? scales[1][b] : 1.f);
-  }
-}
-
-template <int KVT>
-__device__ __forceinline__ float kv_load(const void* p, size_t off) {
-  if constexpr (KVT == KV_F32) return static_cast<const float*>(p)[off];
-  else if constexpr (KVT == KV_BF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[off]);
-  else if constexpr (KVT == KV_F16) return __half2float(static_cast<const __half*>(p)[off]);
-  else {
-    __nv_fp8_e4m3 v;
-    v.__x = static_cast<const uint8_t*>(p)[off];
-    return float(v);
-  }
-}
-
-struct AttnArgs {
-  const float* q;     // [nh*hd]
-  const float* gate;  // qkv projection: gate of head h at h*2*hd + hd
-  float* scores;      // scratch [nh][cap]
-  float* out;         // [nh*hd]
-  const int* pos;
-  KvLayer kv;
-  int nh, nkv, hd, ns;
-  float scale;
-  int prefetch;  // earlier positions' K/V rows into L2 before the wait (FLASHMOE_CUDA_ATTNPF)
-};
-
-// One block per query head: scores, softmax, weighted values, output gate.
-template <int KVT>
-__global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
-  extern __shared__ float sm[];  // q [hd], partial sums [groups][hd]
-  const int h = blockIdx.x, hd = a.hd, group = a.nh / a.nkv, kvh = h / group;
-  const int n = kv_valid(a.kv, *a.pos), row = a.nkv * hd;
-  if (a.prefetch) {
-    // The rows of earlier positions (complete since the last step) into L2
-    // before the wait, shared out over the blocks of this KV head; only the
-    // current position's row comes from attn_prep.
-    const size_t bytes = size_t(hd) * (KVT == KV_F32 ? 4 : KVT == KV_FP8 ? 1 : 2);
-    const int lines = int((bytes + 127) / 128), self = kv_slot(a.kv, *a.pos);
-    for (int t = (h % group) * blockDim.x + threadIdx.x; t < n * lines; t += group * blockDim.x) {
-      const int s = t / lines;
-      if (s == self) continue;
-      const size_t off = (size_t(s) * row + size_t(kvh) * hd) * bytes / hd + size_t(t % lines) * 128;
-      prefetch_l2(static_cast<const char*>(a.kv.k) + off);
-      prefetch_l2(static_cast<const char*>(a.kv.v) + off);
-    }
-  }
-  pdl_wait();
-  pdl_trigger();
-  float* q = sm;
-  float* part = sm + hd;
-  float* sc = a.scores + size_t(h) * a.kv.cap;
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) q[i] = a.q[h * hd + i];
-  __syncthreads();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-  float mx = -INFINITY;
-  // kU positions per warp at once: their loads in flight together (the
-  // chain of dependent rounds per warp is kU times shorter); each score sums
-  // in the same order as one at a time.
-  constexpr int kU = 4;
-  for (int s0 = warp; s0 < n; s0 += kU * nw) {
-    float d[kU];
-    size_t off[kU];
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      d[u] = 0.f;
-      off[u] = size_t(min(s0 + u * nw, n - 1)) * row + size_t(kvh) * hd;
-    }
-#pragma unroll 2
-    for (int i = lane; i < hd; i += 32) {
-      const float qi = q[i];
-#pragma unroll
-      for (int u = 0; u < kU; ++u) d[u] += qi * kv_load<KVT>(a.kv.k, off[u] + i);
-    }
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int s = s0 + u * nw;
-      float e = warp_sum(d[u]);
-      if (s >= n) break;
-      if constexpr (KVT == KV_FP8) e *= a.kv.ks[size_t(s) * a.ns + (a.ns == 1 ? 0 : kvh)];
-      e *= a.scale;
-      if (lane == 0) sc[s] = e;
-      mx = fmaxf(mx, e);
-    }
-  }
-  mx = block_max(mx);
-  float sum = 0.f;
-  for (int s = threadIdx.x; s < n; s += blockDim.x) {
-    const float e = expf(sc[s] - mx);
-    sc[s] = e;
-    sum += e;
-  }
-  sum = block_sum(sum);  // also orders the sc writes before the reads below
-  if (hd % 32 == 0 && hd <= 256) {
-    // Weighted values: each warp takes every nw-th position (several at
-    // once), a lane 1/32 of the head's dims; partials per warp summed below.
-    // (One thread per dim over all positions was a chain of n dependent
-    // rounds per thread.) part holds nw * hd floats.
-    float acc[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] = 0.f;
-#pragma unroll 4
-    for (int s = warp; s < n; s += nw) {
-      const float p = sc[s];
-      float vs = 1.f;
-      if constexpr (KVT == KV_FP8) vs = a.kv.vs[size_t(s) * a.ns + (a.ns == 1 ? 0 : kvh)];
-      const size_t off = size_t(s) * row + size_t(kvh) * hd + lane;
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-        if (i * 32 < hd) {
-          float v = kv_load<KVT>(a.kv.v, off + i * 32);
-          if constexpr (KVT == KV_FP8) v *= vs;
-          acc[i] += p * v;
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-      if (i * 32 < hd) part[warp * hd + i * 32 + lane] = acc[i];
-    __syncthreads();
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-      float t = 0.f;
-      for (int w = 0; w < nw; ++w) t += part[w * hd + d];
-      a.out[h * hd + d] = t / sum * sigmoidf_(a.gate[h * 2 * hd + hd + d]);
-    }
-    return;
-  }
-  const int groups = blockDim.x / hd > 0 ? blockDim.x / hd : 1;
-  const int grp = threadIdx.x / hd;
-  for (int d = threadIdx.x % hd; d < hd && grp < groups; d += blockDim.x) {
-    float acc = 0.f;
-#pragma unroll 8
-    for (int s = grp; s < n; s += groups) {
-      float v = kv_load<KVT>(a.kv.v, size_t(s) * row + size_t(kvh) * hd + d);
-      if constexpr (KVT == KV_FP8) v *= a.kv.vs[size_t(s) * a.ns + (a.ns == 1 ? 0 : kvh)];
-      acc += sc[s] * v;
-    }
-    part[grp * hd + d] = acc;
-  }
-  __syncthreads();
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    float acc = 0.f;
-    for (int g = 0; g < groups; ++g) acc += part[g * hd + d];
-    a.out[h * hd + d] = acc / sum * sigmoidf_(a.gate[h * 2 * hd + hd + d]);
-  }
-}
-
 // Where the chosen experts' rows are (VRAM or pinned host memory): the top-k
 // resolves them once, so the expert kernels read a pointer instead of
 // chasing ids -> table -> rows (two more dependent memory rounds each).
@@ -1219,19 +905,33 @@ __global__ void __maxnreg__(112) down2_kernel(MoeArgs a) {
 }
 
 // Greedy: argmax of logits (ties: lower index) -> ids ring at pos+1, out[step].
+// The chosen token's embedding row goes into L2 for the next step's embed
+// kernel (erow bytes per row at E; null: not done).
 __global__ void argmax_kernel(const float* __restrict__ logits, int V, int* ids, const int* pos, const int* base,
-                              int ring, int* out, const int* step) {
+                              int ring, int* out, const int* step, const char* E, size_t erow) {
   pdl_wait();
   pdl_trigger();
   float bv = -INFINITY;
   int bi = 0x7fffffff;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) {
-    const float v = logits[i];
+  auto take = [&](float v, int i) {
     if (v > bv) {
       bv = v;
       bi = i;
     }
+  };
+  // 16-byte loads, eight in flight per thread (one thread per element was
+  // a chain of V / blockDim dependent rounds); indices still rise per thread.
+  const int V4 = (reinterpret_cast<uintptr_t>(logits) % 16 == 0) ? V / 4 : 0;
+  const float4* l4 = reinterpret_cast<const float4*>(logits);
+#pragma unroll 8
+  for (int i = threadIdx.x; i < V4; i += blockDim.x) {
+    const float4 v = l4[i];
+    take(v.x, 4 * i);
+    take(v.y, 4 * i + 1);
+    take(v.z, 4 * i + 2);
+    take(v.w, 4 * i + 3);
   }
+  for (int i = 4 * V4 + threadIdx.x; i < V; i += blockDim.x) take(logits[i], i);
   __shared__ float sv[32];
   __shared__ int si[32];
 #pragma unroll
@@ -1262,11 +962,12 @@ __global__ void argmax_kernel(const float* __restrict__ logits, int V, int* ids,
         bi = oi;
       }
     }
+    if (bi == 0x7fffffff) bi = 0;  // all NaN: still a valid id
     if (l == 0) {
-      if (bi == 0x7fffffff) bi = 0;  // all NaN: still a valid id
       ids[(*pos + 1 - *base) % ring] = bi;
       out[*step] = bi;
     }
+    if (E) warp_prefetch(E + size_t(bi) * erow, erow, l);
   }
 }
 

@@ -1,0 +1,418 @@
+// Attention of the full-attention layers at decode: attn_prep (q/k norm,
+// partial rotary, the new position into the KV cache in its storage type)
+// and attn (scores, softmax, weighted values, output gate), every KV format
+// (FP8 decoded inline with its per-position / per-head scales).
+#pragma once
+#include <cooperative_groups.h>
+
+#include "backend/cuda/kernels.cuh"
+
+namespace flashmoe::cuda {
+
+// KV storage element types.
+enum KvT { KV_F32 = 0, KV_BF16 = 1, KV_F16 = 2, KV_FP8 = 3 };
+
+struct KvLayer {
+  void* k;      // [cap][nkv][hd] elements
+  void* v;
+  float* ks;    // fp8 scales [cap][ns]
+  float* vs;
+  int cap;      // slots allocated
+  int window;   // 0: full; else the circular window W (streaming: W with sinks)
+  int sinks;    // streaming: first positions kept; 0 otherwise
+};
+
+__device__ __forceinline__ int kv_slot(const KvLayer& L, int pos) {
+  if (L.window == 0) return pos;
+  if (L.sinks == 0) return pos % L.window;
+  return pos < L.sinks ? pos : L.sinks + (pos - L.sinks) % (L.window - L.sinks);
+}
+__device__ __forceinline__ int kv_valid(const KvLayer& L, int pos) {  // after appending pos
+  return L.window == 0 ? pos + 1 : min(pos + 1, L.window);
+}
+
+struct AttnPrepArgs {
+  const float* qkv;  // [2*nh*hd | nkv*hd (k) | nkv*hd (v)]
+  const float* q_norm;
+  const float* k_norm;
+  const float* inv_freq;  // [rd/2]
+  float* q;               // [nh*hd] normed + rotated
+  const int* pos;
+  KvLayer kv;
+  int nh, nkv, hd, rd, ns, kvt;
+  float eps;
+};
+
+// The rotation of this thread's pair i = threadIdx.x (i < rd/2) and the
+// norm weights (1 + w) of its elements i = threadIdx.x + k * blockDim.x:
+// neither depends on the previous kernel (weights, and the position from
+// the last step), so attn_prep computes them before its wait. ok: the
+// shapes fit (rd/2 <= blockDim.x, n <= kRopeNorm * blockDim.x).
+constexpr int kRopeNorm = 4;
+struct RopeNorm {
+  float c = 1.f, s = 0.f, w[kRopeNorm];
+  bool ok;
+};
+__device__ __forceinline__ void rope_norm_pre(RopeNorm& p, int rd, const float* inv_freq, int pos, const float* w,
+                                              int n) {
+  p.ok = rd / 2 <= int(blockDim.x) && n <= kRopeNorm * int(blockDim.x);
+  if (!p.ok) return;
+  if (int(threadIdx.x) < rd / 2) {
+    const float f = float(pos) * inv_freq[threadIdx.x];
+    p.c = float(cos(double(f)));
+    p.s = float(sin(double(f)));
+  }
+#pragma unroll
+  for (int k = 0; k < kRopeNorm; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    p.w[k] = i < n ? 1.0f + w[i] : 1.0f;
+  }
+}
+
+__device__ __forceinline__ void rope_in_smem(float* x, int rd, const float* inv_freq, int pos, const RopeNorm& p) {
+  const int half = rd / 2;
+  if (p.ok) {
+    if (int(threadIdx.x) < half) {
+      const int i = threadIdx.x;
+      const float a = x[i], b = x[i + half];
+      x[i] = a * p.c - b * p.s;
+      x[i + half] = b * p.c + a * p.s;
+    }
+    __syncthreads();
+    return;
+  }
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const float f = float(pos) * inv_freq[i];
+    const float c = float(cos(double(f))), s = float(sin(double(f)));
+    const float a = x[i], b = x[i + half];
+    x[i] = a * c - b * s;
+    x[i + half] = b * c + a * s;
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ void norm_in_smem(float* x, const float* w, int n, float eps, const RopeNorm& p) {
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += x[i] * x[i];
+  ss = block_sum(ss);
+  const float r = 1.0f / sqrtf(ss / float(n) + eps);
+  if (p.ok) {
+#pragma unroll
+    for (int k = 0; k < kRopeNorm; ++k) {
+      const int i = threadIdx.x + k * blockDim.x;
+      if (i < n) x[i] = x[i] * r * p.w[k];
+    }
+  } else {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) x[i] = x[i] * r * (1.0f + w[i]);
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ void kv_store(void* dst, size_t off, int kvt, float v, float scale) {
+  switch (kvt) {
+    case KV_F32: static_cast<float*>(dst)[off] = v; break;
+    case KV_BF16: static_cast<__nv_bfloat16*>(dst)[off] = __float2bfloat16_rn(v); break;
+    case KV_F16: static_cast<__half*>(dst)[off] = __float2half_rn(v); break;
+    default:
+      static_cast<uint8_t*>(dst)[off] = __nv_cvt_float_to_fp8(v / scale, __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
+// Blocks 0..nh-1: q heads (norm + rope). Block nh: every KV head (k norm +
+// rope, v), fp8 scales, store at the slot of this position.
+__global__ void attn_prep_kernel(AttnPrepArgs a) {
+  extern __shared__ float sm[];
+  const int pos = *a.pos, hd = a.hd;
+  RopeNorm pre;
+  rope_norm_pre(pre, a.rd, a.inv_freq, pos, int(blockIdx.x) < a.nh ? a.q_norm : a.k_norm, hd);
+  pdl_wait();
+  pdl_trigger();
+  if (blockIdx.x < a.nh) {
+    const int h = blockIdx.x;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) sm[i] = a.qkv[h * 2 * hd + i];
+    __syncthreads();
+    norm_in_smem(sm, a.q_norm, hd, a.eps, pre);
+    rope_in_smem(sm, a.rd, a.inv_freq, pos, pre);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) a.q[h * hd + i] = sm[i];
+    return;
+  }
+  const int row = a.nkv * hd;
+  float* kk = sm;
+  float* vv = sm + row;
+  __shared__ float scales[2][64];
+  const float* kin = a.qkv + 2 * a.nh * hd;
+  for (int i = threadIdx.x; i < row; i += blockDim.x) {
+    kk[i] = kin[i];
+    vv[i] = kin[row + i];
+  }
+  __syncthreads();
+  for (int h = 0; h < a.nkv; ++h) {
+    norm_in_smem(kk + h * hd, a.k_norm, hd, a.eps, pre);
+    rope_in_smem(kk + h * hd, a.rd, a.inv_freq, pos, pre);
+  }
+  if (a.kvt == KV_FP8) {
+    const int block = row / a.ns;
+    for (int b = 0; b < a.ns; ++b) {
+      float mk = 0.f, mv = 0.f;
+      for (int i = threadIdx.x; i < block; i += blockDim.x) {
+        mk = fmaxf(mk, fabsf(kk[b * block + i]));
+        mv = fmaxf(mv, fabsf(vv[b * block + i]));
+      }
+      mk = block_max(mk);
+      mv = block_max(mv);
+      if (threadIdx.x == 0) {
+        scales[0][b] = mk > 0.f ? mk / 240.0f : 1.0f;
+        scales[1][b] = mv > 0.f ? mv / 240.0f : 1.0f;
+      }
+    }
+    __syncthreads();
+  }
+  const int slot = kv_slot(a.kv, pos);
+  if (a.kvt == KV_FP8 && threadIdx.x < a.ns) {
+    a.kv.ks[size_t(slot) * a.ns + threadIdx.x] = scales[0][threadIdx.x];
+    a.kv.vs[size_t(slot) * a.ns + threadIdx.x] = scales[1][threadIdx.x];
+  }
+  const int block = a.ns > 0 ? row / a.ns : row;
+  for (int i = threadIdx.x; i < row; i += blockDim.x) {
+    const int b = a.ns > 0 ? i / block : 0;
+    kv_store(a.kv.k, size_t(slot) * row + i, a.kvt, kk[i], a.kvt == KV_FP8 ? scales[0][b] : 1.f);
+    kv_store(a.kv.v, size_t(slot) * row + i, a.kvt, vv[i], a.kvt == KV_FP8 ? scales[1][b] : 1.f);
+  }
+}
+
+template <int KVT>
+__device__ __forceinline__ float kv_load(const void* p, size_t off) {
+  if constexpr (KVT == KV_F32) return static_cast<const float*>(p)[off];
+  else if constexpr (KVT == KV_BF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[off]);
+  else if constexpr (KVT == KV_F16) return __half2float(static_cast<const __half*>(p)[off]);
+  else {
+    __nv_fp8_e4m3 v;
+    v.__x = static_cast<const uint8_t*>(p)[off];
+    return float(v);
+  }
+}
+
+// 8 consecutive elements from element offset off (a multiple of 8): one
+// 32-, 16- or 8-byte load instead of 8 scalar ones (fp8 codes convert
+// exactly, two at a time).
+template <int KVT>
+__device__ __forceinline__ void kv_load8(const void* p, size_t off, float* out) {
+  if constexpr (KVT == KV_F32) {
+    const float4* f = reinterpret_cast<const float4*>(static_cast<const float*>(p) + off);
+    const float4 a = f[0], b = f[1];
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+  } else if constexpr (KVT == KV_FP8) {
+    const uint2 w = *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p) + off);
+    const uint32_t u[2] = {w.x, w.y};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(
+          __nv_fp8x2_storage_t((u[i / 2] >> (16 * (i % 2))) & 0xffffu), __NV_E4M3);
+      const float2 f = __half22float2(__half2(hr));
+      out[2 * i] = f.x, out[2 * i + 1] = f.y;
+    }
+  } else {
+    const uint4 w = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p) + off);
+    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (KVT == KV_BF16) {
+        out[2 * i] = __uint_as_float(u[i] << 16);
+        out[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+      } else {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&u[i]));
+        out[2 * i] = f.x, out[2 * i + 1] = f.y;
+      }
+    }
+  }
+}
+
+struct AttnArgs {
+  const float* q;     // [nh*hd]
+  const float* gate;  // qkv projection: gate of head h at h*2*hd + hd
+  float* scores;      // scratch [nh][cap]
+  float* out;         // [nh*hd]
+  const int* pos;
+  KvLayer kv;
+  int nh, nkv, hd, ns;
+  float scale;
+  int prefetch;  // earlier positions' K/V rows into L2 before the wait (FLASHMOE_CUDA_ATTNPF)
+  int split;     // blocks (a cluster) per query head, each a slice of the positions
+};
+
+// Blocks per query head: split (a cluster of that many blocks, 1..8), each
+// taking one slice of the positions with its own running max, sum and
+// weighted values; the cluster combines them through distributed shared
+// memory (flash-decoding). One block per head leaves 16 SMs to stream a
+// long context's K/V (the 35B); split 1 is the plain softmax.
+// Shared memory: q [hd], partial sums [max(8, 256/hd)][hd], acc [hd].
+template <int KVT>
+__global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
+  extern __shared__ float sm[];
+  __shared__ float ml[2];  // this block's max and sum
+  const int P = a.split, h = blockIdx.x / P, b = blockIdx.x % P;
+  const int hd = a.hd, group = a.nh / a.nkv, kvh = h / group;
+  const int n = kv_valid(a.kv, *a.pos), row = a.nkv * hd;
+  const int chunk = (n + P - 1) / P, s_beg = min(n, b * chunk), s_end = min(n, s_beg + chunk);
+  if (a.prefetch) {
+    // The rows of earlier positions (complete since the last step) into L2
+    // before the wait, shared out over the blocks of this KV head; only the
+    // current position's row comes from attn_prep.
+    const size_t bytes = size_t(hd) * (KVT == KV_F32 ? 4 : KVT == KV_FP8 ? 1 : 2);
+    const int lines = int((bytes + 127) / 128), self = kv_slot(a.kv, *a.pos), len = s_end - s_beg;
+    for (int t = (h % group) * blockDim.x + threadIdx.x; t < len * lines; t += group * blockDim.x) {
+      const int s = s_beg + t / lines;
+      if (s == self) continue;
+      const size_t off = (size_t(s) * row + size_t(kvh) * hd) * bytes / hd + size_t(t % lines) * 128;
+      prefetch_l2(static_cast<const char*>(a.kv.k) + off);
+      prefetch_l2(static_cast<const char*>(a.kv.v) + off);
+    }
+  }
+  pdl_wait();
+  pdl_trigger();
+  float* q = sm;
+  float* part = sm + hd;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  float* acc_out = part + max(nw, int(blockDim.x) / hd) * hd;
+  float* sc = a.scores + size_t(h) * a.kv.cap;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) q[i] = a.q[h * hd + i];
+  __syncthreads();
+  float mx = -INFINITY;
+  // kU positions per warp at once: their loads in flight together (the
+  // chain of dependent rounds per warp is kU times shorter); each score sums
+  // in the same order as one at a time.
+  constexpr int kU = 4;
+  // vec: a lane takes 8 consecutive dims (one wide load per position).
+  const bool vec = hd % 8 == 0 && hd <= 256;
+  for (int s0 = s_beg + warp; s0 < s_end; s0 += kU * nw) {
+    float d[kU], ksc[kU];
+    size_t off[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int s = min(s0 + u * nw, s_end - 1);
+      d[u] = 0.f;
+      off[u] = size_t(s) * row + size_t(kvh) * hd;
+      ksc[u] = 1.f;
+      if constexpr (KVT == KV_FP8) ksc[u] = a.kv.ks[size_t(s) * a.ns + (a.ns == 1 ? 0 : kvh)];  // with the K loads
+    }
+    if (vec) {
+      if (lane * 8 < hd) {
+        float kv[kU][8];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) kv_load8<KVT>(a.kv.k, off[u] + lane * 8, kv[u]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float qj = q[lane * 8 + j];
+#pragma unroll
+          for (int u = 0; u < kU; ++u) d[u] += qj * kv[u][j];
+        }
+      }
+    } else {
+#pragma unroll 2
+      for (int i = lane; i < hd; i += 32) {
+        const float qi = q[i];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) d[u] += qi * kv_load<KVT>(a.kv.k, off[u] + i);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int s = s0 + u * nw;
+      float e = warp_sum(d[u]);
+      if (s >= s_end) break;
+      if constexpr (KVT == KV_FP8) e *= ksc[u];
+      e *= a.scale;
+      if (lane == 0) sc[s] = e;
+      mx = fmaxf(mx, e);
+    }
+  }
+  mx = block_max(mx);
+  float sum = 0.f;
+  for (int s = s_beg + int(threadIdx.x); s < s_end; s += blockDim.x) {
+    const float e = expf(sc[s] - mx);
+    sc[s] = e;
+    sum += e;
+  }
+  sum = block_sum(sum);  // also orders the sc writes before the reads below
+  if (vec) {
+    // Weighted values: each warp takes every nw-th position (several at
+    // once), a lane 8 consecutive dims; partials per warp summed below.
+    // (One thread per dim over all positions was a chain of n dependent
+    // rounds per thread.)
+    float acc[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = 0.f;
+    if (lane * 8 < hd) {
+#pragma unroll 4
+      for (int s = s_beg + warp; s < s_end; s += nw) {
+        const float p = sc[s];
+        float vs = 1.f;
+        if constexpr (KVT == KV_FP8) vs = a.kv.vs[size_t(s) * a.ns + (a.ns == 1 ? 0 : kvh)];
+        float v[8];
+        kv_load8<KVT>(a.kv.v, size_t(s) * row + size_t(kvh) * hd + lane * 8, v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          if constexpr (KVT == KV_FP8) v[i] *= vs;
+          acc[i] += p * v[i];
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) part[warp * hd + lane * 8 + i] = acc[i];
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+      float t = 0.f;
+      for (int w = 0; w < nw; ++w) t += part[w * hd + d];
+      acc_out[d] = t;
+    }
+  } else {  // P == 1 only (the host's choice)
+    const int groups = blockDim.x / hd > 0 ? blockDim.x / hd : 1;
+    const int grp = threadIdx.x / hd;
+    for (int d = threadIdx.x % hd; d < hd && grp < groups; d += blockDim.x) {
+      float acc = 0.f;
+#pragma unroll 8
+      for (int s = grp; s < n; s += groups) {
+        float v = kv_load<KVT>(a.kv.v, size_t(s) * row + size_t(kvh) * hd + d);
+        if constexpr (KVT == KV_FP8) v *= a.kv.vs[size_t(s) * a.ns + (a.ns == 1 ? 0 : kvh)];
+        acc += sc[s] * v;
+      }
+      part[grp * hd + d] = acc;
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+      float t = 0.f;
+      for (int g = 0; g < groups; ++g) t += part[g * hd + d];
+      acc_out[d] = t;
+    }
+  }
+  if (P == 1) {
+    for (int d = threadIdx.x; d < hd; d += blockDim.x)
+      a.out[h * hd + d] = acc_out[d] / sum * sigmoidf_(a.gate[h * 2 * hd + hd + d]);
+    return;
+  }
+  // Combine the cluster's slices: out = sum_b acc_b e^(m_b - M) / sum_b l_b e^(m_b - M),
+  // every block the same sums in rank order, each writing its share of the dims.
+  if (threadIdx.x == 0) ml[0] = mx, ml[1] = sum;
+  namespace cg = cooperative_groups;
+  cg::cluster_group cl = cg::this_cluster();
+  cl.sync();
+  float M = -INFINITY;
+  for (int r = 0; r < P; ++r) M = fmaxf(M, cl.map_shared_rank(ml, r)[0]);
+  float L = 0.f;
+  for (int r = 0; r < P; ++r) {
+    const float* o = cl.map_shared_rank(ml, r);
+    if (o[1] > 0.f) L += o[1] * expf(o[0] - M);
+  }
+  const int per = (hd + P - 1) / P;
+  for (int d = b * per + int(threadIdx.x); d < min(hd, (b + 1) * per); d += blockDim.x) {
+    float t = 0.f;
+    for (int r = 0; r < P; ++r) {
+      const float* o = cl.map_shared_rank(ml, r);
+      if (o[1] > 0.f) t += cl.map_shared_rank(acc_out, r)[d] * expf(o[0] - M);
+    }
+    a.out[h * hd + d] = t / L * sigmoidf_(a.gate[h * 2 * hd + hd + d]);
+  }
+  cl.sync();  // no block leaves while another still reads its shared memory
+}
+
+}  // namespace flashmoe::cuda
