@@ -23,6 +23,20 @@ namespace {
 const std::string kModel = fixture_dir("tiny-qwen35moe") + "/model";
 const std::string kGen = "generate -m " + fixture_dir("tiny-qwen35moe") + "/model --ids 1,2,3 -n 4";
 
+// bench -d: tg measured after a prefilled context, named as llama-bench does;
+// a negative depth is refused by the option check.
+TEST(BenchCli, DepthMeasuresTgAtThatContext) {
+  const CmdResult b = run_flashmoe("bench -m " + kModel + " --device cpu -p 0 -n 4 -d 24 -r 1");
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_NE(b.out.find("| tg4 @ d24 |"), std::string::npos) << b.out;
+  const CmdResult plain = run_flashmoe("bench -m " + kModel + " --device cpu -p 0 -n 4 -r 1");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_NE(plain.out.find("| tg4   |"), std::string::npos) << plain.out;
+  const CmdResult bad = run_flashmoe("bench -m " + kModel + " --device cpu -d -3");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("depth"), std::string::npos) << bad.err;
+}
+
 TEST(DeviceCli, AutoWithoutGpuRunsOnTheCpuWithoutANote) {
   REQUIRE_NO_GPU();
   const CmdResult cpu = run_flashmoe(kGen + " --device cpu");

@@ -173,12 +173,12 @@ Registrar reg(40, [](CLI::App& app) {
   auto no_graph = std::make_shared<bool>(false);
   auto profile = std::make_shared<int>(0);
   add_model_options(cmd, opt.get(), /*require_model=*/false);
-  cmd->add_option("-p,--n-prompt", *pp, "Prompt tokens for the pp test (0: skip)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("-n,--n-gen", *tg, "Generated tokens for the tg test (0: skip)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("-p,--n-prompt", *pp, "Prompt tokens for the pp test (0: skip)")->check(CLI::Range(0, 1000000));
+  cmd->add_option("-n,--n-gen", *tg, "Generated tokens for the tg test (0: skip)")->check(CLI::Range(0, 1000000));
   cmd->add_option("-d,--depth", *depth,
                   "Context tokens (random, prefilled before each tg run and not timed): tg at that depth")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("-r,--repetitions", *reps, "Repetitions of each test")->check(CLI::PositiveNumber);
+      ->check(CLI::Range(0, 1000000));
+  cmd->add_option("-r,--repetitions", *reps, "Repetitions of each test")->check(CLI::Range(1, 1000));
   cmd->add_option("--synthetic", *synthetic,
                   "On the GPU (--device cuda or auto): random bf16 weights of a published size instead of -m (qwen3.5-35b-a3b, "
                   "qwen3.5-122b-a10b, qwen3.5-397b-a17b, qwen3-next-80b-a3b)");
