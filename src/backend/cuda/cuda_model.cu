@@ -142,6 +142,7 @@ struct CudaModel::Impl {
   //    the top-k); FLASHMOE_CUDA_FUSE_CONV (off): conv1d inside the delta-rule
   //    kernel. Both save launches but did not pay (-1 to +0.5%, and -2%): the
   //    last-block handoff and the serial conv per delta block cost what a launch does.
+  //    With delta2 (v14) FUSE_CONV runs the conv in delta2_kernel: -2.9%, still off.
   bool fuse = false, fuse_conv = false, prefetch_all = true;
   int ilp = 1;  // several rows per warp at once in the row kernels (1: on)
   //  FLASHMOE_CUDA_ROWS3 (see v11 in bench/NOTES-cuda.md): a matvec whose
@@ -171,21 +172,26 @@ struct CudaModel::Impl {
   //    block picks the experts while the projection runs; gate_up only adds
   //    the weights (the pick no longer delays every gate_up block).
   bool use_sel = true, down2 = true, gu_topk = true, fold = true, presel = true;
-  //  FLASHMOE_CUDA_DELTA2 (on, v14): the delta step over a cluster of blocks
+  //  v14 (+31% together, bench/NOTES-cuda.md): reads that do not depend on
+  //  the previous kernel moved before the PDL wait.
+  //  FLASHMOE_CUDA_DELTA2 (on, +7%): the delta step over a cluster of blocks
   //    per value head, its state read before the PDL wait (delta_cluster.cuh).
   //    force: 8 columns per block, so small test models run clusters too.
   int delta2 = 1;  // 0 off, 1 on, 2 force
-  //  FLASHMOE_CUDA_DOWNPRE (on, v14): down's rows loaded before its PDL wait
+  //  FLASHMOE_CUDA_DOWNPRE (on, +3.6%): down's rows loaded before its PDL wait
   //    when the pick was made two kernels back (down_early.cuh).
   bool down_pre = true;
-  //  FLASHMOE_CUDA_ATTNPF (on, v14): attention prefetches the earlier
+  //  FLASHMOE_CUDA_ATTNPF (on, +1.5%): attention prefetches the earlier
   //    positions' K/V rows into L2 before its wait.
   bool attn_pf = true;
-  //  FLASHMOE_CUDA_ATTNSPLIT (auto, v14): attention over a cluster of blocks
-  //    per head for long contexts (attn_blocks); 0: one block; force: 4 blocks.
+  //  FLASHMOE_CUDA_ATTNSPLIT (auto): attention over a cluster of blocks per
+  //    head for long contexts (attn_blocks; +93% at 4000 tokens, f32 KV);
+  //    0: one block; force: 4 blocks.
   int attn_split = 1;  // 0 off, 1 auto, 2 force
-  //  FLASHMOE_CUDA_NWPRE (on, v14): the norm weights of normed kernels
+  //  FLASHMOE_CUDA_NWPRE (on, +12%): the norm weights of normed kernels
   //    (in-proj, gate_up, lm_head) into registers before the wait.
+  //  Measured and removed: gate_up prefetching its picked rows before norming
+  //    x (-2.4%), gate_up loading its row pointer before x (+0.06%).
   bool nw_pre = true;
   unsigned* presel_done = nullptr;
   float* presel_w = nullptr;
