@@ -797,11 +797,12 @@ struct CudaModel::Impl {
         a.eps = m.rms_norm_eps;
         const size_t smem = size_t(2 * dk) * 4;
         auto th = [&](int split) { return std::min(1024, std::max(32, (dv * split + 31) / 32 * 32)); };
-        if (delta_cluster(a)) {
-        } else if (dk == 128 && dv * 4 <= 1024) go(delta_kernel<128, 4>, nv, th(4), smem, a);
-        else if (dk == 64 && dv * 2 <= 1024) go(delta_kernel<64, 2>, nv, th(2), smem, a);
-        else if (dk == 32) go(delta_kernel<32, 1>, nv, th(1), smem, a);
-        else go(delta_kernel<0, 1>, nv, th(1), smem, a);
+        if (!delta_cluster(a)) {
+          if (dk == 128 && dv * 4 <= 1024) go(delta_kernel<128, 4>, nv, th(4), smem, a);
+          else if (dk == 64 && dv * 2 <= 1024) go(delta_kernel<64, 2>, nv, th(2), smem, a);
+          else if (dk == 32) go(delta_kernel<32, 1>, nv, th(1), smem, a);
+          else go(delta_kernel<0, 1>, nv, th(1), smem, a);
+        }
         mark(K_DELTA);
         if (d.rfold) outproj_router(d, d.out_proj);
         else matvec(d.out_proj, lin_o, nullptr, x, 1, K_OUT);
