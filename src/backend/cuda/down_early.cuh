@@ -48,18 +48,7 @@ __global__ void __maxnreg__(112) down_early_kernel(MoeArgs a, int early) {
 #pragma unroll
       for (int i = 0; i < R; ++i) d[i] += dot16<T>(w[i][c], h + col);
   }
-  const float wj = a.w[j];
-#pragma unroll
-  for (int i = 0; i < R; ++i) {
-    const float v = warp_sum(d[i]);
-    if (lane == 0) part[j][i] = wj * v;
-  }
-  __syncthreads();
-  if (int(threadIdx.x) < n) {
-    float t = 0.f;
-    for (int s = 0; s < slots; ++s) t += part[s][threadIdx.x];
-    a.x[r0 + threadIdx.x] += t;
-  }
+  down_slots_sum<R>(d, a.w[j], part, j, lane, slots, n, a.x + r0);
 }
 
 }  // namespace flashmoe::cuda

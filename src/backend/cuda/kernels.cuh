@@ -876,6 +876,25 @@ __global__ void __launch_bounds__(kThreads, 4) down_kernel(MoeArgs a, int split)
 // all R rows' loads in flight at once, so the kernel is one round of loads
 // after the wait. Partials are summed over slots in a fixed order.
 constexpr int kDown2MaxSlots = 12;  // top-k + shared expert; more slots take down_kernel
+
+// The end of a one-warp-per-slot down kernel: warp j's R row partials d,
+// weighted by its routing weight wj, summed over the slots in slot order
+// into x[0..n) (x already offset to the block's first row).
+template <int R>
+__device__ __forceinline__ void down_slots_sum(const float* d, float wj, float (*part)[R], int j, int lane, int slots,
+                                               int n, float* x) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const float v = warp_sum(d[i]);
+    if (lane == 0) part[j][i] = wj * v;
+  }
+  __syncthreads();
+  if (int(threadIdx.x) < n) {
+    float t = 0.f;
+    for (int s = 0; s < slots; ++s) t += part[s][threadIdx.x];
+    x[threadIdx.x] += t;
+  }
+}
 template <typename T, int R>
 __global__ void __maxnreg__(112) down2_kernel(MoeArgs a) {
   __shared__ float part[kDown2MaxSlots][R];
@@ -890,18 +909,7 @@ __global__ void __maxnreg__(112) down2_kernel(MoeArgs a) {
                       : static_cast<const T*>(a.sel ? a.sel[a.k + j] : a.down_tab[a.ids[j]]);
   float d[R];
   rows_dot<T, R, 1>(W + size_t(r0) * I, size_t(I), n, a.hb + j * a.maxI, I, lane, d);
-  const float wj = a.w[j];
-#pragma unroll
-  for (int i = 0; i < R; ++i) {
-    const float v = warp_sum(d[i]);
-    if (lane == 0) part[j][i] = wj * v;
-  }
-  __syncthreads();
-  if (int(threadIdx.x) < n) {
-    float t = 0.f;
-    for (int s = 0; s < slots; ++s) t += part[s][threadIdx.x];
-    a.x[r0 + threadIdx.x] += t;
-  }
+  down_slots_sum<R>(d, a.w[j], part, j, lane, slots, n, a.x + r0);
 }
 
 // Greedy: argmax of logits (ties: lower index) -> ids ring at pos+1, out[step].
