@@ -41,6 +41,12 @@ struct AttnPrepArgs {
   KvLayer kv;
   int nh, nkv, hd, rd, ns, kvt;
   float eps;
+  // Batched prefill: blockIdx.y = token t of a chunk at position *pos + t,
+  // its qkv row at qkv + t * tstride, its q at q + t * nh * hd.
+  int tstride = 0;
+  // >= 0: K/V of position p go to row p - stage of kv (a staging buffer of
+  // the chunk, for a windowed cache: prefill.cu), not to its cache slot.
+  int stage = -1;
 };
 
 // The rotation of this thread's pair i = threadIdx.x (i < rd/2) and the
@@ -120,9 +126,11 @@ __device__ __forceinline__ void kv_store(void* dst, size_t off, int kvt, float v
 
 // Blocks 0..nh-1: q heads (norm + rope). Block nh: every KV head (k norm +
 // rope, v), fp8 scales, store at the slot of this position.
-__global__ void attn_prep_kernel(AttnPrepArgs a) {
+static __global__ void attn_prep_kernel(AttnPrepArgs a) {
   extern __shared__ float sm[];
-  const int pos = *a.pos, hd = a.hd;
+  const int t = blockIdx.y, pos = *a.pos + t, hd = a.hd;
+  a.qkv += size_t(t) * a.tstride;
+  a.q += size_t(t) * a.nh * hd;
   RopeNorm pre;
   rope_norm_pre(pre, a.rd, a.inv_freq, pos, int(blockIdx.x) < a.nh ? a.q_norm : a.k_norm, hd);
   pdl_wait();
@@ -167,7 +175,7 @@ __global__ void attn_prep_kernel(AttnPrepArgs a) {
     }
     __syncthreads();
   }
-  const int slot = kv_slot(a.kv, pos);
+  const int slot = a.stage >= 0 ? pos - a.stage : kv_slot(a.kv, pos);
   if (a.kvt == KV_FP8 && threadIdx.x < a.ns) {
     a.kv.ks[size_t(slot) * a.ns + threadIdx.x] = scales[0][threadIdx.x];
     a.kv.vs[size_t(slot) * a.ns + threadIdx.x] = scales[1][threadIdx.x];

@@ -13,9 +13,11 @@
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/delta_cluster.cuh"
+#include "backend/cuda/device_model.cuh"
 #include "backend/cuda/down_early.cuh"
 #include "backend/cuda/expert_tiers.cuh"
 #include "backend/cuda/kernels.cuh"
+#include "backend/cuda/prefill.cuh"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -26,43 +28,6 @@ using namespace flashmoe::cuda;
 namespace {
 
 constexpr int kRing = 8192;  // token-id ring on the device (prompt chunks, generated ids)
-
-enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2 };
-int dt_of(DType t) {
-  switch (t) {
-    case DType::F32: return DT_F32;
-    case DType::F16: return DT_F16;
-    case DType::BF16: return DT_BF16;
-    default: fail(std::string("CUDA backend: weights of type ") + dtype_name(t) + " are not supported");
-  }
-}
-size_t dt_size(int dt) { return dt == DT_F32 ? 4 : 2; }
-
-struct DMat {
-  int dt = DT_F32;
-  void* p = nullptr;
-  int rows = 0, cols = 0;
-  size_t bytes() const { return size_t(rows) * cols * dt_size(dt); }
-};
-
-struct DLayer {
-  bool full = false;
-  float *in_norm = nullptr, *post_norm = nullptr;
-  DMat lin_in, out_proj;  // [C + nv*dv + 2nv, H] (q,k,v | z | b | a), [H, nv*dv]
-  float *conv_w = nullptr, *dt_bias = nullptr, *neg_exp_A = nullptr, *gnorm = nullptr;
-  DMat qkv, o_proj;  // [2nh*hd + 2nkv*hd, H], [H, nh*hd]
-  float *q_norm = nullptr, *k_norm = nullptr;
-  bool moe = false;
-  DMat router;  // [E (+1: shared expert gate), H]
-  int edt = DT_BF16;
-  void *gu = nullptr, *down = nullptr;  // routed experts [E][2I][H], [E][H][I] (null when tiered)
-  const void* const* gu_tab = nullptr;  // [E] device pointers of each expert's rows (see ExpertTiers)
-  const void* const* down_tab = nullptr;
-  TierCount tc{};  // choice accounting (tiered cache only)
-  bool has_shared = false;              // shared expert (MoE) or dense MLP
-  DMat s_gu, s_down;                    // [2Is, H], [H, Is]
-  float* rfold = nullptr;               // folded router [router rows][H + O] (outproj_router_kernel), or null
-};
 
 enum KernelClass { K_EMBED, K_PROJ, K_CONV, K_DELTA, K_ATTN, K_OUT, K_ROUTER, K_EXPERTS, K_LMHEAD, K_ARGMAX, K_N };
 const char* kClassNames[K_N] = {"embed",      "in-proj (norm fused)", "conv1d",  "delta-rule", "attention",
@@ -193,6 +158,13 @@ struct CudaModel::Impl {
   //  Measured and removed: gate_up prefetching its picked rows before norming
   //    x (-2.4%), gate_up loading its row pointer before x (+0.06%).
   bool nw_pre = true;
+  //  FLASHMOE_CUDA_BATCH (on): prompts of more than one token go through the
+  //    batched prefill (prefill.cuh) in chunks of FLASHMOE_CUDA_CHUNK tokens
+  //    (512); 0: token by token through the decode step.
+  bool batch = true;
+  int chunk = 512;
+  std::unique_ptr<Prefill> prefill;
+  bool prefill_tried = false;
   unsigned* presel_done = nullptr;
   float* presel_w = nullptr;
   float* cat = nullptr;  // [H + O]: the layer's input residual (copied by the in-proj), then o (lin_o / attn_o)
@@ -212,6 +184,7 @@ struct CudaModel::Impl {
   ~Impl() {
     cudaSetDevice(dev);
     if (stream) cudaStreamSynchronize(stream);
+    prefill.reset();
     tiers.reset();
     for (void* p : allocs) cudaFree(p);
     for (auto e : events) cudaEventDestroy(e);
@@ -343,6 +316,8 @@ struct CudaModel::Impl {
       attn_split = std::string(e) == "0" ? 0 : std::string(e) == "force" ? 2 : 1;
     if (const char* e = std::getenv("FLASHMOE_CUDA_ATTNPF")) attn_pf = std::string(e) != "0";
     if (const char* e = std::getenv("FLASHMOE_CUDA_DOWNPRE")) down_pre = std::string(e) != "0";
+    if (const char* e = std::getenv("FLASHMOE_CUDA_BATCH")) batch = std::string(e) != "0";
+    if (const char* e = std::getenv("FLASHMOE_CUDA_CHUNK")) chunk = std::clamp(std::atoi(e), 1, kRing - 1);
     if (const char* e = std::getenv("FLASHMOE_CUDA_DELTA2"))
       delta2 = std::string(e) == "0" ? 0 : std::string(e) == "force" ? 2 : 1;
     if (const char* e = std::getenv("FLASHMOE_CUDA_SKIP")) {  // class names or their first words, comma-separated
@@ -974,6 +949,31 @@ struct CudaModel::Impl {
     s.cap = int(nc);
   }
 
+  // The batched prefill, made at its first use; null where it cannot run
+  // (switched off, shapes it does not cover, the conv state layout of
+  // FUSE_CONV, no device memory left for its buffers): token by token then.
+  Prefill* batched() {
+    if (prefill_tried) return prefill.get();
+    prefill_tried = true;
+    if (!batch || fuse_conv) return nullptr;
+    PrefillModel pm;
+    pm.c = &c;
+    pm.L = &L;
+    pm.slot = &slot;
+    pm.embed = embed;
+    pm.lm_head = lm_head;
+    pm.final_norm = final_norm;
+    pm.inv_freq = inv_freq;
+    pm.stream = stream;
+    if (!Prefill::unsupported(pm).empty()) return nullptr;
+    try {
+      prefill = std::make_unique<Prefill>(pm, chunk);
+    } catch (const Error&) {
+      prefill.reset();
+    }
+    return prefill.get();
+  }
+
   // Puts ids[0..n) into the device ring at positions pos.. (base = pos).
   void put_ids(CudaState::Impl& s, const int32_t* ids, int64_t n) {
     std::memcpy(pinned_ids, ids, size_t(n) * 4);
@@ -1323,9 +1323,39 @@ void CudaModel::forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode
            " tokens (0.." + std::to_string(V - 1) + ")");
   CK(cudaSetDevice(m.dev));
   m.ensure_cap(s, s.pos + n);
+  Prefill* pf = n > 1 ? m.batched() : nullptr;
   for (int64_t b = 0; b < n; b += kRing - 1) {
     const int64_t len = std::min<int64_t>(kRing - 1, n - b);
     m.put_ids(s, ids + b, len);
+    if (pf) {
+      PrefillState ps;
+      ps.kvl = &s.kvl;
+      ps.conv = &s.conv;
+      ps.ssm = &s.ssm;
+      ps.kvt = s.kvt;
+      ps.ns = s.ns;
+      ps.el = s.el;
+      ps.d_pos = s.d_pos;
+      for (int64_t c0 = 0; c0 < len; c0 += pf->max_tokens()) {
+        const int T = int(std::min<int64_t>(pf->max_tokens(), len - c0));
+        pf->run(ps, s.d_ids + c0, T, s.pos);
+        s.pos += T;
+        if (m.tiers) m.tiers->maintain(m.stream, T);
+        const int64_t g0 = b + c0;
+        if (mode == LogitsMode::All) {
+          pf->logits(0, T, logits + g0 * V);
+        } else if (mode == LogitsMode::Last && g0 + T == n) {
+          CK(cudaMemcpyAsync(m.x, pf->hidden(T - 1), size_t(m.c.hidden_size) * 4, cudaMemcpyDeviceToDevice, m.stream));
+          m.pdl_next = false;
+          m.matvec(m.lm_head, m.x, m.final_norm, m.logits, 0, K_LMHEAD);
+          CK(cudaMemcpyAsync(m.pinned_logits, m.logits, size_t(V) * 4, cudaMemcpyDeviceToHost, m.stream));
+          CK(cudaStreamSynchronize(m.stream));
+          std::memcpy(logits, m.pinned_logits, size_t(V) * 4);
+        }
+      }
+      CK(cudaStreamSynchronize(m.stream));
+      continue;
+    }
     for (int64_t t = 0; t < len; ++t) {
       const int64_t g = b + t;
       const bool want = mode == LogitsMode::All || (mode == LogitsMode::Last && g == n - 1);

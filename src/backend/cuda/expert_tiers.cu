@@ -19,7 +19,7 @@ __global__ void set_expert_kernel(const void** gu_tab, const void** down_tab, in
   tier[e] = t;
 }
 
-constexpr int kSnapshotEvery = 8;     // decode steps between count snapshots
+constexpr int kSnapshotEvery = 8;     // tokens (decode steps) between count snapshots
 constexpr int kPromotionsPerLayer = 2;  // per snapshot: bounds the link traffic spent on promotions
 }  // namespace
 
@@ -120,7 +120,7 @@ void ExpertTiers::set(cudaStream_t s, int l, int e, int slot) {
   check(cudaGetLastError(), "set_expert_kernel");
 }
 
-void ExpertTiers::maintain(cudaStream_t main) {
+void ExpertTiers::maintain(cudaStream_t main, int tokens) {
   // Promotions whose copy has landed: point the table at the slot. Steps
   // enqueued from here on read the expert from VRAM.
   for (size_t i = 0; i < pending_.size();) {
@@ -144,7 +144,8 @@ void ExpertTiers::maintain(cudaStream_t main) {
     snap_pending_ = false;
     plan(main);
   }
-  if (++steps_ >= kSnapshotEvery) {
+  steps_ += tokens;
+  if (steps_ >= kSnapshotEvery) {
     steps_ = 0;
     CK(cudaMemcpyAsync(h_counts_, d_counts_, size_t(layers_) * E_ * sizeof(unsigned), cudaMemcpyDeviceToHost, main));
     CK(cudaEventRecord(snap_, main));

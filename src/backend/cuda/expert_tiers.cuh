@@ -39,10 +39,10 @@ class ExpertTiers {
   const void* const* down_tab(int l) const { return d_down_tab_ + size_t(l) * E_; }
   TierCount count(int l) const { return {d_counts_ + size_t(l) * E_, d_tier_ + size_t(l) * E_, d_hits_}; }
 
-  // Between decode steps, on the stream the steps run on: completes finished
-  // promotions, takes a count snapshot every few steps, plans new promotions.
-  // Never waits for the device.
-  void maintain(cudaStream_t main);
+  // Between decode steps (or prefill chunks of `tokens` tokens), on the
+  // stream the steps run on: completes finished promotions, takes a count
+  // snapshot every few tokens, plans new promotions. Never waits for the device.
+  void maintain(cudaStream_t main, int tokens = 1);
   // Waits for copies in flight (before the model is destroyed or measured).
   void drain(cudaStream_t main);
 

@@ -1,5 +1,7 @@
 // Device kernels of the CUDA backend. All math in fp32; weights are read in
 // their storage type (float, __half, __nv_bfloat16) with 16-byte loads.
+// Kernels that are not templates are static: the decode step (cuda_model.cu)
+// and the batched prefill (prefill.cu) both include this header.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -347,7 +349,7 @@ __global__ void fold_router_kernel(const T* __restrict__ Wr, int rows, const flo
 
 // GatedDeltaNet causal depthwise conv (kernel K) + SiLU over C channels.
 // state: [C][K-1] previous inputs.
-__global__ void conv_kernel(const float* __restrict__ u, int C, int K, const float* __restrict__ taps,
+static __global__ void conv_kernel(const float* __restrict__ u, int C, int K, const float* __restrict__ taps,
                             float* __restrict__ state, float* __restrict__ out) {
   // The taps and the previous inputs are known before the wait (weights, and
   // this layer's state from the last step): into registers first.
@@ -591,7 +593,7 @@ __device__ __forceinline__ void prefetch_tables(const ExpertSel& sel, int E) {
   warp_prefetch(sel.down_tab, size_t(E) * sizeof(void*), lane);
 }
 
-__global__ void topk_kernel(const float* __restrict__ logits, int E, int k, int norm_topk, int has_shared,
+static __global__ void topk_kernel(const float* __restrict__ logits, int E, int k, int norm_topk, int has_shared,
                             int* __restrict__ ids, float* __restrict__ w, TierCount tc, ExpertSel sel) {
   prefetch_tables(sel, E);
   pdl_wait();
@@ -915,7 +917,7 @@ __global__ void __maxnreg__(112) down2_kernel(MoeArgs a) {
 // Greedy: argmax of logits (ties: lower index) -> ids ring at pos+1, out[step].
 // The chosen token's embedding row goes into L2 for the next step's embed
 // kernel (erow bytes per row at E; null: not done).
-__global__ void argmax_kernel(const float* __restrict__ logits, int V, int* ids, const int* pos, const int* base,
+static __global__ void argmax_kernel(const float* __restrict__ logits, int V, int* ids, const int* pos, const int* base,
                               int ring, int* out, const int* step, const char* E, size_t erow) {
   pdl_wait();
   pdl_trigger();
@@ -980,7 +982,7 @@ __global__ void argmax_kernel(const float* __restrict__ logits, int V, int* ids,
 }
 
 // End of a step: position and step counters advance.
-__global__ void advance_kernel(int* pos, int* step) {
+static __global__ void advance_kernel(int* pos, int* step) {
   pdl_wait();
   *pos += 1;
   *step += 1;
@@ -1003,7 +1005,7 @@ __global__ void fill_random_kernel(T* p, size_t n, uint64_t seed, float scale) {
     else p[i] = __float2bfloat16_rn(u * scale);
   }
 }
-__global__ void fill_const_kernel(float* p, size_t n, float v) {
+static __global__ void fill_const_kernel(float* p, size_t n, float v) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) p[i] = v;
 }
 

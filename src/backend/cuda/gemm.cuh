@@ -1,0 +1,196 @@
+// The matrix product of the batched prefill: C = A . W^T for a chunk of
+// tokens (A: fp32 activations, one row per token; W: weights [N][K] in their
+// storage type), on the tensor cores (bf16 mma through WMMA, fp32
+// accumulators).
+//
+// Precision: bf16 has 8 significant bits, too few for the fp32 math path the
+// golden tests hold the backend to. Each fp32 activation is split into two
+// bf16 numbers, hi = bf16(a) and lo = bf16(a - hi), 16 significant bits
+// together; a bf16 weight is exact, so A.W = hi.W + lo.W is two products
+// (relative error ~2^-17 per term, against 2^-9 for plain bf16). f16 and
+// f32 weights are split the same way (an f16 weight exactly, an f32 one to
+// 16 bits) and take a third product, hi_a . lo_w.
+//
+// Rows can be gathered (A row of output row m: arow[m]) and scattered
+// (C row: crow[m]); grouped mode (the routed experts) takes its row ranges
+// and weights from a tile list built on the device (route_lists_kernel).
+#pragma once
+#include <mma.h>
+
+#include "backend/cuda/kernels.cuh"
+
+namespace flashmoe::cuda {
+
+enum GemmMode { GEMM_STORE = 0, GEMM_ADD = 1, GEMM_SWIGLU = 2 };
+
+struct GemmArgs {
+  const float* A = nullptr;  // [rows][lda] fp32
+  int lda = 0;
+  const int* arow = nullptr;  // A row of output row m, or null (m)
+  const void* W = nullptr;    // [N][K] row-major, storage type T
+  const void* const* wtab = nullptr;  // grouped: weights of group g (W unused)
+  const int* tiles = nullptr;         // grouped: [tile][3] = {group, first row, end row}; null: dense
+  const int* ntiles = nullptr;        // grouped: how many tiles (blocks beyond exit)
+  int M = 0, N = 0, K = 0;  // dense: M rows; N weight rows (swiglu: 2 * half)
+  float* C = nullptr;       // [rows][ldc]
+  int ldc = 0;
+  const int* crow = nullptr;  // C row of output row m, or null (m)
+  int mode = GEMM_STORE;      // store, C += result, or swiglu: C[m][j] = silu(gate_j) * up_j
+  int half = 0;               // swiglu: rows of gate (the up rows follow at half)
+};
+
+constexpr int kGemmBN = 64, kGemmBK = 32, kGemmLd = kGemmBK + 8;  // smem row: 80 bytes (16-byte multiple)
+constexpr int kGemmThreads = 128;                                  // 4 warps, one 16-column slice of BN each
+
+// Output columns (weight rows) of one block: BN weight rows; swiglu: BN/2
+// gate rows and the BN/2 up rows that pair with them.
+__device__ __forceinline__ int gemm_wrow(const GemmArgs& a, int n, bool& ok) {
+  if (a.mode == GEMM_SWIGLU) {
+    const int j = blockIdx.x * (kGemmBN / 2) + (n % (kGemmBN / 2));
+    ok = j < a.half;
+    return n < kGemmBN / 2 ? j : a.half + j;
+  }
+  const int r = blockIdx.x * kGemmBN + n;
+  ok = r < a.N;
+  return r;
+}
+
+__device__ __forceinline__ void split_bf16(float v, __nv_bfloat16& hi, __nv_bfloat16& lo) {
+  hi = __float2bfloat16_rn(v);
+  lo = __float2bfloat16_rn(v - __bfloat162float(hi));
+}
+
+template <typename T, int BM>
+__global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
+  using namespace nvcuda;
+  constexpr bool kWLo = !std::is_same_v<T, __nv_bfloat16>;  // weights need a low part
+  constexpr int MF = BM / 16;                               // 16-row fragments per warp
+  constexpr int kAV = BM * kGemmBK / 4 / kGemmThreads;      // float4 of A per thread and k-step
+  constexpr int kWE = 16 / sizeof(T);                       // weight elements per 16-byte load
+  constexpr int kWV = kGemmBN * kGemmBK / kWE / kGemmThreads;
+  struct Tiles {
+    __nv_bfloat16 ah[BM][kGemmLd], al[BM][kGemmLd], wh[kGemmBN][kGemmLd], wl[kWLo ? kGemmBN : 1][kGemmLd];
+  };
+  constexpr int kCLd = kGemmBN + 4;
+  constexpr size_t kSmem = sizeof(Tiles) > size_t(BM) * kCLd * 4 ? sizeof(Tiles) : size_t(BM) * kCLd * 4;
+  __shared__ __align__(128) unsigned char smem[kSmem];
+  Tiles& s = *reinterpret_cast<Tiles*>(smem);
+  float* cs = reinterpret_cast<float*>(smem);  // [BM][kCLd], after the k loop
+
+  int m0, m1;
+  const T* W;
+  if (a.tiles) {
+    if (int(blockIdx.y) >= *a.ntiles) return;
+    const int* tl = a.tiles + 3 * blockIdx.y;
+    W = static_cast<const T*>(a.wtab[tl[0]]);
+    m0 = tl[1];
+    m1 = tl[2];
+  } else {
+    W = static_cast<const T*>(a.W);
+    m0 = blockIdx.y * BM;
+    m1 = min(a.M, m0 + BM);
+  }
+  if (a.mode == GEMM_SWIGLU ? int(blockIdx.x) * (kGemmBN / 2) >= a.half : int(blockIdx.x) * kGemmBN >= a.N) return;
+  const int tid = threadIdx.x, warp = tid >> 5;
+
+  // This thread's global sources: A rows (gathered) and weight rows.
+  const float* ap[kAV];
+  int ac[kAV];
+#pragma unroll
+  for (int u = 0; u < kAV; ++u) {
+    const int f = tid + u * kGemmThreads, r = f / (kGemmBK / 4), m = m0 + r;
+    ac[u] = (f % (kGemmBK / 4)) * 4;
+    ap[u] = m < m1 ? a.A + size_t(a.arow ? a.arow[m] : m) * a.lda : nullptr;
+  }
+  const T* wp[kWV];
+  int wc[kWV];
+#pragma unroll
+  for (int u = 0; u < kWV; ++u) {
+    const int f = tid + u * kGemmThreads, n = f / (kGemmBK / kWE);
+    wc[u] = (f % (kGemmBK / kWE)) * kWE;
+    bool ok;
+    const int r = gemm_wrow(a, n, ok);
+    wp[u] = ok ? W + size_t(r) * a.K : nullptr;
+  }
+  float4 av[kAV];
+  uint4 wv[kWV];
+  auto load = [&](int k0) {
+#pragma unroll
+    for (int u = 0; u < kAV; ++u)
+      av[u] = ap[u] && k0 + ac[u] < a.K ? *reinterpret_cast<const float4*>(ap[u] + k0 + ac[u])
+                                        : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int u = 0; u < kWV; ++u)
+      wv[u] = wp[u] && k0 + wc[u] < a.K ? *reinterpret_cast<const uint4*>(wp[u] + k0 + wc[u]) : make_uint4(0, 0, 0, 0);
+  };
+  auto store = [&]() {
+#pragma unroll
+    for (int u = 0; u < kAV; ++u) {
+      const int f = tid + u * kGemmThreads, r = f / (kGemmBK / 4);
+      const float v[4] = {av[u].x, av[u].y, av[u].z, av[u].w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) split_bf16(v[i], s.ah[r][ac[u] + i], s.al[r][ac[u] + i]);
+    }
+#pragma unroll
+    for (int u = 0; u < kWV; ++u) {
+      const int f = tid + u * kGemmThreads, n = f / (kGemmBK / kWE);
+      if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        *reinterpret_cast<uint4*>(&s.wh[n][wc[u]]) = wv[u];
+      } else {
+        const T* e = reinterpret_cast<const T*>(&wv[u]);
+#pragma unroll
+        for (int i = 0; i < kWE; ++i) split_bf16(to_f<T>(e[i]), s.wh[n][wc[u] + i], s.wl[kWLo ? n : 0][wc[u] + i]);
+      }
+    }
+  };
+
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[MF];
+#pragma unroll
+  for (int i = 0; i < MF; ++i) wmma::fill_fragment(acc[i], 0.0f);
+  load(0);
+  for (int k0 = 0; k0 < a.K; k0 += kGemmBK) {
+    store();
+    __syncthreads();
+    if (k0 + kGemmBK < a.K) load(k0 + kGemmBK);  // in flight while this tile is multiplied
+#pragma unroll
+    for (int kk = 0; kk < kGemmBK; kk += 16) {
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> bh, bl;
+      wmma::load_matrix_sync(bh, &s.wh[warp * 16][kk], kGemmLd);
+      if constexpr (kWLo) wmma::load_matrix_sync(bl, &s.wl[warp * 16][kk], kGemmLd);
+#pragma unroll
+      for (int i = 0; i < MF; ++i) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> ah, al;
+        wmma::load_matrix_sync(ah, &s.ah[i * 16][kk], kGemmLd);
+        wmma::load_matrix_sync(al, &s.al[i * 16][kk], kGemmLd);
+        wmma::mma_sync(acc[i], al, bh, acc[i]);  // the small terms first
+        if constexpr (kWLo) wmma::mma_sync(acc[i], ah, bl, acc[i]);
+        wmma::mma_sync(acc[i], ah, bh, acc[i]);
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < MF; ++i)
+    wmma::store_matrix_sync(cs + (i * 16) * kCLd + warp * 16, acc[i], kCLd, wmma::mem_row_major);
+  __syncthreads();
+  const int rows = m1 - m0;
+  if (a.mode == GEMM_SWIGLU) {
+    constexpr int HB = kGemmBN / 2;
+    for (int i = tid; i < BM * HB; i += kGemmThreads) {
+      const int m = i / HB, j = i % HB, col = blockIdx.x * HB + j;
+      if (m >= rows || col >= a.half) continue;
+      const float g = cs[m * kCLd + j], u = cs[m * kCLd + HB + j];
+      a.C[size_t(a.crow ? a.crow[m0 + m] : m0 + m) * a.ldc + col] = siluf_(g) * u;
+    }
+    return;
+  }
+  for (int i = tid; i < BM * kGemmBN; i += kGemmThreads) {
+    const int m = i / kGemmBN, n = i % kGemmBN, col = blockIdx.x * kGemmBN + n;
+    if (m >= rows || col >= a.N) continue;
+    float* c = a.C + size_t(a.crow ? a.crow[m0 + m] : m0 + m) * a.ldc + col;
+    if (a.mode == GEMM_ADD) *c += cs[m * kCLd + n];
+    else *c = cs[m * kCLd + n];
+  }
+}
+
+}  // namespace flashmoe::cuda

@@ -1,0 +1,317 @@
+// Batched prefill (see prefill.cuh): the host side, one chunk of tokens
+// through every layer with the kernels of gemm.cuh and prefill_kernels.cuh.
+#include "backend/cuda/prefill.cuh"
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/gemm.cuh"
+#include "backend/cuda/prefill_kernels.cuh"
+
+namespace flashmoe::cuda {
+
+namespace {
+int div_up(int64_t a, int64_t b) { return int((a + b - 1) / b); }
+// Rows per product tile: fewer where few rows share a weight tile (the
+// routed experts at small chunks), so the tensor cores do less padding.
+int tile_rows(double rows) { return rows >= 48 ? 64 : rows >= 20 ? 32 : 16; }
+}  // namespace
+
+std::string Prefill::unsupported(const PrefillModel& m) {
+  const ModelConfig& c = *m.c;
+  const int64_t dk = c.lin_k_dim, dv = c.lin_v_dim;
+  bool linear = false, full = false;
+  for (const DLayer& l : *m.L) (l.full ? full : linear) = true;
+  if (full && (c.head_dim % 8 != 0 || c.head_dim > 256)) return "attention head_dim not a multiple of 8 up to 256";
+  if (linear) {
+    if (dk != 32 && dk != 64 && dk != 128 && dk != 256) return "linear-attention key dim not 32, 64, 128 or 256";
+    if (dv % 32 != 0 || dv > 1024) return "linear-attention value dim not a multiple of 32 up to 1024";
+    if (c.conv_kernel < 1 || c.conv_kernel > 8) return "conv kernel outside 1..8";
+  }
+  return "";
+}
+
+void* Prefill::alloc(size_t bytes) {
+  void* p = dev_alloc(bytes, "the batched prefill's buffers");
+  allocs_.push_back(p);
+  return p;
+}
+
+Prefill::Prefill(const PrefillModel& m, int max_tokens) : m_(m), tmax_(max_tokens) {
+  try {
+    allocate();
+  } catch (...) {  // out of device memory: nothing kept
+    for (void* p : allocs_) cudaFree(p);
+    throw;
+  }
+}
+
+void Prefill::allocate() {
+  const PrefillModel& m = m_;
+  const ModelConfig& c = *m.c;
+  const size_t T = size_t(tmax_), H = size_t(c.hidden_size);
+  int rmax = 1, omax = 1, is_max = 1, rl = 1;
+  for (const DLayer& l : *m.L) {
+    rmax = std::max({rmax, l.lin_in.rows, l.qkv.rows});
+    omax = std::max({omax, l.out_proj.cols, l.o_proj.cols});
+    is_max = std::max(is_max, l.s_down.cols);
+    rl = std::max(rl, l.router.rows);
+  }
+  proj_stride_ = rmax;
+  o_stride_ = omax;
+  const size_t k = size_t(std::max<int64_t>(1, c.num_experts_per_tok));
+  const size_t I = size_t(std::max<int64_t>(1, c.moe_intermediate));
+  const size_t C = size_t(std::max<int64_t>(1, c.lin_conv_dim())), nv = size_t(std::max<int64_t>(1, c.lin_num_v_heads));
+  const size_t qn = size_t(std::max<int64_t>(1, c.num_heads * c.head_dim));
+  auto f = [&](size_t n) { return static_cast<float*>(alloc(n * 4)); };
+  auto i = [&](size_t n) { return static_cast<int*>(alloc(n * 4)); };
+  x_ = f(T * H);
+  xn_ = f(T * H);
+  proj_ = f(T * size_t(rmax));
+  cv_ = f(T * C);
+  o_ = f(T * size_t(omax));
+  q_ = f(T * qn);
+  beta_ = f(T * nv);
+  decay_ = f(T * nv);
+  rl_ = f(T * size_t(rl));
+  w_ = f(T * (k + 1));
+  ids_ = i(T * k);
+  tok_ = i(T * k);
+  dest_ = i(T * k);
+  tiles_max_ = int(T * k / 16 + size_t(std::max<int64_t>(1, c.num_experts)) + 1);
+  tiles_ = i(size_t(3) * tiles_max_);
+  ntiles_ = i(1);
+  hb_ = f(T * k * I);
+  hs_ = f(T * size_t(is_max));
+  y_ = f(T * k * H);
+  ysh_ = f(T * H);
+  lrows_ = std::min(tmax_, 32);
+  logits_ = f(size_t(lrows_) * size_t(c.vocab_size));
+  const size_t row = size_t(std::max<int64_t>(1, c.num_kv_heads * c.head_dim));
+  stage_.k = alloc(T * row * 4);
+  stage_.v = alloc(T * row * 4);
+  stage_.ks = f(T * 64);
+  stage_.vs = f(T * 64);
+  stage_.cap = tmax_;
+}
+
+Prefill::~Prefill() {
+  cudaStreamSynchronize(m_.stream);
+  for (void* p : allocs_) cudaFree(p);
+}
+
+const float* Prefill::hidden(int t) const { return x_ + size_t(t) * m_.c->hidden_size; }
+
+void Prefill::gemm(int dt, const GemmArgs& a, int bm, int grid_y) {
+  const int gx = a.mode == GEMM_SWIGLU ? div_up(a.half, kGemmBN / 2) : div_up(a.N, kGemmBN);
+  const dim3 grid(unsigned(gx), unsigned(std::max(grid_y, 1)));
+  cudaStream_t s = m_.stream;
+  auto go = [&](auto kern) { kern<<<grid, kGemmThreads, 0, s>>>(a); };
+  switch (dt * 3 + (bm == 64 ? 2 : bm == 32 ? 1 : 0)) {
+    case DT_F32 * 3 + 0: go(gemm_kernel<float, 16>); break;
+    case DT_F32 * 3 + 1: go(gemm_kernel<float, 32>); break;
+    case DT_F32 * 3 + 2: go(gemm_kernel<float, 64>); break;
+    case DT_F16 * 3 + 0: go(gemm_kernel<__half, 16>); break;
+    case DT_F16 * 3 + 1: go(gemm_kernel<__half, 32>); break;
+    case DT_F16 * 3 + 2: go(gemm_kernel<__half, 64>); break;
+    case DT_BF16 * 3 + 0: go(gemm_kernel<__nv_bfloat16, 16>); break;
+    case DT_BF16 * 3 + 1: go(gemm_kernel<__nv_bfloat16, 32>); break;
+    default: go(gemm_kernel<__nv_bfloat16, 64>); break;
+  }
+  check(cudaGetLastError(), "batched prefill: matrix product");
+}
+
+void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
+  const ModelConfig& c = *m_.c;
+  cudaStream_t st = m_.stream;
+  const int H = int(c.hidden_size), p0 = int(pos);
+  const int bm = tile_rows(T);
+  // Dense product: C[T][..] (=, +=, swiglu) = A[T][K] . W^T.
+  auto dense = [&](const DMat& W, const float* A, float* C, int ldc, int mode, int half = 0) {
+    GemmArgs g;
+    g.A = A;
+    g.lda = W.cols;
+    g.W = W.p;
+    g.M = T;
+    g.N = W.rows;
+    g.K = W.cols;
+    g.C = C;
+    g.ldc = ldc;
+    g.mode = mode;
+    g.half = half;
+    gemm(W.dt, g, bm, div_up(T, bm));
+  };
+  switch (m_.embed.dt) {
+    case DT_F32: embed_rows_kernel<<<T, 256, 0, st>>>(static_cast<const float*>(m_.embed.p), H, d_ids, x_); break;
+    case DT_F16: embed_rows_kernel<<<T, 256, 0, st>>>(static_cast<const __half*>(m_.embed.p), H, d_ids, x_); break;
+    default:
+      embed_rows_kernel<<<T, 256, 0, st>>>(static_cast<const __nv_bfloat16*>(m_.embed.p), H, d_ids, x_);
+  }
+  const int nk = int(c.lin_num_k_heads), nv = int(c.lin_num_v_heads), dk = int(c.lin_k_dim), dv = int(c.lin_v_dim);
+  const int C = int(c.lin_conv_dim()), K = int(c.conv_kernel);
+  const int nh = int(c.num_heads), nkv = int(c.num_kv_heads), hd = int(c.head_dim);
+  const int k = int(c.num_experts_per_tok), E = int(c.num_experts), I = int(c.moe_intermediate);
+  for (size_t li = 0; li < m_.L->size(); ++li) {
+    const DLayer& d = (*m_.L)[li];
+    const int sl = (*m_.slot)[li];
+    norm_rows_kernel<<<T, 256, 0, st>>>(x_, d.in_norm, H, c.rms_norm_eps, xn_);
+    if (!d.full) {
+      dense(d.lin_in, xn_, proj_, proj_stride_, GEMM_STORE);
+      conv_rows_kernel<<<div_up(C, 128), 128, 0, st>>>(proj_, proj_stride_, C, K, d.conv_w, (*s.conv)[size_t(sl)], cv_,
+                                                       T);
+      DeltaRowsArgs a;
+      a.conv = cv_;
+      a.C = C;
+      a.proj = proj_;
+      a.pstride = proj_stride_;
+      a.zoff = C;
+      a.boff = C + nv * dv;
+      a.aoff = C + nv * dv + nv;
+      a.dt_bias = d.dt_bias;
+      a.neg_exp_A = d.neg_exp_A;
+      a.norm_w = d.gnorm;
+      a.beta = beta_;
+      a.decay = decay_;
+      a.S = (*s.ssm)[size_t(sl)];
+      a.out = o_;
+      a.nk = nk;
+      a.nv = nv;
+      a.dk = dk;
+      a.dv = dv;
+      a.T = T;
+      a.eps = c.rms_norm_eps;
+      delta_rows_kernel<<<T, 256, 0, st>>>(a);
+      const dim3 g{unsigned(nv), unsigned(dv / 32)};
+      switch (dk) {
+        case 32: delta_scan_kernel<32><<<g, 32, 0, st>>>(a); break;
+        case 64: delta_scan_kernel<64><<<g, 64, 0, st>>>(a); break;
+        case 128: delta_scan_kernel<128><<<g, 128, 0, st>>>(a); break;
+        default: delta_scan_kernel<256><<<g, 256, 0, st>>>(a); break;
+      }
+      gated_norm_rows_kernel<<<dim3(unsigned(T), unsigned(nv)), unsigned(div_up(dv, 32) * 32), 0, st>>>(a);
+      dense(d.out_proj, o_, x_, H, GEMM_ADD);
+    } else {
+      dense(d.qkv, xn_, proj_, proj_stride_, GEMM_STORE);
+      const KvLayer& kv = (*s.kvl)[size_t(sl)];
+      const bool staged = kv.window > 0;
+      KvLayer stage = stage_;
+      stage.window = 0;
+      stage.sinks = 0;
+      AttnPrepArgs p;
+      p.qkv = proj_;
+      p.tstride = proj_stride_;
+      p.q_norm = d.q_norm;
+      p.k_norm = d.k_norm;
+      p.inv_freq = m_.inv_freq;
+      p.q = q_;
+      p.pos = s.d_pos;
+      p.kv = staged ? stage : kv;
+      p.stage = staged ? p0 : -1;
+      p.nh = nh;
+      p.nkv = nkv;
+      p.hd = hd;
+      p.rd = int(c.rotary_dim);
+      p.ns = s.ns;
+      p.kvt = s.kvt;
+      p.eps = c.rms_norm_eps;
+      attn_prep_kernel<<<dim3(unsigned(nh + 1), unsigned(T)), 128, size_t(std::max(hd, 2 * nkv * hd)) * 4, st>>>(p);
+      AttnRowsArgs a;
+      a.q = q_;
+      a.gate = proj_;
+      a.gstride = proj_stride_;
+      a.out = o_;
+      a.kv = kv;
+      a.stage = stage;
+      if (!staged) a.stage.k = nullptr;
+      a.p0 = p0;
+      a.nh = nh;
+      a.nkv = nkv;
+      a.hd = hd;
+      a.ns = s.ns;
+      a.scale = 1.0f / std::sqrt(float(hd));
+      const dim3 g{unsigned(nh), unsigned(T)};
+      switch (s.kvt) {
+        case KV_F32: attn_rows_kernel<KV_F32><<<g, 256, 0, st>>>(a); break;
+        case KV_BF16: attn_rows_kernel<KV_BF16><<<g, 256, 0, st>>>(a); break;
+        case KV_F16: attn_rows_kernel<KV_F16><<<g, 256, 0, st>>>(a); break;
+        default: attn_rows_kernel<KV_FP8><<<g, 256, 0, st>>>(a); break;
+      }
+      if (staged) kv_commit_kernel<<<T, 256, 0, st>>>(kv, stage, p0, T, nkv * hd, s.ns, int(s.el));
+      dense(d.o_proj, o_, x_, H, GEMM_ADD);
+    }
+    check(cudaGetLastError(), d.full ? "batched prefill: attention" : "batched prefill: linear attention");
+    // Feed-forward.
+    norm_rows_kernel<<<T, 256, 0, st>>>(x_, d.post_norm, H, c.rms_norm_eps, xn_);
+    if (!d.moe) {
+      dense(d.s_gu, xn_, hs_, d.s_down.cols, GEMM_SWIGLU, d.s_down.cols);
+      dense(d.s_down, hs_, x_, H, GEMM_ADD);
+      continue;
+    }
+    dense(d.router, xn_, rl_, d.router.rows, GEMM_STORE);
+    topk_rows_kernel<<<T, 32, 0, st>>>(rl_, d.router.rows, E, k, c.norm_topk_prob ? 1 : 0, d.has_shared ? 1 : 0, ids_,
+                                       w_, d.tc);
+    const int ebm = tile_rows(double(T) * k / std::max(E, 1));
+    route_lists_kernel<<<1, 1024, 0, st>>>(ids_, T, k, E, ebm, tok_, dest_, tiles_, ntiles_);
+    const int ntiles = std::min(tiles_max_, div_up(int64_t(T) * k, ebm) + E);
+    GemmArgs g;
+    g.A = xn_;
+    g.lda = H;
+    g.arow = tok_;
+    g.wtab = d.gu_tab;
+    g.tiles = tiles_;
+    g.ntiles = ntiles_;
+    g.N = 2 * I;
+    g.K = H;
+    g.C = hb_;
+    g.ldc = I;
+    g.mode = GEMM_SWIGLU;
+    g.half = I;
+    gemm(d.edt, g, ebm, ntiles);
+    g.A = hb_;
+    g.lda = I;
+    g.arow = nullptr;
+    g.wtab = d.down_tab;
+    g.N = H;
+    g.K = I;
+    g.C = y_;
+    g.ldc = H;
+    g.crow = dest_;
+    g.mode = GEMM_STORE;
+    g.half = 0;
+    gemm(d.edt, g, ebm, ntiles);
+    if (d.has_shared) {
+      dense(d.s_gu, xn_, hs_, d.s_down.cols, GEMM_SWIGLU, d.s_down.cols);
+      dense(d.s_down, hs_, ysh_, H, GEMM_STORE);
+    }
+    moe_combine_kernel<<<T, 256, 0, st>>>(x_, H, y_, d.has_shared ? ysh_ : nullptr, w_, k);
+    check(cudaGetLastError(), "batched prefill: experts");
+  }
+  set_int_kernel<<<1, 1, 0, st>>>(s.d_pos, p0 + T);
+  check(cudaGetLastError(), "batched prefill");
+}
+
+void Prefill::logits(int t0, int n, float* dst) {
+  const ModelConfig& c = *m_.c;
+  const int H = int(c.hidden_size);
+  const size_t V = size_t(c.vocab_size);
+  for (int b = 0; b < n; b += lrows_) {
+    const int rows = std::min(lrows_, n - b);
+    norm_rows_kernel<<<rows, 256, 0, m_.stream>>>(x_ + size_t(t0 + b) * H, m_.final_norm, H, c.rms_norm_eps, xn_);
+    GemmArgs g;
+    g.A = xn_;
+    g.lda = H;
+    g.W = m_.lm_head.p;
+    g.M = rows;
+    g.N = m_.lm_head.rows;
+    g.K = H;
+    g.C = logits_;
+    g.ldc = int(V);
+    const int bm = tile_rows(rows);
+    gemm(m_.lm_head.dt, g, bm, div_up(rows, bm));
+    CK(cudaMemcpyAsync(dst + size_t(b) * V, logits_, size_t(rows) * V * 4, cudaMemcpyDeviceToHost, m_.stream));
+    CK(cudaStreamSynchronize(m_.stream));
+  }
+}
+
+}  // namespace flashmoe::cuda

@@ -1,0 +1,85 @@
+// Batched prefill on the GPU: a chunk of prompt tokens through the model
+// layer by layer (as the CPU backend does), so each weight row is read once
+// per chunk instead of once per token:
+//  - every projection is a matrix product on the tensor cores (gemm.cuh);
+//  - conv1d and the delta rule walk the chunk's tokens in order, the state
+//    in registers (prefill_kernels.cuh);
+//  - attention runs all of the chunk's queries at once, causal over the
+//    cache and the chunk;
+//  - the routed experts get per-expert token lists built on the device, and
+//    each chosen expert is read once per chunk (grouped product).
+// Used by CudaModel::forward for more than one token at a time; decode
+// (one token) keeps the graph-captured step of cuda_model.cu.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <string>
+#include <vector>
+
+#include "backend/cuda/attention.cuh"
+#include "backend/cuda/device_model.cuh"
+#include "format/config.h"
+
+namespace flashmoe::cuda {
+
+struct GemmArgs;
+
+// What the prefill reads of the uploaded model.
+struct PrefillModel {
+  const ModelConfig* c = nullptr;
+  const std::vector<DLayer>* L = nullptr;
+  const std::vector<int>* slot = nullptr;  // per layer: index among full or linear layers
+  DMat embed, lm_head;
+  const float* final_norm = nullptr;
+  const float* inv_freq = nullptr;
+  cudaStream_t stream = nullptr;
+};
+
+// One conversation's device state, advanced by a chunk.
+struct PrefillState {
+  const std::vector<KvLayer>* kvl = nullptr;
+  const std::vector<float*>* conv = nullptr;  // [C][K-1] per linear layer
+  const std::vector<float*>* ssm = nullptr;   // [nv][dk][dv] per linear layer
+  int kvt = KV_F32, ns = 0;
+  size_t el = 4;  // bytes per KV element
+  int* d_pos = nullptr;
+};
+
+class Prefill {
+ public:
+  // Why the batched path cannot run this model (empty: it can); the caller
+  // then feeds token by token.
+  static std::string unsupported(const PrefillModel& m);
+  // Allocates the buffers of chunks of up to max_tokens tokens (throws Error
+  // when the device is out of memory).
+  Prefill(const PrefillModel& m, int max_tokens);
+  ~Prefill();
+  Prefill(const Prefill&) = delete;
+  Prefill& operator=(const Prefill&) = delete;
+
+  int max_tokens() const { return tmax_; }
+  // Tokens d_ids[0..T) (device) at positions pos..pos+T-1 through every
+  // layer, T <= max_tokens(); *d_pos becomes pos + T. Enqueued on the stream.
+  void run(const PrefillState& s, const int* d_ids, int T, int64_t pos);
+  // The residual stream of the last chunk's token t after the last layer (device, [H]).
+  const float* hidden(int t) const;
+  // Logits of the last chunk's tokens [t0, t0 + n) into host memory dst ([n][V]); synchronizes.
+  void logits(int t0, int n, float* dst);
+
+ private:
+  void gemm(int dt, const GemmArgs& a, int bm, int grid_y);
+  void allocate();
+  void* alloc(size_t bytes);
+
+  PrefillModel m_;
+  int tmax_ = 0, lrows_ = 0, tiles_max_ = 0;
+  std::vector<void*> allocs_;
+  float *x_ = nullptr, *xn_ = nullptr, *proj_ = nullptr, *cv_ = nullptr, *o_ = nullptr, *q_ = nullptr;
+  float *beta_ = nullptr, *decay_ = nullptr, *rl_ = nullptr, *w_ = nullptr, *hb_ = nullptr, *hs_ = nullptr;
+  float *y_ = nullptr, *ysh_ = nullptr, *logits_ = nullptr;
+  int *ids_ = nullptr, *tok_ = nullptr, *dest_ = nullptr, *tiles_ = nullptr, *ntiles_ = nullptr;
+  KvLayer stage_{};  // a windowed cache's K/V of the chunk until its queries ran
+  int proj_stride_ = 0, o_stride_ = 0;
+};
+
+}  // namespace flashmoe::cuda

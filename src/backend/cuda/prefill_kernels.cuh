@@ -1,0 +1,361 @@
+// Kernels of the batched prefill (prefill.cu): a chunk of T tokens through
+// one layer at a time, every token's rows side by side ([T][width] buffers).
+// The products are gemm.cuh's; these are the per-token and per-channel steps
+// around them, each the decode step's arithmetic for T tokens at once.
+#pragma once
+#include "backend/cuda/attention.cuh"
+#include "backend/cuda/kernels.cuh"
+
+namespace flashmoe::cuda {
+
+// x[t] = embed[ids[t]] (grid: T blocks).
+template <typename T>
+__global__ void embed_rows_kernel(const T* __restrict__ E, int H, const int* __restrict__ ids, float* __restrict__ x) {
+  const size_t tok = size_t(ids[blockIdx.x]);
+  for (int i = threadIdx.x; i < H; i += blockDim.x) x[size_t(blockIdx.x) * H + i] = to_f<T>(E[tok * H + i]);
+}
+
+// y[t] = x[t] / rms(x[t]) * (1 + w), zero-centred RMS norm (grid: T blocks).
+__global__ void norm_rows_kernel(const float* __restrict__ x, const float* __restrict__ w, int H, float eps,
+                                 float* __restrict__ y) {
+  const float* xr = x + size_t(blockIdx.x) * H;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < H; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = block_sum(ss);
+  const float r = 1.0f / sqrtf(ss / float(H) + eps);
+  for (int i = threadIdx.x; i < H; i += blockDim.x) y[size_t(blockIdx.x) * H + i] = xr[i] * r * (1.0f + w[i]);
+}
+
+// Causal depthwise conv (kernel K <= 8) + SiLU of T tokens, one thread per
+// channel walking the tokens in order; state [C][K-1] as conv_kernel keeps it.
+__global__ void conv_rows_kernel(const float* __restrict__ u, int ustride, int C, int K, const float* __restrict__ taps,
+                                 float* __restrict__ state, float* __restrict__ out, int T) {
+  constexpr int kMaxK = 8;
+  const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+  if (ch >= C) return;
+  float tp[kMaxK], st[kMaxK];
+#pragma unroll
+  for (int j = 0; j < kMaxK; ++j) {
+    tp[j] = j < K ? taps[size_t(ch) * K + j] : 0.f;
+    st[j] = j < K - 1 ? state[size_t(ch) * (K - 1) + j] : 0.f;
+  }
+  for (int t = 0; t < T; ++t) {
+    const float v = u[size_t(t) * ustride + ch];
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j)
+      if (j == K - 1) acc = tp[j] * v;
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j)
+      if (j < K - 1) acc += tp[j] * st[j];
+#pragma unroll
+    for (int j = 0; j + 1 < kMaxK; ++j)
+      if (j + 1 < K - 1) st[j] = st[j + 1];
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j)
+      if (j == K - 2) st[j] = v;
+    out[size_t(t) * C + ch] = siluf_(acc);
+  }
+#pragma unroll
+  for (int j = 0; j < kMaxK; ++j)
+    if (j < K - 1) state[size_t(ch) * (K - 1) + j] = st[j];
+}
+
+// Per token (blockIdx.x) the delta rule's inputs that do not depend on the
+// state: q and k of every key head L2-normed in place in the conv output
+// (q also scaled by 1/sqrt(dk)), and per value head beta = sigmoid(b) and the
+// decay exp(-exp(A) softplus(a + dt_bias)).
+struct DeltaRowsArgs {
+  float* conv;  // [T][C]: q [nk*dk], k [nk*dk], v [nv*dv]
+  int C;
+  const float* proj;  // [T][pstride]: b at boff, a at aoff
+  int pstride, boff, aoff, zoff;
+  const float* dt_bias;
+  const float* neg_exp_A;
+  const float* norm_w;  // [dv]
+  float* beta;          // [T][nv]
+  float* decay;         // [T][nv]
+  float* S;             // [nv][dk][dv]
+  float* out;           // [T][nv*dv]: raw, then gated-normed
+  int nk, nv, dk, dv, T;
+  float eps;
+};
+
+__global__ void delta_rows_kernel(DeltaRowsArgs a) {
+  const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  float* row = a.conv + size_t(t) * a.C;
+  for (int v = warp; v < 2 * a.nk; v += nw) {  // v < nk: q of head v; else k of head v - nk
+    float* x = row + size_t(v) * a.dk;
+    float ss = 0.f;
+    for (int i = lane; i < a.dk; i += 32) ss += x[i] * x[i];
+    ss = warp_sum(ss);
+    const float r = v < a.nk ? (1.0f / sqrtf(float(a.dk))) / sqrtf(ss + 1e-6f) : 1.0f / sqrtf(ss + 1e-6f);
+    for (int i = lane; i < a.dk; i += 32) x[i] *= r;
+  }
+  const float* p = a.proj + size_t(t) * a.pstride;
+  for (int h = threadIdx.x; h < a.nv; h += blockDim.x) {
+    a.beta[size_t(t) * a.nv + h] = sigmoidf_(p[a.boff + h]);
+    a.decay[size_t(t) * a.nv + h] = expf(a.neg_exp_A[h] * softplusf_(p[a.aoff + h] + a.dt_bias[h]));
+  }
+}
+
+// The delta-rule recurrence over the chunk's tokens, in order. Columns of
+// the state are independent, so a block takes 32 columns of one value head
+// (grid: nv x dv/32), DK/32 threads per column each holding 32 rows of it
+// in registers for all T tokens. q, k, v, beta and decay of kTB tokens at a
+// time are staged in shared memory (q/k rows padded per thread part so the
+// 16-byte reads of a part's rows fall in distinct banks). out: raw o.
+template <int DK>
+__global__ void __launch_bounds__(DK) delta_scan_kernel(DeltaRowsArgs a) {
+  constexpr int SPLIT = DK / 32, R = 32, kTB = 8, kRow = SPLIT * (R + 4);
+  __shared__ __align__(16) float qs[kTB][kRow], ks[kTB][kRow];
+  __shared__ float vs[kTB][32], bs[kTB], ds[kTB];
+  const int h = blockIdx.x, g = h / (a.nv / a.nk), c0 = blockIdx.y * 32;
+  const int col = threadIdx.x / SPLIT, part = threadIdx.x % SPLIT, j = c0 + col;
+  float* S = a.S + size_t(h) * DK * a.dv + j;
+  float s[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) s[i] = S[size_t(part * R + i) * a.dv];
+  for (int t0 = 0; t0 < a.T; t0 += kTB) {
+    const int nt = min(kTB, a.T - t0);
+    __syncthreads();
+    for (int i = threadIdx.x; i < nt * DK; i += blockDim.x) {
+      const int tt = i / DK, d = i % DK, at = (d / R) * (R + 4) + d % R;
+      const float* row = a.conv + size_t(t0 + tt) * a.C;
+      qs[tt][at] = row[g * DK + d];
+      ks[tt][at] = row[a.nk * DK + g * DK + d];
+    }
+    for (int i = threadIdx.x; i < nt * 32; i += blockDim.x) {
+      const int tt = i / 32, cc = i % 32;
+      vs[tt][cc] = a.conv[size_t(t0 + tt) * a.C + 2 * a.nk * DK + h * a.dv + c0 + cc];
+    }
+    if (threadIdx.x < nt) {
+      bs[threadIdx.x] = a.beta[size_t(t0 + threadIdx.x) * a.nv + h];
+      ds[threadIdx.x] = a.decay[size_t(t0 + threadIdx.x) * a.nv + h];
+    }
+    __syncthreads();
+    for (int tt = 0; tt < nt; ++tt) {
+      const float4* k4 = reinterpret_cast<const float4*>(&ks[tt][part * (R + 4)]);
+      const float4* q4 = reinterpret_cast<const float4*>(&qs[tt][part * (R + 4)]);
+      const float decay = ds[tt];
+      float m = 0.f;
+#pragma unroll
+      for (int i = 0; i < R / 4; ++i) {
+        const float4 k = k4[i];
+        s[4 * i] *= decay, s[4 * i + 1] *= decay, s[4 * i + 2] *= decay, s[4 * i + 3] *= decay;
+        m += k.x * s[4 * i] + k.y * s[4 * i + 1] + k.z * s[4 * i + 2] + k.w * s[4 * i + 3];
+      }
+#pragma unroll
+      for (int o = 1; o < SPLIT; o <<= 1) m += __shfl_xor_sync(0xffffffffu, m, o);
+      const float d = (vs[tt][col] - m) * bs[tt];
+      float o = 0.f;
+#pragma unroll
+      for (int i = 0; i < R / 4; ++i) {
+        const float4 k = k4[i], q = q4[i];
+        s[4 * i] += k.x * d, s[4 * i + 1] += k.y * d, s[4 * i + 2] += k.z * d, s[4 * i + 3] += k.w * d;
+        o += q.x * s[4 * i] + q.y * s[4 * i + 1] + q.z * s[4 * i + 2] + q.w * s[4 * i + 3];
+      }
+#pragma unroll
+      for (int w = 1; w < SPLIT; w <<= 1) o += __shfl_xor_sync(0xffffffffu, o, w);
+      if (part == 0) a.out[size_t(t0 + tt) * a.nv * a.dv + size_t(h) * a.dv + j] = o;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < R; ++i) S[size_t(part * R + i) * a.dv] = s[i];
+}
+
+// out[t][h] = rmsnorm(o) * w * silu(z), in place (grid: T x nv, >= dv threads).
+__global__ void gated_norm_rows_kernel(DeltaRowsArgs a) {
+  const int t = blockIdx.x, h = blockIdx.y, j = threadIdx.x;
+  float* o = a.out + size_t(t) * a.nv * a.dv + size_t(h) * a.dv;
+  const float v = j < a.dv ? o[j] : 0.f;
+  const float ss = block_sum(v * v);
+  if (j >= a.dv) return;
+  const float rn = 1.0f / sqrtf(ss / float(a.dv) + a.eps);
+  o[j] = v * rn * a.norm_w[j] * siluf_(a.proj[size_t(t) * a.pstride + a.zoff + h * a.dv + j]);
+}
+
+// Router top-k of each token (grid: T blocks of one warp): ids [T][k],
+// weights [T][k+1] (the shared expert's gate last); the tiered cache's
+// counters see every choice, as in decode.
+__global__ void topk_rows_kernel(const float* __restrict__ logits, int lstride, int E, int k, int norm_topk,
+                                 int has_shared, int* ids, float* w, TierCount tc) {
+  const int t = blockIdx.x;
+  topk_warp(logits + size_t(t) * lstride, E, k, norm_topk, has_shared, ids + size_t(t) * k, w + size_t(t) * (k + 1),
+            tc, ExpertSel{nullptr, nullptr, nullptr});
+}
+
+// The chunk's (token, expert) pairs grouped by expert (one block): pair
+// t*k+j gets row p of its expert's range; tok[p] = t, dest[p] = t*k+j; the
+// ranges cut into tiles of at most BM rows for gemm_kernel's grouped mode.
+__global__ void route_lists_kernel(const int* __restrict__ ids, int T, int k, int E, int BM, int* tok, int* dest,
+                                   int* tiles, int* ntiles) {
+  __shared__ int cnt[512], cur[512];
+  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < T * k; i += blockDim.x) atomicAdd(&cnt[ids[i]], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int off = 0, nt = 0;
+    for (int e = 0; e < E; ++e) {
+      cur[e] = off;
+      for (int m = 0; m < cnt[e]; m += BM) {
+        tiles[3 * nt] = e;
+        tiles[3 * nt + 1] = off + m;
+        tiles[3 * nt + 2] = off + min(cnt[e], m + BM);
+        ++nt;
+      }
+      off += cnt[e];
+    }
+    *ntiles = nt;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < T * k; i += blockDim.x) {
+    const int p = atomicAdd(&cur[ids[i]], 1);
+    tok[p] = i / k;
+    dest[p] = i;
+  }
+}
+
+// x[t] += sum_j w[t][j] y[t*k + j] (+ w[t][k] ysh[t]): the routed experts'
+// outputs (and the shared expert's), in slot order (grid: T blocks).
+__global__ void moe_combine_kernel(float* __restrict__ x, int H, const float* __restrict__ y,
+                                   const float* __restrict__ ysh, const float* __restrict__ w, int k) {
+  const int t = blockIdx.x;
+  const float* wt = w + size_t(t) * (k + 1);
+  for (int i = threadIdx.x; i < H; i += blockDim.x) {
+    float acc = 0.f;
+    for (int j = 0; j < k; ++j) acc += wt[j] * y[(size_t(t) * k + j) * H + i];
+    if (ysh) acc += wt[k] * ysh[size_t(t) * H + i];
+    x[size_t(t) * H + i] += acc;
+  }
+}
+
+// Attention of a chunk's queries (grid: nh x T; 256 threads), position
+// p0 + t over the positions its cache policy keeps visible: all before it
+// (full), the last W (window), or the sinks and the last W - sinks
+// (streaming). Positions before p0 come from the cache (its state at the
+// start of the chunk), the chunk's own from `stage` (windowed caches: the
+// chunk's K/V are committed after all its queries ran) or from the cache
+// (full retention: written in place by attn_prep). One pass with a running
+// max per warp (online softmax): no score buffer of the chunk's size.
+// Lanes take 8 consecutive dims (hd % 8 == 0, hd <= 256).
+struct AttnRowsArgs {
+  const float* q;     // [T][nh*hd]
+  const float* gate;  // qkv rows [T][gstride]: gate of head h at h*2*hd + hd
+  int gstride;
+  float* out;  // [T][nh*hd]
+  KvLayer kv;
+  KvLayer stage;  // k/v/ks/vs rows by chunk token; null k: the chunk is in kv
+  int p0, nh, nkv, hd, ns;
+  float scale;
+};
+
+template <int KVT>
+__global__ void __launch_bounds__(256) attn_rows_kernel(AttnRowsArgs a) {
+  constexpr int kU = 4, kW = 8;
+  __shared__ float ml[kW][2];
+  __shared__ __align__(16) float part[kW][256];
+  const int h = blockIdx.x, t = blockIdx.y, P = a.p0 + t, hd = a.hd, kvh = h / (a.nh / a.nkv);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, row = a.nkv * hd;
+  const KvLayer& L = a.kv;
+  int nA = 0, lo = 0;  // visible: [0, nA) and [lo, P]
+  if (L.window > 0) {
+    nA = min(L.sinks, P + 1);
+    lo = max(L.sinks, P - (L.window - L.sinks) + 1);
+  }
+  const int n = nA + max(0, P - lo + 1);
+  const bool on = lane * 8 < hd;
+  float q[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) q[i] = on ? a.q[(size_t(t) * a.nh + h) * hd + lane * 8 + i] : 0.f;
+  float mx = -INFINITY, l = 0.f, acc[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) acc[i] = 0.f;
+  for (int i0 = warp * kU; i0 < n; i0 += kW * kU) {
+    float kv[kU][8], vv[kU][8], ksc[kU], vsc[kU], e[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int idx = min(i0 + u, n - 1), pos = idx < nA ? idx : lo + (idx - nA);
+      const bool st = a.stage.k && pos >= a.p0;
+      const KvLayer& src = st ? a.stage : L;
+      const int slot = st ? pos - a.p0 : kv_slot(L, pos);
+      const size_t off = size_t(slot) * row + size_t(kvh) * hd + lane * 8;
+      ksc[u] = vsc[u] = 1.f;
+      if constexpr (KVT == KV_FP8) {
+        const size_t so = size_t(slot) * a.ns + (a.ns == 1 ? 0 : kvh);
+        ksc[u] = src.ks[so];
+        vsc[u] = src.vs[so];
+      }
+      if (on) {
+        kv_load8<KVT>(src.k, off, kv[u]);
+        kv_load8<KVT>(src.v, off, vv[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      float d = 0.f;
+      if (on)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) d += q[i] * kv[u][i];
+      d = warp_sum(d);
+      e[u] = i0 + u < n ? d * ksc[u] * a.scale : -INFINITY;
+    }
+    float m2 = mx;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) m2 = fmaxf(m2, e[u]);
+    const float corr = expf(mx - m2);  // mx = -inf the first time: 0
+    l *= corr;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] *= corr;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const float p = expf(e[u] - m2);  // 0 past the end
+      l += p;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] += p * vv[u][i] * vsc[u];
+    }
+    mx = m2;
+  }
+  if (lane == 0) ml[warp][0] = mx, ml[warp][1] = l;
+  if (on)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) part[warp][lane * 8 + i] = acc[i];
+  __syncthreads();
+  float M = -INFINITY;
+  for (int w = 0; w < kW; ++w) M = fmaxf(M, ml[w][0]);
+  float Ls = 0.f;
+  for (int w = 0; w < kW; ++w)
+    if (ml[w][1] > 0.f) Ls += ml[w][1] * expf(ml[w][0] - M);
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float o = 0.f;
+    for (int w = 0; w < kW; ++w)
+      if (ml[w][1] > 0.f) o += part[w][d] * expf(ml[w][0] - M);
+    a.out[(size_t(t) * a.nh + h) * hd + d] =
+        o / Ls * sigmoidf_(a.gate[size_t(t) * a.gstride + h * 2 * hd + hd + d]);
+  }
+}
+
+// A windowed cache takes the chunk's K/V after its queries ran: position
+// p0 + t goes to its slot unless a later position of the chunk takes that
+// slot (grid: T blocks). el: bytes per element.
+__global__ void kv_commit_kernel(KvLayer kv, KvLayer stage, int p0, int T, int row, int ns, int el) {
+  const int t = blockIdx.x, pos = p0 + t;
+  const bool keep = pos < kv.sinks || pos + (kv.window - kv.sinks) >= p0 + T;
+  if (!keep) return;
+  const int slot = kv_slot(kv, pos);
+  const size_t bytes = size_t(row) * el;
+  const char* sk = static_cast<const char*>(stage.k) + size_t(t) * bytes;
+  const char* sv = static_cast<const char*>(stage.v) + size_t(t) * bytes;
+  char* dk = static_cast<char*>(kv.k) + size_t(slot) * bytes;
+  char* dv = static_cast<char*>(kv.v) + size_t(slot) * bytes;
+  for (size_t i = threadIdx.x; i < bytes; i += blockDim.x) dk[i] = sk[i], dv[i] = sv[i];
+  if (int(threadIdx.x) < ns) {
+    kv.ks[size_t(slot) * ns + threadIdx.x] = stage.ks[size_t(t) * ns + threadIdx.x];
+    kv.vs[size_t(slot) * ns + threadIdx.x] = stage.vs[size_t(t) * ns + threadIdx.x];
+  }
+}
+
+static __global__ void set_int_kernel(int* p, int v) { *p = v; }
+
+}  // namespace flashmoe::cuda
