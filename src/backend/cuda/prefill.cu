@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/gemm.cuh"
@@ -12,6 +14,14 @@
 namespace flashmoe::cuda {
 
 namespace {
+enum Phase {
+  P_NORM, P_INPROJ, P_CONV, P_DELTA_PRE, P_DELTA_SCAN, P_GATED_NORM, P_OUTPROJ, P_ATTN_PREP, P_ATTN, P_ROUTER,
+  P_ROUTE, P_EXPERTS_GU, P_EXPERTS_DOWN, P_SHARED, P_COMBINE, P_OTHER, P_N
+};
+const char* kPhase[P_N] = {"norms", "in-proj / qkv", "conv1d", "delta prep (q/k norms, gates)", "delta scan",
+                           "gated norm", "out-proj / o_proj", "attn prep (rope, KV write)", "attention",
+                           "router", "top-k + expert lists", "experts gate/up", "experts down",
+                           "shared expert / mlp", "expert combine", "embed, commit, other"};
 int div_up(int64_t a, int64_t b) { return int((a + b - 1) / b); }
 // Rows per product tile: fewer where few rows share a weight tile (the
 // routed experts at small chunks), so the tensor cores do less padding.
@@ -39,6 +49,11 @@ void* Prefill::alloc(size_t bytes) {
 }
 
 Prefill::Prefill(const PrefillModel& m, int max_tokens) : m_(m), tmax_(max_tokens) {
+  if (const char* e = std::getenv("FLASHMOE_CUDA_PREFILL_PROFILE")) profile_ = std::string(e) == "1";
+  phase_ms_.assign(P_N, 0.0);
+  int dev = 0;
+  CK(cudaGetDevice(&dev));
+  CK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
   try {
     allocate();
   } catch (...) {  // out of device memory: nothing kept
@@ -98,7 +113,32 @@ void Prefill::allocate() {
 
 Prefill::~Prefill() {
   cudaStreamSynchronize(m_.stream);
+  if (profile_) report();
+  for (auto e : events_) cudaEventDestroy(e);
   for (void* p : allocs_) cudaFree(p);
+}
+
+void Prefill::mark(int phase) {
+  if (!profile_) return;
+  const size_t i = event_phase_.size();
+  if (events_.size() <= i) {
+    cudaEvent_t e;
+    CK(cudaEventCreate(&e));
+    events_.push_back(e);
+  }
+  CK(cudaEventRecord(events_[i], m_.stream));
+  event_phase_.push_back(phase);
+}
+
+void Prefill::report() {
+  double total = 0;
+  for (double v : phase_ms_) total += v;
+  std::fprintf(stderr, "batched prefill profile: %d chunks, %d tokens, %.2f ms (%.0f tokens/s in the kernels)\n",
+               chunks_, tokens_, total, total > 0 ? tokens_ / total * 1e3 : 0.0);
+  for (int p = 0; p < P_N; ++p)
+    if (phase_ms_[size_t(p)] > 0)
+      std::fprintf(stderr, "  %-32s %9.3f ms  %5.1f%%\n", kPhase[p], phase_ms_[size_t(p)],
+                   100 * phase_ms_[size_t(p)] / total);
 }
 
 const float* Prefill::hidden(int t) const { return x_ + size_t(t) * m_.c->hidden_size; }
@@ -126,7 +166,15 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
   const ModelConfig& c = *m_.c;
   cudaStream_t st = m_.stream;
   const int H = int(c.hidden_size), p0 = int(pos);
-  const int bm = tile_rows(T);
+  // Dense products: the tallest tiles that still fill the GPU with blocks.
+  auto dense_bm = [&](const DMat& W, int mode) {
+    const int nt = mode == GEMM_SWIGLU ? div_up(W.rows / 2, kGemmBN / 2) : div_up(W.rows, kGemmBN);
+    for (int bm : {64, 32})
+      if (bm <= tile_rows(T) && int64_t(nt) * div_up(T, bm) >= sms_) return bm;
+    return 16;
+  };
+  event_phase_.clear();
+  mark(P_OTHER);  // the start
   // Dense product: C[T][..] (=, +=, swiglu) = A[T][K] . W^T.
   auto dense = [&](const DMat& W, const float* A, float* C, int ldc, int mode, int half = 0) {
     GemmArgs g;
@@ -140,6 +188,7 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
     g.ldc = ldc;
     g.mode = mode;
     g.half = half;
+    const int bm = dense_bm(W, mode);
     gemm(W.dt, g, bm, div_up(T, bm));
   };
   switch (m_.embed.dt) {
@@ -148,6 +197,7 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
     default:
       embed_rows_kernel<<<T, 256, 0, st>>>(static_cast<const __nv_bfloat16*>(m_.embed.p), H, d_ids, x_);
   }
+  mark(P_OTHER);
   const int nk = int(c.lin_num_k_heads), nv = int(c.lin_num_v_heads), dk = int(c.lin_k_dim), dv = int(c.lin_v_dim);
   const int C = int(c.lin_conv_dim()), K = int(c.conv_kernel);
   const int nh = int(c.num_heads), nkv = int(c.num_kv_heads), hd = int(c.head_dim);
@@ -156,10 +206,15 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
     const DLayer& d = (*m_.L)[li];
     const int sl = (*m_.slot)[li];
     norm_rows_kernel<<<T, 256, 0, st>>>(x_, d.in_norm, H, c.rms_norm_eps, xn_);
+    mark(P_NORM);
     if (!d.full) {
       dense(d.lin_in, xn_, proj_, proj_stride_, GEMM_STORE);
-      conv_rows_kernel<<<div_up(C, 128), 128, 0, st>>>(proj_, proj_stride_, C, K, d.conv_w, (*s.conv)[size_t(sl)], cv_,
-                                                       T);
+      mark(P_INPROJ);
+      float* cstate = (*s.conv)[size_t(sl)];
+      conv_rows_kernel<<<dim3(unsigned(div_up(C, 128)), unsigned(T)), 128, 0, st>>>(proj_, proj_stride_, C, K,
+                                                                                  d.conv_w, cstate, cv_);
+      conv_state_kernel<<<div_up(C, 128), 128, 0, st>>>(proj_, proj_stride_, C, K, cstate, T);
+      mark(P_CONV);
       DeltaRowsArgs a;
       a.conv = cv_;
       a.C = C;
@@ -182,6 +237,7 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
       a.T = T;
       a.eps = c.rms_norm_eps;
       delta_rows_kernel<<<T, 256, 0, st>>>(a);
+      mark(P_DELTA_PRE);
       const dim3 g{unsigned(nv), unsigned(dv / 32)};
       switch (dk) {
         case 32: delta_scan_kernel<32><<<g, 32, 0, st>>>(a); break;
@@ -189,10 +245,14 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
         case 128: delta_scan_kernel<128><<<g, 128, 0, st>>>(a); break;
         default: delta_scan_kernel<256><<<g, 256, 0, st>>>(a); break;
       }
+      mark(P_DELTA_SCAN);
       gated_norm_rows_kernel<<<dim3(unsigned(T), unsigned(nv)), unsigned(div_up(dv, 32) * 32), 0, st>>>(a);
+      mark(P_GATED_NORM);
       dense(d.out_proj, o_, x_, H, GEMM_ADD);
+      mark(P_OUTPROJ);
     } else {
       dense(d.qkv, xn_, proj_, proj_stride_, GEMM_STORE);
+      mark(P_INPROJ);
       const KvLayer& kv = (*s.kvl)[size_t(sl)];
       const bool staged = kv.window > 0;
       KvLayer stage = stage_;
@@ -216,6 +276,7 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
       p.kvt = s.kvt;
       p.eps = c.rms_norm_eps;
       attn_prep_kernel<<<dim3(unsigned(nh + 1), unsigned(T)), 128, size_t(std::max(hd, 2 * nkv * hd)) * 4, st>>>(p);
+      mark(P_ATTN_PREP);
       AttnRowsArgs a;
       a.q = q_;
       a.gate = proj_;
@@ -237,22 +298,29 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
         case KV_F16: attn_rows_kernel<KV_F16><<<g, 256, 0, st>>>(a); break;
         default: attn_rows_kernel<KV_FP8><<<g, 256, 0, st>>>(a); break;
       }
+      mark(P_ATTN);
       if (staged) kv_commit_kernel<<<T, 256, 0, st>>>(kv, stage, p0, T, nkv * hd, s.ns, int(s.el));
+      mark(P_OTHER);
       dense(d.o_proj, o_, x_, H, GEMM_ADD);
+      mark(P_OUTPROJ);
     }
     check(cudaGetLastError(), d.full ? "batched prefill: attention" : "batched prefill: linear attention");
     // Feed-forward.
     norm_rows_kernel<<<T, 256, 0, st>>>(x_, d.post_norm, H, c.rms_norm_eps, xn_);
+    mark(P_NORM);
     if (!d.moe) {
       dense(d.s_gu, xn_, hs_, d.s_down.cols, GEMM_SWIGLU, d.s_down.cols);
       dense(d.s_down, hs_, x_, H, GEMM_ADD);
+      mark(P_SHARED);
       continue;
     }
     dense(d.router, xn_, rl_, d.router.rows, GEMM_STORE);
+    mark(P_ROUTER);
     topk_rows_kernel<<<T, 32, 0, st>>>(rl_, d.router.rows, E, k, c.norm_topk_prob ? 1 : 0, d.has_shared ? 1 : 0, ids_,
                                        w_, d.tc);
     const int ebm = tile_rows(double(T) * k / std::max(E, 1));
-    route_lists_kernel<<<1, 1024, 0, st>>>(ids_, T, k, E, ebm, tok_, dest_, tiles_, ntiles_);
+    route_lists_kernel<<<1, 512, 0, st>>>(ids_, T, k, E, ebm, tok_, dest_, tiles_, ntiles_);
+    mark(P_ROUTE);
     const int ntiles = std::min(tiles_max_, div_up(int64_t(T) * k, ebm) + E);
     GemmArgs g;
     g.A = xn_;
@@ -268,6 +336,7 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
     g.mode = GEMM_SWIGLU;
     g.half = I;
     gemm(d.edt, g, ebm, ntiles);
+    mark(P_EXPERTS_GU);
     g.A = hb_;
     g.lda = I;
     g.arow = nullptr;
@@ -280,15 +349,27 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
     g.mode = GEMM_STORE;
     g.half = 0;
     gemm(d.edt, g, ebm, ntiles);
+    mark(P_EXPERTS_DOWN);
     if (d.has_shared) {
       dense(d.s_gu, xn_, hs_, d.s_down.cols, GEMM_SWIGLU, d.s_down.cols);
       dense(d.s_down, hs_, ysh_, H, GEMM_STORE);
+      mark(P_SHARED);
     }
     moe_combine_kernel<<<T, 256, 0, st>>>(x_, H, y_, d.has_shared ? ysh_ : nullptr, w_, k);
+    mark(P_COMBINE);
     check(cudaGetLastError(), "batched prefill: experts");
   }
   set_int_kernel<<<1, 1, 0, st>>>(s.d_pos, p0 + T);
   check(cudaGetLastError(), "batched prefill");
+  if (!profile_) return;
+  CK(cudaStreamSynchronize(st));
+  for (size_t i = 1; i < event_phase_.size(); ++i) {
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]));
+    phase_ms_[size_t(event_phase_[i])] += ms;
+  }
+  ++chunks_;
+  tokens_ += T;
 }
 
 void Prefill::logits(int t0, int n, float* dst) {

@@ -70,9 +70,19 @@ class Prefill {
   void gemm(int dt, const GemmArgs& a, int bm, int grid_y);
   void allocate();
   void* alloc(size_t bytes);
+  void mark(int phase);  // FLASHMOE_CUDA_PREFILL_PROFILE: an event after a phase's kernels
+  void report();
+
+  // Profile (FLASHMOE_CUDA_PREFILL_PROFILE=1): time per phase summed over
+  // chunks, printed to stderr when the prefill is destroyed.
+  bool profile_ = false;
+  std::vector<cudaEvent_t> events_;
+  std::vector<int> event_phase_;
+  std::vector<double> phase_ms_;
+  int chunks_ = 0, tokens_ = 0;
 
   PrefillModel m_;
-  int tmax_ = 0, lrows_ = 0, tiles_max_ = 0;
+  int tmax_ = 0, lrows_ = 0, tiles_max_ = 0, sms_ = 1;
   std::vector<void*> allocs_;
   float *x_ = nullptr, *xn_ = nullptr, *proj_ = nullptr, *cv_ = nullptr, *o_ = nullptr, *q_ = nullptr;
   float *beta_ = nullptr, *decay_ = nullptr, *rl_ = nullptr, *w_ = nullptr, *hb_ = nullptr, *hs_ = nullptr;

@@ -26,39 +26,36 @@ __global__ void norm_rows_kernel(const float* __restrict__ x, const float* __res
   for (int i = threadIdx.x; i < H; i += blockDim.x) y[size_t(blockIdx.x) * H + i] = xr[i] * r * (1.0f + w[i]);
 }
 
-// Causal depthwise conv (kernel K <= 8) + SiLU of T tokens, one thread per
-// channel walking the tokens in order; state [C][K-1] as conv_kernel keeps it.
+// Causal depthwise conv (kernel K <= 8) + SiLU, one thread per (channel,
+// token): the K inputs of token t are the chunk's own rows, or the state
+// [C][K-1] (the previous K-1 inputs, oldest first) before the chunk. The
+// taps in conv_kernel's order. conv_state_kernel then moves the state on.
 __global__ void conv_rows_kernel(const float* __restrict__ u, int ustride, int C, int K, const float* __restrict__ taps,
-                                 float* __restrict__ state, float* __restrict__ out, int T) {
-  constexpr int kMaxK = 8;
-  const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+                                 const float* __restrict__ state, float* __restrict__ out) {
+  const int ch = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
   if (ch >= C) return;
-  float tp[kMaxK], st[kMaxK];
-#pragma unroll
-  for (int j = 0; j < kMaxK; ++j) {
-    tp[j] = j < K ? taps[size_t(ch) * K + j] : 0.f;
-    st[j] = j < K - 1 ? state[size_t(ch) * (K - 1) + j] : 0.f;
+  const float* tp = taps + size_t(ch) * K;
+  float acc = tp[K - 1] * u[size_t(t) * ustride + ch];
+  for (int j = 0; j < K - 1; ++j) {
+    const int r = t - (K - 1) + j;  // chunk row of tap j
+    acc += tp[j] * (r >= 0 ? u[size_t(r) * ustride + ch] : state[size_t(ch) * (K - 1) + (K - 1) + r]);
   }
-  for (int t = 0; t < T; ++t) {
-    const float v = u[size_t(t) * ustride + ch];
-    float acc = 0.f;
-#pragma unroll
-    for (int j = 0; j < kMaxK; ++j)
-      if (j == K - 1) acc = tp[j] * v;
-#pragma unroll
-    for (int j = 0; j < kMaxK; ++j)
-      if (j < K - 1) acc += tp[j] * st[j];
-#pragma unroll
-    for (int j = 0; j + 1 < kMaxK; ++j)
-      if (j + 1 < K - 1) st[j] = st[j + 1];
-#pragma unroll
-    for (int j = 0; j < kMaxK; ++j)
-      if (j == K - 2) st[j] = v;
-    out[size_t(t) * C + ch] = siluf_(acc);
+  out[size_t(t) * C + ch] = siluf_(acc);
+}
+
+// The conv state after the chunk: its last K-1 inputs (older ones from the
+// state when the chunk is shorter).
+__global__ void conv_state_kernel(const float* __restrict__ u, int ustride, int C, int K, float* __restrict__ state,
+                                  int T) {
+  const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+  if (ch >= C || K < 2) return;
+  float* st = state + size_t(ch) * (K - 1);
+  float v[8];
+  for (int j = 0; j < K - 1; ++j) {
+    const int r = T - (K - 1) + j;
+    v[j] = r >= 0 ? u[size_t(r) * ustride + ch] : st[(K - 1) + r];
   }
-#pragma unroll
-  for (int j = 0; j < kMaxK; ++j)
-    if (j < K - 1) state[size_t(ch) * (K - 1) + j] = st[j];
+  for (int j = 0; j < K - 1; ++j) st[j] = v[j];
 }
 
 // Per token (blockIdx.x) the delta rule's inputs that do not depend on the
@@ -138,23 +135,27 @@ __global__ void __launch_bounds__(DK) delta_scan_kernel(DeltaRowsArgs a) {
       const float4* k4 = reinterpret_cast<const float4*>(&ks[tt][part * (R + 4)]);
       const float4* q4 = reinterpret_cast<const float4*>(&qs[tt][part * (R + 4)]);
       const float decay = ds[tt];
-      float m = 0.f;
+      // Four partial sums per dot: the chain of dependent adds that bounds
+      // each token's latency is 8 long instead of 32.
+      float mp[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int i = 0; i < R / 4; ++i) {
         const float4 k = k4[i];
         s[4 * i] *= decay, s[4 * i + 1] *= decay, s[4 * i + 2] *= decay, s[4 * i + 3] *= decay;
-        m += k.x * s[4 * i] + k.y * s[4 * i + 1] + k.z * s[4 * i + 2] + k.w * s[4 * i + 3];
+        mp[0] += k.x * s[4 * i], mp[1] += k.y * s[4 * i + 1], mp[2] += k.z * s[4 * i + 2], mp[3] += k.w * s[4 * i + 3];
       }
+      float m = (mp[0] + mp[1]) + (mp[2] + mp[3]);
 #pragma unroll
       for (int o = 1; o < SPLIT; o <<= 1) m += __shfl_xor_sync(0xffffffffu, m, o);
       const float d = (vs[tt][col] - m) * bs[tt];
-      float o = 0.f;
+      float op[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int i = 0; i < R / 4; ++i) {
         const float4 k = k4[i], q = q4[i];
         s[4 * i] += k.x * d, s[4 * i + 1] += k.y * d, s[4 * i + 2] += k.z * d, s[4 * i + 3] += k.w * d;
-        o += q.x * s[4 * i] + q.y * s[4 * i + 1] + q.z * s[4 * i + 2] + q.w * s[4 * i + 3];
+        op[0] += q.x * s[4 * i], op[1] += q.y * s[4 * i + 1], op[2] += q.z * s[4 * i + 2], op[3] += q.w * s[4 * i + 3];
       }
+      float o = (op[0] + op[1]) + (op[2] + op[3]);
 #pragma unroll
       for (int w = 1; w < SPLIT; w <<= 1) o += __shfl_xor_sync(0xffffffffu, o, w);
       if (part == 0) a.out[size_t(t0 + tt) * a.nv * a.dv + size_t(h) * a.dv + j] = o;
@@ -185,30 +186,40 @@ __global__ void topk_rows_kernel(const float* __restrict__ logits, int lstride, 
             tc, ExpertSel{nullptr, nullptr, nullptr});
 }
 
-// The chunk's (token, expert) pairs grouped by expert (one block): pair
-// t*k+j gets row p of its expert's range; tok[p] = t, dest[p] = t*k+j; the
-// ranges cut into tiles of at most BM rows for gemm_kernel's grouped mode.
-__global__ void route_lists_kernel(const int* __restrict__ ids, int T, int k, int E, int BM, int* tok, int* dest,
-                                   int* tiles, int* ntiles) {
-  __shared__ int cnt[512], cur[512];
-  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+// The chunk's (token, expert) pairs grouped by expert (one block of 512
+// threads, E <= 512): pair t*k+j gets row p of its expert's range;
+// tok[p] = t, dest[p] = t*k+j; the ranges cut into tiles of at most BM rows
+// for gemm_kernel's grouped mode. Offsets by a scan over the experts.
+__global__ void __launch_bounds__(512) route_lists_kernel(const int* __restrict__ ids, int T, int k, int E, int BM,
+                                                          int* tok, int* dest, int* tiles, int* ntiles) {
+  __shared__ int cnt[512], cur[512], sc[2][512], st[2][512];
+  const int e = threadIdx.x;
+  cnt[e] = 0;
   __syncthreads();
   for (int i = threadIdx.x; i < T * k; i += blockDim.x) atomicAdd(&cnt[ids[i]], 1);
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int off = 0, nt = 0;
-    for (int e = 0; e < E; ++e) {
-      cur[e] = off;
-      for (int m = 0; m < cnt[e]; m += BM) {
-        tiles[3 * nt] = e;
-        tiles[3 * nt + 1] = off + m;
-        tiles[3 * nt + 2] = off + min(cnt[e], m + BM);
-        ++nt;
-      }
-      off += cnt[e];
-    }
-    *ntiles = nt;
+  // Inclusive scans (Hillis-Steele) of the row counts and the tile counts.
+  int b = 0;
+  sc[0][e] = e < E ? cnt[e] : 0;
+  st[0][e] = e < E ? (cnt[e] + BM - 1) / BM : 0;
+  __syncthreads();
+  for (int o = 1; o < 512; o <<= 1) {
+    sc[b ^ 1][e] = sc[b][e] + (e >= o ? sc[b][e - o] : 0);
+    st[b ^ 1][e] = st[b][e] + (e >= o ? st[b][e - o] : 0);
+    b ^= 1;
+    __syncthreads();
   }
+  if (e < E) {
+    const int off = sc[b][e] - cnt[e];
+    int nt = st[b][e] - (cnt[e] + BM - 1) / BM;
+    cur[e] = off;
+    for (int m = 0; m < cnt[e]; m += BM, ++nt) {
+      tiles[3 * nt] = e;
+      tiles[3 * nt + 1] = off + m;
+      tiles[3 * nt + 2] = off + min(cnt[e], m + BM);
+    }
+  }
+  if (e == 511) *ntiles = st[b][511];
   __syncthreads();
   for (int i = threadIdx.x; i < T * k; i += blockDim.x) {
     const int p = atomicAdd(&cur[ids[i]], 1);
