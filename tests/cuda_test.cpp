@@ -238,7 +238,8 @@ TEST(CudaCoderMini, PiecesGraphsAndGreedyAgree) {
 // The batched prefill against token-by-token feeding through the decode
 // step (FLASHMOE_CUDA_BATCH=0), in every KV format. Chunks of 7, 30 and 100
 // tokens reach every tile height of the products (16, 32, 64 rows) and make
-// windowed caches wrap inside a chunk and across chunks.
+// windowed caches wrap inside a chunk and across chunks; "100s": chunks of
+// 100 on the simple product kernel (FLASHMOE_CUDA_GEMM=simple).
 TEST(CudaCoderMini, BatchedPrefillMatchesTokenByToken) {
   REQUIRE_GPU();
   const std::string dir = source_path("models/coder-mini");
@@ -251,8 +252,10 @@ TEST(CudaCoderMini, BatchedPrefillMatchesTokenByToken) {
     ScopedEnv off("FLASHMOE_CUDA_BATCH", "0");
     step = CudaModel::upload(*model);
   }
-  for (const char* chunk : {"7", "30", "100"}) {
-    ScopedEnv size("FLASHMOE_CUDA_CHUNK", chunk);
+  // The last run: the first product kernel (gemm_kernel) on bf16 weights too.
+  for (const char* chunk : {"7", "30", "100", "100s"}) {
+    ScopedEnv size("FLASHMOE_CUDA_CHUNK", std::string(chunk) == "100s" ? "100" : chunk);
+    ScopedEnv simple("FLASHMOE_CUDA_GEMM", std::string(chunk) == "100s" ? "simple" : nullptr);
     auto chunked = CudaModel::upload(*model);
     for (const KvCase& c : kv_cases()) {
       Session a(*model, c.kv, pool, step.get()), b(*model, c.kv, pool, chunked.get());

@@ -9,6 +9,7 @@
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/gemm.cuh"
+#include "backend/cuda/gemm_pipe.cuh"
 #include "backend/cuda/prefill_kernels.cuh"
 
 namespace flashmoe::cuda {
@@ -51,6 +52,10 @@ void* Prefill::alloc(size_t bytes) {
 Prefill::Prefill(const PrefillModel& m, int max_tokens) : m_(m), tmax_(max_tokens) {
   if (const char* e = std::getenv("FLASHMOE_CUDA_PREFILL_PROFILE")) profile_ = std::string(e) == "1";
   phase_ms_.assign(P_N, 0.0);
+  if (const char* e = std::getenv("FLASHMOE_CUDA_GEMM")) pipe_ = std::string(e) != "simple";
+  CK(cudaFuncSetAttribute(gemm_pipe_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(PipeShape<64>::kSmem)));
+  CK(cudaFuncSetAttribute(gemm_pipe_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(PipeShape<32>::kSmem)));
+  CK(cudaFuncSetAttribute(gemm_pipe_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(PipeShape<16>::kSmem)));
   int dev = 0;
   CK(cudaGetDevice(&dev));
   CK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
@@ -101,6 +106,12 @@ void Prefill::allocate() {
   hs_ = f(T * size_t(is_max));
   y_ = f(T * k * H);
   ysh_ = f(T * H);
+  const size_t ymax = std::max({T * size_t(omax), T * k * I, T * size_t(is_max)});
+  auto b = [&](size_t n) { return static_cast<__nv_bfloat16*>(alloc(n * 2)); };
+  xhi_ = b(T * H);
+  xlo_ = b(T * H);
+  yhi_ = b(ymax);
+  ylo_ = b(ymax);
   lrows_ = std::min(tmax_, 32);
   logits_ = f(size_t(lrows_) * size_t(c.vocab_size));
   const size_t row = size_t(std::max<int64_t>(1, c.num_kv_heads * c.head_dim));
@@ -143,10 +154,28 @@ void Prefill::report() {
 
 const float* Prefill::hidden(int t) const { return x_ + size_t(t) * m_.c->hidden_size; }
 
-void Prefill::gemm(int dt, const GemmArgs& a, int bm, int grid_y) {
+SplitRows Prefill::split(const float* A, int rows, int cols, bool x) {
+  __nv_bfloat16* hi = x ? xhi_ : yhi_;
+  __nv_bfloat16* lo = x ? xlo_ : ylo_;
+  const int blocks = std::min(div_up(int64_t(rows) * cols, 256), sms_ * 8);
+  split_rows_kernel<<<blocks, 256, 0, m_.stream>>>(A, rows, cols, cols, hi, lo);
+  return {hi, lo};
+}
+
+void Prefill::gemm(int dt, const GemmArgs& a, int bm, int grid_y, SplitRows sp) {
+  cudaStream_t s = m_.stream;
+  if (pipe(dt) && sp.hi) {
+    const int gx = a.mode == GEMM_SWIGLU ? div_up(a.half, kPipeBN / 2) : div_up(a.N, kPipeBN);
+    const dim3 grid(unsigned(gx), unsigned(std::max(grid_y, 1)));
+    auto go = [&](auto kern, size_t smem) { kern<<<grid, kPipeThreads, smem, s>>>(a, sp.hi, sp.lo); };
+    if (bm == 64) go(gemm_pipe_kernel<64>, PipeShape<64>::kSmem);
+    else if (bm == 32) go(gemm_pipe_kernel<32>, PipeShape<32>::kSmem);
+    else go(gemm_pipe_kernel<16>, PipeShape<16>::kSmem);
+    check(cudaGetLastError(), "batched prefill: matrix product");
+    return;
+  }
   const int gx = a.mode == GEMM_SWIGLU ? div_up(a.half, kGemmBN / 2) : div_up(a.N, kGemmBN);
   const dim3 grid(unsigned(gx), unsigned(std::max(grid_y, 1)));
-  cudaStream_t s = m_.stream;
   auto go = [&](auto kern) { kern<<<grid, kGemmThreads, 0, s>>>(a); };
   switch (dt * 3 + (bm == 64 ? 2 : bm == 32 ? 1 : 0)) {
     case DT_F32 * 3 + 0: go(gemm_kernel<float, 16>); break;
@@ -168,7 +197,8 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
   const int H = int(c.hidden_size), p0 = int(pos);
   // Dense products: the tallest tiles that still fill the GPU with blocks.
   auto dense_bm = [&](const DMat& W, int mode) {
-    const int nt = mode == GEMM_SWIGLU ? div_up(W.rows / 2, kGemmBN / 2) : div_up(W.rows, kGemmBN);
+    const int bn = pipe(W.dt) ? kPipeBN : kGemmBN;
+    const int nt = mode == GEMM_SWIGLU ? div_up(W.rows / 2, bn / 2) : div_up(W.rows, bn);
     for (int bm : {64, 32})
       if (bm <= tile_rows(T) && int64_t(nt) * div_up(T, bm) >= sms_) return bm;
     return 16;
@@ -176,7 +206,9 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
   event_phase_.clear();
   mark(P_OTHER);  // the start
   // Dense product: C[T][..] (=, +=, swiglu) = A[T][K] . W^T.
-  auto dense = [&](const DMat& W, const float* A, float* C, int ldc, int mode, int half = 0) {
+  // sp: A already split (xn_); else split here when the pipelined product runs.
+  auto dense = [&](const DMat& W, const float* A, float* C, int ldc, int mode, int half = 0, SplitRows sp = {}) {
+    if (pipe(W.dt) && !sp.hi) sp = split(A, T, W.cols, false);
     GemmArgs g;
     g.A = A;
     g.lda = W.cols;
@@ -189,7 +221,7 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
     g.mode = mode;
     g.half = half;
     const int bm = dense_bm(W, mode);
-    gemm(W.dt, g, bm, div_up(T, bm));
+    gemm(W.dt, g, bm, div_up(T, bm), sp);
   };
   switch (m_.embed.dt) {
     case DT_F32: embed_rows_kernel<<<T, 256, 0, st>>>(static_cast<const float*>(m_.embed.p), H, d_ids, x_); break;
@@ -206,9 +238,10 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
     const DLayer& d = (*m_.L)[li];
     const int sl = (*m_.slot)[li];
     norm_rows_kernel<<<T, 256, 0, st>>>(x_, d.in_norm, H, c.rms_norm_eps, xn_);
+    const SplitRows xs = pipe_ ? split(xn_, T, H, true) : SplitRows{};
     mark(P_NORM);
     if (!d.full) {
-      dense(d.lin_in, xn_, proj_, proj_stride_, GEMM_STORE);
+      dense(d.lin_in, xn_, proj_, proj_stride_, GEMM_STORE, 0, xs);
       mark(P_INPROJ);
       float* cstate = (*s.conv)[size_t(sl)];
       conv_rows_kernel<<<dim3(unsigned(div_up(C, 128)), unsigned(T)), 128, 0, st>>>(proj_, proj_stride_, C, K,
@@ -251,7 +284,7 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
       dense(d.out_proj, o_, x_, H, GEMM_ADD);
       mark(P_OUTPROJ);
     } else {
-      dense(d.qkv, xn_, proj_, proj_stride_, GEMM_STORE);
+      dense(d.qkv, xn_, proj_, proj_stride_, GEMM_STORE, 0, xs);
       mark(P_INPROJ);
       const KvLayer& kv = (*s.kvl)[size_t(sl)];
       const bool staged = kv.window > 0;
@@ -307,14 +340,15 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
     check(cudaGetLastError(), d.full ? "batched prefill: attention" : "batched prefill: linear attention");
     // Feed-forward.
     norm_rows_kernel<<<T, 256, 0, st>>>(x_, d.post_norm, H, c.rms_norm_eps, xn_);
+    const SplitRows fs = pipe_ ? split(xn_, T, H, true) : SplitRows{};
     mark(P_NORM);
     if (!d.moe) {
-      dense(d.s_gu, xn_, hs_, d.s_down.cols, GEMM_SWIGLU, d.s_down.cols);
+      dense(d.s_gu, xn_, hs_, d.s_down.cols, GEMM_SWIGLU, d.s_down.cols, fs);
       dense(d.s_down, hs_, x_, H, GEMM_ADD);
       mark(P_SHARED);
       continue;
     }
-    dense(d.router, xn_, rl_, d.router.rows, GEMM_STORE);
+    dense(d.router, xn_, rl_, d.router.rows, GEMM_STORE, 0, fs);
     mark(P_ROUTER);
     topk_rows_kernel<<<T, 32, 0, st>>>(rl_, d.router.rows, E, k, c.norm_topk_prob ? 1 : 0, d.has_shared ? 1 : 0, ids_,
                                        w_, d.tc);
@@ -335,7 +369,7 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
     g.ldc = I;
     g.mode = GEMM_SWIGLU;
     g.half = I;
-    gemm(d.edt, g, ebm, ntiles);
+    gemm(d.edt, g, ebm, ntiles, fs);
     mark(P_EXPERTS_GU);
     g.A = hb_;
     g.lda = I;
@@ -348,10 +382,10 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
     g.crow = dest_;
     g.mode = GEMM_STORE;
     g.half = 0;
-    gemm(d.edt, g, ebm, ntiles);
+    gemm(d.edt, g, ebm, ntiles, pipe(d.edt) ? split(hb_, T * k, I, false) : SplitRows{});
     mark(P_EXPERTS_DOWN);
     if (d.has_shared) {
-      dense(d.s_gu, xn_, hs_, d.s_down.cols, GEMM_SWIGLU, d.s_down.cols);
+      dense(d.s_gu, xn_, hs_, d.s_down.cols, GEMM_SWIGLU, d.s_down.cols, fs);
       dense(d.s_down, hs_, ysh_, H, GEMM_STORE);
       mark(P_SHARED);
     }

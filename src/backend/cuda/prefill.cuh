@@ -11,6 +11,7 @@
 // Used by CudaModel::forward for more than one token at a time; decode
 // (one token) keeps the graph-captured step of cuda_model.cu.
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <string>
@@ -23,6 +24,12 @@
 namespace flashmoe::cuda {
 
 struct GemmArgs;
+
+// Activations split into hi/lo bf16 rows for gemm_pipe_kernel (null: none).
+struct SplitRows {
+  const __nv_bfloat16* hi = nullptr;
+  const __nv_bfloat16* lo = nullptr;
+};
 
 // What the prefill reads of the uploaded model.
 struct PrefillModel {
@@ -67,7 +74,10 @@ class Prefill {
   void logits(int t0, int n, float* dst);
 
  private:
-  void gemm(int dt, const GemmArgs& a, int bm, int grid_y);
+  void gemm(int dt, const GemmArgs& a, int bm, int grid_y, SplitRows sp = {});
+  bool pipe(int dt) const { return pipe_ && dt == DT_BF16; }
+  // A [rows][cols] into the hi/lo pair x (xn_: reused by several products) or y.
+  SplitRows split(const float* A, int rows, int cols, bool x);
   void allocate();
   void* alloc(size_t bytes);
   void mark(int phase);  // FLASHMOE_CUDA_PREFILL_PROFILE: an event after a phase's kernels
@@ -88,6 +98,10 @@ class Prefill {
   float *beta_ = nullptr, *decay_ = nullptr, *rl_ = nullptr, *w_ = nullptr, *hb_ = nullptr, *hs_ = nullptr;
   float *y_ = nullptr, *ysh_ = nullptr, *logits_ = nullptr;
   int *ids_ = nullptr, *tok_ = nullptr, *dest_ = nullptr, *tiles_ = nullptr, *ntiles_ = nullptr;
+  __nv_bfloat16 *xhi_ = nullptr, *xlo_ = nullptr, *yhi_ = nullptr, *ylo_ = nullptr;
+  //  FLASHMOE_CUDA_GEMM (pipe): bf16 weights take gemm_pipe_kernel; simple:
+  //  gemm_kernel for every storage type (the A/B baseline).
+  bool pipe_ = true;
   KvLayer stage_{};  // a windowed cache's K/V of the chunk until its queries ran
   int proj_stride_ = 0, o_stride_ = 0;
 };

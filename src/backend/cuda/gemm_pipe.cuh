@@ -1,0 +1,188 @@
+// The batched prefill's product for bf16 weights (every published
+// checkpoint): gemm.cuh's split-bf16 arithmetic, with the activations split
+// into hi/lo bf16 rows once before the product (split_rows_kernel) instead of
+// in every block, so the tiles go from global to shared memory untouched:
+// cp.async in a 3-stage pipeline (the loads of two tiles in flight while a
+// third is multiplied), 8 warps on a 128-column tile.
+#pragma once
+#include <mma.h>
+
+#include "backend/cuda/gemm.cuh"
+
+namespace flashmoe::cuda {
+
+// hi[i] = bf16(x[i]), lo[i] = bf16(x[i] - hi[i]) for rows [rows][cols] (row stride ld).
+__global__ void split_rows_kernel(const float* __restrict__ x, int rows, int cols, int ld, __nv_bfloat16* hi,
+                                  __nv_bfloat16* lo) {
+  const size_t n = size_t(rows) * cols;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const size_t r = i / size_t(cols), c = i % size_t(cols);
+    split_bf16(x[r * ld + c], hi[i], lo[i]);
+  }
+}
+
+constexpr int kPipeBN = 128, kPipeBK = 32, kPipeLd = kPipeBK + 8, kPipeStages = 3, kPipeThreads = 256;
+
+template <int BM>
+struct PipeShape {
+  static constexpr int WM = BM == 16 ? 1 : 2;  // warps along the rows
+  static constexpr int WN = 8 / WM;            // and along the columns
+  static constexpr int FM = BM / 16 / WM;      // 16x16 fragments per warp
+  static constexpr int FN = kPipeBN / 16 / WN;
+  static constexpr size_t kStage = size_t(2 * BM + kPipeBN) * kPipeLd * 2;  // a hi, a lo, w (bytes)
+  static constexpr size_t kOut = size_t(BM) * (kPipeBN + 4) * 4;
+  static constexpr size_t kSmem = kStage * kPipeStages > kOut ? kStage * kPipeStages : kOut;
+};
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool ok) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int n = ok ? 16 : 0;  // 0: zero-fill
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+// a.A unused: the activations are ahi/alo [rows][K] (row m of output row m:
+// arow[m] or m). Modes, gathering, scattering and grouping as gemm_kernel.
+template <int BM>
+__global__ void __launch_bounds__(kPipeThreads) gemm_pipe_kernel(GemmArgs a, const __nv_bfloat16* __restrict__ ahi,
+                                                                 const __nv_bfloat16* __restrict__ alo) {
+  using namespace nvcuda;
+  using S = PipeShape<BM>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  int m0, m1;
+  const __nv_bfloat16* W;
+  if (a.tiles) {
+    if (int(blockIdx.y) >= *a.ntiles) return;
+    const int* tl = a.tiles + 3 * blockIdx.y;
+    W = static_cast<const __nv_bfloat16*>(a.wtab[tl[0]]);
+    m0 = tl[1];
+    m1 = tl[2];
+  } else {
+    W = static_cast<const __nv_bfloat16*>(a.W);
+    m0 = blockIdx.y * BM;
+    m1 = min(a.M, m0 + BM);
+  }
+  constexpr int HB = kPipeBN / 2;
+  const bool swiglu = a.mode == GEMM_SWIGLU;
+  if (swiglu ? int(blockIdx.x) * HB >= a.half : int(blockIdx.x) * kPipeBN >= a.N) return;
+  const int tid = threadIdx.x, warp = tid >> 5, wm = warp / S::WN, wn = warp % S::WN;
+  auto stage_a = [&](int s, int lohi) {
+    return reinterpret_cast<__nv_bfloat16*>(smem + size_t(s) * S::kStage) + size_t(lohi) * BM * kPipeLd;
+  };
+  auto stage_w = [&](int s) {
+    return reinterpret_cast<__nv_bfloat16*>(smem + size_t(s) * S::kStage) + size_t(2 * BM) * kPipeLd;
+  };
+  // 16-byte chunks per stage: A hi and lo (BM rows x 4 each), W (BN rows x 4).
+  constexpr int kChunks = (2 * BM + kPipeBN) * (kPipeBK / 8);
+  constexpr int kPer = (kChunks + kPipeThreads - 1) / kPipeThreads;
+  const __nv_bfloat16* src[kPer];
+  int dst_off[kPer];  // element offset inside a stage
+  bool live[kPer];
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    const int f = tid + u * kPipeThreads, row = f / 4, c = (f % 4) * 8;
+    live[u] = f < kChunks;
+    src[u] = nullptr;
+    dst_off[u] = 0;
+    if (!live[u]) continue;
+    if (row < 2 * BM) {  // activations: hi rows, then lo rows
+      const int r = row % BM, m = m0 + r;
+      const __nv_bfloat16* base = row < BM ? ahi : alo;
+      src[u] = m < m1 ? base + size_t(a.arow ? a.arow[m] : m) * a.K + c : nullptr;
+      dst_off[u] = row * kPipeLd + c;
+    } else {
+      const int n = row - 2 * BM;
+      int wr;
+      bool ok;
+      if (swiglu) {
+        const int j = blockIdx.x * HB + (n % HB);
+        ok = j < a.half;
+        wr = n < HB ? j : a.half + j;
+      } else {
+        wr = blockIdx.x * kPipeBN + n;
+        ok = wr < a.N;
+      }
+      src[u] = ok ? W + size_t(wr) * a.K + c : nullptr;
+      dst_off[u] = row * kPipeLd + c;
+    }
+  }
+  const int nk = (a.K + kPipeBK - 1) / kPipeBK;
+  auto issue = [&](int kt) {
+    if (kt < nk) {
+      const int s = kt % kPipeStages, k0 = kt * kPipeBK;
+      __nv_bfloat16* base = reinterpret_cast<__nv_bfloat16*>(smem + size_t(s) * S::kStage);
+#pragma unroll
+      for (int u = 0; u < kPer; ++u) {
+        if (!live[u]) continue;
+        const int c = dst_off[u] % kPipeLd;
+        const bool ok = src[u] && k0 + c < a.K;
+        cp_async16(base + dst_off[u], ok ? src[u] + k0 : (ahi ? ahi : alo), ok);
+      }
+    }
+    cp_async_commit();  // an empty group past the end keeps the counting uniform
+  };
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[S::FM][S::FN];
+#pragma unroll
+  for (int i = 0; i < S::FM; ++i)
+#pragma unroll
+    for (int j = 0; j < S::FN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+#pragma unroll
+  for (int s = 0; s < kPipeStages - 1; ++s) issue(s);
+  for (int kt = 0; kt < nk; ++kt) {
+    cp_async_wait<kPipeStages - 2>();
+    __syncthreads();
+    issue(kt + kPipeStages - 1);
+    const int s = kt % kPipeStages;
+    const __nv_bfloat16 *sh = stage_a(s, 0), *sl = stage_a(s, 1), *sw = stage_w(s);
+#pragma unroll
+    for (int kk = 0; kk < kPipeBK; kk += 16) {
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b[S::FN];
+#pragma unroll
+      for (int j = 0; j < S::FN; ++j)
+        wmma::load_matrix_sync(b[j], sw + size_t((wn * S::FN + j) * 16) * kPipeLd + kk, kPipeLd);
+#pragma unroll
+      for (int i = 0; i < S::FM; ++i) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> ah, al;
+        const size_t ro = size_t((wm * S::FM + i) * 16) * kPipeLd + kk;
+        wmma::load_matrix_sync(ah, sh + ro, kPipeLd);
+        wmma::load_matrix_sync(al, sl + ro, kPipeLd);
+#pragma unroll
+        for (int j = 0; j < S::FN; ++j) {
+          wmma::mma_sync(acc[i][j], al, b[j], acc[i][j]);
+          wmma::mma_sync(acc[i][j], ah, b[j], acc[i][j]);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  constexpr int kCLd = kPipeBN + 4;
+  float* cs = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int i = 0; i < S::FM; ++i)
+#pragma unroll
+    for (int j = 0; j < S::FN; ++j)
+      wmma::store_matrix_sync(cs + size_t((wm * S::FM + i) * 16) * kCLd + (wn * S::FN + j) * 16, acc[i][j], kCLd,
+                              wmma::mem_row_major);
+  __syncthreads();
+  const int rows = m1 - m0;
+  if (swiglu) {
+    for (int i = tid; i < BM * HB; i += kPipeThreads) {
+      const int m = i / HB, j = i % HB, col = blockIdx.x * HB + j;
+      if (m >= rows || col >= a.half) continue;
+      a.C[size_t(a.crow ? a.crow[m0 + m] : m0 + m) * a.ldc + col] = siluf_(cs[m * kCLd + j]) * cs[m * kCLd + HB + j];
+    }
+    return;
+  }
+  for (int i = tid; i < BM * kPipeBN; i += kPipeThreads) {
+    const int m = i / kPipeBN, n = i % kPipeBN, col = blockIdx.x * kPipeBN + n;
+    if (m >= rows || col >= a.N) continue;
+    float* c = a.C + size_t(a.crow ? a.crow[m0 + m] : m0 + m) * a.ldc + col;
+    if (a.mode == GEMM_ADD) *c += cs[m * kCLd + n];
+    else *c = cs[m * kCLd + n];
+  }
+}
+
+}  // namespace flashmoe::cuda
