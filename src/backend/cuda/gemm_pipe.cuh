@@ -21,15 +21,18 @@ __global__ void split_rows_kernel(const float* __restrict__ x, int rows, int col
   }
 }
 
-constexpr int kPipeBN = 128, kPipeBK = 32, kPipeLd = kPipeBK + 8, kPipeStages = 3, kPipeThreads = 256;
+constexpr int kPipeBN = 128, kPipeStages = 3, kPipeThreads = 256;
 
-template <int BM>
+// BM rows (tokens) by kPipeBN columns per block, BK deep per pipeline stage
+// (shared-memory rows padded by 16 bytes: conflict-free fragment loads).
+template <int BM, int BK>
 struct PipeShape {
+  static constexpr int LD = BK + 8;
   static constexpr int WM = BM == 16 ? 1 : 2;  // warps along the rows
   static constexpr int WN = 8 / WM;            // and along the columns
   static constexpr int FM = BM / 16 / WM;      // 16x16 fragments per warp
   static constexpr int FN = kPipeBN / 16 / WN;
-  static constexpr size_t kStage = size_t(2 * BM + kPipeBN) * kPipeLd * 2;  // a hi, a lo, w (bytes)
+  static constexpr size_t kStage = size_t(2 * BM + kPipeBN) * LD * 2;  // a hi, a lo, w (bytes)
   static constexpr size_t kOut = size_t(BM) * (kPipeBN + 4) * 4;
   static constexpr size_t kSmem = kStage * kPipeStages > kOut ? kStage * kPipeStages : kOut;
 };
@@ -45,11 +48,12 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 // a.A unused: the activations are ahi/alo [rows][K] (row m of output row m:
 // arow[m] or m). Modes, gathering, scattering and grouping as gemm_kernel.
-template <int BM>
+template <int BM, int BK>
 __global__ void __launch_bounds__(kPipeThreads) gemm_pipe_kernel(GemmArgs a, const __nv_bfloat16* __restrict__ ahi,
                                                                  const __nv_bfloat16* __restrict__ alo) {
   using namespace nvcuda;
-  using S = PipeShape<BM>;
+  using S = PipeShape<BM, BK>;
+  constexpr int kPipeLd = S::LD, kPipeBK = BK, kRowChunks = BK / 8;
   extern __shared__ __align__(128) unsigned char smem[];
   int m0, m1;
   const __nv_bfloat16* W;
@@ -74,15 +78,15 @@ __global__ void __launch_bounds__(kPipeThreads) gemm_pipe_kernel(GemmArgs a, con
   auto stage_w = [&](int s) {
     return reinterpret_cast<__nv_bfloat16*>(smem + size_t(s) * S::kStage) + size_t(2 * BM) * kPipeLd;
   };
-  // 16-byte chunks per stage: A hi and lo (BM rows x 4 each), W (BN rows x 4).
-  constexpr int kChunks = (2 * BM + kPipeBN) * (kPipeBK / 8);
+  // 16-byte chunks per stage: A hi and lo (BM rows each), W (BN rows), BK / 8 per row.
+  constexpr int kChunks = (2 * BM + kPipeBN) * kRowChunks;
   constexpr int kPer = (kChunks + kPipeThreads - 1) / kPipeThreads;
   const __nv_bfloat16* src[kPer];
   int dst_off[kPer];  // element offset inside a stage
   bool live[kPer];
 #pragma unroll
   for (int u = 0; u < kPer; ++u) {
-    const int f = tid + u * kPipeThreads, row = f / 4, c = (f % 4) * 8;
+    const int f = tid + u * kPipeThreads, row = f / kRowChunks, c = (f % kRowChunks) * 8;
     live[u] = f < kChunks;
     src[u] = nullptr;
     dst_off[u] = 0;

@@ -53,9 +53,16 @@ Prefill::Prefill(const PrefillModel& m, int max_tokens) : m_(m), tmax_(max_token
   if (const char* e = std::getenv("FLASHMOE_CUDA_PREFILL_PROFILE")) profile_ = std::string(e) == "1";
   phase_ms_.assign(P_N, 0.0);
   if (const char* e = std::getenv("FLASHMOE_CUDA_GEMM")) pipe_ = std::string(e) != "simple";
-  CK(cudaFuncSetAttribute(gemm_pipe_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(PipeShape<64>::kSmem)));
-  CK(cudaFuncSetAttribute(gemm_pipe_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(PipeShape<32>::kSmem)));
-  CK(cudaFuncSetAttribute(gemm_pipe_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(PipeShape<16>::kSmem)));
+  if (const char* e = std::getenv("FLASHMOE_CUDA_GEMM_BK")) pipe_bk_ = std::atoi(e) == 32 ? 32 : 64;
+  auto smem = [](auto kern, size_t bytes) {
+    CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  };
+  smem(gemm_pipe_kernel<64, 32>, PipeShape<64, 32>::kSmem);
+  smem(gemm_pipe_kernel<32, 32>, PipeShape<32, 32>::kSmem);
+  smem(gemm_pipe_kernel<16, 32>, PipeShape<16, 32>::kSmem);
+  smem(gemm_pipe_kernel<64, 64>, PipeShape<64, 64>::kSmem);
+  smem(gemm_pipe_kernel<32, 64>, PipeShape<32, 64>::kSmem);
+  smem(gemm_pipe_kernel<16, 64>, PipeShape<16, 64>::kSmem);
   int dev = 0;
   CK(cudaGetDevice(&dev));
   CK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
@@ -168,9 +175,15 @@ void Prefill::gemm(int dt, const GemmArgs& a, int bm, int grid_y, SplitRows sp) 
     const int gx = a.mode == GEMM_SWIGLU ? div_up(a.half, kPipeBN / 2) : div_up(a.N, kPipeBN);
     const dim3 grid(unsigned(gx), unsigned(std::max(grid_y, 1)));
     auto go = [&](auto kern, size_t smem) { kern<<<grid, kPipeThreads, smem, s>>>(a, sp.hi, sp.lo); };
-    if (bm == 64) go(gemm_pipe_kernel<64>, PipeShape<64>::kSmem);
-    else if (bm == 32) go(gemm_pipe_kernel<32>, PipeShape<32>::kSmem);
-    else go(gemm_pipe_kernel<16>, PipeShape<16>::kSmem);
+    if (pipe_bk_ == 64) {
+      if (bm == 64) go(gemm_pipe_kernel<64, 64>, PipeShape<64, 64>::kSmem);
+      else if (bm == 32) go(gemm_pipe_kernel<32, 64>, PipeShape<32, 64>::kSmem);
+      else go(gemm_pipe_kernel<16, 64>, PipeShape<16, 64>::kSmem);
+    } else {
+      if (bm == 64) go(gemm_pipe_kernel<64, 32>, PipeShape<64, 32>::kSmem);
+      else if (bm == 32) go(gemm_pipe_kernel<32, 32>, PipeShape<32, 32>::kSmem);
+      else go(gemm_pipe_kernel<16, 32>, PipeShape<16, 32>::kSmem);
+    }
     check(cudaGetLastError(), "batched prefill: matrix product");
     return;
   }
@@ -324,7 +337,9 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
       a.hd = hd;
       a.ns = s.ns;
       a.scale = 1.0f / std::sqrt(float(hd));
-      const dim3 g{unsigned(nh), unsigned(T)};
+      const int group = nh / std::max(nkv, 1);
+      a.hpb = group <= 8 && 8 % group == 0 ? group : 1;
+      const dim3 g{unsigned(nh / a.hpb), unsigned(T)};
       switch (s.kvt) {
         case KV_F32: attn_rows_kernel<KV_F32><<<g, 256, 0, st>>>(a); break;
         case KV_BF16: attn_rows_kernel<KV_BF16><<<g, 256, 0, st>>>(a); break;

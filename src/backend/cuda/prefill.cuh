@@ -102,6 +102,9 @@ class Prefill {
   //  FLASHMOE_CUDA_GEMM (pipe): bf16 weights take gemm_pipe_kernel; simple:
   //  gemm_kernel for every storage type (the A/B baseline).
   bool pipe_ = true;
+  //  FLASHMOE_CUDA_GEMM_BK (64): columns of K per pipeline stage (32: more
+  //  barriers per tile, less shared memory).
+  int pipe_bk_ = 64;
   KvLayer stage_{};  // a windowed cache's K/V of the chunk until its queries ran
   int proj_stride_ = 0, o_stride_ = 0;
 };

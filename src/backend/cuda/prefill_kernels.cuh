@@ -104,7 +104,10 @@ __global__ void delta_rows_kernel(DeltaRowsArgs a) {
 // 16-byte reads of a part's rows fall in distinct banks). out: raw o.
 template <int DK>
 __global__ void __launch_bounds__(DK) delta_scan_kernel(DeltaRowsArgs a) {
-  constexpr int SPLIT = DK / 32, R = 32, kTB = 8, kRow = SPLIT * (R + 4);
+  // kTB tokens staged per round: the staging loads and barriers of a round
+  // are what each token waits for, so the more per round the better (up to
+  // ~40 KB of shared memory).
+  constexpr int SPLIT = DK / 32, R = 32, kTB = DK <= 128 ? 32 : 16, kRow = SPLIT * (R + 4);
   __shared__ __align__(16) float qs[kTB][kRow], ks[kTB][kRow];
   __shared__ float vs[kTB][32], bs[kTB], ds[kTB];
   const int h = blockIdx.x, g = h / (a.nv / a.nk), c0 = blockIdx.y * 32;
@@ -242,7 +245,7 @@ __global__ void moe_combine_kernel(float* __restrict__ x, int H, const float* __
   }
 }
 
-// Attention of a chunk's queries (grid: nh x T; 256 threads), position
+// Attention of a chunk's queries (grid: nh / hpb x T; 256 threads), position
 // p0 + t over the positions its cache policy keeps visible: all before it
 // (full), the last W (window), or the sinks and the last W - sinks
 // (streaming). Positions before p0 come from the cache (its state at the
@@ -259,6 +262,7 @@ struct AttnRowsArgs {
   KvLayer kv;
   KvLayer stage;  // k/v/ks/vs rows by chunk token; null k: the chunk is in kv
   int p0, nh, nkv, hd, ns;
+  int hpb;  // query heads per block (of one KV head; divides 8): grid.x = nh / hpb
   float scale;
 };
 
@@ -267,8 +271,12 @@ __global__ void __launch_bounds__(256) attn_rows_kernel(AttnRowsArgs a) {
   constexpr int kU = 4, kW = 8;
   __shared__ float ml[kW][2];
   __shared__ __align__(16) float part[kW][256];
-  const int h = blockIdx.x, t = blockIdx.y, P = a.p0 + t, hd = a.hd, kvh = h / (a.nh / a.nkv);
+  // Warp w: query head blockIdx.x * hpb + w % hpb, slice w / hpb of the
+  // positions. The block's heads share one KV head, so its warps read the
+  // same K/V rows at about the same time: from L2 once, then from L1.
+  const int hpb = a.hpb, nsl = kW / hpb, t = blockIdx.y, P = a.p0 + t, hd = a.hd;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, row = a.nkv * hd;
+  const int h = blockIdx.x * hpb + warp % hpb, sl = warp / hpb, kvh = h / (a.nh / a.nkv);
   const KvLayer& L = a.kv;
   int nA = 0, lo = 0;  // visible: [0, nA) and [lo, P]
   if (L.window > 0) {
@@ -283,7 +291,7 @@ __global__ void __launch_bounds__(256) attn_rows_kernel(AttnRowsArgs a) {
   float mx = -INFINITY, l = 0.f, acc[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) acc[i] = 0.f;
-  for (int i0 = warp * kU; i0 < n; i0 += kW * kU) {
+  for (int i0 = sl * kU; i0 < n; i0 += nsl * kU) {
     float kv[kU][8], vv[kU][8], ksc[kU], vsc[kU], e[kU];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
@@ -333,17 +341,19 @@ __global__ void __launch_bounds__(256) attn_rows_kernel(AttnRowsArgs a) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) part[warp][lane * 8 + i] = acc[i];
   __syncthreads();
-  float M = -INFINITY;
-  for (int w = 0; w < kW; ++w) M = fmaxf(M, ml[w][0]);
-  float Ls = 0.f;
-  for (int w = 0; w < kW; ++w)
-    if (ml[w][1] > 0.f) Ls += ml[w][1] * expf(ml[w][0] - M);
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    float o = 0.f;
-    for (int w = 0; w < kW; ++w)
-      if (ml[w][1] > 0.f) o += part[w][d] * expf(ml[w][0] - M);
-    a.out[(size_t(t) * a.nh + h) * hd + d] =
-        o / Ls * sigmoidf_(a.gate[size_t(t) * a.gstride + h * 2 * hd + hd + d]);
+  for (int i = threadIdx.x; i < hpb * hd; i += blockDim.x) {
+    const int hh = i / hd, d = i % hd, oh = blockIdx.x * hpb + hh;  // warps hh, hh + hpb, ...
+    float M = -INFINITY;
+    for (int w = hh; w < kW; w += hpb) M = fmaxf(M, ml[w][0]);
+    float Ls = 0.f, o = 0.f;
+    for (int w = hh; w < kW; w += hpb)
+      if (ml[w][1] > 0.f) {
+        const float f = expf(ml[w][0] - M);
+        Ls += ml[w][1] * f;
+        o += part[w][d] * f;
+      }
+    a.out[(size_t(t) * a.nh + oh) * hd + d] =
+        o / Ls * sigmoidf_(a.gate[size_t(t) * a.gstride + oh * 2 * hd + hd + d]);
   }
 }
 
