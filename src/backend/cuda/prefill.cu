@@ -53,7 +53,11 @@ Prefill::Prefill(const PrefillModel& m, int max_tokens) : m_(m), tmax_(max_token
   if (const char* e = std::getenv("FLASHMOE_CUDA_PREFILL_PROFILE")) profile_ = std::string(e) == "1";
   phase_ms_.assign(P_N, 0.0);
   if (const char* e = std::getenv("FLASHMOE_CUDA_GEMM")) pipe_ = std::string(e) != "simple";
-  if (const char* e = std::getenv("FLASHMOE_CUDA_GEMM_BK")) pipe_bk_ = std::atoi(e) == 32 ? 32 : 64;
+  if (const char* e = std::getenv("FLASHMOE_CUDA_GEMM_BK")) {
+    pipe_bk_ = std::atoi(e) == 32 ? 32 : 64;
+    pipe_bk_forced_ = true;
+  }
+  if (const char* e = std::getenv("FLASHMOE_CUDA_ATTN_HPB")) attn_hpb_ = std::string(e) != "0";
   auto smem = [](auto kern, size_t bytes) {
     CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
   };
@@ -175,7 +179,10 @@ void Prefill::gemm(int dt, const GemmArgs& a, int bm, int grid_y, SplitRows sp) 
     const int gx = a.mode == GEMM_SWIGLU ? div_up(a.half, kPipeBN / 2) : div_up(a.N, kPipeBN);
     const dim3 grid(unsigned(gx), unsigned(std::max(grid_y, 1)));
     auto go = [&](auto kern, size_t smem) { kern<<<grid, kPipeThreads, smem, s>>>(a, sp.hi, sp.lo); };
-    if (pipe_bk_ == 64) {
+    // 64 columns of K per stage paid on every product but the tallest tiles
+    // (64 rows: 140 registers and 110 KB per block, 2 blocks per SM), where
+    // 32 was faster (bench/NOTES-cuda.md, prefill).
+    if (pipe_bk_ == 64 && (bm < 64 || pipe_bk_forced_)) {
       if (bm == 64) go(gemm_pipe_kernel<64, 64>, PipeShape<64, 64>::kSmem);
       else if (bm == 32) go(gemm_pipe_kernel<32, 64>, PipeShape<32, 64>::kSmem);
       else go(gemm_pipe_kernel<16, 64>, PipeShape<16, 64>::kSmem);
@@ -338,7 +345,7 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
       a.ns = s.ns;
       a.scale = 1.0f / std::sqrt(float(hd));
       const int group = nh / std::max(nkv, 1);
-      a.hpb = group <= 8 && 8 % group == 0 ? group : 1;
+      a.hpb = attn_hpb_ && group <= 8 && 8 % group == 0 ? group : 1;
       const dim3 g{unsigned(nh / a.hpb), unsigned(T)};
       switch (s.kvt) {
         case KV_F32: attn_rows_kernel<KV_F32><<<g, 256, 0, st>>>(a); break;

@@ -102,9 +102,13 @@ class Prefill {
   //  FLASHMOE_CUDA_GEMM (pipe): bf16 weights take gemm_pipe_kernel; simple:
   //  gemm_kernel for every storage type (the A/B baseline).
   bool pipe_ = true;
-  //  FLASHMOE_CUDA_GEMM_BK (64): columns of K per pipeline stage (32: more
-  //  barriers per tile, less shared memory).
+  //  FLASHMOE_CUDA_GEMM_BK (default: 64 below 64-row tiles, 32 on them):
+  //  columns of K per pipeline stage; set, it applies to every tile height.
   int pipe_bk_ = 64;
+  bool pipe_bk_forced_ = false;
+  //  FLASHMOE_CUDA_ATTN_HPB (on): an attention block takes all query heads
+  //  of one KV head (K/V rows shared through L1); 0: one head per block.
+  bool attn_hpb_ = true;
   KvLayer stage_{};  // a windowed cache's K/V of the chunk until its queries ran
   int proj_stride_ = 0, o_stride_ = 0;
 };
