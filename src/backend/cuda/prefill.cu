@@ -293,10 +293,10 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
       mark(P_DELTA_PRE);
       const dim3 g{unsigned(nv), unsigned(dv / 32)};
       switch (dk) {
-        case 32: delta_scan_kernel<32><<<g, 32, 0, st>>>(a); break;
-        case 64: delta_scan_kernel<64><<<g, 64, 0, st>>>(a); break;
-        case 128: delta_scan_kernel<128><<<g, 128, 0, st>>>(a); break;
-        default: delta_scan_kernel<256><<<g, 256, 0, st>>>(a); break;
+        case 32: delta_scan_kernel<32><<<g, 128, 0, st>>>(a); break;
+        case 64: delta_scan_kernel<64><<<g, 256, 0, st>>>(a); break;
+        case 128: delta_scan_kernel<128><<<g, 512, 0, st>>>(a); break;
+        default: delta_scan_kernel<256><<<g, 1024, 0, st>>>(a); break;
       }
       mark(P_DELTA_SCAN);
       gated_norm_rows_kernel<<<dim3(unsigned(T), unsigned(nv)), unsigned(div_up(dv, 32) * 32), 0, st>>>(a);

@@ -98,16 +98,17 @@ __global__ void delta_rows_kernel(DeltaRowsArgs a) {
 
 // The delta-rule recurrence over the chunk's tokens, in order. Columns of
 // the state are independent, so a block takes 32 columns of one value head
-// (grid: nv x dv/32), DK/32 threads per column each holding 32 rows of it
-// in registers for all T tokens. q, k, v, beta and decay of kTB tokens at a
-// time are staged in shared memory (q/k rows padded per thread part so the
-// 16-byte reads of a part's rows fall in distinct banks). out: raw o.
+// (grid: nv x dv/32), SPLIT = DK/R threads per column each holding R rows
+// of it in registers for all T tokens. The tokens are a serial chain, so
+// what bounds the kernel is each token's latency: R = 8 rows per thread
+// (a 4x shorter chain of dependent instructions than 32, and 4x the warps
+// to interleave; ncu showed one warp per scheduler issuing every 5.6 cycles).
+// q, k, v, beta and decay of kTB tokens at a time are staged in shared
+// memory (q/k rows padded per thread part so the 16-byte reads of a
+// quarter-warp's parts fall in distinct banks). out: raw o.
 template <int DK>
-__global__ void __launch_bounds__(DK) delta_scan_kernel(DeltaRowsArgs a) {
-  // kTB tokens staged per round: the staging loads and barriers of a round
-  // are what each token waits for, so the more per round the better (up to
-  // ~40 KB of shared memory).
-  constexpr int SPLIT = DK / 32, R = 32, kTB = DK <= 128 ? 32 : 16, kRow = SPLIT * (R + 4);
+__global__ void __launch_bounds__(DK * 4) delta_scan_kernel(DeltaRowsArgs a) {
+  constexpr int R = 8, SPLIT = DK / R, kTB = 2048 / DK < 32 ? 2048 / DK : 32, kPad = R + 4, kRow = SPLIT * kPad;
   __shared__ __align__(16) float qs[kTB][kRow], ks[kTB][kRow];
   __shared__ float vs[kTB][32], bs[kTB], ds[kTB];
   const int h = blockIdx.x, g = h / (a.nv / a.nk), c0 = blockIdx.y * 32;
@@ -120,7 +121,7 @@ __global__ void __launch_bounds__(DK) delta_scan_kernel(DeltaRowsArgs a) {
     const int nt = min(kTB, a.T - t0);
     __syncthreads();
     for (int i = threadIdx.x; i < nt * DK; i += blockDim.x) {
-      const int tt = i / DK, d = i % DK, at = (d / R) * (R + 4) + d % R;
+      const int tt = i / DK, d = i % DK, at = (d / R) * kPad + d % R;
       const float* row = a.conv + size_t(t0 + tt) * a.C;
       qs[tt][at] = row[g * DK + d];
       ks[tt][at] = row[a.nk * DK + g * DK + d];
@@ -135,30 +136,30 @@ __global__ void __launch_bounds__(DK) delta_scan_kernel(DeltaRowsArgs a) {
     }
     __syncthreads();
     for (int tt = 0; tt < nt; ++tt) {
-      const float4* k4 = reinterpret_cast<const float4*>(&ks[tt][part * (R + 4)]);
-      const float4* q4 = reinterpret_cast<const float4*>(&qs[tt][part * (R + 4)]);
+      const float4* k4 = reinterpret_cast<const float4*>(&ks[tt][part * kPad]);
+      const float4* q4 = reinterpret_cast<const float4*>(&qs[tt][part * kPad]);
       const float decay = ds[tt];
-      // Four partial sums per dot: the chain of dependent adds that bounds
-      // each token's latency is 8 long instead of 32.
-      float mp[4] = {0.f, 0.f, 0.f, 0.f};
+      float mp[2] = {0.f, 0.f};
 #pragma unroll
       for (int i = 0; i < R / 4; ++i) {
         const float4 k = k4[i];
         s[4 * i] *= decay, s[4 * i + 1] *= decay, s[4 * i + 2] *= decay, s[4 * i + 3] *= decay;
-        mp[0] += k.x * s[4 * i], mp[1] += k.y * s[4 * i + 1], mp[2] += k.z * s[4 * i + 2], mp[3] += k.w * s[4 * i + 3];
+        mp[0] += k.x * s[4 * i] + k.y * s[4 * i + 1];
+        mp[1] += k.z * s[4 * i + 2] + k.w * s[4 * i + 3];
       }
-      float m = (mp[0] + mp[1]) + (mp[2] + mp[3]);
+      float m = mp[0] + mp[1];
 #pragma unroll
       for (int o = 1; o < SPLIT; o <<= 1) m += __shfl_xor_sync(0xffffffffu, m, o);
       const float d = (vs[tt][col] - m) * bs[tt];
-      float op[4] = {0.f, 0.f, 0.f, 0.f};
+      float op[2] = {0.f, 0.f};
 #pragma unroll
       for (int i = 0; i < R / 4; ++i) {
         const float4 k = k4[i], q = q4[i];
         s[4 * i] += k.x * d, s[4 * i + 1] += k.y * d, s[4 * i + 2] += k.z * d, s[4 * i + 3] += k.w * d;
-        op[0] += q.x * s[4 * i], op[1] += q.y * s[4 * i + 1], op[2] += q.z * s[4 * i + 2], op[3] += q.w * s[4 * i + 3];
+        op[0] += q.x * s[4 * i] + q.y * s[4 * i + 1];
+        op[1] += q.z * s[4 * i + 2] + q.w * s[4 * i + 3];
       }
-      float o = (op[0] + op[1]) + (op[2] + op[3]);
+      float o = op[0] + op[1];
 #pragma unroll
       for (int w = 1; w < SPLIT; w <<= 1) o += __shfl_xor_sync(0xffffffffu, o, w);
       if (part == 0) a.out[size_t(t0 + tt) * a.nv * a.dv + size_t(h) * a.dv + j] = o;
