@@ -94,9 +94,11 @@ std::vector<KvCase> kv_cases() {
 // The largest logit difference two fp32 implementations may show: bf16 and
 // f16 KV elements round at a boundary differently when K or V differ in the
 // last fp32 bits (one bf16 ulp is 2^-8 of the value), which moves a logit by
-// up to a few 1e-3 on coder-mini (measured: 2.9e-3 for the batched prefill
-// against the CPU); fp32 KV stays within 1e-4 (measured).
-float max_dlogit(const KvConfig& kv) { return kv.dtype == KvDType::F32 ? 2e-3f : 5e-3f; }
+// up to several 1e-3 on coder-mini, depending on the summation orders
+// (measured against the CPU: 2.9e-3 with the first batched prefill, 5.7e-3
+// after its delta scan summed in another order; fp8, 16x coarser, 1.6e-2,
+// and is held to its KL only). fp32 KV stays below 1e-4 (measured).
+float max_dlogit(const KvConfig& kv) { return kv.dtype == KvDType::F32 ? 2e-3f : 1e-2f; }
 
 // CUDA vs CPU on coder-mini, fp32 math on both: the distributions agree.
 void expect_matches_cpu_for_every_kv_config(const char* label) {
