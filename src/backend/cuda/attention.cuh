@@ -5,7 +5,9 @@
 #pragma once
 #include <cooperative_groups.h>
 
+#include "backend/cuda/device_model.cuh"
 #include "backend/cuda/kernels.cuh"
+#include "format/config.h"
 
 namespace flashmoe::cuda {
 
@@ -122,6 +124,28 @@ __device__ __forceinline__ void kv_store(void* dst, size_t off, int kvt, float v
     default:
       static_cast<uint8_t*>(dst)[off] = __nv_cvt_float_to_fp8(v / scale, __NV_SATFINITE, __NV_E4M3);
   }
+}
+
+// attn_prep_kernel's arguments for full-attention layer d: one token at
+// *pos (decode), or a chunk when the caller sets tstride (and stage).
+inline AttnPrepArgs attn_prep_args(const ModelConfig& c, const DLayer& d, const float* qkv, float* q, const int* pos,
+                                   const float* inv_freq, const KvLayer& kv, int ns, int kvt) {
+  AttnPrepArgs p;
+  p.qkv = qkv;
+  p.q_norm = d.q_norm;
+  p.k_norm = d.k_norm;
+  p.inv_freq = inv_freq;
+  p.q = q;
+  p.pos = pos;
+  p.kv = kv;
+  p.nh = int(c.num_heads);
+  p.nkv = int(c.num_kv_heads);
+  p.hd = int(c.head_dim);
+  p.rd = int(c.rotary_dim);
+  p.ns = ns;
+  p.kvt = kvt;
+  p.eps = c.rms_norm_eps;
+  return p;
 }
 
 // Blocks 0..nh-1: q heads (norm + rope). Block nh: every KV head (k norm +

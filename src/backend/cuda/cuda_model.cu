@@ -785,21 +785,7 @@ struct CudaModel::Impl {
         else matvec(d.out_proj, lin_o, nullptr, x, 1, K_OUT);
       } else {
         matvec(d.qkv, x, d.in_norm, proj, 0, K_PROJ, d.rfold ? cat : nullptr);
-        AttnPrepArgs p;
-        p.qkv = proj;
-        p.q_norm = d.q_norm;
-        p.k_norm = d.k_norm;
-        p.inv_freq = inv_freq;
-        p.q = q;
-        p.pos = s.d_pos;
-        p.kv = s.kvl[sl];
-        p.nh = nh;
-        p.nkv = nkv;
-        p.hd = hd;
-        p.rd = int(m.rotary_dim);
-        p.ns = s.ns;
-        p.kvt = s.kvt;
-        p.eps = m.rms_norm_eps;
+        const AttnPrepArgs p = attn_prep_args(m, d, proj, q, s.d_pos, inv_freq, s.kvl[sl], s.ns, s.kvt);
         go(attn_prep_kernel, nh + 1, 128, size_t(std::max(hd, 2 * nkv * hd)) * 4, p);
         mark(K_ATTN);
         AttnArgs a;
