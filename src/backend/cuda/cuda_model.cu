@@ -1,5 +1,6 @@
 // The CUDA backend: weight upload, per-session device state, the decode step
-// (one token through every layer, routing on the device) and its CUDA graph.
+// (one token through every layer, routing on the device) and its CUDA graph;
+// prompts of several tokens are handed to the batched prefill (prefill.cu).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

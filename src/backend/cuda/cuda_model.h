@@ -2,7 +2,9 @@
 // forward pass run there (embedding to lm_head), with the per-session state
 // (KV caches, conv and delta-rule states) in device memory. Routing is
 // decided on the device, so a decode step needs no host round trip; each
-// step is captured once in a CUDA graph and replayed.
+// step is captured once in a CUDA graph and replayed. A prompt of several
+// tokens goes through the batched prefill instead (prefill.cuh: layer by
+// layer over chunks of up to 2048 tokens).
 //
 // Plain C++ header (no CUDA headers): builds without CUDA, where every entry
 // point throws Error("this build has no CUDA backend").
