@@ -101,9 +101,10 @@ struct HttpServer::Impl {
   Metrics metrics;
   std::atomic<bool> stopping{false};
   // One CudaModel runs one call at a time (one stream, shared scratch
-  // buffers), so the slots' sessions take turns on it, token by token in
-  // request order: --parallel N still lets a short request be answered while
-  // a long one streams, each slot keeping its own state on the device.
+  // buffers), so the slots' sessions take turns on it, call by call (a
+  // prompt, then each decoded token) in request order: --parallel N still
+  // lets a short request be answered while a long one streams, each slot
+  // keeping its own state on the device.
   FifoMutex device_mutex;
 
   Impl(ServerConfig c, ServedModel model)
