@@ -12,6 +12,7 @@
 #include "cli/device.h"
 #include "core/error.h"
 #include "engine/session.h"
+#include "experts/expert_layout.h"
 #include "kv/presets.h"
 #include "model/weight_bytes.h"
 
@@ -55,7 +56,7 @@ double memcpy_gbps(ThreadPool& pool) {
 
 // A model of a published size with random bf16 weights, built on the device.
 std::unique_ptr<CudaModel> synthetic_model(const ModelOptions& opt, const std::string& preset, int layers,
-                                           std::string* what) {
+                                           const std::string& experts, int group, std::string* what) {
   if (opt.device == "cpu")
     fail(!opt.device_auto ? "bench: --synthetic needs --device cuda (or auto)"
          : !opt.cpu_note.empty() ? "bench: --synthetic needs the GPU, and this run is on the CPU: " + opt.cpu_note
@@ -68,8 +69,14 @@ std::unique_ptr<CudaModel> synthetic_model(const ModelOptions& opt, const std::s
     c.layer_kinds.resize(size_t(layers));
     c.layer_is_moe.resize(size_t(layers));
   }
-  *what = "synthetic " + preset + " (random bf16 weights, " + std::to_string(c.num_layers) + " layers)";
-  return CudaModel::synthetic(c, 1234, opt.cuda);
+  CudaOptions co = opt.cuda;
+  co.synthetic_experts = parse_expert_format(experts, "bench --experts");
+  co.synthetic_group = group;
+  *what = "synthetic " + preset + " (random bf16 weights" +
+          (co.synthetic_experts == QuantKind::None ? std::string()
+                                                   : ", " + experts + " experts in groups of " + std::to_string(group)) +
+          ", " + std::to_string(c.num_layers) + " layers)";
+  return CudaModel::synthetic(c, 1234, co);
 }
 
 // "| tg128 |" or, at a context depth, "| tg128 @ d4096 |" (llama-bench's naming).
@@ -172,6 +179,8 @@ Registrar reg(40, [](CLI::App& app) {
   auto layers = std::make_shared<int>(0);
   auto no_graph = std::make_shared<bool>(false);
   auto profile = std::make_shared<int>(0);
+  auto experts = std::make_shared<std::string>("bf16");
+  auto group = std::make_shared<int>(64);
   add_model_options(cmd, opt.get(), /*require_model=*/false);
   cmd->add_option("-p,--n-prompt", *pp, "Prompt tokens for the pp test (0: skip)")->check(CLI::Range(0, 1000000));
   cmd->add_option("-n,--n-gen", *tg, "Generated tokens for the tg test (0: skip)")->check(CLI::Range(0, 1000000));
@@ -183,20 +192,26 @@ Registrar reg(40, [](CLI::App& app) {
                   "On the GPU (--device cuda or auto): random bf16 weights of a published size instead of -m (qwen3.5-35b-a3b, "
                   "qwen3.5-122b-a10b, qwen3.5-397b-a17b, qwen3-next-80b-a3b)");
   cmd->add_option("--layers", *layers, "With --synthetic: only the first N layers")->check(CLI::NonNegativeNumber);
+  auto* ex = cmd->add_option("--experts", *experts,
+                              "With --synthetic: the routed experts' format, bf16 (default), q8 or q4 (as flashmoe pack "
+                              "writes them)");
+  auto* gr = cmd->add_option("--group", *group, "With --synthetic --experts q8|q4: quantisation group size (default 64)");
   cmd->add_flag("--no-graph", *no_graph, "On the GPU: plain kernel launches instead of a CUDA graph");
   cmd->add_option("--profile", *profile, "On the GPU: time each kernel class over N decode steps")
       ->check(CLI::NonNegativeNumber);
-  cmd->callback([opt, pp, tg, depth, reps, synthetic, layers, no_graph, profile] {
+  cmd->callback([opt, pp, tg, depth, reps, synthetic, layers, no_graph, profile, experts, group, ex, gr] {
     finalize_model_options(opt.get());
     if (opt->model_dir.empty() == synthetic->empty())
       fail(synthetic->empty() ? "bench: give a model with -m/--model (or --synthetic on a GPU)"
                               : "bench: give either -m/--model or --synthetic, not both");
     if (!synthetic->empty()) {
       std::string what;
-      auto cm = synthetic_model(*opt, *synthetic, *layers, &what);
+      auto cm = synthetic_model(*opt, *synthetic, *layers, *experts, *group, &what);
       bench_cuda(*opt, cm.get(), what, *pp, *tg, *depth, *reps, *no_graph, *profile);
       return;
     }
+    if (ex->count() || gr->count())
+      fail("bench: --experts and --group are for --synthetic (a model's experts are in the format it was packed in)");
     LoadedModel lm = load_model(*opt);
     if (lm.cuda) {
       bench_cuda(*opt, lm.cuda.get(), opt->model_dir, *pp, *tg, *depth, *reps, *no_graph, *profile);

@@ -89,9 +89,9 @@ void choose_device(ModelOptions* opt) {
 }
 
 std::string cuda_obstacle(const QwenModel& m) {
-  for (const LayerWeights& l : m.weights().layers)
-    if (l.ffn.moe && l.ffn.experts.empty())
-      return "a packed (streamed) model needs --device cpu for now (the CUDA backend needs every expert in memory)";
+  // Routed experts in any format (checkpoint, packed bf16/q8/q4, mmapped or
+  // streamed) are read through the expert store at upload; the other
+  // weights must be floats.
   bool quantized = false;
   std::optional<DType> other;
   auto check = [&](const Matrix& x) {
@@ -112,11 +112,12 @@ std::string cuda_obstacle(const QwenModel& m) {
                             &l.lin.in_z, &l.lin.in_b, &l.lin.in_a, &l.lin.in_qkvz, &l.lin.in_ba, &l.lin.out_proj,
                             &l.ffn.router, &l.ffn.shared_gate})
       check(*x);
-    for (const FfnExpert& e : l.ffn.experts) check_ffn(e);
     check_ffn(l.ffn.shared);
     check_ffn(l.ffn.dense);
   }
-  if (quantized) return "quantised (q4/q8) weights need --device cpu for now (the CUDA backend reads bf16, f16 and f32)";
+  if (quantized)
+    return "quantised (q4/q8) weights outside the routed experts (an MLX checkpoint) need --device cpu for now (the "
+           "CUDA backend reads them as bf16, f16 or f32)";
   if (other)
     return std::string("weights stored as ") + dtype_name(*other) +
            " need --device cpu (the CUDA backend reads bf16, f16 and f32)";

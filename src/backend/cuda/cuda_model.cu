@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "backend/cuda/expert_tiers.cuh"
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/prefill.cuh"
+#include "backend/cuda/quant_experts.cuh"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -264,6 +266,35 @@ struct CudaModel::Impl {
     return m;
   }
 
+  // The device layout of a layer's quantised experts (all like `e`), or an
+  // Error naming the layer where the kernels cannot take them.
+  QExpert quant_layout(const FfnExpert& e, const std::string& where) const {
+    const Matrix& g = e.gate;
+    const int bits = quant_bits(g.quant), H = int(c.hidden_size), I = int(c.moe_intermediate);
+    const int epc = 128 / bits;  // columns per 16-byte load (quant_experts.cuh)
+    if (H % epc != 0 || I % epc != 0 || g.group % 8 != 0)
+      fail("CUDA backend: " + where + "experts in " + quant_name(g.quant) + " with hidden size " + std::to_string(H) +
+           " and expert size " + std::to_string(I) + " (need multiples of " + std::to_string(epc) +
+           ", groups of a multiple of 8); use --device cpu");
+    return make_qexpert(bits, g.group, H, I);
+  }
+  // Expert e's gate/up block (part 0) or down block (1) in the layout q, at dst.
+  static void write_quant(const FfnExpert& e, int part, const QExpert& q, const std::string& where, uint8_t* dst) {
+    auto put = [&](const Matrix& m, size_t w, size_t sc, size_t bi) {
+      if (quant_bits(m.quant) != q.bits || m.group != q.group)
+        fail("CUDA backend: " + where + "experts differ in quantisation; use --device cpu");
+      std::memcpy(dst + w, m.data, m.nbytes());
+      std::memcpy(dst + sc, m.scales, m.scale_bytes());
+      std::memcpy(dst + bi, m.biases, m.scale_bytes());
+    };
+    if (part == 0) {
+      put(e.gate, 0, q.gate_s, q.gate_b);
+      put(e.up, q.up_w, q.up_s, q.up_b);
+    } else {
+      put(e.down, 0, q.dn_s, q.dn_b);
+    }
+  }
+
   // Expert pointer table of a layer whose experts are contiguous in VRAM.
   const void* const* contiguous_table(const void* base, int E, size_t stride, const std::string& what) {
     std::vector<const void*> t(static_cast<size_t>(E), nullptr);
@@ -286,10 +317,10 @@ struct CudaModel::Impl {
     return int(std::clamp<int64_t>(slots, 0, E));
   }
 
-  // Creates the tiered cache when the routed experts do not all get VRAM.
-  bool make_tiers(int dt, int moe) {
-    const int64_t I = c.moe_intermediate, H = c.hidden_size, E = c.num_experts;
-    const size_t gu = size_t(2 * I * H) * dt_size(dt), dn = size_t(H * I) * dt_size(dt);
+  // Creates the tiered cache when the routed experts (gu + dn bytes each) do
+  // not all get VRAM.
+  bool make_tiers(size_t gu, size_t dn, int moe) {
+    const int64_t E = c.num_experts;
     const int slots = expert_slots(int64_t(gu + dn), moe);
     if (slots >= E) return false;
     tiers = std::make_unique<ExpertTiers>(moe, int(E), gu, dn, slots);
@@ -412,7 +443,9 @@ struct CudaModel::Impl {
       bytes_per_token += int64_t(l.lin_in.bytes() + l.out_proj.bytes() + l.qkv.bytes() + l.o_proj.bytes() +
                                  l.router.bytes() + l.s_gu.bytes() + l.s_down.bytes());
       if (l.moe)
-        bytes_per_token += int64_t(m.num_experts_per_tok) * 3 * m.moe_intermediate * m.hidden_size * int64_t(dt_size(l.edt));
+        bytes_per_token += int64_t(m.num_experts_per_tok) *
+                           (l.q.bits ? int64_t(l.q.gu_bytes + l.q.dn_bytes)
+                                     : 3 * m.moe_intermediate * m.hidden_size * int64_t(dt_size(l.edt)));
     }
   }
 
@@ -598,7 +631,8 @@ struct CudaModel::Impl {
     const int H = int(c.hidden_size);
     for (DLayer& d : L) {
       const DMat& out = d.full ? d.o_proj : d.out_proj;
-      if (!d.moe || !d.router.p || !d.post_norm || !out.p || out.rows != H || d.router.cols != H ||
+      // Quantised experts take the plain top-k (quant_experts.cuh), which the fold's pick bypasses.
+      if (!d.moe || d.q.bits || !d.router.p || !d.post_norm || !out.p || out.rows != H || d.router.cols != H ||
           out.dt != d.router.dt || H % 4 != 0 || out.cols % 4 != 0)
         continue;
       switch (out.dt) {
@@ -637,7 +671,7 @@ struct CudaModel::Impl {
     a.ilp = ilp;
     if (!fuse) {
       matvec(W, x, d.post_norm, rlogits, 0, K_ROUTER);
-      if (gu_topk) return;  // gate_up does the top-k
+      if (gu_topk && !d.q.bits) return;  // gate_up does the top-k
       go(topk_kernel, 1, 32, 0, rlogits, a.E, a.k, a.norm_topk, a.has_shared, eids, ew, d.tc, a.sel);
       mark(K_ROUTER);
       return;
@@ -719,6 +753,28 @@ struct CudaModel::Impl {
     b.pf_rows = pf_rows(size_t(slots) * a.H * std::max(a.I, a.Is) * sizeof(T), a.H, blocks, rpb);
     go(down_kernel<T>, blocks, kThreads, 0, b, split);
     mark(K_EXPERTS);
+  }
+
+  // The experts of a layer of quantised experts (shared expert in storage type sdt).
+  template <int BITS>
+  void moe_launch_q(const MoeArgs& a, int slots, const QExpert& q, int sdt) {
+    const dim3 g1((a.maxI + kWarps - 1) / kWarps, slots);
+    const int blocks = std::min((a.H + kWarps - 1) / kWarps, prop.multiProcessorCount * bps);
+    auto run = [&](auto gu, auto dn) {
+      go(gu, g1, kThreads, size_t(a.H) * 4, a, q);
+      mark(K_EXPERTS);
+      go(dn, blocks, kThreads, 0, a, q);
+      mark(K_EXPERTS);
+    };
+    switch (sdt) {
+      case DT_F32: run(gate_up_q_kernel<BITS, float>, down_q_kernel<BITS, float>); break;
+      case DT_F16: run(gate_up_q_kernel<BITS, __half>, down_q_kernel<BITS, __half>); break;
+      default: run(gate_up_q_kernel<BITS, __nv_bfloat16>, down_q_kernel<BITS, __nv_bfloat16>);
+    }
+  }
+  void moe_launch_q(const MoeArgs& a, int slots, const QExpert& q, int sdt) {
+    if (q.bits == 8) moe_launch_q<8>(a, slots, q, sdt);
+    else moe_launch_q<4>(a, slots, q, sdt);
   }
 
   // One token through the model. kind 0: no logits; 1: logits; 2: logits + argmax.
@@ -842,7 +898,7 @@ struct CudaModel::Impl {
         a.s_down = d.s_down.p;
         a.Is = d.has_shared ? d.s_down.cols : 0;
         slots = a.k + a.has_shared;
-        if (gu_topk) {
+        if (gu_topk && !d.q.bits) {
           a.logits = rlogits;
           a.E = int(m.num_experts);
           a.norm_topk = m.norm_topk_prob ? 1 : 0;
@@ -865,6 +921,10 @@ struct CudaModel::Impl {
         a.s_down = d.s_down.p;
         a.Is = d.s_down.cols;
         slots = 1;
+      }
+      if (d.q.bits) {
+        moe_launch_q(a, slots, d.q, d.edt);
+        continue;
       }
       switch (d.edt) {
         case DT_F32: moe_launch<float>(a, slots); break;
@@ -1027,7 +1087,8 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
   m.lm_head = w.lm_head.data == w.embed.data ? m.embed : m.upload_rows({w.lm_head}, "lm_head");
   m.final_norm = m.upload_vec(w.final_norm, "final norm");
   const int64_t nk = c.lin_num_k_heads, nv = c.lin_num_v_heads, dk = c.lin_k_dim, dv = c.lin_v_dim;
-  int moe_index = 0, tier_dt = -1;
+  int moe_index = 0;
+  size_t tier_gu = 0, tier_dn = 0;
   bool tiered = false;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const LayerWeights& lw = w.layers[size_t(i)];
@@ -1071,47 +1132,76 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
       std::vector<Matrix> r = {f.router};
       if (f.has_shared) r.push_back(f.shared_gate);
       d.router = m.upload_rows(r, p + "router");
-      // One storage type for every expert matrix of the layer.
-      int dt = dt_of(f.experts.at(0).gate.dtype);
+      // The routed experts come through the model's expert store: views of
+      // the checkpoint, or of packed files (mmapped or streamed from disk,
+      // read once here). A packed model's experts share one format; a
+      // checkpoint's float experts take one storage type for the layer.
+      ExpertStore& store = model.expert_store();
+      const int E = int(c.num_experts), H = int(c.hidden_size), I = int(c.moe_intermediate);
+      const ExpertBatch first_batch = store.fetch(i, {0});
+      const FfnExpert& first = first_batch.experts.at(0);
+      int dt = first.gate.quantized() ? DT_BF16 : dt_of(first.gate.dtype);
       auto same = [&](const Matrix& x) {
-        if (dt_of(x.dtype) != dt) dt = DT_F32;
+        if (!x.quantized() && dt_of(x.dtype) != dt) dt = DT_F32;
       };
       for (const FfnExpert& e : f.experts) same(e.gate), same(e.up), same(e.down);
-      if (f.has_shared) same(f.shared.gate), same(f.shared.up), same(f.shared.down);
+      if (f.has_shared) {
+        if (first.gate.quantized()) dt = dt_of(f.shared.gate.dtype);
+        same(f.shared.gate), same(f.shared.up), same(f.shared.down);
+      }
       d.edt = dt;
-      const int E = int(f.experts.size());
-      const size_t gu_bytes = size_t(2 * c.moe_intermediate * c.hidden_size) * dt_size(dt);
-      const size_t dn_bytes = size_t(c.hidden_size * c.moe_intermediate) * dt_size(dt);
+      if (first.gate.quantized()) d.q = m.quant_layout(first, p);
+      const size_t gu_bytes = d.q.bits ? d.q.gu_bytes : size_t(2 * I) * H * dt_size(dt);
+      const size_t dn_bytes = d.q.bits ? d.q.dn_bytes : size_t(H) * I * dt_size(dt);
       if (moe_index == 0) {
         int moe = 0;
         for (const LayerWeights& x : w.layers) moe += x.ffn.moe ? 1 : 0;
-        tiered = m.make_tiers(dt, moe);
+        tiered = m.make_tiers(gu_bytes, dn_bytes, moe);
       }
+      if (tiered && moe_index > 0 && (gu_bytes != tier_gu || dn_bytes != tier_dn))
+        fail("--gpu-expert-cache: the experts of " + p + "have a different storage format than those of the "
+             "first MoE layer; use --device cpu");
+      uint8_t *gu_dst, *dn_dst;
+      bool host_dst = tiered;
       if (tiered) {
-        if (moe_index > 0 && dt != tier_dt)
-          fail("--gpu-expert-cache: the experts of " + p + "have a different storage type than those of the "
-               "first MoE layer; use --device cpu");
-        for (int e = 0; e < E; ++e) {
-          const FfnExpert& x = f.experts[size_t(e)];
-          Impl::write_rows_host({x.gate, x.up}, dt, m.tiers->host_gu(moe_index) + size_t(e) * gu_bytes);
-          Impl::write_rows_host({x.down}, dt, m.tiers->host_down(moe_index) + size_t(e) * dn_bytes);
-        }
+        gu_dst = m.tiers->host_gu(moe_index);
+        dn_dst = m.tiers->host_down(moe_index);
         d.gu_tab = m.tiers->gu_tab(moe_index);
         d.down_tab = m.tiers->down_tab(moe_index);
         d.tc = m.tiers->count(moe_index);
       } else {
-        std::vector<Matrix> gu, dn;
-        for (const FfnExpert& e : f.experts) {
-          gu.push_back(e.gate);
-          gu.push_back(e.up);
-          dn.push_back(e.down);
-        }
-        d.gu = m.upload_rows(gu, p + "experts gate/up", dt).p;
-        d.down = m.upload_rows(dn, p + "experts down", dt).p;
+        d.gu = m.alloc(size_t(E) * gu_bytes, p + "experts gate/up");
+        d.down = m.alloc(size_t(E) * dn_bytes, p + "experts down");
+        m.bytes_total += int64_t(size_t(E) * (gu_bytes + dn_bytes));
+        gu_dst = static_cast<uint8_t*>(d.gu);
+        dn_dst = static_cast<uint8_t*>(d.down);
         d.gu_tab = m.contiguous_table(d.gu, E, gu_bytes, p + "expert table");
         d.down_tab = m.contiguous_table(d.down, E, dn_bytes, p + "expert table");
       }
-      if (moe_index == 0) tier_dt = dt;
+      // A batch of experts at a time: bounded host memory for streamed ones.
+      constexpr int kBatch = 16;
+      std::vector<uint8_t> stage;
+      for (int e0 = 0; e0 < E; e0 += kBatch) {
+        const int n = std::min(kBatch, E - e0);
+        std::vector<int32_t> ids(static_cast<size_t>(n));
+        std::iota(ids.begin(), ids.end(), e0);
+        const ExpertBatch b = store.fetch(i, ids);
+        if (!host_dst) stage.resize(size_t(n) * std::max(gu_bytes, dn_bytes));
+        for (int part = 0; part < 2; ++part) {
+          const size_t bytes = part == 0 ? gu_bytes : dn_bytes;
+          uint8_t* dst = (part == 0 ? gu_dst : dn_dst) + size_t(e0) * bytes;
+          uint8_t* out = host_dst ? dst : stage.data();
+          for (int k = 0; k < n; ++k) {
+            const FfnExpert& x = b.experts[size_t(k)];
+            uint8_t* o = out + size_t(k) * bytes;
+            if (d.q.bits) m.write_quant(x, part, d.q, p, o);
+            else if (part == 0) Impl::write_rows_host({x.gate, x.up}, dt, o);
+            else Impl::write_rows_host({x.down}, dt, o);
+          }
+          if (!host_dst) CK(cudaMemcpy(dst, stage.data(), size_t(n) * bytes, cudaMemcpyHostToDevice));
+        }
+      }
+      if (moe_index == 0) tier_gu = gu_bytes, tier_dn = dn_bytes;
       ++moe_index;
       if (f.has_shared) {
         d.has_shared = true;
@@ -1129,6 +1219,7 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
     m.L.push_back(d);
   }
   if (m.tiers) m.tiers->start();
+  model.expert_store().reset_stats();  // the upload's reads are not the run's
   m.init_common();
   return cm;
 }
@@ -1196,26 +1287,57 @@ std::unique_ptr<CudaModel> CudaModel::synthetic(const ModelConfig& cfg, uint64_t
       d.moe = true;
       d.router = rnd(E + (Is > 0 ? 1 : 0), H, "router");
       d.edt = DT_BF16;
-      const size_t gu_bytes = size_t(2 * I) * H * 2, dn_bytes = size_t(H) * I * 2;
-      if (moe_index == 0 && m.make_tiers(DT_BF16, int(c.num_layers))) {
+      if (o.synthetic_experts != QuantKind::None) {
+        const int bits = quant_bits(o.synthetic_experts), g = o.synthetic_group;
+        if (g <= 0 || g % 8 != 0 || H % g != 0 || I % g != 0 || H % (128 / bits) != 0 || I % (128 / bits) != 0)
+          fail("bench: --group " + std::to_string(g) + " must be a multiple of 8 dividing the hidden size " +
+               std::to_string(H) + " and the expert size " + std::to_string(I));
+        d.q = make_qexpert(bits, g, H, I);
+      }
+      const size_t gu_bytes = d.q.bits ? d.q.gu_bytes : size_t(2 * I) * H * 2;
+      const size_t dn_bytes = d.q.bits ? d.q.dn_bytes : size_t(H) * I * 2;
+      if (moe_index == 0 && m.make_tiers(gu_bytes, dn_bytes, int(c.num_layers))) {
         // Staging for one layer's experts, generated on the device and copied to pinned memory.
         tmp_gu = dev_alloc(size_t(E) * gu_bytes, "synthetic expert staging");
         tmp_dn = dev_alloc(size_t(E) * dn_bytes, "synthetic expert staging");
       }
-      if (m.tiers) {
-        fill_random_kernel<__nv_bfloat16><<<4096, 256, 0, m.stream>>>(static_cast<__nv_bfloat16*>(tmp_gu),
-                                                                       size_t(E) * 2 * I * H, ++salt, 1.0f / std::sqrt(float(H)));
-        fill_random_kernel<__nv_bfloat16><<<4096, 256, 0, m.stream>>>(static_cast<__nv_bfloat16*>(tmp_dn),
-                                                                       size_t(E) * H * I, ++salt, 1.0f / std::sqrt(float(I)));
+      // E experts' gate/up and down blocks: random bf16 weights, or random
+      // codes with scales and biases that spread them over the same range.
+      auto fill = [&](void* gu, void* dn) {
+        if (!d.q.bits) {
+          fill_random_kernel<__nv_bfloat16><<<4096, 256, 0, m.stream>>>(
+              static_cast<__nv_bfloat16*>(gu), size_t(E) * 2 * I * H, ++salt, 1.0f / std::sqrt(float(H)));
+          fill_random_kernel<__nv_bfloat16><<<4096, 256, 0, m.stream>>>(
+              static_cast<__nv_bfloat16*>(dn), size_t(E) * H * I, ++salt, 1.0f / std::sqrt(float(I)));
+        } else {
+          const QExpert& q = d.q;
+          fill_bytes_kernel<<<4096, 256, 0, m.stream>>>(static_cast<uint32_t*>(gu), size_t(E) * q.gu_bytes / 4, ++salt);
+          fill_bytes_kernel<<<4096, 256, 0, m.stream>>>(static_cast<uint32_t*>(dn), size_t(E) * q.dn_bytes / 4, ++salt);
+          const float top = float((1 << q.bits) - 1);
+          auto affine = [&](void* base, size_t stride, size_t s_off, size_t b_off, int rows, int cols) {
+            const size_t n = size_t(rows) * (cols / q.group);
+            const float r = 1.0f / std::sqrt(float(cols));
+            fill_bf16_parts_kernel<<<1024, 256, 0, m.stream>>>(static_cast<uint8_t*>(base), stride, E, s_off, n, 2 * r / top);
+            fill_bf16_parts_kernel<<<1024, 256, 0, m.stream>>>(static_cast<uint8_t*>(base), stride, E, b_off, n, -r);
+          };
+          affine(gu, q.gu_bytes, q.gate_s, q.gate_b, I, H);
+          affine(gu, q.gu_bytes, q.up_s, q.up_b, I, H);
+          affine(dn, q.dn_bytes, q.dn_s, q.dn_b, H, I);
+        }
         check(cudaGetLastError(), "fill");
+      };
+      if (m.tiers) {
+        fill(tmp_gu, tmp_dn);
         CK(cudaMemcpyAsync(m.tiers->host_gu(moe_index), tmp_gu, size_t(E) * gu_bytes, cudaMemcpyDeviceToHost, m.stream));
         CK(cudaMemcpyAsync(m.tiers->host_down(moe_index), tmp_dn, size_t(E) * dn_bytes, cudaMemcpyDeviceToHost, m.stream));
         d.gu_tab = m.tiers->gu_tab(moe_index);
         d.down_tab = m.tiers->down_tab(moe_index);
         d.tc = m.tiers->count(moe_index);
       } else {
-        d.gu = rnd(E * 2 * I, H, "experts gate/up").p;
-        d.down = rnd(E * H, I, "experts down").p;
+        d.gu = m.alloc(size_t(E) * gu_bytes, "experts gate/up");
+        d.down = m.alloc(size_t(E) * dn_bytes, "experts down");
+        m.bytes_total += int64_t(size_t(E) * (gu_bytes + dn_bytes));
+        fill(d.gu, d.down);
         d.gu_tab = m.contiguous_table(d.gu, E, gu_bytes, "expert table");
         d.down_tab = m.contiguous_table(d.down, E, dn_bytes, "expert table");
       }

@@ -43,6 +43,10 @@ struct CudaOptions {
   // over the host link by the expert kernels and promoted to VRAM when hot.
   double expert_cache_gb = -1;
   double expert_cache_fraction = -1;
+  // CudaModel::synthetic only: the routed experts quantised (q8/q4, groups
+  // of synthetic_group columns) instead of bf16.
+  QuantKind synthetic_experts = QuantKind::None;
+  int synthetic_group = 64;
 };
 
 // Counters of the tiered expert cache (all zero / disabled without one).

@@ -28,6 +28,38 @@ struct DMat {
   size_t bytes() const { return size_t(rows) * cols * dt_size(dt); }
 };
 
+// A quantised routed expert (q8/q4: group-wise affine, the MLX layout of
+// core/matrix.h) as the device keeps it, in the two blocks the tier tables
+// point at: gate/up = gate rows, gate scales, gate biases, up rows, up
+// scales, up biases; down = down rows, scales, biases. Offsets in bytes from
+// the block's start, each 16-byte aligned (the kernels' vector loads).
+struct QExpert {
+  int bits = 0, group = 0;  // bits 0: the experts are not quantised
+  int gu_row = 0, dn_row = 0;  // bytes per row of gate/up and of down
+  size_t gate_s = 0, gate_b = 0, up_w = 0, up_s = 0, up_b = 0, gu_bytes = 0;
+  size_t dn_s = 0, dn_b = 0, dn_bytes = 0;
+};
+inline QExpert make_qexpert(int bits, int group, int H, int I) {
+  auto up16 = [](size_t x) { return (x + 15) / 16 * 16; };
+  QExpert q;
+  q.bits = bits;
+  q.group = group;
+  q.gu_row = H * bits / 8;
+  q.dn_row = I * bits / 8;
+  const size_t gw = size_t(I) * q.gu_row, gs = size_t(I) * (H / group) * 2;
+  q.gate_s = up16(gw);
+  q.gate_b = up16(q.gate_s + gs);
+  q.up_w = up16(q.gate_b + gs);
+  q.up_s = up16(q.up_w + gw);
+  q.up_b = up16(q.up_s + gs);
+  q.gu_bytes = up16(q.up_b + gs);
+  const size_t dw = size_t(H) * q.dn_row, ds = size_t(H) * (I / group) * 2;
+  q.dn_s = up16(dw);
+  q.dn_b = up16(q.dn_s + ds);
+  q.dn_bytes = up16(q.dn_b + ds);
+  return q;
+}
+
 struct DLayer {
   bool full = false;
   float *in_norm = nullptr, *post_norm = nullptr;
@@ -37,7 +69,8 @@ struct DLayer {
   float *q_norm = nullptr, *k_norm = nullptr;
   bool moe = false;
   DMat router;  // [E (+1: shared expert gate), H]
-  int edt = DT_BF16;
+  int edt = DT_BF16;  // storage type of the shared expert / dense MLP, and of the routed experts unless quantised
+  QExpert q;          // the routed experts' quantisation (q.bits 0: none, stored as edt)
   void *gu = nullptr, *down = nullptr;  // routed experts [E][2I][H], [E][H][I] (null when tiered)
   const void* const* gu_tab = nullptr;  // [E] device pointers of each expert's rows (see ExpertTiers)
   const void* const* down_tab = nullptr;

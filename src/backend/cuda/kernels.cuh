@@ -1005,6 +1005,15 @@ __global__ void fill_random_kernel(T* p, size_t n, uint64_t seed, float scale) {
     else p[i] = __float2bfloat16_rn(u * scale);
   }
 }
+static __global__ void fill_bytes_kernel(uint32_t* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = hash32(seed * 0x9E3779B97F4A7C15ULL + i);
+}
+// n bf16 values v at byte offset off of each of E blocks of `stride` bytes.
+static __global__ void fill_bf16_parts_kernel(uint8_t* base, size_t stride, int E, size_t off, size_t n, float v) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < size_t(E) * n; i += size_t(gridDim.x) * blockDim.x)
+    reinterpret_cast<__nv_bfloat16*>(base + (i / n) * stride + off)[i % n] = __float2bfloat16_rn(v);
+}
 static __global__ void fill_const_kernel(float* p, size_t n, float v) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) p[i] = v;
 }

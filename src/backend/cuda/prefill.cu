@@ -33,7 +33,10 @@ std::string Prefill::unsupported(const PrefillModel& m) {
   const ModelConfig& c = *m.c;
   const int64_t dk = c.lin_k_dim, dv = c.lin_v_dim;
   bool linear = false, full = false;
-  for (const DLayer& l : *m.L) (l.full ? full : linear) = true;
+  for (const DLayer& l : *m.L) {
+    (l.full ? full : linear) = true;
+    if (l.q.bits) return "quantised experts (decode kernels only)";
+  }
   if (full && (c.head_dim % 8 != 0 || c.head_dim > 256)) return "attention head_dim not a multiple of 8 up to 256";
   if (linear) {
     if (dk != 32 && dk != 64 && dk != 128 && dk != 256) return "linear-attention key dim not 32, 64, 128 or 256";
