@@ -313,7 +313,8 @@ TEST(CudaSynthetic, BatchedPrefillMatchesTokenByTokenAt35bShapes) {
 
 // Packed models (experts bf16, q8, q4; streamed from their files or mmapped)
 // upload through the expert store and match the CPU running the same packed
-// model (whose kernels dequantise the same codes); with the tiered cache at
+// model (whose kernels dequantise the same codes), the prompt in one chunk
+// and in chunks of 7 (the batched prefill's tiles); with the tiered cache at
 // 25% (VRAM slots over pinned host memory) the logits are bitwise those of
 // all experts in VRAM.
 TEST(CudaPacked, EveryExpertFormatMatchesTheCpu) {
@@ -322,13 +323,21 @@ TEST(CudaPacked, EveryExpertFormatMatchesTheCpu) {
   RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
   TempDir tmp;
   ThreadPool pool(2);
-  for (QuantKind q : {QuantKind::None, QuantKind::Q8, QuantKind::Q4}) {
+  struct Format {
+    QuantKind q;
+    int group;
+  };
+  // q4 in groups of 16: a 16-byte chunk of codes spans two groups (the kernels' per-8-column path).
+  for (Format f : {Format{QuantKind::None, 64}, Format{QuantKind::Q8, 64}, Format{QuantKind::Q4, 32},
+                   Format{QuantKind::Q4, 16}}) {
     PackOptions po;
-    po.experts = q;
-    po.group = q == QuantKind::Q4 ? 32 : 64;
-    const std::string out = tmp.path + "/packed-" + quant_name(q);
+    po.experts = f.q;
+    po.group = f.group;
+    const std::string name = std::string(quant_name(f.q)) + "-g" + std::to_string(f.group);
+    const std::string out = tmp.path + "/packed-" + name;
     pack_model(dir + "/model", out, po);
     for (const char* store : {"stream", "mmap"}) {
+      const std::string what = name + " " + store;
       ExpertOptions eo;
       eo.store = store;
       auto model = QwenModel::load(out, eo);
@@ -338,20 +347,36 @@ TEST(CudaPacked, EveryExpertFormatMatchesTheCpu) {
       quarter.expert_cache_fraction = 0.25;
       auto tiered = CudaModel::upload(*model, quarter);
       ASSERT_TRUE(tiered->tier_stats().enabled);
+      // Prompt chunks of 7 tokens (16-row expert tiles), and decode with the
+      // router + top-k kernels instead of the fold's early pick.
+      std::unique_ptr<CudaModel> other;
+      {
+        ScopedEnv chunk("FLASHMOE_CUDA_CHUNK", "7");
+        ScopedEnv presel("FLASHMOE_CUDA_PRESEL", "0");
+        other = CudaModel::upload(*model);
+      }
       Session c(*model, KvConfig{}, pool), g(*model, KvConfig{}, pool, gpu.get()),
-          t(*model, KvConfig{}, pool, tiered.get());
+          t(*model, KvConfig{}, pool, tiered.get()), u(*model, KvConfig{}, pool, other.get());
       const std::vector<float> a = c.feed_all(ids.ids), b = g.feed_all(ids.ids), x = t.feed_all(ids.ids);
+      const std::vector<float> y = u.feed_all(ids.ids);
       ASSERT_EQ(a.size(), b.size());
       const double kl = mean_kl(a, b, V);
       const float mad = max_abs_diff(a.data(), b.data(), a.size());
-      EXPECT_LE(kl, 1e-4) << quant_name(q) << " " << store;
-      EXPECT_LE(mad, 2e-3f) << quant_name(q) << " " << store;
-      EXPECT_EQ(max_abs_diff(x.data(), b.data(), b.size()), 0.0f) << quant_name(q) << " " << store;
-      EXPECT_EQ(g.greedy(16), t.greedy(16)) << quant_name(q) << " " << store;
+      EXPECT_LE(kl, 1e-4) << what;
+      EXPECT_LE(mad, 2e-3f) << what;
+      EXPECT_LE(mean_kl(a, y, V), 1e-4) << what << ", chunks of 7";
+      EXPECT_LE(max_abs_diff(a.data(), y.data(), a.size()), 2e-3f) << what << ", chunks of 7";
+      EXPECT_EQ(max_abs_diff(x.data(), b.data(), b.size()), 0.0f) << what;
+      const std::vector<int32_t> want = g.greedy(16);
+      EXPECT_EQ(t.greedy(16), want) << what;
+      EXPECT_EQ(u.greedy(16), want) << what;
+      Session cs(*model, KvConfig{}, pool);
+      cs.feed(ids.ids);
+      EXPECT_EQ(cs.greedy(16), want) << what << " (CPU)";
       const CudaTierStats ts = tiered->tier_stats();
       EXPECT_GT(ts.host_hits, 0u);
-      std::printf("[cuda-packed] %-4s %-6s mean KL %.3g, max |dlogit| %.3g; tiered: vram %llu, host %llu\n",
-                  quant_name(q), store, kl, mad, (unsigned long long)ts.vram_hits, (unsigned long long)ts.host_hits);
+      std::printf("[cuda-packed] %-9s %-6s mean KL %.3g, max |dlogit| %.3g; tiered: vram %llu, host %llu\n",
+                  name.c_str(), store, kl, mad, (unsigned long long)ts.vram_hits, (unsigned long long)ts.host_hits);
     }
   }
 }

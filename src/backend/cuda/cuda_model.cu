@@ -631,8 +631,9 @@ struct CudaModel::Impl {
     const int H = int(c.hidden_size);
     for (DLayer& d : L) {
       const DMat& out = d.full ? d.o_proj : d.out_proj;
-      // Quantised experts take the plain top-k (quant_experts.cuh), which the fold's pick bypasses.
-      if (!d.moe || d.q.bits || !d.router.p || !d.post_norm || !out.p || out.rows != H || d.router.cols != H ||
+      // Quantised experts' gate_up cannot pick (quant_experts.cuh): the fold
+      // only with the early pick, else the router and top-k kernels.
+      if (!d.moe || (d.q.bits && !(gu_topk && presel)) || !d.router.p || !d.post_norm || !out.p || out.rows != H || d.router.cols != H ||
           out.dt != d.router.dt || H % 4 != 0 || out.cols % 4 != 0)
         continue;
       switch (out.dt) {
@@ -758,12 +759,20 @@ struct CudaModel::Impl {
   // The experts of a layer of quantised experts (shared expert in storage type sdt).
   template <int BITS>
   void moe_launch_q(const MoeArgs& a, int slots, const QExpert& q, int sdt) {
-    const dim3 g1((a.maxI + kWarps - 1) / kWarps, slots);
     const int blocks = std::min((a.H + kWarps - 1) / kWarps, prop.multiProcessorCount * bps);
+    // gate_up: x, its chunk-major copy and 8-column sums; down: the routed
+    // slots' h, chunk-major, and sums (stage_chunks).
+    const size_t s1 = size_t(a.H) * 4 * 2 + size_t(a.H) / 8 * 4, s2 = size_t(a.k) * a.I * 4 + size_t(a.k) * a.I / 8 * 4;
     auto run = [&](auto gu, auto dn) {
-      go(gu, g1, kThreads, size_t(a.H) * 4, a, q);
+      if (s1 > 48 * 1024) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, int(s1)));
+      if (s2 > 48 * 1024) CK(cudaFuncSetAttribute(dn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(s2)));
+      // One resident wave (a second one pays gate_up's whole chain again):
+      // warps take several rows where the grid would not fit.
+      const int resident = per_sm(reinterpret_cast<const void*>(gu), s1) * prop.multiProcessorCount;
+      const dim3 g1(std::max(1, std::min((a.maxI + kWarps - 1) / kWarps, resident / slots)), slots);
+      go(gu, g1, kThreads, s1, a, q);
       mark(K_EXPERTS);
-      go(dn, blocks, kThreads, 0, a, q);
+      go(dn, blocks, kThreads, s2, a, q);
       mark(K_EXPERTS);
     };
     switch (sdt) {
@@ -898,7 +907,7 @@ struct CudaModel::Impl {
         a.s_down = d.s_down.p;
         a.Is = d.has_shared ? d.s_down.cols : 0;
         slots = a.k + a.has_shared;
-        if (gu_topk && !d.q.bits) {
+        if (gu_topk && (!d.q.bits || d.rfold)) {
           a.logits = rlogits;
           a.E = int(m.num_experts);
           a.norm_topk = m.norm_topk_prob ? 1 : 0;

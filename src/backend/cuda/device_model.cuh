@@ -11,6 +11,7 @@
 namespace flashmoe::cuda {
 
 enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2 };
+enum { DT_Q4 = 3, DT_Q8 = 4 };  // quantised routed experts (QExpert), in the prefill's product dispatch only
 inline int dt_of(DType t) {
   switch (t) {
     case DType::F32: return DT_F32;

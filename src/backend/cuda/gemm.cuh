@@ -11,6 +11,10 @@
 // f32 weights are split the same way (an f16 weight exactly, an f32 one to
 // 16 bits) and take a third product, hi_a . lo_w.
 //
+// q8/q4 weights (T = QW<bits>, the routed experts of packed models) are
+// dequantised as their tiles are stored, w = q * scale + bias in fp32, and
+// split like f32 weights.
+//
 // Rows can be gathered (A row of output row m: arow[m]) and scattered
 // (C row: crow[m]); grouped mode (the routed experts) takes its row ranges
 // and weights from a tile list built on the device (route_lists_kernel).
@@ -37,7 +41,20 @@ struct GemmArgs {
   const int* crow = nullptr;  // C row of output row m, or null (m)
   int mode = GEMM_STORE;      // store, C += result, or swiglu: C[m][j] = silu(gate_j) * up_j
   int half = 0;               // swiglu: rows of gate (the up rows follow at half)
+  // Quantised weights (QW<bits>): weight row r is row r - p * qsplit of part
+  // p = (r >= qsplit), whose codes, bf16 scales and biases start at byte
+  // offsets qw[p], qs[p], qb[p] of the weight block (QExpert's layout).
+  int qsplit = 0, qgroup = 0;
+  size_t qw[2] = {}, qs[2] = {}, qb[2] = {};
 };
+
+// Weight type tag of q8/q4 weights.
+template <int B>
+struct QW {
+  static constexpr int bits = B;
+};
+template <typename T> struct is_qw : std::false_type {};
+template <int B> struct is_qw<QW<B>> : std::true_type {};
 
 constexpr int kGemmBN = 64, kGemmBK = 32, kGemmLd = kGemmBK + 8;  // smem row: 80 bytes (16-byte multiple)
 constexpr int kGemmThreads = 128;                                  // 4 warps, one 16-column slice of BN each
@@ -63,10 +80,11 @@ __device__ __forceinline__ void split_bf16(float v, __nv_bfloat16& hi, __nv_bflo
 template <typename T, int BM>
 __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
   using namespace nvcuda;
+  constexpr bool kQ = is_qw<T>::value;
   constexpr bool kWLo = !std::is_same_v<T, __nv_bfloat16>;  // weights need a low part
   constexpr int MF = BM / 16;                               // 16-row fragments per warp
   constexpr int kAV = BM * kGemmBK / 4 / kGemmThreads;      // float4 of A per thread and k-step
-  constexpr int kWE = 16 / sizeof(T);                       // weight elements per 16-byte load
+  constexpr int kWE = kQ ? 8 : 16 / int(sizeof(T));         // weight elements per load (quantised: 8 codes)
   constexpr int kWV = kGemmBN * kGemmBK / kWE / kGemmThreads;
   struct Tiles {
     __nv_bfloat16 ah[BM][kGemmLd], al[BM][kGemmLd], wh[kGemmBN][kGemmLd], wl[kWLo ? kGemmBN : 1][kGemmLd];
@@ -78,15 +96,15 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
   float* cs = reinterpret_cast<float*>(smem);  // [BM][kCLd], after the k loop
 
   int m0, m1;
-  const T* W;
+  const void* W;
   if (a.tiles) {
     if (int(blockIdx.y) >= *a.ntiles) return;
     const int* tl = a.tiles + 3 * blockIdx.y;
-    W = static_cast<const T*>(a.wtab[tl[0]]);
+    W = a.wtab[tl[0]];
     m0 = tl[1];
     m1 = tl[2];
   } else {
-    W = static_cast<const T*>(a.W);
+    W = a.W;
     m0 = blockIdx.y * BM;
     m1 = min(a.M, m0 + BM);
   }
@@ -102,7 +120,8 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
     ac[u] = (f % (kGemmBK / 4)) * 4;
     ap[u] = m < m1 ? a.A + size_t(a.arow ? a.arow[m] : m) * a.lda : nullptr;
   }
-  const T* wp[kWV];
+  const uint8_t* wp[kWV];  // row starts (bytes)
+  const __nv_bfloat16 *wsc[kWV], *wbi[kWV];  // quantised: the row's scales and biases
   int wc[kWV];
 #pragma unroll
   for (int u = 0; u < kWV; ++u) {
@@ -110,18 +129,48 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
     wc[u] = (f % (kGemmBK / kWE)) * kWE;
     bool ok;
     const int r = gemm_wrow(a, n, ok);
-    wp[u] = ok ? W + size_t(r) * a.K : nullptr;
+    const uint8_t* base = static_cast<const uint8_t*>(W);
+    wp[u] = nullptr;
+    if (!ok) continue;
+    if constexpr (kQ) {
+      const int p = r >= a.qsplit ? 1 : 0, rr = r - p * a.qsplit, gpr = a.K / a.qgroup;
+      wp[u] = base + a.qw[p] + size_t(rr) * (size_t(a.K) * T::bits / 8);
+      wsc[u] = reinterpret_cast<const __nv_bfloat16*>(base + a.qs[p]) + size_t(rr) * gpr;
+      wbi[u] = reinterpret_cast<const __nv_bfloat16*>(base + a.qb[p]) + size_t(rr) * gpr;
+    } else {
+      wp[u] = base + size_t(r) * a.K * sizeof(T);
+    }
   }
   float4 av[kAV];
   uint4 wv[kWV];
+  float ws[kWV], wb[kWV];  // quantised: the group's scale and bias
   auto load = [&](int k0) {
 #pragma unroll
     for (int u = 0; u < kAV; ++u)
       av[u] = ap[u] && k0 + ac[u] < a.K ? *reinterpret_cast<const float4*>(ap[u] + k0 + ac[u])
                                         : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int u = 0; u < kWV; ++u)
-      wv[u] = wp[u] && k0 + wc[u] < a.K ? *reinterpret_cast<const uint4*>(wp[u] + k0 + wc[u]) : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < kWV; ++u) {
+      const int c = k0 + wc[u];
+      wv[u] = make_uint4(0, 0, 0, 0);
+      if (!wp[u] || c >= a.K) {
+        ws[u] = wb[u] = 0.f;
+        continue;
+      }
+      if constexpr (kQ) {
+        if constexpr (T::bits == 8) {
+          const uint2 t = *reinterpret_cast<const uint2*>(wp[u] + c);
+          wv[u].x = t.x;
+          wv[u].y = t.y;
+        } else {
+          wv[u].x = *reinterpret_cast<const uint32_t*>(wp[u] + c / 2);
+        }
+        ws[u] = __bfloat162float(wsc[u][c / a.qgroup]);
+        wb[u] = __bfloat162float(wbi[u][c / a.qgroup]);
+      } else {
+        wv[u] = *reinterpret_cast<const uint4*>(wp[u] + size_t(c) * sizeof(T));
+      }
+    }
   };
   auto store = [&]() {
 #pragma unroll
@@ -134,7 +183,15 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
 #pragma unroll
     for (int u = 0; u < kWV; ++u) {
       const int f = tid + u * kGemmThreads, n = f / (kGemmBK / kWE);
-      if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      if constexpr (kQ) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          uint32_t q;
+          if constexpr (T::bits == 8) q = ((i < 4 ? wv[u].x : wv[u].y) >> (8 * (i % 4))) & 0xffu;
+          else q = (wv[u].x >> (4 * i)) & 0xfu;  // lowest nibble first
+          split_bf16(fmaf(float(q), ws[u], wb[u]), s.wh[n][wc[u] + i], s.wl[n][wc[u] + i]);
+        }
+      } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
         *reinterpret_cast<uint4*>(&s.wh[n][wc[u]]) = wv[u];
       } else {
         const T* e = reinterpret_cast<const T*>(&wv[u]);

@@ -35,7 +35,6 @@ std::string Prefill::unsupported(const PrefillModel& m) {
   bool linear = false, full = false;
   for (const DLayer& l : *m.L) {
     (l.full ? full : linear) = true;
-    if (l.q.bits) return "quantised experts (decode kernels only)";
   }
   if (full && (c.head_dim % 8 != 0 || c.head_dim > 256)) return "attention head_dim not a multiple of 8 up to 256";
   if (linear) {
@@ -209,7 +208,13 @@ void Prefill::gemm(int dt, const GemmArgs& a, int bm, int grid_y, SplitRows sp) 
     case DT_F16 * 3 + 2: go(gemm_kernel<__half, 64>); break;
     case DT_BF16 * 3 + 0: go(gemm_kernel<__nv_bfloat16, 16>); break;
     case DT_BF16 * 3 + 1: go(gemm_kernel<__nv_bfloat16, 32>); break;
-    default: go(gemm_kernel<__nv_bfloat16, 64>); break;
+    case DT_BF16 * 3 + 2: go(gemm_kernel<__nv_bfloat16, 64>); break;
+    case DT_Q4 * 3 + 0: go(gemm_kernel<QW<4>, 16>); break;
+    case DT_Q4 * 3 + 1: go(gemm_kernel<QW<4>, 32>); break;
+    case DT_Q4 * 3 + 2: go(gemm_kernel<QW<4>, 64>); break;
+    case DT_Q8 * 3 + 0: go(gemm_kernel<QW<8>, 16>); break;
+    case DT_Q8 * 3 + 1: go(gemm_kernel<QW<8>, 32>); break;
+    default: go(gemm_kernel<QW<8>, 64>); break;
   }
   check(cudaGetLastError(), "batched prefill: matrix product");
 }
@@ -380,7 +385,13 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
     g.ldc = I;
     g.mode = GEMM_SWIGLU;
     g.half = I;
-    gemm(d.edt, g, ebm, ntiles, fs);
+    // Quantised experts: gate rows then up rows, each with its scales and biases.
+    const int edt = d.q.bits == 8 ? DT_Q8 : d.q.bits == 4 ? DT_Q4 : d.edt;
+    g.qsplit = I;
+    g.qgroup = d.q.group;
+    g.qw[0] = 0, g.qs[0] = d.q.gate_s, g.qb[0] = d.q.gate_b;
+    g.qw[1] = d.q.up_w, g.qs[1] = d.q.up_s, g.qb[1] = d.q.up_b;
+    gemm(edt, g, ebm, ntiles, fs);
     mark(P_EXPERTS_GU);
     g.A = hb_;
     g.lda = I;
@@ -393,7 +404,9 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
     g.crow = dest_;
     g.mode = GEMM_STORE;
     g.half = 0;
-    gemm(d.edt, g, ebm, ntiles, pipe(d.edt) ? split(hb_, T * k, I, false) : SplitRows{});
+    g.qsplit = H;
+    g.qw[0] = 0, g.qs[0] = d.q.dn_s, g.qb[0] = d.q.dn_b;
+    gemm(edt, g, ebm, ntiles, pipe(edt) ? split(hb_, T * k, I, false) : SplitRows{});
     mark(P_EXPERTS_DOWN);
     if (d.has_shared) {
       dense(d.s_gu, xn_, hs_, d.s_down.cols, GEMM_SWIGLU, d.s_down.cols, fs);
