@@ -381,6 +381,68 @@ TEST(CudaPacked, EveryExpertFormatMatchesTheCpu) {
   }
 }
 
+// The disk tier: a quarter of the experts in VRAM, half in pinned host
+// memory, the rest read from the packed files when chosen. Same logits as
+// the CPU (prompts token by token through the decode step), the same greedy
+// ids, every choice counted once in one tier, and experts really read from
+// disk.
+TEST(CudaTiers, DiskTierMatchesTheCpu) {
+  REQUIRE_GPU();
+  const std::string dir = source_path("models/coder-mini");
+  RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
+  TempDir tmp;
+  ThreadPool pool(2);
+  for (QuantKind q : {QuantKind::None, QuantKind::Q4}) {
+    PackOptions po;
+    po.experts = q;
+    po.group = 32;
+    const std::string out = tmp.path + "/packed-" + quant_name(q);
+    pack_model(dir + "/model", out, po);
+    ExpertOptions eo;
+    eo.store = "stream";
+    auto model = QwenModel::load(out, eo);
+    const int64_t V = model->config().vocab_size;
+    const int E = int(model->config().num_experts), k = int(model->config().num_experts_per_tok);
+    int64_t moe = 0;
+    for (bool b : model->config().layer_is_moe) moe += b ? 1 : 0;
+    CudaOptions o;
+    o.expert_cache_fraction = 0.25;
+    o.host_cache_fraction = 0.5;
+    auto disk = CudaModel::upload(*model, o);
+    const CudaTierStats t0 = disk->tier_stats();
+    ASSERT_TRUE(t0.enabled);
+    EXPECT_EQ(t0.slots_per_layer, E / 4);
+    EXPECT_EQ(t0.host_slots_per_layer, E / 2);
+    Session c(*model, KvConfig{}, pool), g(*model, KvConfig{}, pool, disk.get());
+    const std::vector<float> a = c.feed_all(ids.ids), b = g.feed_all(ids.ids);
+    ASSERT_EQ(a.size(), b.size());
+    const double kl = mean_kl(a, b, V);
+    const float mad = max_abs_diff(a.data(), b.data(), a.size());
+    EXPECT_LE(kl, 1e-4) << quant_name(q);
+    EXPECT_LE(mad, 2e-3f) << quant_name(q);
+    EXPECT_EQ(g.greedy(16), c.greedy(16)) << quant_name(q);
+    const CudaTierStats t = disk->tier_stats();
+    const uint64_t tokens = ids.ids.size() + 16 - 1;
+    EXPECT_EQ(t.vram_hits + t.host_hits + t.disk_hits, tokens * uint64_t(k) * uint64_t(moe)) << quant_name(q);
+    EXPECT_GT(t.disk_hits, 0u) << quant_name(q);
+    EXPECT_GT(t.host_hits, 0u) << quant_name(q);
+    std::printf("[cuda-disk] %-4s mean KL %.3g, max |dlogit| %.3g; vram %llu, host %llu, disk %llu, promotions %llu\n",
+                quant_name(q), kl, mad, (unsigned long long)t.vram_hits, (unsigned long long)t.host_hits,
+                (unsigned long long)t.disk_hits, (unsigned long long)t.promotions);
+  }
+  // A host cache smaller than one token's experts cannot work: said at upload.
+  auto model = QwenModel::load(dir + "/model");
+  CudaOptions tiny;
+  tiny.expert_cache_fraction = 0;
+  tiny.host_cache_fraction = 0.1;
+  try {
+    CudaModel::upload(*model, tiny);
+    FAIL() << "a host cache of 1 expert per layer was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--gpu-host-cache"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CudaErrors, H2oIsRefusedWithAClearMessage) {
   REQUIRE_GPU();
   auto model = QwenModel::load(source_path("models/coder-mini/model"));
@@ -494,6 +556,34 @@ TEST(CudaCli, GpuExpertCacheRunsAndReportsTiers) {
   EXPECT_EQ(g.code, 0) << g.err;
   EXPECT_EQ(c.out, g.out);
   EXPECT_NE(g.err.find("choices served: vram"), std::string::npos) << g.err;
+}
+
+TEST(CudaCli, DiskTierRunsAndReportsTiers) {
+  REQUIRE_GPU();
+  TempDir d;
+  const std::string packed = d.path + "/packed";
+  ASSERT_EQ(run_flashmoe("pack -m " + source_path("models/coder-mini/model") + " -o " + packed).code, 0);
+  const std::string gen = "generate -m " + packed + " --ids 1,2,3 -n 12";
+  CmdResult c = run_flashmoe(gen + " --device cpu");
+  CmdResult g = run_flashmoe(gen + " --device cuda --gpu-expert-cache 25% --gpu-host-cache 50% --stats");
+  EXPECT_EQ(g.code, 0) << g.err;
+  EXPECT_EQ(c.out, g.out);
+  EXPECT_NE(g.err.find("the rest read from disk"), std::string::npos) << g.err;
+  EXPECT_EQ(g.err.find("disk 0 "), std::string::npos) << g.err;
+}
+
+// Runs everywhere: checked before any GPU is touched.
+TEST(CudaCli, GpuHostCacheIsValidated) {
+  const std::string m = fixture_dir("tiny-qwen35moe") + "/model";
+  CmdResult a = run_flashmoe("generate -m " + m + " --ids 1 --device cuda --gpu-host-cache 50%");
+  EXPECT_NE(a.code, 0);
+  EXPECT_NE(a.err.find("--gpu-host-cache needs --gpu-expert-cache"), std::string::npos) << a.err;
+  CmdResult b = run_flashmoe("generate -m " + m + " --ids 1 --device cuda --gpu-expert-cache 10% --gpu-host-cache x");
+  EXPECT_NE(b.code, 0);
+  EXPECT_NE(b.err.find("--gpu-host-cache: 'x' is not a size"), std::string::npos) << b.err;
+  CmdResult c = run_flashmoe("generate -m " + m + " --ids 1 --device cpu --gpu-expert-cache 10% --gpu-host-cache 50%");
+  EXPECT_NE(c.code, 0);
+  EXPECT_NE(c.err.find("--gpu-expert-cache needs --device cuda or auto"), std::string::npos) << c.err;
 }
 
 TEST(CudaCli, UnknownDeviceIsAnError) {

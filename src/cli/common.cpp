@@ -40,22 +40,34 @@ void add_model_options(CLI::App* cmd, ModelOptions* opt, bool require_model) {
                   "(e.g. 50%); the rest stay in pinned host memory, read over the host link and promoted to VRAM "
                   "when hot (default: all experts in VRAM)")
       ->type_name("GB|N%");
+  cmd->add_option("--gpu-host-cache", opt->gpu_host_cache,
+                  "With --gpu-expert-cache: pinned host memory for the experts outside VRAM, in GB or as a share of "
+                  "all expert bytes (default: all of them); the others are read from the model's files when chosen "
+                  "(the decode step waits for them, prompts go token by token)")
+      ->type_name("GB|N%");
   cmd->add_flag("--stats", opt->stats, "Print expert-store statistics (hit rate, bytes and reads per token, I/O wait)");
 }
 
 void finalize_model_options(ModelOptions* opt) {
   finalize_kv_options(&opt->kv);
-  if (!opt->gpu_expert_cache.empty()) {
-    const std::string& v = opt->gpu_expert_cache;
+  // "GB" or "N%" into gb or fraction.
+  auto size = [](const std::string& flag, const std::string& v, double* gb, double* fraction) {
     const bool pct = v.back() == '%';
     char* end = nullptr;
     errno = 0;
     const std::string num = pct ? v.substr(0, v.size() - 1) : v;
     const double d = std::strtod(num.c_str(), &end);
     if (num.empty() || *end != '\0' || errno == ERANGE || !(d >= 0) || (pct && d > 100))
-      fail("--gpu-expert-cache: '" + v + "' is not a size (expected GB like 20 or 0.5, or a share like 50%)");
-    if (pct) opt->cuda.expert_cache_fraction = d / 100.0;
-    else opt->cuda.expert_cache_gb = d;
+      fail(flag + ": '" + v + "' is not a size (expected GB like 20 or 0.5, or a share like 50%)");
+    if (pct) *fraction = d / 100.0;
+    else *gb = d;
+  };
+  if (!opt->gpu_expert_cache.empty())
+    size("--gpu-expert-cache", opt->gpu_expert_cache, &opt->cuda.expert_cache_gb, &opt->cuda.expert_cache_fraction);
+  if (!opt->gpu_host_cache.empty()) {
+    size("--gpu-host-cache", opt->gpu_host_cache, &opt->cuda.host_cache_gb, &opt->cuda.host_cache_fraction);
+    if (opt->gpu_expert_cache.empty())
+      fail("--gpu-host-cache needs --gpu-expert-cache (without it every expert is in VRAM)");
   }
   choose_device(opt);  // after the KV options: --kv-h2o keeps auto on the CPU
   opt->experts.policy = parse_cache_policy(opt->cache_policy);
@@ -63,20 +75,27 @@ void finalize_model_options(ModelOptions* opt) {
 
 std::string format_tier_stats(const CudaTierStats& s, int64_t tokens) {
   if (!s.enabled) return "gpu expert cache: off (every expert in VRAM)";
-  const double all = double(std::max<uint64_t>(1, s.vram_hits + s.host_hits));
-  char buf[512];
+  const double all = double(std::max<uint64_t>(1, s.vram_hits + s.host_hits + s.disk_hits));
+  const bool disk = s.host_slots_per_layer < s.experts_per_layer;
+  char buf[768], where[160];
+  if (disk)
+    std::snprintf(where, sizeof where, "%d per layer in pinned host memory (%.2f GB), the rest read from disk",
+                  s.host_slots_per_layer, double(s.host_slots_per_layer) * s.layers * s.expert_bytes / 1e9);
+  else
+    std::snprintf(where, sizeof where, "the rest in pinned host memory (%.2f GB)",
+                  double(s.experts_per_layer) * s.layers * s.expert_bytes / 1e9);
   std::snprintf(buf, sizeof buf,
-                "gpu expert cache: %d of %d experts per layer in VRAM (%.2f GB), the rest in pinned host memory "
-                "(%.2f GB)\n  choices served: vram %llu (%.1f%%), host %llu (%.1f%%), disk 0 (every expert is held in "
-                "host memory); promotions %llu (%.1f MB)",
+                "gpu expert cache: %d of %d experts per layer in VRAM (%.2f GB), %s\n  choices served: vram %llu "
+                "(%.1f%%), host %llu (%.1f%%), disk %llu (%.1f%%%s); promotions %llu (%.1f MB)",
                 s.slots_per_layer, s.experts_per_layer, double(s.slots_per_layer) * s.layers * s.expert_bytes / 1e9,
-                double(s.experts_per_layer) * s.layers * s.expert_bytes / 1e9, (unsigned long long)s.vram_hits,
-                100.0 * s.vram_hits / all, (unsigned long long)s.host_hits, 100.0 * s.host_hits / all,
-                (unsigned long long)s.promotions, double(s.promoted_bytes) / 1e6);
+                where, (unsigned long long)s.vram_hits, 100.0 * s.vram_hits / all, (unsigned long long)s.host_hits,
+                100.0 * s.host_hits / all, (unsigned long long)s.disk_hits, 100.0 * s.disk_hits / all,
+                disk ? "" : ", every expert is held in host memory", (unsigned long long)s.promotions,
+                double(s.promoted_bytes) / 1e6);
   std::string out = buf;
   if (tokens > 0) {
     std::snprintf(buf, sizeof buf, "; %.1f MB per token over the host link",
-                  double(s.host_hits) * double(s.expert_bytes) / double(tokens) / 1e6);
+                  double(s.host_hits + s.disk_hits) * double(s.expert_bytes) / double(tokens) / 1e6);
     out += buf;
   }
   return out;

@@ -37,6 +37,7 @@ struct ModelOptions {
   std::string cache_policy = "lru";
   bool stats = false;  // --stats: print expert-store statistics to stderr
   std::string gpu_expert_cache;  // --gpu-expert-cache: "GB" or "N%" (empty: all experts in VRAM)
+  std::string gpu_host_cache;    // --gpu-host-cache: "GB" or "N%" (empty: every expert outside VRAM in host memory)
   CudaOptions cuda;              // parsed from the above by finalize_model_options
 };
 

@@ -47,8 +47,9 @@ void choose_device(ModelOptions* opt) {
          "' is not a device (expected cpu, cuda or auto)");
   const bool h2o = opt->kv.retention() == KvRetention::H2O;
   if (d == "cpu") {
-    if (!opt->gpu_expert_cache.empty())
-      fail("--gpu-expert-cache needs --device cuda or auto" +
+    if (!opt->gpu_expert_cache.empty() || !opt->gpu_host_cache.empty())
+      fail(std::string(opt->gpu_expert_cache.empty() ? "--gpu-host-cache" : "--gpu-expert-cache") +
+           " needs --device cuda or auto" +
            std::string(opt->device_source == "FLASHMOE_DEVICE" ? " (FLASHMOE_DEVICE=cpu selects the CPU)" : ""));
     return;
   }

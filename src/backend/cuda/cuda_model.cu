@@ -181,6 +181,7 @@ struct CudaModel::Impl {
   int64_t bytes_total = 0, bytes_per_token = 0;
   float* pinned_logits = nullptr;
   int* pinned_ids = nullptr;
+  int* pinned_eids = nullptr;  // disk tier: the chosen experts of a layer
   // profiling: an event after each launch, with its kernel class
   bool profiling = false;
   std::vector<cudaEvent_t> events;
@@ -195,6 +196,7 @@ struct CudaModel::Impl {
     for (auto e : events) cudaEventDestroy(e);
     if (pinned_logits) cudaFreeHost(pinned_logits);
     if (pinned_ids) cudaFreeHost(pinned_ids);
+    if (pinned_eids) cudaFreeHost(pinned_eids);
     if (stream) cudaStreamDestroy(stream);
   }
 
@@ -304,14 +306,14 @@ struct CudaModel::Impl {
     return static_cast<const void* const*>(d);
   }
 
-  // VRAM slots per MoE layer for the routed experts under opts; E (all) when
-  // the cache holds every expert or no cache size was given.
-  int expert_slots(int64_t expert_bytes, int64_t moe) const {
+  // Slots per MoE layer for the routed experts in a budget of gb (or a
+  // fraction of all expert bytes); E (all) when neither is given.
+  int expert_slots(int64_t expert_bytes, int64_t moe, double gb, double fraction) const {
     const int64_t E = c.num_experts;
     if (E <= 0 || moe == 0) return int(E);
     double budget;
-    if (opts.expert_cache_gb >= 0) budget = opts.expert_cache_gb * 1e9;
-    else if (opts.expert_cache_fraction >= 0) budget = opts.expert_cache_fraction * double(E * moe * expert_bytes);
+    if (gb >= 0) budget = gb * 1e9;
+    else if (fraction >= 0) budget = fraction * double(E * moe * expert_bytes);
     else return int(E);
     const int64_t slots = int64_t(budget / double(moe * expert_bytes));
     return int(std::clamp<int64_t>(slots, 0, E));
@@ -321,11 +323,36 @@ struct CudaModel::Impl {
   // not all get VRAM.
   bool make_tiers(size_t gu, size_t dn, int moe) {
     const int64_t E = c.num_experts;
-    const int slots = expert_slots(int64_t(gu + dn), moe);
+    const int slots = expert_slots(int64_t(gu + dn), moe, opts.expert_cache_gb, opts.expert_cache_fraction);
     if (slots >= E) return false;
-    tiers = std::make_unique<ExpertTiers>(moe, int(E), gu, dn, slots);
+    const int host = expert_slots(int64_t(gu + dn), moe, opts.host_cache_gb, opts.host_cache_fraction);
+    if (host < int(c.num_experts_per_tok))
+      fail("--gpu-host-cache: " + std::to_string(host) + " experts per layer in host memory, fewer than the " +
+           std::to_string(c.num_experts_per_tok) + " one token uses; give it more");
+    tiers = std::make_unique<ExpertTiers>(moe, int(E), gu, dn, slots, host);
     bytes_total += int64_t(tiers->vram_bytes());
+    if (tiers->disk()) {
+      // Experts come from disk between the router and the expert kernels: the
+      // step waits for the host there, so no graph, no pick inside gate_up or
+      // the output projection, no row pointers resolved before the tables are
+      // final, and prompts token by token.
+      disk = true;
+      use_graph = gu_topk = fold = presel = use_sel = batch = false;
+    }
     return true;
+  }
+
+  // Disk tier, after the routing of MoE layer d: the chosen experts resident
+  // (read from disk where needed) before its expert kernels.
+  bool disk = false;
+  std::vector<int64_t> disk_layers;  // model layer of each MoE layer (the loader's store requests)
+  void disk_fetch(const DLayer& d) {
+    flush(true);
+    const int k = int(c.num_experts_per_tok);
+    CK(cudaMemcpyAsync(pinned_eids, eids, size_t(k) * 4, cudaMemcpyDeviceToHost, stream));
+    CK(cudaStreamSynchronize(stream));
+    tiers->ensure(stream, d.mi, pinned_eids, k);
+    pdl_next = false;  // the expert kernels start after the table updates, not during them
   }
 
   void init_device() {
@@ -432,6 +459,7 @@ struct CudaModel::Impl {
     CK(cudaMemset(router_done, 0, 4));
     CK(cudaMallocHost(&pinned_logits, size_t(m.vocab_size) * 4));
     CK(cudaMallocHost(&pinned_ids, size_t(kRing) * 4));
+    CK(cudaMallocHost(&pinned_eids, size_t(std::max<int64_t>(1, m.num_experts_per_tok)) * 4));
     slot.clear();
     int full = 0, lin = 0;
     for (auto k : m.layer_kinds) slot.push_back(k == LayerKind::Full ? full++ : lin++);
@@ -897,6 +925,7 @@ struct CudaModel::Impl {
       int slots;
       if (d.moe) {
         if (!d.rfold) route(d);  // else the logits came with the output projection
+        if (disk) disk_fetch(d);
         a.gu_tab = d.gu_tab;
         a.down_tab = d.down_tab;
         a.k = int(m.num_experts_per_tok);
@@ -1082,7 +1111,7 @@ const ModelConfig& CudaModel::config() const { return p_->c; }
 std::string CudaModel::device_name() const { return p_->prop.name; }
 int64_t CudaModel::weight_bytes_total() const { return p_->bytes_total; }
 int64_t CudaModel::weight_bytes_per_token() const { return p_->bytes_per_token; }
-void CudaModel::set_use_graph(bool on) { p_->use_graph = on; }
+void CudaModel::set_use_graph(bool on) { p_->use_graph = on && !p_->disk; }
 
 std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaOptions& o) {
   std::unique_ptr<CudaModel> cm(new CudaModel);
@@ -1187,11 +1216,34 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
         d.gu_tab = m.contiguous_table(d.gu, E, gu_bytes, p + "expert table");
         d.down_tab = m.contiguous_table(d.down, E, dn_bytes, p + "expert table");
       }
+      // Expert e's gate/up and down blocks written at gu, dn (host memory).
+      auto write = [dt, q = d.q, p](const FfnExpert& x, uint8_t* gu, uint8_t* dn) {
+        if (q.bits) {
+          Impl::write_quant(x, 0, q, p, gu);
+          Impl::write_quant(x, 1, q, p, dn);
+        } else {
+          Impl::write_rows_host({x.gate, x.up}, dt, gu);
+          Impl::write_rows_host({x.down}, dt, dn);
+        }
+      };
+      // Disk tier: the host holds the first host_slots experts; the others
+      // are read through the store when chosen.
+      const int held = tiered ? m.tiers->host_slots() : E;
+      if (tiered && m.tiers->disk()) {
+        d.mi = moe_index;
+        if (moe_index == 0) m.disk_layers.clear();
+        m.disk_layers.push_back(i);
+        if (moe_index == 0)
+          m.tiers->set_loader([&store, &m, write](int l, int e, uint8_t* gu, uint8_t* dn) {
+            const ExpertBatch b = store.fetch(m.disk_layers.at(size_t(l)), {e});
+            write(b.experts.at(0), gu, dn);
+          });
+      }
       // A batch of experts at a time: bounded host memory for streamed ones.
       constexpr int kBatch = 16;
       std::vector<uint8_t> stage;
-      for (int e0 = 0; e0 < E; e0 += kBatch) {
-        const int n = std::min(kBatch, E - e0);
+      for (int e0 = 0; e0 < held; e0 += kBatch) {
+        const int n = std::min(kBatch, held - e0);
         std::vector<int32_t> ids(static_cast<size_t>(n));
         std::iota(ids.begin(), ids.end(), e0);
         const ExpertBatch b = store.fetch(i, ids);
@@ -1203,7 +1255,7 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
           for (int k = 0; k < n; ++k) {
             const FfnExpert& x = b.experts[size_t(k)];
             uint8_t* o = out + size_t(k) * bytes;
-            if (d.q.bits) m.write_quant(x, part, d.q, p, o);
+            if (d.q.bits) Impl::write_quant(x, part, d.q, p, o);
             else if (part == 0) Impl::write_rows_host({x.gate, x.up}, dt, o);
             else Impl::write_rows_host({x.down}, dt, o);
           }
@@ -1238,6 +1290,8 @@ std::unique_ptr<CudaModel> CudaModel::synthetic(const ModelConfig& cfg, uint64_t
   Impl& m = *cm->p_;
   m.c = cfg;
   m.opts = o;
+  if (o.host_cache_gb >= 0 || o.host_cache_fraction >= 0)
+    fail("--gpu-host-cache: a synthetic model has no files to read experts from; give it a model (-m)");
   m.init_device();
   const ModelConfig& c = m.c;
   uint64_t salt = seed;

@@ -43,6 +43,14 @@ struct CudaOptions {
   // over the host link by the expert kernels and promoted to VRAM when hot.
   double expert_cache_gb = -1;
   double expert_cache_fraction = -1;
+  // Pinned host memory for the routed experts outside VRAM (with a VRAM
+  // cache above): GB or a fraction of all expert bytes; neither: all of
+  // them. Experts in neither tier are read through the model's expert store
+  // (its packed files) when chosen: the decode step waits for the host at
+  // every MoE layer, and prompts go token by token. The QwenModel must
+  // outlive the CudaModel then.
+  double host_cache_gb = -1;
+  double host_cache_fraction = -1;
   // CudaModel::synthetic only: the routed experts quantised (q8/q4, groups
   // of synthetic_group columns) instead of bf16.
   QuantKind synthetic_experts = QuantKind::None;
@@ -52,9 +60,9 @@ struct CudaOptions {
 // Counters of the tiered expert cache (all zero / disabled without one).
 struct CudaTierStats {
   bool enabled = false;
-  uint64_t vram_hits = 0, host_hits = 0;  // routed-expert choices served from each tier
+  uint64_t vram_hits = 0, host_hits = 0, disk_hits = 0;  // routed-expert choices served from each tier
   uint64_t promotions = 0, promoted_bytes = 0;
-  int layers = 0, experts_per_layer = 0, slots_per_layer = 0;
+  int layers = 0, experts_per_layer = 0, slots_per_layer = 0, host_slots_per_layer = 0;
   int64_t expert_bytes = 0;  // one expert: gate + up + down
 };
 

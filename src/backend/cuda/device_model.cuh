@@ -76,6 +76,7 @@ struct DLayer {
   const void* const* gu_tab = nullptr;  // [E] device pointers of each expert's rows (see ExpertTiers)
   const void* const* down_tab = nullptr;
   TierCount tc{};  // choice accounting (tiered cache only)
+  int mi = -1;     // its index among the MoE layers (disk tier only)
   bool has_shared = false;              // shared expert (MoE) or dense MLP
   DMat s_gu, s_down;                    // [2Is, H], [H, Is]
   float* rfold = nullptr;               // folded router [router rows][H + O] (outproj_router_kernel), or null

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backend/cuda/cuda_check.cuh"
+#include "core/error.h"
 
 namespace flashmoe::cuda {
 
@@ -23,9 +24,9 @@ constexpr int kSnapshotEvery = 8;     // tokens (decode steps) between count sna
 constexpr int kPromotionsPerLayer = 2;  // per snapshot: bounds the link traffic spent on promotions
 }  // namespace
 
-ExpertTiers::ExpertTiers(int layers, int E, size_t gu_bytes, size_t down_bytes, int slots)
-    : layers_(layers), E_(E), slots_(slots), gu_(gu_bytes), down_(down_bytes) {
-  const size_t per_layer = size_t(E) * (gu_ + down_);
+ExpertTiers::ExpertTiers(int layers, int E, size_t gu_bytes, size_t down_bytes, int slots, int host_slots)
+    : layers_(layers), E_(E), slots_(slots), hslots_(std::clamp(host_slots, 1, E)), gu_(gu_bytes), down_(down_bytes) {
+  const size_t per_layer = size_t(hslots_) * (gu_ + down_);
   for (int l = 0; l < layers; ++l) {
     void* p = nullptr;
     cudaError_t e = cudaHostAlloc(&p, per_layer, cudaHostAllocMapped | cudaHostAllocPortable);
@@ -57,6 +58,25 @@ ExpertTiers::ExpertTiers(int layers, int E, size_t gu_bytes, size_t down_bytes, 
   busy_.assign(n, 0);
   score_.assign(n, 0.0);
   last_.assign(n, 0);
+  hwhere_.assign(n, -1);
+  howner_.assign(size_t(layers) * hslots_, -1);
+  hstamp_.assign(size_t(layers) * hslots_, 0);
+  for (int l = 0; l < layers; ++l)
+    for (int e = 0; e < hslots_; ++e) {
+      hwhere_[size_t(l) * E_ + e] = e;
+      howner_[size_t(l) * hslots_ + e] = e;
+    }
+}
+
+void ExpertTiers::host_ptrs(int l, int e, const void** g, const void** d) const {
+  const int h = hwhere_[size_t(l) * E_ + e];
+  *g = *d = nullptr;
+  if (h < 0) return;
+  void *hg = nullptr, *hd = nullptr;
+  CK(cudaHostGetDevicePointer(&hg, host_gu(l) + size_t(h) * gu_, 0));
+  CK(cudaHostGetDevicePointer(&hd, host_down(l) + size_t(h) * down_, 0));
+  *g = hg;
+  *d = hd;
 }
 
 ExpertTiers::~ExpertTiers() {
@@ -76,25 +96,29 @@ void ExpertTiers::start() {
   const size_t n = size_t(layers_) * E_;
   std::vector<const void*> gu(n), dn(n);
   std::vector<int> tier(n);
+  std::vector<uint8_t> stage;  // disk tier: a VRAM expert without a host copy is read here first
   for (int l = 0; l < layers_; ++l)
     for (int e = 0; e < E_; ++e) {
       const size_t i = size_t(l) * E_ + e;
       if (e < slots_) {
         uint8_t* s = vram_[size_t(l)] + size_t(e) * (gu_ + down_);
-        CK(cudaMemcpy(s, host_gu(l) + size_t(e) * gu_, gu_, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(s + gu_, host_down(l) + size_t(e) * down_, down_, cudaMemcpyHostToDevice));
+        const int h = hwhere_[i];
+        if (h >= 0) {
+          CK(cudaMemcpy(s, host_gu(l) + size_t(h) * gu_, gu_, cudaMemcpyHostToDevice));
+          CK(cudaMemcpy(s + gu_, host_down(l) + size_t(h) * down_, down_, cudaMemcpyHostToDevice));
+        } else {
+          stage.resize(gu_ + down_);
+          loader_(l, e, stage.data(), stage.data() + gu_);
+          CK(cudaMemcpy(s, stage.data(), gu_ + down_, cudaMemcpyHostToDevice));
+        }
         gu[i] = s;
         dn[i] = s + gu_;
         tier[i] = 0;
         where_[i] = e;
         owner_[size_t(l) * slots_ + e] = e;
       } else {
-        void *g = nullptr, *d = nullptr;
-        CK(cudaHostGetDevicePointer(&g, host_gu(l) + size_t(e) * gu_, 0));
-        CK(cudaHostGetDevicePointer(&d, host_down(l) + size_t(e) * down_, 0));
-        gu[i] = g;
-        dn[i] = d;
-        tier[i] = 1;
+        host_ptrs(l, e, &gu[i], &dn[i]);
+        tier[i] = gu[i] ? 1 : 2;
       }
     }
   CK(cudaMemcpy(d_gu_tab_, gu.data(), n * sizeof(void*), cudaMemcpyHostToDevice));
@@ -109,15 +133,44 @@ void ExpertTiers::set(cudaStream_t s, int l, int e, int slot) {
     g = p;
     d = p + gu_;
   } else {
-    void *hg = nullptr, *hd = nullptr;
-    CK(cudaHostGetDevicePointer(&hg, host_gu(l) + size_t(e) * gu_, 0));
-    CK(cudaHostGetDevicePointer(&hd, host_down(l) + size_t(e) * down_, 0));
-    g = hg;
-    d = hd;
+    host_ptrs(l, e, &g, &d);
   }
   const size_t base = size_t(l) * E_;
-  set_expert_kernel<<<1, 1, 0, s>>>(d_gu_tab_ + base, d_down_tab_ + base, d_tier_ + base, e, g, d, slot >= 0 ? 0 : 1);
+  set_expert_kernel<<<1, 1, 0, s>>>(d_gu_tab_ + base, d_down_tab_ + base, d_tier_ + base, e, g, d,
+                                    slot >= 0 ? 0 : g ? 1 : 2);
   check(cudaGetLastError(), "set_expert_kernel");
+}
+
+void ExpertTiers::ensure(cudaStream_t s, int l, const int* ids, int k) {
+  const size_t base = size_t(l) * E_, hbase = size_t(l) * hslots_;
+  ++clock_;
+  for (int j = 0; j < k; ++j) {
+    const int e = ids[j];
+    if (e < 0 || e >= E_) fail("expert id " + std::to_string(e) + " out of range in the tiered cache");
+    const int h = hwhere_[base + e];
+    if (h >= 0) hstamp_[hbase + h] = clock_;
+    if (where_[base + e] >= 0 || h >= 0) continue;
+    // Disk: the least recently used host slot whose expert this step does
+    // not use and no promotion is copying.
+    int victim = -1;
+    for (int t = 0; t < hslots_; ++t) {
+      const int o = howner_[hbase + t];
+      if (o >= 0 && (busy_[base + o] || std::find(ids, ids + k, o) != ids + k)) continue;
+      if (victim < 0 || hstamp_[hbase + t] < hstamp_[hbase + victim]) victim = t;
+    }
+    if (victim < 0) fail("the GPU host expert cache has fewer slots per layer than the experts one token uses");
+    const int old = howner_[hbase + victim];
+    if (old >= 0) {
+      hwhere_[base + old] = -1;
+      if (where_[base + old] < 0) set(s, l, old, -1);  // now on disk only
+    }
+    loader_(l, e, host_gu(l) + size_t(victim) * gu_, host_down(l) + size_t(victim) * down_);
+    howner_[hbase + victim] = e;
+    hwhere_[base + e] = victim;
+    hstamp_[hbase + victim] = clock_;
+    set(s, l, e, -1);
+    ++disk_reads_;
+  }
 }
 
 void ExpertTiers::maintain(cudaStream_t main, int tokens) {
@@ -167,7 +220,8 @@ void ExpertTiers::plan(cudaStream_t main) {
     }
     std::vector<int> cand, vict;
     for (int e = 0; e < E_; ++e)
-      if (!busy_[base + e]) (where_[base + e] < 0 ? cand : vict).push_back(e);
+      if (!busy_[base + e] && (where_[base + e] >= 0 || hwhere_[base + e] >= 0))  // disk tier: promote from host
+        (where_[base + e] < 0 ? cand : vict).push_back(e);
     auto hotter = [&](int a, int b) { return score_[base + a] > score_[base + b] || (score_[base + a] == score_[base + b] && a < b); };
     std::sort(cand.begin(), cand.end(), hotter);
     std::sort(vict.begin(), vict.end(), [&](int a, int b) { return hotter(b, a); });
@@ -187,8 +241,9 @@ void ExpertTiers::plan(cudaStream_t main) {
       CK(cudaEventRecord(evicted, main));
       CK(cudaStreamWaitEvent(copy_, evicted, 0));
       uint8_t* s = vram_[size_t(l)] + size_t(slot) * (gu_ + down_);
-      CK(cudaMemcpyAsync(s, host_gu(l) + size_t(in) * gu_, gu_, cudaMemcpyHostToDevice, copy_));
-      CK(cudaMemcpyAsync(s + gu_, host_down(l) + size_t(in) * down_, down_, cudaMemcpyHostToDevice, copy_));
+      const int h = hwhere_[base + in];  // busy_ keeps it there until the copy is done
+      CK(cudaMemcpyAsync(s, host_gu(l) + size_t(h) * gu_, gu_, cudaMemcpyHostToDevice, copy_));
+      CK(cudaMemcpyAsync(s + gu_, host_down(l) + size_t(h) * down_, down_, cudaMemcpyHostToDevice, copy_));
       CK(cudaEventRecord(done, copy_));
       cudaEventDestroy(evicted);  // destruction is deferred until the event completes
       pending_.push_back({l, in, slot, done});
@@ -209,7 +264,9 @@ CudaTierStats ExpertTiers::stats() const {
   CK(cudaMemcpy(h, d_hits_, sizeof h, cudaMemcpyDeviceToHost));
   s.enabled = true;
   s.vram_hits = h[0];
-  s.host_hits = h[1];
+  s.disk_hits = std::min<uint64_t>(h[1], disk_reads_);  // the top-k counted them as outside VRAM
+  s.host_hits = h[1] - s.disk_hits;
+  s.host_slots_per_layer = hslots_;
   s.promotions = promotions_;
   s.promoted_bytes = promoted_bytes_;
   s.layers = layers_;
@@ -221,6 +278,7 @@ CudaTierStats ExpertTiers::stats() const {
 
 void ExpertTiers::reset_stats() {
   CK(cudaMemset(d_hits_, 0, 2 * sizeof(unsigned long long)));
+  disk_reads_ = 0;
   promotions_ = 0;
   promoted_bytes_ = 0;
 }
