@@ -443,6 +443,39 @@ TEST(CudaTiers, DiskTierMatchesTheCpu) {
   }
 }
 
+// A GPU session's state copied to host memory and restored into another
+// session continues exactly (bitwise) as the original, in every KV format
+// (window and streaming rings wrapped); a snapshot of another KV
+// configuration is refused.
+TEST(CudaCoderMini, SnapshotsRestoreExactly) {
+  REQUIRE_GPU();
+  const std::string dir = source_path("models/coder-mini");
+  auto model = QwenModel::load(dir + "/model");
+  auto cuda = CudaModel::upload(*model);
+  RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
+  ThreadPool pool(2);
+  const size_t half = ids.ids.size() / 2;
+  const std::vector<int32_t> head(ids.ids.begin(), ids.ids.begin() + std::ptrdiff_t(half));
+  const std::vector<int32_t> tail(ids.ids.begin() + std::ptrdiff_t(half), ids.ids.end());
+  for (const KvCase& c : kv_cases()) {
+    Session a(*model, c.kv, pool, cuda.get()), b(*model, c.kv, pool, cuda.get());
+    a.feed(head);
+    const CudaStateImage img = a.save_device();
+    EXPECT_GT(img.bytes(), 0u);
+    b.restore(img, a.tokens());
+    EXPECT_EQ(b.position(), int64_t(half));
+    const std::vector<float> x = a.feed_all(tail), y = b.feed_all(tail);
+    EXPECT_EQ(max_abs_diff(x.data(), y.data(), x.size()), 0.0f) << c.name;
+    EXPECT_EQ(a.greedy(8), b.greedy(8)) << c.name;
+  }
+  Session f32(*model, KvConfig{}, pool, cuda.get());
+  f32.feed(head);
+  KvConfig fp8;
+  fp8.dtype = KvDType::FP8;
+  Session other(*model, fp8, pool, cuda.get());
+  EXPECT_THROW(other.restore(f32.save_device(), f32.tokens()), Error);
+}
+
 TEST(CudaErrors, H2oIsRefusedWithAClearMessage) {
   REQUIRE_GPU();
   auto model = QwenModel::load(source_path("models/coder-mini/model"));

@@ -94,15 +94,6 @@ Registrar reg(30, [](CLI::App& app) {
     sm.context = a->ctx_size > 0 ? std::min(a->ctx_size, model_ctx) : model_ctx;
 
     a->cfg.state_cache_bytes = a->state_cache_mb << 20;
-    if (sm.cuda && a->cfg.state_cache > 0) {
-      // Snapshots are copies of the host state; the device state has no copy
-      // to take. Answers stay the same (each request reads its whole prompt),
-      // only the reuse of earlier turns is lost.
-      std::fprintf(stderr,
-                   "flashmoe serve: conversation snapshots (--state-cache) are off on the GPU: each request reads "
-                   "its whole prompt\n");
-      a->cfg.state_cache = 0;
-    }
     int threads = a->model.threads > 0 ? a->model.threads : ThreadPool::hardware_threads();
     a->cfg.threads_per_slot = std::max(1, threads / a->cfg.parallel);
     server::HttpServer srv(a->cfg, sm);

@@ -55,8 +55,24 @@ std::vector<int32_t> Session::greedy(int64_t n) {
   return out;
 }
 
+CudaStateImage Session::save_device() const {
+  if (!cuda_) fail("session snapshot: this session is not on a GPU");
+  DeviceGuard g(device_mutex_);
+  return cuda_->save_state(*cstate_);
+}
+
+void Session::restore(const CudaStateImage& image, const std::vector<int32_t>& tokens) {
+  if (!cuda_) fail("session snapshot: a GPU state cannot be restored into a CPU session");
+  if (image.pos != int64_t(tokens.size())) fail("session snapshot: position and token count disagree");
+  if (image.kv.describe() != kv_.describe()) fail("session snapshot: taken with another KV configuration");
+  DeviceGuard g(device_mutex_);
+  cstate_.reset();  // before the new one: the device need not hold both
+  cstate_ = cuda_->load_state(image);
+  tokens_ = tokens;
+}
+
 void Session::restore(const ModelState& state, const std::vector<int32_t>& tokens) {
-  if (cuda_) fail("conversation snapshots are kept on the host: not available with --device cuda");
+  if (cuda_) fail("session snapshot: a CPU state cannot be restored into a GPU session");
   if (state.pos != int64_t(tokens.size())) fail("session snapshot: position and token count disagree");
   state_ = state;
   tokens_ = tokens;

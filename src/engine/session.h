@@ -54,6 +54,10 @@ class Session {
   // Replaces the state with a snapshot taken from a session of the same model
   // and KV config, together with the tokens that snapshot has consumed.
   void restore(const ModelState& state, const std::vector<int32_t>& tokens);
+  // The same for a session on the GPU: its state copied to host memory, and
+  // back from such a copy.
+  CudaStateImage save_device() const;
+  void restore(const CudaStateImage& image, const std::vector<int32_t>& tokens);
 
  private:
   void run_forward(const std::vector<int32_t>& ids, LogitsMode mode, float* out);

@@ -109,7 +109,7 @@ struct HttpServer::Impl {
 
   Impl(ServerConfig c, ServedModel model)
       : cfg(std::move(c)), m(std::move(model)), slots(cfg.parallel, cfg.queue, cfg.threads_per_slot),
-        cache(m.cuda ? 0 : cfg.state_cache, cfg.state_cache_bytes) {}
+        cache(cfg.state_cache, cfg.state_cache_bytes) {}
 
   // The state bytes of a running request, for the gauges. On the device the
   // state is not readable from here, so they are what the KV config and the
@@ -186,11 +186,16 @@ struct HttpServer::Impl {
   Outcome run(Job& j, SlotPool::Lease& lease, const std::function<bool(const std::string&)>& on_text) {
     Outcome out;
     Session s(*m.model, m.kv, lease.threads(), m.cuda, &device_mutex);
-    // Snapshots are host states: a device session neither takes nor stores them.
-    const bool snapshots = !s.on_device();
+    // A GPU session's snapshots are its device state copied to host memory.
+    const bool device = s.on_device();
+    auto store = [&] {
+      if (device) cache.put(s.tokens(), s.save_device());
+      else cache.put(s.tokens(), s.state());
+    };
     size_t fed = 0;
-    if (auto snap = snapshots ? cache.find(j.ids) : nullptr) {
-      s.restore(snap->state, snap->tokens);
+    if (auto snap = cache.find(j.ids)) {
+      if (snap->on_device()) s.restore(snap->device, snap->tokens);
+      else s.restore(snap->state, snap->tokens);
       fed = snap->tokens.size();
       out.reused = int64_t(fed);
     }
@@ -199,7 +204,7 @@ struct HttpServer::Impl {
       auto t0 = std::chrono::steady_clock::now();
       s.feed(std::vector<int32_t>(j.ids.begin() + std::ptrdiff_t(fed), j.ids.begin() + std::ptrdiff_t(j.boundary)));
       head_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (snapshots) cache.put(s.tokens(), s.state());
+      store();
       fed = j.boundary;
     }
     report(lease, s);
@@ -215,7 +220,7 @@ struct HttpServer::Impl {
     out.r.prompt_seconds += head_seconds;
     out.r.prompt_tokens = int64_t(j.ids.size());
     bool cancelled = out.r.finish_reason == "cancelled";
-    if (!cancelled && snapshots) cache.put(s.tokens(), s.state());
+    if (!cancelled) store();
     metrics.count_generation(int64_t(j.ids.size()), out.reused, int64_t(out.r.ids.size()), out.r.prompt_seconds,
                              out.r.gen_seconds, cancelled);
     return out;

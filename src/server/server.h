@@ -36,9 +36,8 @@ struct ServedModel {
   std::string id;                   // model id in requests and /v1/models
   const QwenModel* model = nullptr;
   // Set: the forward pass runs on this device. The server then serialises
-  // the device calls of its slots (see HttpServer::Impl::device_mutex) and
-  // keeps no conversation snapshots (they are host ModelStates; the device
-  // state cannot be copied out), so ServerConfig::state_cache is ignored.
+  // the device calls of its slots (see HttpServer::Impl::device_mutex); its
+  // conversation snapshots are the device states copied to host memory.
   const CudaModel* cuda = nullptr;
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat = nullptr;   // null: /v1/chat/completions answers 400

@@ -23,7 +23,22 @@ void StateCache::put(std::vector<int32_t> tokens, const ModelState& state) {
   size_t size = state.kv_bytes() + state.recurrent_bytes() + tokens.size() * sizeof(int32_t);
   if (size > max_bytes_) return;
   // Copy outside the lock: a state copy can be large.
-  auto snap = std::make_shared<Snapshot>(Snapshot{std::move(tokens), state});
+  auto snap = std::make_shared<Snapshot>();
+  snap->tokens = std::move(tokens);
+  snap->state = state;
+  insert(std::move(snap));
+}
+
+void StateCache::put(std::vector<int32_t> tokens, CudaStateImage device) {
+  if (capacity_ == 0 || tokens.empty()) return;
+  auto snap = std::make_shared<Snapshot>();
+  snap->tokens = std::move(tokens);
+  snap->device = std::move(device);
+  if (snap->bytes() > max_bytes_) return;
+  insert(std::move(snap));
+}
+
+void StateCache::insert(std::shared_ptr<Snapshot> snap) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = lru_.begin(); it != lru_.end();) {
     if ((*it)->tokens == snap->tokens) {

@@ -13,14 +13,19 @@
 #include <mutex>
 #include <vector>
 
+#include "backend/cuda/cuda_model.h"
 #include "model/model_state.h"
 
 namespace flashmoe::server {
 
 struct Snapshot {
   std::vector<int32_t> tokens;  // what `state` has consumed, in order
-  ModelState state;
-  size_t bytes() const { return state.kv_bytes() + state.recurrent_bytes() + tokens.size() * sizeof(int32_t); }
+  ModelState state;             // a CPU session's state
+  CudaStateImage device;        // or a GPU session's, copied to host memory (device.buffers non-empty)
+  bool on_device() const { return !device.buffers.empty(); }
+  size_t bytes() const {
+    return state.kv_bytes() + state.recurrent_bytes() + device.bytes() + tokens.size() * sizeof(int32_t);
+  }
 };
 
 class StateCache {
@@ -36,12 +41,14 @@ class StateCache {
   // least recently used entries beyond the capacity or the byte budget. No-op
   // at capacity 0 or for a snapshot larger than the whole budget.
   void put(std::vector<int32_t> tokens, const ModelState& state);
+  void put(std::vector<int32_t> tokens, CudaStateImage device);
 
   size_t capacity() const { return capacity_; }
   size_t size() const;
   size_t bytes() const;  // memory held by all snapshots
 
  private:
+  void insert(std::shared_ptr<Snapshot> snap);
   size_t capacity_, max_bytes_, bytes_ = 0;
   mutable std::mutex mu_;
   std::list<std::shared_ptr<const Snapshot>> lru_;  // front = most recent

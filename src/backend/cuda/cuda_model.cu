@@ -1491,6 +1491,66 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv) const {
   return st;
 }
 
+namespace {
+// Bytes of each buffer of a state image, in save_state's order: per KV layer
+// K, V (rows in use) and the fp8 K, V scales; then each conv and delta-rule state.
+std::vector<size_t> image_sizes(const ModelConfig& c, const CudaState::Impl& s, int64_t pos) {
+  const size_t used = size_t(std::min<int64_t>(pos, s.cap)), row = size_t(s.nkv) * s.hd * s.el;
+  const size_t srow = s.ns ? size_t(s.ns) * 4 : 0;
+  std::vector<size_t> z;
+  for (size_t i = 0; i < s.kvl.size(); ++i) z.insert(z.end(), {used * row, used * row, used * srow, used * srow});
+  const size_t conv = size_t(c.lin_conv_dim() * c.conv_kernel) * 4;
+  const size_t ssm = size_t(c.lin_num_v_heads * c.lin_k_dim * c.lin_v_dim) * 4;
+  for (size_t i = 0; i < s.conv.size(); ++i) z.push_back(conv);
+  for (size_t i = 0; i < s.ssm.size(); ++i) z.push_back(ssm);
+  return z;
+}
+// The device buffers of a state, in the same order.
+std::vector<void*> image_buffers(const CudaState::Impl& s) {
+  std::vector<void*> b;
+  for (const KvLayer& l : s.kvl) b.insert(b.end(), {l.k, l.v, l.ks, l.vs});
+  for (float* p : s.conv) b.push_back(p);
+  for (float* p : s.ssm) b.push_back(p);
+  return b;
+}
+}  // namespace
+
+CudaStateImage CudaModel::save_state(const CudaState& st) const {
+  const Impl& m = *p_;
+  const CudaState::Impl& s = *st.p_;
+  CK(cudaSetDevice(m.dev));
+  CK(cudaStreamSynchronize(m.stream));
+  CudaStateImage img;
+  img.kv = s.kv;
+  img.pos = s.pos;
+  const std::vector<size_t> z = image_sizes(m.c, s, s.pos);
+  const std::vector<void*> b = image_buffers(s);
+  for (size_t i = 0; i < z.size(); ++i) {
+    img.buffers.emplace_back(z[i]);
+    if (z[i]) CK(cudaMemcpy(img.buffers.back().data(), b[i], z[i], cudaMemcpyDeviceToHost));
+  }
+  return img;
+}
+
+std::unique_ptr<CudaState> CudaModel::load_state(const CudaStateImage& img) const {
+  Impl& m = *p_;
+  auto st = new_state(img.kv);
+  CudaState::Impl& s = *st->p_;
+  if (img.pos < 0 || img.pos >= (int64_t(1) << 30)) fail("conversation snapshot: bad position");
+  m.ensure_cap(s, img.pos);
+  const std::vector<size_t> z = image_sizes(m.c, s, img.pos);
+  const std::vector<void*> b = image_buffers(s);
+  if (img.buffers.size() != z.size()) fail("conversation snapshot: taken from another model");
+  for (size_t i = 0; i < z.size(); ++i) {
+    if (img.buffers[i].size() != z[i]) fail("conversation snapshot: taken from another model or KV configuration");
+    if (z[i]) CK(cudaMemcpy(b[i], img.buffers[i].data(), z[i], cudaMemcpyHostToDevice));
+  }
+  s.pos = img.pos;
+  const int p32 = int(img.pos);
+  CK(cudaMemcpy(s.d_pos, &p32, 4, cudaMemcpyHostToDevice));
+  return st;
+}
+
 void CudaModel::forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits) const {
   Impl& m = *p_;
   CudaState::Impl& s = *st.p_;

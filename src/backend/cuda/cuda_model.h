@@ -66,6 +66,20 @@ struct CudaTierStats {
   int64_t expert_bytes = 0;  // one expert: gate + up + down
 };
 
+// A conversation's device state copied to host memory (the server's
+// conversation snapshots): the KV rows in use, the conv and delta-rule
+// states, in the order CudaModel::save_state writes them.
+struct CudaStateImage {
+  KvConfig kv;
+  int64_t pos = 0;
+  std::vector<std::vector<uint8_t>> buffers;
+  size_t bytes() const {
+    size_t n = 0;
+    for (const auto& b : buffers) n += b.size();
+    return n;
+  }
+};
+
 class CudaModel {
  public:
   // Whether a CUDA device can be used; `why` receives the reason if not.
@@ -84,6 +98,11 @@ class CudaModel {
 
   // Throws Error for a KV policy the CUDA backend does not implement (h2o).
   std::unique_ptr<CudaState> new_state(const KvConfig& kv) const;
+
+  // The state copied to host memory, and a new state from such a copy
+  // (taken from this model; an Error names a mismatch).
+  CudaStateImage save_state(const CudaState& st) const;
+  std::unique_ptr<CudaState> load_state(const CudaStateImage& img) const;
 
   // Same contract as QwenModel::forward (ids are checked against the vocabulary).
   void forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits) const;

@@ -29,6 +29,8 @@ std::string CudaModel::device_name() const { no_cuda(); }
 int64_t CudaModel::weight_bytes_total() const { no_cuda(); }
 int64_t CudaModel::weight_bytes_per_token() const { no_cuda(); }
 std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig&) const { no_cuda(); }
+CudaStateImage CudaModel::save_state(const CudaState&) const { no_cuda(); }
+std::unique_ptr<CudaState> CudaModel::load_state(const CudaStateImage&) const { no_cuda(); }
 void CudaModel::forward(CudaState&, const int32_t*, int64_t, LogitsMode, float*) const { no_cuda(); }
 void CudaModel::decode_greedy(CudaState&, int32_t, int64_t, int32_t*) const { no_cuda(); }
 void CudaModel::set_use_graph(bool) { no_cuda(); }
