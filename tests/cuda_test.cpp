@@ -567,18 +567,22 @@ TEST(CudaTiers, SameLogitsAndCountersAtEveryCacheSize) {
   }
 }
 
-// Runs everywhere: the option is checked before any GPU is touched.
-TEST(CudaCli, GpuExpertCacheIsValidated) {
-  const std::string m = fixture_dir("tiny-qwen35moe") + "/model";
-  CmdResult a = run_flashmoe("generate -m " + m + " --ids 1 --device cuda --gpu-expert-cache lots");
-  EXPECT_NE(a.code, 0);
-  EXPECT_NE(a.err.find("--gpu-expert-cache: 'lots' is not a size"), std::string::npos) << a.err;
-  CmdResult b = run_flashmoe("generate -m " + m + " --ids 1 --device cuda --gpu-expert-cache 150%");
-  EXPECT_NE(b.code, 0);
-  EXPECT_NE(b.err.find("'150%' is not a size"), std::string::npos) << b.err;
-  CmdResult c = run_flashmoe("generate -m " + m + " --ids 1 --device cpu --gpu-expert-cache 50%");
-  EXPECT_NE(c.code, 0);
-  EXPECT_NE(c.err.find("--gpu-expert-cache needs --device cuda or auto"), std::string::npos) << c.err;
+// Runs everywhere: the options are checked before any GPU is touched.
+TEST(CudaCli, GpuCacheOptionsAreValidated) {
+  const std::string gen = "generate -m " + fixture_dir("tiny-qwen35moe") + "/model --ids 1 ";
+  const std::pair<const char*, const char*> cases[] = {
+      {"--device cuda --gpu-expert-cache lots", "--gpu-expert-cache: 'lots' is not a size"},
+      {"--device cuda --gpu-expert-cache 150%", "'150%' is not a size"},
+      {"--device cpu --gpu-expert-cache 50%", "--gpu-expert-cache needs --device cuda or auto"},
+      {"--device cuda --gpu-host-cache 50%", "--gpu-host-cache needs --gpu-expert-cache"},
+      {"--device cuda --gpu-expert-cache 10% --gpu-host-cache x", "--gpu-host-cache: 'x' is not a size"},
+      {"--device cpu --gpu-expert-cache 10% --gpu-host-cache 50%", "--gpu-expert-cache needs --device cuda or auto"},
+  };
+  for (const auto& [args, want] : cases) {
+    CmdResult r = run_flashmoe(gen + args);
+    EXPECT_NE(r.code, 0) << args;
+    EXPECT_NE(r.err.find(want), std::string::npos) << args << ": " << r.err;
+  }
 }
 
 TEST(CudaCli, GpuExpertCacheRunsAndReportsTiers) {
@@ -603,20 +607,6 @@ TEST(CudaCli, DiskTierRunsAndReportsTiers) {
   EXPECT_EQ(c.out, g.out);
   EXPECT_NE(g.err.find("the rest read from disk"), std::string::npos) << g.err;
   EXPECT_EQ(g.err.find("disk 0 "), std::string::npos) << g.err;
-}
-
-// Runs everywhere: checked before any GPU is touched.
-TEST(CudaCli, GpuHostCacheIsValidated) {
-  const std::string m = fixture_dir("tiny-qwen35moe") + "/model";
-  CmdResult a = run_flashmoe("generate -m " + m + " --ids 1 --device cuda --gpu-host-cache 50%");
-  EXPECT_NE(a.code, 0);
-  EXPECT_NE(a.err.find("--gpu-host-cache needs --gpu-expert-cache"), std::string::npos) << a.err;
-  CmdResult b = run_flashmoe("generate -m " + m + " --ids 1 --device cuda --gpu-expert-cache 10% --gpu-host-cache x");
-  EXPECT_NE(b.code, 0);
-  EXPECT_NE(b.err.find("--gpu-host-cache: 'x' is not a size"), std::string::npos) << b.err;
-  CmdResult c = run_flashmoe("generate -m " + m + " --ids 1 --device cpu --gpu-expert-cache 10% --gpu-host-cache 50%");
-  EXPECT_NE(c.code, 0);
-  EXPECT_NE(c.err.find("--gpu-expert-cache needs --device cuda or auto"), std::string::npos) << c.err;
 }
 
 TEST(CudaCli, UnknownDeviceIsAnError) {
