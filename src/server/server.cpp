@@ -189,6 +189,7 @@ struct HttpServer::Impl {
     // A GPU session's snapshots are its device state copied to host memory.
     const bool device = s.on_device();
     auto store = [&] {
+      if (cache.capacity() == 0) return;  // --state-cache 0: not even the copy
       if (device) cache.put(s.tokens(), s.save_device());
       else cache.put(s.tokens(), s.state());
     };

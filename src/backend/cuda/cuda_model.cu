@@ -1216,27 +1216,27 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
         d.gu_tab = m.contiguous_table(d.gu, E, gu_bytes, p + "expert table");
         d.down_tab = m.contiguous_table(d.down, E, dn_bytes, p + "expert table");
       }
-      // Expert e's gate/up and down blocks written at gu, dn (host memory).
-      auto write = [dt, q = d.q, p](const FfnExpert& x, uint8_t* gu, uint8_t* dn) {
-        if (q.bits) {
-          Impl::write_quant(x, 0, q, p, gu);
-          Impl::write_quant(x, 1, q, p, dn);
-        } else {
-          Impl::write_rows_host({x.gate, x.up}, dt, gu);
-          Impl::write_rows_host({x.down}, dt, dn);
-        }
-      };
       // Disk tier: the host holds the first host_slots experts; the others
-      // are read through the store when chosen.
+      // are read through the store when chosen (every MoE layer has the
+      // first one's format: checked above).
       const int held = tiered ? m.tiers->host_slots() : E;
       if (tiered && m.tiers->disk()) {
         d.mi = moe_index;
         if (moe_index == 0) m.disk_layers.clear();
         m.disk_layers.push_back(i);
         if (moe_index == 0)
-          m.tiers->set_loader([&store, &m, write](int l, int e, uint8_t* gu, uint8_t* dn) {
-            const ExpertBatch b = store.fetch(m.disk_layers.at(size_t(l)), {e});
-            write(b.experts.at(0), gu, dn);
+          m.tiers->set_loader([&store, &m, dt, q = d.q](int l, int e, uint8_t* gu, uint8_t* dn) {
+            const int64_t layer = m.disk_layers.at(size_t(l));
+            const ExpertBatch b = store.fetch(layer, {e});
+            const FfnExpert& x = b.experts.at(0);
+            const std::string where = "layer " + std::to_string(layer) + " ";
+            if (q.bits) {
+              Impl::write_quant(x, 0, q, where, gu);
+              Impl::write_quant(x, 1, q, where, dn);
+            } else {
+              Impl::write_rows_host({x.gate, x.up}, dt, gu);
+              Impl::write_rows_host({x.down}, dt, dn);
+            }
           });
       }
       // A batch of experts at a time: bounded host memory for streamed ones.
