@@ -89,6 +89,14 @@ std::vector<KvCase> kv_cases() {
   s.streaming = true;
   s.window = 48;
   v.push_back({"streaming48", s});
+  KvConfig h;
+  h.h2o_budget = 64;
+  v.push_back({"h2o64", h});
+  KvConfig hf;
+  hf.dtype = KvDType::FP8;
+  hf.h2o_budget = 48;
+  hf.sinks = 2;
+  v.push_back({"fp8-h2o48", hf});
   return v;
 }
 
@@ -476,17 +484,52 @@ TEST(CudaCoderMini, SnapshotsRestoreExactly) {
   EXPECT_THROW(other.restore(f32.save_device(), f32.tokens()), Error);
 }
 
-TEST(CudaErrors, H2oIsRefusedWithAClearMessage) {
+// h2o on the GPU evicts what the CPU evicts: after a prompt 4x the budget
+// and after on-device greedy decoding, every full-attention layer holds the
+// CPU's positions, and the greedy ids agree. The default sinks / recent
+// share and other ones, attention in one block per head and split.
+TEST(CudaCoderMini, H2oKeepsTheCpusPositions) {
   REQUIRE_GPU();
-  auto model = QwenModel::load(source_path("models/coder-mini/model"));
-  auto cuda = CudaModel::upload(*model);
-  KvConfig h;
-  h.h2o_budget = 32;
-  try {
-    cuda->new_state(h);
-    FAIL() << "h2o accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--device cpu"), std::string::npos) << e.what();
+  const std::string dir = source_path("models/coder-mini");
+  auto model = QwenModel::load(dir + "/model");
+  RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
+  const int64_t V = model->config().vocab_size;
+  ThreadPool pool(2);
+  for (const char* split : {"0", "force"}) {
+    ScopedEnv env("FLASHMOE_CUDA_ATTNSPLIT", split);
+    auto cuda = CudaModel::upload(*model);
+    KvConfig a, b;
+    a.h2o_budget = 64;
+    b.h2o_budget = 40;
+    b.sinks = 1;
+    b.recent_fraction = 0.5;
+    b.dtype = KvDType::BF16;
+    for (const KvConfig& kv : {a, b}) {
+      const std::string label = std::string(split) + " " + kv.describe();
+      Session cpu(*model, kv, pool);
+      cpu.feed(ids.ids);
+      auto st = cuda->new_state(kv);
+      std::vector<float> last(static_cast<size_t>(V));
+      cuda->forward(*st, ids.ids.data(), int64_t(ids.ids.size()), LogitsMode::Last, last.data());
+      const size_t layers = cpu.state().kv.size();
+      ASSERT_GT(layers, 0u);
+      auto same_positions = [&](const char* when) {
+        for (size_t l = 0; l < layers; ++l) {
+          const std::vector<int64_t> want = cpu.state().kv[l].positions();
+          EXPECT_EQ(int64_t(want.size()), kv.h2o_budget) << label << " " << when;
+          EXPECT_EQ(cuda->kv_positions(*st, int(l)), want) << label << " " << when << ", layer " << l;
+        }
+      };
+      same_positions("after the prompt");
+      // The CPU's greedy(33) feeds its first 32 ids; the GPU is fed its
+      // first argmax and then 31 more.
+      const std::vector<int32_t> want = cpu.greedy(33);
+      ASSERT_EQ(argmax(last.data(), V), want[0]) << label;
+      std::vector<int32_t> got(32);
+      cuda->decode_greedy(*st, want[0], 32, got.data());
+      EXPECT_EQ(got, std::vector<int32_t>(want.begin() + 1, want.end())) << label;
+      same_positions("after decoding");
+    }
   }
 }
 

@@ -69,7 +69,7 @@ void finalize_model_options(ModelOptions* opt) {
     if (opt->gpu_expert_cache.empty())
       fail("--gpu-host-cache needs --gpu-expert-cache (without it every expert is in VRAM)");
   }
-  choose_device(opt);  // after the KV options: --kv-h2o keeps auto on the CPU
+  choose_device(opt);
   opt->experts.policy = parse_cache_policy(opt->cache_policy);
 }
 

@@ -45,7 +45,6 @@ void choose_device(ModelOptions* opt) {
   if (d != "cpu" && d != "cuda" && d != "auto")
     fail((opt->device_source == "FLASHMOE_DEVICE" ? "FLASHMOE_DEVICE" : "--device") + std::string(": '") + d +
          "' is not a device (expected cpu, cuda or auto)");
-  const bool h2o = opt->kv.retention() == KvRetention::H2O;
   if (d == "cpu") {
     if (!opt->gpu_expert_cache.empty() || !opt->gpu_host_cache.empty())
       fail(std::string(opt->gpu_expert_cache.empty() ? "--gpu-host-cache" : "--gpu-expert-cache") +
@@ -56,9 +55,6 @@ void choose_device(ModelOptions* opt) {
   if (d == "cuda") {
     // Refused before the (slow) upload; the backend would refuse later anyway.
     if (!opt->cpu_only.empty()) fail(opt->cpu_only + " is only available with --device cpu");
-    if (h2o)
-      fail(device_words(*opt) +
-           ": the CUDA backend does not implement --kv-h2o (heavy-hitter retention) yet; use --device cpu for it");
     return;
   }
   opt->device_auto = true;
@@ -71,8 +67,6 @@ void choose_device(ModelOptions* opt) {
     if (why.rfind("GPU ", 0) == 0) reason = why;
   } else if (!opt->cpu_only.empty()) {
     reason = opt->cpu_only + " is only available on the CPU";
-  } else if (h2o) {
-    reason = "--kv-h2o (heavy-hitter retention) is not implemented on the GPU yet";
   } else {
     return;  // stays auto: place_model decides once the weights are known
   }

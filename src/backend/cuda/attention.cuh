@@ -1,9 +1,13 @@
 // Attention of the full-attention layers at decode: attn_prep (q/k norm,
 // partial rotary, the new position into the KV cache in its storage type)
 // and attn (scores, softmax, weighted values, output gate), every KV format
-// (FP8 decoded inline with its per-position / per-head scales).
+// (FP8 decoded inline with its per-position / per-head scales), every
+// retention policy (h2o: the victim picked in attn_prep, the scores summed
+// by h2o_acc_kernel).
 #pragma once
 #include <cooperative_groups.h>
+
+#include <climits>
 
 #include "backend/cuda/device_model.cuh"
 #include "backend/cuda/kernels.cuh"
@@ -20,17 +24,62 @@ struct KvLayer {
   float* ks;    // fp8 scales [cap][ns]
   float* vs;
   int cap;      // slots allocated
-  int window;   // 0: full; else the circular window W (streaming: W with sinks)
-  int sinks;    // streaming: first positions kept; 0 otherwise
+  int window;   // 0: full / h2o; else the circular window W (streaming: W with sinks)
+  int sinks;    // streaming, h2o: first positions kept; 0 otherwise
+  // h2o (heavy hitters, budget cap): the slots are not in chronological
+  // order. A new position takes the next free slot, then, once all cap are
+  // full, the slot of the position it evicts (attn_prep picks it); kpos
+  // says which position each slot holds. Same victims as the CPU's KvCache,
+  // which keeps its slots in order instead (it shifts them down).
+  float* acc = nullptr;  // accumulated attention per slot (h2o_acc_kernel); null: not h2o
+  int* kpos = nullptr;   // position held by each slot
+  int recent = 0;        // the last `recent` positions (the new one included) are never evicted
 };
 
+// The slot of position pos in a full / window / streaming cache (not h2o).
 __device__ __forceinline__ int kv_slot(const KvLayer& L, int pos) {
   if (L.window == 0) return pos;
   if (L.sinks == 0) return pos % L.window;
   return pos < L.sinks ? pos : L.sinks + (pos - L.sinks) % (L.window - L.sinks);
 }
 __device__ __forceinline__ int kv_valid(const KvLayer& L, int pos) {  // after appending pos
+  if (L.acc) return min(pos + 1, L.cap);
   return L.window == 0 ? pos + 1 : min(pos + 1, L.window);
+}
+
+// h2o: the slot position pos goes to (the whole block calls it; the same
+// answer in every thread). A free one while the cache fills up; then the
+// victim: of the positions held, not one of the first `sinks` nor of the
+// last recent - 1 (those are always held: they were protected at every
+// eviction since they arrived), the one with the lowest accumulated score,
+// the oldest of equal ones. Its score restarts at 0 for the newcomer.
+__device__ __forceinline__ int h2o_pick(const KvLayer& L, int pos) {
+  if (pos < L.cap) return pos;
+  __shared__ float best_v[32];
+  __shared__ int best_p[32], best_s[32];
+  float v = INFINITY;
+  int p = INT_MAX, slot = -1;
+  for (int s = threadIdx.x; s < L.cap; s += blockDim.x) {
+    const int ps = L.kpos[s];
+    if (ps < L.sinks || ps > pos - L.recent) continue;
+    const float a = L.acc[s];
+    if (a < v || (a == v && ps < p)) v = a, p = ps, slot = s;
+  }
+  // Lexicographic (score, position) minimum over the warp, then the warps.
+  auto better = [](float a, int pa, float b, int pb) { return a < b || (a == b && pa < pb); };
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int op = __shfl_xor_sync(0xffffffffu, p, o), os = __shfl_xor_sync(0xffffffffu, slot, o);
+    if (better(ov, op, v, p)) v = ov, p = op, slot = os;
+  }
+  const int warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  if ((threadIdx.x & 31) == 0) best_v[warp] = v, best_p[warp] = p, best_s[warp] = slot;
+  __syncthreads();
+  v = best_v[0], p = best_p[0], slot = best_s[0];
+  for (int w = 1; w < nw; ++w)
+    if (better(best_v[w], best_p[w], v, p)) v = best_v[w], p = best_p[w], slot = best_s[w];
+  __syncthreads();  // every thread has read kpos / acc and the partials
+  return slot;
 }
 
 struct AttnPrepArgs {
@@ -199,7 +248,11 @@ static __global__ void attn_prep_kernel(AttnPrepArgs a) {
     }
     __syncthreads();
   }
-  const int slot = a.stage >= 0 ? pos - a.stage : kv_slot(a.kv, pos);
+  const int slot = a.stage >= 0 ? pos - a.stage : a.kv.acc ? h2o_pick(a.kv, pos) : kv_slot(a.kv, pos);
+  if (a.kv.acc && threadIdx.x == 0) {
+    a.kv.kpos[slot] = pos;
+    a.kv.acc[slot] = 0.f;
+  }
   if (a.kvt == KV_FP8 && threadIdx.x < a.ns) {
     a.kv.ks[size_t(slot) * a.ns + threadIdx.x] = scales[0][threadIdx.x];
     a.kv.vs[size_t(slot) * a.ns + threadIdx.x] = scales[1][threadIdx.x];
@@ -291,7 +344,8 @@ __global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
     // before the wait, shared out over the blocks of this KV head; only the
     // current position's row comes from attn_prep.
     const size_t bytes = size_t(hd) * (KVT == KV_F32 ? 4 : KVT == KV_FP8 ? 1 : 2);
-    const int lines = int((bytes + 127) / 128), self = kv_slot(a.kv, *a.pos), len = s_end - s_beg;
+    const int lines = int((bytes + 127) / 128), len = s_end - s_beg;
+    const int self = a.kv.acc ? -1 : kv_slot(a.kv, *a.pos);  // h2o: not known before attn_prep
     for (int t = (h % group) * blockDim.x + threadIdx.x; t < len * lines; t += group * blockDim.x) {
       const int s = s_beg + t / lines;
       if (s == self) continue;
@@ -420,6 +474,10 @@ __global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
   if (P == 1) {
     for (int d = threadIdx.x; d < hd; d += blockDim.x)
       a.out[h * hd + d] = acc_out[d] / sum * sigmoidf_(a.gate[h * 2 * hd + hd + d]);
+    // h2o: the probabilities for h2o_acc_kernel (sc was last read before
+    // the __syncthreads of the partial sums).
+    if (a.kv.acc)
+      for (int s = threadIdx.x; s < n; s += blockDim.x) sc[s] /= sum;
     return;
   }
   // Combine the cluster's slices: out = sum_b acc_b e^(m_b - M) / sum_b l_b e^(m_b - M),
@@ -444,7 +502,24 @@ __global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
     }
     a.out[h * hd + d] = t / L * sigmoidf_(a.gate[h * 2 * hd + hd + d]);
   }
+  if (a.kv.acc) {  // h2o: this slice's probabilities, as in P == 1
+    const float f = expf(mx - M) / L;
+    for (int s = s_beg + int(threadIdx.x); s < s_end; s += blockDim.x) sc[s] *= f;
+  }
   cl.sync();  // no block leaves while another still reads its shared memory
+}
+
+// h2o: every held slot's score += its probability under each query head,
+// heads in order (the CPU's order of additions). scores: [nh][cap] from
+// attn_kernel. One thread per slot.
+static __global__ void h2o_acc_kernel(KvLayer kv, const float* scores, int nh, const int* pos) {
+  pdl_wait();
+  pdl_trigger();
+  const int s = blockIdx.x * blockDim.x + threadIdx.x;
+  if (s >= kv_valid(kv, *pos)) return;
+  float a = kv.acc[s];
+  for (int h = 0; h < nh; ++h) a += scores[size_t(h) * kv.cap + s];
+  kv.acc[s] = a;
 }
 
 }  // namespace flashmoe::cuda

@@ -45,6 +45,7 @@ struct CudaState::Impl {
   KvConfig kv;
   int64_t pos = 0;
   int cap = 0, window = 0, sinks = 0, kvt = KV_F32, ns = 0;
+  bool h2o = false;  // heavy-hitter retention: cap slots, KvLayer acc / kpos
   size_t el = 4;
   int nkv = 0, hd = 0, nh = 0;
   std::vector<KvLayer> kvl;
@@ -64,7 +65,9 @@ struct CudaState::Impl {
     cudaSetDevice(dev);
     drop_graphs();
     for (auto& l : kvl)
-      for (void* p : {l.k, l.v, static_cast<void*>(l.ks), static_cast<void*>(l.vs)}) cudaFree(p);
+      for (void* p : {l.k, l.v, static_cast<void*>(l.ks), static_cast<void*>(l.vs), static_cast<void*>(l.acc),
+                      static_cast<void*>(l.kpos)})
+        cudaFree(p);
     for (float* p : conv) cudaFree(p);
     for (float* p : ssm) cudaFree(p);
     for (void* p : {static_cast<void*>(scores), static_cast<void*>(d_pos), static_cast<void*>(d_base),
@@ -906,6 +909,10 @@ struct CudaModel::Impl {
           default: go(attn_kernel<KV_FP8>, nh * a.split, 256, smem, a); break;
         }
         mark(K_ATTN);
+        if (s.h2o) {
+          go(h2o_acc_kernel, (s.cap + 127) / 128, 128, 0, s.kvl[sl], s.scores, nh, s.d_pos);
+          mark(K_ATTN);
+        }
         if (d.rfold) outproj_router(d, d.o_proj);
         else matvec(d.o_proj, attn_o, nullptr, x, 1, K_OUT);
       }
@@ -1006,7 +1013,7 @@ struct CudaModel::Impl {
 
   // Full retention: grow the KV storage (and scores) to hold `slots`.
   void ensure_cap(CudaState::Impl& s, int64_t slots) {
-    if (s.window > 0 || slots <= s.cap) return;
+    if (s.window > 0 || s.h2o || slots <= s.cap) return;
     int64_t nc = std::max<int64_t>(int64_t(s.cap) * 2, slots);
     nc = (nc + 255) / 256 * 256;
     if (nc > (int64_t(1) << 30)) fail("CUDA backend: context too long");
@@ -1430,8 +1437,6 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv) const {
   const Impl& m = *p_;
   kv.validate();
   const KvRetention ret = kv.retention();
-  if (ret == KvRetention::H2O)
-    fail("the CUDA backend does not implement --kv-h2o (heavy-hitter retention) yet; use --device cpu for it");
   CK(cudaSetDevice(m.dev));
   auto st = std::make_unique<CudaState>();
   st->p_ = std::make_unique<CudaState::Impl>();
@@ -1454,7 +1459,9 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv) const {
     s.window = int(kv.window);
     s.sinks = int(kv.sinks);
   }
-  s.cap = s.window > 0 ? s.window : 1024;
+  s.h2o = ret == KvRetention::H2O;
+  if (s.h2o) s.sinks = int(kv.sinks);
+  s.cap = s.window > 0 ? s.window : s.h2o ? int(kv.h2o_budget) : 1024;
   const size_t row = size_t(s.nkv) * s.hd;
   const int64_t C = m.c.lin_conv_dim(), Kc = m.c.conv_kernel;
   const int64_t ssm_n = m.c.lin_num_v_heads * m.c.lin_k_dim * m.c.lin_v_dim;
@@ -1471,6 +1478,13 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv) const {
       b.v = dev_alloc(size_t(s.cap) * row * s.el, "KV cache");
       b.ks = static_cast<float*>(dev_alloc(size_t(s.cap) * std::max(s.ns, 1) * 4, "KV scales"));
       b.vs = static_cast<float*>(dev_alloc(size_t(s.cap) * std::max(s.ns, 1) * 4, "KV scales"));
+      if (s.h2o) {
+        b.recent = int(kv.h2o_recent());
+        b.acc = static_cast<float*>(dev_alloc(size_t(s.cap) * 4, "h2o scores"));
+        b.kpos = static_cast<int*>(dev_alloc(size_t(s.cap) * 4, "h2o positions"));
+        CK(cudaMemset(b.acc, 0, size_t(s.cap) * 4));
+        CK(cudaMemset(b.kpos, 0xff, size_t(s.cap) * 4));  // -1: free
+      }
     } else {
       // [C][K]: the fused kernel keeps a ring of K inputs, the unfused one K-1.
       s.conv.push_back(static_cast<float*>(dev_alloc(size_t(C * Kc) * 4, "conv state")));
@@ -1493,12 +1507,14 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv) const {
 
 namespace {
 // Bytes of each buffer of a state image, in save_state's order: per KV layer
-// K, V (rows in use) and the fp8 K, V scales; then each conv and delta-rule state.
+// K, V (rows in use), the fp8 K, V scales and h2o's scores and positions;
+// then each conv and delta-rule state.
 std::vector<size_t> image_sizes(const ModelConfig& c, const CudaState::Impl& s, int64_t pos) {
   const size_t used = size_t(std::min<int64_t>(pos, s.cap)), row = size_t(s.nkv) * s.hd * s.el;
-  const size_t srow = s.ns ? size_t(s.ns) * 4 : 0;
+  const size_t srow = s.ns ? size_t(s.ns) * 4 : 0, hrow = s.h2o ? 4 : 0;
   std::vector<size_t> z;
-  for (size_t i = 0; i < s.kvl.size(); ++i) z.insert(z.end(), {used * row, used * row, used * srow, used * srow});
+  for (size_t i = 0; i < s.kvl.size(); ++i)
+    z.insert(z.end(), {used * row, used * row, used * srow, used * srow, used * hrow, used * hrow});
   const size_t conv = size_t(c.lin_conv_dim() * c.conv_kernel) * 4;
   const size_t ssm = size_t(c.lin_num_v_heads * c.lin_k_dim * c.lin_v_dim) * 4;
   for (size_t i = 0; i < s.conv.size(); ++i) z.push_back(conv);
@@ -1508,7 +1524,7 @@ std::vector<size_t> image_sizes(const ModelConfig& c, const CudaState::Impl& s, 
 // The device buffers of a state, in the same order.
 std::vector<void*> image_buffers(const CudaState::Impl& s) {
   std::vector<void*> b;
-  for (const KvLayer& l : s.kvl) b.insert(b.end(), {l.k, l.v, l.ks, l.vs});
+  for (const KvLayer& l : s.kvl) b.insert(b.end(), {l.k, l.v, l.ks, l.vs, l.acc, l.kpos});
   for (float* p : s.conv) b.push_back(p);
   for (float* p : s.ssm) b.push_back(p);
   return b;
@@ -1551,6 +1567,28 @@ std::unique_ptr<CudaState> CudaModel::load_state(const CudaStateImage& img) cons
   return st;
 }
 
+std::vector<int64_t> CudaModel::kv_positions(const CudaState& st, int layer) const {
+  const Impl& m = *p_;
+  const CudaState::Impl& s = *st.p_;
+  if (layer < 0 || size_t(layer) >= s.kvl.size()) fail("kv_positions: no full-attention layer " + std::to_string(layer));
+  std::vector<int64_t> out;
+  if (s.h2o) {
+    std::vector<int> kp(size_t(s.cap));
+    CK(cudaSetDevice(m.dev));
+    CK(cudaStreamSynchronize(m.stream));
+    CK(cudaMemcpy(kp.data(), s.kvl[size_t(layer)].kpos, kp.size() * 4, cudaMemcpyDeviceToHost));
+    for (int p : kp)
+      if (p >= 0) out.push_back(p);
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  // The other policies place positions by formula (kv_slot).
+  const int64_t W = s.window, S = s.sinks;
+  for (int64_t p = 0; p < s.pos; ++p)
+    if (W == 0 || p >= s.pos - (W - S) || p < S) out.push_back(p);
+  return out;
+}
+
 void CudaModel::forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits) const {
   Impl& m = *p_;
   CudaState::Impl& s = *st.p_;
@@ -1561,7 +1599,8 @@ void CudaModel::forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode
            " tokens (0.." + std::to_string(V - 1) + ")");
   CK(cudaSetDevice(m.dev));
   m.ensure_cap(s, s.pos + n);
-  Prefill* pf = n > 1 ? m.batched() : nullptr;
+  // h2o evicts by the scores of every earlier token's attention: token by token.
+  Prefill* pf = n > 1 && !s.h2o ? m.batched() : nullptr;
   for (int64_t b = 0; b < n; b += kRing - 1) {
     const int64_t len = std::min<int64_t>(kRing - 1, n - b);
     m.put_ids(s, ids + b, len);

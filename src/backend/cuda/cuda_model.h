@@ -96,13 +96,17 @@ class CudaModel {
   int64_t weight_bytes_total() const;      // bytes of weights in device memory
   int64_t weight_bytes_per_token() const;  // bytes of weights one decoded token reads
 
-  // Throws Error for a KV policy the CUDA backend does not implement (h2o).
+  // A state for this KV configuration (every dtype and retention policy).
   std::unique_ptr<CudaState> new_state(const KvConfig& kv) const;
 
   // The state copied to host memory, and a new state from such a copy
   // (taken from this model; an Error names a mismatch).
   CudaStateImage save_state(const CudaState& st) const;
   std::unique_ptr<CudaState> load_state(const CudaStateImage& img) const;
+
+  // The positions the KV cache of full-attention layer `layer` (0-based
+  // among those layers) holds, ascending, as KvCache::positions() (tests).
+  std::vector<int64_t> kv_positions(const CudaState& st, int layer) const;
 
   // Same contract as QwenModel::forward (ids are checked against the vocabulary).
   void forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits) const;

@@ -31,6 +31,7 @@ int64_t CudaModel::weight_bytes_per_token() const { no_cuda(); }
 std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig&) const { no_cuda(); }
 CudaStateImage CudaModel::save_state(const CudaState&) const { no_cuda(); }
 std::unique_ptr<CudaState> CudaModel::load_state(const CudaStateImage&) const { no_cuda(); }
+std::vector<int64_t> CudaModel::kv_positions(const CudaState&, int) const { no_cuda(); }
 void CudaModel::forward(CudaState&, const int32_t*, int64_t, LogitsMode, float*) const { no_cuda(); }
 void CudaModel::decode_greedy(CudaState&, int32_t, int64_t, int32_t*) const { no_cuda(); }
 void CudaModel::set_use_graph(bool) { no_cuda(); }
