@@ -485,9 +485,11 @@ TEST(CudaCoderMini, SnapshotsRestoreExactly) {
 }
 
 // h2o on the GPU evicts what the CPU evicts: after a prompt 4x the budget
-// and after on-device greedy decoding, every full-attention layer holds the
-// CPU's positions, and the greedy ids agree. The default sinks / recent
-// share and other ones, attention in one block per head and split.
+// (its first budget tokens through the batched prefill, in one chunk or in
+// chunks of 7, the rest token by token) and after on-device greedy
+// decoding, every full-attention layer holds the CPU's positions, and the
+// greedy ids agree. The default sinks / recent share and other ones,
+// attention in one block per head and split.
 TEST(CudaCoderMini, H2oKeepsTheCpusPositions) {
   REQUIRE_GPU();
   const std::string dir = source_path("models/coder-mini");
@@ -497,6 +499,7 @@ TEST(CudaCoderMini, H2oKeepsTheCpusPositions) {
   ThreadPool pool(2);
   for (const char* split : {"0", "force"}) {
     ScopedEnv env("FLASHMOE_CUDA_ATTNSPLIT", split);
+    ScopedEnv chunk("FLASHMOE_CUDA_CHUNK", std::string(split) == "force" ? "7" : nullptr);
     auto cuda = CudaModel::upload(*model);
     KvConfig a, b;
     a.h2o_budget = 64;

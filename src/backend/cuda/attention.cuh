@@ -59,12 +59,34 @@ __device__ __forceinline__ int h2o_pick(const KvLayer& L, int pos) {
   __shared__ int best_p[32], best_s[32];
   float v = INFINITY;
   int p = INT_MAX, slot = -1;
-  for (int s = threadIdx.x; s < L.cap; s += blockDim.x) {
-    const int ps = L.kpos[s];
-    if (ps < L.sinks || ps > pos - L.recent) continue;
-    const float a = L.acc[s];
+  auto consider = [&](int ps, float a, int s) {
+    if (ps < L.sinks || ps > pos - L.recent) return;
     if (a < v || (a == v && ps < p)) v = a, p = ps, slot = s;
+  };
+  // 16-byte loads, kU per thread issued together: one memory latency per
+  // kU * 4 * blockDim slots instead of one per blockDim (the scan is on
+  // the decode step's critical path).
+  constexpr int kU = 4;
+  const int n4 = L.cap % 4 == 0 ? L.cap / 4 : 0;
+  for (int i0 = threadIdx.x; i0 < n4; i0 += kU * blockDim.x) {
+    int4 kp[kU];
+    float4 ac[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int i = i0 + u * blockDim.x;
+      kp[u] = i < n4 ? reinterpret_cast<const int4*>(L.kpos)[i] : make_int4(-1, -1, -1, -1);
+      ac[u] = i < n4 ? reinterpret_cast<const float4*>(L.acc)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int s = 4 * (i0 + u * blockDim.x);
+      consider(kp[u].x, ac[u].x, s);
+      consider(kp[u].y, ac[u].y, s + 1);
+      consider(kp[u].z, ac[u].z, s + 2);
+      consider(kp[u].w, ac[u].w, s + 3);
+    }
   }
+  for (int s = 4 * n4 + threadIdx.x; s < L.cap; s += blockDim.x) consider(L.kpos[s], L.acc[s], s);
   // Lexicographic (score, position) minimum over the warp, then the warps.
   auto better = [](float a, int pa, float b, int pb) { return a < b || (a == b && pa < pb); };
   for (int o = 16; o > 0; o >>= 1) {
@@ -518,7 +540,15 @@ static __global__ void h2o_acc_kernel(KvLayer kv, const float* scores, int nh, c
   const int s = blockIdx.x * blockDim.x + threadIdx.x;
   if (s >= kv_valid(kv, *pos)) return;
   float a = kv.acc[s];
-  for (int h = 0; h < nh; ++h) a += scores[size_t(h) * kv.cap + s];
+  int h = 0;
+  for (; h + 8 <= nh; h += 8) {  // 8 loads in flight, added in head order
+    float p[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) p[j] = scores[size_t(h + j) * kv.cap + s];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) a += p[j];
+  }
+  for (; h < nh; ++h) a += scores[size_t(h) * kv.cap + s];
   kv.acc[s] = a;
 }
 

@@ -718,13 +718,15 @@ struct CudaModel::Impl {
   }
 
   // Blocks per query head in attn_kernel (a cluster, each a slice of the
-  // positions): 1 up to 1024 positions of KV capacity, then one per 1024 up
-  // to 8, so a long context is read by up to 8x as many SMs. The graph is
-  // captured per capacity (ensure_cap drops it), so this follows the cache.
+  // positions): one per 256 positions of KV capacity, 1 to 8, so a long
+  // context is read by up to 8x as many SMs. (One per 1024 left a 2048
+  // window or h2o budget on 2 blocks per head: 10% slower than a full cache
+  // twice as long at 8.) The graph is captured per capacity (ensure_cap
+  // drops it), so this follows the cache.
   int attn_blocks(int cap, int hd) const {
     if (hd % 8 || hd > 256 || attn_split == 0) return 1;  // attn_kernel's vec path only
     if (attn_split == 2) return 4;  // force (tests)
-    return std::clamp(cap / 1024, 1, 8);
+    return std::clamp(cap / 256, 1, 8);
   }
 
   // The delta step on delta2_kernel (a cluster of blocks per head) where
@@ -1599,8 +1601,7 @@ void CudaModel::forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode
            " tokens (0.." + std::to_string(V - 1) + ")");
   CK(cudaSetDevice(m.dev));
   m.ensure_cap(s, s.pos + n);
-  // h2o evicts by the scores of every earlier token's attention: token by token.
-  Prefill* pf = n > 1 && !s.h2o ? m.batched() : nullptr;
+  Prefill* pf = n > 1 ? m.batched() : nullptr;
   for (int64_t b = 0; b < n; b += kRing - 1) {
     const int64_t len = std::min<int64_t>(kRing - 1, n - b);
     m.put_ids(s, ids + b, len);
@@ -1613,6 +1614,8 @@ void CudaModel::forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode
       ps.ns = s.ns;
       ps.el = s.el;
       ps.d_pos = s.d_pos;
+      ps.scores = s.scores;
+      ps.attn_split = m.attn_blocks(s.cap, s.hd);
       for (int64_t c0 = 0; c0 < len; c0 += pf->max_tokens()) {
         const int T = int(std::min<int64_t>(pf->max_tokens(), len - c0));
         pf->run(ps, s.d_ids + c0, T, s.pos);

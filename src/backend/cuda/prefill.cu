@@ -45,6 +45,18 @@ std::string Prefill::unsupported(const PrefillModel& m) {
   return "";
 }
 
+float* Prefill::h2o_part(size_t floats) {
+  if (floats > h2o_part_n_) {
+    cudaStreamSynchronize(m_.stream);  // no kernel in flight reads the old one
+    cudaFree(h2o_part_);
+    h2o_part_ = nullptr;
+    h2o_part_n_ = 0;
+    h2o_part_ = static_cast<float*>(dev_alloc(floats * 4, "the batched prefill's h2o scores"));
+    h2o_part_n_ = floats;
+  }
+  return h2o_part_;
+}
+
 void* Prefill::alloc(size_t bytes) {
   void* p = dev_alloc(bytes, "the batched prefill's buffers");
   allocs_.push_back(p);
@@ -133,6 +145,8 @@ void Prefill::allocate() {
   stage_.ks = f(T * 64);
   stage_.vs = f(T * 64);
   stage_.cap = tmax_;
+  lse_ = f(T * size_t(std::max<int64_t>(1, c.num_heads)));
+  seq_ = i(T);
 }
 
 Prefill::~Prefill() {
@@ -140,6 +154,7 @@ Prefill::~Prefill() {
   if (profile_) report();
   for (auto e : events_) cudaEventDestroy(e);
   for (void* p : allocs_) cudaFree(p);
+  cudaFree(h2o_part_);
 }
 
 void Prefill::mark(int phase) {
@@ -219,6 +234,122 @@ void Prefill::gemm(int dt, const GemmArgs& a, int bm, int grid_y, SplitRows sp) 
   check(cudaGetLastError(), "batched prefill: matrix product");
 }
 
+// Attention of a full-attention layer over the chunk: K/V of all its tokens
+// into the cache (or the stage of a windowed one), all queries at once,
+// h2o's scores from the same probabilities.
+void Prefill::attend_chunk(const PrefillState& s, const DLayer& d, const KvLayer& kv, int p0, int T) {
+  const ModelConfig& c = *m_.c;
+  cudaStream_t st = m_.stream;
+  const int nh = int(c.num_heads), nkv = int(c.num_kv_heads), hd = int(c.head_dim);
+  const bool staged = kv.window > 0;
+  KvLayer stage = stage_;
+  stage.window = 0;
+  stage.sinks = 0;
+  AttnPrepArgs p = attn_prep_args(c, d, proj_, q_, s.d_pos, m_.inv_freq, staged ? stage : kv, s.ns, s.kvt);
+  p.tstride = proj_stride_;
+  p.stage = staged ? p0 : -1;
+  attn_prep_kernel<<<dim3(unsigned(nh + 1), unsigned(T)), 128, size_t(std::max(hd, 2 * nkv * hd)) * 4, st>>>(p);
+  mark(P_ATTN_PREP);
+  AttnRowsArgs a;
+  a.q = q_;
+  a.gate = proj_;
+  a.gstride = proj_stride_;
+  a.out = o_;
+  a.kv = kv;
+  a.stage = stage;
+  if (!staged) a.stage.k = nullptr;
+  a.p0 = p0;
+  a.nh = nh;
+  a.nkv = nkv;
+  a.hd = hd;
+  a.ns = s.ns;
+  a.scale = 1.0f / std::sqrt(float(hd));
+  const int group = nh / std::max(nkv, 1);
+  a.hpb = attn_hpb_ && group <= 8 && 8 % group == 0 ? group : 1;
+  a.lse = kv.acc ? lse_ : nullptr;
+  const dim3 g{unsigned(nh / a.hpb), unsigned(T)};
+  switch (s.kvt) {
+    case KV_F32: attn_rows_kernel<KV_F32><<<g, 256, 0, st>>>(a); break;
+    case KV_BF16: attn_rows_kernel<KV_BF16><<<g, 256, 0, st>>>(a); break;
+    case KV_F16: attn_rows_kernel<KV_F16><<<g, 256, 0, st>>>(a); break;
+    default: attn_rows_kernel<KV_FP8><<<g, 256, 0, st>>>(a); break;
+  }
+  if (kv.acc) {  // h2o: the chunk's attention into the scores
+    const int n = p0 + T, groups = div_up(int64_t(T) * (nh / nkv), kH2oTile * kH2oRowTiles);
+    const dim3 g2{unsigned(div_up(n, kH2oTile)), unsigned(nkv * groups)};
+    H2oRowsArgs h{q_, lse_, h2o_part(size_t(g2.y) * size_t(n)), kv, p0, T, nh, nkv, hd, s.ns, groups, a.scale};
+    switch (s.kvt) {
+      case KV_F32: h2o_rows_part_kernel<KV_F32><<<g2, 256, 0, st>>>(h); break;
+      case KV_BF16: h2o_rows_part_kernel<KV_BF16><<<g2, 256, 0, st>>>(h); break;
+      case KV_F16: h2o_rows_part_kernel<KV_F16><<<g2, 256, 0, st>>>(h); break;
+      default: h2o_rows_part_kernel<KV_FP8><<<g2, 256, 0, st>>>(h); break;
+    }
+    h2o_rows_sum_kernel<<<unsigned(div_up(n, 256)), 256, 0, st>>>(kv, h.part, int(g2.y), n);
+  }
+  mark(P_ATTN);
+  if (staged) kv_commit_kernel<<<T, 256, 0, st>>>(kv, stage, p0, T, nkv * hd, s.ns, int(s.el));
+  mark(P_OTHER);
+}
+
+// A launch that may begin while the previous kernel ends (programmatic
+// dependent launch: the kernel waits for it before reading what it wrote),
+// in clusters of `cluster` blocks.
+template <typename... K, typename... A>
+void launch_pdl(cudaStream_t st, void (*kern)(K...), int grid, int block, size_t smem, int cluster, A... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(grid));
+  cfg.blockDim = dim3(unsigned(block));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute at[2];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  at[1].id = cudaLaunchAttributeClusterDimension;
+  at[1].val.clusterDim = {unsigned(cluster), 1, 1};
+  cfg.attrs = at;
+  cfg.numAttrs = cluster > 1 ? 2 : 1;
+  check(cudaLaunchKernelEx(&cfg, kern, args...), "batched prefill: attention in order");
+}
+
+// The same one token at a time, each through attn_prep, attn and
+// h2o_acc as a decode step runs them (same victims, same scores), each
+// launch overlapping the end of the one before.
+void Prefill::attend_in_order(const PrefillState& s, const DLayer& d, const KvLayer& kv, int T) {
+  const ModelConfig& c = *m_.c;
+  cudaStream_t st = m_.stream;
+  const int nh = int(c.num_heads), nkv = int(c.num_kv_heads), hd = int(c.head_dim);
+  const int groups = std::max(8, 256 / hd);  // as the decode step
+  const size_t prep_smem = size_t(std::max(hd, 2 * nkv * hd)) * 4, smem = size_t(2 * hd + groups * hd) * 4;
+  for (int t = 0; t < T; ++t) {
+    AttnPrepArgs p = attn_prep_args(c, d, proj_ + size_t(t) * proj_stride_, q_ + size_t(t) * nh * hd, seq_ + t,
+                                    m_.inv_freq, kv, s.ns, s.kvt);
+    launch_pdl(st, attn_prep_kernel, nh + 1, 128, prep_smem, 1, p);
+    AttnArgs a;
+    a.q = q_ + size_t(t) * nh * hd;
+    a.gate = proj_ + size_t(t) * proj_stride_;
+    a.scores = s.scores;
+    a.out = o_ + size_t(t) * nh * hd;
+    a.pos = seq_ + t;
+    a.kv = kv;
+    a.nh = nh;
+    a.nkv = nkv;
+    a.hd = hd;
+    a.ns = s.ns;
+    a.scale = 1.0f / std::sqrt(float(hd));
+    a.prefetch = 0;
+    a.split = s.attn_split;
+    switch (s.kvt) {
+      case KV_F32: launch_pdl(st, attn_kernel<KV_F32>, nh * a.split, 256, smem, a.split, a); break;
+      case KV_BF16: launch_pdl(st, attn_kernel<KV_BF16>, nh * a.split, 256, smem, a.split, a); break;
+      case KV_F16: launch_pdl(st, attn_kernel<KV_F16>, nh * a.split, 256, smem, a.split, a); break;
+      default: launch_pdl(st, attn_kernel<KV_FP8>, nh * a.split, 256, smem, a.split, a); break;
+    }
+    launch_pdl(st, h2o_acc_kernel, div_up(kv.cap, 128), 128, 0, 1, kv, static_cast<const float*>(s.scores), nh,
+               static_cast<const int*>(seq_ + t));
+  }
+  mark(P_ATTN);
+}
+
 void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
   const ModelConfig& c = *m_.c;
   cudaStream_t st = m_.stream;
@@ -233,6 +364,10 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
   };
   event_phase_.clear();
   mark(P_OTHER);  // the start
+  // An h2o cache that evicts in this chunk: the positions of its tokens for
+  // attend_in_order's kernels (which take them by pointer, as a decode step).
+  if (!s.kvl->empty() && (*s.kvl)[0].acc && p0 + T > (*s.kvl)[0].cap)
+    fill_seq_kernel<<<unsigned(div_up(T, 256)), 256, 0, st>>>(seq_, p0, T);
   // Dense product: C[T][..] (=, +=, swiglu) = A[T][K] . W^T.
   // sp: A already split (xn_); else split here when the pipelined product runs.
   auto dense = [&](const DMat& W, const float* A, float* C, int ldc, int mode, int half = 0, SplitRows sp = {}) {
@@ -260,7 +395,6 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
   mark(P_OTHER);
   const int nk = int(c.lin_num_k_heads), nv = int(c.lin_num_v_heads), dk = int(c.lin_k_dim), dv = int(c.lin_v_dim);
   const int C = int(c.lin_conv_dim()), K = int(c.conv_kernel);
-  const int nh = int(c.num_heads), nkv = int(c.num_kv_heads), hd = int(c.head_dim);
   const int k = int(c.num_experts_per_tok), E = int(c.num_experts), I = int(c.moe_intermediate);
   for (size_t li = 0; li < m_.L->size(); ++li) {
     const DLayer& d = (*m_.L)[li];
@@ -315,41 +449,11 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
       dense(d.qkv, xn_, proj_, proj_stride_, GEMM_STORE, 0, xs);
       mark(P_INPROJ);
       const KvLayer& kv = (*s.kvl)[size_t(sl)];
-      const bool staged = kv.window > 0;
-      KvLayer stage = stage_;
-      stage.window = 0;
-      stage.sinks = 0;
-      AttnPrepArgs p = attn_prep_args(c, d, proj_, q_, s.d_pos, m_.inv_freq, staged ? stage : kv, s.ns, s.kvt);
-      p.tstride = proj_stride_;
-      p.stage = staged ? p0 : -1;
-      attn_prep_kernel<<<dim3(unsigned(nh + 1), unsigned(T)), 128, size_t(std::max(hd, 2 * nkv * hd)) * 4, st>>>(p);
-      mark(P_ATTN_PREP);
-      AttnRowsArgs a;
-      a.q = q_;
-      a.gate = proj_;
-      a.gstride = proj_stride_;
-      a.out = o_;
-      a.kv = kv;
-      a.stage = stage;
-      if (!staged) a.stage.k = nullptr;
-      a.p0 = p0;
-      a.nh = nh;
-      a.nkv = nkv;
-      a.hd = hd;
-      a.ns = s.ns;
-      a.scale = 1.0f / std::sqrt(float(hd));
-      const int group = nh / std::max(nkv, 1);
-      a.hpb = attn_hpb_ && group <= 8 && 8 % group == 0 ? group : 1;
-      const dim3 g{unsigned(nh / a.hpb), unsigned(T)};
-      switch (s.kvt) {
-        case KV_F32: attn_rows_kernel<KV_F32><<<g, 256, 0, st>>>(a); break;
-        case KV_BF16: attn_rows_kernel<KV_BF16><<<g, 256, 0, st>>>(a); break;
-        case KV_F16: attn_rows_kernel<KV_F16><<<g, 256, 0, st>>>(a); break;
-        default: attn_rows_kernel<KV_FP8><<<g, 256, 0, st>>>(a); break;
-      }
-      mark(P_ATTN);
-      if (staged) kv_commit_kernel<<<T, 256, 0, st>>>(kv, stage, p0, T, nkv * hd, s.ns, int(s.el));
-      mark(P_OTHER);
+      // h2o evicting: each token's victim depends on the scores of the
+      // attention of every token before it, so attention goes token by
+      // token (the decode step's kernels); the rest of the layer stays batched.
+      if (kv.acc && p0 + T > kv.cap) attend_in_order(s, d, kv, T);
+      else attend_chunk(s, d, kv, p0, T);
       dense(d.o_proj, o_, x_, H, GEMM_ADD);
       mark(P_OUTPROJ);
     }

@@ -50,6 +50,9 @@ struct PrefillState {
   int kvt = KV_F32, ns = 0;
   size_t el = 4;  // bytes per KV element
   int* d_pos = nullptr;
+  // h2o chunks that evict (attention token by token, as the decode step):
+  float* scores = nullptr;  // the decode step's [nh][cap] scratch
+  int attn_split = 1;       // attn_kernel's blocks per head for this cache
 };
 
 class Prefill {
@@ -67,6 +70,7 @@ class Prefill {
   int max_tokens() const { return tmax_; }
   // Tokens d_ids[0..T) (device) at positions pos..pos+T-1 through every
   // layer, T <= max_tokens(); *d_pos becomes pos + T. Enqueued on the stream.
+  // A chunk that makes an h2o cache evict runs its attention token by token.
   void run(const PrefillState& s, const int* d_ids, int T, int64_t pos);
   // The residual stream of the last chunk's token t after the last layer (device, [H]).
   const float* hidden(int t) const;
@@ -80,6 +84,10 @@ class Prefill {
   SplitRows split(const float* A, int rows, int cols, bool x);
   void allocate();
   void* alloc(size_t bytes);
+  void attend_chunk(const PrefillState& s, const DLayer& d, const KvLayer& kv, int p0, int T);
+  void attend_in_order(const PrefillState& s, const DLayer& d, const KvLayer& kv, int T);
+  // h2o: room for the chunk's partial score sums (grows with the context).
+  float* h2o_part(size_t floats);
   void mark(int phase);  // FLASHMOE_CUDA_PREFILL_PROFILE: an event after a phase's kernels
   void report();
 
@@ -96,7 +104,8 @@ class Prefill {
   std::vector<void*> allocs_;
   float *x_ = nullptr, *xn_ = nullptr, *proj_ = nullptr, *cv_ = nullptr, *o_ = nullptr, *q_ = nullptr;
   float *beta_ = nullptr, *decay_ = nullptr, *rl_ = nullptr, *w_ = nullptr, *hb_ = nullptr, *hs_ = nullptr;
-  float *y_ = nullptr, *ysh_ = nullptr, *logits_ = nullptr;
+  float *y_ = nullptr, *ysh_ = nullptr, *logits_ = nullptr, *lse_ = nullptr;
+  int* seq_ = nullptr;  // positions p0 + t of the chunk's tokens (attend_in_order)
   int *ids_ = nullptr, *tok_ = nullptr, *dest_ = nullptr, *tiles_ = nullptr, *ntiles_ = nullptr;
   __nv_bfloat16 *xhi_ = nullptr, *xlo_ = nullptr, *yhi_ = nullptr, *ylo_ = nullptr;
   //  FLASHMOE_CUDA_GEMM (pipe): bf16 weights take gemm_pipe_kernel; simple:
@@ -109,6 +118,8 @@ class Prefill {
   //  FLASHMOE_CUDA_ATTN_HPB (on): an attention block takes all query heads
   //  of one KV head (K/V rows shared through L1); 0: one head per block.
   bool attn_hpb_ = true;
+  float* h2o_part_ = nullptr;
+  size_t h2o_part_n_ = 0;
   KvLayer stage_{};  // a windowed cache's K/V of the chunk until its queries ran
   int proj_stride_ = 0, o_stride_ = 0;
 };

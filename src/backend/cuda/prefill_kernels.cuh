@@ -265,6 +265,7 @@ struct AttnRowsArgs {
   int p0, nh, nkv, hd, ns;
   int hpb;  // query heads per block (of one KV head; divides 8): grid.x = nh / hpb
   float scale;
+  float* lse = nullptr;  // h2o: [T][nh] log of each query's softmax denominator (max included)
 };
 
 template <int KVT>
@@ -355,7 +356,102 @@ __global__ void __launch_bounds__(256) attn_rows_kernel(AttnRowsArgs a) {
       }
     a.out[(size_t(t) * a.nh + oh) * hd + d] =
         o / Ls * sigmoidf_(a.gate[size_t(t) * a.gstride + oh * 2 * hd + hd + d]);
+    if (a.lse && d == 0) a.lse[size_t(t) * a.nh + oh] = M + logf(Ls);
   }
+}
+
+// h2o, a chunk that evicts nothing (p0 + T <= cap: slot = position): each
+// slot's score += its probability under every query of the chunk that sees
+// it (p0 + t >= slot), every head: what the chunk's token-by-token steps
+// would add (h2o_acc_kernel), in another order. The probabilities are
+// recomputed from q, K and attn_rows_kernel's lse, as a tiled product: a
+// block takes 64 slots x 64 query rows (t, g) of one KV head at a time
+// (each thread 4 x 4, hd in steps of 32 through shared memory), kH2oRowTiles
+// row tiles in turn, and writes the probabilities summed over its rows to
+// part[y][slot]; h2o_rows_sum_kernel adds the parts in order. No atomics:
+// the same sums on every run.
+constexpr int kH2oTile = 64, kH2oK = 32, kH2oRowTiles = 8;
+
+struct H2oRowsArgs {
+  const float* q;    // [T][nh*hd]
+  const float* lse;  // [T][nh]
+  float* part;       // [gridDim.y][n]
+  KvLayer kv;
+  int p0, T, nh, nkv, hd, ns;
+  int groups;  // row groups per KV head: blockIdx.y = kvh * groups + group
+  float scale;
+};
+
+template <int KVT>
+__global__ void __launch_bounds__(256) h2o_rows_part_kernel(H2oRowsArgs a) {
+  __shared__ float ks[kH2oK][kH2oTile + 1], qs[kH2oK][kH2oTile + 1], red[16][kH2oTile];
+  const int n = a.p0 + a.T, hd = a.hd, row = a.nkv * hd, G = a.nh / a.nkv, R = a.T * G;
+  const int kvh = blockIdx.y / a.groups, rg = blockIdx.y % a.groups, s0 = blockIdx.x * kH2oTile;
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  float tot = 0.f;  // thread i < 64: slot s0 + i over the row tiles so far
+  for (int rt = 0; rt < kH2oRowTiles; ++rt) {
+    const int r0 = (rg * kH2oRowTiles + rt) * kH2oTile;
+    if (r0 >= R) break;
+    // Rows are in token order: a tile whose last token sees none of the slots adds nothing.
+    if (a.p0 + min(R - 1, r0 + kH2oTile - 1) / G < s0) continue;
+    float d[4][4] = {};
+    for (int k0 = 0; k0 < hd; k0 += kH2oK) {
+      __syncthreads();  // the previous step's tiles are no longer read
+      for (int i = threadIdx.x; i < kH2oTile * kH2oK; i += blockDim.x) {
+        const int j = i / kH2oK, k = i % kH2oK;
+        const int s = s0 + j, r = r0 + j;
+        float v = 0.f, w = 0.f;
+        if (s < n && k0 + k < hd) {
+          v = kv_load<KVT>(a.kv.k, size_t(s) * row + size_t(kvh) * hd + k0 + k);
+          if constexpr (KVT == KV_FP8) v *= a.kv.ks[size_t(s) * a.ns + (a.ns == 1 ? 0 : kvh)];
+        }
+        if (r < R && k0 + k < hd) w = a.q[(size_t(r / G) * a.nh + kvh * G + r % G) * hd + k0 + k];
+        ks[k][j] = v;
+        qs[k][j] = w;
+      }
+      __syncthreads();
+#pragma unroll 8
+      for (int k = 0; k < kH2oK; ++k) {
+        float kk[4], qq[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) kk[j] = ks[k][tx + 16 * j];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) qq[i] = qs[k][ty + 16 * i];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) d[i][j] += qq[i] * kk[j];
+      }
+    }
+    float col[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = r0 + ty + 16 * i;
+      if (r >= R) continue;
+      const int t = r / G;
+      const float l = a.lse[size_t(t) * a.nh + kvh * G + r % G];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int s = s0 + tx + 16 * j;
+        if (s < n && s <= a.p0 + t) col[j] += expf(d[i][j] * a.scale - l);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) red[ty][tx + 16 * j] = col[j];
+    __syncthreads();
+    if (threadIdx.x < kH2oTile)
+      for (int y = 0; y < 16; ++y) tot += red[y][threadIdx.x];
+  }
+  if (threadIdx.x < kH2oTile && s0 + int(threadIdx.x) < n) a.part[size_t(blockIdx.y) * n + s0 + threadIdx.x] = tot;
+}
+
+// acc[s] += the parts of h2o_rows_part_kernel, in order.
+__global__ void h2o_rows_sum_kernel(KvLayer kv, const float* part, int parts, int n) {
+  const int s = blockIdx.x * blockDim.x + threadIdx.x;
+  if (s >= n) return;
+  float t = kv.acc[s];
+  for (int p = 0; p < parts; ++p) t += part[size_t(p) * n + s];
+  kv.acc[s] = t;
 }
 
 // A windowed cache takes the chunk's K/V after its queries ran: position
@@ -379,5 +475,9 @@ __global__ void kv_commit_kernel(KvLayer kv, KvLayer stage, int p0, int T, int r
 }
 
 static __global__ void set_int_kernel(int* p, int v) { *p = v; }
+static __global__ void fill_seq_kernel(int* p, int p0, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) p[i] = p0 + i;
+}
 
 }  // namespace flashmoe::cuda
