@@ -9,6 +9,7 @@
 #include "engine/session.h"
 #include "experts/pack.h"
 #include "kv/presets.h"
+#include "mlx_checkpoint.h"
 #include "test_util.h"
 
 using namespace flashmoe;
@@ -316,6 +317,42 @@ TEST(CudaSynthetic, BatchedPrefillMatchesTokenByTokenAt35bShapes) {
       std::printf("[cuda-batched-35b] chunk %-3s %-18s KL %.3g, max |dlogit| %.3g\n", chunk, kc.name, kl,
                   max_abs_diff(x.data(), y.data(), x.size()));
     }
+  }
+}
+
+// An MLX-style checkpoint with every linear weight quantised (embeddings,
+// lm_head, projections, shared and routed experts; q4 and q8, groups of 64)
+// runs on the GPU: the routed experts as codes, the rest dequantised to
+// f32 at upload (the CPU's dequantised values), so it matches the CPU
+// running the same checkpoint as closely as any f32 model. And `--device
+// auto` takes the GPU for it, with no note.
+TEST(CudaMlx, AllLinearQuantisedMatchesTheCpu) {
+  REQUIRE_GPU();
+  const std::string dir = source_path("models/coder-mini");
+  RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
+  TempDir tmp;
+  ThreadPool pool(2);
+  for (int bits : {4, 8}) {
+    const std::string out = tmp.path + "/mlx" + std::to_string(bits);
+    write_mlx(dir + "/model", out, mlx_all_linear, bits);
+    auto model = QwenModel::load(out);
+    const int64_t V = model->config().vocab_size;
+    auto cuda = CudaModel::upload(*model);
+    Session cpu(*model, KvConfig{}, pool), gpu(*model, KvConfig{}, pool, cuda.get());
+    const std::vector<float> a = cpu.feed_all(ids.ids), b = gpu.feed_all(ids.ids);
+    ASSERT_EQ(a.size(), b.size());
+    const double kl = mean_kl(a, b, V);
+    const float mad = max_abs_diff(a.data(), b.data(), a.size());
+    std::printf("[cuda-mlx] q%d all linear: mean KL %.3g, max |dlogit| %.3g\n", bits, kl, mad);
+    EXPECT_LE(kl, 1e-4) << bits;
+    EXPECT_LE(mad, 2e-3f) << bits;
+    EXPECT_EQ(cpu.greedy(16), gpu.greedy(16)) << bits;
+    const std::string gen = "generate -m " + out + " --ids 1,2,3 -n 12";
+    const CmdResult c = run_flashmoe(gen + " --device cpu"), g = run_flashmoe(gen + " --device auto --stats");
+    ASSERT_EQ(g.code, 0) << g.err;
+    EXPECT_EQ(g.out, c.out);
+    EXPECT_EQ(g.err.find("note:"), std::string::npos) << g.err;
+    EXPECT_NE(g.err.find("gpu expert cache: off"), std::string::npos) << g.err;
   }
 }
 

@@ -86,13 +86,12 @@ void choose_device(ModelOptions* opt) {
 std::string cuda_obstacle(const QwenModel& m) {
   // Routed experts in any format (checkpoint, packed bf16/q8/q4, mmapped or
   // streamed) are read through the expert store at upload; the other
-  // weights must be floats.
-  bool quantized = false;
+  // weights must be floats or q8/q4 (an MLX checkpoint's, dequantised to
+  // f32 at upload).
   std::optional<DType> other;
   auto check = [&](const Matrix& x) {
-    if (x.empty()) return;
-    if (x.quantized()) quantized = true;
-    else if (x.dtype != DType::F32 && x.dtype != DType::F16 && x.dtype != DType::BF16) other = x.dtype;
+    if (x.empty() || x.quantized()) return;
+    if (x.dtype != DType::F32 && x.dtype != DType::F16 && x.dtype != DType::BF16) other = x.dtype;
   };
   auto check_ffn = [&](const FfnExpert& e) {
     check(e.gate);
@@ -110,9 +109,6 @@ std::string cuda_obstacle(const QwenModel& m) {
     check_ffn(l.ffn.shared);
     check_ffn(l.ffn.dense);
   }
-  if (quantized)
-    return "quantised (q4/q8) weights outside the routed experts (an MLX checkpoint) need --device cpu for now (the "
-           "CUDA backend reads them as bf16, f16 or f32)";
   if (other)
     return std::string("weights stored as ") + dtype_name(*other) +
            " need --device cpu (the CUDA backend reads bf16, f16 and f32)";

@@ -5,8 +5,8 @@
 // auto is cuda when CudaModel::available() and this run can execute on the
 // CUDA backend, otherwise cpu. Falling back because there is no usable GPU
 // is silent (the normal case on a laptop); falling back for any other reason
-// (a GPU older than the kernels, an MLX checkpoint, logits --hidden, a
-// model the GPU cannot take) prints exactly one line
+// (a GPU older than the kernels, weights of another type, logits --hidden,
+// a model the GPU cannot take) prints exactly one line
 //   flashmoe: note: running on the CPU: <reason>
 // to stderr. An explicit cuda never falls back: it fails with the reason.
 #pragma once

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_model.h"
+#include "backend/cpu/matmul_quant.h"
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/delta_cluster.cuh"
@@ -219,9 +220,21 @@ struct CudaModel::Impl {
   // into dst (host memory) in storage type dt; returns the bytes written.
   static size_t write_rows_host(const std::vector<Matrix>& parts, int dt, uint8_t* dst) {
     size_t off = 0;
+    std::vector<float> row;
     for (const Matrix& p : parts) {
       const size_t n = size_t(p.rows) * p.cols, out_bytes = n * dt_size(dt);
-      if (dt_of(p.dtype) == dt) {
+      if (p.quantized()) {  // dequantised as the CPU does, then stored as dt
+        row.resize(size_t(p.cols));
+        for (int64_t r = 0; r < p.rows; ++r) {
+          cpu::quant_dequant_row(p, r, row.data());
+          const size_t o = size_t(r) * p.cols;
+          for (int64_t i = 0; i < p.cols; ++i) {
+            if (dt == DT_F32) reinterpret_cast<float*>(dst + off)[o + i] = row[size_t(i)];
+            else if (dt == DT_F16) reinterpret_cast<uint16_t*>(dst + off)[o + i] = f32_to_f16(row[size_t(i)]);
+            else reinterpret_cast<uint16_t*>(dst + off)[o + i] = f32_to_bf16(row[size_t(i)]);
+          }
+        }
+      } else if (dt_of(p.dtype) == dt) {
         std::memcpy(dst + off, p.data, out_bytes);
       } else {
         for (size_t i = 0; i < n; ++i) {  // widen (or narrow, when forced)
@@ -246,11 +259,11 @@ struct CudaModel::Impl {
   DMat upload_rows(const std::vector<Matrix>& parts, const std::string& what, int force_dt = -1) {
     DMat m;
     m.cols = int(parts.at(0).cols);
-    int dt = force_dt >= 0 ? force_dt : dt_of(parts[0].dtype);
+    int dt = force_dt >= 0 ? force_dt : storage_dt(parts[0]);
     int64_t rows = 0;
     for (const Matrix& p : parts) {
       if (p.cols != m.cols) fail("CUDA backend: " + what + ": parts differ in columns");
-      if (force_dt < 0 && dt_of(p.dtype) != dt) dt = DT_F32;
+      if (force_dt < 0 && storage_dt(p) != dt) dt = DT_F32;
       rows += p.rows;
     }
     m.dt = dt;
@@ -1193,7 +1206,7 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
       };
       for (const FfnExpert& e : f.experts) same(e.gate), same(e.up), same(e.down);
       if (f.has_shared) {
-        if (first.gate.quantized()) dt = dt_of(f.shared.gate.dtype);
+        if (first.gate.quantized()) dt = storage_dt(f.shared.gate);
         same(f.shared.gate), same(f.shared.up), same(f.shared.down);
       }
       d.edt = dt;
@@ -1279,8 +1292,8 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
         d.s_down = m.upload_rows({f.shared.down}, p + "shared expert", dt);
       }
     } else {
-      int dt = dt_of(f.dense.gate.dtype);
-      if (dt_of(f.dense.up.dtype) != dt || dt_of(f.dense.down.dtype) != dt) dt = DT_F32;
+      int dt = storage_dt(f.dense.gate);
+      if (storage_dt(f.dense.up) != dt || storage_dt(f.dense.down) != dt) dt = DT_F32;
       d.edt = dt;
       d.has_shared = true;
       d.s_gu = m.upload_rows({f.dense.gate, f.dense.up}, p + "mlp", dt);

@@ -77,6 +77,32 @@ __device__ __forceinline__ void split_bf16(float v, __nv_bfloat16& hi, __nv_bflo
   lo = __float2bfloat16_rn(v - __bfloat162float(hi));
 }
 
+// The end of both product kernels (this one and gemm_pipe_kernel): the
+// block's tile of results, rows [0, rows) of cs (row stride ld, BN columns
+// from column blockIdx.x * BN of the output), stored to C, added to it, or
+// for GEMM_SWIGLU (gate columns in the first half of the tile, up in the
+// second) silu(gate) * up into BN / 2 columns. Output row m0 + m (or crow's).
+template <int BM, int BN, int THREADS>
+__device__ __forceinline__ void gemm_epilogue(const GemmArgs& a, const float* cs, int ld, int m0, int rows) {
+  const int tid = threadIdx.x;
+  if (a.mode == GEMM_SWIGLU) {
+    constexpr int HB = BN / 2;
+    for (int i = tid; i < BM * HB; i += THREADS) {
+      const int m = i / HB, j = i % HB, col = blockIdx.x * HB + j;
+      if (m >= rows || col >= a.half) continue;
+      a.C[size_t(a.crow ? a.crow[m0 + m] : m0 + m) * a.ldc + col] = siluf_(cs[m * ld + j]) * cs[m * ld + HB + j];
+    }
+    return;
+  }
+  for (int i = tid; i < BM * BN; i += THREADS) {
+    const int m = i / BN, n = i % BN, col = blockIdx.x * BN + n;
+    if (m >= rows || col >= a.N) continue;
+    float* c = a.C + size_t(a.crow ? a.crow[m0 + m] : m0 + m) * a.ldc + col;
+    if (a.mode == GEMM_ADD) *c += cs[m * ld + n];
+    else *c = cs[m * ld + n];
+  }
+}
+
 template <typename T, int BM>
 __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
   using namespace nvcuda;
@@ -230,24 +256,7 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
   for (int i = 0; i < MF; ++i)
     wmma::store_matrix_sync(cs + (i * 16) * kCLd + warp * 16, acc[i], kCLd, wmma::mem_row_major);
   __syncthreads();
-  const int rows = m1 - m0;
-  if (a.mode == GEMM_SWIGLU) {
-    constexpr int HB = kGemmBN / 2;
-    for (int i = tid; i < BM * HB; i += kGemmThreads) {
-      const int m = i / HB, j = i % HB, col = blockIdx.x * HB + j;
-      if (m >= rows || col >= a.half) continue;
-      const float g = cs[m * kCLd + j], u = cs[m * kCLd + HB + j];
-      a.C[size_t(a.crow ? a.crow[m0 + m] : m0 + m) * a.ldc + col] = siluf_(g) * u;
-    }
-    return;
-  }
-  for (int i = tid; i < BM * kGemmBN; i += kGemmThreads) {
-    const int m = i / kGemmBN, n = i % kGemmBN, col = blockIdx.x * kGemmBN + n;
-    if (m >= rows || col >= a.N) continue;
-    float* c = a.C + size_t(a.crow ? a.crow[m0 + m] : m0 + m) * a.ldc + col;
-    if (a.mode == GEMM_ADD) *c += cs[m * kCLd + n];
-    else *c = cs[m * kCLd + n];
-  }
+  gemm_epilogue<BM, kGemmBN, kGemmThreads>(a, cs, kCLd, m0, m1 - m0);
 }
 
 }  // namespace flashmoe::cuda

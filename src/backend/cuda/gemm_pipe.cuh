@@ -171,22 +171,7 @@ __global__ void __launch_bounds__(kPipeThreads) gemm_pipe_kernel(GemmArgs a, con
       wmma::store_matrix_sync(cs + size_t((wm * S::FM + i) * 16) * kCLd + (wn * S::FN + j) * 16, acc[i][j], kCLd,
                               wmma::mem_row_major);
   __syncthreads();
-  const int rows = m1 - m0;
-  if (swiglu) {
-    for (int i = tid; i < BM * HB; i += kPipeThreads) {
-      const int m = i / HB, j = i % HB, col = blockIdx.x * HB + j;
-      if (m >= rows || col >= a.half) continue;
-      a.C[size_t(a.crow ? a.crow[m0 + m] : m0 + m) * a.ldc + col] = siluf_(cs[m * kCLd + j]) * cs[m * kCLd + HB + j];
-    }
-    return;
-  }
-  for (int i = tid; i < BM * kPipeBN; i += kPipeThreads) {
-    const int m = i / kPipeBN, n = i % kPipeBN, col = blockIdx.x * kPipeBN + n;
-    if (m >= rows || col >= a.N) continue;
-    float* c = a.C + size_t(a.crow ? a.crow[m0 + m] : m0 + m) * a.ldc + col;
-    if (a.mode == GEMM_ADD) *c += cs[m * kCLd + n];
-    else *c = cs[m * kCLd + n];
-  }
+  gemm_epilogue<BM, kPipeBN, kPipeThreads>(a, cs, kCLd, m0, m1 - m0);
 }
 
 }  // namespace flashmoe::cuda
