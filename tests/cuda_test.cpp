@@ -437,12 +437,20 @@ TEST(CudaTiers, DiskTierMatchesTheCpu) {
   RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
   TempDir tmp;
   ThreadPool pool(2);
-  for (QuantKind q : {QuantKind::None, QuantKind::Q4}) {
+  // Host slots for half the experts: 2 tokens' choices (top-4 of 16), so
+  // prompts go token by token; for 3/4: chunks of 3 through the batched
+  // prefill, each chunk's experts read in after its routing.
+  struct Case {
+    QuantKind q;
+    double host;
+  };
+  for (Case cs : {Case{QuantKind::None, 0.5}, Case{QuantKind::Q4, 0.5}, Case{QuantKind::Q4, 0.75}}) {
+    const QuantKind q = cs.q;
     PackOptions po;
     po.experts = q;
     po.group = 32;
     const std::string out = tmp.path + "/packed-" + quant_name(q);
-    pack_model(dir + "/model", out, po);
+    if (cs.host == 0.5) pack_model(dir + "/model", out, po);
     ExpertOptions eo;
     eo.store = "stream";
     auto model = QwenModel::load(out, eo);
@@ -452,12 +460,12 @@ TEST(CudaTiers, DiskTierMatchesTheCpu) {
     for (bool b : model->config().layer_is_moe) moe += b ? 1 : 0;
     CudaOptions o;
     o.expert_cache_fraction = 0.25;
-    o.host_cache_fraction = 0.5;
+    o.host_cache_fraction = cs.host;
     auto disk = CudaModel::upload(*model, o);
     const CudaTierStats t0 = disk->tier_stats();
     ASSERT_TRUE(t0.enabled);
     EXPECT_EQ(t0.slots_per_layer, E / 4);
-    EXPECT_EQ(t0.host_slots_per_layer, E / 2);
+    EXPECT_EQ(t0.host_slots_per_layer, int(E * cs.host));
     Session c(*model, KvConfig{}, pool), g(*model, KvConfig{}, pool, disk.get());
     const std::vector<float> a = c.feed_all(ids.ids), b = g.feed_all(ids.ids);
     ASSERT_EQ(a.size(), b.size());
@@ -471,8 +479,9 @@ TEST(CudaTiers, DiskTierMatchesTheCpu) {
     EXPECT_EQ(t.vram_hits + t.host_hits + t.disk_hits, tokens * uint64_t(k) * uint64_t(moe)) << quant_name(q);
     EXPECT_GT(t.disk_hits, 0u) << quant_name(q);
     EXPECT_GT(t.host_hits, 0u) << quant_name(q);
-    std::printf("[cuda-disk] %-4s mean KL %.3g, max |dlogit| %.3g; vram %llu, host %llu, disk %llu, promotions %llu\n",
-                quant_name(q), kl, mad, (unsigned long long)t.vram_hits, (unsigned long long)t.host_hits,
+    std::printf("[cuda-disk] %-4s host %.2f: mean KL %.3g, max |dlogit| %.3g; vram %llu, host %llu, disk %llu, "
+                "promotions %llu\n",
+                quant_name(q), cs.host, kl, mad, (unsigned long long)t.vram_hits, (unsigned long long)t.host_hits,
                 (unsigned long long)t.disk_hits, (unsigned long long)t.promotions);
   }
   // A host cache smaller than one token's experts cannot work: said at upload.

@@ -43,7 +43,7 @@ void add_model_options(CLI::App* cmd, ModelOptions* opt, bool require_model) {
   cmd->add_option("--gpu-host-cache", opt->gpu_host_cache,
                   "With --gpu-expert-cache: pinned host memory for the experts outside VRAM, in GB or as a share of "
                   "all expert bytes (default: all of them); the others are read from the model's files when chosen "
-                  "(the decode step waits for them, prompts go token by token)")
+                  "(each step waits for them; prompts go in chunks of host slots / top-k tokens)")
       ->type_name("GB|N%");
   cmd->add_flag("--stats", opt->stats, "Print expert-store statistics (hit rate, bytes and reads per token, I/O wait)");
 }

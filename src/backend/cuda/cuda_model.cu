@@ -351,9 +351,9 @@ struct CudaModel::Impl {
       // Experts come from disk between the router and the expert kernels: the
       // step waits for the host there, so no graph, no pick inside gate_up or
       // the output projection, no row pointers resolved before the tables are
-      // final, and prompts token by token.
+      // final. Prompts go in chunks whose choices fit the host slots.
       disk = true;
-      use_graph = gu_topk = fold = presel = use_sel = batch = false;
+      use_graph = gu_topk = fold = presel = use_sel = false;
     }
     return true;
   }
@@ -365,10 +365,14 @@ struct CudaModel::Impl {
   void disk_fetch(const DLayer& d) {
     flush(true);
     const int k = int(c.num_experts_per_tok);
-    CK(cudaMemcpyAsync(pinned_eids, eids, size_t(k) * 4, cudaMemcpyDeviceToHost, stream));
-    CK(cudaStreamSynchronize(stream));
-    tiers->ensure(stream, d.mi, pinned_eids, k);
+    fetch_experts(d.mi, eids, k);
     pdl_next = false;  // the expert kernels start after the table updates, not during them
+  }
+  // The n expert ids at d_ids (device) of MoE layer mi resident, tables set on the stream.
+  void fetch_experts(int mi, const int* d_ids, int n) {
+    CK(cudaMemcpyAsync(pinned_eids, d_ids, size_t(n) * 4, cudaMemcpyDeviceToHost, stream));
+    CK(cudaStreamSynchronize(stream));
+    tiers->ensure(stream, mi, pinned_eids, n);
   }
 
   void init_device() {
@@ -475,7 +479,8 @@ struct CudaModel::Impl {
     CK(cudaMemset(router_done, 0, 4));
     CK(cudaMallocHost(&pinned_logits, size_t(m.vocab_size) * 4));
     CK(cudaMallocHost(&pinned_ids, size_t(kRing) * 4));
-    CK(cudaMallocHost(&pinned_eids, size_t(std::max<int64_t>(1, m.num_experts_per_tok)) * 4));
+    // Disk tier: one token's choices, or a prefill chunk's (at most as many as host slots, so at most E).
+    CK(cudaMallocHost(&pinned_eids, size_t(std::max<int64_t>(1, std::max(m.num_experts_per_tok, m.num_experts))) * 4));
     slot.clear();
     int full = 0, lin = 0;
     for (auto k : m.layer_kinds) slot.push_back(k == LayerKind::Full ? full++ : lin++);
@@ -1074,10 +1079,21 @@ struct CudaModel::Impl {
     pm.final_norm = final_norm;
     pm.inv_freq = inv_freq;
     pm.stream = stream;
+    int max_t = chunk;
+    if (disk) {
+      // Every expert a chunk chooses must be resident at once (host or
+      // VRAM): at most T * k distinct ones, so T <= host slots / k.
+      pm.experts_needed = [this](int mi, const int* d_ids, int n) { fetch_experts(mi, d_ids, n); };
+      max_t = std::min(chunk, std::max(1, tiers->host_slots() / int(c.num_experts_per_tok)));
+      // Chunks of 1-2 tokens lose to the decode step (coder-mini q4, pp256:
+      // 2 tokens per chunk 1943 tokens/s vs 2348 token by token; 3 tokens
+      // 3040 vs 2579; bench/results/cuda-disk-v2-coder-mini.txt).
+      if (max_t < 3) return nullptr;
+    }
     if (!Prefill::unsupported(pm).empty()) return nullptr;
     // Its buffers grow with the chunk (~0.6 GB at 2048 tokens for the 35B):
     // where the device has no room, shorter chunks.
-    for (int t = chunk; !prefill && t >= std::min(chunk, 64); t /= 2) {
+    for (int t = max_t; !prefill && t >= std::min(max_t, 64); t /= 2) {
       try {
         prefill = std::make_unique<Prefill>(pm, t);
       } catch (const Error&) {
@@ -1452,6 +1468,9 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv) const {
   const Impl& m = *p_;
   kv.validate();
   const KvRetention ret = kv.retention();
+  if (kv.capacity() > (int64_t(1) << 30))
+    fail("CUDA backend: a KV cache of " + std::to_string(kv.capacity()) +
+         " positions per layer is more than it supports (2^30); use a smaller --kv-window / --kv-h2o / --kv-streaming");
   CK(cudaSetDevice(m.dev));
   auto st = std::make_unique<CudaState>();
   st->p_ = std::make_unique<CudaState::Impl>();

@@ -47,7 +47,8 @@ struct CudaOptions {
   // cache above): GB or a fraction of all expert bytes; neither: all of
   // them. Experts in neither tier are read through the model's expert store
   // (its packed files) when chosen: the decode step waits for the host at
-  // every MoE layer, and prompts go token by token. The QwenModel must
+  // every MoE layer, and prompts go in chunks of host slots / top-k tokens
+  // (every expert a chunk chooses resident at once; token by token below 3). The QwenModel must
   // outlive the CudaModel then.
   double host_cache_gb = -1;
   double host_cache_fraction = -1;

@@ -151,14 +151,24 @@ void ExpertTiers::ensure(cudaStream_t s, int l, const int* ids, int k) {
     if (h >= 0) hstamp_[hbase + h] = clock_;
     if (where_[base + e] >= 0 || h >= 0) continue;
     // Disk: the least recently used host slot whose expert this step does
-    // not use and no promotion is copying.
-    int victim = -1;
-    for (int t = 0; t < hslots_; ++t) {
-      const int o = howner_[hbase + t];
-      if (o >= 0 && (busy_[base + o] || std::find(ids, ids + k, o) != ids + k)) continue;
-      if (victim < 0 || hstamp_[hbase + t] < hstamp_[hbase + victim]) victim = t;
+    // not use and no promotion is copying (if promotions hold all the
+    // others, they are waited for).
+    auto pick = [&] {
+      int v = -1;
+      for (int t = 0; t < hslots_; ++t) {
+        const int o = howner_[hbase + t];
+        if (o >= 0 && (busy_[base + o] || std::find(ids, ids + k, o) != ids + k)) continue;
+        if (v < 0 || hstamp_[hbase + t] < hstamp_[hbase + v]) v = t;
+      }
+      return v;
+    };
+    int victim = pick();
+    if (victim < 0 && !pending_.empty()) {
+      CK(cudaStreamSynchronize(copy_));
+      land(s);
+      victim = pick();
     }
-    if (victim < 0) fail("the GPU host expert cache has fewer slots per layer than the experts one token uses");
+    if (victim < 0) fail("the GPU host expert cache has fewer slots per layer than the experts one step uses");
     const int old = howner_[hbase + victim];
     if (old >= 0) {
       hwhere_[base + old] = -1;
@@ -173,7 +183,7 @@ void ExpertTiers::ensure(cudaStream_t s, int l, const int* ids, int k) {
   }
 }
 
-void ExpertTiers::maintain(cudaStream_t main, int tokens) {
+void ExpertTiers::land(cudaStream_t main) {
   // Promotions whose copy has landed: point the table at the slot. Steps
   // enqueued from here on read the expert from VRAM.
   for (size_t i = 0; i < pending_.size();) {
@@ -190,6 +200,10 @@ void ExpertTiers::maintain(cudaStream_t main, int tokens) {
     cudaEventDestroy(p.done);
     pending_.erase(pending_.begin() + long(i));
   }
+}
+
+void ExpertTiers::maintain(cudaStream_t main, int tokens) {
+  land(main);
   if (snap_pending_) {
     const cudaError_t q = cudaEventQuery(snap_);
     if (q == cudaErrorNotReady) return;

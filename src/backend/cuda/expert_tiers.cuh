@@ -47,7 +47,8 @@ class ExpertTiers {
   using Loader = std::function<void(int l, int e, uint8_t* gu, uint8_t* down)>;
   void set_loader(Loader f) { loader_ = std::move(f); }
   // Disk tier, with the step stream idle: every one of ids[0..k) of layer l
-  // resident (VRAM or host), the table updated on stream s.
+  // resident (VRAM or host), the table updated on stream s. The distinct
+  // ids must fit the host slots (a decode step's k, a prefill chunk's T * k).
   void ensure(cudaStream_t s, int l, const int* ids, int k);
   // Experts 0..slots-1 of each layer copied to VRAM, pointer tables set.
   void start();
@@ -75,6 +76,7 @@ class ExpertTiers {
     cudaEvent_t done;
   };
   void plan(cudaStream_t main);
+  void land(cudaStream_t main);  // promotions whose copy is done: tables point at VRAM
   void set(cudaStream_t s, int l, int e, int slot);  // slot -1: host (disk tier: its host slot, or none)
   void host_ptrs(int l, int e, const void** g, const void** d) const;  // device addresses of e's host copy, or null
 

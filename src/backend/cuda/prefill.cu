@@ -472,6 +472,7 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
     mark(P_ROUTER);
     topk_rows_kernel<<<T, 32, 0, st>>>(rl_, d.router.rows, E, k, c.norm_topk_prob ? 1 : 0, d.has_shared ? 1 : 0, ids_,
                                        w_, d.tc);
+    if (m_.experts_needed) m_.experts_needed(d.mi, ids_, T * k);
     const int ebm = tile_rows(double(T) * k / std::max(E, 1));
     route_lists_kernel<<<1, 512, 0, st>>>(ids_, T, k, E, ebm, tok_, dest_, tiles_, ntiles_);
     mark(P_ROUTE);

@@ -14,6 +14,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,10 @@ struct PrefillModel {
   const float* final_norm = nullptr;
   const float* inv_freq = nullptr;
   cudaStream_t stream = nullptr;
+  // Disk tier: called after the routing of MoE layer mi (d_ids: the chunk's
+  // T * k choices, on the device); returns with every chosen expert resident
+  // and its table entry set on the stream. Null: all experts are resident.
+  std::function<void(int mi, const int* d_ids, int n)> experts_needed;
 };
 
 // One conversation's device state, advanced by a chunk.
