@@ -428,7 +428,8 @@ TEST(CudaPacked, EveryExpertFormatMatchesTheCpu) {
 
 // The disk tier: a quarter of the experts in VRAM, half in pinned host
 // memory, the rest read from the packed files when chosen. Same logits as
-// the CPU (prompts token by token through the decode step), the same greedy
+// the CPU (prompts token by token, or in chunks when the host slots hold 3
+// tokens' choices), the same greedy
 // ids, every choice counted once in one tier, and experts really read from
 // disk.
 TEST(CudaTiers, DiskTierMatchesTheCpu) {
