@@ -102,10 +102,10 @@ std::string cuda_obstacle(const QwenModel& m) {
   check(w.embed);
   check(w.lm_head);
   for (const LayerWeights& l : w.layers) {
-    for (const Matrix* x : {&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj, &l.attn.o_proj, &l.lin.in_qkv,
-                            &l.lin.in_z, &l.lin.in_b, &l.lin.in_a, &l.lin.in_qkvz, &l.lin.in_ba, &l.lin.out_proj,
+    for (const Matrix* x : {&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj, &l.attn.o_proj, &l.lin.out_proj,
                             &l.ffn.router, &l.ffn.shared_gate})
       check(*x);
+    for (const Matrix& x : l.lin.in_proj.stored) check(x);
     check_ffn(l.ffn.shared);
     check_ffn(l.ffn.dense);
   }

@@ -13,29 +13,6 @@
 
 namespace flashmoe {
 
-namespace {
-
-// Qwen3-Next groups qkvz and ba per key head g: [q_g, k_g, v_g (r*dv), z_g (r*dv)]
-// and [b_g (r), a_g (r)]. Rewrites one token's outputs into the Qwen3.5
-// order: qkv = [q (all heads), k, v], z, b, a.
-void ungroup_token(const ModelConfig& c, const float* qkvz, const float* ba, float* qkv, float* z,
-                   float* b, float* a) {
-  const int64_t nk = c.lin_num_k_heads, dk = c.lin_k_dim, dv = c.lin_v_dim;
-  const int64_t r = c.lin_num_v_heads / nk;
-  const int64_t group = 2 * dk + 2 * r * dv;
-  for (int64_t g = 0; g < nk; ++g) {
-    const float* src = qkvz + g * group;
-    std::copy(src, src + dk, qkv + g * dk);
-    std::copy(src + dk, src + 2 * dk, qkv + nk * dk + g * dk);
-    std::copy(src + 2 * dk, src + 2 * dk + r * dv, qkv + 2 * nk * dk + g * r * dv);
-    std::copy(src + 2 * dk + r * dv, src + group, z + g * r * dv);
-    std::copy(ba + g * 2 * r, ba + g * 2 * r + r, b + g * r);
-    std::copy(ba + g * 2 * r + r, ba + (g + 1) * 2 * r, a + g * r);
-  }
-}
-
-}  // namespace
-
 void linear_attention_block(const ModelConfig& c, const LinearAttentionWeights& w,
                             std::vector<float>& conv_state, std::vector<float>& ssm_state,
                             const float* x, int64_t n, float* out, ThreadPool& pool) {
@@ -43,19 +20,25 @@ void linear_attention_block(const ModelConfig& c, const LinearAttentionWeights& 
   const int64_t C = c.lin_conv_dim(), K = c.conv_kernel, r = nv / nk;
   std::vector<float> qkv(size_t(n * C)), z(size_t(n * nv * dv)), b(size_t(n * nv)), a(size_t(n * nv));
 
-  if (w.grouped) {
-    const int64_t qkvz_row = w.in_qkvz.rows;
-    std::vector<float> qkvz(size_t(n * qkvz_row)), ba(size_t(n * 2 * nv));
-    cpu::matmul(pool, w.in_qkvz, x, n, qkvz.data());
-    cpu::matmul(pool, w.in_ba, x, n, ba.data());
-    for (int64_t t = 0; t < n; ++t)
-      ungroup_token(c, qkvz.data() + t * qkvz_row, ba.data() + t * 2 * nv, qkv.data() + t * C,
-                    z.data() + t * nv * dv, b.data() + t * nv, a.data() + t * nv);
-  } else {
-    cpu::matmul(pool, w.in_qkv, x, n, qkv.data());
-    cpu::matmul(pool, w.in_z, x, n, z.data());
-    cpu::matmul(pool, w.in_b, x, n, b.data());
-    cpu::matmul(pool, w.in_a, x, n, a.data());
+  // The stored projections (one product each), then each token's outputs
+  // in the order q, k, v, z, b, a (SplitProjection resolves the layout).
+  const SplitProjection& in = w.in_proj;
+  std::vector<std::vector<float>> outs(in.stored.size());
+  for (size_t i = 0; i < in.stored.size(); ++i) {
+    outs[i].resize(size_t(n * in.stored[i].rows));
+    cpu::matmul(pool, in.stored[i], x, n, outs[i].data());
+  }
+  const int64_t P = in.rows();
+  std::vector<float> row(static_cast<size_t>(P));
+  std::vector<const float*> at(outs.size());
+  for (int64_t t = 0; t < n; ++t) {
+    for (size_t i = 0; i < outs.size(); ++i) at[i] = outs[i].data() + t * in.stored[i].rows;
+    in.gather(at.data(), row.data());
+    const float* y = row.data();
+    std::copy(y, y + C, qkv.data() + t * C);
+    std::copy(y + C, y + C + nv * dv, z.data() + t * nv * dv);
+    std::copy(y + C + nv * dv, y + C + nv * dv + nv, b.data() + t * nv);
+    std::copy(y + C + nv * dv + nv, y + P, a.data() + t * nv);
   }
 
   // Causal depthwise conv over time, state = the last K-1 inputs per channel.

@@ -21,8 +21,8 @@ WeightBytes count_weight_bytes(const ModelConfig& cfg, const ModelWeights& w) {
       fixed += vec_bytes(a.q_norm) + vec_bytes(a.k_norm);
     } else {
       const LinearAttentionWeights& a = l.lin;
-      for (const Matrix* m : {&a.in_qkv, &a.in_z, &a.in_b, &a.in_a, &a.in_qkvz, &a.in_ba, &a.out_proj})
-        fixed += int64_t(m->nbytes());
+      for (const Matrix& m : a.in_proj.stored) fixed += int64_t(m.nbytes());
+      fixed += int64_t(a.out_proj.nbytes());
       fixed += vec_bytes(a.conv) + vec_bytes(a.dt_bias) + vec_bytes(a.neg_exp_A) + vec_bytes(a.norm);
     }
     const FfnWeights& f = l.ffn;

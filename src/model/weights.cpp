@@ -1,5 +1,7 @@
 #include "model/weights.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -72,6 +74,25 @@ void check_all_used(const Checkpoint& ck, const ModelConfig& c, bool with_expert
 
 }  // namespace
 
+int64_t SplitProjection::rows() const {
+  int64_t n = 0;
+  for (const Block& b : blocks) n += b.rows;
+  return n;
+}
+
+std::vector<Matrix> SplitProjection::block_views() const {
+  std::vector<Matrix> v;
+  for (const Block& b : blocks) v.push_back(stored[size_t(b.matrix)].slice_rows(b.row0, b.rows));
+  return v;
+}
+
+void SplitProjection::gather(const float* const* outs, float* y) const {
+  for (const Block& b : blocks) {
+    const float* src = outs[b.matrix] + b.row0;
+    y = std::copy(src, src + b.rows, y);
+  }
+}
+
 ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& c, bool with_experts) {
   ModelWeights w;
   const int64_t H = c.hidden_size, V = c.vocab_size;
@@ -101,15 +122,21 @@ ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& c, bool with_
     } else {
       const std::string a = p + "linear_attn.";
       LinearAttentionWeights& l = lw.lin;
+      SplitProjection& in = l.in_proj;
       if (c.family == Family::Qwen3Next || ck.has(a + "in_proj_qkvz.weight")) {
-        l.grouped = true;
-        l.in_qkvz = ck.matrix(a + "in_proj_qkvz.weight", 2 * nk * dk + 2 * nv * dv, H);
-        l.in_ba = ck.matrix(a + "in_proj_ba.weight", 2 * nv, H);
+        // Per key head g: [q_g (dk), k_g (dk), v_g (r*dv), z_g (r*dv)] and [b_g (r), a_g (r)].
+        in.stored = {ck.matrix(a + "in_proj_qkvz.weight", 2 * nk * dk + 2 * nv * dv, H),
+                     ck.matrix(a + "in_proj_ba.weight", 2 * nv, H)};
+        const int64_t r = nv / nk, group = 2 * dk + 2 * r * dv;
+        const int64_t qkvz_at[4] = {0, dk, 2 * dk, 2 * dk + r * dv}, qkvz_len[4] = {dk, dk, r * dv, r * dv};
+        for (int part = 0; part < 4; ++part)
+          for (int64_t g = 0; g < nk; ++g) in.blocks.push_back({0, g * group + qkvz_at[part], qkvz_len[part]});
+        for (int part = 0; part < 2; ++part)
+          for (int64_t g = 0; g < nk; ++g) in.blocks.push_back({1, g * 2 * r + part * r, r});
       } else {
-        l.in_qkv = ck.matrix(a + "in_proj_qkv.weight", conv_dim, H);
-        l.in_z = ck.matrix(a + "in_proj_z.weight", nv * dv, H);
-        l.in_b = ck.matrix(a + "in_proj_b.weight", nv, H);
-        l.in_a = ck.matrix(a + "in_proj_a.weight", nv, H);
+        in.stored = {ck.matrix(a + "in_proj_qkv.weight", conv_dim, H), ck.matrix(a + "in_proj_z.weight", nv * dv, H),
+                     ck.matrix(a + "in_proj_b.weight", nv, H), ck.matrix(a + "in_proj_a.weight", nv, H)};
+        for (int i = 0; i < 4; ++i) in.blocks.push_back({i, 0, in.stored[size_t(i)].rows});
       }
       l.conv = ck.vector_f32(a + "conv1d.weight", {conv_dim, 1, K});
       l.dt_bias = ck.vector_f32(a + "dt_bias", {nv});

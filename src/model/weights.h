@@ -21,11 +21,32 @@ struct AttentionWeights {
   std::vector<float> q_norm, k_norm;  // [hd]
 };
 
+// A projection whose output rows come from one or more stored matrices in
+// another order. Checkpoints lay the same projection out differently (Qwen3.5
+// stores in_proj_qkv / _z / _b / _a; Qwen3-Next groups qkvz and ba per key
+// head): the loader resolves the layout once into `blocks`, listed in output
+// order, so the backends run one canonical layout. Products are taken over
+// the stored matrices (big products stay big); the blocks say where each
+// stored row lands.
+struct SplitProjection {
+  struct Block {
+    int matrix = 0;  // index into `stored`
+    int64_t row0 = 0, rows = 0;
+  };
+  std::vector<Matrix> stored;
+  std::vector<Block> blocks;
+  int64_t rows() const;
+  // Every block as a view of its rows, in output order (for a backend that
+  // stores the projection as one matrix of its own).
+  std::vector<Matrix> block_views() const;
+  // Rewrites one token's outputs of the stored matrices (outs[i] holds
+  // stored[i].rows values) into the output order.
+  void gather(const float* const* outs, float* y) const;
+};
+
 struct LinearAttentionWeights {
-  // Qwen3.5: separate projections. Qwen3-Next: qkvz / ba grouped per key head.
-  bool grouped = false;
-  Matrix in_qkv, in_z, in_b, in_a;
-  Matrix in_qkvz, in_ba;
+  // Output rows: q (nk*dk), k (nk*dk), v (nv*dv), z (nv*dv), b (nv), a (nv).
+  SplitProjection in_proj;
   std::vector<float> conv;      // [conv_dim, K]
   std::vector<float> dt_bias;   // [nv]
   std::vector<float> neg_exp_A; // -exp(A_log), [nv]

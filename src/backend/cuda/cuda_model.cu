@@ -1162,7 +1162,6 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
   m.embed = m.upload_rows({w.embed}, "embedding");
   m.lm_head = w.lm_head.data == w.embed.data ? m.embed : m.upload_rows({w.lm_head}, "lm_head");
   m.final_norm = m.upload_vec(w.final_norm, "final norm");
-  const int64_t nk = c.lin_num_k_heads, nv = c.lin_num_v_heads, dk = c.lin_k_dim, dv = c.lin_v_dim;
   int moe_index = 0;
   size_t tier_gu = 0, tier_dn = 0;
   bool tiered = false;
@@ -1181,21 +1180,7 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
       d.k_norm = m.upload_vec(a.k_norm, p + "k_norm");
     } else {
       const LinearAttentionWeights& l = lw.lin;
-      std::vector<Matrix> parts;
-      if (l.grouped) {
-        // Qwen3-Next: per key head g [q_g, k_g, v_g (r*dv), z_g (r*dv)] and [b_g (r), a_g (r)];
-        // reorder to q (all), k, v, z, b, a.
-        const int64_t r = nv / nk, group = 2 * dk + 2 * r * dv;
-        for (int64_t g = 0; g < nk; ++g) parts.push_back(l.in_qkvz.slice_rows(g * group, dk));
-        for (int64_t g = 0; g < nk; ++g) parts.push_back(l.in_qkvz.slice_rows(g * group + dk, dk));
-        for (int64_t g = 0; g < nk; ++g) parts.push_back(l.in_qkvz.slice_rows(g * group + 2 * dk, r * dv));
-        for (int64_t g = 0; g < nk; ++g) parts.push_back(l.in_qkvz.slice_rows(g * group + 2 * dk + r * dv, r * dv));
-        for (int64_t g = 0; g < nk; ++g) parts.push_back(l.in_ba.slice_rows(g * 2 * r, r));
-        for (int64_t g = 0; g < nk; ++g) parts.push_back(l.in_ba.slice_rows(g * 2 * r + r, r));
-      } else {
-        parts = {l.in_qkv, l.in_z, l.in_b, l.in_a};
-      }
-      d.lin_in = m.upload_rows(parts, p + "linear-attention projections");
+      d.lin_in = m.upload_rows(l.in_proj.block_views(), p + "linear-attention projections");
       d.out_proj = m.upload_rows({l.out_proj}, p + "out_proj");
       d.conv_w = m.upload_vec(l.conv, p + "conv1d");
       d.dt_bias = m.upload_vec(l.dt_bias, p + "dt_bias");
