@@ -44,4 +44,8 @@ struct ModelPlan {
 // The plan of a Qwen3.5 / Qwen3-Next config (model/arch/qwen35.cpp).
 ModelPlan make_plan(const ModelConfig& c);
 
+// Throws Error naming the first id outside [0, vocab_size): every backend
+// checks a forward pass's ids with this before touching any state.
+void check_token_ids(const ModelConfig& c, const int32_t* ids, int64_t n);
+
 }  // namespace flashmoe
