@@ -104,7 +104,7 @@ TEST(CudaEval, SameNumbersAsTheCpu) {
   REQUIRE_GPU();
   const ModelFiles p = resolve_model_files(source_path("models/coder-mini"));
   auto model = QwenModel::load(p.model_dir);
-  auto cuda = CudaModel::upload(*model);
+  auto cuda = gpu_of(*model);
   const Tokenizer tok = Tokenizer::load(p.tokenizer_json);
   const std::vector<int32_t> ids = tokenize_file(tok, source_path("models/coder-mini/eval/code_heldout.txt"));
   ThreadPool pool(2);
@@ -114,8 +114,8 @@ TEST(CudaEval, SameNumbersAsTheCpu) {
   KvConfig w64;
   w64.window = 64;
   for (const KvConfig& kv : {KvConfig{}, w64}) {
-    const PerplexityResult c = eval_perplexity(*model, ids, kv, pool, po);
-    const PerplexityResult g = eval_perplexity(*model, ids, kv, pool, po, {}, cuda.get());
+    const PerplexityResult c = eval_perplexity(cpu_of(*model), ids, kv, pool, po);
+    const PerplexityResult g = eval_perplexity(*cuda, ids, kv, pool, po);
     EXPECT_NEAR(g.perplexity, c.perplexity, 1e-4 * c.perplexity) << kv.describe();
     EXPECT_NEAR(g.mean_kl, c.mean_kl, 1e-3 * c.mean_kl + 1e-9) << kv.describe();
     EXPECT_EQ(g.scored, c.scored);
@@ -125,8 +125,8 @@ TEST(CudaEval, SameNumbersAsTheCpu) {
   }
   std::vector<RecallItem> items = load_recall_jsonl(source_path("models/coder-mini/eval/recall_dev.jsonl"));
   items.resize(4);
-  const RecallResult rc = eval_recall(*model, tok, items, KvConfig{}, pool);
-  const RecallResult rg = eval_recall(*model, tok, items, KvConfig{}, pool, {}, cuda.get());
+  const RecallResult rc = eval_recall(cpu_of(*model), tok, items, KvConfig{}, pool);
+  const RecallResult rg = eval_recall(*cuda, tok, items, KvConfig{}, pool);
   EXPECT_EQ(rg.outputs, rc.outputs);
   EXPECT_EQ(rg.correct, rc.correct);
   EXPECT_EQ(rg.decode_tokens, rc.decode_tokens);

@@ -31,7 +31,7 @@ TEST_P(CudaGolden, LogitsLongAndGreedyMatchHf) {
   ThreadPool pool(2);
   RefTensor ids = load_ref(ref, "ids_long"), logits = load_ref(ref, "logits_long");
   {
-    Session s(*model, KvConfig{}, pool, cuda.get());
+    Session s(gpu_view(*model, *cuda), KvConfig{}, pool);
     std::vector<float> got = s.feed_all(ids.ids);
     ASSERT_EQ(got.size(), logits.f32.size());
     EXPECT_LE(max_abs_diff(got.data(), logits.f32.data(), got.size()), 1e-3f);
@@ -39,7 +39,7 @@ TEST_P(CudaGolden, LogitsLongAndGreedyMatchHf) {
   RefTensor prompt = load_ref(ref, "prompt"), greedy = load_ref(ref, "greedy");
   {
     // Token by token through feed(), as the CPU golden test does.
-    Session s(*model, KvConfig{}, pool, cuda.get());
+    Session s(gpu_view(*model, *cuda), KvConfig{}, pool);
     const int64_t V = model->config().vocab_size;
     std::vector<int32_t> out;
     const std::vector<float>* l = &s.feed(prompt.ids);
@@ -51,7 +51,7 @@ TEST_P(CudaGolden, LogitsLongAndGreedyMatchHf) {
   }
   {
     // On-device greedy (argmax in the graph, no host round trip).
-    Session s(*model, KvConfig{}, pool, cuda.get());
+    Session s(gpu_view(*model, *cuda), KvConfig{}, pool);
     s.feed(prompt.ids);
     EXPECT_EQ(s.greedy(int64_t(greedy.ids.size())), greedy.ids);
   }
@@ -119,7 +119,7 @@ void expect_matches_cpu_for_every_kv_config(const char* label) {
   const int64_t V = model->config().vocab_size;
   ThreadPool pool(2);
   for (const KvCase& c : kv_cases()) {
-    Session cpu(*model, c.kv, pool), gpu(*model, c.kv, pool, cuda.get());
+    Session cpu(cpu_of(*model), c.kv, pool), gpu(gpu_view(*model, *cuda), c.kv, pool);
     std::vector<float> a = cpu.feed_all(ids.ids), b = gpu.feed_all(ids.ids);
     ASSERT_EQ(a.size(), b.size());
     const double kl = mean_kl(a, b, V);
@@ -158,7 +158,7 @@ TEST(CudaCoderMini, KernelVariantsMatchCpu) {
   RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
   const int64_t V = model->config().vocab_size;
   ThreadPool pool(2);
-  Session cpu(*model, KvConfig{}, pool);
+  Session cpu(cpu_of(*model), KvConfig{}, pool);
   const std::vector<float> a = cpu.feed_all(ids.ids);
   // Each variant: up to two NAME=value settings.
   const std::vector<std::vector<std::pair<const char*, const char*>>> variants = {
@@ -176,7 +176,7 @@ TEST(CudaCoderMini, KernelVariantsMatchCpu) {
     ScopedEnv e0(v[0].first, v[0].second);
     ScopedEnv e1(v.size() > 1 ? v[1].first : "FLASHMOE_CUDA_UNUSED", v.size() > 1 ? v[1].second : nullptr);
     auto cuda = CudaModel::upload(*model);
-    Session gpu(*model, KvConfig{}, pool, cuda.get());
+    Session gpu(gpu_view(*model, *cuda), KvConfig{}, pool);
     const std::vector<float> b = gpu.feed_all(ids.ids);
     ASSERT_EQ(a.size(), b.size());
     const double kl = mean_kl(a, b, V);
@@ -194,14 +194,14 @@ TEST(CudaCoderMini, LogitsAndFp8MatchHf) {
   ThreadPool pool(2);
   RefTensor ids = load_ref(ref, "ids"), exact = load_ref(ref, "logits");
   {
-    Session s(*model, KvConfig{}, pool, cuda.get());
+    Session s(gpu_view(*model, *cuda), KvConfig{}, pool);
     std::vector<float> got = s.feed_all(ids.ids);
     EXPECT_LE(max_abs_diff(got.data(), exact.f32.data(), got.size()), 1e-3f);
   }
   {
     KvConfig w;
     w.window = 64;
-    Session s(*model, w, pool, cuda.get());
+    Session s(gpu_view(*model, *cuda), w, pool);
     std::vector<float> got = s.feed_all(ids.ids);
     RefTensor w64 = load_ref(ref, "logits_window64");
     EXPECT_LE(max_abs_diff(got.data(), w64.f32.data(), got.size()), 1e-3f);
@@ -209,7 +209,7 @@ TEST(CudaCoderMini, LogitsAndFp8MatchHf) {
   {
     KvConfig f;
     f.dtype = KvDType::FP8;
-    Session s(*model, f, pool, cuda.get());
+    Session s(gpu_view(*model, *cuda), f, pool);
     std::vector<float> got = s.feed_all(ids.ids);
     RefTensor fp8 = load_ref(ref, "logits_fp8");
     const float to_fp8 = mean_abs_diff(got.data(), fp8.f32.data(), got.size());
@@ -227,21 +227,21 @@ TEST(CudaCoderMini, PiecesGraphsAndGreedyAgree) {
   RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
   const int64_t V = model->config().vocab_size;
   ThreadPool pool(2);
-  Session one(*model, KvConfig{}, pool, cuda.get()), two(*model, KvConfig{}, pool, cuda.get());
+  Session one(gpu_view(*model, *cuda), KvConfig{}, pool), two(gpu_view(*model, *cuda), KvConfig{}, pool);
   std::vector<float> all = one.feed_all(ids.ids);
   std::vector<int32_t> a(ids.ids.begin(), ids.ids.begin() + 100), b(ids.ids.begin() + 100, ids.ids.end());
   two.feed(a);
   std::vector<float> rest = two.feed_all(b);
   EXPECT_LE(max_abs_diff(rest.data(), all.data() + 100 * V, rest.size()), 1e-4f);
 
-  Session cpu(*model, KvConfig{}, pool), gpu(*model, KvConfig{}, pool, cuda.get());
+  Session cpu(cpu_of(*model), KvConfig{}, pool), gpu(gpu_view(*model, *cuda), KvConfig{}, pool);
   cpu.feed(a);
   gpu.feed(a);
   std::vector<int32_t> gc = cpu.greedy(40), gg = gpu.greedy(40);
   EXPECT_EQ(gc, gg);
 
   cuda->set_use_graph(false);
-  Session plain(*model, KvConfig{}, pool, cuda.get());
+  Session plain(gpu_view(*model, *cuda), KvConfig{}, pool);
   plain.feed(a);
   EXPECT_EQ(plain.greedy(40), gg);
   cuda->set_use_graph(true);
@@ -270,7 +270,7 @@ TEST(CudaCoderMini, BatchedPrefillMatchesTokenByToken) {
     ScopedEnv simple("FLASHMOE_CUDA_GEMM", std::string(chunk) == "100s" ? "simple" : nullptr);
     auto chunked = CudaModel::upload(*model);
     for (const KvCase& c : kv_cases()) {
-      Session a(*model, c.kv, pool, step.get()), b(*model, c.kv, pool, chunked.get());
+      Session a(gpu_view(*model, *step), c.kv, pool), b(gpu_view(*model, *chunked), c.kv, pool);
       const std::vector<float> x = a.feed_all(ids.ids), y = b.feed_all(ids.ids);
       ASSERT_EQ(x.size(), y.size());
       const double kl = mean_kl(x, y, V);
@@ -338,7 +338,7 @@ TEST(CudaMlx, AllLinearQuantisedMatchesTheCpu) {
     auto model = QwenModel::load(out);
     const int64_t V = model->config().vocab_size;
     auto cuda = CudaModel::upload(*model);
-    Session cpu(*model, KvConfig{}, pool), gpu(*model, KvConfig{}, pool, cuda.get());
+    Session cpu(cpu_of(*model), KvConfig{}, pool), gpu(gpu_view(*model, *cuda), KvConfig{}, pool);
     const std::vector<float> a = cpu.feed_all(ids.ids), b = gpu.feed_all(ids.ids);
     ASSERT_EQ(a.size(), b.size());
     const double kl = mean_kl(a, b, V);
@@ -400,8 +400,8 @@ TEST(CudaPacked, EveryExpertFormatMatchesTheCpu) {
         ScopedEnv presel("FLASHMOE_CUDA_PRESEL", "0");
         other = CudaModel::upload(*model);
       }
-      Session c(*model, KvConfig{}, pool), g(*model, KvConfig{}, pool, gpu.get()),
-          t(*model, KvConfig{}, pool, tiered.get()), u(*model, KvConfig{}, pool, other.get());
+      Session c(cpu_of(*model), KvConfig{}, pool), g(gpu_view(*model, *gpu), KvConfig{}, pool),
+          t(gpu_view(*model, *tiered), KvConfig{}, pool), u(gpu_view(*model, *other), KvConfig{}, pool);
       const std::vector<float> a = c.feed_all(ids.ids), b = g.feed_all(ids.ids), x = t.feed_all(ids.ids);
       const std::vector<float> y = u.feed_all(ids.ids);
       ASSERT_EQ(a.size(), b.size());
@@ -415,7 +415,7 @@ TEST(CudaPacked, EveryExpertFormatMatchesTheCpu) {
       const std::vector<int32_t> want = g.greedy(16);
       EXPECT_EQ(t.greedy(16), want) << what;
       EXPECT_EQ(u.greedy(16), want) << what;
-      Session cs(*model, KvConfig{}, pool);
+      Session cs(cpu_of(*model), KvConfig{}, pool);
       cs.feed(ids.ids);
       EXPECT_EQ(cs.greedy(16), want) << what << " (CPU)";
       const CudaTierStats ts = tiered->tier_stats();
@@ -467,7 +467,7 @@ TEST(CudaTiers, DiskTierMatchesTheCpu) {
     ASSERT_TRUE(t0.enabled);
     EXPECT_EQ(t0.slots_per_layer, E / 4);
     EXPECT_EQ(t0.host_slots_per_layer, int(E * cs.host));
-    Session c(*model, KvConfig{}, pool), g(*model, KvConfig{}, pool, disk.get());
+    Session c(cpu_of(*model), KvConfig{}, pool), g(gpu_view(*model, *disk), KvConfig{}, pool);
     const std::vector<float> a = c.feed_all(ids.ids), b = g.feed_all(ids.ids);
     ASSERT_EQ(a.size(), b.size());
     const double kl = mean_kl(a, b, V);
@@ -513,22 +513,22 @@ TEST(CudaCoderMini, SnapshotsRestoreExactly) {
   const std::vector<int32_t> head(ids.ids.begin(), ids.ids.begin() + std::ptrdiff_t(half));
   const std::vector<int32_t> tail(ids.ids.begin() + std::ptrdiff_t(half), ids.ids.end());
   for (const KvCase& c : kv_cases()) {
-    Session a(*model, c.kv, pool, cuda.get()), b(*model, c.kv, pool, cuda.get());
+    Session a(gpu_view(*model, *cuda), c.kv, pool), b(gpu_view(*model, *cuda), c.kv, pool);
     a.feed(head);
-    const CudaStateImage img = a.save_device();
-    EXPECT_GT(img.bytes(), 0u);
-    b.restore(img, a.tokens());
+    const SessionSnapshot img = a.snapshot();
+    EXPECT_GT(img.state->bytes(), 0u);
+    b.restore(img);
     EXPECT_EQ(b.position(), int64_t(half));
     const std::vector<float> x = a.feed_all(tail), y = b.feed_all(tail);
     EXPECT_EQ(max_abs_diff(x.data(), y.data(), x.size()), 0.0f) << c.name;
     EXPECT_EQ(a.greedy(8), b.greedy(8)) << c.name;
   }
-  Session f32(*model, KvConfig{}, pool, cuda.get());
+  Session f32(gpu_view(*model, *cuda), KvConfig{}, pool);
   f32.feed(head);
   KvConfig fp8;
   fp8.dtype = KvDType::FP8;
-  Session other(*model, fp8, pool, cuda.get());
-  EXPECT_THROW(other.restore(f32.save_device(), f32.tokens()), Error);
+  Session other(gpu_view(*model, *cuda), fp8, pool);
+  EXPECT_THROW(other.restore(f32.snapshot()), Error);
 }
 
 // h2o on the GPU evicts what the CPU evicts: after a prompt 4x the budget
@@ -556,16 +556,16 @@ TEST(CudaCoderMini, H2oKeepsTheCpusPositions) {
     b.dtype = KvDType::BF16;
     for (const KvConfig& kv : {a, b}) {
       const std::string label = std::string(split) + " " + kv.describe();
-      Session cpu(*model, kv, pool);
+      Session cpu(cpu_of(*model), kv, pool);
       cpu.feed(ids.ids);
       auto st = cuda->new_state(kv);
       std::vector<float> last(static_cast<size_t>(V));
       cuda->forward(*st, ids.ids.data(), int64_t(ids.ids.size()), LogitsMode::Last, last.data());
-      const size_t layers = cpu.state().kv.size();
+      const size_t layers = size_t(model->config().num_full_layers());
       ASSERT_GT(layers, 0u);
       auto same_positions = [&](const char* when) {
         for (size_t l = 0; l < layers; ++l) {
-          const std::vector<int64_t> want = cpu.state().kv[l].positions();
+          const std::vector<int64_t> want = cpu.state().kv_positions(int(l));
           EXPECT_EQ(int64_t(want.size()), kv.h2o_budget) << label << " " << when;
           EXPECT_EQ(cuda->kv_positions(*st, int(l)), want) << label << " " << when << ", layer " << l;
         }
@@ -614,7 +614,7 @@ TEST(CudaTiers, SameLogitsAndCountersAtEveryCacheSize) {
   EXPECT_FALSE(full->tier_stats().enabled);
   RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
   ThreadPool pool(2);
-  Session ref(*model, KvConfig{}, pool, full.get()), ref2(*model, KvConfig{}, pool, full.get());
+  Session ref(gpu_view(*model, *full), KvConfig{}, pool), ref2(gpu_view(*model, *full), KvConfig{}, pool);
   const std::vector<float> want = ref.feed_all(ids.ids);
   ref2.feed(ids.ids);
   const std::vector<int32_t> want_greedy = ref2.greedy(24);
@@ -625,7 +625,7 @@ TEST(CudaTiers, SameLogitsAndCountersAtEveryCacheSize) {
     CudaOptions o;
     o.expert_cache_fraction = frac;
     auto cm = CudaModel::upload(*model, o);
-    Session s(*model, KvConfig{}, pool, cm.get()), s2(*model, KvConfig{}, pool, cm.get());
+    Session s(gpu_view(*model, *cm), KvConfig{}, pool), s2(gpu_view(*model, *cm), KvConfig{}, pool);
     const std::vector<float> got = s.feed_all(ids.ids);
     ASSERT_EQ(got.size(), want.size());
     EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f) << "cache " << frac;
@@ -647,7 +647,7 @@ TEST(CudaTiers, SameLogitsAndCountersAtEveryCacheSize) {
       // Hot experts moved in: the same prompt and decode again get more than
       // the slots' share of their choices from VRAM.
       cm->reset_tier_stats();
-      Session s3(*model, KvConfig{}, pool, cm.get());
+      Session s3(gpu_view(*model, *cm), KvConfig{}, pool);
       s3.feed(ids.ids);
       s3.greedy(24);
       const CudaTierStats t3 = cm->tier_stats();

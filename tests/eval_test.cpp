@@ -67,7 +67,7 @@ TEST(Eval, PerplexityMatchesFeedAllByHand) {
   PerplexityOptions po;
   po.window_tokens = 256;
   po.max_windows = 2;
-  const PerplexityResult r = eval_perplexity(*cm.model, cm.heldout, KvConfig{}, pool, po);
+  const PerplexityResult r = eval_perplexity(test::cpu_of(*cm.model), cm.heldout, KvConfig{}, pool, po);
   EXPECT_EQ(r.windows, 2);
   EXPECT_EQ(r.scored, 2 * 255);
   EXPECT_EQ(r.mean_kl, 0.0);
@@ -77,7 +77,7 @@ TEST(Eval, PerplexityMatchesFeedAllByHand) {
   double nll = 0;
   for (int w = 0; w < 2; ++w) {
     std::vector<int32_t> win(cm.heldout.begin() + w * 256, cm.heldout.begin() + (w + 1) * 256);
-    Session s(*cm.model, KvConfig{}, pool);
+    Session s(test::cpu_of(*cm.model), KvConfig{}, pool);
     const std::vector<float> logits = s.feed_all(win);
     for (int i = 0; i + 1 < 256; ++i) nll += ref_nll(logits.data() + int64_t(i) * V, V, win[size_t(i + 1)]);
   }
@@ -100,7 +100,7 @@ TEST(Eval, KvBytesAreKvCalcsCount) {
   w.window = 48;
   const ModelConfig& c = cm.model->config();
   for (const KvConfig& kv : {KvConfig{}, w}) {
-    const PerplexityResult r = eval_perplexity(*cm.model, cm.heldout, kv, pool, po);
+    const PerplexityResult r = eval_perplexity(test::cpu_of(*cm.model), cm.heldout, kv, pool, po);
     EXPECT_EQ(r.kv_bytes, size_t(kv_cache_bytes(c, kv, 128))) << kv.describe();
   }
   EXPECT_EQ(kv_cache_bytes(c, w, 128), kv_memory(c, w).bytes_per_position() * 48);
@@ -126,8 +126,8 @@ TEST(Eval, MeanKlZeroForReferencePositiveForFp8) {
   fp8.dtype = KvDType::FP8;
   EXPECT_TRUE(is_reference_kv(KvConfig{}));
   EXPECT_FALSE(is_reference_kv(fp8));
-  const PerplexityResult ref = eval_perplexity(*cm.model, cm.heldout, KvConfig{}, pool, po);
-  const PerplexityResult q = eval_perplexity(*cm.model, cm.heldout, fp8, pool, po);
+  const PerplexityResult ref = eval_perplexity(test::cpu_of(*cm.model), cm.heldout, KvConfig{}, pool, po);
+  const PerplexityResult q = eval_perplexity(test::cpu_of(*cm.model), cm.heldout, fp8, pool, po);
   EXPECT_EQ(ref.mean_kl, 0.0);
   EXPECT_GT(q.mean_kl, 0.0);
   EXPECT_LT(q.mean_kl, 0.05);
@@ -136,7 +136,7 @@ TEST(Eval, MeanKlZeroForReferencePositiveForFp8) {
   // small but the reference run itself is exact.
   PerplexityOptions no_kl = po;
   no_kl.kl = false;
-  EXPECT_EQ(eval_perplexity(*cm.model, cm.heldout, fp8, pool, no_kl).mean_kl, 0.0);
+  EXPECT_EQ(eval_perplexity(test::cpu_of(*cm.model), cm.heldout, fp8, pool, no_kl).mean_kl, 0.0);
 }
 
 TEST(Eval, PerplexityErrors) {
@@ -145,14 +145,14 @@ TEST(Eval, PerplexityErrors) {
   PerplexityOptions po;
   po.window_tokens = cm.model->config().max_position_embeddings + 1;
   try {
-    eval_perplexity(*cm.model, cm.heldout, KvConfig{}, pool, po);
+    eval_perplexity(test::cpu_of(*cm.model), cm.heldout, KvConfig{}, pool, po);
     FAIL() << "no error for a window longer than the context";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("context"), std::string::npos) << e.what();
   }
   po.window_tokens = int64_t(cm.heldout.size()) + 1;
   try {
-    eval_perplexity(*cm.model, cm.heldout, KvConfig{}, pool, po);
+    eval_perplexity(test::cpu_of(*cm.model), cm.heldout, KvConfig{}, pool, po);
     FAIL() << "no error for text shorter than a window";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("fewer than one window"), std::string::npos) << e.what();
@@ -165,7 +165,7 @@ TEST(Eval, RecallFirstFourLinesF32Full) {
   std::vector<RecallItem> all = load_recall_jsonl(source_path("models/coder-mini/eval/recall_dev.jsonl"));
   ASSERT_EQ(all.size(), 40u);
   std::vector<RecallItem> items(all.begin(), all.begin() + 4);
-  const RecallResult r = eval_recall(*cm.model, cm.tok, items, KvConfig{}, pool);
+  const RecallResult r = eval_recall(test::cpu_of(*cm.model), cm.tok, items, KvConfig{}, pool);
   ASSERT_EQ(r.outputs.size(), 4u);
   for (size_t i = 0; i < 4; ++i)
     EXPECT_EQ(r.outputs[i].substr(0, items[i].answer.size()), items[i].answer) << "item " << i;

@@ -85,7 +85,7 @@ TEST(ExpertsStore, StatsCountReadsAndHits) {
   Packed p;
   auto model = QwenModel::load(p.dir, streaming(64));
   ThreadPool pool(1);
-  Session s(*model, KvConfig{}, pool);
+  Session s(test::cpu_of(*model), KvConfig{}, pool);
   s.feed(p.ids);
   ExpertStats a = model->expert_store().stats();
   EXPECT_EQ(a.tokens, p.ids.size());
@@ -139,7 +139,7 @@ TEST(ExpertsStore, FileTruncatedWhileRunningGivesShortReadError) {
   auto model = QwenModel::load(p.dir, streaming(0));
   ASSERT_EQ(::truncate((p.dir + "/experts/layer-001.bin").c_str(), 0), 0);
   ThreadPool pool(1);
-  Session s(*model, KvConfig{}, pool);
+  Session s(test::cpu_of(*model), KvConfig{}, pool);
   std::string err = error_of([&] { s.feed(p.ids); });
   EXPECT_NE(err.find("layer-001.bin"), std::string::npos) << err;
   EXPECT_NE(err.find("short read"), std::string::npos) << err;

@@ -12,6 +12,7 @@
 #include "engine/session.h"
 #include "format/safetensors.h"
 #include "model/qwen_model.h"
+#include "test_util.h"
 
 namespace flashmoe::testing {
 
@@ -61,7 +62,7 @@ inline std::vector<float> run_logits(const std::string& dir, const std::vector<i
                                      const ExpertOptions& opt = {}) {
   auto model = QwenModel::load(dir, opt);
   ThreadPool pool(2);
-  Session s(*model, KvConfig{}, pool);
+  Session s(test::cpu_of(*model), KvConfig{}, pool);
   return s.feed_all(ids);
 }
 

@@ -354,7 +354,7 @@ TEST(Faults, FailedForwardPassDoesNotLeaveCorruptedState) {
   std::vector<int32_t> all = a;
   all.insert(all.end(), b.begin(), b.end());
 
-  Session s(*model, KvConfig{}, pool);
+  Session s(cpu_of(*model), KvConfig{}, pool);
   s.feed(a);
   const std::string f = dir + "/experts/layer-002.bin";  // layers 0 and 1 run before the failure
   const std::string bytes = read_file(f);
@@ -364,7 +364,7 @@ TEST(Faults, FailedForwardPassDoesNotLeaveCorruptedState) {
   EXPECT_EQ(s.position(), 0);
   write_file(f, bytes);
   const std::vector<float> got = s.feed(all);
-  Session fresh(*model, KvConfig{}, pool);
+  Session fresh(cpu_of(*model), KvConfig{}, pool);
   EXPECT_EQ(got, fresh.feed(all));
 }
 

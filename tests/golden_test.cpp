@@ -29,16 +29,17 @@ class Golden : public ::testing::TestWithParam<const char*> {
 TEST_P(Golden, LogitsShortAndHiddenStates) {
   RefTensor ids = load_ref(ref_, "ids_short"), logits = load_ref(ref_, "logits_short");
   RefTensor hidden = load_ref(ref_, "hidden_short");
-  Session s(*model_, KvConfig{}, pool_);
-  model_->set_capture_hidden(true);
-  std::vector<float> got = s.feed_all(ids.ids);
-  model_->set_capture_hidden(false);
+  const Backend& cpu = cpu_of(*model_);
+  auto st = cpu.new_state(KvConfig{});
+  std::vector<float> got(ids.ids.size() * size_t(model_->config().vocab_size));
+  std::vector<std::vector<float>> captured;
+  cpu.forward_capturing(*st, ids.ids.data(), int64_t(ids.ids.size()), LogitsMode::All, got.data(), pool_, &captured);
   ASSERT_EQ(got.size(), logits.f32.size());
   EXPECT_LE(max_abs_diff(got.data(), logits.f32.data(), got.size()), 1e-3f);
 
   // Layer by layer: index 0 = embeddings, i = residual after layer i. The last
   // entry is after the final norm in some HF versions: accept either.
-  const auto& cap = model_->captured_hidden();
+  const auto& cap = captured;
   const int64_t L = model_->config().num_layers, H = model_->config().hidden_size;
   const size_t per_layer = ids.ids.size() * size_t(H);
   ASSERT_EQ(hidden.shape[0], L + 1);
@@ -60,7 +61,7 @@ TEST_P(Golden, LogitsShortAndHiddenStates) {
 
 TEST_P(Golden, LogitsLong) {
   RefTensor ids = load_ref(ref_, "ids_long"), logits = load_ref(ref_, "logits_long");
-  Session s(*model_, KvConfig{}, pool_);
+  Session s(cpu_of(*model_), KvConfig{}, pool_);
   std::vector<float> got = s.feed_all(ids.ids);
   ASSERT_EQ(got.size(), logits.f32.size());
   EXPECT_LE(max_abs_diff(got.data(), logits.f32.data(), got.size()), 1e-3f);
@@ -68,7 +69,7 @@ TEST_P(Golden, LogitsLong) {
 
 TEST_P(Golden, GreedyMatchesHfGenerate) {
   RefTensor prompt = load_ref(ref_, "prompt"), greedy = load_ref(ref_, "greedy");
-  Session s(*model_, KvConfig{}, pool_);
+  Session s(cpu_of(*model_), KvConfig{}, pool_);
   const int64_t V = model_->config().vocab_size;
   std::vector<int32_t> out;
   const std::vector<float>* logits = &s.feed(prompt.ids);
@@ -82,7 +83,7 @@ TEST_P(Golden, GreedyMatchesHfGenerate) {
 TEST_P(Golden, TokenByTokenDecodeEqualsPrefill) {
   RefTensor ids = load_ref(ref_, "ids_long");
   const int64_t V = model_->config().vocab_size;
-  Session prefill(*model_, KvConfig{}, pool_), step(*model_, KvConfig{}, pool_);
+  Session prefill(cpu_of(*model_), KvConfig{}, pool_), step(cpu_of(*model_), KvConfig{}, pool_);
   std::vector<float> all = prefill.feed_all(ids.ids);
   float worst = 0;
   for (size_t t = 0; t < ids.ids.size(); ++t) {
@@ -106,7 +107,7 @@ TEST(GoldenCoderMini, LogitsMatchReference) {
   RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
   RefTensor logits = load_ref(dir + "/reference.safetensors", "logits");
   ThreadPool pool(2);
-  Session s(*model, KvConfig{}, pool);
+  Session s(cpu_of(*model), KvConfig{}, pool);
   std::vector<float> got = s.feed_all(ids.ids);
   EXPECT_LE(max_abs_diff(got.data(), logits.f32.data(), got.size()), 1e-3f);
 }
@@ -118,7 +119,7 @@ TEST(GoldenCoderMini, PrefillThenContinueEqualsOnePrefill) {
   RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
   ThreadPool pool(2);
   const int64_t V = model->config().vocab_size;
-  Session one(*model, KvConfig{}, pool), two(*model, KvConfig{}, pool);
+  Session one(cpu_of(*model), KvConfig{}, pool), two(cpu_of(*model), KvConfig{}, pool);
   std::vector<float> all = one.feed_all(ids.ids);
   std::vector<int32_t> a(ids.ids.begin(), ids.ids.begin() + 100), b(ids.ids.begin() + 100, ids.ids.end());
   two.feed(a);

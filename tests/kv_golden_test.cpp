@@ -13,7 +13,7 @@ namespace {
 
 std::vector<float> run(const QwenModel& m, const KvConfig& kv, const std::vector<int32_t>& ids) {
   ThreadPool pool(2);
-  Session s(m, kv, pool);
+  Session s(cpu_of(m), kv, pool);
   return s.feed_all(ids);
 }
 
@@ -91,7 +91,7 @@ TEST(KvPolicies, BatchEqualsTokenByToken) {
   configs.push_back(stream);
   for (const KvConfig& kv : configs) {
     ThreadPool pool(2);
-    Session batch(*model, kv, pool), step(*model, kv, pool);
+    Session batch(cpu_of(*model), kv, pool), step(cpu_of(*model), kv, pool);
     std::vector<float> all = batch.feed_all(ids.ids);
     float worst = 0;
     for (size_t t = 0; t < ids.ids.size(); ++t) {
@@ -109,18 +109,18 @@ TEST(KvPolicies, BytesConstantOverLongGeneration) {
   h2o.h2o_budget = 128;
   for (const KvConfig& kv : {window(256), h2o}) {
     ThreadPool pool(1);
-    Session s(*model, kv, pool);
+    Session s(cpu_of(*model), kv, pool);
     const int64_t V = model->config().vocab_size;
     int32_t next = 1;
-    size_t bytes_at_start = 0;
+    int64_t bytes_at_start = 0;
     for (int i = 0; i < 20000; ++i) {
       next = argmax(s.feed({next}).data(), V);
-      if (i == 300) bytes_at_start = s.state().kv_bytes();
+      if (i == 300) bytes_at_start = s.state().bytes().kv;
       if (i > 300) {
-        ASSERT_EQ(s.state().kv_bytes(), bytes_at_start) << kv.describe() << " at token " << i;
+        ASSERT_EQ(s.state().bytes().kv, bytes_at_start) << kv.describe() << " at token " << i;
       }
     }
-    EXPECT_GT(bytes_at_start, 0u);
+    EXPECT_GT(bytes_at_start, 0);
     EXPECT_EQ(s.position(), 20000);
   }
 }

@@ -19,10 +19,17 @@ int status_of(const std::string& body, bool chat = true) {
   }
 }
 
-ModelState state_at(int64_t pos) {
-  ModelState s;
-  s.pos = pos;
-  return s;
+// A snapshot of a state that holds no memory: the cache's bookkeeping is
+// about tokens and bytes, whatever the backend.
+struct EmptyState : StateSnapshot {
+  int64_t pos = 0;
+  int64_t position() const override { return pos; }
+  size_t bytes() const override { return 0; }
+};
+Snapshot snap(std::vector<int32_t> tokens) {
+  auto s = std::make_shared<EmptyState>();
+  s->pos = int64_t(tokens.size());
+  return {std::move(tokens), s};
 }
 
 }  // namespace
@@ -65,8 +72,8 @@ TEST(ServerApi, RejectsBadRequests) {
 
 TEST(ServerStateCache, LongestProperPrefixWinsAndLruBounds) {
   StateCache c(2);
-  c.put({1, 2}, state_at(2));
-  c.put({1, 2, 3, 4}, state_at(4));
+  c.put(snap({1, 2}));
+  c.put(snap({1, 2, 3, 4}));
   auto s = c.find({1, 2, 3, 4, 5});
   ASSERT_TRUE(s);
   EXPECT_EQ(s->tokens.size(), 4u);
@@ -76,7 +83,7 @@ TEST(ServerStateCache, LongestProperPrefixWinsAndLruBounds) {
   EXPECT_EQ(s->tokens.size(), 2u);
   EXPECT_FALSE(c.find({9, 1, 2}));
   // {1,2} was used last; adding a third entry evicts {1,2,3,4}.
-  c.put({7, 8}, state_at(2));
+  c.put(snap({7, 8}));
   EXPECT_EQ(c.size(), 2u);
   s = c.find({1, 2, 3, 4, 5});
   ASSERT_TRUE(s);
@@ -84,14 +91,14 @@ TEST(ServerStateCache, LongestProperPrefixWinsAndLruBounds) {
 
   // The byte budget evicts too: each of these snapshots holds 2 ints.
   StateCache small(8, 3 * 2 * sizeof(int32_t));
-  for (int i = 0; i < 5; ++i) small.put({i, i}, state_at(2));
+  for (int i = 0; i < 5; ++i) small.put(snap({i, i}));
   EXPECT_EQ(small.size(), 3u);
   EXPECT_EQ(small.bytes(), 3 * 2 * sizeof(int32_t));
   EXPECT_TRUE(small.find({4, 4, 1}));
   EXPECT_FALSE(small.find({1, 1, 1}));
 
   StateCache off(0);
-  off.put({1, 2}, state_at(2));
+  off.put(snap({1, 2}));
   EXPECT_EQ(off.size(), 0u);
   EXPECT_FALSE(off.find({1, 2, 3}));
 }

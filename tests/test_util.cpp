@@ -1,5 +1,12 @@
 #include "test_util.h"
 
+#include <map>
+#include <mutex>
+
+#include "runtime/cpu_backend.h"
+#include "runtime/cuda_backend.h"
+#include "runtime/cuda_backend_impl.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +22,33 @@
 #include "format/safetensors.h"
 
 namespace flashmoe::test {
+
+namespace {
+// A shared_ptr that does not own: the tests keep their models themselves.
+std::shared_ptr<const QwenModel> borrow(const QwenModel& m) { return {std::shared_ptr<const QwenModel>(), &m}; }
+}  // namespace
+
+const Backend& cpu_of(const QwenModel& m) {
+  // A CpuBackend holds nothing but the model's address, so a backend kept for
+  // an address also serves a later model loaded at the same address.
+  static std::mutex mu;
+  static std::map<const QwenModel*, std::unique_ptr<Backend>> backends;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& b = backends[&m];
+  if (!b) b = std::make_unique<CpuBackend>(borrow(m));
+  return *b;
+}
+
+const Backend& gpu_view(const QwenModel& m, CudaModel& device) {
+  static std::mutex mu;
+  static std::map<std::pair<const QwenModel*, CudaModel*>, std::unique_ptr<Backend>> backends;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& b = backends[{&m, &device}];
+  if (!b) b = std::make_unique<CudaBackend>(borrow(m), std::shared_ptr<CudaModel>(std::shared_ptr<CudaModel>(), &device));
+  return *b;
+}
+
+std::unique_ptr<Backend> gpu_of(const QwenModel& m, const GpuCacheOptions& o) { return make_cuda_backend(borrow(m), o); }
 
 namespace {
 // The flashmoe processes the tests start run on the CPU unless a test says

@@ -6,16 +6,31 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/cuda_model.h"
+#include "model/qwen_model.h"
+#include "runtime/backend.h"
+#include "runtime/device.h"
+
+namespace flashmoe {
+class CudaModel;
+}
 
 // Skips a CUDA test, with the reason, where no usable GPU is present (CI).
-#define REQUIRE_GPU()                                                                      \
-  do {                                                                                     \
-    std::string why;                                                                       \
-    if (!::flashmoe::CudaModel::available(&why)) GTEST_SKIP() << "no GPU: " << why;        \
+#define REQUIRE_GPU()                                                                        \
+  do {                                                                                       \
+    const ::flashmoe::Obstacle gpu_ = ::flashmoe::gpu_presence();                            \
+    if (gpu_) GTEST_SKIP() << "no GPU: " << gpu_.message;                                    \
   } while (0)
 
 namespace flashmoe::test {
+
+// The CPU backend over a loaded model (borrowed: the model must outlive the
+// sessions that use it). One per model, kept for the test program's life.
+const Backend& cpu_of(const QwenModel& m);
+// The model uploaded to GPU 0 (borrowed likewise).
+std::unique_ptr<Backend> gpu_of(const QwenModel& m, const GpuCacheOptions& o = {});
+// A Backend over a model the test uploaded itself (tests of the CUDA backend
+// that reach its own API), both borrowed; one per pair, kept like cpu_of's.
+const Backend& gpu_view(const QwenModel& m, CudaModel& device);
 
 std::string source_path(const std::string& rel);  // FLASHMOE_SOURCE_DIR/rel
 std::string fixture_dir(const std::string& name);  // tests/fixtures/<name>

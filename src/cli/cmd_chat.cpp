@@ -65,10 +65,10 @@ Registrar reg(21, [](CLI::App& app) {
     finalize_model_options(&a->model);
     TextModel tm = load_text_model(a->model);
     const ChatTemplate& tmpl = tm.chat_template();
-    GenerateOptions go = make_generate_options(a->gen, tm.files, tm.eos_ids(true), tm.model->config().max_position_embeddings);
+    GenerateOptions go = make_generate_options(a->gen, tm.files, tm.eos_ids(true), tm.backend->config().max_position_embeddings);
     go.cancel = &g_cancel;
     ThreadPool pool(a->model.threads);
-    Session session(*tm.model, a->model.kv, pool, tm.cuda.get());
+    Session session(*tm.backend, a->model.kv, pool);
     const bool tty = isatty(0) && isatty(1);
     std::signal(SIGINT, on_sigint);
     rl_catch_signals = 0;

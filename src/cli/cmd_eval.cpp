@@ -37,9 +37,7 @@ void run_eval(ModelOptions& mo, const EvalArgs& a) {
   std::vector<RecallItem> items;
   if (!a.recall.empty()) items = load_recall_jsonl(a.recall);
 
-  LoadedModel lm = load_model(mo);
-  const QwenModel& model = *lm.host;
-  const CudaModel* cuda = lm.cuda.get();
+  std::unique_ptr<Backend> backend = load_model(mo);
   ThreadPool pool(mo.threads);
   const bool tty = !a.quiet;
   EvalProgress progress;
@@ -52,8 +50,8 @@ void run_eval(ModelOptions& mo, const EvalArgs& a) {
   nlohmann::ordered_json out;
   // Which backend produced the numbers: they agree to rounding (fp32 math on
   // both), and the decode speed is the device's.
-  const std::string device = cuda ? "cuda (" + cuda->device_name() + ")" : "cpu";
-  out["device"] = cuda ? "cuda" : "cpu";
+  const std::string device = backend->label();
+  out["device"] = backend->kind();
   out["kv"] = mo.kv.describe();
   std::string text;
   text += "model: " + paths.model_dir + "\ndevice: " + device + "\nkv: " + mo.kv.describe() + "\n";
@@ -63,7 +61,7 @@ void run_eval(ModelOptions& mo, const EvalArgs& a) {
     PerplexityOptions po;
     po.window_tokens = a.window_tokens;
     po.max_windows = a.max_windows;
-    const PerplexityResult r = eval_perplexity(model, text_ids, mo.kv, pool, po, progress, cuda);
+    const PerplexityResult r = eval_perplexity(*backend, text_ids, mo.kv, pool, po, progress);
     if (tty) std::fprintf(stderr, "\n");
     out["perplexity"] = r.perplexity;
     out["mean_kl"] = r.mean_kl;
@@ -78,7 +76,7 @@ void run_eval(ModelOptions& mo, const EvalArgs& a) {
     text += buf;
   }
   if (!items.empty()) {
-    const RecallResult r = eval_recall(model, tok, items, mo.kv, pool, progress, cuda);
+    const RecallResult r = eval_recall(*backend, tok, items, mo.kv, pool, progress);
     if (tty) std::fprintf(stderr, "\n");
     nlohmann::ordered_json rec = nlohmann::ordered_json::object();
     std::snprintf(buf, sizeof buf, "recall: %lld/%lld\n", (long long)r.correct, (long long)r.total);

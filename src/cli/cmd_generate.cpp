@@ -26,16 +26,15 @@ Registrar reg(11, [](CLI::App& app) {
   cmd->callback([opt, ids, n, greedy, print_ids] {
     finalize_model_options(opt.get());
     std::vector<int32_t> tok = parse_ids(*ids);
-    LoadedModel lm = load_model(*opt);
-    auto& model = lm.host;
+    std::unique_ptr<Backend> backend = load_model(*opt);
     ThreadPool pool(opt->threads);
-    Session s(*lm.host, opt->kv, pool, lm.cuda.get());
+    Session s(*backend, opt->kv, pool);
     std::vector<int32_t> gen;
     double decode_s = 0;
     if (*n > 0) {
       s.feed(tok);
-      print_expert_stats(*opt, *model, "prefill:", lm.cuda.get());
-      model->expert_store().reset_stats();  // decode numbers on their own
+      print_expert_stats(*opt, *backend, "prefill:");
+      backend->reset_expert_stats();  // decode numbers on their own
       auto t0 = std::chrono::steady_clock::now();
       gen = s.greedy(*n);
       decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -44,7 +43,7 @@ Registrar reg(11, [](CLI::App& app) {
     std::printf("\n");
     if (opt->stats && *n > 1) {
       std::fprintf(stderr, "decode: %d tokens in %.3f s, %.2f tokens/s\n", *n - 1, decode_s, double(*n - 1) / decode_s);
-      print_expert_stats(*opt, *model, "decode: ", lm.cuda.get());
+      print_expert_stats(*opt, *backend, "decode: ");
     }
   });
 });

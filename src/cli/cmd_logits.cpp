@@ -19,24 +19,26 @@ Registrar reg(10, [](CLI::App& app) {
   cmd->add_option("--ids", *ids, "Comma-separated token ids")->required();
   cmd->add_option("-o,--output", *out, "Output safetensors file (tensor 'logits', F32 [N, vocab])")->required();
   cmd->callback([opt, ids, out, hidden] {
-    if (*hidden) opt->cpu_only = "--hidden";  // the CUDA backend keeps no per-layer residuals
+    if (*hidden) opt->device.cpu_only = "--hidden";  // the CUDA backend keeps no per-layer residuals
     finalize_model_options(opt.get());
     std::vector<int32_t> tok = parse_ids(*ids);
-    LoadedModel lm = load_model(*opt);
-    auto& model = lm.host;
+    std::unique_ptr<Backend> backend = load_model(*opt);
+    const ModelConfig& c = backend->config();
     ThreadPool pool(opt->threads);
-    Session s(*model, opt->kv, pool, lm.cuda.get());
-    model->set_capture_hidden(*hidden);
-    std::vector<float> logits = s.feed_all(tok);
     const int64_t n = int64_t(tok.size());
-    std::vector<TensorToWrite> tensors = {{"logits", DType::F32, {n, model->config().vocab_size}, logits.data()}};
+    std::vector<float> logits(size_t(n * c.vocab_size));
+    std::vector<std::vector<float>> layers;
+    auto st = backend->new_state(opt->kv);
+    if (*hidden) backend->forward_capturing(*st, tok.data(), n, LogitsMode::All, logits.data(), pool, &layers);
+    else backend->forward(*st, tok.data(), n, LogitsMode::All, logits.data(), pool);
+    std::vector<TensorToWrite> tensors = {{"logits", DType::F32, {n, c.vocab_size}, logits.data()}};
     std::vector<float> h;
     if (*hidden) {
-      for (const auto& layer : model->captured_hidden()) h.insert(h.end(), layer.begin(), layer.end());
-      tensors.push_back({"hidden", DType::F32, {model->config().num_layers + 1, n, model->config().hidden_size}, h.data()});
+      for (const auto& layer : layers) h.insert(h.end(), layer.begin(), layer.end());
+      tensors.push_back({"hidden", DType::F32, {c.num_layers + 1, n, c.hidden_size}, h.data()});
     }
     write_safetensors(*out, tensors);
-    print_expert_stats(*opt, *model, "prefill:", lm.cuda.get());
+    print_expert_stats(*opt, *backend, "prefill:");
   });
 });
 

@@ -36,10 +36,10 @@ Registrar reg(20, [](CLI::App& app) {
     if (a->chat) text = tm.render_user_turn(a->system, a->prompt, a->no_think);
     else if (!a->system.empty()) fail("--system needs --chat");
     std::vector<int32_t> ids = tm.tokenizer.encode(text);
-    GenerateOptions go = make_generate_options(a->gen, tm.files, tm.eos_ids(a->chat), tm.model->config().max_position_embeddings);
+    GenerateOptions go = make_generate_options(a->gen, tm.files, tm.eos_ids(a->chat), tm.backend->config().max_position_embeddings);
     go.keep_output = false;  // streamed to stdout as it comes; a long run need not hold it
     ThreadPool pool(a->model.threads);
-    Session session(*tm.model, a->model.kv, pool, tm.cuda.get());
+    Session session(*tm.backend, a->model.kv, pool);
     // Nothing reads the token list unless a penalty is on: without one, a
     // long run with a bounded KV cache keeps flat memory (bench/soak.sh).
     session.set_record_tokens(go.sampling.uses_history());
@@ -51,7 +51,7 @@ Registrar reg(20, [](CLI::App& app) {
     });
     std::fputc('\n', stdout);
     std::fflush(stdout);
-    print_expert_stats(a->model, *tm.model, "experts:", tm.cuda.get());
+    print_expert_stats(a->model, *tm.backend, "experts:");
     std::fprintf(stderr, "\nprompt: %lld tokens in %.3f s (%.1f tokens/s)\ngeneration: %lld tokens in %.3f s (%.1f tokens/s), finish: %s\n",
                  (long long)r.prompt_tokens, r.prompt_seconds, double(r.prompt_tokens) / std::max(r.prompt_seconds, 1e-9),
                  (long long)r.generated, r.gen_seconds, double(r.generated) / std::max(r.gen_seconds, 1e-9),

@@ -76,8 +76,7 @@ Registrar reg(30, [](CLI::App& app) {
     TextModel tm = load_text_model(a->model);
     server::ServedModel sm;
     sm.id = a->alias.empty() ? model_id(a->model.model_dir) : a->alias;
-    sm.model = tm.model.get();
-    sm.cuda = tm.cuda.get();
+    sm.backend = tm.backend.get();
     sm.tokenizer = &tm.tokenizer;
     sm.chat = tm.chat ? &*tm.chat : nullptr;
     sm.kv = a->model.kv;
@@ -90,7 +89,7 @@ Registrar reg(30, [](CLI::App& app) {
     for (auto* v : {&sm.eos_chat, &sm.eos_text})
       for (int32_t e : sm.defaults.eos_ids)
         if (std::find(v->begin(), v->end(), e) == v->end()) v->push_back(e);
-    int64_t model_ctx = tm.model->config().max_position_embeddings;
+    int64_t model_ctx = tm.backend->config().max_position_embeddings;
     sm.context = a->ctx_size > 0 ? std::min(a->ctx_size, model_ctx) : model_ctx;
 
     a->cfg.state_cache_bytes = a->state_cache_mb << 20;
@@ -98,7 +97,7 @@ Registrar reg(30, [](CLI::App& app) {
     a->cfg.threads_per_slot = std::max(1, threads / a->cfg.parallel);
     server::HttpServer srv(a->cfg, sm);
     int port = srv.bind();
-    const std::string device = sm.cuda ? "cuda (" + sm.cuda->device_name() + ")" : "cpu";
+    const std::string device = sm.backend->label();
     std::fprintf(stderr,
                  "flashmoe serve: model '%s' on http://%s:%d (device %s, parallel %d x %d threads, queue %d, state "
                  "cache %zu, context %lld)\n",

@@ -3,7 +3,6 @@
 #include <cerrno>
 #include <cstdlib>
 
-#include "cli/device.h"
 #include "cli/kv_options.h"
 #include "core/error.h"
 #include "model/qwen_model.h"
@@ -15,12 +14,12 @@ void add_model_options(CLI::App* cmd, ModelOptions* opt, bool require_model) {
   auto* m = cmd->add_option("-m,--model", opt->model_dir, "Model directory (config.json + safetensors)");
   if (require_model) m->required();
   cmd->add_option("-t,--threads", opt->threads, "Threads (default: all cores)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--device", opt->device,
+  cmd->add_option("--device", opt->device.device,
                   "Where the forward pass runs: auto (default: GPU 0 when it is usable and can run this, else the "
                   "CPU), cpu, or cuda (GPU 0; an error when it cannot); the environment variable FLASHMOE_DEVICE "
                   "sets the default")
       ->type_name("cpu|cuda|auto")
-      ->each([opt](const std::string&) { opt->device_source = "--device"; });
+      ->each([opt](const std::string&) { opt->device.source = "--device"; });
   add_kv_options(cmd, &opt->kv);
   cmd->add_option("--expert-store", opt->experts.store,
                   "Where routed experts come from: auto (stream a packed model, memory otherwise), mmap, stream");
@@ -35,12 +34,12 @@ void add_model_options(CLI::App* cmd, ModelOptions* opt, bool require_model) {
   cmd->add_option("--max-memory", opt->experts.max_memory_gb,
                   "Memory budget of the whole process in GiB; caches are sized to stay under it")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--gpu-expert-cache", opt->gpu_expert_cache,
+  cmd->add_option("--gpu-expert-cache", opt->device.gpu_expert_cache,
                   "On the GPU (--device cuda or auto): VRAM for routed experts, in GB (e.g. 20) or as a share of all expert bytes "
                   "(e.g. 50%); the rest stay in pinned host memory, read over the host link and promoted to VRAM "
                   "when hot (default: all experts in VRAM)")
       ->type_name("GB|N%");
-  cmd->add_option("--gpu-host-cache", opt->gpu_host_cache,
+  cmd->add_option("--gpu-host-cache", opt->device.gpu_host_cache,
                   "With --gpu-expert-cache: pinned host memory for the experts outside VRAM, in GB or as a share of "
                   "all expert bytes (default: all of them); the others are read from the model's files when chosen "
                   "(each step waits for them; prompts go in chunks of host slots / top-k tokens)")
@@ -62,64 +61,26 @@ void finalize_model_options(ModelOptions* opt) {
     if (pct) *fraction = d / 100.0;
     else *gb = d;
   };
-  if (!opt->gpu_expert_cache.empty())
-    size("--gpu-expert-cache", opt->gpu_expert_cache, &opt->cuda.expert_cache_gb, &opt->cuda.expert_cache_fraction);
-  if (!opt->gpu_host_cache.empty()) {
-    size("--gpu-host-cache", opt->gpu_host_cache, &opt->cuda.host_cache_gb, &opt->cuda.host_cache_fraction);
-    if (opt->gpu_expert_cache.empty())
+  DeviceRequest& d = opt->device;
+  if (!d.gpu_expert_cache.empty())
+    size("--gpu-expert-cache", d.gpu_expert_cache, &d.gpu.expert_cache_gb, &d.gpu.expert_cache_fraction);
+  if (!d.gpu_host_cache.empty()) {
+    size("--gpu-host-cache", d.gpu_host_cache, &d.gpu.host_cache_gb, &d.gpu.host_cache_fraction);
+    if (d.gpu_expert_cache.empty())
       fail("--gpu-host-cache needs --gpu-expert-cache (without it every expert is in VRAM)");
   }
-  choose_device(opt);
+  settle_device(&d);
   opt->experts.policy = parse_cache_policy(opt->cache_policy);
 }
 
-std::string format_tier_stats(const CudaTierStats& s, int64_t tokens) {
-  if (!s.enabled) return "gpu expert cache: off (every expert in VRAM)";
-  const double all = double(std::max<uint64_t>(1, s.vram_hits + s.host_hits + s.disk_hits));
-  const bool disk = s.host_slots_per_layer < s.experts_per_layer;
-  char buf[768], where[160];
-  if (disk)
-    std::snprintf(where, sizeof where, "%d per layer in pinned host memory (%.2f GB), the rest read from disk",
-                  s.host_slots_per_layer, double(s.host_slots_per_layer) * s.layers * s.expert_bytes / 1e9);
-  else
-    std::snprintf(where, sizeof where, "the rest in pinned host memory (%.2f GB)",
-                  double(s.experts_per_layer) * s.layers * s.expert_bytes / 1e9);
-  std::snprintf(buf, sizeof buf,
-                "gpu expert cache: %d of %d experts per layer in VRAM (%.2f GB), %s\n  choices served: vram %llu "
-                "(%.1f%%), host %llu (%.1f%%), disk %llu (%.1f%%%s); promotions %llu (%.1f MB)",
-                s.slots_per_layer, s.experts_per_layer, double(s.slots_per_layer) * s.layers * s.expert_bytes / 1e9,
-                where, (unsigned long long)s.vram_hits, 100.0 * s.vram_hits / all, (unsigned long long)s.host_hits,
-                100.0 * s.host_hits / all, (unsigned long long)s.disk_hits, 100.0 * s.disk_hits / all,
-                disk ? "" : ", every expert is held in host memory", (unsigned long long)s.promotions,
-                double(s.promoted_bytes) / 1e6);
-  std::string out = buf;
-  if (tokens > 0) {
-    std::snprintf(buf, sizeof buf, "; %.1f MB per token over the host link",
-                  double(s.host_hits + s.disk_hits) * double(s.expert_bytes) / double(tokens) / 1e6);
-    out += buf;
-  }
-  return out;
-}
-
-void print_expert_stats(const ModelOptions& opt, const QwenModel& model, const char* label, const CudaModel* cuda) {
+void print_expert_stats(const ModelOptions& opt, const Backend& backend, const char* label) {
   if (!opt.stats) return;
-  if (cuda) {
-    std::fprintf(stderr, "%s %s\n", label, format_tier_stats(cuda->tier_stats()).c_str());
-    return;
-  }
-  const ModelConfig& c = model.config();
-  int64_t moe = 0;
-  for (bool b : c.layer_is_moe) moe += b ? 1 : 0;
-  std::fprintf(stderr, "%s %s\n  store: %s\n", label,
-               format_expert_stats(model.expert_store().stats(), moe, c.num_experts_per_tok).c_str(),
-               model.expert_store().describe().c_str());
+  std::fprintf(stderr, "%s %s\n", label, backend.expert_stats().c_str());
 }
 
-LoadedModel load_model(const ModelOptions& opt) {
-  LoadedModel m;
-  m.host = QwenModel::load(opt.model_dir, opt.experts);
-  m.cuda = place_model(opt, *m.host);
-  return m;
+std::unique_ptr<Backend> load_model(const ModelOptions& opt) {
+  std::shared_ptr<const QwenModel> host = QwenModel::load(opt.model_dir, opt.experts);
+  return open_backend(opt.device, std::move(host));
 }
 
 std::vector<int32_t> parse_ids(const std::string& s) {

@@ -6,6 +6,7 @@
 
 #include "cli/command.h"
 #include "core/error.h"
+#include "runtime/device.h"
 
 namespace flashmoe::cli {
 
@@ -37,6 +38,10 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const flashmoe::DeviceError& e) {
+    // The device's own message names what failed; the advice is the command line's.
+    std::fprintf(stderr, "flashmoe: error: %s; %s\n", e.what(), flashmoe::device_advice(e.kind()).c_str());
+    return 1;
   } catch (const flashmoe::Error& e) {
     std::fprintf(stderr, "flashmoe: error: %s\n", e.what());
     return 1;

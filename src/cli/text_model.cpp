@@ -12,8 +12,7 @@ TextModel load_text_model(const ModelOptions& opt) {
   if (files.tokenizer_json.empty())
     fail("no tokenizer.json found for " + path + " (looked in the model directory and next to it)");
   Tokenizer tok = Tokenizer::load(files.tokenizer_json);
-  LoadedModel lm = load_model(opt);
-  TextModel tm{files, std::move(lm.host), std::move(lm.cuda), std::move(tok), std::nullopt};
+  TextModel tm{files, load_model(opt), std::move(tok), std::nullopt};
   if (!files.tokenizer_config.empty()) {
     try {
       tm.chat.emplace(ChatTemplate::load(files.tokenizer_config));
@@ -31,7 +30,7 @@ const ChatTemplate& TextModel::chat_template() const {
 
 std::vector<int32_t> TextModel::eos_ids(bool chat_mode) const {
   std::vector<int32_t> ids;
-  for (int64_t e : model->config().eos_token_ids) ids.push_back(int32_t(e));
+  for (int64_t e : backend->config().eos_token_ids) ids.push_back(int32_t(e));
   if (chat) {
     int32_t e = tokenizer.token_id(chat->eos_token());
     if (e >= 0) ids.push_back(e);

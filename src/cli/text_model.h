@@ -4,10 +4,9 @@
 #include <optional>
 #include <string>
 
-#include "backend/cuda/cuda_model.h"
 #include "cli/common.h"
 #include "format/model_files.h"
-#include "model/qwen_model.h"
+#include "runtime/backend.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -15,8 +14,7 @@ namespace flashmoe::cli {
 
 struct TextModel {
   ModelFiles files;
-  std::unique_ptr<QwenModel> model;
-  std::unique_ptr<CudaModel> cuda;  // set with --device cuda
+  std::unique_ptr<Backend> backend;  // runs the model (runtime/device.h chose it)
   Tokenizer tokenizer;
   std::optional<ChatTemplate> chat;  // absent when there is no tokenizer_config.json template
 

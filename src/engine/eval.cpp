@@ -53,9 +53,8 @@ size_t eval_kv_bytes(const ModelConfig& cfg, const KvConfig& kv, int64_t tokens)
   return size_t(kv_cache_bytes(cfg, kv, tokens));
 }
 
-PerplexityResult eval_perplexity(const QwenModel& model, const std::vector<int32_t>& ids, const KvConfig& kv,
-                                 ThreadPool& pool, const PerplexityOptions& opt, const EvalProgress& progress,
-                                 const CudaModel* cuda) {
+PerplexityResult eval_perplexity(const Backend& model, const std::vector<int32_t>& ids, const KvConfig& kv,
+                                 ThreadPool& pool, const PerplexityOptions& opt, const EvalProgress& progress) {
   const int64_t W = opt.window_tokens;
   const int64_t ctx = model.config().max_position_embeddings;
   if (W < 2) fail("--window-tokens must be at least 2 (got " + std::to_string(W) + ")");
@@ -80,13 +79,13 @@ PerplexityResult eval_perplexity(const QwenModel& model, const std::vector<int32
     const std::vector<int32_t> win(ids.begin() + w * W, ids.begin() + (w + 1) * W);
     std::vector<float> logits;
     {
-      Session s(model, kv, pool, cuda);
+      Session s(model, kv, pool);
       logits = s.feed_all(win);
     }
     r.kv_bytes = std::max(r.kv_bytes, eval_kv_bytes(model.config(), kv, W));
     for (int64_t i = 0; i + 1 < W; ++i) nll += nll_of(logits.data() + i * V, V, win[size_t(i + 1)]);
     if (do_kl) {
-      Session ref(model, ref_kv, pool, cuda);
+      Session ref(model, ref_kv, pool);
       const std::vector<float> ref_logits = ref.feed_all(win);
       for (int64_t i = 0; i + 1 < W; ++i) kl += kl_of(ref_logits.data() + i * V, logits.data() + i * V, V);
     }
@@ -159,8 +158,8 @@ std::vector<RecallItem> load_recall_jsonl(const std::string& path) {
   return items;
 }
 
-RecallResult eval_recall(const QwenModel& model, const Tokenizer& tok, const std::vector<RecallItem>& items,
-                         const KvConfig& kv, ThreadPool& pool, const EvalProgress& progress, const CudaModel* cuda) {
+RecallResult eval_recall(const Backend& model, const Tokenizer& tok, const std::vector<RecallItem>& items,
+                         const KvConfig& kv, ThreadPool& pool, const EvalProgress& progress) {
   using Clock = std::chrono::steady_clock;
   const int64_t ctx = model.config().max_position_embeddings;
   RecallResult r;
@@ -172,7 +171,7 @@ RecallResult eval_recall(const QwenModel& model, const Tokenizer& tok, const std
     if (ctx > 0 && int64_t(prompt.size()) + n_gen > ctx)
       fail("recall item " + std::to_string(k + 1) + ": prompt of " + std::to_string(prompt.size()) +
            " tokens + " + std::to_string(n_gen) + " generated exceeds the model's context of " + std::to_string(ctx));
-    Session s(model, kv, pool, cuda);
+    Session s(model, kv, pool);
     s.feed(prompt);
     // The argmax after the prompt, then n_gen - 1 single-token steps, each
     // feeding the previous argmax (the last one is not fed).

@@ -10,10 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/cuda_model.h"
 #include "core/thread_pool.h"
 #include "kv/kv_config.h"
-#include "model/qwen_model.h"
+#include "runtime/backend.h"
 #include "tokenizer/tokenizer.h"
 
 namespace flashmoe {
@@ -45,11 +44,10 @@ struct PerplexityResult {
 // token i+1 given tokens 0..i, and (unless kv is the reference) the KL of
 // the next-token distribution against an f32 full-cache session over the
 // same window. Throws Error when the text is shorter than one window or the
-// window exceeds the model's context. With `cuda` (uploaded from `model`)
-// every session, the reference included, runs on that device.
-PerplexityResult eval_perplexity(const QwenModel& model, const std::vector<int32_t>& ids, const KvConfig& kv,
-                                 ThreadPool& pool, const PerplexityOptions& opt, const EvalProgress& progress = {},
-                                 const CudaModel* cuda = nullptr);
+// window exceeds the model's context. Every session, the reference
+// included, runs on `model`'s backend.
+PerplexityResult eval_perplexity(const Backend& model, const std::vector<int32_t>& ids, const KvConfig& kv,
+                                 ThreadPool& pool, const PerplexityOptions& opt, const EvalProgress& progress = {});
 
 // The KV bytes an eval reports for a sequence of `tokens`: bytes per
 // retained position x positions retained, as `kv-calc` computes them from
@@ -86,12 +84,10 @@ struct RecallResult {
 
 // For each item: feed the encoded prompt, greedily generate
 // (tokens of the answer + 2) tokens, and count it correct when the decoded
-// continuation starts with the answer. With `cuda` the sessions run on that
-// device (decoding through Session::greedy, on the device without host
-// round trips).
-RecallResult eval_recall(const QwenModel& model, const Tokenizer& tok, const std::vector<RecallItem>& items,
-                         const KvConfig& kv, ThreadPool& pool, const EvalProgress& progress = {},
-                         const CudaModel* cuda = nullptr);
+// continuation starts with the answer (decoding through Session::greedy,
+// on a GPU without host round trips).
+RecallResult eval_recall(const Backend& model, const Tokenizer& tok, const std::vector<RecallItem>& items,
+                         const KvConfig& kv, ThreadPool& pool, const EvalProgress& progress = {});
 
 // Tokens of a text file; throws Error for a missing or empty file.
 std::vector<int32_t> tokenize_file(const Tokenizer& tok, const std::string& path);

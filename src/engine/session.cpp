@@ -4,30 +4,12 @@
 
 namespace flashmoe {
 
-Session::Session(const QwenModel& model, const KvConfig& kv, ThreadPool& pool, const CudaModel* cuda,
-                 FifoMutex* device_mutex)
-    : model_(model), kv_(kv), pool_(pool), cuda_(cuda), device_mutex_(cuda ? device_mutex : nullptr) {
-  if (cuda_) {
-    DeviceGuard g(device_mutex_);
-    cstate_ = cuda_->new_state(kv);
-  } else {
-    state_ = model.new_state(kv);
-  }
-}
-
-Session::~Session() {
-  DeviceGuard g(device_mutex_);  // freeing device memory is a device call too
-  cstate_.reset();
-}
+Session::Session(const Backend& backend, const KvConfig& kv, ThreadPool& pool)
+    : backend_(backend), kv_(kv), pool_(pool), state_(backend.new_state(kv)) {}
 
 void Session::reset() {
-  if (cuda_) {
-    DeviceGuard g(device_mutex_);
-    cstate_.reset();  // before the new one: the device need not hold both
-    cstate_ = cuda_->new_state(kv_);
-  } else {
-    state_ = model_.new_state(kv_);
-  }
+  state_.reset();  // before the new one: a device need not hold both
+  state_ = backend_.new_state(kv_);
   tokens_.clear();
 }
 
@@ -35,47 +17,28 @@ std::vector<int32_t> Session::greedy(int64_t n) {
   std::vector<int32_t> out;
   if (n <= 0) return out;
   if (position() == 0) fail("greedy: feed a prompt first");
-  const int64_t V = model_.config().vocab_size;
+  const int64_t V = backend_.config().vocab_size;
   if (logits_.size() != size_t(V)) fail("greedy: no logits of the last token (feed with feed(), not feed_all())");
   out.push_back(argmax(logits_.data(), V));
   if (n == 1) return out;
-  if (cuda_) {
-    out.resize(size_t(n));
-    try {
-      DeviceGuard g(device_mutex_);
-      cuda_->decode_greedy(*cstate_, out[0], n - 1, out.data() + 1);
-    } catch (...) {
-      reset();  // the device state is part-way through the run (see run_forward)
-      throw;
-    }
-    if (record_tokens_) tokens_.insert(tokens_.end(), out.begin(), out.end() - 1);
-    return out;
+  out.resize(size_t(n));
+  try {
+    backend_.greedy(*state_, out[0], n - 1, out.data() + 1, pool_);
+  } catch (...) {
+    reset();  // the state is part-way through the run (see run_forward)
+    throw;
   }
-  for (int64_t i = 1; i < n; ++i) out.push_back(argmax(feed({out.back()}).data(), V));
+  if (record_tokens_) tokens_.insert(tokens_.end(), out.begin(), out.end() - 1);
   return out;
 }
 
-CudaStateImage Session::save_device() const {
-  if (!cuda_) fail("session snapshot: this session is not on a GPU");
-  DeviceGuard g(device_mutex_);
-  return cuda_->save_state(*cstate_);
-}
+SessionSnapshot Session::snapshot() const { return {tokens_, state_->snapshot()}; }
 
-void Session::restore(const CudaStateImage& image, const std::vector<int32_t>& tokens) {
-  if (!cuda_) fail("session snapshot: a GPU state cannot be restored into a CPU session");
-  if (image.pos != int64_t(tokens.size())) fail("session snapshot: position and token count disagree");
-  if (image.kv.describe() != kv_.describe()) fail("session snapshot: taken with another KV configuration");
-  DeviceGuard g(device_mutex_);
-  cstate_.reset();  // before the new one: the device need not hold both
-  cstate_ = cuda_->load_state(image);
-  tokens_ = tokens;
-}
-
-void Session::restore(const ModelState& state, const std::vector<int32_t>& tokens) {
-  if (cuda_) fail("session snapshot: a CPU state cannot be restored into a GPU session");
-  if (state.pos != int64_t(tokens.size())) fail("session snapshot: position and token count disagree");
-  state_ = state;
-  tokens_ = tokens;
+void Session::restore(const SessionSnapshot& snap) {
+  if (snap.state->position() != int64_t(snap.tokens.size()))
+    fail("session snapshot: position and token count disagree");
+  state_->restore(*snap.state);
+  tokens_ = snap.tokens;
 }
 
 // A forward pass that fails part-way (an expert file that cannot be read, a
@@ -86,12 +49,7 @@ void Session::restore(const ModelState& state, const std::vector<int32_t>& token
 // the conversation again from the start.
 void Session::run_forward(const std::vector<int32_t>& ids, LogitsMode mode, float* out) {
   try {
-    if (cuda_) {
-      DeviceGuard g(device_mutex_);
-      cuda_->forward(*cstate_, ids.data(), int64_t(ids.size()), mode, out);
-    } else {
-      model_.forward(state_, ids.data(), int64_t(ids.size()), mode, out, pool_);
-    }
+    backend_.forward(*state_, ids.data(), int64_t(ids.size()), mode, out, pool_);
   } catch (...) {
     try {
       reset();
@@ -103,7 +61,7 @@ void Session::run_forward(const std::vector<int32_t>& ids, LogitsMode mode, floa
 
 const std::vector<float>& Session::feed(const std::vector<int32_t>& ids) {
   if (ids.empty()) fail("nothing to feed: the token list is empty");
-  logits_.resize(size_t(model_.config().vocab_size));
+  logits_.resize(size_t(backend_.config().vocab_size));
   run_forward(ids, LogitsMode::Last, logits_.data());
   if (record_tokens_) tokens_.insert(tokens_.end(), ids.begin(), ids.end());
   return logits_;
@@ -111,9 +69,9 @@ const std::vector<float>& Session::feed(const std::vector<int32_t>& ids) {
 
 std::vector<float> Session::feed_all(const std::vector<int32_t>& ids) {
   if (ids.empty()) fail("nothing to feed: the token list is empty");
-  std::vector<float> out(ids.size() * size_t(model_.config().vocab_size));
+  const size_t V = size_t(backend_.config().vocab_size);
+  std::vector<float> out(ids.size() * V);
   run_forward(ids, LogitsMode::All, out.data());
-  const size_t V = size_t(model_.config().vocab_size);
   logits_.assign(out.end() - V, out.end());
   if (record_tokens_) tokens_.insert(tokens_.end(), ids.begin(), ids.end());
   return out;

@@ -1,26 +1,28 @@
-// One conversation with a loaded model: the model state plus the tokens fed
-// so far. Prefill and decode steps continue the same state.
+// One conversation with a loaded model: the backend's state plus the tokens
+// fed so far. Prefill and decode steps continue the same state.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
-#include "backend/cuda/cuda_model.h"
-#include "core/fifo_mutex.h"
 #include "core/thread_pool.h"
-#include "model/qwen_model.h"
+#include "runtime/backend.h"
 
 namespace flashmoe {
 
+// A conversation's state copied out of its backend, with the exact tokens
+// it has consumed (the server's conversation snapshots).
+struct SessionSnapshot {
+  std::vector<int32_t> tokens;
+  std::shared_ptr<const StateSnapshot> state;
+  size_t bytes() const { return state->bytes() + tokens.size() * sizeof(int32_t); }
+};
+
 class Session {
  public:
-  // With `cuda`, the forward pass runs on that device (its state lives
-  // there); the model must be the one `cuda` was uploaded from. A CudaModel
-  // runs one call at a time (one stream, shared scratch buffers): sessions
-  // that share it from several threads pass the same `device_mutex`, which
-  // every device call of theirs (state creation and release included) holds.
-  Session(const QwenModel& model, const KvConfig& kv, ThreadPool& pool, const CudaModel* cuda = nullptr,
-          FifoMutex* device_mutex = nullptr);
-  ~Session();
+  // Sessions of one backend may run on several threads at once (a backend
+  // that runs one call at a time serialises them itself).
+  Session(const Backend& backend, const KvConfig& kv, ThreadPool& pool);
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
@@ -30,7 +32,7 @@ class Session {
   std::vector<float> feed_all(const std::vector<int32_t>& ids);
 
   // Greedy continuation: the argmax after the tokens fed so far, then n-1
-  // more, each fed in turn (the last one is not fed). On CUDA without host
+  // more, each fed in turn (the last one is not fed). On a GPU without host
   // round trips. Needs at least one token fed before.
   std::vector<int32_t> greedy(int64_t n);
 
@@ -41,45 +43,27 @@ class Session {
   // never snapshotted and whose sampling reads no history (no penalties),
   // like `flashmoe run`'s.
   void set_record_tokens(bool on) { record_tokens_ = on; }
-  int64_t position() const { return cuda_ ? cstate_->position() : state_.pos; }
-  bool on_device() const { return cuda_ != nullptr; }
-  const ModelState& state() const { return state_; }
-  ModelState& state() { return state_; }
-  const QwenModel& model() const { return model_; }
+  int64_t position() const { return state_->position(); }
+  const State& state() const { return *state_; }
+  State& state() { return *state_; }
+  const Backend& backend() const { return backend_; }
   const KvConfig& kv_config() const { return kv_; }
   // Starts over: an empty state, no tokens. Also done by feed()/feed_all()
   // when the forward pass throws, since a half-run pass leaves the state
   // inconsistent with tokens().
   void reset();
-  // Replaces the state with a snapshot taken from a session of the same model
-  // and KV config, together with the tokens that snapshot has consumed.
-  void restore(const ModelState& state, const std::vector<int32_t>& tokens);
-  // The same for a session on the GPU: its state copied to host memory, and
-  // back from such a copy.
-  CudaStateImage save_device() const;
-  void restore(const CudaStateImage& image, const std::vector<int32_t>& tokens);
+  // The state and tokens copied out, and replaced by such a copy (taken
+  // from a session of the same backend and KV config).
+  SessionSnapshot snapshot() const;
+  void restore(const SessionSnapshot& snap);
 
  private:
   void run_forward(const std::vector<int32_t>& ids, LogitsMode mode, float* out);
 
-  const QwenModel& model_;
+  const Backend& backend_;
   KvConfig kv_;
   ThreadPool& pool_;
-  // Holds device_mutex_ (when there is one) for the scope.
-  struct DeviceGuard {
-    explicit DeviceGuard(FifoMutex* m) : m_(m) {
-      if (m_) m_->lock();
-    }
-    ~DeviceGuard() {
-      if (m_) m_->unlock();
-    }
-    FifoMutex* m_;
-  };
-
-  const CudaModel* cuda_;
-  FifoMutex* device_mutex_;
-  std::unique_ptr<CudaState> cstate_;
-  ModelState state_;  // host state (empty when on a device)
+  std::unique_ptr<State> state_;
   std::vector<int32_t> tokens_;
   bool record_tokens_ = true;
   std::vector<float> logits_;

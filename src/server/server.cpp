@@ -46,7 +46,8 @@ bool same_secret(const std::string& a, const std::string& b) {
 }
 
 bool out_of_device_memory(const std::exception& e) {
-  return std::string(e.what()).find("out of device memory") != std::string::npos;
+  const auto* d = dynamic_cast<const DeviceError*>(&e);
+  return d && d->kind() == DeviceFailure::OutOfMemory;
 }
 
 // What a client is told when the model fails on its request; the details
@@ -100,27 +101,15 @@ struct HttpServer::Impl {
   StateCache cache;
   Metrics metrics;
   std::atomic<bool> stopping{false};
-  // One CudaModel runs one call at a time (one stream, shared scratch
-  // buffers), so the slots' sessions take turns on it, call by call (a
-  // prompt, then each decoded token) in request order: --parallel N still
-  // lets a short request be answered while a long one streams, each slot
-  // keeping its own state on the device.
-  FifoMutex device_mutex;
 
   Impl(ServerConfig c, ServedModel model)
       : cfg(std::move(c)), m(std::move(model)), slots(cfg.parallel, cfg.queue, cfg.threads_per_slot),
         cache(cfg.state_cache, cfg.state_cache_bytes) {}
 
-  // The state bytes of a running request, for the gauges. On the device the
-  // state is not readable from here, so they are what the KV config and the
-  // model config say it holds (kv-calc's count), not what was allocated.
+  // The state bytes of a running request, for the gauges.
   void report(SlotPool::Lease& lease, const Session& s) const {
-    if (!s.on_device()) {
-      lease.report(int64_t(s.state().kv_bytes()), int64_t(s.state().recurrent_bytes()));
-      return;
-    }
-    const ModelConfig& c = m.model->config();
-    lease.report(kv_cache_bytes(c, m.kv, s.position()), kv_memory(c, m.kv).constant_bytes());
+    const StateBytes b = s.state().bytes();
+    lease.report(b.kv, b.recurrent);
   }
 
   // ---- request -> job ----
@@ -185,18 +174,19 @@ struct HttpServer::Impl {
   // finished conversation (prompt + answer) is stored too.
   Outcome run(Job& j, SlotPool::Lease& lease, const std::function<bool(const std::string&)>& on_text) {
     Outcome out;
-    Session s(*m.model, m.kv, lease.threads(), m.cuda, &device_mutex);
-    // A GPU session's snapshots are its device state copied to host memory.
-    const bool device = s.on_device();
+    // A backend that runs one call at a time takes the slots' calls in turn
+    // (a prompt, then each decoded token) in request order: --parallel N
+    // still lets a short request be answered while a long one streams.
+    Session s(*m.backend, m.kv, lease.threads());
     auto store = [&] {
-      if (cache.capacity() == 0) return;  // --state-cache 0: not even the copy
-      if (device) cache.put(s.tokens(), s.save_device());
-      else cache.put(s.tokens(), s.state());
+      // No copy that the cache would not keep (--state-cache 0, over the budget).
+      const StateBytes b = s.state().bytes();
+      if (!cache.would_keep(size_t(b.kv + b.recurrent) + s.tokens().size() * sizeof(int32_t))) return;
+      cache.put(s.snapshot());
     };
     size_t fed = 0;
     if (auto snap = cache.find(j.ids)) {
-      if (snap->on_device()) s.restore(snap->device, snap->tokens);
-      else s.restore(snap->state, snap->tokens);
+      s.restore(*snap);
       fed = snap->tokens.size();
       out.reused = int64_t(fed);
     }
@@ -346,7 +336,7 @@ struct HttpServer::Impl {
     g.slots_busy = slots.busy();
     g.slots_total = slots.slots();
     g.queue_waiting = slots.waiting();
-    ExpertStats es = m.model->expert_store().stats();
+    ExpertStats es = m.backend->model().expert_store().stats();
     g.expert_requested = es.requested;
     g.expert_hits = es.hits;
     g.expert_misses = es.misses;

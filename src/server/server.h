@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/cuda_model.h"
+#include "runtime/backend.h"
 #include "engine/sampler.h"
 #include "kv/kv_config.h"
 #include "model/qwen_model.h"
@@ -34,11 +34,7 @@ struct ServerConfig {
 // the server. The model and tokenizer are only read, from many threads.
 struct ServedModel {
   std::string id;                   // model id in requests and /v1/models
-  const QwenModel* model = nullptr;
-  // Set: the forward pass runs on this device. The server then serialises
-  // the device calls of its slots (see HttpServer::Impl::device_mutex); its
-  // conversation snapshots are the device states copied to host memory.
-  const CudaModel* cuda = nullptr;
+  const Backend* backend = nullptr;  // runs the forward pass of every slot
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat = nullptr;   // null: /v1/chat/completions answers 400
   KvConfig kv;

@@ -18,24 +18,9 @@ std::shared_ptr<const Snapshot> StateCache::find(const std::vector<int32_t>& pro
   return lru_.front();
 }
 
-void StateCache::put(std::vector<int32_t> tokens, const ModelState& state) {
-  if (capacity_ == 0 || tokens.empty()) return;
-  size_t size = state.kv_bytes() + state.recurrent_bytes() + tokens.size() * sizeof(int32_t);
-  if (size > max_bytes_) return;
-  // Copy outside the lock: a state copy can be large.
-  auto snap = std::make_shared<Snapshot>();
-  snap->tokens = std::move(tokens);
-  snap->state = state;
-  insert(std::move(snap));
-}
-
-void StateCache::put(std::vector<int32_t> tokens, CudaStateImage device) {
-  if (capacity_ == 0 || tokens.empty()) return;
-  auto snap = std::make_shared<Snapshot>();
-  snap->tokens = std::move(tokens);
-  snap->device = std::move(device);
-  if (snap->bytes() > max_bytes_) return;
-  insert(std::move(snap));
+void StateCache::put(Snapshot snap) {
+  if (snap.tokens.empty() || !would_keep(snap.bytes())) return;
+  insert(std::make_shared<Snapshot>(std::move(snap)));
 }
 
 void StateCache::insert(std::shared_ptr<Snapshot> snap) {

@@ -1,6 +1,6 @@
 // Conversation snapshots for reuse across requests. Hybrid models cannot
 // rewind a GatedDeltaNet state, so a plain prefix cache over KV entries does
-// not work: instead we keep whole ModelState copies taken at message
+// not work: instead we keep whole state copies (Session::snapshot) taken at message
 // boundaries, each with the exact token ids it has consumed. A request whose
 // prompt ids extend a snapshot's ids starts from a copy of that snapshot and
 // feeds only the suffix. The pool is bounded (LRU) by entry count and by
@@ -13,20 +13,11 @@
 #include <mutex>
 #include <vector>
 
-#include "backend/cuda/cuda_model.h"
-#include "model/model_state.h"
+#include "engine/session.h"
 
 namespace flashmoe::server {
 
-struct Snapshot {
-  std::vector<int32_t> tokens;  // what `state` has consumed, in order
-  ModelState state;             // a CPU session's state
-  CudaStateImage device;        // or a GPU session's, copied to host memory (device.buffers non-empty)
-  bool on_device() const { return !device.buffers.empty(); }
-  size_t bytes() const {
-    return state.kv_bytes() + state.recurrent_bytes() + device.bytes() + tokens.size() * sizeof(int32_t);
-  }
-};
+using Snapshot = SessionSnapshot;
 
 class StateCache {
  public:
@@ -37,11 +28,13 @@ class StateCache {
   // fresh logits), or null. A hit becomes the most recently used entry.
   std::shared_ptr<const Snapshot> find(const std::vector<int32_t>& prompt);
 
+  // Whether a snapshot of about `bytes` would be kept at all (capacity 0, or
+  // larger than the whole budget: no), so that callers skip the copy.
+  bool would_keep(size_t bytes) const { return capacity_ > 0 && bytes <= max_bytes_; }
   // Stores a snapshot (an entry with the same tokens is replaced); evicts the
   // least recently used entries beyond the capacity or the byte budget. No-op
-  // at capacity 0 or for a snapshot larger than the whole budget.
-  void put(std::vector<int32_t> tokens, const ModelState& state);
-  void put(std::vector<int32_t> tokens, CudaStateImage device);
+  // when would_keep says no, or for an empty token list.
+  void put(Snapshot snap);
 
   size_t capacity() const { return capacity_; }
   size_t size() const;

@@ -1,0 +1,107 @@
+// The runtime interface: what the engine, the server and the command line
+// see of a compute backend. A Backend runs the forward pass of one loaded
+// model on one device; a State is one conversation's position in it (KV
+// caches, GatedDeltaNet and conv states) wherever that device keeps it.
+// Nothing above this header knows which device it is: the CPU and CUDA
+// implementations live in runtime/cpu_backend.* and runtime/cuda_backend.*,
+// and runtime/device.h picks one.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "format/config.h"
+#include "kv/kv_config.h"
+#include "model/qwen_model.h"
+
+namespace flashmoe {
+
+// Memory a state holds, in bytes: the KV caches and the fixed-size
+// recurrent (GatedDeltaNet + conv) states.
+struct StateBytes {
+  int64_t kv = 0, recurrent = 0;
+};
+
+// A conversation's state copied out of its backend (to host memory), to be
+// restored later into a state of the same backend, model and KV config.
+class StateSnapshot {
+ public:
+  virtual ~StateSnapshot() = default;
+  virtual int64_t position() const = 0;
+  virtual size_t bytes() const = 0;  // host memory the copy holds
+};
+
+class State {
+ public:
+  virtual ~State() = default;
+  virtual int64_t position() const = 0;  // tokens consumed
+  virtual StateBytes bytes() const = 0;
+  virtual const KvConfig& kv() const = 0;
+  virtual std::unique_ptr<StateSnapshot> snapshot() const = 0;
+  // Replaces this state with a copy of `snap`; throws Error when it was taken
+  // from another backend or with another KV configuration.
+  virtual void restore(const StateSnapshot& snap) = 0;
+  // The positions the KV cache of attention layer `layer` (0-based among the
+  // attention layers) holds, ascending (tests of the retention policies).
+  virtual std::vector<int64_t> kv_positions(int layer) const = 0;
+};
+
+// Counters of where routed experts came from (--stats): the expert store on
+// the CPU, the VRAM / host / disk tiers on a GPU.
+struct ExpertTierStats {
+  bool enabled = false;
+  uint64_t vram_hits = 0, host_hits = 0, disk_hits = 0;
+  uint64_t promotions = 0, promoted_bytes = 0;
+  int layers = 0, experts_per_layer = 0, slots_per_layer = 0, host_slots_per_layer = 0;
+  int64_t expert_bytes = 0;  // one expert: gate + up + down
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual const char* kind() const = 0;           // "cpu" or "cuda"
+  virtual std::string device_name() const = 0;    // e.g. "cpu" or "NVIDIA H200"
+  // "cpu", or the kind with the device's name: "cuda (NVIDIA H200)".
+  std::string label() const {
+    const std::string k = kind(), n = device_name();
+    return n == k ? k : k + " (" + n + ")";
+  }
+  virtual const ModelConfig& config() const = 0;
+  // The host model: config, weights (views of the files), expert store.
+  virtual const QwenModel& model() const = 0;
+
+  // A state for this KV configuration (every dtype and retention policy).
+  virtual std::unique_ptr<State> new_state(const KvConfig& kv) const = 0;
+
+  // Feeds n tokens to `st`. LogitsMode::All: logits receives [n, vocab];
+  // Last: [vocab] for the last token; None: nothing. Ids outside the
+  // vocabulary are an Error before the state is touched. `pool`: the host
+  // threads the call may use. Safe to call from several threads on
+  // different states (a backend that runs one call at a time serialises
+  // them itself, in arrival order).
+  virtual void forward(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits,
+                       ThreadPool& pool) const = 0;
+  // forward() that also returns the residual stream after each layer
+  // ([L+1][n*H]): `flashmoe logits --hidden`, a debugging aid only the CPU
+  // backend implements (the others throw Error).
+  virtual void forward_capturing(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits,
+                                 ThreadPool& pool, std::vector<std::vector<float>>* hidden) const;
+  // Greedy decoding: feeds `first`, then each argmax in turn, n steps; out
+  // receives the n argmax ids (on a GPU without a host round trip per token).
+  virtual void greedy(State& st, int32_t first, int64_t n, int32_t* out, ThreadPool& pool) const = 0;
+
+  // Bytes of weights the backend holds, and that one decoded token reads.
+  virtual int64_t weight_bytes_total() const = 0;
+  virtual int64_t weight_bytes_per_token() const = 0;
+
+  // --stats: one line (or a few) on where the routed experts came from since
+  // the last reset; `tokens` > 0 adds per-token figures.
+  virtual std::string expert_stats(int64_t tokens = 0) const = 0;
+  virtual ExpertTierStats tier_stats() const { return {}; }
+  virtual void reset_expert_stats() const = 0;
+};
+
+}  // namespace flashmoe

@@ -1,0 +1,107 @@
+#include "runtime/cpu_backend.h"
+
+#include "core/error.h"
+#include "model/weight_bytes.h"
+
+namespace flashmoe {
+
+namespace {
+
+class CpuSnapshot final : public StateSnapshot {
+ public:
+  CpuSnapshot(const ModelState& s, const KvConfig& kv) : state(s), kv(kv) {}
+  int64_t position() const override { return state.pos; }
+  size_t bytes() const override { return state.kv_bytes() + state.recurrent_bytes(); }
+  ModelState state;
+  KvConfig kv;
+};
+
+class CpuState final : public State {
+ public:
+  CpuState(ModelState s, const KvConfig& kv) : state(std::move(s)), kv_(kv) {}
+  int64_t position() const override { return state.pos; }
+  StateBytes bytes() const override { return {int64_t(state.kv_bytes()), int64_t(state.recurrent_bytes())}; }
+  const KvConfig& kv() const override { return kv_; }
+  std::unique_ptr<StateSnapshot> snapshot() const override { return std::make_unique<CpuSnapshot>(state, kv_); }
+  void restore(const StateSnapshot& snap) override {
+    const auto* s = dynamic_cast<const CpuSnapshot*>(&snap);
+    if (!s) fail("state snapshot: taken on another device");
+    if (s->kv.describe() != kv_.describe()) fail("state snapshot: taken with another KV configuration");
+    state = s->state;
+  }
+  std::vector<int64_t> kv_positions(int layer) const override {
+    if (layer < 0 || size_t(layer) >= state.kv.size()) fail("kv_positions: no attention layer " + std::to_string(layer));
+    return state.kv[size_t(layer)].positions();
+  }
+  ModelState state;
+
+ private:
+  KvConfig kv_;
+};
+
+CpuState& cpu_state(State& st) {
+  auto* s = dynamic_cast<CpuState*>(&st);
+  if (!s) fail("CPU backend: the state belongs to another device");
+  return *s;
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(std::shared_ptr<const QwenModel> model) : model_(std::move(model)) {}
+
+const ModelConfig& CpuBackend::config() const { return model_->config(); }
+
+std::unique_ptr<State> CpuBackend::new_state(const KvConfig& kv) const {
+  return std::make_unique<CpuState>(model_->new_state(kv), kv);
+}
+
+const ModelState& CpuBackend::host_state(const State& st) {
+  const auto* s = dynamic_cast<const CpuState*>(&st);
+  if (!s) fail("CPU backend: the state belongs to another device");
+  return s->state;
+}
+
+void CpuBackend::forward(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits,
+                         ThreadPool& pool) const {
+  forward_capturing(st, ids, n, mode, logits, pool, nullptr);
+}
+
+void CpuBackend::forward_capturing(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits,
+                                   ThreadPool& pool, std::vector<std::vector<float>>* hidden) const {
+  ModelState& s = cpu_state(st).state;
+  if (!hidden) return model_->forward(s, ids, n, mode, logits, pool);
+  model_->set_capture_hidden(true);
+  model_->forward(s, ids, n, mode, logits, pool);
+  *hidden = model_->captured_hidden();
+  model_->set_capture_hidden(false);
+}
+
+void CpuBackend::greedy(State& st, int32_t first, int64_t n, int32_t* out, ThreadPool& pool) const {
+  const int64_t V = config().vocab_size;
+  std::vector<float> logits(static_cast<size_t>(V));
+  int32_t next = first;
+  for (int64_t i = 0; i < n; ++i) {
+    forward(st, &next, 1, LogitsMode::Last, logits.data(), pool);
+    int64_t best = 0;
+    for (int64_t v = 1; v < V; ++v)
+      if (logits[size_t(v)] > logits[size_t(best)]) best = v;
+    out[i] = next = int32_t(best);
+  }
+}
+
+int64_t CpuBackend::weight_bytes_total() const { return count_weight_bytes(config(), model_->weights()).total; }
+int64_t CpuBackend::weight_bytes_per_token() const {
+  return count_weight_bytes(config(), model_->weights()).per_token;
+}
+
+std::string CpuBackend::expert_stats(int64_t) const {
+  const ModelConfig& c = config();
+  int64_t moe = 0;
+  for (bool b : c.layer_is_moe) moe += b ? 1 : 0;
+  return format_expert_stats(model_->expert_store().stats(), moe, c.num_experts_per_tok) + "\n  store: " +
+         model_->expert_store().describe();
+}
+
+void CpuBackend::reset_expert_stats() const { model_->expert_store().reset_stats(); }
+
+}  // namespace flashmoe

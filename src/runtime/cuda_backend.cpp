@@ -1,0 +1,216 @@
+#include "runtime/cuda_backend.h"
+
+#include <optional>
+
+#include "backend/cuda/cuda_model.h"
+#include "core/error.h"
+#include "core/fifo_mutex.h"
+#include "kv/memory_calc.h"
+#include "runtime/cuda_backend_impl.h"
+
+namespace flashmoe {
+
+namespace {
+
+class CudaSnapshot final : public StateSnapshot {
+ public:
+  explicit CudaSnapshot(CudaStateImage img) : image(std::move(img)) {}
+  int64_t position() const override { return image.pos; }
+  size_t bytes() const override { return image.bytes(); }
+  CudaStateImage image;
+};
+
+// Holds the backend's call lock for a scope.
+struct CallGuard {
+  explicit CallGuard(FifoMutex& m) : m_(m) { m_.lock(); }
+  ~CallGuard() { m_.unlock(); }
+  FifoMutex& m_;
+};
+
+class CudaBackendState final : public State {
+ public:
+  CudaBackendState(const CudaBackend& b, const KvConfig& kv) : b_(b), kv_(kv) {
+    CallGuard g(b_.call_lock());
+    st = b_.device().new_state(kv);
+  }
+  ~CudaBackendState() override {
+    CallGuard g(b_.call_lock());  // freeing device memory is a device call too
+    st.reset();
+  }
+  int64_t position() const override { return st->position(); }
+  // The device state is not readable from the host: what the KV config and
+  // the model config say it holds (kv-calc's count), not what was allocated.
+  StateBytes bytes() const override {
+    const ModelConfig& c = b_.config();
+    return {kv_cache_bytes(c, kv_, position()), kv_memory(c, kv_).constant_bytes()};
+  }
+  const KvConfig& kv() const override { return kv_; }
+  std::unique_ptr<StateSnapshot> snapshot() const override {
+    CallGuard g(b_.call_lock());
+    return std::make_unique<CudaSnapshot>(b_.device().save_state(*st));
+  }
+  void restore(const StateSnapshot& snap) override {
+    const auto* s = dynamic_cast<const CudaSnapshot*>(&snap);
+    if (!s) fail("state snapshot: taken on another device");
+    if (s->image.kv.describe() != kv_.describe()) fail("state snapshot: taken with another KV configuration");
+    CallGuard g(b_.call_lock());
+    st.reset();  // before the new one: the device need not hold both
+    st = b_.device().load_state(s->image);
+  }
+  std::vector<int64_t> kv_positions(int layer) const override {
+    CallGuard g(b_.call_lock());
+    return b_.device().kv_positions(*st, layer);
+  }
+  std::unique_ptr<CudaState> st;
+
+ private:
+  const CudaBackend& b_;
+  KvConfig kv_;
+};
+
+CudaBackendState& device_state(State& st) {
+  auto* s = dynamic_cast<CudaBackendState*>(&st);
+  if (!s) fail("CUDA backend: the state belongs to another device");
+  return *s;
+}
+
+CudaOptions to_cuda(const GpuCacheOptions& o) {
+  CudaOptions c;
+  c.expert_cache_gb = o.expert_cache_gb;
+  c.expert_cache_fraction = o.expert_cache_fraction;
+  c.host_cache_gb = o.host_cache_gb;
+  c.host_cache_fraction = o.host_cache_fraction;
+  return c;
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(std::shared_ptr<const QwenModel> host, std::shared_ptr<CudaModel> device)
+    : host_(std::move(host)), device_(std::move(device)) {}
+CudaBackend::~CudaBackend() = default;
+
+const ModelConfig& CudaBackend::config() const { return device_->config(); }
+std::string CudaBackend::device_name() const { return device_->device_name(); }
+
+const QwenModel& CudaBackend::model() const {
+  if (!host_) fail("this model was built on the GPU (synthetic): it has no host weights");
+  return *host_;
+}
+
+std::unique_ptr<State> CudaBackend::new_state(const KvConfig& kv) const {
+  return std::make_unique<CudaBackendState>(*this, kv);
+}
+
+void CudaBackend::forward(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits,
+                          ThreadPool&) const {
+  CudaBackendState& s = device_state(st);
+  CallGuard g(lock_);
+  device_->forward(*s.st, ids, n, mode, logits);
+}
+
+void CudaBackend::greedy(State& st, int32_t first, int64_t n, int32_t* out, ThreadPool&) const {
+  CudaBackendState& s = device_state(st);
+  CallGuard g(lock_);
+  device_->decode_greedy(*s.st, first, n, out);
+}
+
+int64_t CudaBackend::weight_bytes_total() const { return device_->weight_bytes_total(); }
+int64_t CudaBackend::weight_bytes_per_token() const { return device_->weight_bytes_per_token(); }
+
+ExpertTierStats CudaBackend::tier_stats() const {
+  CallGuard g(lock_);
+  const CudaTierStats t = device_->tier_stats();
+  ExpertTierStats s;
+  s.enabled = t.enabled;
+  s.vram_hits = t.vram_hits, s.host_hits = t.host_hits, s.disk_hits = t.disk_hits;
+  s.promotions = t.promotions, s.promoted_bytes = t.promoted_bytes;
+  s.layers = t.layers, s.experts_per_layer = t.experts_per_layer, s.slots_per_layer = t.slots_per_layer;
+  s.host_slots_per_layer = t.host_slots_per_layer;
+  s.expert_bytes = t.expert_bytes;
+  return s;
+}
+
+std::string CudaBackend::expert_stats(int64_t tokens) const { return format_tier_stats(tier_stats(), tokens); }
+
+void CudaBackend::reset_expert_stats() const {
+  CallGuard g(lock_);
+  device_->reset_tier_stats();
+}
+
+CudaModel& CudaBackend::device_for_bench() const { return *device_; }
+CudaState& CudaBackend::device_state_for_bench(State& st) { return *device_state(st).st; }
+
+std::string format_tier_stats(const ExpertTierStats& s, int64_t tokens) {
+  if (!s.enabled) return "gpu expert cache: off (every expert in VRAM)";
+  const double all = double(std::max<uint64_t>(1, s.vram_hits + s.host_hits + s.disk_hits));
+  const bool disk = s.host_slots_per_layer < s.experts_per_layer;
+  char buf[768], where[160];
+  if (disk)
+    std::snprintf(where, sizeof where, "%d per layer in pinned host memory (%.2f GB), the rest read from disk",
+                  s.host_slots_per_layer, double(s.host_slots_per_layer) * s.layers * s.expert_bytes / 1e9);
+  else
+    std::snprintf(where, sizeof where, "the rest in pinned host memory (%.2f GB)",
+                  double(s.experts_per_layer) * s.layers * s.expert_bytes / 1e9);
+  std::snprintf(buf, sizeof buf,
+                "gpu expert cache: %d of %d experts per layer in VRAM (%.2f GB), %s\n  choices served: vram %llu "
+                "(%.1f%%), host %llu (%.1f%%), disk %llu (%.1f%%%s); promotions %llu (%.1f MB)",
+                s.slots_per_layer, s.experts_per_layer, double(s.slots_per_layer) * s.layers * s.expert_bytes / 1e9,
+                where, (unsigned long long)s.vram_hits, 100.0 * s.vram_hits / all, (unsigned long long)s.host_hits,
+                100.0 * s.host_hits / all, (unsigned long long)s.disk_hits, 100.0 * s.disk_hits / all,
+                disk ? "" : ", every expert is held in host memory", (unsigned long long)s.promotions,
+                double(s.promoted_bytes) / 1e6);
+  std::string out = buf;
+  if (tokens > 0) {
+    std::snprintf(buf, sizeof buf, "; %.1f MB per token over the host link",
+                  double(s.host_hits + s.disk_hits) * double(s.expert_bytes) / double(tokens) / 1e6);
+    out += buf;
+  }
+  return out;
+}
+
+Obstacle cuda_presence() {
+  std::string why;
+  if (CudaModel::available(&why)) return {};
+  // available() words a GPU that is present but too old as "GPU 0 (...) has
+  // compute capability ..."; anything else means no device at all.
+  return {why.rfind("GPU ", 0) == 0 ? ObstacleCode::OldDevice : ObstacleCode::NoDevice, why};
+}
+
+Obstacle cuda_weight_obstacle(const QwenModel& m) {
+  // Routed experts in any format (checkpoint, packed bf16/q8/q4, mmapped or
+  // streamed) are read through the expert store at upload; the other
+  // weights must be floats or q8/q4 (an MLX checkpoint's, dequantised to
+  // f32 at upload).
+  std::optional<DType> other;
+  auto check = [&](const Matrix& x) {
+    if (x.empty() || x.quantized()) return;
+    if (x.dtype != DType::F32 && x.dtype != DType::F16 && x.dtype != DType::BF16) other = x.dtype;
+  };
+  auto check_ffn = [&](const FfnExpert& e) {
+    check(e.gate);
+    check(e.up);
+    check(e.down);
+  };
+  const ModelWeights& w = m.weights();
+  check(w.embed);
+  check(w.lm_head);
+  for (const LayerWeights& l : w.layers) {
+    for (const Matrix* x : {&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj, &l.attn.o_proj, &l.lin.out_proj,
+                            &l.ffn.router, &l.ffn.shared_gate})
+      check(*x);
+    for (const Matrix& x : l.lin.in_proj.stored) check(x);
+    check_ffn(l.ffn.shared);
+    check_ffn(l.ffn.dense);
+  }
+  if (other)
+    return {ObstacleCode::WeightType, std::string("weights stored as ") + dtype_name(*other) +
+                                          " (the CUDA backend reads bf16, f16 and f32)"};
+  return {};
+}
+
+std::unique_ptr<Backend> make_cuda_backend(std::shared_ptr<const QwenModel> model, const GpuCacheOptions& o) {
+  std::unique_ptr<CudaModel> device = CudaModel::upload(*model, to_cuda(o));
+  return std::make_unique<CudaBackend>(std::move(model), std::move(device));
+}
+
+}  // namespace flashmoe

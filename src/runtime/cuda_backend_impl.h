@@ -1,0 +1,47 @@
+// The CUDA backend class, for the runtime's own files (cuda_backend.cpp and
+// bench_support.cpp); everything above the runtime sees it as a Backend.
+#pragma once
+#include <memory>
+
+#include "backend/cuda/cuda_model.h"
+#include "core/fifo_mutex.h"
+#include "runtime/backend.h"
+
+namespace flashmoe {
+
+class CudaBackend final : public Backend {
+ public:
+  // `host` may be null for a model built on the device (bench --synthetic).
+  CudaBackend(std::shared_ptr<const QwenModel> host, std::shared_ptr<CudaModel> device);
+  ~CudaBackend() override;
+
+  const char* kind() const override { return "cuda"; }
+  std::string device_name() const override;
+  const ModelConfig& config() const override;
+  const QwenModel& model() const override;
+  std::unique_ptr<State> new_state(const KvConfig& kv) const override;
+  void forward(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits,
+               ThreadPool& pool) const override;
+  void greedy(State& st, int32_t first, int64_t n, int32_t* out, ThreadPool& pool) const override;
+  int64_t weight_bytes_total() const override;
+  int64_t weight_bytes_per_token() const override;
+  std::string expert_stats(int64_t tokens = 0) const override;
+  ExpertTierStats tier_stats() const override;
+  void reset_expert_stats() const override;
+
+  const CudaModel& device() const { return *device_; }
+  FifoMutex& call_lock() const { return lock_; }
+  // The benchmark's direct access (graph switch, probes, per-kernel profile).
+  CudaModel& device_for_bench() const;
+  static CudaState& device_state_for_bench(State& st);
+
+ private:
+  std::shared_ptr<const QwenModel> host_;
+  std::shared_ptr<CudaModel> device_;
+  mutable FifoMutex lock_;
+};
+
+// "gpu expert cache: 12 of 64 experts per layer in VRAM (...), ..." for --stats.
+std::string format_tier_stats(const ExpertTierStats& s, int64_t tokens = 0);
+
+}  // namespace flashmoe
