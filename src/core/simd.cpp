@@ -1,10 +1,9 @@
-#include "backend/cpu/simd.h"
+#include "core/simd.h"
 
 #include <cstdlib>
 #include <cstring>
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
 #include <immintrin.h>
 #define FLASHMOE_X86 1
 #define AVX2_FN __attribute__((target("avx2,fma,f16c")))
@@ -143,21 +142,6 @@ AVX2_FN void axpy_avx2(float alpha, const float* x, float* y, int64_t n) {
 
 }  // namespace
 #endif
-
-bool has_avx2() {
-#ifdef FLASHMOE_X86
-  // FLASHMOE_NO_AVX2=1 forces the portable kernels (to test them on AVX2 machines).
-  // F16C is read from CPUID directly: clang before 15 rejects
-  // __builtin_cpu_supports("f16c").
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
-  }() && !std::getenv("FLASHMOE_NO_AVX2");
-  return ok;
-#else
-  return false;
-#endif
-}
 
 void to_f32(DType t, const void* src, int64_t n, float* out) {
 #ifdef FLASHMOE_X86

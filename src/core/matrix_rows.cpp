@@ -1,7 +1,7 @@
-#include "backend/cpu/matmul_quant.h"
+#include "core/matrix_rows.h"
 
-#include "backend/cpu/simd.h"
 #include "core/error.h"
+#include "core/simd.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -121,6 +121,12 @@ float quant_dot_row(const Matrix& W, int64_t r, const float* x) {
   if (simd::has_avx2()) return dot_avx2(W, r, x);
 #endif
   return dot_generic(W, r, x);
+}
+
+void load_row(const Matrix& W, int64_t r, float* out) {
+  if (W.quantized()) return quant_dequant_row(W, r, out);
+  const uint8_t* row = static_cast<const uint8_t*>(W.data) + size_t(r) * W.row_bytes();
+  simd::to_f32(W.dtype, row, W.cols, out);
 }
 
 // Exposed for the tests: the portable kernels, whatever the CPU.

@@ -1,9 +1,10 @@
-// Kernels used by the KV cache's attention (src/kv): widening of stored
-// K/V rows to fp32, with an AVX2 path chosen at run time.
+// Kernels of the KV cache's attention (kv_cache.cpp): FP8 K/V rows widened to
+// fp32, the softmax's exponentials, the weighted sum of value rows; each with
+// an AVX2 path chosen at run time (core/cpu_features.h).
 #pragma once
 #include <cstdint>
 
-namespace flashmoe::cpu::simd {
+namespace flashmoe::kv_kernels {
 
 // out[i] = value(src[i]) * scale, value() the OCP E4M3 decoding (NaN codes
 // stay NaN). The product is rounded once, as decode(c) * scale in fp32.
@@ -17,4 +18,4 @@ float exp_shifted_sum(float* x, int64_t n, float max);
 // of a tile of value rows, kept in registers across the rows.
 void weighted_rows_acc(const float* rows, int64_t ld, const float* w, int64_t nrows, float* out, int64_t n);
 
-}  // namespace flashmoe::cpu::simd
+}  // namespace flashmoe::kv_kernels

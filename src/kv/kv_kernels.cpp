@@ -1,8 +1,8 @@
-#include "backend/cpu/simd_kv.h"
+#include "kv/kv_kernels.h"
 
 #include <cmath>
 
-#include "backend/cpu/simd.h"
+#include "core/cpu_features.h"
 #include "kv/fp8_e4m3.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -11,7 +11,7 @@
 #define AVX2_FN __attribute__((target("avx2,fma,f16c")))
 #endif
 
-namespace flashmoe::cpu::simd {
+namespace flashmoe::kv_kernels {
 
 #ifdef FLASHMOE_X86
 namespace {
@@ -110,7 +110,7 @@ AVX2_FN void weighted_rows_acc_avx2(const float* rows, int64_t ld, const float* 
 
 void weighted_rows_acc(const float* rows, int64_t ld, const float* w, int64_t nrows, float* out, int64_t n) {
 #ifdef FLASHMOE_X86
-  if (has_avx2()) return weighted_rows_acc_avx2(rows, ld, w, nrows, out, n);
+  if (avx2_available()) return weighted_rows_acc_avx2(rows, ld, w, nrows, out, n);
 #endif
   for (int64_t r = 0; r < nrows; ++r)
     for (int64_t i = 0; i < n; ++i) out[i] += w[r] * rows[r * ld + i];
@@ -118,7 +118,7 @@ void weighted_rows_acc(const float* rows, int64_t ld, const float* w, int64_t nr
 
 void fp8_e4m3_to_f32(const uint8_t* src, int64_t n, float scale, float* out) {
 #ifdef FLASHMOE_X86
-  if (has_avx2()) return fp8_to_f32_avx2(src, n, scale, out);
+  if (avx2_available()) return fp8_to_f32_avx2(src, n, scale, out);
 #endif
   const float* table = fp8::e4m3_table();
   for (int64_t i = 0; i < n; ++i) out[i] = table[src[i]] * scale;
@@ -126,11 +126,11 @@ void fp8_e4m3_to_f32(const uint8_t* src, int64_t n, float scale, float* out) {
 
 float exp_shifted_sum(float* x, int64_t n, float max) {
 #ifdef FLASHMOE_X86
-  if (has_avx2()) return exp_shifted_sum_avx2(x, n, max);
+  if (avx2_available()) return exp_shifted_sum_avx2(x, n, max);
 #endif
   float sum = 0.0f;
   for (int64_t i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] - max));
   return sum;
 }
 
-}  // namespace flashmoe::cpu::simd
+}  // namespace flashmoe::kv_kernels

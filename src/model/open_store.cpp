@@ -1,4 +1,6 @@
-#include "experts/open_store.h"
+#include "model/open_store.h"
+
+#include <utility>
 
 #include "core/error.h"
 #include "experts/manifest.h"
@@ -22,7 +24,9 @@ std::unique_ptr<ExpertStore> open_expert_store(const std::string& dir, const Mod
         eb = e.gate.nbytes() + e.up.nbytes() + e.down.nbytes();
         break;
       }
-    return make_weights_store(w, eb);
+    LayerExpertViews layers;
+    for (const auto& l : w.layers) layers.push_back(&l.ffn.experts);
+    return make_weights_store(std::move(layers), eb);
   }
   PackedManifest m = read_manifest(dir, cfg);
   if (opt.store == "mmap") {

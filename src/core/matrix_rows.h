@@ -1,12 +1,18 @@
-// Kernels for group-wise affine quantised weights (Matrix::quant q8 / q4):
-// the weights are dequantised on the fly, a group of 64 at a time, so a
-// quantised expert is read from memory at 1/2 or 1/4 the bytes of bf16.
+// Rows of a weight Matrix in fp32, whatever its storage: widened from
+// bf16 / f16 / f32 (core/simd.h), or dequantised from group-wise affine q8 / q4
+// (Matrix::quant) on the fly, a group of 64 at a time, so a quantised expert
+// is read from memory at 1/2 or 1/4 the bytes of bf16. AVX2 paths chosen at
+// run time. Used by the CPU backend's products, the expert packer (experts/
+// quantize.cpp) and the CUDA backend's upload.
 #pragma once
 #include <cstdint>
 
 #include "core/matrix.h"
 
 namespace flashmoe::cpu {
+
+// Row r of W (any storage) as fp32 (out: W.cols floats).
+void load_row(const Matrix& W, int64_t r, float* out);
 
 // Row r of a quantised W as fp32 (out: W.cols floats).
 void quant_dequant_row(const Matrix& W, int64_t r, float* out);

@@ -1,5 +1,6 @@
 // Picks and builds the expert store for a model directory: in memory for a
-// plain HF checkpoint, streaming (or mmapped, on request) for a packed one.
+// plain HF checkpoint (the experts in `w`, which must outlive the store),
+// streaming (or mmapped, on request) for a packed one.
 #pragma once
 #include <memory>
 #include <string>
@@ -8,6 +9,7 @@
 #include "experts/memory_budget.h"
 #include "format/checkpoint.h"
 #include "format/config.h"
+#include "model/weights.h"
 
 namespace flashmoe {
 

@@ -3,11 +3,13 @@
 #pragma once
 #include <cstdint>
 
+#include "core/cpu_features.h"
 #include "core/dtype.h"
 
 namespace flashmoe::cpu::simd {
 
-bool has_avx2();
+// Whether the AVX2 paths are taken (core/cpu_features.h).
+inline bool has_avx2() { return avx2_available(); }
 
 // Widens n elements of type t to fp32.
 void to_f32(DType t, const void* src, int64_t n, float* out);
