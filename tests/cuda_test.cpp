@@ -7,9 +7,9 @@
 #include "backend/cuda/cuda_model.h"
 #include "core/error.h"
 #include "engine/session.h"
-#include "experts/pack.h"
 #include "kv/presets.h"
 #include "mlx_checkpoint.h"
+#include "model/pack_model.h"
 #include "test_util.h"
 
 using namespace flashmoe;

@@ -8,11 +8,11 @@
 #include "core/error.h"
 #include "core/mapped_file.h"
 #include "experts/manifest.h"
-#include "experts/pack.h"
 #include "experts/quantize.h"
 #include "experts_test_util.h"
 #include "format/checkpoint.h"
 #include "mlx_checkpoint.h"
+#include "model/pack_model.h"
 #include "test_util.h"
 
 using namespace flashmoe;

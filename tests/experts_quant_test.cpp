@@ -6,8 +6,8 @@
 #include <random>
 
 #include "backend/cpu/matmul.h"
-#include "backend/cpu/matmul_quant.h"
 #include "core/error.h"
+#include "core/matrix_rows.h"
 #include "core/xxhash64.h"
 #include <cstring>
 #include "experts/quantize.h"

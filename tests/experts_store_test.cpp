@@ -10,8 +10,8 @@
 #include "core/mapped_file.h"
 #include "experts/expert_cache.h"
 #include "experts/manifest.h"
-#include "experts/pack.h"
 #include "experts_test_util.h"
+#include "model/pack_model.h"
 
 using namespace flashmoe;
 using namespace flashmoe::testing;

@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "backend/cpu/simd_kv.h"
+#include "kv/kv_kernels.h"
 #include "kv/fp8_e4m3.h"
 
 using namespace flashmoe;
@@ -144,7 +144,7 @@ TEST(Fp8E4M3, SimdDecodeMatchesTable) {
   for (int c = 0; c < 256; ++c) codes[size_t(c)] = uint8_t(c);
   for (float scale : {1.0f, 0.0123f, 3.7f}) {
     std::vector<float> out(codes.size());
-    cpu::simd::fp8_e4m3_to_f32(codes.data(), int64_t(codes.size()), scale, out.data());
+    kv_kernels::fp8_e4m3_to_f32(codes.data(), int64_t(codes.size()), scale, out.data());
     for (size_t i = 0; i < codes.size(); ++i) {
       const float want = e4m3_decode(codes[i]) * scale;
       if (std::isnan(want)) EXPECT_TRUE(std::isnan(out[i])) << "code " << int(codes[i]);

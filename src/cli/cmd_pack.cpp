@@ -9,7 +9,7 @@
 #include "format/model_files.h"
 #include "core/error.h"
 #include "experts/expert_layout.h"
-#include "experts/pack.h"
+#include "model/pack_model.h"
 
 namespace flashmoe::cli {
 namespace {

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "core/matrix.h"
-#include "model/weights.h"
+#include "experts/ffn_expert.h"
 
 namespace flashmoe {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "model/weights.h"
+#include "experts/ffn_expert.h"
 
 namespace flashmoe {
 

@@ -1,6 +1,7 @@
 #include "experts/memory_store.h"
 
 #include <mutex>
+#include <utility>
 
 #include "core/error.h"
 #include "core/mapped_file.h"
@@ -43,19 +44,20 @@ class InMemoryStore : public ExpertStore {
 
 class WeightsStore : public InMemoryStore {
  public:
-  WeightsStore(const ModelWeights& w, uint64_t expert_bytes) : InMemoryStore(expert_bytes), w_(w) {}
+  WeightsStore(LayerExpertViews layers, uint64_t expert_bytes)
+      : InMemoryStore(expert_bytes), layers_(std::move(layers)) {}
   ExpertBatch fetch(int64_t layer, const std::vector<int32_t>& ids,
                     const std::function<void()>& while_waiting) override {
     if (while_waiting) while_waiting();
     ExpertBatch b;
-    for (int32_t id : ids) b.experts.push_back(w_.layers[layer].ffn.experts[id]);
+    for (int32_t id : ids) b.experts.push_back((*layers_[layer])[id]);
     count_hits(ids.size());
     return b;
   }
   std::string describe() const override { return "in memory (mmapped checkpoint)"; }
 
  private:
-  const ModelWeights& w_;
+  LayerExpertViews layers_;
 };
 
 class MmapPackedStore : public InMemoryStore {
@@ -98,8 +100,8 @@ class MmapPackedStore : public InMemoryStore {
 
 }  // namespace
 
-std::unique_ptr<ExpertStore> make_weights_store(const ModelWeights& w, uint64_t expert_bytes) {
-  return std::make_unique<WeightsStore>(w, expert_bytes);
+std::unique_ptr<ExpertStore> make_weights_store(LayerExpertViews layers, uint64_t expert_bytes) {
+  return std::make_unique<WeightsStore>(std::move(layers), expert_bytes);
 }
 
 std::unique_ptr<ExpertStore> make_mmap_packed_store(const PackedManifest& m) {

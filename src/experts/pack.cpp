@@ -18,7 +18,6 @@
 #include "format/checkpoint.h"
 #include "format/config.h"
 #include "format/safetensors.h"
-#include "model/weights.h"
 
 namespace flashmoe {
 
@@ -123,14 +122,9 @@ void write_expert_layer(const std::string& path, const std::vector<FfnExpert>& e
 
 }  // namespace
 
-void pack_model(const std::string& in, const std::string& out, const PackOptions& opt, const PackProgress& progress) {
-  if (!is_directory(in)) fail("model directory not found: " + in);
-  if (is_packed_dir(in)) fail(in + " is already a packed model (it has " + kManifestName + ")");
-  if (file_exists(out) || is_directory(out)) fail("output " + out + " already exists; remove it or choose another -o");
-  const ModelConfig cfg = load_model_config(in);
-  if (cfg.num_experts == 0) fail(in + ": model has no MoE layers; there are no experts to pack");
-  const Checkpoint ck(in);
-  const ModelWeights w = load_weights(ck, cfg);
+void write_packed_model(const std::string& in, const Checkpoint& ck, const ModelConfig& cfg,
+                        const LayerExperts& experts, const std::string& out, const PackOptions& opt,
+                        const PackProgress& progress) {
   const ExpertLayout layout = ExpertLayout::make(cfg.hidden_size, cfg.moe_intermediate, opt.experts, opt.group);
 
   std::string tmpl = out + ".tmp-XXXXXX";
@@ -166,7 +160,7 @@ void pack_model(const std::string& in, const std::string& out, const PackOptions
       PackedLayer pl;
       pl.layer = i;
       pl.file = name;
-      write_expert_layer(tmp + "/" + name, w.layers[i].ffn.experts, layout, opt, &pl);
+      write_expert_layer(tmp + "/" + name, experts(i), layout, opt, &pl);
       m.layers.push_back(std::move(pl));
       if (progress) progress(++done, moe_layers);
     }

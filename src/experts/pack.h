@@ -1,13 +1,19 @@
-// `flashmoe pack`: rewrites an HF checkpoint into the streaming layout: per
-// MoE layer one file of experts (each expert one aligned record, optionally
+// The writer of a packed model directory (the streaming layout): per MoE
+// layer one file of experts (each expert one aligned record, optionally
 // quantised), the other weights in model.safetensors, and the manifest.
+// `flashmoe pack` reaches it through pack_model (model/pack_model.h), which
+// loads the checkpoint's experts.
 #pragma once
 #include <csignal>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "core/matrix.h"
+#include "experts/ffn_expert.h"
+#include "format/checkpoint.h"
+#include "format/config.h"
 
 namespace flashmoe {
 
@@ -25,10 +31,16 @@ struct PackOptions {
 // progress(done, total) is called after each expert layer.
 using PackProgress = std::function<void(int64_t done, int64_t total)>;
 
-// Writes into OUT.tmp-XXXXXX and renames it to `out` only when complete, so a
-// crash never leaves a directory that looks like a valid packed model.
-// Throws Error if `out` exists or anything cannot be read or written.
-void pack_model(const std::string& in, const std::string& out, const PackOptions& opt,
-                const PackProgress& progress = nullptr);
+// The routed experts of MoE layer `layer` ([E], in expert order).
+using LayerExperts = std::function<const std::vector<FfnExpert>&(int64_t layer)>;
+
+// Writes the packed form of the HF model directory `in` (its checkpoint `ck`,
+// config `cfg`, the experts of each MoE layer from `experts`) into
+// OUT.tmp-XXXXXX and renames it to `out` only when complete, so a crash never
+// leaves a directory that looks like a valid packed model. Throws Error if the
+// layout does not fit the options or anything cannot be read or written.
+void write_packed_model(const std::string& in, const Checkpoint& ck, const ModelConfig& cfg,
+                        const LayerExperts& experts, const std::string& out, const PackOptions& opt,
+                        const PackProgress& progress = nullptr);
 
 }  // namespace flashmoe

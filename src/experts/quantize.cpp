@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "backend/cpu/matmul.h"
 #include "core/error.h"
+#include "core/matrix_rows.h"
 
 namespace flashmoe {
 

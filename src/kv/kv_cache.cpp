@@ -4,11 +4,11 @@
 #include <cmath>
 #include <cstring>
 
-#include "backend/cpu/simd.h"
-#include "backend/cpu/simd_kv.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/simd.h"
 #include "kv/fp8_e4m3.h"
+#include "kv/kv_kernels.h"
 
 namespace flashmoe {
 
@@ -117,7 +117,7 @@ const float* KvCache::row(const std::vector<uint8_t>& data, const std::vector<fl
     return buf;
   } else {
     const float s = scales[size_t(slot * ns_ + (ns_ == 1 ? 0 : kvh))];
-    cpu::simd::fp8_e4m3_to_f32(data.data() + off, hd_, s, buf);
+    kv_kernels::fp8_e4m3_to_f32(data.data() + off, hd_, s, buf);
     return buf;
   }
 }
@@ -232,7 +232,7 @@ void KvCache::attend_impl(const float* q, int64_t num_heads, float scale, float*
     for (int64_t g = 0; g < G; ++g) {
       float* p = probs + (h0 + g) * n;
       const float mx = *std::max_element(p, p + n);
-      const float inv = 1.0f / cpu::simd::exp_shifted_sum(p, n, mx);
+      const float inv = 1.0f / kv_kernels::exp_shifted_sum(p, n, mx);
       for (int64_t s = 0; s < n; ++s) p[s] *= inv;
     }
     // Values, a tile of rows at a time: each row is decoded once into the
@@ -255,7 +255,7 @@ void KvCache::attend_impl(const float* q, int64_t num_heads, float scale, float*
         ld = hd_;
       }
       for (int64_t g = 0; g < G; ++g)
-        cpu::simd::weighted_rows_acc(tile, ld, probs + (h0 + g) * n + s0, nt, out + (h0 + g) * hd_, hd_);
+        kv_kernels::weighted_rows_acc(tile, ld, probs + (h0 + g) * n + s0, nt, out + (h0 + g) * hd_, hd_);
     }
   }
   if (ret_ == KvRetention::H2O) {

@@ -6,7 +6,7 @@
 
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
-#include "backend/cpu/simd.h"
+#include "core/simd.h"
 #include "model/blocks.h"
 
 namespace flashmoe {

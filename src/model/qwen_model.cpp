@@ -9,8 +9,8 @@
 #include "core/error.h"
 #include "format/model_files.h"
 #include "experts/manifest.h"
-#include "experts/open_store.h"
 #include "model/blocks.h"
+#include "model/open_store.h"
 
 namespace flashmoe {
 

@@ -6,14 +6,11 @@
 #include <vector>
 
 #include "core/matrix.h"
+#include "experts/ffn_expert.h"
 #include "format/checkpoint.h"
 #include "format/config.h"
 
 namespace flashmoe {
-
-struct FfnExpert {
-  Matrix gate, up, down;  // [I, H], [I, H], [H, I]
-};
 
 struct AttentionWeights {
   Matrix q_proj;  // [2*nh*hd, H]: per head [query | gate]

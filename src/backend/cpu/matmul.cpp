@@ -3,19 +3,13 @@
 #include <algorithm>
 #include <vector>
 
-#include "backend/cpu/matmul_quant.h"
-#include "backend/cpu/simd.h"
 #include "core/error.h"
+#include "core/matrix_rows.h"
+#include "core/simd.h"
 
 namespace flashmoe::cpu {
 
 bool cpu_has_avx2() { return simd::has_avx2(); }
-
-void load_row(const Matrix& W, int64_t r, float* out) {
-  if (W.quantized()) return quant_dequant_row(W, r, out);
-  const uint8_t* row = static_cast<const uint8_t*>(W.data) + size_t(r) * W.row_bytes();
-  simd::to_f32(W.dtype, row, W.cols, out);
-}
 
 namespace {
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "core/matrix.h"
+#include "core/matrix_rows.h"  // load_row
 #include "core/thread_pool.h"
 
 namespace flashmoe::cpu {
@@ -20,9 +21,6 @@ inline void matmul(ThreadPool& pool, const Matrix& W, const float* x, int64_t n,
 
 // Same product on the calling thread only (for use inside parallel regions).
 void matmul_serial(const Matrix& W, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy);
-
-// Converts `count` elements starting at row r of W to fp32.
-void load_row(const Matrix& W, int64_t r, float* out);
 
 // Whether the AVX2/FMA kernels are in use on this CPU.
 bool cpu_has_avx2();

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "backend/cpu/simd.h"
+#include "core/simd.h"
 
 namespace flashmoe::cpu {
 

@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "backend/cuda/cuda_model.h"
-#include "backend/cpu/matmul_quant.h"
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/delta_cluster.cuh"
@@ -24,6 +23,7 @@
 #include "backend/cuda/quant_experts.cuh"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/matrix_rows.h"
 
 namespace flashmoe {
 

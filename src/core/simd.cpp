@@ -1,0 +1,189 @@
+#include "core/simd.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define FLASHMOE_X86 1
+#define AVX2_FN __attribute__((target("avx2,fma,f16c")))
+#endif
+
+#include "core/error.h"
+
+namespace flashmoe::cpu::simd {
+
+// ---- portable reference versions ----
+namespace {
+
+float scalar_at(DType t, const void* p, int64_t i) {
+  switch (t) {
+    case DType::F32: return static_cast<const float*>(p)[i];
+    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    default: fail(std::string("weights of dtype ") + dtype_name(t) + " are not supported by the CPU kernels");
+  }
+}
+
+void to_f32_generic(DType t, const void* src, int64_t n, float* out) {
+  if (t == DType::F32) {
+    std::memcpy(out, src, size_t(n) * 4);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) out[i] = scalar_at(t, src, i);
+}
+
+float dot_mixed_generic(DType t, const void* w, const float* x, int64_t n) {
+  float acc[4] = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int k = 0; k < 4; ++k) acc[k] += scalar_at(t, w, i + k) * x[i + k];
+  for (; i < n; ++i) acc[0] += scalar_at(t, w, i) * x[i];
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+float dot_f32_generic(const float* a, const float* b, int64_t n) {
+  float acc[4] = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int k = 0; k < 4; ++k) acc[k] += a[i + k] * b[i + k];
+  for (; i < n; ++i) acc[0] += a[i] * b[i];
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+}  // namespace
+
+#ifdef FLASHMOE_X86
+namespace {
+
+AVX2_FN inline __m256 load8(DType t, const void* p, int64_t i) {
+  if (t == DType::BF16) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  if (t == DType::F16) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
+    return _mm256_cvtph_ps(h);
+  }
+  return _mm256_loadu_ps(static_cast<const float*>(p) + i);
+}
+
+AVX2_FN void to_f32_avx2(DType t, const void* src, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, load8(t, src, i));
+  for (; i < n; ++i) out[i] = scalar_at(t, src, i);
+}
+
+// Every dot product here uses the same arithmetic per row: one 8-lane
+// accumulator filled in index order, reduced as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)),
+// then the scalar tail. So a row gives bit-identical results whether it is
+// computed alone, in a group of four, from bf16 or from its fp32 widening:
+// prefill (rows widened once, many tokens) and decode (one token) agree
+// exactly, which FP8 KV storage needs (a last-bit change in K can flip an
+// FP8 rounding).
+AVX2_FN inline float hsum_canonical(__m256 v) {
+  __m256 a = _mm256_hadd_ps(v, v);  // [l0+l1, l2+l3, ., ., l4+l5, l6+l7, ., .]
+  a = _mm256_hadd_ps(a, a);         // [(l0+l1)+(l2+l3), ., ., ., (l4+l5)+(l6+l7), ...]
+  return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1)));
+}
+
+AVX2_FN float dot_mixed_avx2(DType t, const void* w, const float* x, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(load8(t, w, i), _mm256_loadu_ps(x + i), acc);
+  float s = hsum_canonical(acc);
+  for (; i < n; ++i) s += scalar_at(t, w, i) * x[i];
+  return s;
+}
+
+AVX2_FN void dot4_mixed_avx2(DType t, const void* w, size_t stride, const float* x, int64_t n, float out[4]) {
+  const uint8_t* base = static_cast<const uint8_t*>(w);
+  const void* r0 = base;
+  const void* r1 = base + stride;
+  const void* r2 = base + 2 * stride;
+  const void* r3 = base + 3 * stride;
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 xv = _mm256_loadu_ps(x + i);
+    s0 = _mm256_fmadd_ps(load8(t, r0, i), xv, s0);
+    s1 = _mm256_fmadd_ps(load8(t, r1, i), xv, s1);
+    s2 = _mm256_fmadd_ps(load8(t, r2, i), xv, s2);
+    s3 = _mm256_fmadd_ps(load8(t, r3, i), xv, s3);
+  }
+  // Horizontal sums of the four accumulators at once.
+  __m256 a01 = _mm256_hadd_ps(s0, s1), a23 = _mm256_hadd_ps(s2, s3);
+  __m256 a = _mm256_hadd_ps(a01, a23);
+  __m128 r = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  _mm_storeu_ps(out, r);
+  for (; i < n; ++i) {
+    out[0] += scalar_at(t, r0, i) * x[i];
+    out[1] += scalar_at(t, r1, i) * x[i];
+    out[2] += scalar_at(t, r2, i) * x[i];
+    out[3] += scalar_at(t, r3, i) * x[i];
+  }
+}
+
+AVX2_FN float dot_f32_avx2(const float* a, const float* b, int64_t n) {
+  return dot_mixed_avx2(DType::F32, a, b, n);
+}
+
+AVX2_FN void dot4_f32_avx2(const float* a, int64_t lda, const float* x, int64_t n, float out[4]) {
+  dot4_mixed_avx2(DType::F32, a, size_t(lda) * sizeof(float), x, n, out);
+}
+
+AVX2_FN void axpy_avx2(float alpha, const float* x, float* y, int64_t n) {
+  __m256 av = _mm256_set1_ps(alpha);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += alpha * x[i];
+}
+
+}  // namespace
+#endif
+
+void to_f32(DType t, const void* src, int64_t n, float* out) {
+#ifdef FLASHMOE_X86
+  if (has_avx2() && (t == DType::BF16 || t == DType::F16 || t == DType::F32)) return to_f32_avx2(t, src, n, out);
+#endif
+  to_f32_generic(t, src, n, out);
+}
+
+float dot_mixed(DType t, const void* w, const float* x, int64_t n) {
+#ifdef FLASHMOE_X86
+  if (has_avx2() && (t == DType::BF16 || t == DType::F16 || t == DType::F32)) return dot_mixed_avx2(t, w, x, n);
+#endif
+  return dot_mixed_generic(t, w, x, n);
+}
+
+float dot_f32(const float* a, const float* b, int64_t n) {
+#ifdef FLASHMOE_X86
+  if (has_avx2()) return dot_f32_avx2(a, b, n);
+#endif
+  return dot_f32_generic(a, b, n);
+}
+
+void dot4_mixed(DType t, const void* w, size_t stride, const float* x, int64_t n, float out[4]) {
+#ifdef FLASHMOE_X86
+  if (has_avx2() && (t == DType::BF16 || t == DType::F16 || t == DType::F32)) return dot4_mixed_avx2(t, w, stride, x, n, out);
+#endif
+  const uint8_t* base = static_cast<const uint8_t*>(w);
+  for (int k = 0; k < 4; ++k) out[k] = dot_mixed_generic(t, base + k * stride, x, n);
+}
+
+void dot4_f32(const float* a, int64_t lda, const float* x, int64_t n, float out[4]) {
+#ifdef FLASHMOE_X86
+  if (has_avx2()) return dot4_f32_avx2(a, lda, x, n, out);
+#endif
+  for (int k = 0; k < 4; ++k) out[k] = dot_f32_generic(a + k * lda, x, n);
+}
+
+void axpy(float alpha, const float* x, float* y, int64_t n) {
+#ifdef FLASHMOE_X86
+  if (has_avx2()) return axpy_avx2(alpha, x, y, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+}  // namespace flashmoe::cpu::simd

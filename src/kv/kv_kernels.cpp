@@ -1,0 +1,136 @@
+#include "kv/kv_kernels.h"
+
+#include <cmath>
+
+#include "core/cpu_features.h"
+#include "kv/fp8_e4m3.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define FLASHMOE_X86 1
+#define AVX2_FN __attribute__((target("avx2,fma,f16c")))
+#endif
+
+namespace flashmoe::kv_kernels {
+
+#ifdef FLASHMOE_X86
+namespace {
+
+// E4M3 -> f16 bits: sign to bit 15, the 7 magnitude bits to bits 13..7. The
+// exponent field becomes 0eeee (bias 15 instead of 7) and subnormals line up
+// too, so value(f16) * 2^8 == value(e4m3) exactly; NaN codes get an all-ones
+// exponent.
+AVX2_FN inline __m256 fp8x8_to_f32(const uint8_t* p, __m256 mul) {
+  __m128i c = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  __m128i mag = _mm_and_si128(c, _mm_set1_epi16(0x7f));
+  __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(c, _mm_set1_epi16(0x80)), 8), _mm_slli_epi16(mag, 7));
+  __m128i nan = _mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f));
+  h = _mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7e00)));
+  return _mm256_mul_ps(_mm256_cvtph_ps(h), mul);
+}
+
+AVX2_FN void fp8_to_f32_avx2(const uint8_t* src, int64_t n, float scale, float* out) {
+  // value * 256 is exact, so (value * 256) * (scale / 256) would round twice;
+  // multiply by 256 first (exact), then by scale (one rounding).
+  const __m256 k256 = _mm256_set1_ps(256.0f), s = _mm256_set1_ps(scale);
+  const float* table = fp8::e4m3_table();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(fp8x8_to_f32(src + i, k256), s));
+  for (; i < n; ++i) out[i] = table[src[i]] * scale;
+}
+
+// exp(x) for x <= 0 (Cephes-style range reduction + degree-6 polynomial).
+AVX2_FN inline __m256 exp_avx2(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507E-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073E-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894E-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459E-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201E-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+AVX2_FN float exp_shifted_sum_avx2(float* x, int64_t n, float max) {
+  const __m256 m = _mm256_set1_ps(max);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), m));
+    _mm256_storeu_ps(x + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
+  float sum = _mm_cvtss_f32(lo);
+  for (; i < n; ++i) sum += (x[i] = std::exp(x[i] - max));
+  return sum;
+}
+
+AVX2_FN void weighted_rows_acc_avx2(const float* rows, int64_t ld, const float* w, int64_t nrows, float* out,
+                                   int64_t n) {
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256 a0 = _mm256_loadu_ps(out + i), a1 = _mm256_loadu_ps(out + i + 8);
+    __m256 a2 = _mm256_loadu_ps(out + i + 16), a3 = _mm256_loadu_ps(out + i + 24);
+    for (int64_t r = 0; r < nrows; ++r) {
+      const __m256 wr = _mm256_set1_ps(w[r]);
+      const float* x = rows + r * ld + i;
+      a0 = _mm256_fmadd_ps(wr, _mm256_loadu_ps(x), a0);
+      a1 = _mm256_fmadd_ps(wr, _mm256_loadu_ps(x + 8), a1);
+      a2 = _mm256_fmadd_ps(wr, _mm256_loadu_ps(x + 16), a2);
+      a3 = _mm256_fmadd_ps(wr, _mm256_loadu_ps(x + 24), a3);
+    }
+    _mm256_storeu_ps(out + i, a0);
+    _mm256_storeu_ps(out + i + 8, a1);
+    _mm256_storeu_ps(out + i + 16, a2);
+    _mm256_storeu_ps(out + i + 24, a3);
+  }
+  for (; i + 8 <= n; i += 8) {
+    __m256 a = _mm256_loadu_ps(out + i);
+    for (int64_t r = 0; r < nrows; ++r) a = _mm256_fmadd_ps(_mm256_set1_ps(w[r]), _mm256_loadu_ps(rows + r * ld + i), a);
+    _mm256_storeu_ps(out + i, a);
+  }
+  for (; i < n; ++i) {
+    float a = out[i];
+    for (int64_t r = 0; r < nrows; ++r) a += w[r] * rows[r * ld + i];
+    out[i] = a;
+  }
+}
+
+}  // namespace
+#endif
+
+void weighted_rows_acc(const float* rows, int64_t ld, const float* w, int64_t nrows, float* out, int64_t n) {
+#ifdef FLASHMOE_X86
+  if (avx2_available()) return weighted_rows_acc_avx2(rows, ld, w, nrows, out, n);
+#endif
+  for (int64_t r = 0; r < nrows; ++r)
+    for (int64_t i = 0; i < n; ++i) out[i] += w[r] * rows[r * ld + i];
+}
+
+void fp8_e4m3_to_f32(const uint8_t* src, int64_t n, float scale, float* out) {
+#ifdef FLASHMOE_X86
+  if (avx2_available()) return fp8_to_f32_avx2(src, n, scale, out);
+#endif
+  const float* table = fp8::e4m3_table();
+  for (int64_t i = 0; i < n; ++i) out[i] = table[src[i]] * scale;
+}
+
+float exp_shifted_sum(float* x, int64_t n, float max) {
+#ifdef FLASHMOE_X86
+  if (avx2_available()) return exp_shifted_sum_avx2(x, n, max);
+#endif
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] - max));
+  return sum;
+}
+
+}  // namespace flashmoe::kv_kernels

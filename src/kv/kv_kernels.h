@@ -1,0 +1,21 @@
+// Kernels of the KV cache's attention (kv_cache.cpp): FP8 K/V rows widened to
+// fp32, the softmax's exponentials, the weighted sum of value rows; each with
+// an AVX2 path chosen at run time (core/cpu_features.h).
+#pragma once
+#include <cstdint>
+
+namespace flashmoe::kv_kernels {
+
+// out[i] = value(src[i]) * scale, value() the OCP E4M3 decoding (NaN codes
+// stay NaN). The product is rounded once, as decode(c) * scale in fp32.
+void fp8_e4m3_to_f32(const uint8_t* src, int64_t n, float scale, float* out);
+
+// In place: x[i] = exp(x[i] - max) for i < n; returns the sum. Accurate to a
+// few ulp (AVX2 polynomial) so softmax stays within 1e-6 relative.
+float exp_shifted_sum(float* x, int64_t n, float max);
+
+// out[i] += sum_{r < nrows} w[r] * rows[r * ld + i] for i < n: the weighted sum
+// of a tile of value rows, kept in registers across the rows.
+void weighted_rows_acc(const float* rows, int64_t ld, const float* w, int64_t nrows, float* out, int64_t n);
+
+}  // namespace flashmoe::kv_kernels
