@@ -36,11 +36,6 @@ set(ALLOW_cli ${ALLOW_server} server)
 set(EXCEPTIONS
   # removed when the CPU forward pass has moved from model/ into backend/cpu
   "model|backend/cpu/.*"
-  # removed when engine, server and cli reach the backends through the
-  # runtime interface instead of CudaModel
-  "engine|backend/cuda/cuda_model\\.h"
-  "server|backend/cuda/cuda_model\\.h"
-  "cli|backend/cuda/cuda_model\\.h"
 )
 
 function(layer_of path out)  # "backend/cuda/x.cu" -> backend/cuda, "kv/a.h" -> kv, "x.h" -> ""
