@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "backend/cpu/forward.h"
 #include "engine/session.h"
 #include "test_util.h"
 
@@ -29,16 +30,15 @@ class Golden : public ::testing::TestWithParam<const char*> {
 TEST_P(Golden, LogitsShortAndHiddenStates) {
   RefTensor ids = load_ref(ref_, "ids_short"), logits = load_ref(ref_, "logits_short");
   RefTensor hidden = load_ref(ref_, "hidden_short");
-  Session s(*model_, KvConfig{}, pool_);
-  model_->set_capture_hidden(true);
-  std::vector<float> got = s.feed_all(ids.ids);
-  model_->set_capture_hidden(false);
+  ModelState st = model_->new_state(KvConfig{});
+  std::vector<float> got(ids.ids.size() * size_t(model_->config().vocab_size));
+  std::vector<std::vector<float>> cap;
+  cpu::forward(*model_, st, ids.ids.data(), int64_t(ids.ids.size()), LogitsMode::All, got.data(), pool_, &cap);
   ASSERT_EQ(got.size(), logits.f32.size());
   EXPECT_LE(max_abs_diff(got.data(), logits.f32.data(), got.size()), 1e-3f);
 
   // Layer by layer: index 0 = embeddings, i = residual after layer i. The last
   // entry is after the final norm in some HF versions: accept either.
-  const auto& cap = model_->captured_hidden();
   const int64_t L = model_->config().num_layers, H = model_->config().hidden_size;
   const size_t per_layer = ids.ids.size() * size_t(H);
   ASSERT_EQ(hidden.shape[0], L + 1);

@@ -1,4 +1,5 @@
 // flashmoe logits: run ids as one prompt, write every position's logits.
+#include "backend/cpu/forward.h"
 #include "cli/command.h"
 #include "cli/common.h"
 #include "core/error.h"
@@ -25,14 +26,21 @@ Registrar reg(10, [](CLI::App& app) {
     LoadedModel lm = load_model(*opt);
     auto& model = lm.host;
     ThreadPool pool(opt->threads);
-    Session s(*model, opt->kv, pool, lm.cuda.get());
-    model->set_capture_hidden(*hidden);
-    std::vector<float> logits = s.feed_all(tok);
     const int64_t n = int64_t(tok.size());
+    std::vector<float> logits;
+    std::vector<std::vector<float>> layers;
+    if (*hidden) {  // on the CPU (above): its forward pass hands back the residual stream
+      ModelState st = model->new_state(opt->kv);
+      logits.resize(size_t(n * model->config().vocab_size));
+      cpu::forward(*model, st, tok.data(), n, LogitsMode::All, logits.data(), pool, &layers);
+    } else {
+      Session s(*model, opt->kv, pool, lm.cuda.get());
+      logits = s.feed_all(tok);
+    }
     std::vector<TensorToWrite> tensors = {{"logits", DType::F32, {n, model->config().vocab_size}, logits.data()}};
     std::vector<float> h;
     if (*hidden) {
-      for (const auto& layer : model->captured_hidden()) h.insert(h.end(), layer.begin(), layer.end());
+      for (const auto& layer : layers) h.insert(h.end(), layer.begin(), layer.end());
       tensors.push_back({"hidden", DType::F32, {model->config().num_layers + 1, n, model->config().hidden_size}, h.data()});
     }
     write_safetensors(*out, tensors);

@@ -1,5 +1,6 @@
 #include "engine/session.h"
 
+#include "backend/cpu/forward.h"
 #include "core/error.h"
 
 namespace flashmoe {
@@ -90,7 +91,7 @@ void Session::run_forward(const std::vector<int32_t>& ids, LogitsMode mode, floa
       DeviceGuard g(device_mutex_);
       cuda_->forward(*cstate_, ids.data(), int64_t(ids.size()), mode, out);
     } else {
-      model_.forward(state_, ids.data(), int64_t(ids.size()), mode, out, pool_);
+      cpu::forward(model_, state_, ids.data(), int64_t(ids.size()), mode, out, pool_);
     }
   } catch (...) {
     try {
