@@ -33,10 +33,7 @@ set(ALLOW_cli ${ALLOW_server} server)
 
 # TEMPORARY exceptions, "<layer>|<regex over the included path>". Each goes
 # when its move is done; the check says when one no longer matches anything.
-set(EXCEPTIONS
-  # removed when the CPU forward pass has moved from model/ into backend/cpu
-  "model|backend/cpu/.*"
-)
+set(EXCEPTIONS)
 
 function(layer_of path out)  # "backend/cuda/x.cu" -> backend/cuda, "kv/a.h" -> kv, "x.h" -> ""
   string(REGEX MATCH "^(backend/[^/]+|[^/]+)/" m "${path}")

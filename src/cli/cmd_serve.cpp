@@ -16,6 +16,7 @@
 #include "cli/common.h"
 #include "cli/text_model.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "engine/sampler.h"
 #include "server/server.h"
 

@@ -1,21 +1,20 @@
-// The Qwen3.5 / Qwen3-Next hybrid forward pass: GatedDeltaNet and gated
-// full-attention mixers, MoE (routed + shared experts) or dense SwiGLU FFNs.
+// A loaded Qwen3.5 / Qwen3-Next hybrid model: its config, weights, routed
+// expert store and layer plan. The forward passes live in the backends
+// (backend/cpu/forward.h, backend/cuda/), which walk plan().
 #pragma once
 #include <memory>
 #include <string>
-#include <vector>
 
-#include "core/thread_pool.h"
 #include "experts/expert_store.h"
 #include "format/checkpoint.h"
 #include "format/config.h"
 #include "kv/kv_config.h"
+#include "model/logits_mode.h"
 #include "model/model_state.h"
+#include "model/plan.h"
 #include "model/weights.h"
 
 namespace flashmoe {
-
-enum class LogitsMode { None, Last, All };
 
 class QwenModel {
  public:
@@ -27,33 +26,21 @@ class QwenModel {
   const ModelConfig& config() const { return cfg_; }
   const ModelWeights& weights() const { return w_; }
   ExpertStore& expert_store() const { return *store_; }
+  // The layer sequence, made once at load (model/arch/*).
+  const ModelPlan& plan() const { return plan_; }
 
+  // An empty state: a KV cache per GatedAttention layer and a conv/recurrent
+  // state per GatedDeltaNet layer, indexed by LayerPlan::state_slot.
   ModelState new_state(const KvConfig& kv) const;
-
-  // Feeds n tokens, advancing `st`. With LogitsMode::All, logits receives
-  // [n, vocab]; with Last, [vocab] for the last token. Throws Error for an id
-  // outside the vocabulary before touching the state.
-  void forward(ModelState& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits,
-               ThreadPool& pool) const;
-
-  // Debug aid: residual stream after each layer for the last forward call's
-  // tokens ([L+1][n][H]), collected when enabled.
-  void set_capture_hidden(bool on) const { capture_ = on; }
-  const std::vector<std::vector<float>>& captured_hidden() const { return hidden_; }
 
  private:
   QwenModel(const std::string& dir, const ExpertOptions& experts);
-  void forward_chunk(ModelState& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits,
-                     ThreadPool& pool) const;
 
   ModelConfig cfg_;
   Checkpoint ck_;
   ModelWeights w_;
   std::unique_ptr<ExpertStore> store_;
-  std::vector<float> inv_freq_;       // [rotary_dim / 2]
-  std::vector<int> layer_slot_;       // index into ModelState::kv or ::ssm per layer
-  mutable bool capture_ = false;
-  mutable std::vector<std::vector<float>> hidden_;
+  ModelPlan plan_;
 };
 
 }  // namespace flashmoe

@@ -1,5 +1,6 @@
 #include "runtime/cpu_backend.h"
 
+#include "backend/cpu/forward.h"
 #include "core/error.h"
 #include "model/weight_bytes.h"
 
@@ -68,12 +69,7 @@ void CpuBackend::forward(State& st, const int32_t* ids, int64_t n, LogitsMode mo
 
 void CpuBackend::forward_capturing(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits,
                                    ThreadPool& pool, std::vector<std::vector<float>>* hidden) const {
-  ModelState& s = cpu_state(st).state;
-  if (!hidden) return model_->forward(s, ids, n, mode, logits, pool);
-  model_->set_capture_hidden(true);
-  model_->forward(s, ids, n, mode, logits, pool);
-  *hidden = model_->captured_hidden();
-  model_->set_capture_hidden(false);
+  cpu::forward(*model_, cpu_state(st).state, ids, n, mode, logits, pool, hidden);
 }
 
 void CpuBackend::greedy(State& st, int32_t first, int64_t n, int32_t* out, ThreadPool& pool) const {

@@ -3,10 +3,8 @@
 // by a routed MoE (with a shared expert when shared_expert_intermediate_size
 // is set) or, for mlp_only_layers / decoder_sparse_step, a dense SwiGLU.
 #include <cmath>
-#include <string>
 
 #include "core/dtype.h"
-#include "core/error.h"
 #include "model/plan.h"
 
 namespace flashmoe {
@@ -38,13 +36,6 @@ ModelPlan make_plan(const ModelConfig& c) {
     p.rope_inv_freq.push_back(f);
   }
   return p;
-}
-
-void check_token_ids(const ModelConfig& c, const int32_t* ids, int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
-    if (ids[i] < 0 || ids[i] >= c.vocab_size)
-      fail("token id " + std::to_string(ids[i]) + " is out of range: the vocabulary has " +
-           std::to_string(c.vocab_size) + " tokens (0.." + std::to_string(c.vocab_size - 1) + ")");
 }
 
 }  // namespace flashmoe

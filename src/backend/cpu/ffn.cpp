@@ -1,15 +1,16 @@
 // Feed-forward: a dense SwiGLU MLP, or a mixture of experts (softmax router,
-// top-k, renormalised weights, plus a sigmoid-gated shared expert).
+// top-k, renormalised weights, plus a sigmoid-gated shared expert) whose
+// routed experts come from the ExpertStore.
 #include <algorithm>
 #include <numeric>
 #include <vector>
 
+#include "backend/cpu/layers.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
 #include "core/simd.h"
-#include "model/blocks.h"
 
-namespace flashmoe {
+namespace flashmoe::cpu {
 
 namespace {
 
@@ -19,10 +20,10 @@ void swiglu_serial(const FfnExpert& e, const float* x, int64_t m, float* y, std:
   const int64_t H = e.gate.cols, I = e.gate.rows;
   g.resize(size_t(m * I));
   u.resize(size_t(m * I));
-  cpu::matmul_serial(e.gate, x, m, H, g.data(), I);
-  cpu::matmul_serial(e.up, x, m, H, u.data(), I);
-  for (int64_t i = 0; i < m * I; ++i) g[i] = cpu::silu(g[i]) * u[i];
-  cpu::matmul_serial(e.down, g.data(), m, I, y, H);
+  matmul_serial(e.gate, x, m, H, g.data(), I);
+  matmul_serial(e.up, x, m, H, u.data(), I);
+  for (int64_t i = 0; i < m * I; ++i) g[i] = silu(g[i]) * u[i];
+  matmul_serial(e.down, g.data(), m, I, y, H);
 }
 
 // One unit of expert work: an expert and the tokens routed to it.
@@ -35,28 +36,26 @@ struct ExpertTask {
 
 }  // namespace
 
-void ffn_block(const ModelConfig& c, const FfnWeights& w, ExpertStore& store, int64_t layer, const float* x,
-               int64_t n, float* out, ThreadPool& pool) {
-  const int64_t H = c.hidden_size;
-  if (!w.moe) {
-    const FfnExpert& e = w.dense;
-    const int64_t I = e.gate.rows;
-    std::vector<float> g(size_t(n * I)), u(size_t(n * I));
-    cpu::matmul(pool, e.gate, x, n, g.data());
-    cpu::matmul(pool, e.up, x, n, u.data());
-    for (int64_t i = 0; i < n * I; ++i) g[i] = cpu::silu(g[i]) * u[i];
-    cpu::matmul(pool, e.down, g.data(), n, out);
-    return;
-  }
+void dense_swiglu_ffn(const FfnExpert& e, const float* x, int64_t n, float* out, ThreadPool& pool) {
+  const int64_t I = e.gate.rows;
+  std::vector<float> g(size_t(n * I)), u(size_t(n * I));
+  matmul(pool, e.gate, x, n, g.data());
+  matmul(pool, e.up, x, n, u.data());
+  for (int64_t i = 0; i < n * I; ++i) g[i] = silu(g[i]) * u[i];
+  matmul(pool, e.down, g.data(), n, out);
+}
 
+void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_expert, ExpertStore& store,
+                    int64_t layer, const float* x, int64_t n, float* out, ThreadPool& pool) {
+  const int64_t H = c.hidden_size;
   const int64_t E = c.num_experts, k = c.num_experts_per_tok;
   std::vector<float> probs(size_t(n * E));
-  cpu::matmul(pool, w.router, x, n, probs.data());
+  matmul(pool, w.router, x, n, probs.data());
   std::vector<ExpertTask> tasks(static_cast<size_t>(E));
   std::vector<int64_t> order(static_cast<size_t>(E));
   for (int64_t t = 0; t < n; ++t) {
     float* p = probs.data() + t * E;
-    cpu::softmax(p, E);
+    softmax(p, E);
     std::iota(order.begin(), order.end(), 0);
     // Highest probability first; the lower index wins ties, as torch.topk does in practice.
     std::partial_sort(order.begin(), order.begin() + k, order.end(),
@@ -72,24 +71,24 @@ void ffn_block(const ModelConfig& c, const FfnWeights& w, ExpertStore& store, in
   // The shared expert does not depend on the routing, so it is computed
   // (row-parallel) while a streaming store reads this layer's misses.
   std::vector<float> shared_out, shared_w;
-  auto shared_expert = [&] {
-    if (!w.has_shared) return;
+  auto run_shared_expert = [&] {
+    if (!shared_expert) return;
     const FfnExpert& e = w.shared;
     const int64_t I = e.gate.rows;
     std::vector<float> g(size_t(n * I)), u(size_t(n * I));
-    cpu::matmul(pool, e.gate, x, n, g.data());
-    cpu::matmul(pool, e.up, x, n, u.data());
-    for (int64_t i = 0; i < n * I; ++i) g[i] = cpu::silu(g[i]) * u[i];
+    matmul(pool, e.gate, x, n, g.data());
+    matmul(pool, e.up, x, n, u.data());
+    for (int64_t i = 0; i < n * I; ++i) g[i] = silu(g[i]) * u[i];
     shared_out.resize(size_t(n * H));
-    cpu::matmul(pool, e.down, g.data(), n, shared_out.data());
-    for (int64_t t = 0; t < n; ++t) shared_w.push_back(cpu::sigmoid(cpu::simd_dot_row(w.shared_gate, 0, x + t * H)));
+    matmul(pool, e.down, g.data(), n, shared_out.data());
+    for (int64_t t = 0; t < n; ++t) shared_w.push_back(sigmoid(simd_dot_row(w.shared_gate, 0, x + t * H)));
   };
 
   // One fetch per layer: a streaming store reads all its misses in parallel.
   std::vector<int32_t> ids;
   for (int64_t e = 0; e < E; ++e)
     if (!tasks[e].tokens.empty()) ids.push_back(int32_t(e));
-  ExpertBatch batch = store.fetch(layer, ids, shared_expert);
+  ExpertBatch batch = store.fetch(layer, ids, run_shared_expert);
   std::vector<ExpertTask> work;
   for (size_t i = 0; i < ids.size(); ++i) {
     tasks[ids[i]].expert = &batch.experts[i];
@@ -112,9 +111,9 @@ void ffn_block(const ModelConfig& c, const FfnWeights& w, ExpertStore& store, in
   std::fill(out, out + n * H, 0.0f);
   for (const ExpertTask& task : work)
     for (size_t j = 0; j < task.tokens.size(); ++j)
-      cpu::simd::axpy(task.weights[j], task.result.data() + j * H, out + task.tokens[j] * H, H);
-  if (w.has_shared)
-    for (int64_t t = 0; t < n; ++t) cpu::simd::axpy(shared_w[t], shared_out.data() + t * H, out + t * H, H);
+      simd::axpy(task.weights[j], task.result.data() + j * H, out + task.tokens[j] * H, H);
+  if (shared_expert)
+    for (int64_t t = 0; t < n; ++t) simd::axpy(shared_w[t], shared_out.data() + t * H, out + t * H, H);
 }
 
-}  // namespace flashmoe
+}  // namespace flashmoe::cpu

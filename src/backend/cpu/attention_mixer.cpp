@@ -4,22 +4,21 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/layers.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
-#include "model/blocks.h"
 
-namespace flashmoe {
+namespace flashmoe::cpu {
 
-void attention_block(const ModelConfig& c, const AttentionWeights& w, const float* inv_freq,
-                     KvCache& cache, int64_t pos0, const float* x, int64_t n, float* out,
-                     ThreadPool& pool) {
+void gated_attention_mixer(const ModelConfig& c, const AttentionWeights& w, const float* rope_inv_freq,
+                           KvCache& cache, int64_t pos0, const float* x, int64_t n, float* out, ThreadPool& pool) {
   const int64_t nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim, rd = c.rotary_dim;
   const int64_t qg_row = 2 * nh * hd, kv_row = nkv * hd;
   std::vector<float> qg(size_t(n * qg_row)), k(size_t(n * kv_row)), v(size_t(n * kv_row));
   std::vector<float> attn(size_t(n * nh * hd)), q(size_t(nh * hd)), cs(size_t(rd / 2)), sn(size_t(rd / 2));
-  cpu::matmul(pool, w.q_proj, x, n, qg.data());
-  cpu::matmul(pool, w.k_proj, x, n, k.data());
-  cpu::matmul(pool, w.v_proj, x, n, v.data());
+  matmul(pool, w.q_proj, x, n, qg.data());
+  matmul(pool, w.k_proj, x, n, k.data());
+  matmul(pool, w.v_proj, x, n, v.data());
   const float scale = 1.0f / std::sqrt(float(hd));
 
   // Token by token through the cache: the reference semantics for every
@@ -27,28 +26,28 @@ void attention_block(const ModelConfig& c, const AttentionWeights& w, const floa
   for (int64_t t = 0; t < n; ++t) {
     const int64_t pos = pos0 + t;
     for (int64_t i = 0; i < rd / 2; ++i) {
-      float f = float(pos) * inv_freq[i];  // fp32 angle, as the reference computes it
+      float f = float(pos) * rope_inv_freq[i];  // fp32 angle, as the reference computes it
       cs[i] = float(std::cos(double(f)));
       sn[i] = float(std::sin(double(f)));
     }
     const float* qgt = qg.data() + t * qg_row;
     for (int64_t h = 0; h < nh; ++h) {
       float* qh = q.data() + h * hd;
-      cpu::rmsnorm_zc(qgt + h * 2 * hd, w.q_norm.data(), hd, c.rms_norm_eps, qh);
-      cpu::rope_neox(qh, rd, cs.data(), sn.data());
+      rmsnorm_zc(qgt + h * 2 * hd, w.q_norm.data(), hd, c.rms_norm_eps, qh);
+      rope_neox(qh, rd, cs.data(), sn.data());
     }
     float* kt = k.data() + t * kv_row;
     for (int64_t h = 0; h < nkv; ++h) {
-      cpu::rmsnorm_zc(kt + h * hd, w.k_norm.data(), hd, c.rms_norm_eps, kt + h * hd);
-      cpu::rope_neox(kt + h * hd, rd, cs.data(), sn.data());
+      rmsnorm_zc(kt + h * hd, w.k_norm.data(), hd, c.rms_norm_eps, kt + h * hd);
+      rope_neox(kt + h * hd, rd, cs.data(), sn.data());
     }
     cache.append(pos, kt, v.data() + t * kv_row);
     float* at = attn.data() + t * nh * hd;
     cache.attend(q.data(), nh, scale, at);
     for (int64_t h = 0; h < nh; ++h)
-      for (int64_t d = 0; d < hd; ++d) at[h * hd + d] *= cpu::sigmoid(qgt[h * 2 * hd + hd + d]);
+      for (int64_t d = 0; d < hd; ++d) at[h * hd + d] *= sigmoid(qgt[h * 2 * hd + hd + d]);
   }
-  cpu::matmul(pool, w.o_proj, attn.data(), n, out);
+  matmul(pool, w.o_proj, attn.data(), n, out);
 }
 
-}  // namespace flashmoe
+}  // namespace flashmoe::cpu

@@ -7,15 +7,14 @@
 #include <vector>
 
 #include "backend/cpu/gated_delta.h"
+#include "backend/cpu/layers.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
-#include "model/blocks.h"
 
-namespace flashmoe {
+namespace flashmoe::cpu {
 
-void linear_attention_block(const ModelConfig& c, const LinearAttentionWeights& w,
-                            std::vector<float>& conv_state, std::vector<float>& ssm_state,
-                            const float* x, int64_t n, float* out, ThreadPool& pool) {
+void gated_delta_net_mixer(const ModelConfig& c, const LinearAttentionWeights& w, std::vector<float>& conv_state,
+                           std::vector<float>& ssm_state, const float* x, int64_t n, float* out, ThreadPool& pool) {
   const int64_t nk = c.lin_num_k_heads, nv = c.lin_num_v_heads, dk = c.lin_k_dim, dv = c.lin_v_dim;
   const int64_t C = c.lin_conv_dim(), K = c.conv_kernel, r = nv / nk;
   std::vector<float> qkv(size_t(n * C)), z(size_t(n * nv * dv)), b(size_t(n * nv)), a(size_t(n * nv));
@@ -26,7 +25,7 @@ void linear_attention_block(const ModelConfig& c, const LinearAttentionWeights& 
   std::vector<std::vector<float>> outs(in.stored.size());
   for (size_t i = 0; i < in.stored.size(); ++i) {
     outs[i].resize(size_t(n * in.stored[i].rows));
-    cpu::matmul(pool, in.stored[i], x, n, outs[i].data());
+    matmul(pool, in.stored[i], x, n, outs[i].data());
   }
   const int64_t P = in.rows();
   std::vector<float> row(static_cast<size_t>(P));
@@ -53,7 +52,7 @@ void linear_attention_block(const ModelConfig& c, const LinearAttentionWeights& 
         for (int64_t j = 0; j < K - 1; ++j) acc += taps[j] * st[j];
         for (int64_t j = 0; j + 1 < K - 1; ++j) st[j] = st[j + 1];
         if (K > 1) st[K - 2] = u;
-        conv_out[t * C + ch] = cpu::silu(acc);
+        conv_out[t * C + ch] = silu(acc);
       }
     }
   }, 64);
@@ -62,8 +61,8 @@ void linear_attention_block(const ModelConfig& c, const LinearAttentionWeights& 
   const float qscale = 1.0f / std::sqrt(float(dk));
   for (int64_t t = 0; t < n; ++t)
     for (int64_t g = 0; g < nk; ++g) {
-      cpu::l2norm(conv_out.data() + t * C + g * dk, dk, 1e-6f, qscale);
-      cpu::l2norm(conv_out.data() + t * C + nk * dk + g * dk, dk, 1e-6f, 1.0f);
+      l2norm(conv_out.data() + t * C + g * dk, dk, 1e-6f, qscale);
+      l2norm(conv_out.data() + t * C + nk * dk + g * dk, dk, 1e-6f, 1.0f);
     }
 
   std::vector<float> o(size_t(n * nv * dv));
@@ -74,16 +73,16 @@ void linear_attention_block(const ModelConfig& c, const LinearAttentionWeights& 
       float* S = ssm_state.data() + h * dk * dv;
       for (int64_t t = 0; t < n; ++t) {
         const float* row = conv_out.data() + t * C;
-        const float beta = cpu::sigmoid(b[t * nv + h]);
-        const float gate = w.neg_exp_A[h] * cpu::softplus(a[t * nv + h] + w.dt_bias[h]);
-        cpu::gated_delta_step(S, row + g * dk, row + nk * dk + g * dk, row + 2 * nk * dk + h * dv,
+        const float beta = sigmoid(b[t * nv + h]);
+        const float gate = w.neg_exp_A[h] * softplus(a[t * nv + h] + w.dt_bias[h]);
+        gated_delta_step(S, row + g * dk, row + nk * dk + g * dk, row + 2 * nk * dk + h * dv,
                               std::exp(gate), beta, dk, dv, oh.data(), scratch.data());
-        cpu::rmsnorm_gated(oh.data(), w.norm.data(), z.data() + (t * nv + h) * dv, dv, c.rms_norm_eps,
+        rmsnorm_gated(oh.data(), w.norm.data(), z.data() + (t * nv + h) * dv, dv, c.rms_norm_eps,
                            o.data() + (t * nv + h) * dv);
       }
     }
   });
-  cpu::matmul(pool, w.out_proj, o.data(), n, out);
+  matmul(pool, w.out_proj, o.data(), n, out);
 }
 
-}  // namespace flashmoe
+}  // namespace flashmoe::cpu
