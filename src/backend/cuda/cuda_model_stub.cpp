@@ -7,7 +7,7 @@
 namespace flashmoe {
 
 namespace {
-[[noreturn]] void no_cuda() { fail("this build has no CUDA backend (rebuild with nvcc available, or use --device cpu)"); }
+[[noreturn]] void no_cuda() { fail_device(DeviceFailure::Unavailable, "this build has no CUDA backend"); }
 }  // namespace
 
 struct CudaState::Impl {};

@@ -18,7 +18,9 @@ inline int dt_of(DType t) {
     case DType::F32: return DT_F32;
     case DType::F16: return DT_F16;
     case DType::BF16: return DT_BF16;
-    default: fail(std::string("CUDA backend: weights of type ") + dtype_name(t) + " are not supported");
+    default:
+      fail_device(DeviceFailure::Unsupported,
+                  std::string("CUDA backend: weights of type ") + dtype_name(t) + " are not supported");
   }
 }
 inline size_t dt_size(int dt) { return dt == DT_F32 ? 4 : 2; }
