@@ -32,6 +32,10 @@ using namespace flashmoe::cuda;
 namespace {
 
 constexpr int kRing = 8192;  // token-id ring on the device (prompt chunks, generated ids)
+// Resident blocks per SM the row kernels' grids are sized for: 4 leaves room
+// for the next kernel's blocks to become resident early under PDL; 8 was
+// slower, 2-3 ran short of loads in flight (v6 in bench/NOTES-cuda.md).
+constexpr int kBlocksPerSm = 4;
 
 enum KernelClass { K_EMBED, K_PROJ, K_CONV, K_DELTA, K_ATTN, K_OUT, K_ROUTER, K_EXPERTS, K_LMHEAD, K_ARGMAX, K_N };
 const char* kClassNames[K_N] = {"embed",      "in-proj (norm fused)", "conv1d",  "delta-rule", "attention",
@@ -94,90 +98,17 @@ struct CudaModel::Impl {
   float* inv_freq = nullptr;
   float* ones = nullptr;
   float *x = nullptr, *proj = nullptr, *convout = nullptr, *lin_o = nullptr, *q = nullptr, *attn_o = nullptr,
-        *rlogits = nullptr, *ew = nullptr, *hb = nullptr, *logits = nullptr, *xn = nullptr;
+        *rlogits = nullptr, *ew = nullptr, *hb = nullptr, *logits = nullptr;
   int* eids = nullptr;
   int maxI = 0;
   cudaStream_t stream = nullptr;
   bool use_graph = true;
-  // Decode-step variants, switchable by environment for side-by-side
-  // measurements (35B tg128; bench/NOTES-cuda.md has every run):
-  //  FLASHMOE_CUDA_ILP (on): several rows per warp at once (rows_dot), the
-  //    change that paid: 287 -> 297 tokens/s; 4 rows per warp was slower
-  //    (more registers, 3 blocks per SM).
-  //  FLASHMOE_CUDA_BPS (4): resident blocks per SM the row kernels are sized
-  //    for; 4 leaves room for the next kernel's blocks to start early (PDL).
-  //    8 is 2-5% slower, 3 and 2 starve the loads in flight.
-  //  FLASHMOE_CUDA_PREFETCH (on): whole row ranges, up to half the L2,
-  //    prefetched before a kernel waits on its predecessor (+2% before ILP,
-  //    within noise after it).
-  //  FLASHMOE_CUDA_FUSE (off): router + top-k in one kernel (last block does
-  //    the top-k); FLASHMOE_CUDA_FUSE_CONV (off): conv1d inside the delta-rule
-  //    kernel. Both save launches but did not pay (-1 to +0.5%, and -2%): the
-  //    last-block handoff and the serial conv per delta block cost what a launch does.
-  //    With delta2 (v14) FUSE_CONV runs the conv in delta2_kernel: -2.9%, still off.
-  bool fuse = false, fuse_conv = false, prefetch_all = true;
-  int ilp = 1;  // several rows per warp at once in the row kernels (1: on)
-  //  FLASHMOE_CUDA_ROWS3 (see v11 in bench/NOTES-cuda.md): a matvec whose
-  //    grid leaves 3 rows per warp (in-proj: 12352 rows, 4224 warps) takes them
-  //    in one batch of loads instead of 2 + 1. FLASHMOE_CUDA_ROWS3=force: every
-  //    matvec takes 3 rows at a time (for tests of that path on small models).
-  int rows3 = 1;  // 0 off, 1 where a warp has 3 rows, 2 everywhere
-  //  FLASHMOE_CUDA_XDIRECT (on, +2.6%): matvecs without a norm (out-proj, o_proj) read x
-  //    from L1/L2 in the dot instead of staging it in shared memory first.
-  bool xdirect = true;
-  int bps = 4;
-  //  FLASHMOE_CUDA_SEL (on): the top-k writes the chosen experts' row pointers
-  //    (no ids -> table chase in the expert kernels). FLASHMOE_CUDA_DOWN2 (on):
-  //    the down projection with one warp per slot, 8 rows per block, all of a
-  //    warp's loads in flight at once. Together +0.6% (v10).
-  //  FLASHMOE_CUDA_GUTOPK (on): the top-k inside gate_up (every block picks
-  //    the experts itself from the router logits): one kernel boundary less
-  //    per MoE layer. +2.6% in its first call, -0.9 to +0.6% alone in later
-  //    ones; FOLD and PRESEL build on it.
-  //  FLASHMOE_CUDA_SKIP=class,...: measurement only (wrong outputs): leave
-  //    the kernels of those classes (kClassNames or their first words, e.g.
-  //    experts,router) out of the step, to read each class's share of graph
-  //    replay time (bench/NOTES-cuda.md, v10).
-  //  FLASHMOE_CUDA_FOLD (on, +2.4%): the router folded into the output
-  //    projection's launch (outproj_router_kernel), no router kernel; needs GUTOPK.
-  //  FLASHMOE_CUDA_PRESEL (on, +6.8%, v13): with the fold, the last router
-  //    block picks the experts while the projection runs; gate_up only adds
-  //    the weights (the pick no longer delays every gate_up block).
-  bool use_sel = true, down2 = true, gu_topk = true, fold = true, presel = true;
-  //  v14 (+31% together, bench/NOTES-cuda.md): reads that do not depend on
-  //  the previous kernel moved before the PDL wait.
-  //  FLASHMOE_CUDA_DELTA2 (on, +7%): the delta step over a cluster of blocks
-  //    per value head, its state read before the PDL wait (delta_cluster.cuh).
-  //    force: 8 columns per block, so small test models run clusters too.
-  int delta2 = 1;  // 0 off, 1 on, 2 force
-  //  FLASHMOE_CUDA_DOWNPRE (on, +3.6%): down's rows loaded before its PDL wait
-  //    when the pick was made two kernels back (down_early.cuh).
-  bool down_pre = true;
-  //  FLASHMOE_CUDA_ATTNPF (on, +1.5%): attention prefetches the earlier
-  //    positions' K/V rows into L2 before its wait.
-  bool attn_pf = true;
-  //  FLASHMOE_CUDA_ATTNSPLIT (auto): attention over a cluster of blocks per
-  //    head for long contexts (attn_blocks; +93% at 4000 tokens, f32 KV);
-  //    0: one block; force: 4 blocks.
-  int attn_split = 1;  // 0 off, 1 auto, 2 force
-  //  FLASHMOE_CUDA_NWPRE (on, +12%): the norm weights of normed kernels
-  //    (in-proj, gate_up, lm_head) into registers before the wait.
-  //  Measured and removed: gate_up prefetching its picked rows before norming
-  //    x (-2.4%), gate_up loading its row pointer before x (+0.06%).
-  bool nw_pre = true;
-  //  FLASHMOE_CUDA_BATCH (on): prompts of more than one token go through the
-  //    batched prefill (prefill.cuh) in chunks of FLASHMOE_CUDA_CHUNK tokens
-  //    (2048: each chosen expert is read once per chunk, so longer chunks
-  //    read fewer bytes per token; 35B pp2048: 7143 tok/s in chunks of 512,
-  //    9000 in one chunk); 0: token by token through the decode step.
-  bool batch = true;
-  int chunk = 2048;
+  int chunk = 2048;  // prompt tokens per batched-prefill chunk (DecodeOptions::prefill_chunk, clamped)
   std::unique_ptr<Prefill> prefill;
   bool prefill_tried = false;
   unsigned* presel_done = nullptr;
   float* presel_w = nullptr;
   float* cat = nullptr;  // [H + O]: the layer's input residual (copied by the in-proj), then o (lin_o / attn_o)
-  unsigned skip_mask = 0;
   const void** sel = nullptr;  // [2k] expert row pointers chosen by the top-k
   unsigned* router_done = nullptr;
   CudaOptions opts;
@@ -269,8 +200,8 @@ struct CudaModel::Impl {
     m.dt = dt;
     m.rows = int(rows);
     if ((size_t(m.cols) * dt_size(dt)) % 16 != 0)
-      fail("CUDA backend: " + what + " has " + std::to_string(m.cols) +
-           " columns; rows must be a multiple of 16 bytes (use --device cpu)");
+      fail_device(DeviceFailure::Unsupported, "CUDA backend: " + what + " has " + std::to_string(m.cols) +
+                                                  " columns; rows must be a multiple of 16 bytes");
     m.p = alloc(m.bytes(), what);
     uint8_t* dst = static_cast<uint8_t*>(m.p);
     std::vector<uint8_t> buf;
@@ -291,16 +222,17 @@ struct CudaModel::Impl {
     const int bits = quant_bits(g.quant), H = int(c.hidden_size), I = int(c.moe_intermediate);
     const int epc = 128 / bits;  // columns per 16-byte load (quant_experts.cuh)
     if (H % epc != 0 || I % epc != 0 || g.group % 8 != 0)
-      fail("CUDA backend: " + where + "experts in " + quant_name(g.quant) + " with hidden size " + std::to_string(H) +
-           " and expert size " + std::to_string(I) + " (need multiples of " + std::to_string(epc) +
-           ", groups of a multiple of 8); use --device cpu");
+      fail_device(DeviceFailure::Unsupported, "CUDA backend: " + where + "experts in " + quant_name(g.quant) +
+                                                  " with hidden size " + std::to_string(H) + " and expert size " +
+                                                  std::to_string(I) + " (need multiples of " + std::to_string(epc) +
+                                                  ", groups of a multiple of 8)");
     return make_qexpert(bits, g.group, H, I);
   }
   // Expert e's gate/up block (part 0) or down block (1) in the layout q, at dst.
   static void write_quant(const FfnExpert& e, int part, const QExpert& q, const std::string& where, uint8_t* dst) {
     auto put = [&](const Matrix& m, size_t w, size_t sc, size_t bi) {
       if (quant_bits(m.quant) != q.bits || m.group != q.group)
-        fail("CUDA backend: " + where + "experts differ in quantisation; use --device cpu");
+        fail_device(DeviceFailure::Unsupported, "CUDA backend: " + where + "experts differ in quantisation");
       std::memcpy(dst + w, m.data, m.nbytes());
       std::memcpy(dst + sc, m.scales, m.scale_bytes());
       std::memcpy(dst + bi, m.biases, m.scale_bytes());
@@ -353,7 +285,8 @@ struct CudaModel::Impl {
       // the output projection, no row pointers resolved before the tables are
       // final. Prompts go in chunks whose choices fit the host slots.
       disk = true;
-      use_graph = gu_topk = fold = presel = use_sel = false;
+      use_graph = false;
+      opts.decode.pick_in_kernels = false;
     }
     return true;
   }
@@ -363,7 +296,6 @@ struct CudaModel::Impl {
   bool disk = false;
   std::vector<int64_t> disk_layers;  // model layer of each MoE layer (the loader's store requests)
   void disk_fetch(const DLayer& d) {
-    flush(true);
     const int k = int(c.num_experts_per_tok);
     fetch_experts(d.mi, eids, k);
     pdl_next = false;  // the expert kernels start after the table updates, not during them
@@ -377,45 +309,8 @@ struct CudaModel::Impl {
 
   void init_device() {
     std::string why;
-    if (!CudaModel::available(&why)) fail("no usable CUDA device: " + why + "; use --device cpu");
-    if (const char* e = std::getenv("FLASHMOE_CUDA_PDL")) use_pdl = std::string(e) != "0";
-    if (const char* e = std::getenv("FLASHMOE_CUDA_FUSE")) fuse = std::string(e) == "1";
-    if (const char* e = std::getenv("FLASHMOE_CUDA_FUSE_CONV")) fuse_conv = std::string(e) == "1";
-    if (const char* e = std::getenv("FLASHMOE_CUDA_ILP")) ilp = std::string(e) != "0";
-    if (const char* e = std::getenv("FLASHMOE_CUDA_ROWS3"))
-      rows3 = std::string(e) == "0" ? 0 : std::string(e) == "force" ? 2 : 1;
-    if (const char* e = std::getenv("FLASHMOE_CUDA_XDIRECT")) xdirect = std::string(e) != "0";
-    if (const char* e = std::getenv("FLASHMOE_CUDA_BPS")) bps = std::clamp(std::atoi(e), 1, 8);
-    if (const char* e = std::getenv("FLASHMOE_CUDA_PREFETCH")) prefetch_all = std::string(e) != "0";
-    if (const char* e = std::getenv("FLASHMOE_CUDA_SEL")) use_sel = std::string(e) != "0";
-    if (const char* e = std::getenv("FLASHMOE_CUDA_DOWN2")) down2 = std::string(e) != "0";
-    if (const char* e = std::getenv("FLASHMOE_CUDA_GUTOPK")) gu_topk = std::string(e) != "0";
-    if (const char* e = std::getenv("FLASHMOE_CUDA_FOLD")) fold = std::string(e) != "0";
-    if (const char* e = std::getenv("FLASHMOE_CUDA_PRESEL")) presel = std::string(e) != "0";
-    if (const char* e = std::getenv("FLASHMOE_CUDA_NWPRE")) nw_pre = std::string(e) != "0";
-    if (const char* e = std::getenv("FLASHMOE_CUDA_ATTNSPLIT"))
-      attn_split = std::string(e) == "0" ? 0 : std::string(e) == "force" ? 2 : 1;
-    if (const char* e = std::getenv("FLASHMOE_CUDA_ATTNPF")) attn_pf = std::string(e) != "0";
-    if (const char* e = std::getenv("FLASHMOE_CUDA_DOWNPRE")) down_pre = std::string(e) != "0";
-    if (const char* e = std::getenv("FLASHMOE_CUDA_BATCH")) batch = std::string(e) != "0";
-    if (const char* e = std::getenv("FLASHMOE_CUDA_CHUNK")) chunk = std::clamp(std::atoi(e), 1, kRing - 1);
-    if (const char* e = std::getenv("FLASHMOE_CUDA_DELTA2"))
-      delta2 = std::string(e) == "0" ? 0 : std::string(e) == "force" ? 2 : 1;
-    if (const char* e = std::getenv("FLASHMOE_CUDA_SKIP")) {  // class names or their first words, comma-separated
-      std::string list = e;
-      for (size_t at = 0; at <= list.size();) {
-        size_t end = list.find(',', at);
-        if (end == std::string::npos) end = list.size();
-        const std::string name = list.substr(at, end - at);
-        for (int i = 0; i < K_N && !name.empty(); ++i)
-          if (std::string(kClassNames[i]).rfind(name, 0) == 0) skip_mask |= 1u << i;
-        at = end + 1;
-      }
-    }
-    if (skip_mask >> K_ROUTER & 1u) use_sel = gu_topk = false;  // measurement without the top-k: ids stay 0
-    if (fuse) gu_topk = false;
-    if (!gu_topk) fold = false;  // the folded logits are scaled by gate_up's top-k
-    if (!fold || (skip_mask >> K_OUT & 1u)) presel = false;  // the pick happens in the output projection's launch
+    if (!CudaModel::available(&why)) fail_device(DeviceFailure::Unavailable, "no usable CUDA device: " + why);
+    chunk = std::clamp(opts.decode.prefill_chunk, 1, kRing - 1);
     CK(cudaSetDevice(dev));
     CK(cudaGetDeviceProperties(&prop, dev));
     CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -427,17 +322,14 @@ struct CudaModel::Impl {
     CK(cudaFuncSetAttribute(gate_up_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
     CK(cudaFuncSetAttribute(gate_up_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
     CK(cudaFuncSetAttribute(gate_up_kernel<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
-    CK(cudaFuncSetAttribute(router_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
-    CK(cudaFuncSetAttribute(router_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
-    CK(cudaFuncSetAttribute(router_kernel<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   }
 
   // Scratch buffers and constants, once the dimensions are known.
   void init_common() {
     const ModelConfig& m = c;
-    if (m.num_experts > 512) fail("CUDA backend: more than 512 experts is not supported");
-    if (m.num_experts_per_tok > 32) fail("CUDA backend: top-k above 32 is not supported");
-    if (m.num_kv_heads > 0 && (m.num_heads % m.num_kv_heads) != 0) fail("CUDA backend: heads not a multiple of kv heads");
+    if (m.num_experts > 512) fail_device(DeviceFailure::Unsupported, "CUDA backend: more than 512 experts is not supported");
+    if (m.num_experts_per_tok > 32) fail_device(DeviceFailure::Unsupported, "CUDA backend: top-k above 32 is not supported");
+    if (m.num_kv_heads > 0 && (m.num_heads % m.num_kv_heads) != 0) fail_device(DeviceFailure::Unsupported, "CUDA backend: heads not a multiple of kv heads");
     const int64_t rd = m.rotary_dim;
     std::vector<float> inv;
     for (int64_t i = 0; i < rd / 2; ++i) {
@@ -460,7 +352,7 @@ struct CudaModel::Impl {
     lin_o = cat + H;  // a layer is linear or full: the two never live at once
     q = alloc_f(size_t(std::max<int64_t>(1, m.num_heads * m.head_dim)), "activations");
     attn_o = cat + H;
-    if (fold) fold_routers();
+    if (opts.decode.pick_in_kernels) fold_routers();
     rlogits = alloc_f(size_t(m.num_experts + 1), "router logits");
     ew = alloc_f(size_t(m.num_experts_per_tok + 1), "expert weights");
     eids = static_cast<int*>(alloc(size_t(m.num_experts_per_tok + 1) * 4, "expert ids"));
@@ -475,7 +367,6 @@ struct CudaModel::Impl {
     CK(cudaMemset(presel_done, 0, 4));
     CK(cudaMemset(eids, 0, size_t(m.num_experts_per_tok + 1) * 4));
     CK(cudaMemset(ew, 0, size_t(m.num_experts_per_tok + 1) * 4));
-    xn = alloc_f(size_t(H), "activations");
     CK(cudaMemset(router_done, 0, 4));
     CK(cudaMallocHost(&pinned_logits, size_t(m.vocab_size) * 4));
     CK(cudaMallocHost(&pinned_ids, size_t(kRing) * 4));
@@ -499,7 +390,6 @@ struct CudaModel::Impl {
   }
 
   void mark(int cls) {
-    flush(!(skip_mask >> cls & 1u));  // measurement mode: launch unless this class is left out
     check(cudaGetLastError(), kClassNames[cls]);
     if (!profiling) return;
     const size_t i = event_class.size();
@@ -514,25 +404,12 @@ struct CudaModel::Impl {
 
   // Launch with programmatic stream serialization (PDL), except where the
   // previous operation in the stream is not a kernel of this step.
-  bool use_pdl = true;
   bool pdl_next = false;  // set after the first kernel of a step
-  std::function<void()> pending;  // with skip_mask: the launch mark() decides on
-  void flush(bool run) {
-    if (!pending) return;
-    auto l = std::move(pending);
-    pending = nullptr;
-    if (run) l();
-  }
-  int cluster_next = 1;  // blocks per cluster of the next go() (then back to 1)
+  int cluster_next = 1;   // blocks per cluster of the next go() (then back to 1)
   template <typename... K, typename... A>
   void go(void (*kern)(K...), dim3 grid, dim3 block, size_t smem, A... args) {
-    flush(true);
     const int cl = cluster_next;
     cluster_next = 1;
-    if (skip_mask) {
-      pending = [this, kern, grid, block, smem, cl, args...] { launch(kern, grid, block, smem, cl, args...); };
-      return;
-    }
     launch(kern, grid, block, smem, cl, args...);
   }
   template <typename... K, typename... A>
@@ -544,7 +421,7 @@ struct CudaModel::Impl {
     cfg.stream = stream;
     cudaLaunchAttribute at[2];
     int n = 0;
-    if (use_pdl && pdl_next) {
+    if (pdl_next) {
       at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
       at[n++].val.programmaticStreamSerializationAllowed = 1;
     }
@@ -570,14 +447,13 @@ struct CudaModel::Impl {
   // the whole matrix fits in half the L2, else as many as do (at least one).
   int pf_rows(size_t bytes, int rows, int blocks, int rpb) const {
     const int per_warp = (rows + blocks * rpb - 1) / (blocks * rpb);
-    if (!prefetch_all) return 1;
     const size_t half = size_t(prop.l2CacheSize) / 2, row = bytes / size_t(std::max(rows, 1));
     const size_t fit = half / std::max<size_t>(1, row * size_t(blocks) * rpb);
     return int(std::clamp<size_t>(fit, 1, size_t(per_warp)));
   }
 
-  // Blocks per SM for a row kernel: bps, or fewer when that many do not fit
-  // (registers, shared memory), so the grid is one resident wave.
+  // Blocks per SM for a row kernel: kBlocksPerSm, or fewer when that many do
+  // not fit (registers, shared memory), so the grid is one resident wave.
   struct Fit {
     const void* func;
     size_t smem;
@@ -589,7 +465,7 @@ struct CudaModel::Impl {
       if (f.func == func && f.smem == smem && f.threads == threads) return f.n;
     int n = 0;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, func, threads, smem));
-    n = std::clamp(n, 1, bps);
+    n = std::clamp(n, 1, kBlocksPerSm);
     fit_cache.push_back({func, smem, threads, n});
     return n;
   }
@@ -600,25 +476,26 @@ struct CudaModel::Impl {
     const void* fn = W.dt == DT_F32   ? reinterpret_cast<const void*>(matvec_kernel<float>)
                      : W.dt == DT_F16 ? reinterpret_cast<const void*>(matvec_kernel<__half>)
                                       : reinterpret_cast<const void*>(matvec_kernel<__nv_bfloat16>);
-    const size_t smem = nw || !xdirect ? size_t(W.cols) * 4 : 0;  // x staged in shared memory
+    const size_t smem = nw ? size_t(W.cols) * 4 : 0;  // a normed x is staged in shared memory
     const int blocks = std::min((W.rows + rpb - 1) / rpb, prop.multiProcessorCount * per_sm(fn, smem));
     const int pf = pf_rows(W.bytes(), W.rows, blocks, rpb);
     const float eps = c.rms_norm_eps;
     const int per_warp = (W.rows + blocks * rpb - 1) / (blocks * rpb);
-    const int ilp = this->ilp && (rows3 == 2 || (rows3 == 1 && per_warp == 3)) ? 3 : this->ilp;
+    // 2 rows per warp at a time; 3 where the grid leaves exactly 3 per warp
+    // (one batch of loads instead of 2 + 1).
+    const int rows = opts.decode.force_three_rows || per_warp == 3 ? 3 : 2;
     switch (W.dt) {
       case DT_F32:
-        go(matvec_kernel<float>, blocks, kThreads, smem, static_cast<const float*>(W.p), W.rows, W.cols, xin,
-                                                                nw, eps, y, acc, split, pf, ilp, int(xdirect), xcopy, int(nw_pre));
+        go(matvec_kernel<float>, blocks, kThreads, smem, static_cast<const float*>(W.p), W.rows, W.cols, xin, nw, eps,
+           y, acc, split, pf, rows, xcopy);
         break;
       case DT_F16:
-        go(matvec_kernel<__half>, blocks, kThreads, smem, static_cast<const __half*>(W.p), W.rows, W.cols,
-                                                                 xin, nw, eps, y, acc, split, pf, ilp, int(xdirect), xcopy, int(nw_pre));
+        go(matvec_kernel<__half>, blocks, kThreads, smem, static_cast<const __half*>(W.p), W.rows, W.cols, xin, nw,
+           eps, y, acc, split, pf, rows, xcopy);
         break;
       default:
-        go(matvec_kernel<__nv_bfloat16>, blocks, kThreads, smem, static_cast<const __nv_bfloat16*>(W.p),
-                                                                        W.rows, W.cols, xin, nw, eps, y, acc, split,
-                                                                        pf, ilp, int(xdirect), xcopy, int(nw_pre));
+        go(matvec_kernel<__nv_bfloat16>, blocks, kThreads, smem, static_cast<const __nv_bfloat16*>(W.p), W.rows,
+           W.cols, xin, nw, eps, y, acc, split, pf, rows, xcopy);
     }
     mark(cls);
   }
@@ -633,13 +510,12 @@ struct CudaModel::Impl {
     a.H = W.rows;
     a.O = W.cols;
     a.rowsR = d.router.rows;
-    a.ilp = ilp;
     a.E = int(c.num_experts);
     a.k = int(c.num_experts_per_tok);
     a.ids = eids;
     a.wscratch = presel_w;
     a.tc = d.tc;
-    a.sel = ExpertSel{d.gu_tab, d.down_tab, presel ? sel : nullptr};
+    a.sel = ExpertSel{d.gu_tab, d.down_tab, sel};
     a.done = presel_done;
     a.splitA = split_for(W.rows, W.cols, int(16 / dt_size(W.dt)));
     a.splitR = split_for(a.rowsR, a.H + a.O, 4);
@@ -653,7 +529,7 @@ struct CudaModel::Impl {
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, fn, kThreads, 0));
     resident = std::max(resident, 1) * sms;
     a.nbR = (a.rowsR + rpbR - 1) / rpbR;
-    a.nbA = std::min((a.H + rpbA - 1) / rpbA, std::max(sms, std::min(sms * bps, resident - a.nbR)));
+    a.nbA = std::min((a.H + rpbA - 1) / rpbA, std::max(sms, std::min(sms * kBlocksPerSm, resident - a.nbR)));
     const int blocks = a.nbR + a.nbA;
     switch (W.dt) {
       case DT_F32: go(outproj_router_kernel<float>, blocks, kThreads, 0, static_cast<const float*>(W.p), a); break;
@@ -680,9 +556,9 @@ struct CudaModel::Impl {
     const int H = int(c.hidden_size);
     for (DLayer& d : L) {
       const DMat& out = d.full ? d.o_proj : d.out_proj;
-      // Quantised experts' gate_up cannot pick (quant_experts.cuh): the fold
-      // only with the early pick, else the router and top-k kernels.
-      if (!d.moe || (d.q.bits && !(gu_topk && presel)) || !d.router.p || !d.post_norm || !out.p || out.rows != H || d.router.cols != H ||
+      // Quantised experts' gate_up cannot pick (quant_experts.cuh); with the
+      // fold the pick is the output projection's (outproj_router_kernel).
+      if (!d.moe || !d.router.p || !d.post_norm || !out.p || out.rows != H || d.router.cols != H ||
           out.dt != d.router.dt || H % 4 != 0 || out.cols % 4 != 0)
         continue;
       switch (out.dt) {
@@ -694,44 +570,14 @@ struct CudaModel::Impl {
     CK(cudaStreamSynchronize(stream));
   }
 
-  // Router logits + top-k in one kernel (fuse) or two.
+  // Router logits, then the top-k kernel unless gate_up picks (pick_in_kernels, bf16 experts).
   void route(const DLayer& d) {
-    const DMat& W = d.router;
-    RouterArgs a;
-    a.rows = W.rows;
-    a.cols = W.cols;
-    a.E = int(c.num_experts);
-    a.k = int(c.num_experts_per_tok);
-    a.norm_topk = c.norm_topk_prob ? 1 : 0;
-    a.has_shared = d.has_shared ? 1 : 0;
-    a.split = split_for(W.rows, W.cols, int(16 / dt_size(W.dt)));
-    const int rpb = kWarps / a.split;
-    const int blocks = std::min((W.rows + rpb - 1) / rpb, prop.multiProcessorCount * bps);
-    a.pf_rows = pf_rows(W.bytes(), W.rows, blocks, rpb);
-    a.x = x;
-    a.nw = d.post_norm;
-    a.eps = c.rms_norm_eps;
-    a.logits = rlogits;
-    a.ids = eids;
-    a.w = ew;
-    a.done = router_done;
-    a.tc = d.tc;
-    a.sel = ExpertSel{d.gu_tab, d.down_tab, use_sel ? sel : nullptr};
-    a.xn = fuse ? xn : nullptr;
-    a.ilp = ilp;
-    if (!fuse) {
-      matvec(W, x, d.post_norm, rlogits, 0, K_ROUTER);
-      if (gu_topk && !d.q.bits) return;  // gate_up does the top-k
-      go(topk_kernel, 1, 32, 0, rlogits, a.E, a.k, a.norm_topk, a.has_shared, eids, ew, d.tc, a.sel);
-      mark(K_ROUTER);
-      return;
-    }
-    const size_t smem = size_t(W.cols) * 4;
-    switch (W.dt) {
-      case DT_F32: go(router_kernel<float>, blocks, kThreads, smem, static_cast<const float*>(W.p), a); break;
-      case DT_F16: go(router_kernel<__half>, blocks, kThreads, smem, static_cast<const __half*>(W.p), a); break;
-      default: go(router_kernel<__nv_bfloat16>, blocks, kThreads, smem, static_cast<const __nv_bfloat16*>(W.p), a);
-    }
+    const bool pick = opts.decode.pick_in_kernels;
+    matvec(d.router, x, d.post_norm, rlogits, 0, K_ROUTER);
+    if (pick && !d.q.bits) return;  // gate_up does the top-k
+    const ExpertSel es{d.gu_tab, d.down_tab, pick ? sel : nullptr};
+    go(topk_kernel, 1, 32, 0, rlogits, int(c.num_experts), int(c.num_experts_per_tok), c.norm_topk_prob ? 1 : 0,
+       d.has_shared ? 1 : 0, eids, ew, d.tc, es);
     mark(K_ROUTER);
   }
 
@@ -742,16 +588,17 @@ struct CudaModel::Impl {
   // twice as long at 8.) The graph is captured per capacity (ensure_cap
   // drops it), so this follows the cache.
   int attn_blocks(int cap, int hd) const {
-    if (hd % 8 || hd > 256 || attn_split == 0) return 1;  // attn_kernel's vec path only
-    if (attn_split == 2) return 4;  // force (tests)
+    using Split = DecodeOptions::AttentionSplit;
+    const Split mode = opts.decode.attention_split;
+    if (hd % 8 || hd > 256 || mode == Split::Off) return 1;  // attn_kernel's vec path only
+    if (mode == Split::Force) return 4;  // tests
     return std::clamp(cap / 256, 1, 8);
   }
 
   // The delta step on delta2_kernel (a cluster of blocks per head) where
   // its shapes allow; false: the caller launches delta_kernel.
   bool delta_cluster(const DeltaArgs& a) {
-    if (!delta2) return false;
-    int cpb = delta2 == 2 ? 8 : 32;  // 2 (tests): 8 columns per block, clusters even on small heads
+    int cpb = opts.decode.force_small_delta_clusters ? 8 : 32;  // 8 (tests): clusters even on small heads
     if (a.dv % cpb || a.dv / cpb > 8) cpb = 32;
     if (a.dv % cpb || a.dv / cpb > 8) return false;
     cluster_next = a.dv / cpb;
@@ -776,7 +623,7 @@ struct CudaModel::Impl {
     dim3 g1((a.maxI + kWarps - 1) / kWarps, slots);
     go(gate_up_kernel<T>, g1, kThreads, size_t(a.H) * 4, a);
     mark(K_EXPERTS);
-    if (down2 && slots >= 2 && slots <= kDown2MaxSlots) {
+    if (slots >= 2 && slots <= kDown2MaxSlots) {
       // 8 rows per warp when that grid is one resident wave (the 35B: 256
       // blocks of 9 warps, 2 per SM), else 4 (fewer registers per thread).
       auto waves = [&](const void* fn, int R) {
@@ -789,9 +636,9 @@ struct CudaModel::Impl {
       // was final two kernels back (not made by gate_up itself).
       const int ch = (std::max(a.I, a.Is) * int(sizeof(T)) + 511) / 512;  // 16-byte chunks per lane and row
       const int early = !a.logits || a.presel ? 1 : 0;
-      if (down_pre && r8 && ch == 1) go(down_early_kernel<T, 8, 1>, (a.H + 7) / 8, slots * 32, 0, a, early);
-      else if (down_pre && r8 && ch == 2) go(down_early_kernel<T, 8, 2>, (a.H + 7) / 8, slots * 32, 0, a, early);
-      else if (down_pre && !r8 && ch <= 4) go(down_early_kernel<T, 4, 4>, (a.H + 3) / 4, slots * 32, 0, a, early);
+      if (r8 && ch == 1) go(down_early_kernel<T, 8, 1>, (a.H + 7) / 8, slots * 32, 0, a, early);
+      else if (r8 && ch == 2) go(down_early_kernel<T, 8, 2>, (a.H + 7) / 8, slots * 32, 0, a, early);
+      else if (!r8 && ch <= 4) go(down_early_kernel<T, 4, 4>, (a.H + 3) / 4, slots * 32, 0, a, early);
       else if (r8) go(down2_kernel<T, 8>, (a.H + 7) / 8, slots * 32, 0, a);
       else go(down2_kernel<T, 4>, (a.H + 3) / 4, slots * 32, 0, a);
       mark(K_EXPERTS);
@@ -800,7 +647,7 @@ struct CudaModel::Impl {
     int split = 1;
     while (split * 2 <= std::min(slots, kWarps)) split *= 2;
     const int rpb = kWarps / split;
-    const int blocks = std::min((a.H + rpb - 1) / rpb, prop.multiProcessorCount * bps);
+    const int blocks = std::min((a.H + rpb - 1) / rpb, prop.multiProcessorCount * kBlocksPerSm);
     MoeArgs b = a;
     b.pf_rows = pf_rows(size_t(slots) * a.H * std::max(a.I, a.Is) * sizeof(T), a.H, blocks, rpb);
     go(down_kernel<T>, blocks, kThreads, 0, b, split);
@@ -810,7 +657,7 @@ struct CudaModel::Impl {
   // The experts of a layer of quantised experts (shared expert in storage type sdt).
   template <int BITS>
   void moe_launch_q(const MoeArgs& a, int slots, const QExpert& q, int sdt) {
-    const int blocks = std::min((a.H + kWarps - 1) / kWarps, prop.multiProcessorCount * bps);
+    const int blocks = std::min((a.H + kWarps - 1) / kWarps, prop.multiProcessorCount * kBlocksPerSm);
     // gate_up: x, its chunk-major copy and 8-column sums; down: the routed
     // slots' h, chunk-major, and sums (stage_chunks).
     const size_t s1 = size_t(a.H) * 4 * 2 + size_t(a.H) / 8 * 4, s2 = size_t(a.k) * a.I * 4 + size_t(a.k) * a.I / 8 * 4;
@@ -864,16 +711,9 @@ struct CudaModel::Impl {
       const int sl = slot[li];
       if (!d.full) {
         matvec(d.lin_in, x, d.in_norm, proj, 0, K_PROJ, d.rfold ? cat : nullptr);
-        if (!fuse_conv) {
-          go(conv_kernel, (C + 255) / 256, 256, 0, proj, C, K, d.conv_w, s.conv[sl], convout);
-          mark(K_CONV);
-        }
+        go(conv_kernel, (C + 255) / 256, 256, 0, proj, C, K, d.conv_w, s.conv[sl], convout);
+        mark(K_CONV);
         DeltaArgs a;
-        a.fused = fuse_conv ? 1 : 0;
-        a.K = K;
-        a.taps = d.conv_w;
-        a.cstate = s.conv[sl];
-        a.pos = s.d_pos;
         a.conv = convout;
         a.proj = proj;
         a.zoff = C;
@@ -917,7 +757,7 @@ struct CudaModel::Impl {
         a.hd = hd;
         a.ns = s.ns;
         a.scale = 1.0f / std::sqrt(float(hd));
-        a.prefetch = attn_pf ? 1 : 0;
+        a.prefetch = 1;
         const int groups = std::max(8, 256 / hd);  // 8: the warps' partials (attn_kernel)
         const size_t smem = size_t(2 * hd + groups * hd) * 4;
         a.split = attn_blocks(s.cap, hd);
@@ -945,10 +785,8 @@ struct CudaModel::Impl {
       a.x = x;
       a.hb = hb;
       a.ids = eids;
-      a.sel = d.moe && use_sel ? sel : nullptr;
-      a.xn = d.moe && fuse ? xn : nullptr;
-      a.ilp = ilp;
-      a.nw_pre = nw_pre ? 1 : 0;
+      const bool pick = opts.decode.pick_in_kernels;
+      a.sel = d.moe && pick ? sel : nullptr;
       int slots;
       if (d.moe) {
         if (!d.rfold) route(d);  // else the logits came with the output projection
@@ -963,7 +801,7 @@ struct CudaModel::Impl {
         a.s_down = d.s_down.p;
         a.Is = d.has_shared ? d.s_down.cols : 0;
         slots = a.k + a.has_shared;
-        if (gu_topk && (!d.q.bits || d.rfold)) {
+        if (pick && (!d.q.bits || d.rfold)) {
           a.logits = rlogits;
           a.E = int(m.num_experts);
           a.norm_topk = m.norm_topk_prob ? 1 : 0;
@@ -973,7 +811,7 @@ struct CudaModel::Impl {
           a.w_out = ew;
           a.sel = sel;
           a.folded = d.rfold ? 1 : 0;
-          a.presel = d.rfold && presel ? 1 : 0;
+          a.presel = d.rfold ? 1 : 0;
         }
       } else {
         a.gu_tab = nullptr;
@@ -1004,7 +842,6 @@ struct CudaModel::Impl {
       mark(K_ARGMAX);
     }
     go(advance_kernel, 1, 1, 0, s.d_pos, s.d_step);
-    flush(true);
     check(cudaGetLastError(), "advance");
   }
 
@@ -1036,7 +873,7 @@ struct CudaModel::Impl {
     if (s.window > 0 || s.h2o || slots <= s.cap) return;
     int64_t nc = std::max<int64_t>(int64_t(s.cap) * 2, slots);
     nc = (nc + 255) / 256 * 256;
-    if (nc > (int64_t(1) << 30)) fail("CUDA backend: context too long");
+    if (nc > (int64_t(1) << 30)) fail_device(DeviceFailure::Unsupported, "CUDA backend: context too long (2^30 positions)");
     s.drop_graphs();
     const size_t row = size_t(s.nkv) * s.hd;
     for (KvLayer& l : s.kvl) {
@@ -1064,12 +901,12 @@ struct CudaModel::Impl {
   }
 
   // The batched prefill, made at its first use; null where it cannot run
-  // (switched off, shapes it does not cover, the conv state layout of
-  // FUSE_CONV, no device memory left for its buffers): token by token then.
+  // (switched off, shapes it does not cover, no device memory left for its
+  // buffers): token by token then.
   Prefill* batched() {
     if (prefill_tried) return prefill.get();
     prefill_tried = true;
-    if (!batch || fuse_conv) return nullptr;
+    if (!opts.decode.batched_prefill) return nullptr;
     PrefillModel pm;
     pm.c = &c;
     pm.L = &L;
@@ -1079,6 +916,7 @@ struct CudaModel::Impl {
     pm.final_norm = final_norm;
     pm.inv_freq = inv_freq;
     pm.stream = stream;
+    pm.profile = opts.decode.prefill_profile;
     int max_t = chunk;
     if (disk) {
       // Every expert a chunk chooses must be resident at once (host or
@@ -1149,7 +987,7 @@ const ModelConfig& CudaModel::config() const { return p_->c; }
 std::string CudaModel::device_name() const { return p_->prop.name; }
 int64_t CudaModel::weight_bytes_total() const { return p_->bytes_total; }
 int64_t CudaModel::weight_bytes_per_token() const { return p_->bytes_per_token; }
-void CudaModel::set_use_graph(bool on) { p_->use_graph = on && !p_->disk; }
+void CudaModel::set_use_graph(bool on) { p_->use_graph = on && !p_->disk; }  // the disk tier waits for the host inside a step
 
 std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaOptions& o) {
   std::unique_ptr<CudaModel> cm(new CudaModel);
@@ -1220,8 +1058,8 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
         tiered = m.make_tiers(gu_bytes, dn_bytes, moe);
       }
       if (tiered && moe_index > 0 && (gu_bytes != tier_gu || dn_bytes != tier_dn))
-        fail("--gpu-expert-cache: the experts of " + p + "have a different storage format than those of the "
-             "first MoE layer; use --device cpu");
+        fail_device(DeviceFailure::Unsupported, "--gpu-expert-cache: the experts of " + p +
+                                                    "have a different storage format than those of the first MoE layer");
       uint8_t *gu_dst, *dn_dst;
       bool host_dst = tiered;
       if (tiered) {
@@ -1454,8 +1292,8 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv) const {
   kv.validate();
   const KvRetention ret = kv.retention();
   if (kv.capacity() > (int64_t(1) << 30))
-    fail("CUDA backend: a KV cache of " + std::to_string(kv.capacity()) +
-         " positions per layer is more than it supports (2^30); use a smaller --kv-window / --kv-h2o / --kv-streaming");
+    fail_device(DeviceFailure::Unsupported, "CUDA backend: a KV cache of " + std::to_string(kv.capacity()) +
+                                                " positions per layer is more than it supports (2^30)");
   CK(cudaSetDevice(m.dev));
   auto st = std::make_unique<CudaState>();
   st->p_ = std::make_unique<CudaState::Impl>();
@@ -1472,7 +1310,7 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv) const {
     case KvDType::FP8: s.kvt = KV_FP8; s.el = 1; break;
   }
   s.ns = kv.dtype != KvDType::FP8 ? 0 : kv.fp8_scale == Fp8ScaleMode::Head ? s.nkv : 1;
-  if (s.ns > 64) fail("CUDA backend: more than 64 KV heads with per-head fp8 scales is not supported");
+  if (s.ns > 64) fail_device(DeviceFailure::Unsupported, "CUDA backend: more than 64 KV heads with per-head fp8 scales is not supported");
   if (ret == KvRetention::Window) s.window = int(kv.window);
   if (ret == KvRetention::Streaming) {
     s.window = int(kv.window);
@@ -1505,7 +1343,8 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv) const {
         CK(cudaMemset(b.kpos, 0xff, size_t(s.cap) * 4));  // -1: free
       }
     } else {
-      // [C][K]: the fused kernel keeps a ring of K inputs, the unfused one K-1.
+      // [C][K-1] in use (the K-1 previous inputs per channel); C * K floats
+      // allocated, the size of the buffer in state images (save_state).
       s.conv.push_back(static_cast<float*>(dev_alloc(size_t(C * Kc) * 4, "conv state")));
       CK(cudaMemset(s.conv.back(), 0, size_t(C * Kc) * 4));
       s.ssm.push_back(static_cast<float*>(dev_alloc(size_t(ssm_n) * 4, "delta-rule state")));

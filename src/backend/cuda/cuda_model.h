@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/decode_options.h"
 #include "format/config.h"
 #include "kv/kv_config.h"
 #include "model/qwen_model.h"
@@ -52,6 +53,9 @@ struct CudaOptions {
   // outlive the CudaModel then.
   double host_cache_gb = -1;
   double host_cache_fraction = -1;
+  // Decode-step and prefill settings (tests, benchmarks); the defaults are
+  // the fastest paths.
+  DecodeOptions decode;
   // CudaModel::synthetic only: the routed experts quantised (q8/q4, groups
   // of synthetic_group columns) instead of bf16.
   QuantKind synthetic_experts = QuantKind::None;

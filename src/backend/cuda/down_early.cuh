@@ -1,5 +1,5 @@
-// The down projection with its weights loaded before the PDL wait
-// (FLASHMOE_CUDA_DOWNPRE, v14 in bench/NOTES-cuda.md). down2_kernel issues
+// The down projection with its weights loaded before the PDL wait (v14 in
+// bench/NOTES-cuda.md). down2_kernel issues
 // its one round of loads after gate_up has completed; but which experts'
 // rows it reads was decided two kernels back (the pick in the output
 // projection's launch, or the router / top-k kernel), so those rows can be

@@ -178,7 +178,7 @@ __device__ __forceinline__ void rows_dot(const T* __restrict__ w, size_t step, i
 // The norm weights (1 + nw[i]) of this thread's elements, i = threadIdx.x +
 // k * blockDim.x, read into registers before the PDL wait: they are weights,
 // and read after it they were one more DRAM round trip on every normed
-// kernel's critical path (FLASHMOE_CUDA_NWPRE, v14).
+// kernel's critical path (v14 in bench/NOTES-cuda.md).
 constexpr int kNormPer = 8;  // elements per thread held (cols <= kNormPer * blockDim.x)
 struct NormPre {
   float w[kNormPer];
@@ -258,18 +258,19 @@ __device__ __forceinline__ void prefetch_rows(const T* W, int rows, int cols, in
 
 // y[r] (+)= W[r,:] . xs for the rows of this block. `split` warps share a
 // row (each a slice of the columns; partials summed in a fixed order),
-// kWarps/split rows per block, blocks loop over rows (grid-stride), two
-// rows per warp at a time when ilp is set (three when ilp is 3: for a
-// matrix that needs three rows per warp, one batch of loads instead of two).
-// Splitting keeps enough loads in flight for matrices of few rows.
+// kWarps/split rows per block, blocks loop over rows (grid-stride), `per`
+// rows per warp at a time (2, or 3 for a matrix that needs three rows per
+// warp: one batch of loads instead of two). Several rows' loads in flight
+// per warp shorten the chain of dependent load rounds; splitting keeps
+// enough loads in flight for matrices of few rows.
 template <typename T>
 __device__ __forceinline__ void matvec_rows(const T* __restrict__ W, int rows, int cols, const float* xs,
-                                            float* __restrict__ y, int accumulate, int split, int ilp,
+                                            float* __restrict__ y, int accumulate, int split, int per,
                                             int bid, int nb) {  // this block's index among the nb doing W
   __shared__ float part[3][kWarps];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rpb = kWarps / split, sub = warp % split, lr = warp / split, chunk = cols / split;
-  const int stride = nb * rpb, per = ilp >= 3 ? 3 : ilp ? 2 : 1;
+  const int stride = nb * rpb;
   for (int r0 = bid * rpb; r0 < rows; r0 += per * stride) {
     const int r = r0 + lr;
     int n = 0;
@@ -303,29 +304,29 @@ __device__ __forceinline__ void matvec_rows(const T* __restrict__ W, int rows, i
 }
 
 // y[r] (+)= W[r,:] . norm(x) (norm skipped when nw is null).
+// per: rows per warp at a time (matvec_rows).
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 4) matvec_kernel(const T* __restrict__ W, int rows, int cols,
                                                           const float* __restrict__ x, const float* __restrict__ nw,
                                                           float eps, float* __restrict__ y, int accumulate, int split,
-                                                          int pf_rows, int ilp, int xdirect, float* __restrict__ xcopy,
-                                                          int nw_pre) {
+                                                          int pf_rows, int per, float* __restrict__ xcopy) {
   extern __shared__ __align__(16) float xs[];
   prefetch_rows(W, rows, cols, split, pf_rows);
   NormPre pre;
-  norm_preload(nw, cols, nw_pre, pre);
+  norm_preload(nw, cols, true, pre);
   pdl_wait();
   pdl_trigger();
   // The layer's input residual, kept for the folded router (outproj_router_kernel).
   if (xcopy && blockIdx.x == gridDim.x - 1)
     for (int i = threadIdx.x; i < cols; i += blockDim.x) xcopy[i] = x[i];
-  if (!nw && xdirect) {
+  if (!nw) {
     // No norm: each warp reads its slice of x straight from L1/L2 alongside
     // the weights, instead of the block staging all of x first.
-    matvec_rows(W, rows, cols, x, y, accumulate, split, ilp, blockIdx.x, gridDim.x);
+    matvec_rows(W, rows, cols, x, y, accumulate, split, per, blockIdx.x, gridDim.x);
     return;
   }
   load_x(x, nw, eps, cols, xs, &pre);
-  matvec_rows(W, rows, cols, xs, y, accumulate, split, ilp, blockIdx.x, gridDim.x);
+  matvec_rows(W, rows, cols, xs, y, accumulate, split, per, blockIdx.x, gridDim.x);
 }
 
 // R (see outproj_router_kernel) from the router Wr [rows][H], the norm
@@ -403,27 +404,7 @@ struct DeltaArgs {
   float* out;           // [nv*dv]
   int nk, nv, dk, dv;
   float eps;
-  // fused: the conv1d + SiLU is computed here from proj[0..C) (conv is then
-  // unused), with the state kept as a ring of the last K inputs per channel.
-  int fused, K;
-  const float* taps;  // [C][K]
-  float* cstate;      // [C][K] ring: input of position p at p % K
-  const int* pos;
 };
-
-// Causal depthwise conv + SiLU of one channel at position pos over the ring
-// state (the slot written, pos % K, is never one this step reads, so blocks
-// sharing a channel do not race; only one of them writes it).
-__device__ __forceinline__ float conv_ring(const DeltaArgs& a, int ch, int pos, bool write) {
-  const int K = a.K;
-  float* st = a.cstate + size_t(ch) * K;
-  const float* tp = a.taps + size_t(ch) * K;
-  const float v = a.proj[ch];
-  float acc = tp[K - 1] * v;
-  for (int m = K - 1; m >= 1; --m) acc += tp[K - 1 - m] * st[(pos - m + K * 4) % K];  // same order as conv_kernel
-  if (write) st[pos % K] = v;
-  return siluf_(acc);
-}
 
 // One block per value head. DK > 0: SPLIT threads per value column j, each
 // holding DK/SPLIT rows of the state column in registers (blockDim = dv*SPLIT);
@@ -437,12 +418,10 @@ __global__ void delta_kernel(DeltaArgs a) {
   const int j = threadIdx.x / SPLIT, part = threadIdx.x % SPLIT;
   pdl_wait();
   pdl_trigger();
-  const int pos = a.fused ? *a.pos : 0;
-  const bool wqk = (h % r) == 0;  // one block per key group writes its q/k conv state
   float sq = 0.f, sk = 0.f;
   for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-    const float qi = a.fused ? conv_ring(a, g * dk + i, pos, wqk) : a.conv[g * dk + i];
-    const float ki = a.fused ? conv_ring(a, a.nk * dk + g * dk + i, pos, wqk) : a.conv[a.nk * dk + g * dk + i];
+    const float qi = a.conv[g * dk + i];
+    const float ki = a.conv[a.nk * dk + g * dk + i];
     q[i] = qi;
     k[i] = ki;
     sq += qi * qi;
@@ -462,7 +441,7 @@ __global__ void delta_kernel(DeltaArgs a) {
   const bool active = j < dv;
   float* S = a.S + size_t(h) * dk * dv + (active ? j : 0);
   const int vch = 2 * a.nk * dk + h * dv + j;
-  const float v = !active ? 0.f : a.fused ? conv_ring(a, vch, pos, part == 0) : a.conv[vch];
+  const float v = active ? a.conv[vch] : 0.f;
   if constexpr (DK > 0) {
     constexpr int R = DK / SPLIT;
     const int i0 = part * R;
@@ -516,8 +495,8 @@ struct ExpertSel {
 
 // Router: softmax over E logits, top-k (ties: lower index), renormalised
 // weights; the shared expert's gate logit is logits[E]. One warp, E <= 512.
-// Logits are read through L2 (.cg): in the fused router they were written
-// by other blocks of the same grid.
+// Logits are read through L2 (.cg): in outproj_router_kernel they were
+// written by other blocks of the same grid.
 __device__ __forceinline__ void topk_warp(const float* logits, int E, int k, int norm_topk, int has_shared, int* ids,
                                           float* w, TierCount tc, ExpertSel sel, float scale = 1.0f) {
   constexpr int PER = 16;
@@ -644,7 +623,7 @@ struct OutRouterArgs {
   const float* R;    // [rowsR][H + O]
   float* logits;     // [rowsR] R . cat
   int H, O, rowsR;
-  int splitA, splitR, nbA, nbR, ilp;
+  int splitA, splitR, nbA, nbR;
   // Expert selection by the last router block (sel.out null: none).
   int E, k;
   int* ids;
@@ -659,7 +638,7 @@ __global__ void __launch_bounds__(kThreads) outproj_router_kernel(const T* __res
   pdl_wait();
   pdl_trigger();
   if (int(blockIdx.x) < a.nbR) {
-    matvec_rows<float>(a.R, a.rowsR, a.H + a.O, a.cat, a.logits, 0, a.splitR, a.ilp, blockIdx.x, a.nbR);
+    matvec_rows<float>(a.R, a.rowsR, a.H + a.O, a.cat, a.logits, 0, a.splitR, 2, blockIdx.x, a.nbR);
     if (!a.sel.out) return;
     // The last router block picks the experts. The top-k of logits * s is
     // that of the logits for any s > 0, so the pick needs no rms(x_new): it
@@ -677,44 +656,7 @@ __global__ void __launch_bounds__(kThreads) outproj_router_kernel(const T* __res
     if (threadIdx.x == 0) *a.done = 0;
     return;
   }
-  matvec_rows<T>(W, a.H, a.O, a.cat + a.H, a.x, 1, a.splitA, a.ilp, int(blockIdx.x) - a.nbR, a.nbA);
-}
-
-// Router matvec and top-k in one launch: every block computes its router
-// rows; the last block to finish (a counter, reset by that block) runs the
-// top-k. Saves a kernel boundary per MoE layer.
-struct RouterArgs {
-  int rows, cols, E, k, norm_topk, has_shared, split, pf_rows, ilp;
-  const float* x;
-  const float* nw;
-  float eps;
-  float* logits;  // [rows]
-  int* ids;
-  float* w;
-  unsigned* done;  // zero between launches
-  TierCount tc;
-  ExpertSel sel;
-  float* xn;  // block 0 stores the normed x here for the expert kernels (may be null)
-};
-template <typename T>
-__global__ void __launch_bounds__(kThreads) router_kernel(const T* __restrict__ W, RouterArgs a) {
-  extern __shared__ __align__(16) float xs[];
-  __shared__ int last;
-  prefetch_rows(W, a.rows, a.cols, a.split, a.pf_rows);
-  pdl_wait();
-  pdl_trigger();
-  load_x(a.x, a.nw, a.eps, a.cols, xs);
-  if (a.xn && blockIdx.x == 0)
-    for (int i = threadIdx.x; i < a.cols; i += blockDim.x) a.xn[i] = xs[i];
-  matvec_rows(W, a.rows, a.cols, xs, a.logits, 0, a.split, a.ilp, blockIdx.x, gridDim.x);
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(a.done, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  if (threadIdx.x < 32) topk_warp(a.logits, a.E, a.k, a.norm_topk, a.has_shared, a.ids, a.w, a.tc, a.sel);
-  if (threadIdx.x == 0) *a.done = 0;
+  matvec_rows<T>(W, a.H, a.O, a.cat + a.H, a.x, 1, a.splitA, 2, int(blockIdx.x) - a.nbR, a.nbA);
 }
 
 struct MoeArgs {
@@ -727,8 +669,6 @@ struct MoeArgs {
   const float* w;      // [k (+1)]
   int k, I, Is, H, maxI, has_shared;
   int pf_rows;  // down: rows per warp prefetched before the wait
-  int ilp;      // several rows per warp at once (rows_dot)
-  const float* xn;  // x already normed by the router (null: norm x here with norm_w)
   const float* norm_w;
   float eps;
   float* x;   // residual stream [H] (input of gate_up, accumulated by down)
@@ -743,7 +683,6 @@ struct MoeArgs {
   int E, norm_topk;
   int folded;  // logits are the folded router's, not yet divided by rms(x) (outproj_router_kernel)
   int presel;  // the experts were picked by outproj_router_kernel (ids, sel): only the weights are left
-  int nw_pre;  // norm weights into registers before the wait (norm_preload)
   TierCount tc;
   ExpertSel tsel;  // tables; .out: where block (0,0) publishes the row pointers
   int* ids_out;
@@ -767,11 +706,11 @@ __global__ void __launch_bounds__(kThreads, 5) gate_up_kernel(MoeArgs a) {
   else if (a.logits && !a.presel && warp == 0)
     prefetch_tables(a.tsel, a.E);
   NormPre pre;
-  norm_preload(a.norm_w, a.H, a.nw_pre && !a.xn, pre);
+  norm_preload(a.norm_w, a.H, true, pre);
   pdl_wait();
   pdl_trigger();
   // x normed first: its scale 1/rms also turns folded router logits into logits.
-  const float rx = load_x(a.xn ? a.xn : a.x, a.xn ? nullptr : a.norm_w, a.eps, a.H, xs, &pre);
+  const float rx = load_x(a.x, a.norm_w, a.eps, a.H, xs, &pre);
   const T* W;
   if (shared) {
     W = static_cast<const T*>(a.s_gu);
@@ -807,13 +746,8 @@ __global__ void __launch_bounds__(kThreads, 5) gate_up_kernel(MoeArgs a) {
     W = static_cast<const T*>(a.sel ? a.sel[j] : a.gu_tab[a.ids[j]]);
   }
   for (int r = blockIdx.x * kWarps + warp; r < I; r += gridDim.x * kWarps) {
-    float gu[2];
-    if (a.ilp) {
-      rows_dot<T, 2>(W + size_t(r) * a.H, size_t(I) * a.H, 2, xs, a.H, lane, gu);
-    } else {
-      gu[0] = row_dot<T>(W + size_t(r) * a.H, xs, a.H, lane);
-      gu[1] = row_dot<T>(W + size_t(I + r) * a.H, xs, a.H, lane);
-    }
+    float gu[2];  // the gate and up rows' loads in flight together
+    rows_dot<T, 2>(W + size_t(r) * a.H, size_t(I) * a.H, 2, xs, a.H, lane, gu);
     const float g = warp_sum(gu[0]), u = warp_sum(gu[1]);
     if (lane == 0) a.hb[j * a.maxI + r] = siluf_(g) * u;
   }
@@ -838,10 +772,10 @@ __global__ void __launch_bounds__(kThreads, 4) down_kernel(MoeArgs a, int split)
     }
   pdl_wait();
   pdl_trigger();
-  // ilp: kDownRows rows per warp at a time (r, r + stride, ...), one slot after another.
+  // kDownRows rows per warp at a time (r, r + stride, ...), one slot after another.
   constexpr int kDownRows = 2;
   __shared__ float part4[kDownRows][kWarps];
-  const int stride = gridDim.x * rpb, per = a.ilp ? kDownRows : 1;
+  const int stride = gridDim.x * rpb, per = kDownRows;
   for (int r0 = blockIdx.x * rpb; r0 < a.H; r0 += per * stride) {
     const int r = r0 + lr;
     int n = 0;

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/gemm.cuh"
@@ -64,21 +63,12 @@ void* Prefill::alloc(size_t bytes) {
 }
 
 Prefill::Prefill(const PrefillModel& m, int max_tokens) : m_(m), tmax_(max_tokens) {
-  if (const char* e = std::getenv("FLASHMOE_CUDA_PREFILL_PROFILE")) profile_ = std::string(e) == "1";
+  profile_ = m.profile;
   phase_ms_.assign(P_N, 0.0);
-  if (const char* e = std::getenv("FLASHMOE_CUDA_GEMM")) pipe_ = std::string(e) != "simple";
-  if (const char* e = std::getenv("FLASHMOE_CUDA_GEMM_BK")) {
-    pipe_bk_ = std::atoi(e) == 32 ? 32 : 64;
-    pipe_bk_forced_ = true;
-  }
-  if (const char* e = std::getenv("FLASHMOE_CUDA_ATTN_HPB")) attn_hpb_ = std::string(e) != "0";
   auto smem = [](auto kern, size_t bytes) {
     CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
   };
   smem(gemm_pipe_kernel<64, 32>, PipeShape<64, 32>::kSmem);
-  smem(gemm_pipe_kernel<32, 32>, PipeShape<32, 32>::kSmem);
-  smem(gemm_pipe_kernel<16, 32>, PipeShape<16, 32>::kSmem);
-  smem(gemm_pipe_kernel<64, 64>, PipeShape<64, 64>::kSmem);
   smem(gemm_pipe_kernel<32, 64>, PipeShape<32, 64>::kSmem);
   smem(gemm_pipe_kernel<16, 64>, PipeShape<16, 64>::kSmem);
   int dev = 0;
@@ -199,15 +189,9 @@ void Prefill::gemm(int dt, const GemmArgs& a, int bm, int grid_y, SplitRows sp) 
     // 64 columns of K per stage paid on every product but the tallest tiles
     // (64 rows: 140 registers and 110 KB per block, 2 blocks per SM), where
     // 32 was faster (bench/NOTES-cuda.md, prefill).
-    if (pipe_bk_ == 64 && (bm < 64 || pipe_bk_forced_)) {
-      if (bm == 64) go(gemm_pipe_kernel<64, 64>, PipeShape<64, 64>::kSmem);
-      else if (bm == 32) go(gemm_pipe_kernel<32, 64>, PipeShape<32, 64>::kSmem);
-      else go(gemm_pipe_kernel<16, 64>, PipeShape<16, 64>::kSmem);
-    } else {
-      if (bm == 64) go(gemm_pipe_kernel<64, 32>, PipeShape<64, 32>::kSmem);
-      else if (bm == 32) go(gemm_pipe_kernel<32, 32>, PipeShape<32, 32>::kSmem);
-      else go(gemm_pipe_kernel<16, 32>, PipeShape<16, 32>::kSmem);
-    }
+    if (bm == 64) go(gemm_pipe_kernel<64, 32>, PipeShape<64, 32>::kSmem);
+    else if (bm == 32) go(gemm_pipe_kernel<32, 64>, PipeShape<32, 64>::kSmem);
+    else go(gemm_pipe_kernel<16, 64>, PipeShape<16, 64>::kSmem);
     check(cudaGetLastError(), "batched prefill: matrix product");
     return;
   }
@@ -265,7 +249,8 @@ void Prefill::attend_chunk(const PrefillState& s, const DLayer& d, const KvLayer
   a.ns = s.ns;
   a.scale = 1.0f / std::sqrt(float(hd));
   const int group = nh / std::max(nkv, 1);
-  a.hpb = attn_hpb_ && group <= 8 && 8 % group == 0 ? group : 1;
+  // A block takes all query heads of one KV head (K/V rows shared through L1).
+  a.hpb = group <= 8 && 8 % group == 0 ? group : 1;
   a.lse = kv.acc ? lse_ : nullptr;
   const dim3 g{unsigned(nh / a.hpb), unsigned(T)};
   switch (s.kvt) {
@@ -400,7 +385,7 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
     const DLayer& d = (*m_.L)[li];
     const int sl = (*m_.slot)[li];
     norm_rows_kernel<<<T, 256, 0, st>>>(x_, d.in_norm, H, c.rms_norm_eps, xn_);
-    const SplitRows xs = pipe_ ? split(xn_, T, H, true) : SplitRows{};
+    const SplitRows xs = split(xn_, T, H, true);
     mark(P_NORM);
     if (!d.full) {
       dense(d.lin_in, xn_, proj_, proj_stride_, GEMM_STORE, 0, xs);
@@ -460,7 +445,7 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
     check(cudaGetLastError(), d.full ? "batched prefill: attention" : "batched prefill: linear attention");
     // Feed-forward.
     norm_rows_kernel<<<T, 256, 0, st>>>(x_, d.post_norm, H, c.rms_norm_eps, xn_);
-    const SplitRows fs = pipe_ ? split(xn_, T, H, true) : SplitRows{};
+    const SplitRows fs = split(xn_, T, H, true);
     mark(P_NORM);
     if (!d.moe) {
       dense(d.s_gu, xn_, hs_, d.s_down.cols, GEMM_SWIGLU, d.s_down.cols, fs);
