@@ -24,6 +24,7 @@
 #include "backend/cuda/quant_experts.cuh"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "model/plan.h"
 
 namespace flashmoe {
 
@@ -94,8 +95,8 @@ struct CudaModel::Impl {
   DMat embed, lm_head;
   float* final_norm = nullptr;
   std::vector<DLayer> L;
-  std::vector<int> slot;  // per layer: index among full or linear layers
-  float* inv_freq = nullptr;
+  ModelPlan plan;  // the layers in order (make_plan), walked by the decode step and the prefill
+  float* inv_freq = nullptr;  // plan.rope_inv_freq on the device
   float* ones = nullptr;
   float *x = nullptr, *proj = nullptr, *convout = nullptr, *lin_o = nullptr, *q = nullptr, *attn_o = nullptr,
         *rlogits = nullptr, *ew = nullptr, *hb = nullptr, *logits = nullptr;
@@ -110,7 +111,6 @@ struct CudaModel::Impl {
   float* presel_w = nullptr;
   float* cat = nullptr;  // [H + O]: the layer's input residual (copied by the in-proj), then o (lin_o / attn_o)
   const void** sel = nullptr;  // [2k] expert row pointers chosen by the top-k
-  unsigned* router_done = nullptr;
   CudaOptions opts;
   std::unique_ptr<ExpertTiers> tiers;
   int64_t bytes_total = 0, bytes_per_token = 0;
@@ -295,9 +295,9 @@ struct CudaModel::Impl {
   // (read from disk where needed) before its expert kernels.
   bool disk = false;
   std::vector<int64_t> disk_layers;  // model layer of each MoE layer (the loader's store requests)
-  void disk_fetch(const DLayer& d) {
+  void disk_fetch(int mi) {
     const int k = int(c.num_experts_per_tok);
-    fetch_experts(d.mi, eids, k);
+    fetch_experts(mi, eids, k);
     pdl_next = false;  // the expert kernels start after the table updates, not during them
   }
   // The n expert ids at d_ids (device) of MoE layer mi resident, tables set on the stream.
@@ -330,15 +330,8 @@ struct CudaModel::Impl {
     if (m.num_experts > 512) fail_device(DeviceFailure::Unsupported, "CUDA backend: more than 512 experts is not supported");
     if (m.num_experts_per_tok > 32) fail_device(DeviceFailure::Unsupported, "CUDA backend: top-k above 32 is not supported");
     if (m.num_kv_heads > 0 && (m.num_heads % m.num_kv_heads) != 0) fail_device(DeviceFailure::Unsupported, "CUDA backend: heads not a multiple of kv heads");
-    const int64_t rd = m.rotary_dim;
-    std::vector<float> inv;
-    for (int64_t i = 0; i < rd / 2; ++i) {
-      float f = float(1.0 / std::pow(m.rope_theta, double(2 * i) / double(rd)));
-      if (m.torch_dtype == "bfloat16") f = bf16_to_f32(f32_to_bf16(f));
-      else if (m.torch_dtype == "float16") f = f16_to_f32(f32_to_f16(f));
-      inv.push_back(f);
-    }
-    if (inv.empty()) inv.push_back(0.f);
+    std::vector<float> inv = plan.rope_inv_freq;
+    if (inv.empty()) inv.push_back(0.f);  // no rotary dims: a valid pointer all the same
     inv_freq = upload_vec(inv, "rotary frequencies");
     ones = upload_vec({1.0f, 1.0f}, "constants");
     int proj_rows = 1;
@@ -359,7 +352,6 @@ struct CudaModel::Impl {
     maxI = int(std::max({m.moe_intermediate, m.shared_intermediate, m.intermediate_size, int64_t(1)}));
     hb = alloc_f(size_t(m.num_experts_per_tok + 1) * maxI, "expert activations");
     logits = alloc_f(size_t(m.vocab_size), "logits");
-    router_done = static_cast<unsigned*>(alloc(4, "router counter"));
     sel = static_cast<const void**>(alloc(size_t(2 * std::max<int64_t>(1, m.num_experts_per_tok)) * sizeof(void*),
                                           "expert selection"));
     presel_done = static_cast<unsigned*>(alloc(4, "router counter"));
@@ -367,22 +359,19 @@ struct CudaModel::Impl {
     CK(cudaMemset(presel_done, 0, 4));
     CK(cudaMemset(eids, 0, size_t(m.num_experts_per_tok + 1) * 4));
     CK(cudaMemset(ew, 0, size_t(m.num_experts_per_tok + 1) * 4));
-    CK(cudaMemset(router_done, 0, 4));
     CK(cudaMallocHost(&pinned_logits, size_t(m.vocab_size) * 4));
     CK(cudaMallocHost(&pinned_ids, size_t(kRing) * 4));
     // Disk tier: one token's choices, or a prefill chunk's (at most as many as host slots, so at most E).
     CK(cudaMallocHost(&pinned_eids, size_t(std::max<int64_t>(1, std::max(m.num_experts_per_tok, m.num_experts))) * 4));
-    slot.clear();
-    int full = 0, lin = 0;
-    for (auto k : m.layer_kinds) slot.push_back(k == LayerKind::Full ? full++ : lin++);
     // Bytes one decoded token reads: everything but the unrouted experts.
     bytes_per_token = int64_t(lm_head.bytes()) + int64_t(embed.cols) * int64_t(dt_size(embed.dt));
-    for (const DLayer& l : L) {
+    for (const LayerPlan& lp : plan.layers) {
+      const DLayer& l = L[size_t(lp.index)];
       // The checkpoint's bytes (the roofline's numerator): a folded router
       // reads its fp32 fold instead, more bytes, not counted here.
       bytes_per_token += int64_t(l.lin_in.bytes() + l.out_proj.bytes() + l.qkv.bytes() + l.o_proj.bytes() +
                                  l.router.bytes() + l.s_gu.bytes() + l.s_down.bytes());
-      if (l.moe)
+      if (lp.ffn == FfnKind::RoutedMoE)
         bytes_per_token += int64_t(m.num_experts_per_tok) *
                            (l.q.bits ? int64_t(l.q.gu_bytes + l.q.dn_bytes)
                                      : 3 * m.moe_intermediate * m.hidden_size * int64_t(dt_size(l.edt)));
@@ -554,11 +543,12 @@ struct CudaModel::Impl {
   }
   void fold_routers() {
     const int H = int(c.hidden_size);
-    for (DLayer& d : L) {
-      const DMat& out = d.full ? d.o_proj : d.out_proj;
+    for (const LayerPlan& l : plan.layers) {
+      DLayer& d = L[size_t(l.index)];
+      const DMat& out = l.mixer == MixerKind::GatedAttention ? d.o_proj : d.out_proj;
       // Quantised experts' gate_up cannot pick (quant_experts.cuh); with the
       // fold the pick is the output projection's (outproj_router_kernel).
-      if (!d.moe || !d.router.p || !d.post_norm || !out.p || out.rows != H || d.router.cols != H ||
+      if (l.ffn != FfnKind::RoutedMoE || !d.router.p || !d.post_norm || !out.p || out.rows != H || d.router.cols != H ||
           out.dt != d.router.dt || H % 4 != 0 || out.cols % 4 != 0)
         continue;
       switch (out.dt) {
@@ -684,6 +674,162 @@ struct CudaModel::Impl {
     else moe_launch_q<4>(a, slots, q, sdt);
   }
 
+  // A GatedDeltaNet layer's mixer (state slot sl): in-proj (input norm
+  // fused), conv1d, the delta-rule step, out-proj (+ the folded router).
+  void delta_net(CudaState::Impl& s, const DLayer& d, int sl) {
+    const ModelConfig& m = c;
+    const int nk = int(m.lin_num_k_heads), nv = int(m.lin_num_v_heads), dk = int(m.lin_k_dim), dv = int(m.lin_v_dim);
+    const int C = int(m.lin_conv_dim()), K = int(m.conv_kernel);
+    matvec(d.lin_in, x, d.in_norm, proj, 0, K_PROJ, d.rfold ? cat : nullptr);
+    go(conv_kernel, (C + 255) / 256, 256, 0, proj, C, K, d.conv_w, s.conv[size_t(sl)], convout);
+    mark(K_CONV);
+    DeltaArgs a;
+    a.conv = convout;
+    a.proj = proj;
+    a.zoff = C;
+    a.boff = C + nv * dv;
+    a.aoff = C + nv * dv + nv;
+    a.dt_bias = d.dt_bias;
+    a.neg_exp_A = d.neg_exp_A;
+    a.norm_w = d.gnorm;
+    a.S = s.ssm[size_t(sl)];
+    a.out = lin_o;
+    a.nk = nk;
+    a.nv = nv;
+    a.dk = dk;
+    a.dv = dv;
+    a.eps = m.rms_norm_eps;
+    const size_t smem = size_t(2 * dk) * 4;
+    auto th = [&](int split) { return std::min(1024, std::max(32, (dv * split + 31) / 32 * 32)); };
+    if (!delta_cluster(a)) {
+      if (dk == 128 && dv * 4 <= 1024) go(delta_kernel<128, 4>, nv, th(4), smem, a);
+      else if (dk == 64 && dv * 2 <= 1024) go(delta_kernel<64, 2>, nv, th(2), smem, a);
+      else if (dk == 32) go(delta_kernel<32, 1>, nv, th(1), smem, a);
+      else go(delta_kernel<0, 1>, nv, th(1), smem, a);
+    }
+    mark(K_DELTA);
+    if (d.rfold) outproj_router(d, d.out_proj);
+    else matvec(d.out_proj, lin_o, nullptr, x, 1, K_OUT);
+  }
+
+  // A gated attention layer's mixer (KV cache sl): q/k/v projection (input
+  // norm fused), rope + KV store, attention, h2o's scores, o_proj (+ the
+  // folded router).
+  void attention(CudaState::Impl& s, const DLayer& d, int sl) {
+    const ModelConfig& m = c;
+    const int nh = int(m.num_heads), nkv = int(m.num_kv_heads), hd = int(m.head_dim);
+    matvec(d.qkv, x, d.in_norm, proj, 0, K_PROJ, d.rfold ? cat : nullptr);
+    const AttnPrepArgs p = attn_prep_args(m, d, proj, q, s.d_pos, inv_freq, s.kvl[size_t(sl)], s.ns, s.kvt);
+    go(attn_prep_kernel, nh + 1, 128, size_t(std::max(hd, 2 * nkv * hd)) * 4, p);
+    mark(K_ATTN);
+    AttnArgs a;
+    a.q = q;
+    a.gate = proj;
+    a.scores = s.scores;
+    a.out = attn_o;
+    a.pos = s.d_pos;
+    a.kv = s.kvl[size_t(sl)];
+    a.nh = nh;
+    a.nkv = nkv;
+    a.hd = hd;
+    a.ns = s.ns;
+    a.scale = 1.0f / std::sqrt(float(hd));
+    a.prefetch = 1;
+    const int groups = std::max(8, 256 / hd);  // 8: the warps' partials (attn_kernel)
+    const size_t smem = size_t(2 * hd + groups * hd) * 4;
+    a.split = attn_blocks(s.cap, hd);
+    cluster_next = a.split;
+    switch (s.kvt) {
+      case KV_F32: go(attn_kernel<KV_F32>, nh * a.split, 256, smem, a); break;
+      case KV_BF16: go(attn_kernel<KV_BF16>, nh * a.split, 256, smem, a); break;
+      case KV_F16: go(attn_kernel<KV_F16>, nh * a.split, 256, smem, a); break;
+      default: go(attn_kernel<KV_FP8>, nh * a.split, 256, smem, a); break;
+    }
+    mark(K_ATTN);
+    if (s.h2o) {
+      go(h2o_acc_kernel, (s.cap + 127) / 128, 128, 0, s.kvl[size_t(sl)], s.scores, nh, s.d_pos);
+      mark(K_ATTN);
+    }
+    if (d.rfold) outproj_router(d, d.o_proj);
+    else matvec(d.o_proj, attn_o, nullptr, x, 1, K_OUT);
+  }
+
+  // The feed-forward's arguments common to routed and dense layers.
+  MoeArgs ffn_args(const DLayer& d) const {
+    MoeArgs a{};
+    a.H = int(c.hidden_size);
+    a.maxI = maxI;
+    a.norm_w = d.post_norm;
+    a.eps = c.rms_norm_eps;
+    a.x = x;
+    a.hb = hb;
+    a.ids = eids;
+    a.sel = nullptr;
+    return a;
+  }
+
+  // The expert kernels of a feed-forward of `slots` slots, by storage type.
+  void ffn_launch(const DLayer& d, const MoeArgs& a, int slots) {
+    if (d.q.bits) {
+      moe_launch_q(a, slots, d.q, d.edt);
+      return;
+    }
+    switch (d.edt) {
+      case DT_F32: moe_launch<float>(a, slots); break;
+      case DT_F16: moe_launch<__half>(a, slots); break;
+      default: moe_launch<__nv_bfloat16>(a, slots); break;
+    }
+  }
+
+  // A routed MoE (MoE layer mi): routing (unless folded into the output
+  // projection), the disk tier's reads, the top-k experts + shared expert.
+  void routed_moe(const DLayer& d, int mi) {
+    const ModelConfig& m = c;
+    const bool pick = opts.decode.pick_in_kernels;
+    MoeArgs a = ffn_args(d);
+    a.sel = pick ? sel : nullptr;
+    if (!d.rfold) route(d);  // else the logits came with the output projection
+    if (disk) disk_fetch(mi);
+    a.gu_tab = d.gu_tab;
+    a.down_tab = d.down_tab;
+    a.k = int(m.num_experts_per_tok);
+    a.I = int(m.moe_intermediate);
+    a.w = ew;
+    a.has_shared = d.has_shared ? 1 : 0;
+    a.s_gu = d.s_gu.p;
+    a.s_down = d.s_down.p;
+    a.Is = d.has_shared ? d.s_down.cols : 0;
+    const int slots = a.k + a.has_shared;
+    if (pick && (!d.q.bits || d.rfold)) {
+      a.logits = rlogits;
+      a.E = int(m.num_experts);
+      a.norm_topk = m.norm_topk_prob ? 1 : 0;
+      a.tc = d.tc;
+      a.tsel = ExpertSel{d.gu_tab, d.down_tab, sel};
+      a.ids_out = eids;
+      a.w_out = ew;
+      a.sel = sel;
+      a.folded = d.rfold ? 1 : 0;
+      a.presel = d.rfold ? 1 : 0;
+    }
+    ffn_launch(d, a, slots);
+  }
+
+  // A dense SwiGLU MLP: the expert kernels with one slot (weight 1).
+  void dense_mlp(const DLayer& d) {
+    MoeArgs a = ffn_args(d);
+    a.gu_tab = nullptr;
+    a.down_tab = nullptr;
+    a.k = 0;
+    a.I = 0;
+    a.w = ones;
+    a.has_shared = 1;
+    a.s_gu = d.s_gu.p;
+    a.s_down = d.s_down.p;
+    a.Is = d.s_down.cols;
+    ffn_launch(d, a, 1);
+  }
+
   // One token through the model. kind 0: no logits; 1: logits; 2: logits + argmax.
   void enqueue_step(CudaState::Impl& s, int kind) {
     const ModelConfig& m = c;
@@ -703,136 +849,15 @@ struct CudaModel::Impl {
             static_cast<const __nv_bfloat16*>(embed.p), H, s.d_ids, s.d_pos, s.d_base, kRing, x);
     }
     mark(K_EMBED);
-    const int nk = int(m.lin_num_k_heads), nv = int(m.lin_num_v_heads), dk = int(m.lin_k_dim), dv = int(m.lin_v_dim);
-    const int C = int(m.lin_conv_dim()), K = int(m.conv_kernel);
-    const int nh = int(m.num_heads), nkv = int(m.num_kv_heads), hd = int(m.head_dim);
-    for (size_t li = 0; li < L.size(); ++li) {
-      const DLayer& d = L[li];
-      const int sl = slot[li];
-      if (!d.full) {
-        matvec(d.lin_in, x, d.in_norm, proj, 0, K_PROJ, d.rfold ? cat : nullptr);
-        go(conv_kernel, (C + 255) / 256, 256, 0, proj, C, K, d.conv_w, s.conv[sl], convout);
-        mark(K_CONV);
-        DeltaArgs a;
-        a.conv = convout;
-        a.proj = proj;
-        a.zoff = C;
-        a.boff = C + nv * dv;
-        a.aoff = C + nv * dv + nv;
-        a.dt_bias = d.dt_bias;
-        a.neg_exp_A = d.neg_exp_A;
-        a.norm_w = d.gnorm;
-        a.S = s.ssm[sl];
-        a.out = lin_o;
-        a.nk = nk;
-        a.nv = nv;
-        a.dk = dk;
-        a.dv = dv;
-        a.eps = m.rms_norm_eps;
-        const size_t smem = size_t(2 * dk) * 4;
-        auto th = [&](int split) { return std::min(1024, std::max(32, (dv * split + 31) / 32 * 32)); };
-        if (!delta_cluster(a)) {
-          if (dk == 128 && dv * 4 <= 1024) go(delta_kernel<128, 4>, nv, th(4), smem, a);
-          else if (dk == 64 && dv * 2 <= 1024) go(delta_kernel<64, 2>, nv, th(2), smem, a);
-          else if (dk == 32) go(delta_kernel<32, 1>, nv, th(1), smem, a);
-          else go(delta_kernel<0, 1>, nv, th(1), smem, a);
-        }
-        mark(K_DELTA);
-        if (d.rfold) outproj_router(d, d.out_proj);
-        else matvec(d.out_proj, lin_o, nullptr, x, 1, K_OUT);
-      } else {
-        matvec(d.qkv, x, d.in_norm, proj, 0, K_PROJ, d.rfold ? cat : nullptr);
-        const AttnPrepArgs p = attn_prep_args(m, d, proj, q, s.d_pos, inv_freq, s.kvl[sl], s.ns, s.kvt);
-        go(attn_prep_kernel, nh + 1, 128, size_t(std::max(hd, 2 * nkv * hd)) * 4, p);
-        mark(K_ATTN);
-        AttnArgs a;
-        a.q = q;
-        a.gate = proj;
-        a.scores = s.scores;
-        a.out = attn_o;
-        a.pos = s.d_pos;
-        a.kv = s.kvl[sl];
-        a.nh = nh;
-        a.nkv = nkv;
-        a.hd = hd;
-        a.ns = s.ns;
-        a.scale = 1.0f / std::sqrt(float(hd));
-        a.prefetch = 1;
-        const int groups = std::max(8, 256 / hd);  // 8: the warps' partials (attn_kernel)
-        const size_t smem = size_t(2 * hd + groups * hd) * 4;
-        a.split = attn_blocks(s.cap, hd);
-        cluster_next = a.split;
-        switch (s.kvt) {
-          case KV_F32: go(attn_kernel<KV_F32>, nh * a.split, 256, smem, a); break;
-          case KV_BF16: go(attn_kernel<KV_BF16>, nh * a.split, 256, smem, a); break;
-          case KV_F16: go(attn_kernel<KV_F16>, nh * a.split, 256, smem, a); break;
-          default: go(attn_kernel<KV_FP8>, nh * a.split, 256, smem, a); break;
-        }
-        mark(K_ATTN);
-        if (s.h2o) {
-          go(h2o_acc_kernel, (s.cap + 127) / 128, 128, 0, s.kvl[sl], s.scores, nh, s.d_pos);
-          mark(K_ATTN);
-        }
-        if (d.rfold) outproj_router(d, d.o_proj);
-        else matvec(d.o_proj, attn_o, nullptr, x, 1, K_OUT);
+    for (const LayerPlan& l : plan.layers) {
+      const DLayer& d = L[size_t(l.index)];
+      switch (l.mixer) {
+        case MixerKind::GatedDeltaNet: delta_net(s, d, l.state_slot); break;
+        case MixerKind::GatedAttention: attention(s, d, l.state_slot); break;
       }
-      // Feed-forward.
-      MoeArgs a{};
-      a.H = H;
-      a.maxI = maxI;
-      a.norm_w = d.post_norm;
-      a.eps = m.rms_norm_eps;
-      a.x = x;
-      a.hb = hb;
-      a.ids = eids;
-      const bool pick = opts.decode.pick_in_kernels;
-      a.sel = d.moe && pick ? sel : nullptr;
-      int slots;
-      if (d.moe) {
-        if (!d.rfold) route(d);  // else the logits came with the output projection
-        if (disk) disk_fetch(d);
-        a.gu_tab = d.gu_tab;
-        a.down_tab = d.down_tab;
-        a.k = int(m.num_experts_per_tok);
-        a.I = int(m.moe_intermediate);
-        a.w = ew;
-        a.has_shared = d.has_shared ? 1 : 0;
-        a.s_gu = d.s_gu.p;
-        a.s_down = d.s_down.p;
-        a.Is = d.has_shared ? d.s_down.cols : 0;
-        slots = a.k + a.has_shared;
-        if (pick && (!d.q.bits || d.rfold)) {
-          a.logits = rlogits;
-          a.E = int(m.num_experts);
-          a.norm_topk = m.norm_topk_prob ? 1 : 0;
-          a.tc = d.tc;
-          a.tsel = ExpertSel{d.gu_tab, d.down_tab, sel};
-          a.ids_out = eids;
-          a.w_out = ew;
-          a.sel = sel;
-          a.folded = d.rfold ? 1 : 0;
-          a.presel = d.rfold ? 1 : 0;
-        }
-      } else {
-        a.gu_tab = nullptr;
-        a.down_tab = nullptr;
-        a.k = 0;
-        a.I = 0;
-        a.w = ones;
-        a.has_shared = 1;
-        a.s_gu = d.s_gu.p;
-        a.s_down = d.s_down.p;
-        a.Is = d.s_down.cols;
-        slots = 1;
-      }
-      if (d.q.bits) {
-        moe_launch_q(a, slots, d.q, d.edt);
-        continue;
-      }
-      switch (d.edt) {
-        case DT_F32: moe_launch<float>(a, slots); break;
-        case DT_F16: moe_launch<__half>(a, slots); break;
-        default: moe_launch<__nv_bfloat16>(a, slots); break;
+      switch (l.ffn) {
+        case FfnKind::RoutedMoE: routed_moe(d, l.moe_slot); break;
+        case FfnKind::DenseSwiGLU: dense_mlp(d); break;
       }
     }
     if (kind >= 1) matvec(lm_head, x, final_norm, logits, 0, K_LMHEAD);
@@ -910,7 +935,7 @@ struct CudaModel::Impl {
     PrefillModel pm;
     pm.c = &c;
     pm.L = &L;
-    pm.slot = &slot;
+    pm.plan = &plan;
     pm.embed = embed;
     pm.lm_head = lm_head;
     pm.final_norm = final_norm;
@@ -993,6 +1018,7 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
   std::unique_ptr<CudaModel> cm(new CudaModel);
   Impl& m = *cm->p_;
   m.c = model.config();
+  m.plan = make_plan(m.c);
   m.opts = o;
   m.init_device();
   const ModelConfig& c = m.c;
@@ -1000,17 +1026,19 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
   m.embed = m.upload_rows({w.embed}, "embedding");
   m.lm_head = w.lm_head.data == w.embed.data ? m.embed : m.upload_rows({w.lm_head}, "lm_head");
   m.final_norm = m.upload_vec(w.final_norm, "final norm");
-  int moe_index = 0;
   size_t tier_gu = 0, tier_dn = 0;
   bool tiered = false;
-  for (int64_t i = 0; i < c.num_layers; ++i) {
+  for (const LayerPlan& l : m.plan.layers) {
+    const int64_t i = l.index;
     const LayerWeights& lw = w.layers[size_t(i)];
     const std::string p = "layer " + std::to_string(i) + " ";
+    const bool attention = l.mixer == MixerKind::GatedAttention, moe = l.ffn == FfnKind::RoutedMoE;
+    if (attention != (lw.kind == LayerKind::Full) || moe != lw.ffn.moe)
+      fail("CUDA backend: " + p + "weights do not match the layer plan of the config");
     DLayer d;
-    d.full = lw.kind == LayerKind::Full;
     d.in_norm = m.upload_vec(lw.input_norm, p + "norm");
     d.post_norm = m.upload_vec(lw.post_norm, p + "norm");
-    if (d.full) {
+    if (attention) {
       const AttentionWeights& a = lw.attn;
       d.qkv = m.upload_rows({a.q_proj, a.k_proj, a.v_proj}, p + "q/k/v projection");
       d.o_proj = m.upload_rows({a.o_proj}, p + "o_proj");
@@ -1026,8 +1054,8 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
       d.gnorm = m.upload_vec(l.norm, p + "gated norm");
     }
     const FfnWeights& f = lw.ffn;
-    if (f.moe) {
-      d.moe = true;
+    if (moe) {
+      const int moe_index = l.moe_slot;
       std::vector<Matrix> r = {f.router};
       if (f.has_shared) r.push_back(f.shared_gate);
       d.router = m.upload_rows(r, p + "router");
@@ -1052,11 +1080,7 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
       if (first.gate.quantized()) d.q = m.quant_layout(first, p);
       const size_t gu_bytes = d.q.bits ? d.q.gu_bytes : size_t(2 * I) * H * dt_size(dt);
       const size_t dn_bytes = d.q.bits ? d.q.dn_bytes : size_t(H) * I * dt_size(dt);
-      if (moe_index == 0) {
-        int moe = 0;
-        for (const LayerWeights& x : w.layers) moe += x.ffn.moe ? 1 : 0;
-        tiered = m.make_tiers(gu_bytes, dn_bytes, moe);
-      }
+      if (moe_index == 0) tiered = m.make_tiers(gu_bytes, dn_bytes, m.plan.moe_layers);
       if (tiered && moe_index > 0 && (gu_bytes != tier_gu || dn_bytes != tier_dn))
         fail_device(DeviceFailure::Unsupported, "--gpu-expert-cache: the experts of " + p +
                                                     "have a different storage format than those of the first MoE layer");
@@ -1082,7 +1106,6 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
       // first one's format: checked above).
       const int held = tiered ? m.tiers->host_slots() : E;
       if (tiered && m.tiers->disk()) {
-        d.mi = moe_index;
         if (moe_index == 0) m.disk_layers.clear();
         m.disk_layers.push_back(i);
         if (moe_index == 0)
@@ -1124,7 +1147,6 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
         }
       }
       if (moe_index == 0) tier_gu = gu_bytes, tier_dn = dn_bytes;
-      ++moe_index;
       if (f.has_shared) {
         d.has_shared = true;
         d.s_gu = m.upload_rows({f.shared.gate, f.shared.up}, p + "shared expert", dt);
@@ -1150,6 +1172,7 @@ std::unique_ptr<CudaModel> CudaModel::synthetic(const ModelConfig& cfg, uint64_t
   std::unique_ptr<CudaModel> cm(new CudaModel);
   Impl& m = *cm->p_;
   m.c = cfg;
+  m.plan = make_plan(m.c);
   m.opts = o;
   if (o.host_cache_gb >= 0 || o.host_cache_fraction >= 0)
     fail("--gpu-host-cache: a synthetic model has no files to read experts from; give it a model (-m)");
@@ -1187,14 +1210,12 @@ std::unique_ptr<CudaModel> CudaModel::synthetic(const ModelConfig& cfg, uint64_t
   m.embed = rnd(V, H, "embedding");
   m.lm_head = c.tie_word_embeddings ? m.embed : rnd(V, H, "lm_head");
   m.final_norm = cst(size_t(H), 0.f, "norm");
-  int moe_index = 0;
   void *tmp_gu = nullptr, *tmp_dn = nullptr;
-  for (int64_t i = 0; i < c.num_layers; ++i) {
+  for (const LayerPlan& l : m.plan.layers) {
     DLayer d;
-    d.full = c.layer_kinds[size_t(i)] == LayerKind::Full;
     d.in_norm = cst(size_t(H), 0.f, "norm");
     d.post_norm = cst(size_t(H), 0.f, "norm");
-    if (d.full) {
+    if (l.mixer == MixerKind::GatedAttention) {
       d.qkv = rnd(2 * nh * hd + 2 * nkv * hd, H, "qkv");
       d.o_proj = rnd(H, nh * hd, "o_proj");
       d.q_norm = cst(size_t(hd), 0.f, "q_norm");
@@ -1207,8 +1228,8 @@ std::unique_ptr<CudaModel> CudaModel::synthetic(const ModelConfig& cfg, uint64_t
       d.neg_exp_A = cst(size_t(nv), -1.f, "A");
       d.gnorm = cst(size_t(dv), 1.f, "gnorm");
     }
-    if (E > 0) {
-      d.moe = true;
+    if (l.ffn == FfnKind::RoutedMoE) {
+      const int moe_index = l.moe_slot;
       d.router = rnd(E + (Is > 0 ? 1 : 0), H, "router");
       d.edt = DT_BF16;
       if (o.synthetic_experts != QuantKind::None) {
@@ -1220,7 +1241,7 @@ std::unique_ptr<CudaModel> CudaModel::synthetic(const ModelConfig& cfg, uint64_t
       }
       const size_t gu_bytes = d.q.bits ? d.q.gu_bytes : size_t(2 * I) * H * 2;
       const size_t dn_bytes = d.q.bits ? d.q.dn_bytes : size_t(H) * I * 2;
-      if (moe_index == 0 && m.make_tiers(gu_bytes, dn_bytes, int(c.num_layers))) {
+      if (moe_index == 0 && m.make_tiers(gu_bytes, dn_bytes, m.plan.moe_layers)) {
         // Staging for one layer's experts, generated on the device and copied to pinned memory.
         tmp_gu = dev_alloc(size_t(E) * gu_bytes, "synthetic expert staging");
         tmp_dn = dev_alloc(size_t(E) * dn_bytes, "synthetic expert staging");
@@ -1265,7 +1286,6 @@ std::unique_ptr<CudaModel> CudaModel::synthetic(const ModelConfig& cfg, uint64_t
         d.gu_tab = m.contiguous_table(d.gu, E, gu_bytes, "expert table");
         d.down_tab = m.contiguous_table(d.down, E, dn_bytes, "expert table");
       }
-      ++moe_index;
       if (Is > 0) {
         d.has_shared = true;
         d.s_gu = rnd(2 * Is, H, "shared expert");
@@ -1322,8 +1342,8 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv) const {
   const size_t row = size_t(s.nkv) * s.hd;
   const int64_t C = m.c.lin_conv_dim(), Kc = m.c.conv_kernel;
   const int64_t ssm_n = m.c.lin_num_v_heads * m.c.lin_k_dim * m.c.lin_v_dim;
-  for (auto k : m.c.layer_kinds) {
-    if (k == LayerKind::Full) {
+  for (const LayerPlan& lp : m.plan.layers) {  // in order: state_slot is the index in kvl / conv / ssm
+    if (lp.mixer == MixerKind::GatedAttention) {
       KvLayer l{};
       l.cap = s.cap;
       l.window = s.window;
@@ -1451,10 +1471,7 @@ void CudaModel::forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode
   Impl& m = *p_;
   CudaState::Impl& s = *st.p_;
   const int64_t V = m.c.vocab_size;
-  for (int64_t i = 0; i < n; ++i)
-    if (ids[i] < 0 || ids[i] >= V)
-      fail("token id " + std::to_string(ids[i]) + " is out of range: the vocabulary has " + std::to_string(V) +
-           " tokens (0.." + std::to_string(V - 1) + ")");
+  check_token_ids(m.c, ids, n);
   CK(cudaSetDevice(m.dev));
   m.ensure_cap(s, s.pos + n);
   Prefill* pf = n > 1 ? m.batched() : nullptr;
@@ -1511,7 +1528,7 @@ void CudaModel::forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode
 void CudaModel::decode_greedy(CudaState& st, int32_t first, int64_t n, int32_t* out) const {
   Impl& m = *p_;
   CudaState::Impl& s = *st.p_;
-  if (first < 0 || first >= m.c.vocab_size) fail("token id " + std::to_string(first) + " is out of range");
+  check_token_ids(m.c, &first, 1);
   CK(cudaSetDevice(m.dev));
   m.ensure_cap(s, s.pos + n);
   int32_t next = first;

@@ -21,6 +21,7 @@
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/device_model.cuh"
 #include "format/config.h"
+#include "model/plan.h"
 
 namespace flashmoe::cuda {
 
@@ -36,7 +37,7 @@ struct SplitRows {
 struct PrefillModel {
   const ModelConfig* c = nullptr;
   const std::vector<DLayer>* L = nullptr;
-  const std::vector<int>* slot = nullptr;  // per layer: index among full or linear layers
+  const ModelPlan* plan = nullptr;  // the layers in order, with their state and MoE slots
   DMat embed, lm_head;
   const float* final_norm = nullptr;
   const float* inv_freq = nullptr;
