@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "backend/cuda/cuda_bench.h"
 #include "backend/cuda/cuda_model.h"
 #include "core/error.h"
 #include "engine/session.h"
@@ -295,14 +296,14 @@ TEST(CudaSynthetic, BatchedPrefillMatchesTokenByTokenAt35bShapes) {
   c.layer_is_moe.resize(4);
   CudaOptions off;
   off.decode.batched_prefill = false;
-  std::unique_ptr<CudaModel> step = CudaModel::synthetic(c, 7, off);
+  std::unique_ptr<CudaModel> step = cuda_synthetic_model(c, 7, off, {});
   std::vector<int32_t> ids;
   for (int i = 0; i < 300; ++i) ids.push_back(int32_t((i * 7919 + 13) % c.vocab_size));
   const int64_t V = c.vocab_size;
   for (int chunk : {512, 64}) {
     CudaOptions o;
     o.decode.prefill_chunk = chunk;
-    auto chunked = CudaModel::synthetic(c, 7, o);
+    auto chunked = cuda_synthetic_model(c, 7, o, {});
     for (const KvCase& kc : kv_cases()) {
       auto sa = step->new_state(kc.kv);
       auto sb = chunked->new_state(kc.kv);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 
+#include "backend/cuda/cuda_bench.h"
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/device.h"
@@ -69,14 +70,14 @@ std::unique_ptr<CudaModel> synthetic_model(const ModelOptions& opt, const std::s
     c.layer_kinds.resize(size_t(layers));
     c.layer_is_moe.resize(size_t(layers));
   }
-  CudaOptions co = opt.cuda;
-  co.synthetic_experts = parse_expert_format(experts, "bench --experts");
-  co.synthetic_group = group;
+  CudaSyntheticOptions so;
+  so.experts = parse_expert_format(experts, "bench --experts");
+  so.group = group;
   *what = "synthetic " + preset + " (random bf16 weights" +
-          (co.synthetic_experts == QuantKind::None ? std::string()
+          (so.experts == QuantKind::None ? std::string()
                                                    : ", " + experts + " experts in groups of " + std::to_string(group)) +
           ", " + std::to_string(c.num_layers) + " layers)";
-  return CudaModel::synthetic(c, 1234, co);
+  return cuda_synthetic_model(c, 1234, opt.cuda, so);
 }
 
 // "| tg128 |" or, at a context depth, "| tg128 @ d4096 |" (llama-bench's naming).
@@ -131,7 +132,7 @@ void bench_cuda(const ModelOptions& opt, CudaModel* cm, const std::string& what,
     print_tg(tg, depth, st);
     const double bytes = double(cm->weight_bytes_per_token());
     const double gbps = st.mean * bytes / 1e9;
-    const double copy = cm->copy_bandwidth_gbps();
+    const double copy = cuda_copy_bandwidth_gbps(*cm);
     std::printf("decode reads %.1f MB of weights per token -> %.1f GB/s; device copy (cudaMemcpy D2D, read+written): "
                 "%.1f GB/s; decode at %.0f%% of that roofline (roofline %.1f tokens/s)\n",
                 bytes / 1e6, gbps, copy, 100.0 * gbps / copy, copy * 1e9 / bytes);
@@ -141,7 +142,7 @@ void bench_cuda(const ModelOptions& opt, CudaModel* cm, const std::string& what,
       // alone would allow (the VRAM part runs at the roofline above).
       const double tokens = double(tg) * reps;
       const double host_bytes = double(ts.host_hits) * double(ts.expert_bytes) / tokens;
-      const double link = cm->host_link_gbps();
+      const double link = cuda_host_link_gbps(*cm);
       const double t_link = host_bytes / (link * 1e9), t_vram = (bytes - host_bytes) / (copy * 1e9);
       std::printf("%s\n", format_tier_stats(ts, int64_t(tokens)).c_str());
       std::printf("host->device link (cudaMemcpy from pinned memory): %.1f GB/s; link-bound decode %.1f tokens/s "
@@ -154,7 +155,7 @@ void bench_cuda(const ModelOptions& opt, CudaModel* cm, const std::string& what,
     auto st = cm->new_state(opt.kv);
     std::vector<int32_t> out(64);
     cm->decode_greedy(*st, tok(rng), 64, out.data());  // some context first
-    auto times = cm->profile_decode(*st, out.back(), profile_steps);
+    auto times = cuda_profile_decode(*cm, *st, out.back(), profile_steps);
     double total = 0;
     for (auto& k : times) total += k.ms;
     std::printf("per-kernel time of a decode step (plain launches, cudaEvents between kernels, %d steps at context 64+):\n",

@@ -10,7 +10,7 @@
 #include <climits>
 
 #include "backend/cuda/device_model.cuh"
-#include "backend/cuda/kernels.cuh"
+#include "backend/cuda/common.cuh"
 #include "format/config.h"
 
 namespace flashmoe::cuda {

@@ -14,13 +14,13 @@
 #pragma once
 #include <cooperative_groups.h>
 
-#include "backend/cuda/kernels.cuh"
+#include "backend/cuda/delta.cuh"
 
 namespace flashmoe::cuda {
 
 template <int DK, int CPB, int PARTS>
-__global__ void __launch_bounds__(CPB * PARTS) delta2_kernel(DeltaArgs a) {
-  static_assert(DK % PARTS == 0 && DK % 32 == 0 && CPB * PARTS >= 64 && CPB <= 32, "delta2 shape");
+__global__ void __launch_bounds__(CPB * PARTS) delta_cluster_kernel(DeltaArgs a) {
+  static_assert(DK % PARTS == 0 && DK % 32 == 0 && CPB * PARTS >= 64 && CPB <= 32, "delta_cluster_kernel shape");
   constexpr int R = DK / PARTS;  // state rows per thread
   __shared__ float q[DK], k[DK];
   __shared__ float red[PARTS][CPB];

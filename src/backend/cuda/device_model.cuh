@@ -1,5 +1,5 @@
 // The uploaded model's device-side layout (weights per layer), shared by
-// the decode step (cuda_model.cu) and the batched prefill (prefill.cu).
+// the decode step (decode_step.cu) and the batched prefill (prefill.cu).
 #pragma once
 #include <cstddef>
 #include <string>

@@ -9,7 +9,7 @@
 //  - the routed experts get per-expert token lists built on the device, and
 //    each chosen expert is read once per chunk (grouped product).
 // Used by CudaModel::forward for more than one token at a time; decode
-// (one token) keeps the graph-captured step of cuda_model.cu.
+// (one token) keeps the graph-captured step of decode_step.cu.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

@@ -8,7 +8,7 @@
 // The batched prefill dequantises in its product kernel instead (gemm.cuh).
 #pragma once
 #include "backend/cuda/device_model.cuh"
-#include "backend/cuda/kernels.cuh"
+#include "backend/cuda/experts.cuh"
 
 namespace flashmoe::cuda {
 
