@@ -1,0 +1,161 @@
+// Single decode-step kernels on host data (op_check.h): each call uploads
+// its inputs, launches the kernel as the decode step does (launch.cuh,
+// without PDL: nothing runs before it) and copies the outputs back.
+#include "backend/cuda/op_check.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/cuda_model.h"
+#include "backend/cuda/delta_cluster.cuh"
+#include "backend/cuda/device_model.cuh"
+#include "backend/cuda/launch.cuh"
+#include "backend/cuda/router.cuh"
+#include "core/error.h"
+
+namespace flashmoe::cuda_ops {
+
+using namespace flashmoe::cuda;
+
+namespace {
+
+// Device buffers of one call, freed when it returns (or throws).
+struct Buffers {
+  std::vector<void*> p;
+  ~Buffers() {
+    for (void* q : p) cudaFree(q);
+  }
+  template <typename T>
+  T* up(const T* host, size_t n) {
+    void* d = dev_alloc(n * sizeof(T), "op check");
+    p.push_back(d);
+    CK(cudaMemcpy(d, host, n * sizeof(T), cudaMemcpyHostToDevice));
+    return static_cast<T*>(d);
+  }
+  template <typename T>
+  T* zeros(size_t n) {
+    void* d = dev_alloc(n * sizeof(T), "op check");
+    p.push_back(d);
+    CK(cudaMemset(d, 0, n * sizeof(T)));
+    return static_cast<T*>(d);
+  }
+};
+
+template <typename T>
+std::vector<T> down(const T* d, size_t n) {
+  std::vector<T> h(n);
+  CK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+Launcher device() {
+  std::string why;
+  if (!CudaModel::available(&why)) fail_device(DeviceFailure::Unavailable, "no usable CUDA device: " + why);
+  CK(cudaSetDevice(0));
+  Launcher l;
+  CK(cudaGetDeviceProperties(&l.prop, 0));
+  return l;
+}
+
+}  // namespace
+
+std::vector<float> matvec(const Matrix& W, const std::vector<float>& x, const std::vector<float>& norm_w, float eps,
+                          bool three_rows) {
+  Launcher l = device();
+  if (W.quantized()) fail("op check: matvec takes bf16, f16 or f32 weights");
+  const int dt = dt_of(W.dtype), rows = int(W.rows), cols = int(W.cols);
+  Buffers b;
+  const void* dW = b.up(static_cast<const uint8_t*>(W.data), W.nbytes());
+  const float* dx = b.up(x.data(), x.size());
+  const float* dn = norm_w.empty() ? nullptr : b.up(norm_w.data(), norm_w.size());
+  float* dy = b.zeros<float>(size_t(rows));
+  // As CudaModel::Impl::matvec.
+  const int split = l.split_for(rows, cols, int(16 / dt_size(dt)));
+  const int rpb = kWarps / split;
+  const size_t smem = dn ? size_t(cols) * 4 : 0;
+  auto run = [&](auto kern, auto* w) {
+    if (smem > 48 * 1024) CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    const int per = l.per_sm(reinterpret_cast<const void*>(kern), smem);
+    const int blocks = std::min((rows + rpb - 1) / rpb, l.prop.multiProcessorCount * per);
+    const int pf = l.pf_rows(W.nbytes(), rows, blocks, rpb);
+    l.go(kern, blocks, kThreads, smem, w, rows, cols, dx, dn, eps, dy, 0, split, pf, three_rows ? 3 : 2,
+         static_cast<float*>(nullptr));
+  };
+  switch (dt) {
+    case DT_F32: run(matvec_kernel<float>, static_cast<const float*>(dW)); break;
+    case DT_F16: run(matvec_kernel<__half>, static_cast<const __half*>(dW)); break;
+    default: run(matvec_kernel<__nv_bfloat16>, static_cast<const __nv_bfloat16*>(dW));
+  }
+  CK(cudaDeviceSynchronize());
+  return down(dy, size_t(rows));
+}
+
+void topk(const std::vector<float>& logits, int E, int k, bool norm, bool shared, std::vector<int>* ids,
+          std::vector<float>* w) {
+  device();
+  if (E > 512 || k > 32 || k > E) fail("op check: top-k needs E <= 512 and k <= min(32, E)");
+  Buffers b;
+  const float* dl = b.up(logits.data(), logits.size());
+  int* di = b.zeros<int>(size_t(k));
+  float* dw = b.zeros<float>(size_t(k) + 1);
+  topk_kernel<<<1, 32>>>(dl, E, k, norm ? 1 : 0, shared ? 1 : 0, di, dw, TierCount{nullptr, nullptr, nullptr},
+                         ExpertSel{nullptr, nullptr, nullptr});
+  check(cudaGetLastError(), "topk_kernel");
+  CK(cudaDeviceSynchronize());
+  *ids = down(di, size_t(k));
+  *w = down(dw, size_t(k) + (shared ? 1 : 0));
+}
+
+std::vector<float> delta_step(DeltaStep& d, bool cluster) {
+  Launcher l = device();
+  const int nk = d.nk, nv = d.nv, dk = d.dk, dv = d.dv;
+  // The kernels read z, b and a at offsets into one projection buffer.
+  std::vector<float> proj(d.z);
+  proj.insert(proj.end(), d.b.begin(), d.b.end());
+  proj.insert(proj.end(), d.a.begin(), d.a.end());
+  Buffers b;
+  DeltaArgs a;
+  a.conv = b.up(d.conv.data(), d.conv.size());
+  a.proj = b.up(proj.data(), proj.size());
+  a.zoff = 0;
+  a.boff = nv * dv;
+  a.aoff = nv * dv + nv;
+  a.dt_bias = b.up(d.dt_bias.data(), d.dt_bias.size());
+  a.neg_exp_A = b.up(d.neg_exp_A.data(), d.neg_exp_A.size());
+  a.norm_w = b.up(d.norm_w.data(), d.norm_w.size());
+  a.S = b.up(d.S.data(), d.S.size());
+  a.out = b.zeros<float>(size_t(nv) * dv);
+  a.nk = nk;
+  a.nv = nv;
+  a.dk = dk;
+  a.dv = dv;
+  a.eps = d.eps;
+  if (cluster) {
+    // As CudaModel::Impl::delta_cluster with force_small_delta_clusters.
+    constexpr int cpb = 8;
+    if (dv % cpb || dv / cpb > 8) fail("op check: the delta cluster needs dv a multiple of 8 up to 64");
+    l.cluster_next = dv / cpb;
+    const dim3 grid(unsigned(nv * (dv / cpb)));
+    if (dk == 128) l.go(delta_cluster_kernel<128, cpb, 8>, grid, 64, 0, a);
+    else if (dk == 64) l.go(delta_cluster_kernel<64, cpb, 8>, grid, 64, 0, a);
+    else if (dk == 32) l.go(delta_cluster_kernel<32, cpb, 8>, grid, 64, 0, a);
+    else fail("op check: the delta cluster needs dk 32, 64 or 128");
+  } else {
+    // As CudaModel::Impl::delta_net's fallback.
+    const size_t smem = size_t(2 * dk) * 4;
+    auto th = [&](int split) { return std::min(1024, std::max(32, (dv * split + 31) / 32 * 32)); };
+    if (dk == 128 && dv * 4 <= 1024) l.go(delta_kernel<128, 4>, nv, th(4), smem, a);
+    else if (dk == 64 && dv * 2 <= 1024) l.go(delta_kernel<64, 2>, nv, th(2), smem, a);
+    else if (dk == 32) l.go(delta_kernel<32, 1>, nv, th(1), smem, a);
+    else l.go(delta_kernel<0, 1>, nv, th(1), smem, a);
+  }
+  CK(cudaDeviceSynchronize());
+  d.S = down(a.S, d.S.size());
+  return down(a.out, size_t(nv) * dv);
+}
+
+}  // namespace flashmoe::cuda_ops

@@ -1,0 +1,38 @@
+// Single kernels of the CUDA decode step run on host data, for tests that
+// hold each op against the CPU's (tests/cuda_ops_test.cpp), the way ggml's
+// test-backend-ops checks a backend op by op. Test-only. Plain C++ header;
+// each function needs a usable device (CudaModel::available) and throws
+// DeviceError without one (op_check_stub.cpp in builds without CUDA).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/matrix.h"
+
+namespace flashmoe::cuda_ops {
+
+// y = W . x, or W . rmsnorm_zc(x, norm_w, eps) when norm_w is not empty,
+// through the decode step's matvec_kernel (W bf16, f16 or f32; its rows a
+// multiple of 16 bytes). three_rows: 3 rows per warp at a time (else 2).
+std::vector<float> matvec(const Matrix& W, const std::vector<float>& x, const std::vector<float>& norm_w, float eps,
+                          bool three_rows);
+
+// The decode step's router top-k (topk_kernel): softmax over logits[0, E),
+// the k largest (ties: the lower index), their weights renormalised when
+// norm; with shared, w[k] = sigmoid(logits[E]). E <= 512, k <= 32.
+void topk(const std::vector<float>& logits, int E, int k, bool norm, bool shared, std::vector<int>* ids,
+          std::vector<float>* w);
+
+// One GatedDeltaNet decode step after the conv (delta_kernel, or
+// delta_cluster_kernel when cluster, 8 value columns per block so that
+// small heads run clusters): q, k, v from conv ([nk*dk | nk*dk | nv*dv]),
+// z, b, a from the projection; S [nv][dk][dv] is updated; returns the gated
+// normed output [nv*dv].
+struct DeltaStep {
+  int nk = 0, nv = 0, dk = 0, dv = 0;
+  float eps = 1e-6f;
+  std::vector<float> conv, z, b, a, dt_bias, neg_exp_A, norm_w, S;
+};
+std::vector<float> delta_step(DeltaStep& d, bool cluster);
+
+}  // namespace flashmoe::cuda_ops
