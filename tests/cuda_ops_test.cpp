@@ -2,8 +2,9 @@
 // inputs (backend/cuda/op_check.h), op by op, the way ggml's
 // test-backend-ops checks a backend: the matvec in every storage type, with
 // and without the fused norm, 2 and 3 rows per warp; the router's top-k;
-// the gated delta-rule step, one block per head and in clusters. Skipped
-// where no GPU is usable.
+// the gated delta-rule step, one block per head and in clusters; decode
+// attention over a KV cache (f32, bf16, f16), one block or a cluster per
+// head. Skipped where no GPU is usable.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -166,6 +167,55 @@ TEST(CudaOps, GatedDeltaStepMatchesCpu) {
         EXPECT_LE(rel_err(d.S, S), 1e-5f) << what << ", step " << step << " (state)";
       }
     }
+}
+
+TEST(CudaOps, DecodeAttentionMatchesCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(17);
+  struct Case {
+    int nh, nkv, hd, n;
+  };
+  // hd 40: the kernel's scalar path (no split there).
+  for (Case c : {Case{4, 2, 64, 1}, Case{8, 2, 128, 37}, Case{16, 2, 256, 300}, Case{2, 1, 40, 20}})
+    for (cuda_ops::KvStore kv : {cuda_ops::KvStore::F32, cuda_ops::KvStore::BF16, cuda_ops::KvStore::F16})
+      for (int split : {1, 4})
+        for (bool prefetch : {false, true}) {
+          if (split > 1 && c.hd % 8) continue;
+          cuda_ops::AttnDecode a;
+          a.nh = c.nh, a.nkv = c.nkv, a.hd = c.hd, a.n = c.n, a.kv = kv;
+          const size_t qn = size_t(c.nh) * c.hd, kn = size_t(c.n) * c.nkv * c.hd;
+          a.q = normal(rng, qn, 1.f);
+          a.gate = normal(rng, qn, 1.f);
+          a.k = normal(rng, kn, 1.f);
+          a.v = normal(rng, kn, 1.f);
+          // CPU on the values as stored.
+          std::vector<float> k = a.k, v = a.v;
+          for (size_t i = 0; i < kn; ++i) {
+            if (kv == cuda_ops::KvStore::BF16) k[i] = bf16_to_f32(f32_to_bf16(k[i])), v[i] = bf16_to_f32(f32_to_bf16(v[i]));
+            if (kv == cuda_ops::KvStore::F16) k[i] = f16_to_f32(f32_to_f16(k[i])), v[i] = f16_to_f32(f32_to_f16(v[i]));
+          }
+          std::vector<float> want(qn), p(static_cast<size_t>(c.n));
+          const float scale = 1.0f / std::sqrt(float(c.hd));
+          for (int h = 0; h < c.nh; ++h) {
+            const int kvh = h / (c.nh / c.nkv);
+            for (int t = 0; t < c.n; ++t) {
+              float d = 0.f;
+              for (int i = 0; i < c.hd; ++i) d += a.q[size_t(h) * c.hd + i] * k[(size_t(t) * c.nkv + kvh) * c.hd + i];
+              p[size_t(t)] = d * scale;
+            }
+            cpu::softmax(p.data(), c.n);
+            for (int i = 0; i < c.hd; ++i) {
+              float o = 0.f;
+              for (int t = 0; t < c.n; ++t) o += p[size_t(t)] * v[(size_t(t) * c.nkv + kvh) * c.hd + i];
+              want[size_t(h) * c.hd + i] = o * cpu::sigmoid(a.gate[size_t(h) * c.hd + i]);
+            }
+          }
+          const std::vector<float> got = cuda_ops::attention(a, split, prefetch);
+          ASSERT_EQ(got.size(), want.size());
+          EXPECT_LE(rel_err(got, want), 1e-4f) << c.nh << "/" << c.nkv << " heads, hd " << c.hd << ", " << c.n
+                                               << " positions, kv " << int(kv) << ", split " << split
+                                               << ", prefetch " << prefetch;
+        }
 }
 
 }  // namespace

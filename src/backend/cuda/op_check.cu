@@ -6,15 +6,18 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
+#include "backend/cuda/attention.cuh"
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/delta_cluster.cuh"
 #include "backend/cuda/device_model.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/router.cuh"
+#include "core/dtype.h"
 #include "core/error.h"
 
 namespace flashmoe::cuda_ops {
@@ -156,6 +159,63 @@ std::vector<float> delta_step(DeltaStep& d, bool cluster) {
   CK(cudaDeviceSynchronize());
   d.S = down(a.S, d.S.size());
   return down(a.out, size_t(nv) * dv);
+}
+
+std::vector<float> attention(const AttnDecode& in, int split, bool prefetch) {
+  Launcher l = device();
+  const int nh = in.nh, nkv = in.nkv, hd = in.hd, n = in.n;
+  if (split > 1 && (hd % 8 || hd > 256)) fail("op check: split attention needs hd a multiple of 8 up to 256");
+  Buffers b;
+  // The decode step's gate sits in the q/k/v projection, after each head's q.
+  std::vector<float> gate(size_t(nh) * 2 * hd, 0.f);
+  for (int h = 0; h < nh; ++h)
+    for (int d = 0; d < hd; ++d) gate[size_t(h) * 2 * hd + hd + d] = in.gate[size_t(h) * hd + d];
+  const size_t cnt = size_t(n) * nkv * hd;
+  KvLayer kv{};
+  int kvt = KV_F32;
+  if (in.kv == KvStore::F32) {
+    kv.k = b.up(in.k.data(), cnt);
+    kv.v = b.up(in.v.data(), cnt);
+  } else {
+    const bool bf = in.kv == KvStore::BF16;
+    kvt = bf ? KV_BF16 : KV_F16;
+    std::vector<uint16_t> k16(cnt), v16(cnt);
+    for (size_t i = 0; i < cnt; ++i) {
+      k16[i] = bf ? f32_to_bf16(in.k[i]) : f32_to_f16(in.k[i]);
+      v16[i] = bf ? f32_to_bf16(in.v[i]) : f32_to_f16(in.v[i]);
+    }
+    kv.k = b.up(k16.data(), cnt);
+    kv.v = b.up(v16.data(), cnt);
+  }
+  kv.ks = b.zeros<float>(1);  // fp8 scales: not read for these types
+  kv.vs = b.zeros<float>(1);
+  kv.cap = n;
+  const int pos = n - 1;
+  AttnArgs a;
+  a.q = b.up(in.q.data(), in.q.size());
+  a.gate = b.up(gate.data(), gate.size());
+  a.scores = b.zeros<float>(size_t(nh) * n);
+  a.out = b.zeros<float>(size_t(nh) * hd);
+  a.pos = b.up(&pos, 1);
+  a.kv = kv;
+  a.nh = nh;
+  a.nkv = nkv;
+  a.hd = hd;
+  a.ns = 0;
+  a.scale = 1.0f / std::sqrt(float(hd));
+  a.prefetch = prefetch ? 1 : 0;
+  a.split = split;
+  // As CudaModel::Impl::attention.
+  const int groups = std::max(8, 256 / hd);
+  const size_t smem = size_t(2 * hd + groups * hd) * 4;
+  l.cluster_next = split;
+  switch (kvt) {
+    case KV_F32: l.go(attn_kernel<KV_F32>, nh * split, 256, smem, a); break;
+    case KV_BF16: l.go(attn_kernel<KV_BF16>, nh * split, 256, smem, a); break;
+    default: l.go(attn_kernel<KV_F16>, nh * split, 256, smem, a); break;
+  }
+  CK(cudaDeviceSynchronize());
+  return down(a.out, size_t(nh) * hd);
 }
 
 }  // namespace flashmoe::cuda_ops

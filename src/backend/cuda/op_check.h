@@ -35,4 +35,18 @@ struct DeltaStep {
 };
 std::vector<float> delta_step(DeltaStep& d, bool cluster);
 
+// Decode attention of one token (attn_kernel) over a full KV cache that
+// holds positions 0..n-1, the last being the token's own: q and gate
+// [nh*hd] (the output is gated by sigmoid(gate)), K and V [n][nkv*hd],
+// stored on the device as `kv`; `split` blocks (a cluster) per query head;
+// prefetch: the decode step's L2 prefetch of the earlier rows. Returns the
+// gated output [nh*hd].
+enum class KvStore { F32, BF16, F16 };
+struct AttnDecode {
+  int nh = 0, nkv = 0, hd = 0, n = 0;
+  KvStore kv = KvStore::F32;
+  std::vector<float> q, gate, k, v;
+};
+std::vector<float> attention(const AttnDecode& a, int split, bool prefetch);
+
 }  // namespace flashmoe::cuda_ops
