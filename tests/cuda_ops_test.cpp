@@ -4,7 +4,7 @@
 // and without the fused norm, 2 and 3 rows per warp; the router's top-k;
 // the gated delta-rule step, one block per head and in clusters; decode
 // attention over a KV cache (f32, bf16, f16), one block or a cluster per
-// head. Skipped where no GPU is usable.
+// head; the routed experts in q8/q4. Skipped where no GPU is usable.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +17,7 @@
 
 #include "backend/cpu/gated_delta.h"
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/matmul_quant.h"
 #include "backend/cpu/ops.h"
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/op_check.h"
@@ -216,6 +217,71 @@ TEST(CudaOps, DecodeAttentionMatchesCpu) {
                                                << " positions, kv " << int(kv) << ", split " << split
                                                << ", prefetch " << prefetch;
         }
+}
+
+// A random q8/q4 matrix (codes, bf16 scales and biases spreading the
+// weights over about [-r, r], r = 1/sqrt(cols)), its storage in `store`.
+struct QStore {
+  std::vector<uint8_t> codes;
+  std::vector<uint16_t> scales, biases;
+};
+Matrix random_quant(std::mt19937& rng, int bits, int group, int rows, int cols, QStore* store) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> jitter(0.5f, 1.5f);
+  store->codes.resize(size_t(rows) * cols * bits / 8);
+  for (uint8_t& c : store->codes) c = uint8_t(byte(rng));
+  const size_t ng = size_t(rows) * (cols / group);
+  const float r = 1.0f / std::sqrt(float(cols)), top = float((1 << bits) - 1);
+  store->scales.resize(ng);
+  store->biases.resize(ng);
+  for (size_t i = 0; i < ng; ++i) {
+    store->scales[i] = f32_to_bf16(2 * r / top * jitter(rng));
+    store->biases[i] = f32_to_bf16(-r * jitter(rng));
+  }
+  Matrix m;
+  m.data = store->codes.data();
+  m.rows = rows;
+  m.cols = cols;
+  m.quant = bits == 8 ? QuantKind::Q8 : QuantKind::Q4;
+  m.scales = store->scales.data();
+  m.biases = store->biases.data();
+  m.group = group;
+  return m;
+}
+
+TEST(CudaOps, QuantExpertsMatchCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(19);
+  struct Case {
+    int bits, group, H, I, k;
+  };
+  // q4 in groups of 16: a 16-byte chunk of codes spans two groups.
+  for (Case c : {Case{8, 64, 256, 128, 4}, Case{4, 64, 512, 256, 8}, Case{4, 32, 256, 128, 2}, Case{4, 16, 256, 128, 4},
+                 Case{8, 32, 2048, 512, 8}}) {
+    std::vector<QStore> store(size_t(3 * c.k));
+    std::vector<cuda_ops::QuantExpert> experts;
+    for (int j = 0; j < c.k; ++j)
+      experts.push_back({random_quant(rng, c.bits, c.group, c.I, c.H, &store[size_t(3 * j)]),
+                         random_quant(rng, c.bits, c.group, c.I, c.H, &store[size_t(3 * j + 1)]),
+                         random_quant(rng, c.bits, c.group, c.H, c.I, &store[size_t(3 * j + 2)])});
+    const std::vector<float> x = normal(rng, size_t(c.H), 1.f), nw = normal(rng, size_t(c.H), 0.1f);
+    std::vector<float> w = normal(rng, size_t(c.k), 0.3f);
+    for (float& v : w) v = std::fabs(v);
+    const float eps = 1e-6f;
+    // CPU: the dequantised dot of every row (backend/cpu/matmul_quant).
+    std::vector<float> xn(x.size()), want = x, h(static_cast<size_t>(c.I));
+    cpu::rmsnorm_zc(x.data(), nw.data(), c.H, eps, xn.data());
+    for (int j = 0; j < c.k; ++j) {
+      const cuda_ops::QuantExpert& e = experts[size_t(j)];
+      for (int r = 0; r < c.I; ++r)
+        h[size_t(r)] = cpu::silu(cpu::quant_dot_row(e.gate, r, xn.data())) * cpu::quant_dot_row(e.up, r, xn.data());
+      for (int r = 0; r < c.H; ++r) want[size_t(r)] += w[size_t(j)] * cpu::quant_dot_row(e.down, r, h.data());
+    }
+    const std::vector<float> got = cuda_ops::quant_experts(experts, w, x, nw, eps);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_LE(rel_err(got, want), 1e-4f) << "q" << c.bits << " group " << c.group << ", H " << c.H << ", I " << c.I
+                                         << ", k " << c.k;
+  }
 }
 
 }  // namespace

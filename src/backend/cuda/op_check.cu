@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "backend/cuda/delta_cluster.cuh"
 #include "backend/cuda/device_model.cuh"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/quant_experts.cuh"
 #include "backend/cuda/router.cuh"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -216,6 +218,66 @@ std::vector<float> attention(const AttnDecode& in, int split, bool prefetch) {
   }
   CK(cudaDeviceSynchronize());
   return down(a.out, size_t(nh) * hd);
+}
+
+std::vector<float> quant_experts(const std::vector<QuantExpert>& experts, const std::vector<float>& w,
+                                 const std::vector<float>& x, const std::vector<float>& norm_w, float eps) {
+  Launcher l = device();
+  const int k = int(experts.size()), H = int(x.size());
+  if (k < 1 || k > 32) fail("op check: 1 to 32 experts");
+  const Matrix& g0 = experts[0].gate;
+  const int bits = quant_bits(g0.quant), group = g0.group, I = int(g0.rows);
+  if (!bits || H % (128 / bits) || I % (128 / bits) || group % 8)
+    fail("op check: q8/q4 experts with sizes a multiple of 128 / bits, groups a multiple of 8");
+  const QExpert q = make_qexpert(bits, group, H, I);
+  // Each expert's gate/up and down blocks in the device layout (as the upload writes them).
+  Buffers b;
+  std::vector<const void*> gu_tab, dn_tab;
+  auto put = [](std::vector<uint8_t>& blk, const Matrix& m, size_t wo, size_t so, size_t bo) {
+    std::memcpy(blk.data() + wo, m.data, m.nbytes());
+    std::memcpy(blk.data() + so, m.scales, m.scale_bytes());
+    std::memcpy(blk.data() + bo, m.biases, m.scale_bytes());
+  };
+  for (const QuantExpert& e : experts) {
+    std::vector<uint8_t> gu(q.gu_bytes, 0), dn(q.dn_bytes, 0);
+    put(gu, e.gate, 0, q.gate_s, q.gate_b);
+    put(gu, e.up, q.up_w, q.up_s, q.up_b);
+    put(dn, e.down, 0, q.dn_s, q.dn_b);
+    gu_tab.push_back(b.up(gu.data(), gu.size()));
+    dn_tab.push_back(b.up(dn.data(), dn.size()));
+  }
+  std::vector<int> ids(static_cast<size_t>(k));
+  for (int j = 0; j < k; ++j) ids[size_t(j)] = j;
+  MoeArgs a{};
+  a.gu_tab = b.up(gu_tab.data(), gu_tab.size());
+  a.down_tab = b.up(dn_tab.data(), dn_tab.size());
+  a.ids = b.up(ids.data(), ids.size());
+  a.w = b.up(w.data(), w.size());
+  a.k = k;
+  a.I = I;
+  a.Is = 0;
+  a.H = H;
+  a.maxI = I;
+  a.has_shared = 0;
+  a.norm_w = b.up(norm_w.data(), norm_w.size());
+  a.eps = eps;
+  a.x = b.up(x.data(), x.size());
+  a.hb = b.zeros<float>(size_t(k) * I);
+  // As CudaModel::Impl::moe_launch_q.
+  const int blocks = std::min((H + kWarps - 1) / kWarps, l.prop.multiProcessorCount * kBlocksPerSm);
+  const size_t s1 = size_t(H) * 4 * 2 + size_t(H) / 8 * 4, s2 = size_t(k) * I * 4 + size_t(k) * I / 8 * 4;
+  auto run = [&](auto gu, auto dn) {
+    if (s1 > 48 * 1024) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, int(s1)));
+    if (s2 > 48 * 1024) CK(cudaFuncSetAttribute(dn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(s2)));
+    const int resident = l.per_sm(reinterpret_cast<const void*>(gu), s1) * l.prop.multiProcessorCount;
+    const dim3 g1(std::max(1, std::min((I + kWarps - 1) / kWarps, resident / k)), k);
+    l.go(gu, g1, kThreads, s1, a, q);
+    l.go(dn, blocks, kThreads, s2, a, q);
+  };
+  if (bits == 8) run(gate_up_q_kernel<8, __nv_bfloat16>, down_q_kernel<8, __nv_bfloat16>);
+  else run(gate_up_q_kernel<4, __nv_bfloat16>, down_q_kernel<4, __nv_bfloat16>);
+  CK(cudaDeviceSynchronize());
+  return down(a.x, size_t(H));
 }
 
 }  // namespace flashmoe::cuda_ops

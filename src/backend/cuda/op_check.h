@@ -49,4 +49,14 @@ struct AttnDecode {
 };
 std::vector<float> attention(const AttnDecode& a, int split, bool prefetch);
 
+// The routed experts of a MoE layer in q8/q4 (gate_up_q_kernel then
+// down_q_kernel, no shared expert): x + sum_j w[j] * down_j(silu(gate_j xn)
+// * up_j xn), xn = rmsnorm_zc(x, norm_w, eps). Every matrix quantised alike
+// (bits, group); gate and up [I][H], down [H][I].
+struct QuantExpert {
+  Matrix gate, up, down;
+};
+std::vector<float> quant_experts(const std::vector<QuantExpert>& experts, const std::vector<float>& w,
+                                 const std::vector<float>& x, const std::vector<float>& norm_w, float eps);
+
 }  // namespace flashmoe::cuda_ops

@@ -16,6 +16,10 @@ std::vector<float> matvec(const Matrix&, const std::vector<float>&, const std::v
 void topk(const std::vector<float>&, int, int, bool, bool, std::vector<int>*, std::vector<float>*) { no_cuda(); }
 std::vector<float> delta_step(DeltaStep&, bool) { no_cuda(); }
 std::vector<float> attention(const AttnDecode&, int, bool) { no_cuda(); }
+std::vector<float> quant_experts(const std::vector<QuantExpert>&, const std::vector<float>&, const std::vector<float>&,
+                                 const std::vector<float>&, float) {
+  no_cuda();
+}
 
 }  // namespace flashmoe::cuda_ops
 #endif
