@@ -80,6 +80,7 @@ void CudaModel::Impl::outproj_router(const DLayer& d, const DMat& W) {
   a.H = W.rows;
   a.O = W.cols;
   a.rowsR = d.router.rows;
+  a.per = 2;
   a.E = int(c.num_experts);
   a.k = int(c.num_experts_per_tok);
   a.ids = eids;

@@ -165,6 +165,7 @@ struct OutRouterArgs {
   float* logits;     // [rowsR] R . cat
   int H, O, rowsR;
   int splitA, splitR, nbA, nbR;
+  int per;  // rows per warp at a time in both parts (matvec_rows; the host sets 2)
   // Expert selection by the last router block (sel.out null: none).
   int E, k;
   int* ids;
@@ -179,7 +180,7 @@ __global__ void __launch_bounds__(kThreads) outproj_router_kernel(const T* __res
   pdl_wait();
   pdl_trigger();
   if (int(blockIdx.x) < a.nbR) {
-    matvec_rows<float>(a.R, a.rowsR, a.H + a.O, a.cat, a.logits, 0, a.splitR, 2, blockIdx.x, a.nbR);
+    matvec_rows<float>(a.R, a.rowsR, a.H + a.O, a.cat, a.logits, 0, a.splitR, a.per, blockIdx.x, a.nbR);
     if (!a.sel.out) return;
     // The last router block picks the experts. The top-k of logits * s is
     // that of the logits for any s > 0, so the pick needs no rms(x_new): it
@@ -197,7 +198,7 @@ __global__ void __launch_bounds__(kThreads) outproj_router_kernel(const T* __res
     if (threadIdx.x == 0) *a.done = 0;
     return;
   }
-  matvec_rows<T>(W, a.H, a.O, a.cat + a.H, a.x, 1, a.splitA, 2, int(blockIdx.x) - a.nbR, a.nbA);
+  matvec_rows<T>(W, a.H, a.O, a.cat + a.H, a.x, 1, a.splitA, a.per, int(blockIdx.x) - a.nbR, a.nbA);
 }
 
 }  // namespace flashmoe::cuda
