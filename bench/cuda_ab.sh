@@ -1,18 +1,24 @@
 #!/bin/bash
-# Side-by-side decode variants in one device call (bench/NOTES-cuda.md).
-# usage: bench/cuda_ab.sh [-a "bench args"] "name:VAR=value VAR=value" ...
-#   each spec runs `flashmoe bench --device cuda` with those FLASHMOE_CUDA_*
-#   variables (documented in src/backend/cuda/cuda_model.cu) and prints one
-#   line: name | tg128 tokens/s | seconds the run took.
+# Side-by-side decode runs in one device call (bench/NOTES-cuda.md): builds
+# of two commits, or bench options, interleaved as listed.
+# usage: bench/cuda_ab.sh [-a "bench args"] "name:BINARY [extra bench args]" ...
+#   each spec runs `BINARY bench --device cuda <bench args> <extra>` and
+#   prints one line: name | tg128 tokens/s | seconds the run took.
 #   default bench args: --synthetic qwen3.5-35b-a3b -p 0 -n 128 -r 2
+#   e.g. bench/cuda_ab.sh "base:./base/flashmoe" "new:./build/flashmoe" "base:./base/flashmoe" "new:./build/flashmoe"
+# (The decode variants once switched by FLASHMOE_CUDA_* variables were
+# removed with the variables; the measurements that chose them are in
+# bench/NOTES-cuda.md.)
 set -o pipefail
-B=${FLASHMOE:-./build/flashmoe}
 args="--synthetic qwen3.5-35b-a3b -p 0 -n 128 -r 2"
 if [ "$1" = "-a" ]; then args=$2; shift 2; fi
 for spec in "$@"; do
   name=${spec%%:*}
-  vars=${spec#*:}
+  run=${spec#*:}
+  bin=${run%% *}
+  extra=""
+  [ "$run" != "$bin" ] && extra=${run#* }
   t0=$SECONDS
-  line=$(env $vars $B bench --device cuda $args 2>&1 | grep -E "^\| tg|error" | tail -1)
+  line=$($bin bench --device cuda $args $extra 2>&1 | grep -E "^\| tg|error" | tail -1)
   printf '%-28s %s  (%ds)\n' "$name" "$line" $((SECONDS - t0))
 done

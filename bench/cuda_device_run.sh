@@ -27,8 +27,6 @@ bench)
   B=./build/flashmoe
   $B bench --device cuda -m models/coder-mini/model -p 128 -n 128 -r 3 --profile 8 2>&1 | tee $OUT/bench_coder.txt
   $B bench --device cuda --synthetic qwen3.5-35b-a3b -p 512 -n 128 -r 3 --profile 8 2>&1 | tee $OUT/bench_35b.txt
-  echo "--- PDL off (FLASHMOE_CUDA_PDL=0)" | tee -a $OUT/bench_35b.txt
-  FLASHMOE_CUDA_PDL=0 $B bench --device cuda --synthetic qwen3.5-35b-a3b -p 0 -n 128 -r 2 2>&1 | tail -2 | tee -a $OUT/bench_35b.txt
   echo "--- no CUDA graph" | tee -a $OUT/bench_35b.txt
   $B bench --device cuda --synthetic qwen3.5-35b-a3b -p 0 -n 128 -r 2 --no-graph 2>&1 | tail -2 | tee -a $OUT/bench_35b.txt
   echo "--- fp8 KV, 4096-token window" | tee -a $OUT/bench_35b.txt

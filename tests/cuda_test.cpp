@@ -4,12 +4,13 @@
 
 #include <cmath>
 
+#include "backend/cuda/cuda_bench.h"
 #include "backend/cuda/cuda_model.h"
 #include "core/error.h"
 #include "engine/session.h"
+#include "model/pack_model.h"
 #include "kv/presets.h"
 #include "mlx_checkpoint.h"
-#include "model/pack_model.h"
 #include "test_util.h"
 
 using namespace flashmoe;
@@ -111,10 +112,10 @@ std::vector<KvCase> kv_cases() {
 float max_dlogit(const KvConfig& kv) { return kv.dtype == KvDType::F32 ? 2e-3f : 1e-2f; }
 
 // CUDA vs CPU on coder-mini, fp32 math on both: the distributions agree.
-void expect_matches_cpu_for_every_kv_config(const char* label) {
+void expect_matches_cpu_for_every_kv_config(const char* label, const CudaOptions& o = {}) {
   const std::string dir = source_path("models/coder-mini");
   auto model = QwenModel::load(dir + "/model");
-  auto cuda = CudaModel::upload(*model);
+  auto cuda = CudaModel::upload(*model, o);
   RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
   const int64_t V = model->config().vocab_size;
   ThreadPool pool(2);
@@ -143,15 +144,17 @@ TEST(CudaCoderMini, MatchesCpuForEveryKvConfig) {
 // contexts) in every KV format, forced on this small model.
 TEST(CudaCoderMini, SplitAttentionMatchesCpuForEveryKvConfig) {
   REQUIRE_GPU();
-  ScopedEnv split("FLASHMOE_CUDA_ATTNSPLIT", "force");
-  expect_matches_cpu_for_every_kv_config(" split4");
+  CudaOptions o;
+  o.decode.attention_split = DecodeOptions::AttentionSplit::Force;
+  expect_matches_cpu_for_every_kv_config(" split4", o);
 }
 
-// The decode-step kernel variants (FLASHMOE_CUDA_*, read at upload) against
-// the CPU: forced ones reach paths the default takes only on larger shapes
-// (delta2 clusters of several blocks, 3 rows per warp), switched-off ones
-// keep the older paths honest.
-TEST(CudaCoderMini, KernelVariantsMatchCpu) {
+// The decode-step kernels against the CPU, the prompt fed one token at a
+// time through the decode step (the batched prefill off): the default
+// paths, and forced ones that the default reaches only on larger shapes
+// (delta-rule clusters of several blocks, 3 rows per warp, attention split
+// over 4 blocks per head).
+TEST(CudaCoderMini, DecodeStepKernelsMatchCpu) {
   REQUIRE_GPU();
   const std::string dir = source_path("models/coder-mini");
   auto model = QwenModel::load(dir + "/model");
@@ -160,29 +163,29 @@ TEST(CudaCoderMini, KernelVariantsMatchCpu) {
   ThreadPool pool(2);
   Session cpu(cpu_of(*model), KvConfig{}, pool);
   const std::vector<float> a = cpu.feed_all(ids.ids);
-  // Each variant: up to two NAME=value settings.
-  const std::vector<std::vector<std::pair<const char*, const char*>>> variants = {
-      {{"FLASHMOE_CUDA_DELTA2", "force"}},
-      {{"FLASHMOE_CUDA_DELTA2", "0"}},
-      {{"FLASHMOE_CUDA_FUSE_CONV", "1"}},
-      {{"FLASHMOE_CUDA_FUSE_CONV", "1"}, {"FLASHMOE_CUDA_DELTA2", "force"}},
-      {{"FLASHMOE_CUDA_DOWNPRE", "0"}},
-      {{"FLASHMOE_CUDA_ATTNSPLIT", "force"}},
-      {{"FLASHMOE_CUDA_ROWS3", "force"}},
-      {{"FLASHMOE_CUDA_PRESEL", "0"}}};
-  for (const auto& v : variants) {
-    std::string what;
-    for (const auto& [name, value] : v) what += std::string(name) + "=" + value + " ";
-    ScopedEnv e0(v[0].first, v[0].second);
-    ScopedEnv e1(v.size() > 1 ? v[1].first : "FLASHMOE_CUDA_UNUSED", v.size() > 1 ? v[1].second : nullptr);
-    auto cuda = CudaModel::upload(*model);
-    Session gpu(gpu_view(*model, *cuda), KvConfig{}, pool);
-    const std::vector<float> b = gpu.feed_all(ids.ids);
-    ASSERT_EQ(a.size(), b.size());
+  struct Variant {
+    const char* name;
+    void (*set)(DecodeOptions&);
+  };
+  const Variant variants[] = {
+      {"default", [](DecodeOptions&) {}},
+      {"small delta clusters", [](DecodeOptions& d) { d.force_small_delta_clusters = true; }},
+      {"3 rows per warp", [](DecodeOptions& d) { d.force_three_rows = true; }},
+      {"attention split 4", [](DecodeOptions& d) { d.attention_split = DecodeOptions::AttentionSplit::Force; }},
+  };
+  for (const Variant& v : variants) {
+    CudaOptions o;
+    o.decode.batched_prefill = false;
+    v.set(o.decode);
+    auto cuda = CudaModel::upload(*model, o);
+    auto st = cuda->new_state(KvConfig{});
+    std::vector<float> b(a.size());
+    for (size_t t = 0; t < ids.ids.size(); ++t)
+      cuda->forward(*st, &ids.ids[t], 1, LogitsMode::Last, b.data() + t * size_t(V));
     const double kl = mean_kl(a, b, V);
-    EXPECT_LE(kl, 1e-4) << what;
-    EXPECT_LE(max_abs_diff(a.data(), b.data(), a.size()), 2e-3f) << what;
-    std::printf("[cuda-variant] %smean KL %.3g\n", what.c_str(), kl);
+    EXPECT_LE(kl, 1e-4) << v.name;
+    EXPECT_LE(max_abs_diff(a.data(), b.data(), a.size()), 2e-3f) << v.name;
+    std::printf("[cuda-decode-step] %-20s mean KL %.3g\n", v.name, kl);
   }
 }
 
@@ -248,10 +251,9 @@ TEST(CudaCoderMini, PiecesGraphsAndGreedyAgree) {
 }
 
 // The batched prefill against token-by-token feeding through the decode
-// step (FLASHMOE_CUDA_BATCH=0), in every KV format. Chunks of 7, 30 and 100
-// tokens reach every tile height of the products (16, 32, 64 rows) and make
-// windowed caches wrap inside a chunk and across chunks; "100s": chunks of
-// 100 on the simple product kernel (FLASHMOE_CUDA_GEMM=simple).
+// step (DecodeOptions::batched_prefill off), in every KV format. Chunks of
+// 7, 30 and 100 tokens reach every tile height of the products (16, 32, 64
+// rows) and make windowed caches wrap inside a chunk and across chunks.
 TEST(CudaCoderMini, BatchedPrefillMatchesTokenByToken) {
   REQUIRE_GPU();
   const std::string dir = source_path("models/coder-mini");
@@ -259,16 +261,13 @@ TEST(CudaCoderMini, BatchedPrefillMatchesTokenByToken) {
   RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
   const int64_t V = model->config().vocab_size;
   ThreadPool pool(2);
-  std::unique_ptr<CudaModel> step;
-  {
-    ScopedEnv off("FLASHMOE_CUDA_BATCH", "0");
-    step = CudaModel::upload(*model);
-  }
-  // The last run: the first product kernel (gemm_kernel) on bf16 weights too.
-  for (const char* chunk : {"7", "30", "100", "100s"}) {
-    ScopedEnv size("FLASHMOE_CUDA_CHUNK", std::string(chunk) == "100s" ? "100" : chunk);
-    ScopedEnv simple("FLASHMOE_CUDA_GEMM", std::string(chunk) == "100s" ? "simple" : nullptr);
-    auto chunked = CudaModel::upload(*model);
+  CudaOptions off;
+  off.decode.batched_prefill = false;
+  std::unique_ptr<CudaModel> step = CudaModel::upload(*model, off);
+  for (int chunk : {7, 30, 100}) {
+    CudaOptions o;
+    o.decode.prefill_chunk = chunk;
+    auto chunked = CudaModel::upload(*model, o);
     for (const KvCase& c : kv_cases()) {
       Session a(gpu_view(*model, *step), c.kv, pool), b(gpu_view(*model, *chunked), c.kv, pool);
       const std::vector<float> x = a.feed_all(ids.ids), y = b.feed_all(ids.ids);
@@ -282,7 +281,7 @@ TEST(CudaCoderMini, BatchedPrefillMatchesTokenByToken) {
         // The state the chunks left behind decodes like the stepped one.
         EXPECT_EQ(a.greedy(16), b.greedy(16)) << "chunk " << chunk << " " << c.name;
       }
-      std::printf("[cuda-batched] chunk %-3s %-18s mean KL %.3g, max |dlogit| %.3g\n", chunk, c.name, kl, mad);
+      std::printf("[cuda-batched] chunk %-3d %-18s mean KL %.3g, max |dlogit| %.3g\n", chunk, c.name, kl, mad);
     }
   }
 }
@@ -295,17 +294,16 @@ TEST(CudaSynthetic, BatchedPrefillMatchesTokenByTokenAt35bShapes) {
   c.num_layers = 4;
   c.layer_kinds.resize(4);
   c.layer_is_moe.resize(4);
-  std::unique_ptr<CudaModel> step;
-  {
-    ScopedEnv off("FLASHMOE_CUDA_BATCH", "0");
-    step = CudaModel::synthetic(c, 7);
-  }
+  CudaOptions off;
+  off.decode.batched_prefill = false;
+  std::unique_ptr<CudaModel> step = cuda_synthetic_model(c, 7, off, {});
   std::vector<int32_t> ids;
   for (int i = 0; i < 300; ++i) ids.push_back(int32_t((i * 7919 + 13) % c.vocab_size));
   const int64_t V = c.vocab_size;
-  for (const char* chunk : {"512", "64"}) {
-    ScopedEnv size("FLASHMOE_CUDA_CHUNK", chunk);
-    auto chunked = CudaModel::synthetic(c, 7);
+  for (int chunk : {512, 64}) {
+    CudaOptions o;
+    o.decode.prefill_chunk = chunk;
+    auto chunked = cuda_synthetic_model(c, 7, o, {});
     for (const KvCase& kc : kv_cases()) {
       auto sa = step->new_state(kc.kv);
       auto sb = chunked->new_state(kc.kv);
@@ -314,7 +312,7 @@ TEST(CudaSynthetic, BatchedPrefillMatchesTokenByTokenAt35bShapes) {
       chunked->forward(*sb, ids.data(), int64_t(ids.size()), LogitsMode::Last, y.data());
       const double kl = mean_kl(x, y, V);
       EXPECT_LE(kl, kc.kv.dtype == KvDType::FP8 ? 1e-3 : 1e-4) << "chunk " << chunk << " " << kc.name;
-      std::printf("[cuda-batched-35b] chunk %-3s %-18s KL %.3g, max |dlogit| %.3g\n", chunk, kc.name, kl,
+      std::printf("[cuda-batched-35b] chunk %-3d %-18s KL %.3g, max |dlogit| %.3g\n", chunk, kc.name, kl,
                   max_abs_diff(x.data(), y.data(), x.size()));
     }
   }
@@ -392,14 +390,10 @@ TEST(CudaPacked, EveryExpertFormatMatchesTheCpu) {
       quarter.expert_cache_fraction = 0.25;
       auto tiered = CudaModel::upload(*model, quarter);
       ASSERT_TRUE(tiered->tier_stats().enabled);
-      // Prompt chunks of 7 tokens (16-row expert tiles), and decode with the
-      // router + top-k kernels instead of the fold's early pick.
-      std::unique_ptr<CudaModel> other;
-      {
-        ScopedEnv chunk("FLASHMOE_CUDA_CHUNK", "7");
-        ScopedEnv presel("FLASHMOE_CUDA_PRESEL", "0");
-        other = CudaModel::upload(*model);
-      }
+      // Prompt chunks of 7 tokens (16-row expert tiles).
+      CudaOptions seven;
+      seven.decode.prefill_chunk = 7;
+      std::unique_ptr<CudaModel> other = CudaModel::upload(*model, seven);
       Session c(cpu_of(*model), KvConfig{}, pool), g(gpu_view(*model, *gpu), KvConfig{}, pool),
           t(gpu_view(*model, *tiered), KvConfig{}, pool), u(gpu_view(*model, *other), KvConfig{}, pool);
       const std::vector<float> a = c.feed_all(ids.ids), b = g.feed_all(ids.ids), x = t.feed_all(ids.ids);
@@ -544,10 +538,12 @@ TEST(CudaCoderMini, H2oKeepsTheCpusPositions) {
   RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
   const int64_t V = model->config().vocab_size;
   ThreadPool pool(2);
-  for (const char* split : {"0", "force"}) {
-    ScopedEnv env("FLASHMOE_CUDA_ATTNSPLIT", split);
-    ScopedEnv chunk("FLASHMOE_CUDA_CHUNK", std::string(split) == "force" ? "7" : nullptr);
-    auto cuda = CudaModel::upload(*model);
+  for (const char* split : {"off", "force"}) {
+    CudaOptions o;
+    const bool force = std::string(split) == "force";
+    o.decode.attention_split = force ? DecodeOptions::AttentionSplit::Force : DecodeOptions::AttentionSplit::Off;
+    if (force) o.decode.prefill_chunk = 7;
+    auto cuda = CudaModel::upload(*model, o);
     KvConfig a, b;
     a.h2o_budget = 64;
     b.h2o_budget = 40;
@@ -561,7 +557,7 @@ TEST(CudaCoderMini, H2oKeepsTheCpusPositions) {
       auto st = cuda->new_state(kv);
       std::vector<float> last(static_cast<size_t>(V));
       cuda->forward(*st, ids.ids.data(), int64_t(ids.ids.size()), LogitsMode::Last, last.data());
-      const size_t layers = size_t(model->config().num_full_layers());
+      const size_t layers = size_t(model->plan().attention_layers);
       ASSERT_GT(layers, 0u);
       auto same_positions = [&](const char* when) {
         for (size_t l = 0; l < layers; ++l) {

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "backend/cuda/cuda_bench.h"
 #include "runtime/cuda_backend_impl.h"
 
 namespace flashmoe {
@@ -42,20 +43,21 @@ std::unique_ptr<Backend> synthetic_backend(const ModelConfig& c, QuantKind exper
   co.expert_cache_fraction = o.expert_cache_fraction;
   co.host_cache_gb = o.host_cache_gb;
   co.host_cache_fraction = o.host_cache_fraction;
-  co.synthetic_experts = experts;
-  co.synthetic_group = group;
-  return std::make_unique<CudaBackend>(nullptr, CudaModel::synthetic(c, 1234, co));
+  CudaSyntheticOptions so;
+  so.experts = experts;
+  so.group = group;
+  return std::make_unique<CudaBackend>(nullptr, cuda_synthetic_model(c, 1234, co, so));
 }
 
 Bandwidth weight_memory_bandwidth(const Backend& b, ThreadPool& pool) {
   if (const CudaBackend* c = as_cuda(b))
-    return {c->device_for_bench().copy_bandwidth_gbps(), "device copy (cudaMemcpy D2D, read+written)"};
+    return {cuda_copy_bandwidth_gbps(c->device_for_bench()), "device copy (cudaMemcpy D2D, read+written)"};
   return {memcpy_gbps(pool), "memcpy on " + std::to_string(pool.size()) + " threads"};
 }
 
 double host_link_gbps(const Backend& b) {
   const CudaBackend* c = as_cuda(b);
-  return c ? c->device_for_bench().host_link_gbps() : 0.0;
+  return c ? cuda_host_link_gbps(c->device_for_bench()) : 0.0;
 }
 
 bool has_decode_graph(const Backend& b) { return as_cuda(b) != nullptr; }
@@ -68,7 +70,7 @@ std::vector<KernelTime> profile_decode(const Backend& b, State& st, int32_t firs
   std::vector<KernelTime> out;
   const CudaBackend* c = as_cuda(b);
   if (!c) return out;
-  for (const CudaKernelTime& k : c->device_for_bench().profile_decode(CudaBackend::device_state_for_bench(st), first, steps))
+  for (const CudaKernelTime& k : cuda_profile_decode(c->device_for_bench(), CudaBackend::device_state_for_bench(st), first, steps))
     out.push_back({k.name, k.ms, k.launches});
   return out;
 }

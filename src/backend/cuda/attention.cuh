@@ -10,7 +10,7 @@
 #include <climits>
 
 #include "backend/cuda/device_model.cuh"
-#include "backend/cuda/kernels.cuh"
+#include "backend/cuda/common.cuh"
 #include "format/config.h"
 
 namespace flashmoe::cuda {
@@ -343,7 +343,7 @@ struct AttnArgs {
   KvLayer kv;
   int nh, nkv, hd, ns;
   float scale;
-  int prefetch;  // earlier positions' K/V rows into L2 before the wait (FLASHMOE_CUDA_ATTNPF)
+  int prefetch;  // earlier positions' K/V rows into L2 before the wait (the decode step; 0 in the prefill's in-order attention)
   int split;     // blocks (a cluster) per query head, each a slice of the positions
 };
 

@@ -1,5 +1,6 @@
 // Error checks and device allocation of the CUDA backend: every failure
-// becomes a flashmoe::Error that names the call and suggests --device cpu.
+// becomes a DeviceError (core/error.h) that names the call; what to do about
+// it (another device, a smaller model) is the caller's to say.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -16,7 +17,8 @@ inline std::string cuda_msg(cudaError_t e) {
 }
 inline void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess)
-    fail(std::string("CUDA error in ") + what + " (" + cuda_msg(e) + "); use --device cpu to run on the CPU");
+    fail_device(e == cudaErrorMemoryAllocation ? DeviceFailure::OutOfMemory : DeviceFailure::Runtime,
+                std::string("CUDA error in ") + what + " (" + cuda_msg(e) + ")");
 }
 #define CK(x) ::flashmoe::cuda::check((x), #x)
 
@@ -30,8 +32,7 @@ inline void* dev_alloc(size_t bytes, const std::string& what) {
     char buf[256];
     std::snprintf(buf, sizeof buf, "out of device memory allocating %.1f MB for %s (%.2f of %.2f GB free)",
                   double(bytes) / 1e6, what.c_str(), double(fr) / 1e9, double(tot) / 1e9);
-    fail(std::string(buf) + "; use --device cpu, a smaller model (--layers), a smaller --gpu-expert-cache or a "
-                            "smaller KV cache");
+    fail_device(DeviceFailure::OutOfMemory, buf);
   }
   check(e, ("cudaMalloc for " + what).c_str());
   return p;

@@ -14,11 +14,14 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/decode_options.h"
 #include "format/config.h"
 #include "kv/kv_config.h"
 #include "model/qwen_model.h"
 
 namespace flashmoe {
+
+struct CudaModelAccess;
 
 // One conversation's device state. Created by CudaModel::new_state.
 class CudaState {
@@ -27,12 +30,6 @@ class CudaState {
   int64_t position() const;
   struct Impl;
   std::unique_ptr<Impl> p_;
-};
-
-struct CudaKernelTime {
-  std::string name;
-  double ms = 0;     // total over the profiled steps
-  int launches = 0;  // kernel launches of this class over the profiled steps
 };
 
 // Where the routed experts live on the GPU (--gpu-expert-cache).
@@ -52,10 +49,9 @@ struct CudaOptions {
   // outlive the CudaModel then.
   double host_cache_gb = -1;
   double host_cache_fraction = -1;
-  // CudaModel::synthetic only: the routed experts quantised (q8/q4, groups
-  // of synthetic_group columns) instead of bf16.
-  QuantKind synthetic_experts = QuantKind::None;
-  int synthetic_group = 64;
+  // Decode-step and prefill settings (tests, benchmarks); the defaults are
+  // the fastest paths.
+  DecodeOptions decode;
 };
 
 // Counters of the tiered expert cache (all zero / disabled without one).
@@ -87,9 +83,6 @@ class CudaModel {
   static bool available(std::string* why = nullptr);
   // Uploads the weights of a loaded model (bf16/f16/f32 kept as stored).
   static std::unique_ptr<CudaModel> upload(const QwenModel& m, const CudaOptions& o = {});
-  // Random bf16 weights of the given dimensions, built on the device (no
-  // checkpoint): for benchmarks of published model sizes.
-  static std::unique_ptr<CudaModel> synthetic(const ModelConfig& c, uint64_t seed, const CudaOptions& o = {});
   ~CudaModel();
 
   const ModelConfig& config() const;
@@ -117,20 +110,15 @@ class CudaModel {
 
   // Graph capture of the decode step (default on); off: plain launches.
   void set_use_graph(bool on);
-  // Device-to-device cudaMemcpy bandwidth, bytes read + written per second / 1e9.
-  double copy_bandwidth_gbps() const;
-  // Host-to-device cudaMemcpy bandwidth from pinned memory, GB/s.
-  double host_link_gbps() const;
   // Tiered expert cache counters (call with no step in flight), and reset.
   CudaTierStats tier_stats() const;
   void reset_tier_stats();
-  // Per-kernel-class time of `steps` decode steps (plain launches, events
-  // between kernels); advances `st` by `steps` tokens.
-  std::vector<CudaKernelTime> profile_decode(CudaState& st, int32_t first, int steps) const;
+
+  struct Impl;
 
  private:
+  friend struct CudaModelAccess;  // the backend's other units (cuda_bench.h's functions)
   CudaModel();
-  struct Impl;
   std::unique_ptr<Impl> p_;
 };
 

@@ -7,7 +7,7 @@
 namespace flashmoe {
 
 namespace {
-[[noreturn]] void no_cuda() { fail("this build has no CUDA backend (rebuild with nvcc available, or use --device cpu)"); }
+[[noreturn]] void no_cuda() { fail_device(DeviceFailure::Unavailable, "this build has no CUDA backend"); }
 }  // namespace
 
 struct CudaState::Impl {};
@@ -23,7 +23,6 @@ bool CudaModel::available(std::string* why) {
 CudaModel::CudaModel() = default;
 CudaModel::~CudaModel() = default;
 std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel&, const CudaOptions&) { no_cuda(); }
-std::unique_ptr<CudaModel> CudaModel::synthetic(const ModelConfig&, uint64_t, const CudaOptions&) { no_cuda(); }
 const ModelConfig& CudaModel::config() const { no_cuda(); }
 std::string CudaModel::device_name() const { no_cuda(); }
 int64_t CudaModel::weight_bytes_total() const { no_cuda(); }
@@ -35,11 +34,8 @@ std::vector<int64_t> CudaModel::kv_positions(const CudaState&, int) const { no_c
 void CudaModel::forward(CudaState&, const int32_t*, int64_t, LogitsMode, float*) const { no_cuda(); }
 void CudaModel::decode_greedy(CudaState&, int32_t, int64_t, int32_t*) const { no_cuda(); }
 void CudaModel::set_use_graph(bool) { no_cuda(); }
-double CudaModel::copy_bandwidth_gbps() const { no_cuda(); }
-double CudaModel::host_link_gbps() const { no_cuda(); }
 CudaTierStats CudaModel::tier_stats() const { no_cuda(); }
 void CudaModel::reset_tier_stats() { no_cuda(); }
-std::vector<CudaKernelTime> CudaModel::profile_decode(CudaState&, int32_t, int) const { no_cuda(); }
 
 }  // namespace flashmoe
 #endif

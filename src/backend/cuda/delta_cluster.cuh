@@ -1,5 +1,5 @@
 // The GatedDeltaNet decode step spread over a cluster of blocks per value
-// head (FLASHMOE_CUDA_DELTA2, v14 in bench/NOTES-cuda.md). delta_kernel runs
+// head (v14 in bench/NOTES-cuda.md). delta_kernel runs
 // one block per head: 32 SMs for the 35B, each streaming a 64 KB state
 // column block in and out, after the wait. Here:
 //  - each block owns CPB value columns of one head (a cluster of dv/CPB
@@ -10,18 +10,17 @@
 //    weights too);
 //  - the gated RMS norm over the head's dv outputs sums the blocks' squares
 //    through distributed shared memory (cluster barrier), in rank order, so
-//    every block gets the same scale;
-//  - with FLASHMOE_CUDA_FUSE_CONV the conv1d runs here too (no conv kernel).
+//    every block gets the same scale.
 #pragma once
 #include <cooperative_groups.h>
 
-#include "backend/cuda/kernels.cuh"
+#include "backend/cuda/delta.cuh"
 
 namespace flashmoe::cuda {
 
 template <int DK, int CPB, int PARTS>
-__global__ void __launch_bounds__(CPB * PARTS) delta2_kernel(DeltaArgs a) {
-  static_assert(DK % PARTS == 0 && DK % 32 == 0 && CPB * PARTS >= 64 && CPB <= 32, "delta2 shape");
+__global__ void __launch_bounds__(CPB * PARTS) delta_cluster_kernel(DeltaArgs a) {
+  static_assert(DK % PARTS == 0 && DK % 32 == 0 && CPB * PARTS >= 64 && CPB <= 32, "delta_cluster_kernel shape");
   constexpr int R = DK / PARTS;  // state rows per thread
   __shared__ float q[DK], k[DK];
   __shared__ float red[PARTS][CPB];
@@ -38,17 +37,12 @@ __global__ void __launch_bounds__(CPB * PARTS) delta2_kernel(DeltaArgs a) {
   pdl_wait();
   pdl_trigger();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = h / (a.nv / a.nk);
-  // fused: the conv1d + SiLU of the channels this block reads, from the
-  // projection and the ring state (conv_ring); q/k channels are shared by the
-  // heads of a key group, so one block of the group writes their state.
-  const int pos = a.fused ? *a.pos : 0;
   if (warp < 2) {  // warp 0: q, warp 1: k of the key group, l2-normed (q also by 1/sqrt(dk))
     const int ch0 = warp * a.nk * DK + g * DK;
-    const bool wqk = h % (a.nv / a.nk) == 0 && rank == 0;
     float v[DK / 32], ss = 0.f;
 #pragma unroll
     for (int i = 0; i < DK / 32; ++i) {
-      v[i] = a.fused ? conv_ring(a, ch0 + i * 32 + lane, pos, wqk) : a.conv[ch0 + i * 32 + lane];
+      v[i] = a.conv[ch0 + i * 32 + lane];
       ss += v[i] * v[i];
     }
     ss = warp_sum(ss);
@@ -60,7 +54,7 @@ __global__ void __launch_bounds__(CPB * PARTS) delta2_kernel(DeltaArgs a) {
   const float beta = sigmoidf_(a.proj[a.boff + h]);
   const float decay = expf(nea * softplusf_(a.proj[a.aoff + h] + dtb));
   const int vch = 2 * a.nk * DK + h * dv + j;
-  const float v = a.fused ? conv_ring(a, vch, pos, part == 0) : a.conv[vch];
+  const float v = a.conv[vch];
   __syncthreads();
   const int i0 = part * R;
   float m = 0.f;

@@ -1,5 +1,5 @@
 // The uploaded model's device-side layout (weights per layer), shared by
-// the decode step (cuda_model.cu) and the batched prefill (prefill.cu).
+// the decode step (decode_step.cu) and the batched prefill (prefill.cu).
 #pragma once
 #include <cstddef>
 #include <string>
@@ -18,7 +18,9 @@ inline int dt_of(DType t) {
     case DType::F32: return DT_F32;
     case DType::F16: return DT_F16;
     case DType::BF16: return DT_BF16;
-    default: fail(std::string("CUDA backend: weights of type ") + dtype_name(t) + " are not supported");
+    default:
+      fail_device(DeviceFailure::Unsupported,
+                  std::string("CUDA backend: weights of type ") + dtype_name(t) + " are not supported");
   }
 }
 inline size_t dt_size(int dt) { return dt == DT_F32 ? 4 : 2; }
@@ -69,14 +71,15 @@ inline QExpert make_qexpert(int bits, int group, int H, int I) {
   return q;
 }
 
+// One layer's weights on the device; which parts are set follows its
+// LayerPlan (model/plan.h): lin_in .. gnorm for a GatedDeltaNet, qkv ..
+// k_norm for gated attention, router and experts for a routed MoE.
 struct DLayer {
-  bool full = false;
   float *in_norm = nullptr, *post_norm = nullptr;
   DMat lin_in, out_proj;  // [C + nv*dv + 2nv, H] (q,k,v | z | b | a), [H, nv*dv]
   float *conv_w = nullptr, *dt_bias = nullptr, *neg_exp_A = nullptr, *gnorm = nullptr;
   DMat qkv, o_proj;  // [2nh*hd + 2nkv*hd, H], [H, nh*hd]
   float *q_norm = nullptr, *k_norm = nullptr;
-  bool moe = false;
   DMat router;  // [E (+1: shared expert gate), H]
   int edt = DT_BF16;  // storage type of the shared expert / dense MLP, and of the routed experts unless quantised
   QExpert q;          // the routed experts' quantisation (q.bits 0: none, stored as edt)
@@ -84,7 +87,6 @@ struct DLayer {
   const void* const* gu_tab = nullptr;  // [E] device pointers of each expert's rows (see ExpertTiers)
   const void* const* down_tab = nullptr;
   TierCount tc{};  // choice accounting (tiered cache only)
-  int mi = -1;     // its index among the MoE layers (disk tier only)
   bool has_shared = false;              // shared expert (MoE) or dense MLP
   DMat s_gu, s_down;                    // [2Is, H], [H, Is]
   float* rfold = nullptr;               // folded router [router rows][H + O] (outproj_router_kernel), or null

@@ -1,22 +1,22 @@
-// The down projection with its weights loaded before the PDL wait
-// (FLASHMOE_CUDA_DOWNPRE, v14 in bench/NOTES-cuda.md). down2_kernel issues
+// The down projection with its weights loaded before the PDL wait (v14 in
+// bench/NOTES-cuda.md). down_slots_kernel issues
 // its one round of loads after gate_up has completed; but which experts'
 // rows it reads was decided two kernels back (the pick in the output
 // projection's launch, or the router / top-k kernel), so those rows can be
 // in registers while gate_up still runs: down's first DRAM latency leaves
 // the chain. Only h (gate_up's output) and the weights w wait.
 #pragma once
-#include "backend/cuda/kernels.cuh"
+#include "backend/cuda/experts.cuh"
 
 namespace flashmoe::cuda {
 
-// As down2_kernel: R consecutive rows per block, one warp per slot; CH
+// As down_slots_kernel: R consecutive rows per block, one warp per slot; CH
 // 16-byte chunks per lane and row (I <= 32 * CH * 16 / sizeof(T)).
 // early: the pick is final before the wait (not made by gate_up itself).
 template <typename T, int R, int CH>
 __global__ void __maxnreg__(112) down_early_kernel(MoeArgs a, int early) {
   constexpr int V = 16 / int(sizeof(T));
-  __shared__ float part[kDown2MaxSlots][R];
+  __shared__ float part[kDownSlotsMax][R];
   const int j = threadIdx.x >> 5, lane = threadIdx.x & 31, slots = blockDim.x >> 5;
   const int r0 = blockIdx.x * R, n = min(R, a.H - r0);
   const bool shared = j == a.k;

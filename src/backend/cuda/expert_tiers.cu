@@ -34,9 +34,9 @@ ExpertTiers::ExpertTiers(int layers, int E, size_t gu_bytes, size_t down_bytes, 
       cudaGetLastError();
       char buf[200];
       std::snprintf(buf, sizeof buf, "%.1f GB", double(per_layer) * layers / 1e9);
-      fail(std::string("--gpu-expert-cache: pinning ") + buf +
-           " of host memory for the experts outside VRAM failed (" + cuda_msg(e) +
-           "); use a larger --gpu-expert-cache, a machine with more RAM, or --device cpu");
+      fail_device(DeviceFailure::OutOfMemory, std::string("--gpu-expert-cache: pinning ") + buf +
+                                                  " of host memory for the experts outside VRAM failed (" +
+                                                  cuda_msg(e) + ")");
     }
     host_.push_back(static_cast<uint8_t*>(p));
     vram_.push_back(static_cast<uint8_t*>(

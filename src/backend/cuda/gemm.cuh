@@ -21,7 +21,7 @@
 #pragma once
 #include <mma.h>
 
-#include "backend/cuda/kernels.cuh"
+#include "backend/cuda/common.cuh"
 
 namespace flashmoe::cuda {
 

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/gemm.cuh"
@@ -33,9 +32,7 @@ std::string Prefill::unsupported(const PrefillModel& m) {
   const ModelConfig& c = *m.c;
   const int64_t dk = c.lin_k_dim, dv = c.lin_v_dim;
   bool linear = false, full = false;
-  for (const DLayer& l : *m.L) {
-    (l.full ? full : linear) = true;
-  }
+  for (const LayerPlan& l : m.plan->layers) (l.mixer == MixerKind::GatedAttention ? full : linear) = true;
   if (full && (c.head_dim % 8 != 0 || c.head_dim > 256)) return "attention head_dim not a multiple of 8 up to 256";
   if (linear) {
     if (dk != 32 && dk != 64 && dk != 128 && dk != 256) return "linear-attention key dim not 32, 64, 128 or 256";
@@ -64,21 +61,12 @@ void* Prefill::alloc(size_t bytes) {
 }
 
 Prefill::Prefill(const PrefillModel& m, int max_tokens) : m_(m), tmax_(max_tokens) {
-  if (const char* e = std::getenv("FLASHMOE_CUDA_PREFILL_PROFILE")) profile_ = std::string(e) == "1";
+  profile_ = m.profile;
   phase_ms_.assign(P_N, 0.0);
-  if (const char* e = std::getenv("FLASHMOE_CUDA_GEMM")) pipe_ = std::string(e) != "simple";
-  if (const char* e = std::getenv("FLASHMOE_CUDA_GEMM_BK")) {
-    pipe_bk_ = std::atoi(e) == 32 ? 32 : 64;
-    pipe_bk_forced_ = true;
-  }
-  if (const char* e = std::getenv("FLASHMOE_CUDA_ATTN_HPB")) attn_hpb_ = std::string(e) != "0";
   auto smem = [](auto kern, size_t bytes) {
     CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
   };
   smem(gemm_pipe_kernel<64, 32>, PipeShape<64, 32>::kSmem);
-  smem(gemm_pipe_kernel<32, 32>, PipeShape<32, 32>::kSmem);
-  smem(gemm_pipe_kernel<16, 32>, PipeShape<16, 32>::kSmem);
-  smem(gemm_pipe_kernel<64, 64>, PipeShape<64, 64>::kSmem);
   smem(gemm_pipe_kernel<32, 64>, PipeShape<32, 64>::kSmem);
   smem(gemm_pipe_kernel<16, 64>, PipeShape<16, 64>::kSmem);
   int dev = 0;
@@ -199,15 +187,9 @@ void Prefill::gemm(int dt, const GemmArgs& a, int bm, int grid_y, SplitRows sp) 
     // 64 columns of K per stage paid on every product but the tallest tiles
     // (64 rows: 140 registers and 110 KB per block, 2 blocks per SM), where
     // 32 was faster (bench/NOTES-cuda.md, prefill).
-    if (pipe_bk_ == 64 && (bm < 64 || pipe_bk_forced_)) {
-      if (bm == 64) go(gemm_pipe_kernel<64, 64>, PipeShape<64, 64>::kSmem);
-      else if (bm == 32) go(gemm_pipe_kernel<32, 64>, PipeShape<32, 64>::kSmem);
-      else go(gemm_pipe_kernel<16, 64>, PipeShape<16, 64>::kSmem);
-    } else {
-      if (bm == 64) go(gemm_pipe_kernel<64, 32>, PipeShape<64, 32>::kSmem);
-      else if (bm == 32) go(gemm_pipe_kernel<32, 32>, PipeShape<32, 32>::kSmem);
-      else go(gemm_pipe_kernel<16, 32>, PipeShape<16, 32>::kSmem);
-    }
+    if (bm == 64) go(gemm_pipe_kernel<64, 32>, PipeShape<64, 32>::kSmem);
+    else if (bm == 32) go(gemm_pipe_kernel<32, 64>, PipeShape<32, 64>::kSmem);
+    else go(gemm_pipe_kernel<16, 64>, PipeShape<16, 64>::kSmem);
     check(cudaGetLastError(), "batched prefill: matrix product");
     return;
   }
@@ -265,7 +247,8 @@ void Prefill::attend_chunk(const PrefillState& s, const DLayer& d, const KvLayer
   a.ns = s.ns;
   a.scale = 1.0f / std::sqrt(float(hd));
   const int group = nh / std::max(nkv, 1);
-  a.hpb = attn_hpb_ && group <= 8 && 8 % group == 0 ? group : 1;
+  // A block takes all query heads of one KV head (K/V rows shared through L1).
+  a.hpb = group <= 8 && 8 % group == 0 ? group : 1;
   a.lse = kv.acc ? lse_ : nullptr;
   const dim3 g{unsigned(nh / a.hpb), unsigned(T)};
   switch (s.kvt) {
@@ -396,13 +379,14 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
   const int nk = int(c.lin_num_k_heads), nv = int(c.lin_num_v_heads), dk = int(c.lin_k_dim), dv = int(c.lin_v_dim);
   const int C = int(c.lin_conv_dim()), K = int(c.conv_kernel);
   const int k = int(c.num_experts_per_tok), E = int(c.num_experts), I = int(c.moe_intermediate);
-  for (size_t li = 0; li < m_.L->size(); ++li) {
-    const DLayer& d = (*m_.L)[li];
-    const int sl = (*m_.slot)[li];
+  for (const LayerPlan& l : m_.plan->layers) {
+    const DLayer& d = (*m_.L)[size_t(l.index)];
+    const int sl = l.state_slot;
+    const bool attention = l.mixer == MixerKind::GatedAttention;
     norm_rows_kernel<<<T, 256, 0, st>>>(x_, d.in_norm, H, c.rms_norm_eps, xn_);
-    const SplitRows xs = pipe_ ? split(xn_, T, H, true) : SplitRows{};
+    const SplitRows xs = split(xn_, T, H, true);
     mark(P_NORM);
-    if (!d.full) {
+    if (!attention) {  // GatedDeltaNet
       dense(d.lin_in, xn_, proj_, proj_stride_, GEMM_STORE, 0, xs);
       mark(P_INPROJ);
       float* cstate = (*s.conv)[size_t(sl)];
@@ -457,12 +441,12 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
       dense(d.o_proj, o_, x_, H, GEMM_ADD);
       mark(P_OUTPROJ);
     }
-    check(cudaGetLastError(), d.full ? "batched prefill: attention" : "batched prefill: linear attention");
+    check(cudaGetLastError(), attention ? "batched prefill: attention" : "batched prefill: linear attention");
     // Feed-forward.
     norm_rows_kernel<<<T, 256, 0, st>>>(x_, d.post_norm, H, c.rms_norm_eps, xn_);
-    const SplitRows fs = pipe_ ? split(xn_, T, H, true) : SplitRows{};
+    const SplitRows fs = split(xn_, T, H, true);
     mark(P_NORM);
-    if (!d.moe) {
+    if (l.ffn == FfnKind::DenseSwiGLU) {
       dense(d.s_gu, xn_, hs_, d.s_down.cols, GEMM_SWIGLU, d.s_down.cols, fs);
       dense(d.s_down, hs_, x_, H, GEMM_ADD);
       mark(P_SHARED);
@@ -472,7 +456,7 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
     mark(P_ROUTER);
     topk_rows_kernel<<<T, 32, 0, st>>>(rl_, d.router.rows, E, k, c.norm_topk_prob ? 1 : 0, d.has_shared ? 1 : 0, ids_,
                                        w_, d.tc);
-    if (m_.experts_needed) m_.experts_needed(d.mi, ids_, T * k);
+    if (m_.experts_needed) m_.experts_needed(l.moe_slot, ids_, T * k);
     const int ebm = tile_rows(double(T) * k / std::max(E, 1));
     route_lists_kernel<<<1, 512, 0, st>>>(ids_, T, k, E, ebm, tok_, dest_, tiles_, ntiles_);
     mark(P_ROUTE);

@@ -9,7 +9,7 @@
 //  - the routed experts get per-expert token lists built on the device, and
 //    each chosen expert is read once per chunk (grouped product).
 // Used by CudaModel::forward for more than one token at a time; decode
-// (one token) keeps the graph-captured step of cuda_model.cu.
+// (one token) keeps the graph-captured step of decode_step.cu.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -21,6 +21,7 @@
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/device_model.cuh"
 #include "format/config.h"
+#include "model/plan.h"
 
 namespace flashmoe::cuda {
 
@@ -36,11 +37,12 @@ struct SplitRows {
 struct PrefillModel {
   const ModelConfig* c = nullptr;
   const std::vector<DLayer>* L = nullptr;
-  const std::vector<int>* slot = nullptr;  // per layer: index among full or linear layers
+  const ModelPlan* plan = nullptr;  // the layers in order, with their state and MoE slots
   DMat embed, lm_head;
   const float* final_norm = nullptr;
   const float* inv_freq = nullptr;
   cudaStream_t stream = nullptr;
+  bool profile = false;  // DecodeOptions::prefill_profile
   // Disk tier: called after the routing of MoE layer mi (d_ids: the chunk's
   // T * k choices, on the device); returns with every chosen expert resident
   // and its table entry set on the stream. Null: all experts are resident.
@@ -84,7 +86,8 @@ class Prefill {
 
  private:
   void gemm(int dt, const GemmArgs& a, int bm, int grid_y, SplitRows sp = {});
-  bool pipe(int dt) const { return pipe_ && dt == DT_BF16; }
+  // bf16 weights take the pipelined product (gemm_pipe_kernel), the others gemm_kernel.
+  static bool pipe(int dt) { return dt == DT_BF16; }
   // A [rows][cols] into the hi/lo pair x (xn_: reused by several products) or y.
   SplitRows split(const float* A, int rows, int cols, bool x);
   void allocate();
@@ -93,10 +96,10 @@ class Prefill {
   void attend_in_order(const PrefillState& s, const DLayer& d, const KvLayer& kv, int T);
   // h2o: room for the chunk's partial score sums (grows with the context).
   float* h2o_part(size_t floats);
-  void mark(int phase);  // FLASHMOE_CUDA_PREFILL_PROFILE: an event after a phase's kernels
+  void mark(int phase);  // with the profile: an event after a phase's kernels
   void report();
 
-  // Profile (FLASHMOE_CUDA_PREFILL_PROFILE=1): time per phase summed over
+  // Profile (DecodeOptions::prefill_profile): time per phase summed over
   // chunks, printed to stderr when the prefill is destroyed.
   bool profile_ = false;
   std::vector<cudaEvent_t> events_;
@@ -113,16 +116,6 @@ class Prefill {
   int* seq_ = nullptr;  // positions p0 + t of the chunk's tokens (attend_in_order)
   int *ids_ = nullptr, *tok_ = nullptr, *dest_ = nullptr, *tiles_ = nullptr, *ntiles_ = nullptr;
   __nv_bfloat16 *xhi_ = nullptr, *xlo_ = nullptr, *yhi_ = nullptr, *ylo_ = nullptr;
-  //  FLASHMOE_CUDA_GEMM (pipe): bf16 weights take gemm_pipe_kernel; simple:
-  //  gemm_kernel for every storage type (the A/B baseline).
-  bool pipe_ = true;
-  //  FLASHMOE_CUDA_GEMM_BK (default: 64 below 64-row tiles, 32 on them):
-  //  columns of K per pipeline stage; set, it applies to every tile height.
-  int pipe_bk_ = 64;
-  bool pipe_bk_forced_ = false;
-  //  FLASHMOE_CUDA_ATTN_HPB (on): an attention block takes all query heads
-  //  of one KV head (K/V rows shared through L1); 0: one head per block.
-  bool attn_hpb_ = true;
   float* h2o_part_ = nullptr;
   size_t h2o_part_n_ = 0;
   KvLayer stage_{};  // a windowed cache's K/V of the chunk until its queries ran

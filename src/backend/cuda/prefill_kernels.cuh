@@ -4,7 +4,7 @@
 // around them, each the decode step's arithmetic for T tokens at once.
 #pragma once
 #include "backend/cuda/attention.cuh"
-#include "backend/cuda/kernels.cuh"
+#include "backend/cuda/router.cuh"
 
 namespace flashmoe::cuda {
 

@@ -8,7 +8,7 @@
 // The batched prefill dequantises in its product kernel instead (gemm.cuh).
 #pragma once
 #include "backend/cuda/device_model.cuh"
-#include "backend/cuda/kernels.cuh"
+#include "backend/cuda/experts.cuh"
 
 namespace flashmoe::cuda {
 
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kThreads) gate_up_q_kernel(MoeArgs a, QExpert 
   QLoads L;
   const int r_first = blockIdx.x * kWarps + warp;
   if (!shared && r_first < I) issue(L, r_first, lane);  // the first loads wait for nothing but the pick
-  const float rx = load_x(a.xn ? a.xn : a.x, a.xn ? nullptr : a.norm_w, a.eps, a.H, xs);
+  const float rx = load_x(a.x, a.norm_w, a.eps, a.H, xs);
   float4* xq = reinterpret_cast<float4*>(xs + a.H);
   float* s8 = xs + 2 * a.H;
   stage_chunks<BITS>(xs, a.H, xq, s8);

@@ -1,0 +1,300 @@
+// Benchmark-only entry points of the CUDA backend (cuda_bench.h): a model of
+// random weights built on the device, copy and host-link bandwidths, the
+// decode step's time per kernel class.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "backend/cuda/cuda_bench.h"
+#include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/model_impl.cuh"
+#include "core/error.h"
+
+namespace flashmoe {
+
+namespace cuda {
+// Deterministic pseudo-random fill (synthetic weights): uniform in [-scale, scale).
+__device__ __forceinline__ uint32_t hash32(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return uint32_t(x);
+}
+template <typename T>
+__global__ void fill_random_kernel(T* p, size_t n, uint64_t seed, float scale) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float u = float(hash32(seed * 0x9E3779B97F4A7C15ULL + i)) * (1.0f / 4294967296.0f) * 2.0f - 1.0f;
+    if constexpr (std::is_same_v<T, float>) p[i] = u * scale;
+    else p[i] = __float2bfloat16_rn(u * scale);
+  }
+}
+static __global__ void fill_bytes_kernel(uint32_t* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = hash32(seed * 0x9E3779B97F4A7C15ULL + i);
+}
+// n bf16 values v at byte offset off of each of E blocks of `stride` bytes.
+static __global__ void fill_bf16_parts_kernel(uint8_t* base, size_t stride, int E, size_t off, size_t n, float v) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < size_t(E) * n; i += size_t(gridDim.x) * blockDim.x)
+    reinterpret_cast<__nv_bfloat16*>(base + (i / n) * stride + off)[i % n] = __float2bfloat16_rn(v);
+}
+static __global__ void fill_const_kernel(float* p, size_t n, float v) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) p[i] = v;
+}
+
+}  // namespace cuda
+
+std::unique_ptr<CudaModel> cuda_synthetic_model(const ModelConfig& cfg, uint64_t seed, const CudaOptions& o,
+                                                const CudaSyntheticOptions& so) {
+  std::unique_ptr<CudaModel> cm = CudaModelAccess::make();
+  CudaModel::Impl& m = CudaModelAccess::impl(*cm);
+  m.c = cfg;
+  m.plan = make_plan(m.c);
+  m.opts = o;
+  if (o.host_cache_gb >= 0 || o.host_cache_fraction >= 0)
+    fail("--gpu-host-cache: a synthetic model has no files to read experts from; give it a model (-m)");
+  m.init_device();
+  const ModelConfig& c = m.c;
+  uint64_t salt = seed;
+  auto rnd = [&](int rows, int cols, const std::string& what) {
+    DMat d;
+    d.dt = DT_BF16;
+    d.rows = rows;
+    d.cols = cols;
+    d.p = m.alloc(d.bytes(), what);
+    fill_random_kernel<__nv_bfloat16><<<4096, 256, 0, m.stream>>>(static_cast<__nv_bfloat16*>(d.p),
+                                                                   size_t(rows) * cols, ++salt,
+                                                                   1.0f / std::sqrt(float(cols)));
+    check(cudaGetLastError(), "fill");
+    m.bytes_total += int64_t(d.bytes());
+    return d;
+  };
+  auto cst = [&](size_t n, float v, const std::string& what) {
+    float* p = m.alloc_f(n, what);
+    fill_const_kernel<<<64, 256, 0, m.stream>>>(p, n, v);
+    return p;
+  };
+  auto rndf = [&](size_t n, float scale, const std::string& what) {
+    float* p = m.alloc_f(n, what);
+    fill_random_kernel<float><<<64, 256, 0, m.stream>>>(p, n, ++salt, scale);
+    return p;
+  };
+  const int H = int(c.hidden_size), V = int(c.vocab_size);
+  const int nv = int(c.lin_num_v_heads), dv = int(c.lin_v_dim);
+  const int C = int(c.lin_conv_dim()), K = int(c.conv_kernel);
+  const int nh = int(c.num_heads), nkv = int(c.num_kv_heads), hd = int(c.head_dim);
+  const int E = int(c.num_experts), I = int(c.moe_intermediate), Is = int(c.shared_intermediate);
+  m.embed = rnd(V, H, "embedding");
+  m.lm_head = c.tie_word_embeddings ? m.embed : rnd(V, H, "lm_head");
+  m.final_norm = cst(size_t(H), 0.f, "norm");
+  void *tmp_gu = nullptr, *tmp_dn = nullptr;
+  for (const LayerPlan& l : m.plan.layers) {
+    DLayer d;
+    d.in_norm = cst(size_t(H), 0.f, "norm");
+    d.post_norm = cst(size_t(H), 0.f, "norm");
+    if (l.mixer == MixerKind::GatedAttention) {
+      d.qkv = rnd(2 * nh * hd + 2 * nkv * hd, H, "qkv");
+      d.o_proj = rnd(H, nh * hd, "o_proj");
+      d.q_norm = cst(size_t(hd), 0.f, "q_norm");
+      d.k_norm = cst(size_t(hd), 0.f, "k_norm");
+    } else {
+      d.lin_in = rnd(C + nv * dv + 2 * nv, H, "linear in");
+      d.out_proj = rnd(H, nv * dv, "linear out");
+      d.conv_w = rndf(size_t(C) * K, 0.5f, "conv");
+      d.dt_bias = cst(size_t(nv), 0.f, "dt_bias");
+      d.neg_exp_A = cst(size_t(nv), -1.f, "A");
+      d.gnorm = cst(size_t(dv), 1.f, "gnorm");
+    }
+    if (l.ffn == FfnKind::RoutedMoE) {
+      const int moe_index = l.moe_slot;
+      d.router = rnd(E + (Is > 0 ? 1 : 0), H, "router");
+      d.edt = DT_BF16;
+      if (so.experts != QuantKind::None) {
+        const int bits = quant_bits(so.experts), g = so.group;
+        if (g <= 0 || g % 8 != 0 || H % g != 0 || I % g != 0 || H % (128 / bits) != 0 || I % (128 / bits) != 0)
+          fail("bench: --group " + std::to_string(g) + " must be a multiple of 8 dividing the hidden size " +
+               std::to_string(H) + " and the expert size " + std::to_string(I));
+        d.q = make_qexpert(bits, g, H, I);
+      }
+      const size_t gu_bytes = d.q.bits ? d.q.gu_bytes : size_t(2 * I) * H * 2;
+      const size_t dn_bytes = d.q.bits ? d.q.dn_bytes : size_t(H) * I * 2;
+      if (moe_index == 0 && m.make_tiers(gu_bytes, dn_bytes, m.plan.moe_layers)) {
+        // Staging for one layer's experts, generated on the device and copied to pinned memory.
+        tmp_gu = dev_alloc(size_t(E) * gu_bytes, "synthetic expert staging");
+        tmp_dn = dev_alloc(size_t(E) * dn_bytes, "synthetic expert staging");
+      }
+      // E experts' gate/up and down blocks: random bf16 weights, or random
+      // codes with scales and biases that spread them over the same range.
+      auto fill = [&](void* gu, void* dn) {
+        if (!d.q.bits) {
+          fill_random_kernel<__nv_bfloat16><<<4096, 256, 0, m.stream>>>(
+              static_cast<__nv_bfloat16*>(gu), size_t(E) * 2 * I * H, ++salt, 1.0f / std::sqrt(float(H)));
+          fill_random_kernel<__nv_bfloat16><<<4096, 256, 0, m.stream>>>(
+              static_cast<__nv_bfloat16*>(dn), size_t(E) * H * I, ++salt, 1.0f / std::sqrt(float(I)));
+        } else {
+          const QExpert& q = d.q;
+          fill_bytes_kernel<<<4096, 256, 0, m.stream>>>(static_cast<uint32_t*>(gu), size_t(E) * q.gu_bytes / 4, ++salt);
+          fill_bytes_kernel<<<4096, 256, 0, m.stream>>>(static_cast<uint32_t*>(dn), size_t(E) * q.dn_bytes / 4, ++salt);
+          const float top = float((1 << q.bits) - 1);
+          auto affine = [&](void* base, size_t stride, size_t s_off, size_t b_off, int rows, int cols) {
+            const size_t n = size_t(rows) * (cols / q.group);
+            const float r = 1.0f / std::sqrt(float(cols));
+            fill_bf16_parts_kernel<<<1024, 256, 0, m.stream>>>(static_cast<uint8_t*>(base), stride, E, s_off, n, 2 * r / top);
+            fill_bf16_parts_kernel<<<1024, 256, 0, m.stream>>>(static_cast<uint8_t*>(base), stride, E, b_off, n, -r);
+          };
+          affine(gu, q.gu_bytes, q.gate_s, q.gate_b, I, H);
+          affine(gu, q.gu_bytes, q.up_s, q.up_b, I, H);
+          affine(dn, q.dn_bytes, q.dn_s, q.dn_b, H, I);
+        }
+        check(cudaGetLastError(), "fill");
+      };
+      if (m.tiers) {
+        fill(tmp_gu, tmp_dn);
+        CK(cudaMemcpyAsync(m.tiers->host_gu(moe_index), tmp_gu, size_t(E) * gu_bytes, cudaMemcpyDeviceToHost, m.stream));
+        CK(cudaMemcpyAsync(m.tiers->host_down(moe_index), tmp_dn, size_t(E) * dn_bytes, cudaMemcpyDeviceToHost, m.stream));
+        d.gu_tab = m.tiers->gu_tab(moe_index);
+        d.down_tab = m.tiers->down_tab(moe_index);
+        d.tc = m.tiers->count(moe_index);
+      } else {
+        d.gu = m.alloc(size_t(E) * gu_bytes, "experts gate/up");
+        d.down = m.alloc(size_t(E) * dn_bytes, "experts down");
+        m.bytes_total += int64_t(size_t(E) * (gu_bytes + dn_bytes));
+        fill(d.gu, d.down);
+        d.gu_tab = m.contiguous_table(d.gu, E, gu_bytes, "expert table");
+        d.down_tab = m.contiguous_table(d.down, E, dn_bytes, "expert table");
+      }
+      if (Is > 0) {
+        d.has_shared = true;
+        d.s_gu = rnd(2 * Is, H, "shared expert");
+        d.s_down = rnd(H, Is, "shared expert");
+      }
+    } else {
+      const int Id = int(c.intermediate_size);
+      d.has_shared = true;
+      d.s_gu = rnd(2 * Id, H, "mlp");
+      d.s_down = rnd(H, Id, "mlp");
+    }
+    m.L.push_back(d);
+  }
+  CK(cudaStreamSynchronize(m.stream));
+  cudaFree(tmp_gu);
+  cudaFree(tmp_dn);
+  if (m.tiers) m.tiers->start();
+  m.init_common();
+  return cm;
+}
+
+
+namespace {
+// The fastest of `reps` runs of copy(r) on stream s, in milliseconds.
+template <class F>
+float best_ms(cudaStream_t s, int reps, F copy) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  float best = 1e30f;
+  for (int r = 0; r < reps; ++r) {
+    CK(cudaEventRecord(e0, s));
+    copy(r);
+    CK(cudaEventRecord(e1, s));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    best = std::min(best, ms);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return best;
+}
+}  // namespace
+
+double cuda_copy_bandwidth_gbps(const CudaModel& model) {
+  CudaModel::Impl& m = CudaModelAccess::impl(model);
+  CK(cudaSetDevice(m.dev));
+  size_t fr = 0, tot = 0;
+  CK(cudaMemGetInfo(&fr, &tot));
+  size_t bytes = std::min<size_t>(size_t(2) << 30, fr / 4);
+  bytes &= ~size_t(0xfffff);
+  void* a = dev_alloc(bytes, "bandwidth test");
+  void* b = nullptr;
+  try {
+    b = dev_alloc(bytes, "bandwidth test");
+  } catch (...) {
+    cudaFree(a);
+    throw;
+  }
+  CK(cudaMemsetAsync(a, 1, bytes, m.stream));
+  CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, m.stream));
+  const float best = best_ms(m.stream, 10, [&](int r) {
+    CK(cudaMemcpyAsync(r % 2 ? a : b, r % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice, m.stream));
+  });
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * double(bytes) / (double(best) * 1e-3) / 1e9;
+}
+
+double cuda_host_link_gbps(const CudaModel& model) {
+  CudaModel::Impl& m = CudaModelAccess::impl(model);
+  CK(cudaSetDevice(m.dev));
+  const size_t bytes = size_t(1) << 30;
+  void* h = nullptr;
+  CK(cudaMallocHost(&h, bytes));
+  void* d = nullptr;
+  try {
+    d = dev_alloc(bytes, "link bandwidth test");
+  } catch (...) {
+    cudaFreeHost(h);
+    throw;
+  }
+  std::memset(h, 1, bytes);
+  const float best =
+      best_ms(m.stream, 5, [&](int) { CK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, m.stream)); });
+  cudaFree(d);
+  cudaFreeHost(h);
+  return double(bytes) / (double(best) * 1e-3) / 1e9;
+}
+
+
+std::vector<CudaKernelTime> cuda_profile_decode(const CudaModel& model, CudaState& st, int32_t first, int steps) {
+  CudaModel::Impl& m = CudaModelAccess::impl(model);
+  CudaState::Impl& s = *st.p_;
+  CK(cudaSetDevice(m.dev));
+  m.ensure_cap(s, s.pos + steps);
+  std::vector<CudaKernelTime> out(K_N);
+  for (int i = 0; i < K_N; ++i) out[size_t(i)].name = kClassNames[i];
+  m.put_ids(s, &first, 1);
+  CK(cudaMemsetAsync(s.d_step, 0, 4, m.stream));
+  cudaEvent_t start;
+  CK(cudaEventCreate(&start));
+  m.profiling = true;
+  try {
+    for (int t = 0; t < steps; ++t) {
+      m.event_class.clear();
+      CK(cudaEventRecord(start, m.stream));
+      m.enqueue_step(s, 2);
+      ++s.pos;
+      CK(cudaStreamSynchronize(m.stream));
+      cudaEvent_t prev = start;
+      for (size_t i = 0; i < m.event_class.size(); ++i) {
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, prev, m.events[i]));
+        out[size_t(m.event_class[i])].ms += ms;
+        out[size_t(m.event_class[i])].launches += 1;
+        prev = m.events[i];
+      }
+    }
+  } catch (...) {
+    m.profiling = false;
+    cudaEventDestroy(start);
+    throw;
+  }
+  m.profiling = false;
+  cudaEventDestroy(start);
+  return out;
+}
+
+}  // namespace flashmoe

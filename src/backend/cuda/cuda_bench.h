@@ -1,0 +1,45 @@
+// Benchmark-only entry points of the CUDA backend (flashmoe bench, tests of
+// published model sizes): kept out of CudaModel, whose API is what the
+// runtime uses. Plain C++ header; without CUDA each one throws
+// DeviceError(Unavailable) (cuda_bench_stub.cpp).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_model.h"
+#include "core/matrix.h"
+#include "format/config.h"
+
+namespace flashmoe {
+
+// One kernel class of the decode step, over the profiled steps.
+struct CudaKernelTime {
+  std::string name;
+  double ms = 0;     // total over the profiled steps
+  int launches = 0;  // kernel launches of this class over the profiled steps
+};
+
+// The routed experts of a synthetic model: bf16 (None), or q8/q4 in groups
+// of `group` columns (the layout flashmoe pack writes).
+struct CudaSyntheticOptions {
+  QuantKind experts = QuantKind::None;
+  int group = 64;
+};
+
+// Random weights of the given dimensions, built on the device (no
+// checkpoint): for benchmarks of published model sizes. The disk tier
+// (host_cache_*) needs files and is refused.
+std::unique_ptr<CudaModel> cuda_synthetic_model(const ModelConfig& c, uint64_t seed, const CudaOptions& o,
+                                                const CudaSyntheticOptions& s);
+// Device-to-device cudaMemcpy bandwidth, bytes read + written per second / 1e9.
+double cuda_copy_bandwidth_gbps(const CudaModel& m);
+// Host-to-device cudaMemcpy bandwidth from pinned memory, GB/s.
+double cuda_host_link_gbps(const CudaModel& m);
+// Time per kernel class of `steps` decode steps (plain launches, events
+// between kernels), feeding `first` then each argmax; advances `st` by
+// `steps` tokens.
+std::vector<CudaKernelTime> cuda_profile_decode(const CudaModel& m, CudaState& st, int32_t first, int steps);
+
+}  // namespace flashmoe

@@ -1,0 +1,48 @@
+// Settings of the CUDA decode step and batched prefill that code may change
+// (CudaOptions::decode). The defaults are the paths measured fastest
+// (bench/NOTES-cuda.md; the slower variants were removed); the other values
+// exist for tests (the token-by-token reference, paths the default reaches
+// only at larger shapes), for the disk tier and for benchmarks.
+// Plain C++ (no CUDA headers).
+#pragma once
+
+namespace flashmoe {
+
+struct DecodeOptions {
+  // Prompts of more than one token go through the batched prefill
+  // (prefill.cuh) in chunks of up to prefill_chunk tokens (1..8191; 2048:
+  // each chosen expert is read once per chunk, so longer chunks read fewer
+  // bytes per token). false: token by token through the decode step (the
+  // tests' reference for the batched path).
+  bool batched_prefill = true;
+  int prefill_chunk = 2048;
+
+  // Blocks per query head of the decode step's attention (a cluster, each a
+  // slice of the positions). Auto: one per 256 positions of KV capacity,
+  // 1 to 8; Off: one; Force: 4 (tests: the split path on short contexts).
+  enum class AttentionSplit { Auto, Off, Force };
+  AttentionSplit attention_split = AttentionSplit::Auto;
+
+  // Tests: the delta-rule cluster kernel with 8 value columns per block, so
+  // that small heads run clusters of several blocks (default: 32 columns).
+  bool force_small_delta_clusters = false;
+  // Tests: every matvec takes 3 rows per warp at a time (default: only
+  // where the grid leaves 3 rows per warp, as the 35B's in-proj).
+  bool force_three_rows = false;
+
+  // The expert pick made on the device inside the kernels: the router
+  // folded into the output projection's launch, whose last block picks the
+  // experts and resolves their row pointers, gate_up adding the weights.
+  // The disk tier sets it false (CudaOptions::host_cache_*): there the host
+  // reads the chosen experts from disk between the routing and the expert
+  // kernels, so the pick is a kernel of its own (router + top-k) whose ids
+  // the host reads, and the expert kernels look their rows up in tables
+  // that are final only after that read.
+  bool pick_in_kernels = true;
+
+  // Benchmarks: time per batched-prefill phase, printed to stderr when the
+  // model is destroyed (events between phases; slows the prefill a little).
+  bool prefill_profile = false;
+};
+
+}  // namespace flashmoe

@@ -1,0 +1,436 @@
+// The decode step: one token through every layer, walking the layer plan
+// (mixer, then feed-forward), routing decided on the device so that a step
+// needs no host round trip (except under the disk tier). Every launch of
+// the step's kernels is in this unit (launch.cuh says why).
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/delta_cluster.cuh"
+#include "backend/cuda/down_early.cuh"
+#include "backend/cuda/embed_argmax.cuh"
+#include "backend/cuda/model_impl.cuh"
+#include "backend/cuda/quant_experts.cuh"
+#include "core/error.h"
+
+namespace flashmoe {
+
+void CudaModel::Impl::set_kernel_attributes() {
+  // The opt-in limit covers static shared memory too (the reductions use a little).
+  const int big = int(prop.sharedMemPerBlockOptin) - 4096;
+  CK(cudaFuncSetAttribute(matvec_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  CK(cudaFuncSetAttribute(matvec_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  CK(cudaFuncSetAttribute(matvec_kernel<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  CK(cudaFuncSetAttribute(gate_up_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  CK(cudaFuncSetAttribute(gate_up_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  CK(cudaFuncSetAttribute(gate_up_kernel<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+}
+
+void CudaModel::Impl::mark(int cls) {
+  check(cudaGetLastError(), kClassNames[cls]);
+  if (!profiling) return;
+  const size_t i = event_class.size();
+  if (events.size() <= i) {
+    cudaEvent_t e;
+    CK(cudaEventCreate(&e));
+    events.push_back(e);
+  }
+  CK(cudaEventRecord(events[i], stream));
+  event_class.push_back(cls);
+}
+
+void CudaModel::Impl::matvec(const DMat& W, const float* xin, const float* nw, float* y, int acc, int cls, float* xcopy) {
+  const int split = split_for(W.rows, W.cols, int(16 / dt_size(W.dt)));
+  const int rpb = kWarps / split;
+  const void* fn = W.dt == DT_F32   ? reinterpret_cast<const void*>(matvec_kernel<float>)
+                   : W.dt == DT_F16 ? reinterpret_cast<const void*>(matvec_kernel<__half>)
+                                    : reinterpret_cast<const void*>(matvec_kernel<__nv_bfloat16>);
+  const size_t smem = nw ? size_t(W.cols) * 4 : 0;  // a normed x is staged in shared memory
+  const int blocks = std::min((W.rows + rpb - 1) / rpb, prop.multiProcessorCount * per_sm(fn, smem));
+  const int pf = pf_rows(W.bytes(), W.rows, blocks, rpb);
+  const float eps = c.rms_norm_eps;
+  const int per_warp = (W.rows + blocks * rpb - 1) / (blocks * rpb);
+  // 2 rows per warp at a time; 3 where the grid leaves exactly 3 per warp
+  // (one batch of loads instead of 2 + 1).
+  const int rows = opts.decode.force_three_rows || per_warp == 3 ? 3 : 2;
+  switch (W.dt) {
+    case DT_F32:
+      go(matvec_kernel<float>, blocks, kThreads, smem, static_cast<const float*>(W.p), W.rows, W.cols, xin, nw, eps,
+         y, acc, split, pf, rows, xcopy);
+      break;
+    case DT_F16:
+      go(matvec_kernel<__half>, blocks, kThreads, smem, static_cast<const __half*>(W.p), W.rows, W.cols, xin, nw,
+         eps, y, acc, split, pf, rows, xcopy);
+      break;
+    default:
+      go(matvec_kernel<__nv_bfloat16>, blocks, kThreads, smem, static_cast<const __nv_bfloat16*>(W.p), W.rows,
+         W.cols, xin, nw, eps, y, acc, split, pf, rows, xcopy);
+  }
+  mark(cls);
+}
+
+// x += W_out . o and the folded router's logits, one launch (outproj_router_kernel).
+void CudaModel::Impl::outproj_router(const DLayer& d, const DMat& W) {
+  OutRouterArgs a;
+  a.cat = cat;
+  a.x = x;
+  a.R = d.rfold;
+  a.logits = rlogits;
+  a.H = W.rows;
+  a.O = W.cols;
+  a.rowsR = d.router.rows;
+  a.per = 2;
+  a.E = int(c.num_experts);
+  a.k = int(c.num_experts_per_tok);
+  a.ids = eids;
+  a.wscratch = presel_w;
+  a.tc = d.tc;
+  a.sel = ExpertSel{d.gu_tab, d.down_tab, sel};
+  a.done = presel_done;
+  a.splitA = split_for(W.rows, W.cols, int(16 / dt_size(W.dt)));
+  a.splitR = split_for(a.rowsR, a.H + a.O, 4);
+  const void* fn = W.dt == DT_F32   ? reinterpret_cast<const void*>(outproj_router_kernel<float>)
+                   : W.dt == DT_F16 ? reinterpret_cast<const void*>(outproj_router_kernel<__half>)
+                                    : reinterpret_cast<const void*>(outproj_router_kernel<__nv_bfloat16>);
+  // Router blocks first (they start at once); the projection gets what is
+  // left of one resident wave, at least one block per SM.
+  const int rpbR = kWarps / a.splitR, rpbA = kWarps / a.splitA, sms = prop.multiProcessorCount;
+  int resident = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, fn, kThreads, 0));
+  resident = std::max(resident, 1) * sms;
+  a.nbR = (a.rowsR + rpbR - 1) / rpbR;
+  a.nbA = std::min((a.H + rpbA - 1) / rpbA, std::max(sms, std::min(sms * kBlocksPerSm, resident - a.nbR)));
+  const int blocks = a.nbR + a.nbA;
+  switch (W.dt) {
+    case DT_F32: go(outproj_router_kernel<float>, blocks, kThreads, 0, static_cast<const float*>(W.p), a); break;
+    case DT_F16: go(outproj_router_kernel<__half>, blocks, kThreads, 0, static_cast<const __half*>(W.p), a); break;
+    default:
+      go(outproj_router_kernel<__nv_bfloat16>, blocks, kThreads, 0, static_cast<const __nv_bfloat16*>(W.p), a);
+  }
+  mark(K_OUT);
+}
+
+// Router logits, then the top-k kernel unless gate_up picks (pick_in_kernels, bf16 experts).
+void CudaModel::Impl::route(const DLayer& d) {
+  const bool pick = opts.decode.pick_in_kernels;
+  matvec(d.router, x, d.post_norm, rlogits, 0, K_ROUTER);
+  if (pick && !d.q.bits) return;  // gate_up does the top-k
+  const ExpertSel es{d.gu_tab, d.down_tab, pick ? sel : nullptr};
+  go(topk_kernel, 1, 32, 0, rlogits, int(c.num_experts), int(c.num_experts_per_tok), c.norm_topk_prob ? 1 : 0,
+     d.has_shared ? 1 : 0, eids, ew, d.tc, es);
+  mark(K_ROUTER);
+}
+
+// Blocks per query head in attn_kernel (a cluster, each a slice of the
+// positions): one per 256 positions of KV capacity, 1 to 8, so a long
+// context is read by up to 8x as many SMs (one per 1024 left a 2048
+// window on 2 blocks per head: h2b in bench/NOTES-cuda.md). The graph is
+// captured per capacity (ensure_cap drops it), so this follows the cache.
+int CudaModel::Impl::attn_blocks(int cap, int hd) const {
+  using Split = DecodeOptions::AttentionSplit;
+  const Split mode = opts.decode.attention_split;
+  if (hd % 8 || hd > 256 || mode == Split::Off) return 1;  // attn_kernel's vec path only
+  if (mode == Split::Force) return 4;  // tests
+  return std::clamp(cap / 256, 1, 8);
+}
+
+// The delta step on delta_cluster_kernel (a cluster of blocks per head) where
+// its shapes allow; false: the caller launches delta_kernel.
+bool CudaModel::Impl::delta_cluster(const DeltaArgs& a) {
+  int cpb = opts.decode.force_small_delta_clusters ? 8 : 32;  // 8 (tests): clusters even on small heads
+  if (a.dv % cpb || a.dv / cpb > 8) cpb = 32;
+  if (a.dv % cpb || a.dv / cpb > 8) return false;
+  cluster_next = a.dv / cpb;
+  const dim3 grid(a.nv * (a.dv / cpb));
+  auto run = [&](auto kern, int threads) { go(kern, grid, threads, 0, a); };
+  if (cpb == 32) {
+    if (a.dk == 128) run(delta_cluster_kernel<128, 32, 8>, 256);
+    else if (a.dk == 64) run(delta_cluster_kernel<64, 32, 8>, 256);
+    else if (a.dk == 32) run(delta_cluster_kernel<32, 32, 8>, 256);
+    else return cluster_next = 1, false;
+  } else {
+    if (a.dk == 128) run(delta_cluster_kernel<128, 8, 8>, 64);
+    else if (a.dk == 64) run(delta_cluster_kernel<64, 8, 8>, 64);
+    else if (a.dk == 32) run(delta_cluster_kernel<32, 8, 8>, 64);
+    else return cluster_next = 1, false;
+  }
+  return true;
+}
+
+template <typename T>
+void CudaModel::Impl::moe_launch(const MoeArgs& a, int slots) {
+  dim3 g1((a.maxI + kWarps - 1) / kWarps, slots);
+  go(gate_up_kernel<T>, g1, kThreads, size_t(a.H) * 4, a);
+  mark(K_EXPERTS);
+  if (slots >= 2 && slots <= kDownSlotsMax) {
+    // 8 rows per warp when that grid is one resident wave (the 35B: 256
+    // blocks of 9 warps, 2 per SM), else 4 (fewer registers per thread).
+    auto waves = [&](const void* fn, int R) {
+      const int blocks = (a.H + R - 1) / R, resident = per_sm(fn, 0, slots * 32) * prop.multiProcessorCount;
+      return (blocks + resident - 1) / resident;
+    };
+    const bool r8 = waves(reinterpret_cast<const void*>(down_slots_kernel<T, 8>), 8) <=
+                    waves(reinterpret_cast<const void*>(down_slots_kernel<T, 4>), 4);
+    // down_early_kernel: the rows in registers before the wait when the pick
+    // was final two kernels back (not made by gate_up itself).
+    const int ch = (std::max(a.I, a.Is) * int(sizeof(T)) + 511) / 512;  // 16-byte chunks per lane and row
+    const int early = !a.logits || a.presel ? 1 : 0;
+    if (r8 && ch == 1) go(down_early_kernel<T, 8, 1>, (a.H + 7) / 8, slots * 32, 0, a, early);
+    else if (r8 && ch == 2) go(down_early_kernel<T, 8, 2>, (a.H + 7) / 8, slots * 32, 0, a, early);
+    else if (!r8 && ch <= 4) go(down_early_kernel<T, 4, 4>, (a.H + 3) / 4, slots * 32, 0, a, early);
+    else if (r8) go(down_slots_kernel<T, 8>, (a.H + 7) / 8, slots * 32, 0, a);
+    else go(down_slots_kernel<T, 4>, (a.H + 3) / 4, slots * 32, 0, a);
+    mark(K_EXPERTS);
+    return;
+  }
+  int split = 1;
+  while (split * 2 <= std::min(slots, kWarps)) split *= 2;
+  const int rpb = kWarps / split;
+  const int blocks = std::min((a.H + rpb - 1) / rpb, prop.multiProcessorCount * kBlocksPerSm);
+  MoeArgs b = a;
+  b.pf_rows = pf_rows(size_t(slots) * a.H * std::max(a.I, a.Is) * sizeof(T), a.H, blocks, rpb);
+  go(down_kernel<T>, blocks, kThreads, 0, b, split);
+  mark(K_EXPERTS);
+}
+
+// The experts of a layer of quantised experts (shared expert in storage type sdt).
+template <int BITS>
+void CudaModel::Impl::moe_launch_q(const MoeArgs& a, int slots, const QExpert& q, int sdt) {
+  const int blocks = std::min((a.H + kWarps - 1) / kWarps, prop.multiProcessorCount * kBlocksPerSm);
+  // gate_up: x, its chunk-major copy and 8-column sums; down: the routed
+  // slots' h, chunk-major, and sums (stage_chunks).
+  const size_t s1 = size_t(a.H) * 4 * 2 + size_t(a.H) / 8 * 4, s2 = size_t(a.k) * a.I * 4 + size_t(a.k) * a.I / 8 * 4;
+  auto run = [&](auto gu, auto dn) {
+    if (s1 > 48 * 1024) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, int(s1)));
+    if (s2 > 48 * 1024) CK(cudaFuncSetAttribute(dn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(s2)));
+    // One resident wave (a second one pays gate_up's whole chain again):
+    // warps take several rows where the grid would not fit.
+    const int resident = per_sm(reinterpret_cast<const void*>(gu), s1) * prop.multiProcessorCount;
+    const dim3 g1(std::max(1, std::min((a.maxI + kWarps - 1) / kWarps, resident / slots)), slots);
+    go(gu, g1, kThreads, s1, a, q);
+    mark(K_EXPERTS);
+    go(dn, blocks, kThreads, s2, a, q);
+    mark(K_EXPERTS);
+  };
+  switch (sdt) {
+    case DT_F32: run(gate_up_q_kernel<BITS, float>, down_q_kernel<BITS, float>); break;
+    case DT_F16: run(gate_up_q_kernel<BITS, __half>, down_q_kernel<BITS, __half>); break;
+    default: run(gate_up_q_kernel<BITS, __nv_bfloat16>, down_q_kernel<BITS, __nv_bfloat16>);
+  }
+}
+
+void CudaModel::Impl::moe_launch_q(const MoeArgs& a, int slots, const QExpert& q, int sdt) {
+  if (q.bits == 8) moe_launch_q<8>(a, slots, q, sdt);
+  else moe_launch_q<4>(a, slots, q, sdt);
+}
+
+// A GatedDeltaNet layer's mixer (state slot sl): in-proj (input norm
+// fused), conv1d, the delta-rule step, out-proj (+ the folded router).
+void CudaModel::Impl::delta_net(CudaState::Impl& s, const DLayer& d, int sl) {
+  const ModelConfig& m = c;
+  const int nk = int(m.lin_num_k_heads), nv = int(m.lin_num_v_heads), dk = int(m.lin_k_dim), dv = int(m.lin_v_dim);
+  const int C = int(m.lin_conv_dim()), K = int(m.conv_kernel);
+  matvec(d.lin_in, x, d.in_norm, proj, 0, K_PROJ, d.rfold ? cat : nullptr);
+  go(conv_kernel, (C + 255) / 256, 256, 0, proj, C, K, d.conv_w, s.conv[size_t(sl)], convout);
+  mark(K_CONV);
+  DeltaArgs a;
+  a.conv = convout;
+  a.proj = proj;
+  a.zoff = C;
+  a.boff = C + nv * dv;
+  a.aoff = C + nv * dv + nv;
+  a.dt_bias = d.dt_bias;
+  a.neg_exp_A = d.neg_exp_A;
+  a.norm_w = d.gnorm;
+  a.S = s.ssm[size_t(sl)];
+  a.out = lin_o;
+  a.nk = nk;
+  a.nv = nv;
+  a.dk = dk;
+  a.dv = dv;
+  a.eps = m.rms_norm_eps;
+  const size_t smem = size_t(2 * dk) * 4;
+  auto th = [&](int split) { return std::min(1024, std::max(32, (dv * split + 31) / 32 * 32)); };
+  if (!delta_cluster(a)) {
+    if (dk == 128 && dv * 4 <= 1024) go(delta_kernel<128, 4>, nv, th(4), smem, a);
+    else if (dk == 64 && dv * 2 <= 1024) go(delta_kernel<64, 2>, nv, th(2), smem, a);
+    else if (dk == 32) go(delta_kernel<32, 1>, nv, th(1), smem, a);
+    else go(delta_kernel<0, 1>, nv, th(1), smem, a);
+  }
+  mark(K_DELTA);
+  if (d.rfold) outproj_router(d, d.out_proj);
+  else matvec(d.out_proj, lin_o, nullptr, x, 1, K_OUT);
+}
+
+// A gated attention layer's mixer (KV cache sl): q/k/v projection (input
+// norm fused), rope + KV store, attention, h2o's scores, o_proj (+ the
+// folded router).
+void CudaModel::Impl::attention(CudaState::Impl& s, const DLayer& d, int sl) {
+  const ModelConfig& m = c;
+  const int nh = int(m.num_heads), nkv = int(m.num_kv_heads), hd = int(m.head_dim);
+  matvec(d.qkv, x, d.in_norm, proj, 0, K_PROJ, d.rfold ? cat : nullptr);
+  const AttnPrepArgs p = attn_prep_args(m, d, proj, q, s.d_pos, inv_freq, s.kvl[size_t(sl)], s.ns, s.kvt);
+  go(attn_prep_kernel, nh + 1, 128, size_t(std::max(hd, 2 * nkv * hd)) * 4, p);
+  mark(K_ATTN);
+  AttnArgs a;
+  a.q = q;
+  a.gate = proj;
+  a.scores = s.scores;
+  a.out = attn_o;
+  a.pos = s.d_pos;
+  a.kv = s.kvl[size_t(sl)];
+  a.nh = nh;
+  a.nkv = nkv;
+  a.hd = hd;
+  a.ns = s.ns;
+  a.scale = 1.0f / std::sqrt(float(hd));
+  a.prefetch = 1;
+  const int groups = std::max(8, 256 / hd);  // 8: the warps' partials (attn_kernel)
+  const size_t smem = size_t(2 * hd + groups * hd) * 4;
+  a.split = attn_blocks(s.cap, hd);
+  cluster_next = a.split;
+  switch (s.kvt) {
+    case KV_F32: go(attn_kernel<KV_F32>, nh * a.split, 256, smem, a); break;
+    case KV_BF16: go(attn_kernel<KV_BF16>, nh * a.split, 256, smem, a); break;
+    case KV_F16: go(attn_kernel<KV_F16>, nh * a.split, 256, smem, a); break;
+    default: go(attn_kernel<KV_FP8>, nh * a.split, 256, smem, a); break;
+  }
+  mark(K_ATTN);
+  if (s.h2o) {
+    go(h2o_acc_kernel, (s.cap + 127) / 128, 128, 0, s.kvl[size_t(sl)], s.scores, nh, s.d_pos);
+    mark(K_ATTN);
+  }
+  if (d.rfold) outproj_router(d, d.o_proj);
+  else matvec(d.o_proj, attn_o, nullptr, x, 1, K_OUT);
+}
+
+// The feed-forward's arguments common to routed and dense layers.
+MoeArgs CudaModel::Impl::ffn_args(const DLayer& d) const {
+  MoeArgs a{};
+  a.H = int(c.hidden_size);
+  a.maxI = maxI;
+  a.norm_w = d.post_norm;
+  a.eps = c.rms_norm_eps;
+  a.x = x;
+  a.hb = hb;
+  a.ids = eids;
+  a.sel = nullptr;
+  return a;
+}
+
+// The expert kernels of a feed-forward of `slots` slots, by storage type.
+void CudaModel::Impl::ffn_launch(const DLayer& d, const MoeArgs& a, int slots) {
+  if (d.q.bits) {
+    moe_launch_q(a, slots, d.q, d.edt);
+    return;
+  }
+  switch (d.edt) {
+    case DT_F32: moe_launch<float>(a, slots); break;
+    case DT_F16: moe_launch<__half>(a, slots); break;
+    default: moe_launch<__nv_bfloat16>(a, slots); break;
+  }
+}
+
+// A routed MoE (MoE layer mi): routing (unless folded into the output
+// projection), the disk tier's reads, the top-k experts + shared expert.
+void CudaModel::Impl::routed_moe(const DLayer& d, int mi) {
+  const ModelConfig& m = c;
+  const bool pick = opts.decode.pick_in_kernels;
+  MoeArgs a = ffn_args(d);
+  a.sel = pick ? sel : nullptr;
+  if (!d.rfold) route(d);  // else the logits came with the output projection
+  if (disk) disk_fetch(mi);
+  a.gu_tab = d.gu_tab;
+  a.down_tab = d.down_tab;
+  a.k = int(m.num_experts_per_tok);
+  a.I = int(m.moe_intermediate);
+  a.w = ew;
+  a.has_shared = d.has_shared ? 1 : 0;
+  a.s_gu = d.s_gu.p;
+  a.s_down = d.s_down.p;
+  a.Is = d.has_shared ? d.s_down.cols : 0;
+  const int slots = a.k + a.has_shared;
+  if (pick && (!d.q.bits || d.rfold)) {
+    a.logits = rlogits;
+    a.E = int(m.num_experts);
+    a.norm_topk = m.norm_topk_prob ? 1 : 0;
+    a.tc = d.tc;
+    a.tsel = ExpertSel{d.gu_tab, d.down_tab, sel};
+    a.ids_out = eids;
+    a.w_out = ew;
+    a.sel = sel;
+    a.folded = d.rfold ? 1 : 0;
+    a.presel = d.rfold ? 1 : 0;
+  }
+  ffn_launch(d, a, slots);
+}
+
+// A dense SwiGLU MLP: the expert kernels with one slot (weight 1).
+void CudaModel::Impl::dense_mlp(const DLayer& d) {
+  MoeArgs a = ffn_args(d);
+  a.gu_tab = nullptr;
+  a.down_tab = nullptr;
+  a.k = 0;
+  a.I = 0;
+  a.w = ones;
+  a.has_shared = 1;
+  a.s_gu = d.s_gu.p;
+  a.s_down = d.s_down.p;
+  a.Is = d.s_down.cols;
+  ffn_launch(d, a, 1);
+}
+
+// One token through the model. kind 0: no logits; 1: logits; 2: logits + argmax.
+void CudaModel::Impl::enqueue_step(CudaState::Impl& s, int kind) {
+  const ModelConfig& m = c;
+  const int H = int(m.hidden_size);
+  pdl_next = false;
+  switch (embed.dt) {
+    case DT_F32:
+      go(embed_kernel<float>, (H + 255) / 256, 256, 0, static_cast<const float*>(embed.p), H, s.d_ids,
+                                                               s.d_pos, s.d_base, kRing, x);
+      break;
+    case DT_F16:
+      go(embed_kernel<__half>, (H + 255) / 256, 256, 0, static_cast<const __half*>(embed.p), H, s.d_ids,
+                                                                s.d_pos, s.d_base, kRing, x);
+      break;
+    default:
+      go(embed_kernel<__nv_bfloat16>, (H + 255) / 256, 256, 0, 
+          static_cast<const __nv_bfloat16*>(embed.p), H, s.d_ids, s.d_pos, s.d_base, kRing, x);
+  }
+  mark(K_EMBED);
+  for (const LayerPlan& l : plan.layers) {
+    const DLayer& d = L[size_t(l.index)];
+    switch (l.mixer) {
+      case MixerKind::GatedDeltaNet: delta_net(s, d, l.state_slot); break;
+      case MixerKind::GatedAttention: attention(s, d, l.state_slot); break;
+    }
+    switch (l.ffn) {
+      case FfnKind::RoutedMoE: routed_moe(d, l.moe_slot); break;
+      case FfnKind::DenseSwiGLU: dense_mlp(d); break;
+    }
+  }
+  if (kind >= 1) matvec(lm_head, x, final_norm, logits, 0, K_LMHEAD);
+  if (kind == 2) {
+    go(argmax_kernel, 1, 1024, 0, logits, int(m.vocab_size), s.d_ids, s.d_pos, s.d_base, kRing, s.d_out,
+       s.d_step, static_cast<const char*>(embed.p), size_t(H) * dt_size(embed.dt));
+    mark(K_ARGMAX);
+  }
+  go(advance_kernel, 1, 1, 0, s.d_pos, s.d_step);
+  check(cudaGetLastError(), "advance");
+}
+
+void CudaModel::Impl::disk_fetch(int mi) {
+  const int k = int(c.num_experts_per_tok);
+  fetch_experts(mi, eids, k);
+  pdl_next = false;  // the expert kernels start after the table updates, not during them
+}
+
+// The n expert ids at d_ids (device) of MoE layer mi resident, tables set on the stream.
+void CudaModel::Impl::fetch_experts(int mi, const int* d_ids, int n) {
+  CK(cudaMemcpyAsync(pinned_eids, d_ids, size_t(n) * 4, cudaMemcpyDeviceToHost, stream));
+  CK(cudaStreamSynchronize(stream));
+  tiers->ensure(stream, mi, pinned_eids, n);
+}
+}  // namespace flashmoe

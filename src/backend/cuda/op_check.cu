@@ -1,0 +1,283 @@
+// Single decode-step kernels on host data (op_check.h): each call uploads
+// its inputs, launches the kernel as the decode step does (launch.cuh,
+// without PDL: nothing runs before it) and copies the outputs back.
+#include "backend/cuda/op_check.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/attention.cuh"
+#include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/cuda_model.h"
+#include "backend/cuda/delta_cluster.cuh"
+#include "backend/cuda/device_model.cuh"
+#include "backend/cuda/launch.cuh"
+#include "backend/cuda/quant_experts.cuh"
+#include "backend/cuda/router.cuh"
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace flashmoe::cuda_ops {
+
+using namespace flashmoe::cuda;
+
+namespace {
+
+// Device buffers of one call, freed when it returns (or throws).
+struct Buffers {
+  std::vector<void*> p;
+  ~Buffers() {
+    for (void* q : p) cudaFree(q);
+  }
+  template <typename T>
+  T* up(const T* host, size_t n) {
+    void* d = dev_alloc(n * sizeof(T), "op check");
+    p.push_back(d);
+    CK(cudaMemcpy(d, host, n * sizeof(T), cudaMemcpyHostToDevice));
+    return static_cast<T*>(d);
+  }
+  template <typename T>
+  T* zeros(size_t n) {
+    void* d = dev_alloc(n * sizeof(T), "op check");
+    p.push_back(d);
+    CK(cudaMemset(d, 0, n * sizeof(T)));
+    return static_cast<T*>(d);
+  }
+};
+
+template <typename T>
+std::vector<T> down(const T* d, size_t n) {
+  std::vector<T> h(n);
+  CK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+Launcher device() {
+  std::string why;
+  if (!CudaModel::available(&why)) fail_device(DeviceFailure::Unavailable, "no usable CUDA device: " + why);
+  CK(cudaSetDevice(0));
+  Launcher l;
+  CK(cudaGetDeviceProperties(&l.prop, 0));
+  return l;
+}
+
+}  // namespace
+
+std::vector<float> matvec(const Matrix& W, const std::vector<float>& x, const std::vector<float>& norm_w, float eps,
+                          bool three_rows) {
+  Launcher l = device();
+  if (W.quantized()) fail("op check: matvec takes bf16, f16 or f32 weights");
+  const int dt = dt_of(W.dtype), rows = int(W.rows), cols = int(W.cols);
+  Buffers b;
+  const void* dW = b.up(static_cast<const uint8_t*>(W.data), W.nbytes());
+  const float* dx = b.up(x.data(), x.size());
+  const float* dn = norm_w.empty() ? nullptr : b.up(norm_w.data(), norm_w.size());
+  float* dy = b.zeros<float>(size_t(rows));
+  // As CudaModel::Impl::matvec.
+  const int split = l.split_for(rows, cols, int(16 / dt_size(dt)));
+  const int rpb = kWarps / split;
+  const size_t smem = dn ? size_t(cols) * 4 : 0;
+  auto run = [&](auto kern, auto* w) {
+    if (smem > 48 * 1024) CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    const int per = l.per_sm(reinterpret_cast<const void*>(kern), smem);
+    const int blocks = std::min((rows + rpb - 1) / rpb, l.prop.multiProcessorCount * per);
+    const int pf = l.pf_rows(W.nbytes(), rows, blocks, rpb);
+    l.go(kern, blocks, kThreads, smem, w, rows, cols, dx, dn, eps, dy, 0, split, pf, three_rows ? 3 : 2,
+         static_cast<float*>(nullptr));
+  };
+  switch (dt) {
+    case DT_F32: run(matvec_kernel<float>, static_cast<const float*>(dW)); break;
+    case DT_F16: run(matvec_kernel<__half>, static_cast<const __half*>(dW)); break;
+    default: run(matvec_kernel<__nv_bfloat16>, static_cast<const __nv_bfloat16*>(dW));
+  }
+  CK(cudaDeviceSynchronize());
+  return down(dy, size_t(rows));
+}
+
+void topk(const std::vector<float>& logits, int E, int k, bool norm, bool shared, std::vector<int>* ids,
+          std::vector<float>* w) {
+  device();
+  if (E > 512 || k > 32 || k > E) fail("op check: top-k needs E <= 512 and k <= min(32, E)");
+  Buffers b;
+  const float* dl = b.up(logits.data(), logits.size());
+  int* di = b.zeros<int>(size_t(k));
+  float* dw = b.zeros<float>(size_t(k) + 1);
+  topk_kernel<<<1, 32>>>(dl, E, k, norm ? 1 : 0, shared ? 1 : 0, di, dw, TierCount{nullptr, nullptr, nullptr},
+                         ExpertSel{nullptr, nullptr, nullptr});
+  check(cudaGetLastError(), "topk_kernel");
+  CK(cudaDeviceSynchronize());
+  *ids = down(di, size_t(k));
+  *w = down(dw, size_t(k) + (shared ? 1 : 0));
+}
+
+std::vector<float> delta_step(DeltaStep& d, bool cluster) {
+  Launcher l = device();
+  const int nk = d.nk, nv = d.nv, dk = d.dk, dv = d.dv;
+  // The kernels read z, b and a at offsets into one projection buffer.
+  std::vector<float> proj(d.z);
+  proj.insert(proj.end(), d.b.begin(), d.b.end());
+  proj.insert(proj.end(), d.a.begin(), d.a.end());
+  Buffers b;
+  DeltaArgs a;
+  a.conv = b.up(d.conv.data(), d.conv.size());
+  a.proj = b.up(proj.data(), proj.size());
+  a.zoff = 0;
+  a.boff = nv * dv;
+  a.aoff = nv * dv + nv;
+  a.dt_bias = b.up(d.dt_bias.data(), d.dt_bias.size());
+  a.neg_exp_A = b.up(d.neg_exp_A.data(), d.neg_exp_A.size());
+  a.norm_w = b.up(d.norm_w.data(), d.norm_w.size());
+  a.S = b.up(d.S.data(), d.S.size());
+  a.out = b.zeros<float>(size_t(nv) * dv);
+  a.nk = nk;
+  a.nv = nv;
+  a.dk = dk;
+  a.dv = dv;
+  a.eps = d.eps;
+  if (cluster) {
+    // As CudaModel::Impl::delta_cluster with force_small_delta_clusters.
+    constexpr int cpb = 8;
+    if (dv % cpb || dv / cpb > 8) fail("op check: the delta cluster needs dv a multiple of 8 up to 64");
+    l.cluster_next = dv / cpb;
+    const dim3 grid(unsigned(nv * (dv / cpb)));
+    if (dk == 128) l.go(delta_cluster_kernel<128, cpb, 8>, grid, 64, 0, a);
+    else if (dk == 64) l.go(delta_cluster_kernel<64, cpb, 8>, grid, 64, 0, a);
+    else if (dk == 32) l.go(delta_cluster_kernel<32, cpb, 8>, grid, 64, 0, a);
+    else fail("op check: the delta cluster needs dk 32, 64 or 128");
+  } else {
+    // As CudaModel::Impl::delta_net's fallback.
+    const size_t smem = size_t(2 * dk) * 4;
+    auto th = [&](int split) { return std::min(1024, std::max(32, (dv * split + 31) / 32 * 32)); };
+    if (dk == 128 && dv * 4 <= 1024) l.go(delta_kernel<128, 4>, nv, th(4), smem, a);
+    else if (dk == 64 && dv * 2 <= 1024) l.go(delta_kernel<64, 2>, nv, th(2), smem, a);
+    else if (dk == 32) l.go(delta_kernel<32, 1>, nv, th(1), smem, a);
+    else l.go(delta_kernel<0, 1>, nv, th(1), smem, a);
+  }
+  CK(cudaDeviceSynchronize());
+  d.S = down(a.S, d.S.size());
+  return down(a.out, size_t(nv) * dv);
+}
+
+std::vector<float> attention(const AttnDecode& in, int split, bool prefetch) {
+  Launcher l = device();
+  const int nh = in.nh, nkv = in.nkv, hd = in.hd, n = in.n;
+  if (split > 1 && (hd % 8 || hd > 256)) fail("op check: split attention needs hd a multiple of 8 up to 256");
+  Buffers b;
+  // The decode step's gate sits in the q/k/v projection, after each head's q.
+  std::vector<float> gate(size_t(nh) * 2 * hd, 0.f);
+  for (int h = 0; h < nh; ++h)
+    for (int d = 0; d < hd; ++d) gate[size_t(h) * 2 * hd + hd + d] = in.gate[size_t(h) * hd + d];
+  const size_t cnt = size_t(n) * nkv * hd;
+  KvLayer kv{};
+  int kvt = KV_F32;
+  if (in.kv == KvStore::F32) {
+    kv.k = b.up(in.k.data(), cnt);
+    kv.v = b.up(in.v.data(), cnt);
+  } else {
+    const bool bf = in.kv == KvStore::BF16;
+    kvt = bf ? KV_BF16 : KV_F16;
+    std::vector<uint16_t> k16(cnt), v16(cnt);
+    for (size_t i = 0; i < cnt; ++i) {
+      k16[i] = bf ? f32_to_bf16(in.k[i]) : f32_to_f16(in.k[i]);
+      v16[i] = bf ? f32_to_bf16(in.v[i]) : f32_to_f16(in.v[i]);
+    }
+    kv.k = b.up(k16.data(), cnt);
+    kv.v = b.up(v16.data(), cnt);
+  }
+  kv.ks = b.zeros<float>(1);  // fp8 scales: not read for these types
+  kv.vs = b.zeros<float>(1);
+  kv.cap = n;
+  const int pos = n - 1;
+  AttnArgs a;
+  a.q = b.up(in.q.data(), in.q.size());
+  a.gate = b.up(gate.data(), gate.size());
+  a.scores = b.zeros<float>(size_t(nh) * n);
+  a.out = b.zeros<float>(size_t(nh) * hd);
+  a.pos = b.up(&pos, 1);
+  a.kv = kv;
+  a.nh = nh;
+  a.nkv = nkv;
+  a.hd = hd;
+  a.ns = 0;
+  a.scale = 1.0f / std::sqrt(float(hd));
+  a.prefetch = prefetch ? 1 : 0;
+  a.split = split;
+  // As CudaModel::Impl::attention.
+  const int groups = std::max(8, 256 / hd);
+  const size_t smem = size_t(2 * hd + groups * hd) * 4;
+  l.cluster_next = split;
+  switch (kvt) {
+    case KV_F32: l.go(attn_kernel<KV_F32>, nh * split, 256, smem, a); break;
+    case KV_BF16: l.go(attn_kernel<KV_BF16>, nh * split, 256, smem, a); break;
+    default: l.go(attn_kernel<KV_F16>, nh * split, 256, smem, a); break;
+  }
+  CK(cudaDeviceSynchronize());
+  return down(a.out, size_t(nh) * hd);
+}
+
+std::vector<float> quant_experts(const std::vector<QuantExpert>& experts, const std::vector<float>& w,
+                                 const std::vector<float>& x, const std::vector<float>& norm_w, float eps) {
+  Launcher l = device();
+  const int k = int(experts.size()), H = int(x.size());
+  if (k < 1 || k > 32) fail("op check: 1 to 32 experts");
+  const Matrix& g0 = experts[0].gate;
+  const int bits = quant_bits(g0.quant), group = g0.group, I = int(g0.rows);
+  if (!bits || H % (128 / bits) || I % (128 / bits) || group % 8)
+    fail("op check: q8/q4 experts with sizes a multiple of 128 / bits, groups a multiple of 8");
+  const QExpert q = make_qexpert(bits, group, H, I);
+  // Each expert's gate/up and down blocks in the device layout (as the upload writes them).
+  Buffers b;
+  std::vector<const void*> gu_tab, dn_tab;
+  auto put = [](std::vector<uint8_t>& blk, const Matrix& m, size_t wo, size_t so, size_t bo) {
+    std::memcpy(blk.data() + wo, m.data, m.nbytes());
+    std::memcpy(blk.data() + so, m.scales, m.scale_bytes());
+    std::memcpy(blk.data() + bo, m.biases, m.scale_bytes());
+  };
+  for (const QuantExpert& e : experts) {
+    std::vector<uint8_t> gu(q.gu_bytes, 0), dn(q.dn_bytes, 0);
+    put(gu, e.gate, 0, q.gate_s, q.gate_b);
+    put(gu, e.up, q.up_w, q.up_s, q.up_b);
+    put(dn, e.down, 0, q.dn_s, q.dn_b);
+    gu_tab.push_back(b.up(gu.data(), gu.size()));
+    dn_tab.push_back(b.up(dn.data(), dn.size()));
+  }
+  std::vector<int> ids(static_cast<size_t>(k));
+  for (int j = 0; j < k; ++j) ids[size_t(j)] = j;
+  MoeArgs a{};
+  a.gu_tab = b.up(gu_tab.data(), gu_tab.size());
+  a.down_tab = b.up(dn_tab.data(), dn_tab.size());
+  a.ids = b.up(ids.data(), ids.size());
+  a.w = b.up(w.data(), w.size());
+  a.k = k;
+  a.I = I;
+  a.Is = 0;
+  a.H = H;
+  a.maxI = I;
+  a.has_shared = 0;
+  a.norm_w = b.up(norm_w.data(), norm_w.size());
+  a.eps = eps;
+  a.x = b.up(x.data(), x.size());
+  a.hb = b.zeros<float>(size_t(k) * I);
+  // As CudaModel::Impl::moe_launch_q.
+  const int blocks = std::min((H + kWarps - 1) / kWarps, l.prop.multiProcessorCount * kBlocksPerSm);
+  const size_t s1 = size_t(H) * 4 * 2 + size_t(H) / 8 * 4, s2 = size_t(k) * I * 4 + size_t(k) * I / 8 * 4;
+  auto run = [&](auto gu, auto dn) {
+    if (s1 > 48 * 1024) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, int(s1)));
+    if (s2 > 48 * 1024) CK(cudaFuncSetAttribute(dn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(s2)));
+    const int resident = l.per_sm(reinterpret_cast<const void*>(gu), s1) * l.prop.multiProcessorCount;
+    const dim3 g1(std::max(1, std::min((I + kWarps - 1) / kWarps, resident / k)), k);
+    l.go(gu, g1, kThreads, s1, a, q);
+    l.go(dn, blocks, kThreads, s2, a, q);
+  };
+  if (bits == 8) run(gate_up_q_kernel<8, __nv_bfloat16>, down_q_kernel<8, __nv_bfloat16>);
+  else run(gate_up_q_kernel<4, __nv_bfloat16>, down_q_kernel<4, __nv_bfloat16>);
+  CK(cudaDeviceSynchronize());
+  return down(a.x, size_t(H));
+}
+
+}  // namespace flashmoe::cuda_ops

@@ -1,0 +1,62 @@
+// Single kernels of the CUDA decode step run on host data, for tests that
+// hold each op against the CPU's (tests/cuda_ops_test.cpp), the way ggml's
+// test-backend-ops checks a backend op by op. Test-only. Plain C++ header;
+// each function needs a usable device (CudaModel::available) and throws
+// DeviceError without one (op_check_stub.cpp in builds without CUDA).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/matrix.h"
+
+namespace flashmoe::cuda_ops {
+
+// y = W . x, or W . rmsnorm_zc(x, norm_w, eps) when norm_w is not empty,
+// through the decode step's matvec_kernel (W bf16, f16 or f32; its rows a
+// multiple of 16 bytes). three_rows: 3 rows per warp at a time (else 2).
+std::vector<float> matvec(const Matrix& W, const std::vector<float>& x, const std::vector<float>& norm_w, float eps,
+                          bool three_rows);
+
+// The decode step's router top-k (topk_kernel): softmax over logits[0, E),
+// the k largest (ties: the lower index), their weights renormalised when
+// norm; with shared, w[k] = sigmoid(logits[E]). E <= 512, k <= 32.
+void topk(const std::vector<float>& logits, int E, int k, bool norm, bool shared, std::vector<int>* ids,
+          std::vector<float>* w);
+
+// One GatedDeltaNet decode step after the conv (delta_kernel, or
+// delta_cluster_kernel when cluster, 8 value columns per block so that
+// small heads run clusters): q, k, v from conv ([nk*dk | nk*dk | nv*dv]),
+// z, b, a from the projection; S [nv][dk][dv] is updated; returns the gated
+// normed output [nv*dv].
+struct DeltaStep {
+  int nk = 0, nv = 0, dk = 0, dv = 0;
+  float eps = 1e-6f;
+  std::vector<float> conv, z, b, a, dt_bias, neg_exp_A, norm_w, S;
+};
+std::vector<float> delta_step(DeltaStep& d, bool cluster);
+
+// Decode attention of one token (attn_kernel) over a full KV cache that
+// holds positions 0..n-1, the last being the token's own: q and gate
+// [nh*hd] (the output is gated by sigmoid(gate)), K and V [n][nkv*hd],
+// stored on the device as `kv`; `split` blocks (a cluster) per query head;
+// prefetch: the decode step's L2 prefetch of the earlier rows. Returns the
+// gated output [nh*hd].
+enum class KvStore { F32, BF16, F16 };
+struct AttnDecode {
+  int nh = 0, nkv = 0, hd = 0, n = 0;
+  KvStore kv = KvStore::F32;
+  std::vector<float> q, gate, k, v;
+};
+std::vector<float> attention(const AttnDecode& a, int split, bool prefetch);
+
+// The routed experts of a MoE layer in q8/q4 (gate_up_q_kernel then
+// down_q_kernel, no shared expert): x + sum_j w[j] * down_j(silu(gate_j xn)
+// * up_j xn), xn = rmsnorm_zc(x, norm_w, eps). Every matrix quantised alike
+// (bits, group); gate and up [I][H], down [H][I].
+struct QuantExpert {
+  Matrix gate, up, down;
+};
+std::vector<float> quant_experts(const std::vector<QuantExpert>& experts, const std::vector<float>& w,
+                                 const std::vector<float>& x, const std::vector<float>& norm_w, float eps);
+
+}  // namespace flashmoe::cuda_ops

@@ -1,0 +1,25 @@
+// The op checks for builds without CUDA: each one says so.
+#ifndef FLASHMOE_HAVE_CUDA
+#include "backend/cuda/op_check.h"
+
+#include "core/error.h"
+
+namespace flashmoe::cuda_ops {
+
+namespace {
+[[noreturn]] void no_cuda() { fail_device(DeviceFailure::Unavailable, "this build has no CUDA backend"); }
+}  // namespace
+
+std::vector<float> matvec(const Matrix&, const std::vector<float>&, const std::vector<float>&, float, bool) {
+  no_cuda();
+}
+void topk(const std::vector<float>&, int, int, bool, bool, std::vector<int>*, std::vector<float>*) { no_cuda(); }
+std::vector<float> delta_step(DeltaStep&, bool) { no_cuda(); }
+std::vector<float> attention(const AttnDecode&, int, bool) { no_cuda(); }
+std::vector<float> quant_experts(const std::vector<QuantExpert>&, const std::vector<float>&, const std::vector<float>&,
+                                 const std::vector<float>&, float) {
+  no_cuda();
+}
+
+}  // namespace flashmoe::cuda_ops
+#endif

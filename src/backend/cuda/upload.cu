@@ -1,0 +1,496 @@
+// The CUDA backend's model: the device, the weights uploaded in their
+// device layouts (device_model.cuh), the tiered expert cache, the scratch
+// buffers of the decode step and the routers folded into the output
+// projections.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "core/matrix_rows.h"
+#include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/model_impl.cuh"
+#include "backend/cuda/router.cuh"
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace flashmoe {
+
+CudaModel::Impl::~Impl() {
+  cudaSetDevice(dev);
+  if (stream) cudaStreamSynchronize(stream);
+  prefill.reset();
+  tiers.reset();
+  for (void* p : allocs) cudaFree(p);
+  for (auto e : events) cudaEventDestroy(e);
+  if (pinned_logits) cudaFreeHost(pinned_logits);
+  if (pinned_ids) cudaFreeHost(pinned_ids);
+  if (pinned_eids) cudaFreeHost(pinned_eids);
+  if (stream) cudaStreamDestroy(stream);
+}
+
+void* CudaModel::Impl::alloc(size_t bytes, const std::string& what) {
+  void* p = dev_alloc(bytes, what);
+  allocs.push_back(p);
+  return p;
+}
+
+float* CudaModel::Impl::upload_vec(const std::vector<float>& v, const std::string& what) {
+  float* p = alloc_f(v.size(), what);
+  CK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+  return p;
+}
+
+// Rows of several host matrices (same cols) written one after the other
+// into dst (host memory) in storage type dt; returns the bytes written.
+size_t CudaModel::Impl::write_rows_host(const std::vector<Matrix>& parts, int dt, uint8_t* dst) {
+  size_t off = 0;
+  std::vector<float> row;
+  for (const Matrix& p : parts) {
+    const size_t n = size_t(p.rows) * p.cols, out_bytes = n * dt_size(dt);
+    if (p.quantized()) {  // dequantised as the CPU does, then stored as dt
+      row.resize(size_t(p.cols));
+      for (int64_t r = 0; r < p.rows; ++r) {
+        cpu::quant_dequant_row(p, r, row.data());
+        const size_t o = size_t(r) * p.cols;
+        for (int64_t i = 0; i < p.cols; ++i) {
+          if (dt == DT_F32) reinterpret_cast<float*>(dst + off)[o + i] = row[size_t(i)];
+          else if (dt == DT_F16) reinterpret_cast<uint16_t*>(dst + off)[o + i] = f32_to_f16(row[size_t(i)]);
+          else reinterpret_cast<uint16_t*>(dst + off)[o + i] = f32_to_bf16(row[size_t(i)]);
+        }
+      }
+    } else if (dt_of(p.dtype) == dt) {
+      std::memcpy(dst + off, p.data, out_bytes);
+    } else {
+      for (size_t i = 0; i < n; ++i) {  // widen (or narrow, when forced)
+        float f;
+        switch (p.dtype) {
+          case DType::F32: f = static_cast<const float*>(p.data)[i]; break;
+          case DType::F16: f = f16_to_f32(static_cast<const uint16_t*>(p.data)[i]); break;
+          default: f = bf16_to_f32(static_cast<const uint16_t*>(p.data)[i]); break;
+        }
+        if (dt == DT_F32) reinterpret_cast<float*>(dst + off)[i] = f;
+        else if (dt == DT_F16) reinterpret_cast<uint16_t*>(dst + off)[i] = f32_to_f16(f);
+        else reinterpret_cast<uint16_t*>(dst + off)[i] = f32_to_bf16(f);
+      }
+    }
+    off += out_bytes;
+  }
+  return off;
+}
+
+// Rows of several host matrices (same cols) stacked into one device matrix,
+// in the common storage type (f32 when they differ or when forced).
+DMat CudaModel::Impl::upload_rows(const std::vector<Matrix>& parts, const std::string& what, int force_dt) {
+  DMat m;
+  m.cols = int(parts.at(0).cols);
+  int dt = force_dt >= 0 ? force_dt : storage_dt(parts[0]);
+  int64_t rows = 0;
+  for (const Matrix& p : parts) {
+    if (p.cols != m.cols) fail("CUDA backend: " + what + ": parts differ in columns");
+    if (force_dt < 0 && storage_dt(p) != dt) dt = DT_F32;
+    rows += p.rows;
+  }
+  m.dt = dt;
+  m.rows = int(rows);
+  if ((size_t(m.cols) * dt_size(dt)) % 16 != 0)
+    fail_device(DeviceFailure::Unsupported, "CUDA backend: " + what + " has " + std::to_string(m.cols) +
+                                                " columns; rows must be a multiple of 16 bytes");
+  m.p = alloc(m.bytes(), what);
+  uint8_t* dst = static_cast<uint8_t*>(m.p);
+  std::vector<uint8_t> buf;
+  for (const Matrix& p : parts) {  // one part at a time: bounded host memory
+    buf.resize(size_t(p.rows) * p.cols * dt_size(dt));
+    const size_t n = write_rows_host({p}, dt, buf.data());
+    CK(cudaMemcpy(dst, buf.data(), n, cudaMemcpyHostToDevice));
+    dst += n;
+  }
+  bytes_total += int64_t(m.bytes());
+  return m;
+}
+
+// The device layout of a layer's quantised experts (all like `e`), or an
+// Error naming the layer where the kernels cannot take them.
+QExpert CudaModel::Impl::quant_layout(const FfnExpert& e, const std::string& where) const {
+  const Matrix& g = e.gate;
+  const int bits = quant_bits(g.quant), H = int(c.hidden_size), I = int(c.moe_intermediate);
+  const int epc = 128 / bits;  // columns per 16-byte load (quant_experts.cuh)
+  if (H % epc != 0 || I % epc != 0 || g.group % 8 != 0)
+    fail_device(DeviceFailure::Unsupported, "CUDA backend: " + where + "experts in " + quant_name(g.quant) +
+                                                " with hidden size " + std::to_string(H) + " and expert size " +
+                                                std::to_string(I) + " (need multiples of " + std::to_string(epc) +
+                                                ", groups of a multiple of 8)");
+  return make_qexpert(bits, g.group, H, I);
+}
+
+// Expert e's gate/up block (part 0) or down block (1) in the layout q, at dst.
+void CudaModel::Impl::write_quant(const FfnExpert& e, int part, const QExpert& q, const std::string& where, uint8_t* dst) {
+  auto put = [&](const Matrix& m, size_t w, size_t sc, size_t bi) {
+    if (quant_bits(m.quant) != q.bits || m.group != q.group)
+      fail_device(DeviceFailure::Unsupported, "CUDA backend: " + where + "experts differ in quantisation");
+    std::memcpy(dst + w, m.data, m.nbytes());
+    std::memcpy(dst + sc, m.scales, m.scale_bytes());
+    std::memcpy(dst + bi, m.biases, m.scale_bytes());
+  };
+  if (part == 0) {
+    put(e.gate, 0, q.gate_s, q.gate_b);
+    put(e.up, q.up_w, q.up_s, q.up_b);
+  } else {
+    put(e.down, 0, q.dn_s, q.dn_b);
+  }
+}
+
+// Expert pointer table of a layer whose experts are contiguous in VRAM.
+const void* const* CudaModel::Impl::contiguous_table(const void* base, int E, size_t stride, const std::string& what) {
+  std::vector<const void*> t(static_cast<size_t>(E), nullptr);
+  for (int e = 0; e < E; ++e) t[size_t(e)] = static_cast<const uint8_t*>(base) + size_t(e) * stride;
+  void* d = alloc(t.size() * sizeof(void*), what);
+  CK(cudaMemcpy(d, t.data(), t.size() * sizeof(void*), cudaMemcpyHostToDevice));
+  return static_cast<const void* const*>(d);
+}
+
+// Slots per MoE layer for the routed experts in a budget of gb (or a
+// fraction of all expert bytes); E (all) when neither is given.
+int CudaModel::Impl::expert_slots(int64_t expert_bytes, int64_t moe, double gb, double fraction) const {
+  const int64_t E = c.num_experts;
+  if (E <= 0 || moe == 0) return int(E);
+  double budget;
+  if (gb >= 0) budget = gb * 1e9;
+  else if (fraction >= 0) budget = fraction * double(E * moe * expert_bytes);
+  else return int(E);
+  const int64_t slots = int64_t(budget / double(moe * expert_bytes));
+  return int(std::clamp<int64_t>(slots, 0, E));
+}
+
+// Creates the tiered cache when the routed experts (gu + dn bytes each) do
+// not all get VRAM.
+bool CudaModel::Impl::make_tiers(size_t gu, size_t dn, int moe) {
+  const int64_t E = c.num_experts;
+  const int slots = expert_slots(int64_t(gu + dn), moe, opts.expert_cache_gb, opts.expert_cache_fraction);
+  if (slots >= E) return false;
+  const int host = expert_slots(int64_t(gu + dn), moe, opts.host_cache_gb, opts.host_cache_fraction);
+  if (host < int(c.num_experts_per_tok))
+    fail("--gpu-host-cache: " + std::to_string(host) + " experts per layer in host memory, fewer than the " +
+         std::to_string(c.num_experts_per_tok) + " one token uses; give it more");
+  tiers = std::make_unique<ExpertTiers>(moe, int(E), gu, dn, slots, host);
+  bytes_total += int64_t(tiers->vram_bytes());
+  if (tiers->disk()) {
+    // Experts come from disk between the router and the expert kernels: the
+    // step waits for the host there, so no graph, no pick inside gate_up or
+    // the output projection, no row pointers resolved before the tables are
+    // final. Prompts go in chunks whose choices fit the host slots.
+    disk = true;
+    use_graph = false;
+    opts.decode.pick_in_kernels = false;
+  }
+  return true;
+}
+
+void CudaModel::Impl::init_device() {
+  std::string why;
+  if (!CudaModel::available(&why)) fail_device(DeviceFailure::Unavailable, "no usable CUDA device: " + why);
+  chunk = std::clamp(opts.decode.prefill_chunk, 1, kRing - 1);
+  CK(cudaSetDevice(dev));
+  CK(cudaGetDeviceProperties(&prop, dev));
+  CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  set_kernel_attributes();
+}
+
+// Scratch buffers and constants, once the dimensions are known.
+void CudaModel::Impl::init_common() {
+  const ModelConfig& m = c;
+  if (m.num_experts > 512) fail_device(DeviceFailure::Unsupported, "CUDA backend: more than 512 experts is not supported");
+  if (m.num_experts_per_tok > 32) fail_device(DeviceFailure::Unsupported, "CUDA backend: top-k above 32 is not supported");
+  if (m.num_kv_heads > 0 && (m.num_heads % m.num_kv_heads) != 0) fail_device(DeviceFailure::Unsupported, "CUDA backend: heads not a multiple of kv heads");
+  std::vector<float> inv = plan.rope_inv_freq;
+  if (inv.empty()) inv.push_back(0.f);  // no rotary dims: a valid pointer all the same
+  inv_freq = upload_vec(inv, "rotary frequencies");
+  ones = upload_vec({1.0f, 1.0f}, "constants");
+  int proj_rows = 1;
+  for (const DLayer& l : L) proj_rows = std::max({proj_rows, l.lin_in.rows, l.qkv.rows});
+  const int64_t H = m.hidden_size;
+  x = alloc_f(size_t(H), "activations");
+  proj = alloc_f(size_t(proj_rows), "activations");
+  convout = alloc_f(size_t(std::max<int64_t>(1, m.lin_conv_dim())), "activations");
+  const int64_t O = std::max<int64_t>({1, m.lin_num_v_heads * m.lin_v_dim, m.num_heads * m.head_dim});
+  cat = alloc_f(size_t(H + O), "activations");
+  lin_o = cat + H;  // a layer is linear or full: the two never live at once
+  q = alloc_f(size_t(std::max<int64_t>(1, m.num_heads * m.head_dim)), "activations");
+  attn_o = cat + H;
+  if (opts.decode.pick_in_kernels) fold_routers();
+  rlogits = alloc_f(size_t(m.num_experts + 1), "router logits");
+  ew = alloc_f(size_t(m.num_experts_per_tok + 1), "expert weights");
+  eids = static_cast<int*>(alloc(size_t(m.num_experts_per_tok + 1) * 4, "expert ids"));
+  maxI = int(std::max({m.moe_intermediate, m.shared_intermediate, m.intermediate_size, int64_t(1)}));
+  hb = alloc_f(size_t(m.num_experts_per_tok + 1) * maxI, "expert activations");
+  logits = alloc_f(size_t(m.vocab_size), "logits");
+  sel = static_cast<const void**>(alloc(size_t(2 * std::max<int64_t>(1, m.num_experts_per_tok)) * sizeof(void*),
+                                        "expert selection"));
+  presel_done = static_cast<unsigned*>(alloc(4, "router counter"));
+  presel_w = alloc_f(size_t(m.num_experts_per_tok + 1), "expert weights");
+  CK(cudaMemset(presel_done, 0, 4));
+  CK(cudaMemset(eids, 0, size_t(m.num_experts_per_tok + 1) * 4));
+  CK(cudaMemset(ew, 0, size_t(m.num_experts_per_tok + 1) * 4));
+  CK(cudaMallocHost(&pinned_logits, size_t(m.vocab_size) * 4));
+  CK(cudaMallocHost(&pinned_ids, size_t(kRing) * 4));
+  // Disk tier: one token's choices, or a prefill chunk's (at most as many as host slots, so at most E).
+  CK(cudaMallocHost(&pinned_eids, size_t(std::max<int64_t>(1, std::max(m.num_experts_per_tok, m.num_experts))) * 4));
+  // Bytes one decoded token reads: everything but the unrouted experts.
+  bytes_per_token = int64_t(lm_head.bytes()) + int64_t(embed.cols) * int64_t(dt_size(embed.dt));
+  for (const LayerPlan& lp : plan.layers) {
+    const DLayer& l = L[size_t(lp.index)];
+    // The checkpoint's bytes (the roofline's numerator): a folded router
+    // reads its fp32 fold instead, more bytes, not counted here.
+    bytes_per_token += int64_t(l.lin_in.bytes() + l.out_proj.bytes() + l.qkv.bytes() + l.o_proj.bytes() +
+                               l.router.bytes() + l.s_gu.bytes() + l.s_down.bytes());
+    if (lp.ffn == FfnKind::RoutedMoE)
+      bytes_per_token += int64_t(m.num_experts_per_tok) *
+                         (l.q.bits ? int64_t(l.q.gu_bytes + l.q.dn_bytes)
+                                   : 3 * m.moe_intermediate * m.hidden_size * int64_t(dt_size(l.edt)));
+  }
+}
+
+// Folds each MoE layer's router into its output projection's launch where
+// the shapes allow (see outproj_router_kernel); other layers keep the router.
+template <typename T>
+void CudaModel::Impl::fold_router(DLayer& d, const DMat& out) {
+  const int H = int(c.hidden_size), O = out.cols, rows = d.router.rows;
+  d.rfold = static_cast<float*>(alloc(size_t(rows) * (H + O) * 4, "folded router"));
+  bytes_total += int64_t(rows) * (H + O) * 4;
+  const dim3 grid(std::max(1, std::min(64, (H + O + 255) / 256)), rows);
+  fold_router_kernel<T><<<grid, 256, 0, stream>>>(static_cast<const T*>(d.router.p), rows, d.post_norm,
+                                                 static_cast<const T*>(out.p), H, O, d.rfold);
+  check(cudaGetLastError(), "fold_router_kernel");
+}
+
+void CudaModel::Impl::fold_routers() {
+  const int H = int(c.hidden_size);
+  for (const LayerPlan& l : plan.layers) {
+    DLayer& d = L[size_t(l.index)];
+    const DMat& out = l.mixer == MixerKind::GatedAttention ? d.o_proj : d.out_proj;
+    // Quantised experts' gate_up cannot pick (quant_experts.cuh); with the
+    // fold the pick is the output projection's (outproj_router_kernel).
+    if (l.ffn != FfnKind::RoutedMoE || !d.router.p || !d.post_norm || !out.p || out.rows != H || d.router.cols != H ||
+        out.dt != d.router.dt || H % 4 != 0 || out.cols % 4 != 0)
+      continue;
+    switch (out.dt) {
+      case DT_F32: fold_router<float>(d, out); break;
+      case DT_F16: fold_router<__half>(d, out); break;
+      default: fold_router<__nv_bfloat16>(d, out);
+    }
+  }
+  CK(cudaStreamSynchronize(stream));
+}
+
+bool CudaModel::available(std::string* why) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    if (why) *why = cuda_msg(e);
+    return false;
+  }
+  if (n == 0) {
+    if (why) *why = "no CUDA device found";
+    return false;
+  }
+  // The kernels are built for sm_90 and use Hopper instructions (programmatic
+  // dependent launch): an older GPU would fail at the first launch.
+  cudaDeviceProp p{};
+  e = cudaGetDeviceProperties(&p, 0);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    if (why) *why = cuda_msg(e);
+    return false;
+  }
+  if (p.major < 9) {
+    if (why)
+      *why = std::string("GPU 0 (") + p.name + ") has compute capability " + std::to_string(p.major) + "." +
+             std::to_string(p.minor) + "; this build's CUDA kernels need 9.0 (Hopper) or newer";
+    return false;
+  }
+  return true;
+}
+
+CudaModel::CudaModel() : p_(new Impl) {}
+CudaModel::~CudaModel() = default;
+
+const ModelConfig& CudaModel::config() const { return p_->c; }
+std::string CudaModel::device_name() const { return p_->prop.name; }
+int64_t CudaModel::weight_bytes_total() const { return p_->bytes_total; }
+int64_t CudaModel::weight_bytes_per_token() const { return p_->bytes_per_token; }
+void CudaModel::set_use_graph(bool on) { p_->use_graph = on && !p_->disk; }  // the disk tier waits for the host inside a step
+
+std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaOptions& o) {
+  std::unique_ptr<CudaModel> cm(new CudaModel);
+  Impl& m = *cm->p_;
+  m.c = model.config();
+  m.plan = make_plan(m.c);
+  m.opts = o;
+  m.init_device();
+  const ModelConfig& c = m.c;
+  const ModelWeights& w = model.weights();
+  m.embed = m.upload_rows({w.embed}, "embedding");
+  m.lm_head = w.lm_head.data == w.embed.data ? m.embed : m.upload_rows({w.lm_head}, "lm_head");
+  m.final_norm = m.upload_vec(w.final_norm, "final norm");
+  size_t tier_gu = 0, tier_dn = 0;
+  bool tiered = false;
+  for (const LayerPlan& l : m.plan.layers) {
+    const int64_t i = l.index;
+    const LayerWeights& lw = w.layers[size_t(i)];
+    const std::string p = "layer " + std::to_string(i) + " ";
+    const bool attention = l.mixer == MixerKind::GatedAttention, moe = l.ffn == FfnKind::RoutedMoE;
+    if (attention != (lw.kind == LayerKind::Full) || moe != lw.ffn.moe)
+      fail("CUDA backend: " + p + "weights do not match the layer plan of the config");
+    DLayer d;
+    d.in_norm = m.upload_vec(lw.input_norm, p + "norm");
+    d.post_norm = m.upload_vec(lw.post_norm, p + "norm");
+    if (attention) {
+      const AttentionWeights& a = lw.attn;
+      d.qkv = m.upload_rows({a.q_proj, a.k_proj, a.v_proj}, p + "q/k/v projection");
+      d.o_proj = m.upload_rows({a.o_proj}, p + "o_proj");
+      d.q_norm = m.upload_vec(a.q_norm, p + "q_norm");
+      d.k_norm = m.upload_vec(a.k_norm, p + "k_norm");
+    } else {
+      const LinearAttentionWeights& l = lw.lin;
+      d.lin_in = m.upload_rows(l.in_proj.block_views(), p + "linear-attention projections");
+      d.out_proj = m.upload_rows({l.out_proj}, p + "out_proj");
+      d.conv_w = m.upload_vec(l.conv, p + "conv1d");
+      d.dt_bias = m.upload_vec(l.dt_bias, p + "dt_bias");
+      d.neg_exp_A = m.upload_vec(l.neg_exp_A, p + "A_log");
+      d.gnorm = m.upload_vec(l.norm, p + "gated norm");
+    }
+    const FfnWeights& f = lw.ffn;
+    if (moe) {
+      const int moe_index = l.moe_slot;
+      std::vector<Matrix> r = {f.router};
+      if (f.has_shared) r.push_back(f.shared_gate);
+      d.router = m.upload_rows(r, p + "router");
+      // The routed experts come through the model's expert store: views of
+      // the checkpoint, or of packed files (mmapped or streamed from disk,
+      // read once here). A packed model's experts share one format; a
+      // checkpoint's float experts take one storage type for the layer.
+      ExpertStore& store = model.expert_store();
+      const int E = int(c.num_experts), H = int(c.hidden_size), I = int(c.moe_intermediate);
+      const ExpertBatch first_batch = store.fetch(i, {0});
+      const FfnExpert& first = first_batch.experts.at(0);
+      int dt = first.gate.quantized() ? DT_BF16 : dt_of(first.gate.dtype);
+      auto same = [&](const Matrix& x) {
+        if (!x.quantized() && dt_of(x.dtype) != dt) dt = DT_F32;
+      };
+      for (const FfnExpert& e : f.experts) same(e.gate), same(e.up), same(e.down);
+      if (f.has_shared) {
+        if (first.gate.quantized()) dt = storage_dt(f.shared.gate);
+        same(f.shared.gate), same(f.shared.up), same(f.shared.down);
+      }
+      d.edt = dt;
+      if (first.gate.quantized()) d.q = m.quant_layout(first, p);
+      const size_t gu_bytes = d.q.bits ? d.q.gu_bytes : size_t(2 * I) * H * dt_size(dt);
+      const size_t dn_bytes = d.q.bits ? d.q.dn_bytes : size_t(H) * I * dt_size(dt);
+      if (moe_index == 0) tiered = m.make_tiers(gu_bytes, dn_bytes, m.plan.moe_layers);
+      if (tiered && moe_index > 0 && (gu_bytes != tier_gu || dn_bytes != tier_dn))
+        fail_device(DeviceFailure::Unsupported, "--gpu-expert-cache: the experts of " + p +
+                                                    "have a different storage format than those of the first MoE layer");
+      uint8_t *gu_dst, *dn_dst;
+      bool host_dst = tiered;
+      if (tiered) {
+        gu_dst = m.tiers->host_gu(moe_index);
+        dn_dst = m.tiers->host_down(moe_index);
+        d.gu_tab = m.tiers->gu_tab(moe_index);
+        d.down_tab = m.tiers->down_tab(moe_index);
+        d.tc = m.tiers->count(moe_index);
+      } else {
+        d.gu = m.alloc(size_t(E) * gu_bytes, p + "experts gate/up");
+        d.down = m.alloc(size_t(E) * dn_bytes, p + "experts down");
+        m.bytes_total += int64_t(size_t(E) * (gu_bytes + dn_bytes));
+        gu_dst = static_cast<uint8_t*>(d.gu);
+        dn_dst = static_cast<uint8_t*>(d.down);
+        d.gu_tab = m.contiguous_table(d.gu, E, gu_bytes, p + "expert table");
+        d.down_tab = m.contiguous_table(d.down, E, dn_bytes, p + "expert table");
+      }
+      // Disk tier: the host holds the first host_slots experts; the others
+      // are read through the store when chosen (every MoE layer has the
+      // first one's format: checked above).
+      const int held = tiered ? m.tiers->host_slots() : E;
+      if (tiered && m.tiers->disk()) {
+        if (moe_index == 0) m.disk_layers.clear();
+        m.disk_layers.push_back(i);
+        if (moe_index == 0)
+          m.tiers->set_loader([&store, &m, dt, q = d.q](int l, int e, uint8_t* gu, uint8_t* dn) {
+            const int64_t layer = m.disk_layers.at(size_t(l));
+            const ExpertBatch b = store.fetch(layer, {e});
+            const FfnExpert& x = b.experts.at(0);
+            const std::string where = "layer " + std::to_string(layer) + " ";
+            if (q.bits) {
+              Impl::write_quant(x, 0, q, where, gu);
+              Impl::write_quant(x, 1, q, where, dn);
+            } else {
+              Impl::write_rows_host({x.gate, x.up}, dt, gu);
+              Impl::write_rows_host({x.down}, dt, dn);
+            }
+          });
+      }
+      // A batch of experts at a time: bounded host memory for streamed ones.
+      constexpr int kBatch = 16;
+      std::vector<uint8_t> stage;
+      for (int e0 = 0; e0 < held; e0 += kBatch) {
+        const int n = std::min(kBatch, held - e0);
+        std::vector<int32_t> ids(static_cast<size_t>(n));
+        std::iota(ids.begin(), ids.end(), e0);
+        const ExpertBatch b = store.fetch(i, ids);
+        if (!host_dst) stage.resize(size_t(n) * std::max(gu_bytes, dn_bytes));
+        for (int part = 0; part < 2; ++part) {
+          const size_t bytes = part == 0 ? gu_bytes : dn_bytes;
+          uint8_t* dst = (part == 0 ? gu_dst : dn_dst) + size_t(e0) * bytes;
+          uint8_t* out = host_dst ? dst : stage.data();
+          for (int k = 0; k < n; ++k) {
+            const FfnExpert& x = b.experts[size_t(k)];
+            uint8_t* o = out + size_t(k) * bytes;
+            if (d.q.bits) Impl::write_quant(x, part, d.q, p, o);
+            else if (part == 0) Impl::write_rows_host({x.gate, x.up}, dt, o);
+            else Impl::write_rows_host({x.down}, dt, o);
+          }
+          if (!host_dst) CK(cudaMemcpy(dst, stage.data(), size_t(n) * bytes, cudaMemcpyHostToDevice));
+        }
+      }
+      if (moe_index == 0) tier_gu = gu_bytes, tier_dn = dn_bytes;
+      if (f.has_shared) {
+        d.has_shared = true;
+        d.s_gu = m.upload_rows({f.shared.gate, f.shared.up}, p + "shared expert", dt);
+        d.s_down = m.upload_rows({f.shared.down}, p + "shared expert", dt);
+      }
+    } else {
+      int dt = storage_dt(f.dense.gate);
+      if (storage_dt(f.dense.up) != dt || storage_dt(f.dense.down) != dt) dt = DT_F32;
+      d.edt = dt;
+      d.has_shared = true;
+      d.s_gu = m.upload_rows({f.dense.gate, f.dense.up}, p + "mlp", dt);
+      d.s_down = m.upload_rows({f.dense.down}, p + "mlp", dt);
+    }
+    m.L.push_back(d);
+  }
+  if (m.tiers) m.tiers->start();
+  model.expert_store().reset_stats();  // the upload's reads are not the run's
+  m.init_common();
+  return cm;
+}
+
+CudaTierStats CudaModel::tier_stats() const {
+  Impl& m = *p_;
+  if (!m.tiers) return {};
+  CK(cudaSetDevice(m.dev));
+  CK(cudaStreamSynchronize(m.stream));
+  return m.tiers->stats();
+}
+
+void CudaModel::reset_tier_stats() {
+  Impl& m = *p_;
+  if (!m.tiers) return;
+  CK(cudaSetDevice(m.dev));
+  CK(cudaStreamSynchronize(m.stream));
+  m.tiers->reset_stats();
+}
+
+}  // namespace flashmoe

@@ -1,0 +1,287 @@
+// Single CUDA kernels of the decode step against the CPU's ops on random
+// inputs (backend/cuda/op_check.h), op by op, the way ggml's
+// test-backend-ops checks a backend: the matvec in every storage type, with
+// and without the fused norm, 2 and 3 rows per warp; the router's top-k;
+// the gated delta-rule step, one block per head and in clusters; decode
+// attention over a KV cache (f32, bf16, f16), one block or a cluster per
+// head; the routed experts in q8/q4. Skipped where no GPU is usable.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/gated_delta.h"
+#include "backend/cpu/matmul.h"
+#include "core/matrix_rows.h"
+#include "backend/cpu/ops.h"
+#include "backend/cuda/cuda_model.h"
+#include "backend/cuda/op_check.h"
+#include "core/dtype.h"
+#include "test_util.h"
+
+using namespace flashmoe;
+
+namespace {
+
+std::vector<float> normal(std::mt19937& rng, size_t n, float sd) {
+  std::normal_distribution<float> d(0.f, sd);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// The largest |a - b| relative to 1 + the largest |b|.
+float rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  float e = 0.f, m = 0.f;
+  for (size_t i = 0; i < b.size(); ++i) {
+    e = std::max(e, std::fabs(a[i] - b[i]));
+    m = std::max(m, std::fabs(b[i]));
+  }
+  return e / (1.f + m);
+}
+
+TEST(CudaOps, MatvecMatchesCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(7);
+  struct Shape {
+    int rows, cols;
+  };
+  // Few rows (split over warps), a row count that leaves 3 per warp,
+  // columns beyond the registers of the norm's preload (2048).
+  for (Shape s : {Shape{37, 64}, Shape{1000, 2048}, Shape{2100, 512}, Shape{64, 4096}})
+    for (DType t : {DType::F32, DType::F16, DType::BF16})
+      for (bool norm : {false, true})
+        for (bool three : {false, true}) {
+          const size_t n = size_t(s.rows) * s.cols;
+          const std::vector<float> wf = normal(rng, n, 1.0f / std::sqrt(float(s.cols)));
+          std::vector<float> w32(n);
+          std::vector<uint16_t> w16(n);
+          for (size_t i = 0; i < n; ++i) {
+            if (t == DType::F16) w16[i] = f32_to_f16(wf[i]);
+            else if (t == DType::BF16) w16[i] = f32_to_bf16(wf[i]);
+            else w32[i] = wf[i];
+          }
+          Matrix W;
+          W.dtype = t;
+          W.data = t == DType::F32 ? static_cast<const void*>(w32.data()) : static_cast<const void*>(w16.data());
+          W.rows = s.rows;
+          W.cols = s.cols;
+          const std::vector<float> x = normal(rng, size_t(s.cols), 1.0f);
+          const std::vector<float> nw = norm ? normal(rng, size_t(s.cols), 0.1f) : std::vector<float>{};
+          const float eps = 1e-6f;
+          std::vector<float> xn = x, want(static_cast<size_t>(s.rows));
+          if (norm) cpu::rmsnorm_zc(x.data(), nw.data(), s.cols, eps, xn.data());
+          cpu::matmul_serial(W, xn.data(), 1, s.cols, want.data(), s.rows);
+          const std::vector<float> got = cuda_ops::matvec(W, x, nw, eps, three);
+          ASSERT_EQ(got.size(), want.size());
+          const float e = rel_err(got, want);
+          EXPECT_LE(e, 1e-5f) << dtype_name(t) << " " << s.rows << "x" << s.cols << " norm " << norm << " three "
+                              << three;
+        }
+}
+
+TEST(CudaOps, TopkMatchesCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(11);
+  struct Case {
+    int E, k;
+    bool norm, shared;
+  };
+  for (Case c : {Case{16, 4, false, false}, Case{64, 8, true, true}, Case{256, 8, true, true},
+                 Case{512, 10, true, false}, Case{512, 32, false, true}}) {
+    for (int rep = 0; rep < 4; ++rep) {
+      const std::vector<float> logits = normal(rng, size_t(c.E) + (c.shared ? 1 : 0), 2.0f);
+      // CPU: softmax over the E experts, the k largest (ties: lower index).
+      std::vector<float> p(logits.begin(), logits.begin() + c.E);
+      cpu::softmax(p.data(), c.E);
+      std::vector<int> order(static_cast<size_t>(c.E));
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[size_t(a)] > p[size_t(b)]; });
+      std::vector<int> want_ids(order.begin(), order.begin() + c.k);
+      float sum = 0.f;
+      for (int e : want_ids) sum += p[size_t(e)];
+      std::vector<float> want_w;
+      for (int e : want_ids) want_w.push_back(c.norm ? p[size_t(e)] / sum : p[size_t(e)]);
+      if (c.shared) want_w.push_back(cpu::sigmoid(logits[size_t(c.E)]));
+      std::vector<int> ids;
+      std::vector<float> w;
+      cuda_ops::topk(logits, c.E, c.k, c.norm, c.shared, &ids, &w);
+      const std::string what = "E " + std::to_string(c.E) + " k " + std::to_string(c.k);
+      EXPECT_EQ(ids, want_ids) << what;
+      ASSERT_EQ(w.size(), want_w.size()) << what;
+      EXPECT_LE(rel_err(w, want_w), 1e-5f) << what;
+    }
+  }
+}
+
+TEST(CudaOps, GatedDeltaStepMatchesCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(13);
+  struct Case {
+    int nk, nv, dk, dv;
+  };
+  for (Case c : {Case{2, 4, 32, 32}, Case{2, 4, 64, 64}, Case{1, 2, 128, 64}, Case{2, 2, 128, 128}, Case{1, 1, 48, 40}})
+    for (bool cluster : {false, true}) {
+      if (cluster && (c.dv % 8 || c.dv > 64 || (c.dk != 32 && c.dk != 64 && c.dk != 128))) continue;
+      cuda_ops::DeltaStep d;
+      d.nk = c.nk, d.nv = c.nv, d.dk = c.dk, d.dv = c.dv;
+      const size_t C = size_t(2 * c.nk * c.dk + c.nv * c.dv), VD = size_t(c.nv) * c.dv;
+      d.z = normal(rng, VD, 1.f);
+      d.b = normal(rng, size_t(c.nv), 1.f);
+      d.a = normal(rng, size_t(c.nv), 1.f);
+      d.dt_bias = normal(rng, size_t(c.nv), 0.5f);
+      d.neg_exp_A = normal(rng, size_t(c.nv), 0.5f);
+      for (float& v : d.neg_exp_A) v = -std::exp(v);
+      d.norm_w = normal(rng, size_t(c.dv), 0.2f);
+      for (float& v : d.norm_w) v += 1.f;
+      d.S = normal(rng, VD * size_t(c.dk), 0.1f);
+      std::vector<float> S = d.S;  // the CPU's copy
+      const std::string what = std::to_string(c.nk) + "/" + std::to_string(c.nv) + " heads, dk " +
+                               std::to_string(c.dk) + ", dv " + std::to_string(c.dv) + (cluster ? ", cluster" : "");
+      for (int step = 0; step < 3; ++step) {
+        d.conv = normal(rng, C, 1.f);
+        // CPU, as the linear-attention block: q/k l2-normed per key head (q
+        // also by 1/sqrt(dk)), then per value head the recurrence and the
+        // gated norm.
+        std::vector<float> cv = d.conv, want(VD), oh(static_cast<size_t>(c.dv)), m(static_cast<size_t>(c.dv));
+        for (int g = 0; g < c.nk; ++g) {
+          cpu::l2norm(cv.data() + g * c.dk, c.dk, 1e-6f, 1.0f / std::sqrt(float(c.dk)));
+          cpu::l2norm(cv.data() + c.nk * c.dk + g * c.dk, c.dk, 1e-6f, 1.0f);
+        }
+        for (int h = 0; h < c.nv; ++h) {
+          const int g = h / (c.nv / c.nk);
+          const float beta = cpu::sigmoid(d.b[size_t(h)]);
+          const float decay = std::exp(d.neg_exp_A[size_t(h)] * cpu::softplus(d.a[size_t(h)] + d.dt_bias[size_t(h)]));
+          cpu::gated_delta_step(S.data() + size_t(h) * c.dk * c.dv, cv.data() + g * c.dk,
+                                cv.data() + c.nk * c.dk + g * c.dk, cv.data() + 2 * c.nk * c.dk + h * c.dv, decay,
+                                beta, c.dk, c.dv, oh.data(), m.data());
+          cpu::rmsnorm_gated(oh.data(), d.norm_w.data(), d.z.data() + size_t(h) * c.dv, c.dv, d.eps,
+                             want.data() + size_t(h) * c.dv);
+        }
+        const std::vector<float> got = cuda_ops::delta_step(d, cluster);
+        EXPECT_LE(rel_err(got, want), 1e-4f) << what << ", step " << step;
+        EXPECT_LE(rel_err(d.S, S), 1e-5f) << what << ", step " << step << " (state)";
+      }
+    }
+}
+
+TEST(CudaOps, DecodeAttentionMatchesCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(17);
+  struct Case {
+    int nh, nkv, hd, n;
+  };
+  // hd 40: the kernel's scalar path (no split there).
+  for (Case c : {Case{4, 2, 64, 1}, Case{8, 2, 128, 37}, Case{16, 2, 256, 300}, Case{2, 1, 40, 20}})
+    for (cuda_ops::KvStore kv : {cuda_ops::KvStore::F32, cuda_ops::KvStore::BF16, cuda_ops::KvStore::F16})
+      for (int split : {1, 4})
+        for (bool prefetch : {false, true}) {
+          if (split > 1 && c.hd % 8) continue;
+          cuda_ops::AttnDecode a;
+          a.nh = c.nh, a.nkv = c.nkv, a.hd = c.hd, a.n = c.n, a.kv = kv;
+          const size_t qn = size_t(c.nh) * c.hd, kn = size_t(c.n) * c.nkv * c.hd;
+          a.q = normal(rng, qn, 1.f);
+          a.gate = normal(rng, qn, 1.f);
+          a.k = normal(rng, kn, 1.f);
+          a.v = normal(rng, kn, 1.f);
+          // CPU on the values as stored.
+          std::vector<float> k = a.k, v = a.v;
+          for (size_t i = 0; i < kn; ++i) {
+            if (kv == cuda_ops::KvStore::BF16) k[i] = bf16_to_f32(f32_to_bf16(k[i])), v[i] = bf16_to_f32(f32_to_bf16(v[i]));
+            if (kv == cuda_ops::KvStore::F16) k[i] = f16_to_f32(f32_to_f16(k[i])), v[i] = f16_to_f32(f32_to_f16(v[i]));
+          }
+          std::vector<float> want(qn), p(static_cast<size_t>(c.n));
+          const float scale = 1.0f / std::sqrt(float(c.hd));
+          for (int h = 0; h < c.nh; ++h) {
+            const int kvh = h / (c.nh / c.nkv);
+            for (int t = 0; t < c.n; ++t) {
+              float d = 0.f;
+              for (int i = 0; i < c.hd; ++i) d += a.q[size_t(h) * c.hd + i] * k[(size_t(t) * c.nkv + kvh) * c.hd + i];
+              p[size_t(t)] = d * scale;
+            }
+            cpu::softmax(p.data(), c.n);
+            for (int i = 0; i < c.hd; ++i) {
+              float o = 0.f;
+              for (int t = 0; t < c.n; ++t) o += p[size_t(t)] * v[(size_t(t) * c.nkv + kvh) * c.hd + i];
+              want[size_t(h) * c.hd + i] = o * cpu::sigmoid(a.gate[size_t(h) * c.hd + i]);
+            }
+          }
+          const std::vector<float> got = cuda_ops::attention(a, split, prefetch);
+          ASSERT_EQ(got.size(), want.size());
+          EXPECT_LE(rel_err(got, want), 1e-4f) << c.nh << "/" << c.nkv << " heads, hd " << c.hd << ", " << c.n
+                                               << " positions, kv " << int(kv) << ", split " << split
+                                               << ", prefetch " << prefetch;
+        }
+}
+
+// A random q8/q4 matrix (codes, bf16 scales and biases spreading the
+// weights over about [-r, r], r = 1/sqrt(cols)), its storage in `store`.
+struct QStore {
+  std::vector<uint8_t> codes;
+  std::vector<uint16_t> scales, biases;
+};
+Matrix random_quant(std::mt19937& rng, int bits, int group, int rows, int cols, QStore* store) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> jitter(0.5f, 1.5f);
+  store->codes.resize(size_t(rows) * cols * bits / 8);
+  for (uint8_t& c : store->codes) c = uint8_t(byte(rng));
+  const size_t ng = size_t(rows) * (cols / group);
+  const float r = 1.0f / std::sqrt(float(cols)), top = float((1 << bits) - 1);
+  store->scales.resize(ng);
+  store->biases.resize(ng);
+  for (size_t i = 0; i < ng; ++i) {
+    store->scales[i] = f32_to_bf16(2 * r / top * jitter(rng));
+    store->biases[i] = f32_to_bf16(-r * jitter(rng));
+  }
+  Matrix m;
+  m.data = store->codes.data();
+  m.rows = rows;
+  m.cols = cols;
+  m.quant = bits == 8 ? QuantKind::Q8 : QuantKind::Q4;
+  m.scales = store->scales.data();
+  m.biases = store->biases.data();
+  m.group = group;
+  return m;
+}
+
+TEST(CudaOps, QuantExpertsMatchCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(19);
+  struct Case {
+    int bits, group, H, I, k;
+  };
+  // q4 in groups of 16: a 16-byte chunk of codes spans two groups.
+  for (Case c : {Case{8, 64, 256, 128, 4}, Case{4, 64, 512, 256, 8}, Case{4, 32, 256, 128, 2}, Case{4, 16, 256, 128, 4},
+                 Case{8, 32, 2048, 512, 8}}) {
+    std::vector<QStore> store(size_t(3 * c.k));
+    std::vector<cuda_ops::QuantExpert> experts;
+    for (int j = 0; j < c.k; ++j)
+      experts.push_back({random_quant(rng, c.bits, c.group, c.I, c.H, &store[size_t(3 * j)]),
+                         random_quant(rng, c.bits, c.group, c.I, c.H, &store[size_t(3 * j + 1)]),
+                         random_quant(rng, c.bits, c.group, c.H, c.I, &store[size_t(3 * j + 2)])});
+    const std::vector<float> x = normal(rng, size_t(c.H), 1.f), nw = normal(rng, size_t(c.H), 0.1f);
+    std::vector<float> w = normal(rng, size_t(c.k), 0.3f);
+    for (float& v : w) v = std::fabs(v);
+    const float eps = 1e-6f;
+    // CPU: the dequantised dot of every row (core/matrix_rows).
+    std::vector<float> xn(x.size()), want = x, h(static_cast<size_t>(c.I));
+    cpu::rmsnorm_zc(x.data(), nw.data(), c.H, eps, xn.data());
+    for (int j = 0; j < c.k; ++j) {
+      const cuda_ops::QuantExpert& e = experts[size_t(j)];
+      for (int r = 0; r < c.I; ++r)
+        h[size_t(r)] = cpu::silu(cpu::quant_dot_row(e.gate, r, xn.data())) * cpu::quant_dot_row(e.up, r, xn.data());
+      for (int r = 0; r < c.H; ++r) want[size_t(r)] += w[size_t(j)] * cpu::quant_dot_row(e.down, r, h.data());
+    }
+    const std::vector<float> got = cuda_ops::quant_experts(experts, w, x, nw, eps);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_LE(rel_err(got, want), 1e-4f) << "q" << c.bits << " group " << c.group << ", H " << c.H << ", I " << c.I
+                                         << ", k " << c.k;
+  }
+}
+
+}  // namespace
