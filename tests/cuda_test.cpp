@@ -657,7 +657,7 @@ TEST(CudaTiers, SameLogitsAndCountersAtEveryCacheSize) {
 }
 
 // Runs everywhere: the options are checked before any GPU is touched.
-TEST(CudaCli, GpuCacheOptionsAreValidated) {
+TEST(CudaCli, GpuOptionsAreValidated) {
   const std::string gen = "generate -m " + fixture_dir("tiny-qwen35moe") + "/model --ids 1 ";
   const std::pair<const char*, const char*> cases[] = {
       {"--device cuda --gpu-expert-cache lots", "--gpu-expert-cache: 'lots' is not a size"},

@@ -48,7 +48,7 @@ const Backend& gpu_view(const QwenModel& m, CudaModel& device) {
   return *b;
 }
 
-std::unique_ptr<Backend> gpu_of(const QwenModel& m, const GpuCacheOptions& o) { return make_cuda_backend(borrow(m), o); }
+std::unique_ptr<Backend> gpu_of(const QwenModel& m, const GpuOptions& o) { return make_cuda_backend(borrow(m), o); }
 
 namespace {
 // The flashmoe processes the tests start run on the CPU unless a test says

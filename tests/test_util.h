@@ -27,7 +27,7 @@ namespace flashmoe::test {
 // sessions that use it). One per model, kept for the test program's life.
 const Backend& cpu_of(const QwenModel& m);
 // The model uploaded to GPU 0 (borrowed likewise).
-std::unique_ptr<Backend> gpu_of(const QwenModel& m, const GpuCacheOptions& o = {});
+std::unique_ptr<Backend> gpu_of(const QwenModel& m, const GpuOptions& o = {});
 // A Backend over a model the test uploaded itself (tests of the CUDA backend
 // that reach its own API), both borrowed; one per pair, kept like cpu_of's.
 const Backend& gpu_view(const QwenModel& m, CudaModel& device);

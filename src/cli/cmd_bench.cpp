@@ -176,10 +176,11 @@ Registrar reg(40, [](CLI::App& app) {
                               "writes them)");
   auto* gr = cmd->add_option("--group", *group, "With --synthetic --experts q8|q4: quantisation group size (default 64)");
   cmd->add_flag("--no-graph", *no_graph, "On the GPU: plain kernel launches instead of a CUDA graph");
-  cmd->add_option("--profile", *profile, "On the GPU: time each kernel class over N decode steps")
+  cmd->add_option("--profile", *profile, "On the GPU: time each kernel class over N decode steps, and each phase of the batched prefill (printed when the model is released)")
       ->check(CLI::NonNegativeNumber);
   cmd->callback([opt, pp, tg, depth, reps, synthetic, layers, no_graph, profile, experts, group, ex, gr] {
     finalize_model_options(opt.get());
+    opt->device.gpu.prefill_profile = *profile > 0;
     if (opt->model_dir.empty() == synthetic->empty())
       fail(synthetic->empty() ? "bench: give a model with -m/--model (or --synthetic on a GPU)"
                               : "bench: give either -m/--model or --synthetic, not both");

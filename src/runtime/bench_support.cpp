@@ -37,12 +37,8 @@ double memcpy_gbps(ThreadPool& pool) {
 }  // namespace
 
 std::unique_ptr<Backend> synthetic_backend(const ModelConfig& c, QuantKind experts, int group,
-                                           const GpuCacheOptions& o) {
-  CudaOptions co;
-  co.expert_cache_gb = o.expert_cache_gb;
-  co.expert_cache_fraction = o.expert_cache_fraction;
-  co.host_cache_gb = o.host_cache_gb;
-  co.host_cache_fraction = o.host_cache_fraction;
+                                           const GpuOptions& o) {
+  const CudaOptions co = cuda_options(o);
   CudaSyntheticOptions so;
   so.experts = experts;
   so.group = group;

@@ -16,7 +16,7 @@ namespace flashmoe {
 // A model of config `c` with random weights built on the GPU (no
 // checkpoint); routed experts in bf16 or q8/q4 in groups of `group`.
 std::unique_ptr<Backend> synthetic_backend(const ModelConfig& c, QuantKind experts, int group,
-                                           const GpuCacheOptions& o);
+                                           const GpuOptions& o);
 
 struct Bandwidth {
   double gbps = 0;   // bytes read + written per second / 1e9

@@ -74,15 +74,6 @@ CudaBackendState& device_state(State& st) {
   return *s;
 }
 
-CudaOptions to_cuda(const GpuCacheOptions& o) {
-  CudaOptions c;
-  c.expert_cache_gb = o.expert_cache_gb;
-  c.expert_cache_fraction = o.expert_cache_fraction;
-  c.host_cache_gb = o.host_cache_gb;
-  c.host_cache_fraction = o.host_cache_fraction;
-  return c;
-}
-
 }  // namespace
 
 CudaBackend::CudaBackend(std::shared_ptr<const QwenModel> host, std::shared_ptr<CudaModel> device)
@@ -170,10 +161,9 @@ std::string format_tier_stats(const ExpertTierStats& s, int64_t tokens) {
 
 Obstacle cuda_presence() {
   std::string why;
-  if (CudaModel::available(&why)) return {};
-  // available() words a GPU that is present but too old as "GPU 0 (...) has
-  // compute capability ..."; anything else means no device at all.
-  return {why.rfind("GPU ", 0) == 0 ? ObstacleCode::OldDevice : ObstacleCode::NoDevice, why};
+  bool too_old = false;
+  if (CudaModel::available(&why, &too_old)) return {};
+  return {too_old ? ObstacleCode::OldDevice : ObstacleCode::NoDevice, why};
 }
 
 Obstacle cuda_weight_obstacle(const QwenModel& m) {
@@ -208,8 +198,18 @@ Obstacle cuda_weight_obstacle(const QwenModel& m) {
   return {};
 }
 
-std::unique_ptr<Backend> make_cuda_backend(std::shared_ptr<const QwenModel> model, const GpuCacheOptions& o) {
-  std::unique_ptr<CudaModel> device = CudaModel::upload(*model, to_cuda(o));
+CudaOptions cuda_options(const GpuOptions& o) {
+  CudaOptions c;
+  c.expert_cache_gb = o.expert_cache_gb;
+  c.expert_cache_fraction = o.expert_cache_fraction;
+  c.host_cache_gb = o.host_cache_gb;
+  c.host_cache_fraction = o.host_cache_fraction;
+  c.decode.prefill_profile = o.prefill_profile;
+  return c;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(std::shared_ptr<const QwenModel> model, const GpuOptions& o) {
+  std::unique_ptr<CudaModel> device = CudaModel::upload(*model, cuda_options(o));
   return std::make_unique<CudaBackend>(std::move(model), std::move(device));
 }
 

@@ -14,6 +14,6 @@ Obstacle cuda_presence();
 // What in a loaded model keeps it off the CUDA backend (WeightType), or None.
 Obstacle cuda_weight_obstacle(const QwenModel& m);
 // Uploads `model`; throws DeviceError / Error when the GPU cannot take it.
-std::unique_ptr<Backend> make_cuda_backend(std::shared_ptr<const QwenModel> model, const GpuCacheOptions& o);
+std::unique_ptr<Backend> make_cuda_backend(std::shared_ptr<const QwenModel> model, const GpuOptions& o);
 
 }  // namespace flashmoe

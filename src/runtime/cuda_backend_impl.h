@@ -6,6 +6,7 @@
 #include "backend/cuda/cuda_model.h"
 #include "core/fifo_mutex.h"
 #include "runtime/backend.h"
+#include "runtime/device.h"
 
 namespace flashmoe {
 
@@ -40,6 +41,9 @@ class CudaBackend final : public Backend {
   std::shared_ptr<CudaModel> device_;
   mutable FifoMutex lock_;
 };
+
+// The CUDA backend's options for a run's GPU options.
+CudaOptions cuda_options(const GpuOptions& o);
 
 // "gpu expert cache: 12 of 64 experts per layer in VRAM (...), ..." for --stats.
 std::string format_tier_stats(const ExpertTierStats& s, int64_t tokens = 0);

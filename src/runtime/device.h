@@ -19,14 +19,18 @@
 
 namespace flashmoe {
 
-// Where the routed experts live on a GPU (--gpu-expert-cache, --gpu-host-cache).
-struct GpuCacheOptions {
+// How a model runs on a GPU: where the routed experts live
+// (--gpu-expert-cache, --gpu-host-cache), and bench's prefill profile.
+struct GpuOptions {
   // VRAM for routed experts: GB (>= 0) or a fraction of all expert bytes
   // (>= 0); neither: every expert in VRAM. The rest in pinned host memory.
   double expert_cache_gb = -1, expert_cache_fraction = -1;
   // Pinned host memory for the experts outside VRAM, GB or fraction; neither:
   // all of them. Experts in neither tier are read from the model's files.
   double host_cache_gb = -1, host_cache_fraction = -1;
+  // bench --profile: time per phase of the batched prefill, printed to stderr
+  // when the model is released.
+  bool prefill_profile = false;
 };
 
 // Why a backend cannot run a model: a code to decide on, and a message for
@@ -58,7 +62,7 @@ struct DeviceRequest {
   std::string cpu_only;
   // --gpu-expert-cache / --gpu-host-cache as given (for messages) and parsed.
   std::string gpu_expert_cache, gpu_host_cache;
-  GpuCacheOptions gpu;
+  GpuOptions gpu;
   // After settle, when auto picked the CPU: why (the note open_backend
   // prints; empty when there simply is no usable GPU), and the obstacle that
   // kept the GPU out (NoDevice / OldDevice / CpuOnlyFeature, or None).

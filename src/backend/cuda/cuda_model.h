@@ -79,8 +79,10 @@ struct CudaStateImage {
 
 class CudaModel {
  public:
-  // Whether a CUDA device can be used; `why` receives the reason if not.
-  static bool available(std::string* why = nullptr);
+  // Whether a CUDA device can be used; `why` receives the reason if not, and
+  // `too_old` whether that reason is a GPU older than the kernels (a GPU is
+  // there, unlike a machine without one or a build without CUDA).
+  static bool available(std::string* why = nullptr, bool* too_old = nullptr);
   // Uploads the weights of a loaded model (bf16/f16/f32 kept as stored).
   static std::unique_ptr<CudaModel> upload(const QwenModel& m, const CudaOptions& o = {});
   ~CudaModel();

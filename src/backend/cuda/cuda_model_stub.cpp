@@ -16,8 +16,9 @@ struct CudaModel::Impl {};
 CudaState::~CudaState() = default;
 int64_t CudaState::position() const { no_cuda(); }
 
-bool CudaModel::available(std::string* why) {
+bool CudaModel::available(std::string* why, bool* too_old) {
   if (why) *why = "this build has no CUDA backend";
+  if (too_old) *too_old = false;
   return false;
 }
 CudaModel::CudaModel() = default;

@@ -284,7 +284,8 @@ void CudaModel::Impl::fold_routers() {
   CK(cudaStreamSynchronize(stream));
 }
 
-bool CudaModel::available(std::string* why) {
+bool CudaModel::available(std::string* why, bool* too_old) {
+  if (too_old) *too_old = false;
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
@@ -306,6 +307,7 @@ bool CudaModel::available(std::string* why) {
     return false;
   }
   if (p.major < 9) {
+    if (too_old) *too_old = true;
     if (why)
       *why = std::string("GPU 0 (") + p.name + ") has compute capability " + std::to_string(p.major) + "." +
              std::to_string(p.minor) + "; this build's CUDA kernels need 9.0 (Hopper) or newer";
