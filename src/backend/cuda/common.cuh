@@ -32,6 +32,19 @@ __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+// The warp's largest value and its index (the lowest index among equal
+// values, as the CPU's argmax and top-k pick), left in every lane.
+__device__ __forceinline__ void warp_argmax(float& bv, int& bi) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (ov > bv || (ov == bv && oi < bi)) {
+      bv = ov;
+      bi = oi;
+    }
+  }
+}
 // Sum over the block (any multiple of 32 threads up to 1024); every thread gets it.
 __device__ __forceinline__ float block_sum(float v) {
   __shared__ float red[32];

@@ -46,15 +46,7 @@ static __global__ void argmax_kernel(const float* __restrict__ logits, int V, in
   for (int i = 4 * V4 + threadIdx.x; i < V; i += blockDim.x) take(logits[i], i);
   __shared__ float sv[32];
   __shared__ int si[32];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (ov > bv || (ov == bv && oi < bi)) {
-      bv = ov;
-      bi = oi;
-    }
-  }
+  warp_argmax(bv, bi);
   const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
   if (l == 0) {
     sv[w] = bv;
@@ -65,15 +57,7 @@ static __global__ void argmax_kernel(const float* __restrict__ logits, int V, in
     const int nw = blockDim.x >> 5;
     bv = l < nw ? sv[l] : -INFINITY;
     bi = l < nw ? si[l] : 0x7fffffff;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ov > bv || (ov == bv && oi < bi)) {
-        bv = ov;
-        bi = oi;
-      }
-    }
+    warp_argmax(bv, bi);
     if (bi == 0x7fffffff) bi = 0;  // all NaN: still a valid id
     if (l == 0) {
       ids[(*pos + 1 - *base) % ring] = bi;

@@ -75,15 +75,7 @@ __device__ __forceinline__ void topk_warp(const float* logits, int E, int k, int
         bi = e;
       }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ov > bv || (ov == bv && oi < bi)) {
-        bv = ov;
-        bi = oi;
-      }
-    }
+    warp_argmax(bv, bi);
 #pragma unroll
     for (int i = 0; i < PER; ++i)
       if (i * 32 + lane == bi) v[i] = -1.0f;
