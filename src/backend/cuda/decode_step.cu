@@ -396,7 +396,7 @@ void CudaModel::Impl::enqueue_step(CudaState::Impl& s, int kind) {
                                                                 s.d_pos, s.d_base, kRing, x);
       break;
     default:
-      go(embed_kernel<__nv_bfloat16>, (H + 255) / 256, 256, 0, 
+      go(embed_kernel<__nv_bfloat16>, (H + 255) / 256, 256, 0,
           static_cast<const __nv_bfloat16*>(embed.p), H, s.d_ids, s.d_pos, s.d_base, kRing, x);
   }
   mark(K_EMBED);
