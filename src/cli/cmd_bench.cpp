@@ -7,6 +7,7 @@
 #include <random>
 
 #include "cli/command.h"
+#include "cli/validators.h"
 #include "cli/common.h"
 #include "core/error.h"
 #include "experts/expert_layout.h"
@@ -161,23 +162,24 @@ Registrar reg(40, [](CLI::App& app) {
   auto experts = std::make_shared<std::string>("bf16");
   auto group = std::make_shared<int>(64);
   add_model_options(cmd, opt.get(), /*require_model=*/false);
-  cmd->add_option("-p,--n-prompt", *pp, "Prompt tokens for the pp test (0: skip)")->check(CLI::Range(0, 1000000));
-  cmd->add_option("-n,--n-gen", *tg, "Generated tokens for the tg test (0: skip)")->check(CLI::Range(0, 1000000));
+  cmd->add_option("-p,--n-prompt", *pp, "Prompt tokens for the pp test (0: skip)")->check(integer_between(0, 1000000));
+  cmd->add_option("-n,--n-gen", *tg, "Generated tokens for the tg test (0: skip)")->check(integer_between(0, 1000000));
   cmd->add_option("-d,--depth", *depth,
                   "Context tokens (random, prefilled before each tg run and not timed): tg at that depth")
-      ->check(CLI::Range(0, 1000000));
-  cmd->add_option("-r,--repetitions", *reps, "Repetitions of each test")->check(CLI::Range(1, 1000));
+      ->check(integer_between(0, 1000000));
+  cmd->add_option("-r,--repetitions", *reps, "Repetitions of each test")->check(integer_between(1, 1000));
   cmd->add_option("--synthetic", *synthetic,
                   "On the GPU (--device cuda or auto): random bf16 weights of a published size instead of -m (qwen3.5-35b-a3b, "
                   "qwen3.5-122b-a10b, qwen3.5-397b-a17b, qwen3-next-80b-a3b)");
-  cmd->add_option("--layers", *layers, "With --synthetic: only the first N layers")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--layers", *layers, "With --synthetic: only the first N layers")->check(integer_between(0, 2147483647));
   auto* ex = cmd->add_option("--experts", *experts,
                               "With --synthetic: the routed experts' format, bf16 (default), q8 or q4 (as flashmoe pack "
                               "writes them)");
-  auto* gr = cmd->add_option("--group", *group, "With --synthetic --experts q8|q4: quantisation group size (default 64)");
+  auto* gr = cmd->add_option("--group", *group, "With --synthetic --experts q8|q4: quantisation group size (default 64)")
+                      ->check(integer_between(1, 2147483647));
   cmd->add_flag("--no-graph", *no_graph, "On the GPU: plain kernel launches instead of a CUDA graph");
   cmd->add_option("--profile", *profile, "On the GPU: time each kernel class over N decode steps, and each phase of the batched prefill (printed when the model is released)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_between(0, 2147483647));
   cmd->callback([opt, pp, tg, depth, reps, synthetic, layers, no_graph, profile, experts, group, ex, gr] {
     finalize_model_options(opt.get());
     opt->device.gpu.prefill_profile = *profile > 0;

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/validators.h"
 #include "cli/common.h"
 #include "core/error.h"
 #include "engine/eval.h"
@@ -121,10 +122,10 @@ Registrar reg(35, [](CLI::App& app) {
                   "JSONL of {prompt, answer, filler_tokens}: greedy continuation must start with answer");
   cmd->add_option("--window-tokens", a->window_tokens, "Tokens per perplexity window (a partial last window is dropped)")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t(2), int64_t(1) << 40));
+      ->check(integer_between(2, int64_t(1) << 40));
   cmd->add_option("--max-windows", a->max_windows, "Evaluate at most this many windows (0: all)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_at_least(0));
   cmd->add_flag("--json", a->json, "Print one JSON object on stdout instead of the text summary");
   cmd->add_flag("-q,--quiet", a->quiet, "No progress on stderr");
   // Every option's storage is captured explicitly (see cmd_generate.cpp).

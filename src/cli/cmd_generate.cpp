@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "cli/command.h"
+#include "cli/validators.h"
 #include "cli/common.h"
 #include "engine/session.h"
 
@@ -18,7 +19,7 @@ Registrar reg(11, [](CLI::App& app) {
   auto print_ids = std::make_shared<bool>(false);
   add_model_options(cmd, opt.get());
   cmd->add_option("--ids", *ids, "Comma-separated prompt token ids")->required();
-  cmd->add_option("-n,--n-predict", *n, "Number of tokens to generate")->check(CLI::NonNegativeNumber);
+  cmd->add_option("-n,--n-predict", *n, "Number of tokens to generate")->check(integer_between(0, 2147483647));
   cmd->add_flag("--greedy", *greedy, "Greedy decoding (argmax); the only mode of this command");
   cmd->add_flag("--print-ids", *print_ids, "Print the generated ids on one line, space-separated");
   // Every option's storage is captured explicitly: CLI11 writes flags through

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "cli/command.h"
+#include "cli/validators.h"
 #include "format/model_files.h"
 #include "core/error.h"
 #include "experts/expert_layout.h"
@@ -45,7 +46,7 @@ Registrar reg(20, [](CLI::App& app) {
   cmd->add_option("-o,--output", *out, "Output directory (must not exist)")->required();
   cmd->add_option("--experts", *format, "Expert format: bf16 (default), q8, q4 (group-wise affine, MLX layout)");
   cmd->add_option("--group", *group, "Quantisation group size along the input dimension (default 64)")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_between(1, 2147483647));
   cmd->callback([=] {
     PackOptions opt;
     opt.experts = parse_expert_format(*format, "--experts");

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "cli/command.h"
+#include "cli/validators.h"
 #include "cli/common.h"
 #include "cli/text_model.h"
 #include "core/error.h"
@@ -45,24 +46,24 @@ Registrar reg(30, [](CLI::App& app) {
   const char* g = "Server";
   cmd->add_option("--host", a->cfg.host, "Address to bind (default 127.0.0.1: this machine only)")->group(g);
   cmd->add_option("--port", a->cfg.port, "Port (default 8080; 0: any free port, printed at startup)")
-      ->check(CLI::Range(0, 65535))->group(g);
+      ->check(integer_between(0, 65535))->group(g);
   cmd->add_option("--api-key", a->cfg.api_key, "Require 'Authorization: Bearer KEY' on every endpoint but /health")->group(g);
   cmd->add_option("--alias", a->alias, "Model id in requests and /v1/models (default: the model directory's name)")->group(g);
   cmd->add_option("--parallel", a->cfg.parallel, "Requests generating at once (default 1); threads are split among them")
-      ->check(CLI::Range(1, 256))->group(g);
+      ->check(integer_between(1, 256))->group(g);
   cmd->add_option("--queue", a->cfg.queue, "Requests waiting for a free slot before answering 503 (default 32)")
-      ->check(CLI::Range(0, 4096))->group(g);
+      ->check(integer_between(0, 4096))->group(g);
   cmd->add_option("--max-body", a->cfg.max_body, "Largest request body in bytes; larger gets 413 (default 1048576)")
-      ->check(CLI::PositiveNumber)->group(g);
+      ->check(integer_at_least(1))->group(g);
   cmd->add_option("--state-cache", a->cfg.state_cache, "Conversation state snapshots kept for reuse, LRU (default 32; 0: off)")
-      ->check(CLI::NonNegativeNumber)->group(g);
+      ->check(integer_at_least(0))->group(g);
   cmd->add_option("--state-cache-mb", a->state_cache_mb, "Memory the state snapshots may hold, MiB (default 4096)")
-      ->check(CLI::PositiveNumber)->group(g);
+      ->check(integer_at_least(1))->group(g);
   cmd->add_option("--max-tokens", a->cfg.max_tokens, "Cap on (and default for) a request's max_tokens (default 4096)")
-      ->check(CLI::PositiveNumber)->group(g);
+      ->check(integer_between(1, 2147483647))->group(g);
   cmd->add_flag("--log-requests", a->cfg.access_log, "Print one line per request (method, endpoint, status) to stderr")->group(g);
   cmd->add_option("-c,--ctx-size", a->ctx_size, "Context limit in tokens (default: the model's max_position_embeddings)")
-      ->check(CLI::NonNegativeNumber)->group(g);
+      ->check(integer_at_least(0))->group(g);
   cmd->callback([a] {
     finalize_model_options(&a->model);
     // Before any thread exists, so every thread inherits the mask and only

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "cli/kv_options.h"
+#include "cli/validators.h"
 #include "core/error.h"
 #include "model/qwen_model.h"
 #include <cstdio>
@@ -13,7 +14,7 @@ namespace flashmoe::cli {
 void add_model_options(CLI::App* cmd, ModelOptions* opt, bool require_model) {
   auto* m = cmd->add_option("-m,--model", opt->model_dir, "Model directory (config.json + safetensors)");
   if (require_model) m->required();
-  cmd->add_option("-t,--threads", opt->threads, "Threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("-t,--threads", opt->threads, "Threads (default: all cores)")->check(integer_between(0, 2147483647));
   cmd->add_option("--device", opt->device.device,
                   "Where the forward pass runs: auto (default: GPU 0 when it is usable and can run this, else the "
                   "CPU), cpu, or cuda (GPU 0; an error when it cannot); the environment variable FLASHMOE_DEVICE "
@@ -25,15 +26,15 @@ void add_model_options(CLI::App* cmd, ModelOptions* opt, bool require_model) {
                   "Where routed experts come from: auto (stream a packed model, memory otherwise), mmap, stream");
   cmd->add_option("--expert-cache", opt->experts.cache_mb,
                   "Streaming expert cache in MiB (0: none, read through the OS page cache; default: as much as "
-                  "--max-memory allows, else up to 3/4 of RAM; at most all experts)")->check(CLI::NonNegativeNumber);
+                  "--max-memory allows, else up to 3/4 of RAM; at most all experts)")->check(integer_at_least(0));
   cmd->add_option("--expert-cache-policy", opt->cache_policy, "Cache eviction: lru (default) or lfu (frequency-aware)");
   cmd->add_option("--io-threads", opt->experts.io_threads, "Threads reading experts from disk (default 4)")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_between(1, 2147483647));
   cmd->add_flag("--direct-io", opt->experts.direct_io,
                 "Read experts with O_DIRECT (bypass the page cache; for cold-cache measurements)");
   cmd->add_option("--max-memory", opt->experts.max_memory_gb,
                   "Memory budget of the whole process in GiB; caches are sized to stay under it")
-      ->check(CLI::PositiveNumber);
+      ->check(greater_than(0));
   cmd->add_option("--gpu-expert-cache", opt->device.gpu_expert_cache,
                   "On the GPU (--device cuda or auto): VRAM for routed experts, in GB (e.g. 20) or as a share of all expert bytes "
                   "(e.g. 50%); the rest stay in pinned host memory, read over the host link and promoted to VRAM "

@@ -3,24 +3,27 @@
 #include <algorithm>
 #include <random>
 
+#include "cli/validators.h"
+#include "core/error.h"
+
 namespace flashmoe::cli {
 
 void add_generation_options(CLI::App* cmd, GenerationFlags* f) {
   const char* g = "Generation";
-  cmd->add_option("-n,--n-predict", f->n_predict, "Maximum new tokens (default 256)")->check(CLI::NonNegativeNumber)->group(g);
+  cmd->add_option("-n,--n-predict", f->n_predict, "Maximum new tokens (default 256)")->check(integer_between(0, 2147483647))->group(g);
   cmd->add_option("-c,--ctx-size", f->ctx_size, "Context limit in tokens (default: the model's max_position_embeddings)")
-      ->check(CLI::NonNegativeNumber)->group(g);
+      ->check(integer_at_least(0))->group(g);
   cmd->add_option("--temp", f->temp, "Temperature; 0 = greedy (default: generation_config.json, else 0.7)")
-      ->check(CLI::NonNegativeNumber)->group(g);
-  cmd->add_option("--top-k", f->top_k, "Keep the k most likely tokens (0 = off)")->check(CLI::NonNegativeNumber)->group(g);
-  cmd->add_option("--top-p", f->top_p, "Nucleus sampling threshold (1 = off)")->check(CLI::Range(0.0, 1.0))->group(g);
+      ->check(at_least(0))->group(g);
+  cmd->add_option("--top-k", f->top_k, "Keep the k most likely tokens (0 = off)")->check(integer_between(0, 2147483647))->group(g);
+  cmd->add_option("--top-p", f->top_p, "Nucleus sampling threshold (1 = off)")->check(between(0, 1))->group(g);
   cmd->add_option("--min-p", f->min_p, "Drop tokens below min-p x the top probability (0 = off)")
-      ->check(CLI::Range(0.0, 1.0))->group(g);
+      ->check(between(0, 1))->group(g);
   cmd->add_option("--repeat-penalty", f->repeat_penalty, "Repetition penalty, HF semantics (1 = off)")
-      ->check(CLI::PositiveNumber)->group(g);
-  cmd->add_option("--presence-penalty", f->presence_penalty, "Subtracted once from every token already seen")->group(g);
-  cmd->add_option("--frequency-penalty", f->frequency_penalty, "Subtracted per occurrence of a token already seen")->group(g);
-  cmd->add_option("--seed", f->seed, "Random seed (same seed, same output; default: random)")->group(g);
+      ->check(greater_than(0))->group(g);
+  cmd->add_option("--presence-penalty", f->presence_penalty, "Subtracted once from every token already seen")->check(any_number())->group(g);
+  cmd->add_option("--frequency-penalty", f->frequency_penalty, "Subtracted per occurrence of a token already seen")->check(any_number())->group(g);
+  cmd->add_option("--seed", f->seed, "Random seed (same seed, same output; default: random)")->check(unsigned_integer())->group(g);
   cmd->add_option("--stop", f->stop, "Stop string (repeatable); it is not printed")->group(g);
   cmd->add_flag("--ignore-eos", f->ignore_eos,
                 "Do not stop at end-of-sequence tokens: generate -n tokens unless a stop string or the context "

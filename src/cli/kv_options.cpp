@@ -1,5 +1,6 @@
 #include "cli/kv_options.h"
 
+#include "cli/validators.h"
 #include "core/error.h"
 
 namespace flashmoe::cli {
@@ -28,6 +29,7 @@ void add_kv_options(CLI::App* cmd, KvConfig* cfg) {
            cfg->window_set = true;
          },
          "sliding window: keep only the last W positions (circular buffer, fixed memory)")
+      ->check(integer_at_least(1))
       ->type_name("W")
       ->group(group);
   cmd->add_option_function<int64_t>(
@@ -37,6 +39,7 @@ void add_kv_options(CLI::App* cmd, KvConfig* cfg) {
            cfg->h2o_budget = b;
          },
          "heavy-hitter retention with a budget of B positions: sinks + recent + most-attended (wins over a window)")
+      ->check(integer_at_least(1))
       ->type_name("B")
       ->group(group);
   cmd->add_option_function<int64_t>(
@@ -46,6 +49,7 @@ void add_kv_options(CLI::App* cmd, KvConfig* cfg) {
            cfg->sinks_set = true;
          },
          "h2o / streaming: first positions always kept (default 4)")
+      ->check(integer_at_least(0))
       ->type_name("N")
       ->group(group);
   cmd->add_option_function<double>(
@@ -55,6 +59,7 @@ void add_kv_options(CLI::App* cmd, KvConfig* cfg) {
            cfg->recent_set = true;
          },
          "h2o: fraction of the budget kept for the most recent positions (default 0.25)")
+      ->check(any_number())  // the range is checked with the other KV options
       ->type_name("F")
       ->group(group);
   cmd->add_option_function<int64_t>(
@@ -65,6 +70,7 @@ void add_kv_options(CLI::App* cmd, KvConfig* cfg) {
            cfg->streaming = true;
          },
          "StreamingLLM preset: W positions = the sinks + a window of the last W - sinks")
+      ->check(integer_at_least(1))
       ->type_name("W")
       ->group(group);
 }

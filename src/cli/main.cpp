@@ -3,6 +3,7 @@
 #include <csignal>
 #include <cstdio>
 #include <map>
+#include <string>
 
 #include "cli/command.h"
 #include "core/error.h"
@@ -25,6 +26,31 @@ std::vector<CommandSetup> registered_commands() {
 
 }  // namespace flashmoe::cli
 
+namespace {
+
+// Every user error is one line "flashmoe: error: ..." and exit code 1 (README).
+int user_error(const std::string& what) {
+  std::fprintf(stderr, "flashmoe: error: %s\n", what.c_str());
+  return 1;
+}
+
+// CLI11's message for a parse error, on one line, naming the option once:
+// a failed validator (cli/validators.h) reads "--temp: must be >= 0 (got -1)"
+// and becomes "--temp must be >= 0 (got -1)".
+std::string parse_error_message(const CLI::ParseError& e) {
+  std::string msg = e.what();
+  if (dynamic_cast<const CLI::ValidationError*>(&e)) {
+    const size_t p = msg.find(": must be ");
+    if (p != std::string::npos) msg.erase(p, 1);
+  }
+  for (char& c : msg)
+    if (c == '\n' || c == '\r') c = ' ';
+  while (!msg.empty() && msg.back() == ' ') msg.pop_back();
+  return msg;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   // A file size limit (ulimit -f) would kill the process mid-write with
   // SIGXFSZ; ignored, the write fails with EFBIG and the command reports it
@@ -34,10 +60,20 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "flashmoe 0.1.0");
   for (auto& setup : flashmoe::cli::registered_commands()) setup(app);
+  std::string commands;
+  for (const CLI::App* sub : app.get_subcommands([](CLI::App* s) { return !s->get_name().empty(); }))
+    commands += (commands.empty() ? "" : ", ") + sub->get_name();
+  if (argc < 2) return user_error("no command given (commands: " + commands + ")");
+  if (argv[1][0] != '-' && app.get_subcommands([&](CLI::App* s) { return s->check_name(argv[1]); }).empty())
+    return user_error(std::string("unknown command '") + argv[1] + "' (commands: " + commands + ")");
   try {
     app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);  // --help, --help-all, --version: printed, exit 0
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (app.get_subcommands().empty() && dynamic_cast<const CLI::RequiredError*>(&e))
+      return user_error("no command given (commands: " + commands + ")");
+    return user_error(parse_error_message(e));
   } catch (const flashmoe::DeviceError& e) {
     // The device's own message names what failed; the advice is the command line's.
     std::fprintf(stderr, "flashmoe: error: %s; %s\n", e.what(), flashmoe::device_advice(e.kind()).c_str());
