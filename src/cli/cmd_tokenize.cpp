@@ -47,7 +47,17 @@ void setup_detokenize(CLI::App& app) {
       if (ok)
         for (const auto& e : j) ok = ok && e.is_number_integer();
       if (!ok) fail("stdin line " + std::to_string(n) + ": expected a JSON array of integer ids");
-      const auto ids = j.get<std::vector<int32_t>>();
+      // The ids the tokenizer knows, as generate and logits check theirs.
+      const int64_t vocab = int64_t(tok.vocab_size());
+      std::vector<int32_t> ids;
+      for (const auto& e : j) {
+        const bool neg = e.is_number_integer() && !e.is_number_unsigned() && e.get<int64_t>() < 0;
+        if (neg || e.get<uint64_t>() >= uint64_t(vocab))
+          fail("stdin line " + std::to_string(n) + ": token id " + e.dump() +
+               " is out of range: the vocabulary has " + std::to_string(vocab) + " tokens (0.." +
+               std::to_string(vocab - 1) + ")");
+        ids.push_back(int32_t(e.get<int64_t>()));
+      }
       write_line(nlohmann::json(tok.decode(ids, opt->skip_special)).dump());
     });
   });
