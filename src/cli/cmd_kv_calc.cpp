@@ -5,7 +5,9 @@
 #include "cli/command.h"
 #include "cli/kv_options.h"
 #include "core/error.h"
+#include "core/mapped_file.h"
 #include "format/config.h"
+#include "format/model_files.h"
 #include "kv/memory_calc.h"
 #include "kv/presets.h"
 
@@ -26,7 +28,10 @@ void run_kv_calc(const KvCalcArgs& a) {
     for (const auto& n : model_preset_names()) names += (names.empty() ? "" : ", ") + n;
     fail("kv-calc needs exactly one of -m DIR_OR_CONFIG_JSON or --preset NAME (" + names + ")");
   }
-  const ModelConfig m = a.preset.empty() ? load_model_config(a.model) : model_preset(a.preset);
+  // A directory is resolved as every other command does it (a model
+  // directory, or a bundle holding it as model/); a file is a config.json.
+  const std::string config = a.model.empty() || !is_directory(a.model) ? a.model : resolve_model_files(a.model).model_dir;
+  const ModelConfig m = a.preset.empty() ? load_model_config(config) : model_preset(a.preset);
   if (m.num_full_layers() > 0 && (m.num_kv_heads <= 0 || m.head_dim <= 0))
     fail("config has full-attention layers but no KV heads / head_dim");
   const std::string name = a.preset.empty() ? a.model : a.preset + " (preset)";
