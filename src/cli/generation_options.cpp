@@ -52,6 +52,9 @@ GenerateOptions make_generate_options(const GenerationFlags& f, const ModelFiles
   o.max_new_tokens = f.n_predict;
   o.sampling = p;
   o.stop = f.stop;
+  if (model_max_ctx > 0 && f.ctx_size > model_max_ctx)
+    fail("--ctx-size must be between 1 and " + std::to_string(model_max_ctx) +
+         ", the model's context (max_position_embeddings) (got " + std::to_string(f.ctx_size) + ")");
   o.context_limit = f.ctx_size > 0 ? f.ctx_size : model_max_ctx;
   return o;
 }

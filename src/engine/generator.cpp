@@ -16,10 +16,14 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 GenerateResult generate(Session& session, const Tokenizer& tok, const std::vector<int32_t>& prompt,
                         const GenerateOptions& opt, const std::function<bool(const std::string&)>& on_text) {
   if (prompt.empty()) fail("the prompt is empty");
-  if (opt.context_limit > 0 && session.position() + int64_t(prompt.size()) > opt.context_limit)
+  // The context holds the prompt and every generated token: a prompt that
+  // already fills it leaves no room for even one new token.
+  const int64_t used = session.position() + int64_t(prompt.size());
+  if (opt.context_limit > 0 && (used > opt.context_limit || (used == opt.context_limit && opt.max_new_tokens > 0)))
     fail("the prompt (" + std::to_string(prompt.size()) + " tokens" +
          (session.position() ? ", after " + std::to_string(session.position()) + " already in the conversation" : "") +
-         ") is longer than the context of " + std::to_string(opt.context_limit) + " tokens");
+         ") " + (used == opt.context_limit ? "fills" : "is longer than") + " the context of " +
+         std::to_string(opt.context_limit) + " tokens (-c); nothing can be generated");
   GenerateResult r;
   r.prompt_tokens = int64_t(prompt.size());
   auto t0 = Clock::now();
@@ -66,7 +70,9 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
       r.finish_reason = "cancelled";
       break;
     }
-    if (opt.context_limit > 0 && session.position() + 1 > opt.context_limit) {
+    // This token is the last one the context holds (prompt + generated
+    // never exceed the limit): it goes into the state, nothing follows.
+    if (opt.context_limit > 0 && session.position() + 1 >= opt.context_limit) {
       session.feed({next});
       break;
     }
