@@ -51,7 +51,7 @@ Registrar reg(20, [](CLI::App& app) {
     });
     std::fputc('\n', stdout);
     std::fflush(stdout);
-    print_expert_stats(a->model, *tm.backend, "experts:");
+    print_expert_stats(a->model, *tm.backend, nullptr);  // the stats line names itself
     std::fprintf(stderr, "\nprompt: %lld tokens in %.3f s (%.1f tokens/s)\ngeneration: %lld tokens in %.3f s (%.1f tokens/s), finish: %s\n",
                  (long long)r.prompt_tokens, r.prompt_seconds, double(r.prompt_tokens) / std::max(r.prompt_seconds, 1e-9),
                  (long long)r.generated, r.gen_seconds, double(r.generated) / std::max(r.gen_seconds, 1e-9),

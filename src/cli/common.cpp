@@ -76,7 +76,8 @@ void finalize_model_options(ModelOptions* opt) {
 
 void print_expert_stats(const ModelOptions& opt, const Backend& backend, const char* label) {
   if (!opt.stats) return;
-  std::fprintf(stderr, "%s %s\n", label, backend.expert_stats().c_str());
+  if (label) std::fprintf(stderr, "%s %s\n", label, backend.expert_stats().c_str());
+  else std::fprintf(stderr, "%s\n", backend.expert_stats().c_str());
 }
 
 std::unique_ptr<Backend> load_model(const ModelOptions& opt) {

@@ -33,7 +33,8 @@ void add_model_options(CLI::App* cmd, ModelOptions* opt, bool require_model = tr
 void finalize_model_options(ModelOptions* opt);
 
 // Prints the expert statistics to stderr when --stats was given (the expert
-// store's on the CPU, the tiered expert cache's on a GPU).
+// store's on the CPU, the tiered expert cache's on a GPU), after `label` (nullptr: none;
+// the statistics line begins "experts:" itself).
 void print_expert_stats(const ModelOptions& opt, const Backend& backend, const char* label);
 
 // The model of opt.model_dir loaded on the host, and the backend that runs
