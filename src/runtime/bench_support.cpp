@@ -17,7 +17,9 @@ const CudaBackend* as_cuda(const Backend& b) { return dynamic_cast<const CudaBac
 // Plain memcpy bandwidth over buffers far larger than the caches.
 double memcpy_gbps(ThreadPool& pool) {
   using Clock = std::chrono::steady_clock;
-  const size_t bytes = size_t(256) << 20;
+  // 2 x 32 MiB: far larger than any cache, small next to a model (2 x 256 MiB
+  // made the probe, not the model, the peak RSS of a bench run).
+  const size_t bytes = size_t(32) << 20;
   std::vector<char> a(bytes, 1), b(bytes, 2);
   auto copy = [&] {
     pool.parallel_for(int64_t(bytes >> 20), [&](int64_t b0, int64_t b1) {
