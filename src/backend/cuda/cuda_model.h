@@ -104,7 +104,7 @@ class CudaModel {
   // among those layers) holds, ascending, as KvCache::positions() (tests).
   std::vector<int64_t> kv_positions(const CudaState& st, int layer) const;
 
-  // Same contract as QwenModel::forward (ids are checked against the vocabulary).
+  // Same contract as cpu::forward (backend/cpu/forward.h): ids checked against the vocabulary first.
   void forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits) const;
   // Greedy decoding without host round trips: feeds `first`, then each
   // argmax in turn, n steps; out receives the n argmax ids.
