@@ -77,11 +77,4 @@ std::vector<float> Session::feed_all(const std::vector<int32_t>& ids) {
   return out;
 }
 
-int32_t argmax(const float* x, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i)
-    if (x[i] > x[best]) best = i;
-  return int32_t(best);
-}
-
 }  // namespace flashmoe

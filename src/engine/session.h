@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/argmax.h"
 #include "core/thread_pool.h"
 #include "runtime/backend.h"
 
@@ -68,7 +69,5 @@ class Session {
   bool record_tokens_ = true;
   std::vector<float> logits_;
 };
-
-int32_t argmax(const float* x, int64_t n);
 
 }  // namespace flashmoe

@@ -38,7 +38,6 @@ class State {
   virtual ~State() = default;
   virtual int64_t position() const = 0;  // tokens consumed
   virtual StateBytes bytes() const = 0;
-  virtual const KvConfig& kv() const = 0;
   virtual std::unique_ptr<StateSnapshot> snapshot() const = 0;
   // Replaces this state with a copy of `snap`; throws Error when it was taken
   // from another backend or with another KV configuration.

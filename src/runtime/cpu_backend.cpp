@@ -1,6 +1,7 @@
 #include "runtime/cpu_backend.h"
 
 #include "backend/cpu/forward.h"
+#include "core/argmax.h"
 #include "core/error.h"
 #include "model/weight_bytes.h"
 
@@ -22,7 +23,6 @@ class CpuState final : public State {
   CpuState(ModelState s, const KvConfig& kv) : state(std::move(s)), kv_(kv) {}
   int64_t position() const override { return state.pos; }
   StateBytes bytes() const override { return {int64_t(state.kv_bytes()), int64_t(state.recurrent_bytes())}; }
-  const KvConfig& kv() const override { return kv_; }
   std::unique_ptr<StateSnapshot> snapshot() const override { return std::make_unique<CpuSnapshot>(state, kv_); }
   void restore(const StateSnapshot& snap) override {
     const auto* s = dynamic_cast<const CpuSnapshot*>(&snap);
@@ -56,12 +56,6 @@ std::unique_ptr<State> CpuBackend::new_state(const KvConfig& kv) const {
   return std::make_unique<CpuState>(model_->new_state(kv), kv);
 }
 
-const ModelState& CpuBackend::host_state(const State& st) {
-  const auto* s = dynamic_cast<const CpuState*>(&st);
-  if (!s) fail("CPU backend: the state belongs to another device");
-  return s->state;
-}
-
 void CpuBackend::forward(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits,
                          ThreadPool& pool) const {
   forward_capturing(st, ids, n, mode, logits, pool, nullptr);
@@ -78,10 +72,7 @@ void CpuBackend::greedy(State& st, int32_t first, int64_t n, int32_t* out, Threa
   int32_t next = first;
   for (int64_t i = 0; i < n; ++i) {
     forward(st, &next, 1, LogitsMode::Last, logits.data(), pool);
-    int64_t best = 0;
-    for (int64_t v = 1; v < V; ++v)
-      if (logits[size_t(v)] > logits[size_t(best)]) best = v;
-    out[i] = next = int32_t(best);
+    out[i] = next = argmax(logits.data(), V);
   }
 }
 

@@ -26,8 +26,6 @@ class CpuBackend final : public Backend {
 
   void forward_capturing(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits,
                          ThreadPool& pool, std::vector<std::vector<float>>* hidden) const override;
-  // The host state of a CPU State (tests read the KV caches directly).
-  static const ModelState& host_state(const State& st);
 
  private:
   std::shared_ptr<const QwenModel> model_;

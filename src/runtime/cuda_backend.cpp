@@ -44,7 +44,6 @@ class CudaBackendState final : public State {
     const ModelConfig& c = b_.config();
     return {kv_cache_bytes(c, kv_, position()), kv_memory(c, kv_).constant_bytes()};
   }
-  const KvConfig& kv() const override { return kv_; }
   std::unique_ptr<StateSnapshot> snapshot() const override {
     CallGuard g(b_.call_lock());
     return std::make_unique<CudaSnapshot>(b_.device().save_state(*st));
