@@ -4,8 +4,13 @@
 
 #include <string>
 
+#include <fstream>
+#include <functional>
+
 #include "core/error.h"
+#include "test_util.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 namespace {
 
@@ -47,3 +52,28 @@ TEST(FuzzRegression, ChatTemplateDeepNestingIsAnError) {
 }
 
 }  // namespace
+
+// fuzz_tokenizer_load: a token id written as a float beyond int's range
+// (3.4e108) was converted with undefined behaviour, and an integer id past
+// 2^31 was silently truncated into another id. Both are errors now.
+TEST(FuzzRegression, TokenizerIdsOutsideInt32AreAnError) {
+  std::ifstream in(flashmoe::test::source_path("models/coder-mini/tokenizer.json"));
+  const nlohmann::json good = nlohmann::json::parse(in);
+  flashmoe::test::TempDir dir;
+  auto load_with = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = good;
+    edit(j);
+    const std::string path = dir.path + "/tokenizer.json";
+    std::ofstream(path) << j.dump();
+    return flashmoe::Tokenizer::load(path);
+  };
+  const std::string key = good["model"]["vocab"].begin().key();
+  EXPECT_THROW(load_with([&](nlohmann::json& j) { j["model"]["vocab"][key] = 3.44444e108; }), flashmoe::Error);
+  EXPECT_THROW(load_with([&](nlohmann::json& j) { j["model"]["vocab"][key] = 1.5; }), flashmoe::Error);
+  EXPECT_THROW(load_with([&](nlohmann::json& j) { j["model"]["vocab"][key] = (int64_t(1) << 32) + 5; }), flashmoe::Error);
+  EXPECT_THROW(load_with([&](nlohmann::json& j) { j["model"]["vocab"][key] = -1; }), flashmoe::Error);
+  ASSERT_TRUE(good.contains("added_tokens") && !good["added_tokens"].empty());
+  EXPECT_THROW(load_with([&](nlohmann::json& j) { j["added_tokens"][0]["id"] = 1e300; }), flashmoe::Error);
+  EXPECT_NO_THROW(load_with([](nlohmann::json&) {}));
+}
+

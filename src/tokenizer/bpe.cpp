@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "tokenizer/byte_level.h"
+#include "tokenizer/json_ids.h"
 
 namespace flashmoe {
 
@@ -11,13 +12,13 @@ void BpeModel::load(const nlohmann::json& model) {
   const auto& vocab = model.at("vocab");
   if (!vocab.is_object()) fail("tokenizer.json: model.vocab is not an object");
   int32_t max_id = -1;
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) max_id = std::max(max_id, it.value().get<int32_t>());
+  for (auto it = vocab.begin(); it != vocab.end(); ++it)
+    max_id = std::max(max_id, json_token_id(it.value(), "model.vocab[\"" + it.key() + "\"]"));
   id_bytes_.assign(size_t(max_id + 1), {});
   id_tokens_.assign(size_t(max_id + 1), {});
   bytes_to_id_.reserve(vocab.size());
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    const int32_t id = it.value().get<int32_t>();
-    if (id < 0) fail("tokenizer.json: negative id in vocab");
+    const int32_t id = json_token_id(it.value(), "model.vocab");
     std::string bytes = byte_level::decode_token(it.key());
     id_tokens_[id] = it.key();
     bytes_to_id_[bytes] = id;

@@ -1,5 +1,7 @@
 #include "tokenizer/tokenizer.h"
 
+#include "tokenizer/json_ids.h"
+
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -111,14 +113,13 @@ Tokenizer Tokenizer::load(const std::string& path) {
     std::vector<AddedToken> raw, normed;
     for (const auto& a : j.value("added_tokens", json::array())) {
       AddedToken t;
-      t.id = a.at("id").get<int32_t>();
+      t.id = json_token_id(a.at("id"), "added_tokens");
       t.content = a.at("content").get<std::string>();
       t.special = a.value("special", false);
       t.lstrip = a.value("lstrip", false);
       t.rstrip = a.value("rstrip", false);
       t.normalized = a.value("normalized", !t.special);
       t.single_word = a.value("single_word", false);
-      if (t.id < 0) fail("tokenizer.json: negative added token id");
       if (size_t(t.id) >= impl->piece.size()) {
         impl->piece.resize(size_t(t.id) + 1);
         impl->token.resize(size_t(t.id) + 1);
