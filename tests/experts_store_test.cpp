@@ -190,6 +190,27 @@ TEST(ExpertsStore, ManifestNotMatchingFilesIsAnError) {
   }
 }
 
+// fuzz_manifest: a number field written as a float beyond its type's range
+// (4.91e54 as an offset) was converted with undefined behaviour, and a
+// negative size wrapped. Each is a malformed manifest naming the field.
+TEST(ExpertsStore, ManifestNumbersOutsideTheirTypeAreAnError) {
+  const std::vector<std::function<void(nlohmann::json&)>> edits = {
+      [](nlohmann::json& m) { m["layers"][0]["experts"][0]["offset"] = 4.91e54; },
+      [](nlohmann::json& m) { m["layers"][0]["experts"][0]["size"] = -1; },
+      [](nlohmann::json& m) { m["layers"][0]["file_bytes"] = 1.5; },
+      [](nlohmann::json& m) { m["experts"]["bytes"] = 1e300; },
+      [](nlohmann::json& m) { m["version"] = int64_t(1) << 40; },
+  };
+  for (size_t i = 0; i < edits.size(); ++i) {
+    Packed p;
+    auto m = p.manifest();
+    edits[i](m);
+    p.write_manifest(m);
+    const std::string err = error_of([&] { QwenModel::load(p.dir); });
+    EXPECT_NE(err.find("malformed manifest"), std::string::npos) << "edit " << i << ": " << err;
+  }
+}
+
 TEST(ExpertsStore, MaxMemoryRefusesWhatCannotFit) {
   Packed p;
   ExpertOptions o = streaming(-1);

@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 
 #include <cstdio>
+#include <limits>
+#include <string>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -13,6 +15,21 @@ namespace flashmoe {
 using nlohmann::json;
 
 namespace {
+
+// An integer field of the manifest: a number that is not an integer within
+// T's range would be converted with undefined behaviour (a float beyond the
+// range) or wrap, so it is refused as a malformed manifest.
+template <class T>
+T int_field(const json& v, const char* what, const std::string& path) {
+  const bool fits = v.is_number_unsigned()
+                        ? v.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max())
+                        : v.is_number_integer() && v.get<int64_t>() >= int64_t(std::numeric_limits<T>::min()) &&
+                              (std::numeric_limits<T>::max() >= uint64_t(INT64_MAX) ||
+                               v.get<int64_t>() <= int64_t(std::numeric_limits<T>::max()));
+  if (!fits)
+    fail(path + ": malformed manifest (field '" + what + "' is not an integer in range: " + v.dump() + ")");
+  return v.is_number_unsigned() ? T(v.get<uint64_t>()) : T(v.get<int64_t>());
+}
 
 std::string hex64(uint64_t v) {
   char buf[17];
@@ -78,7 +95,7 @@ PackedManifest parse_manifest(const std::string& text, const std::string& dir, c
   try {
     if (!j.is_object() || j.value("format", "") != "flashmoe-packed") bad("not a flashmoe packed-model manifest");
     if (!j.contains("version") || !j["version"].is_number_integer()) bad("missing format version");
-    m.version = j["version"].get<int>();
+    m.version = int_field<int>(j["version"], "version", path);
     if (m.version > kPackedFormatVersion)
       bad("format version " + std::to_string(m.version) + " was written by a newer flashmoe; this build reads up to version " +
           std::to_string(kPackedFormatVersion) + " (upgrade flashmoe or re-pack the model)");
@@ -86,27 +103,27 @@ PackedManifest parse_manifest(const std::string& text, const std::string& dir, c
     const json& ex = j.at("experts");
     QuantKind q = parse_expert_format(ex.at("format").get<std::string>(), path);
     try {
-      m.layout = ExpertLayout::make(cfg.hidden_size, cfg.moe_intermediate, q, ex.at("group").get<int32_t>());
+      m.layout = ExpertLayout::make(cfg.hidden_size, cfg.moe_intermediate, q, int_field<int32_t>(ex.at("group"), "group", path));
     } catch (const Error& e) {
       bad(std::string("experts section does not describe a valid layout: ") + e.what());
     }
-    if (ex.at("bytes").get<uint64_t>() != m.layout.bytes || ex.at("gate").at("offset").get<uint64_t>() != m.layout.gate.offset ||
-        ex.at("down").at("rows").get<int64_t>() != m.layout.down.rows || ex.at("down").at("cols").get<int64_t>() != m.layout.down.cols)
+    if (int_field<uint64_t>(ex.at("bytes"), "bytes", path) != m.layout.bytes || int_field<uint64_t>(ex.at("gate").at("offset"), "gate.offset", path) != m.layout.gate.offset ||
+        int_field<int64_t>(ex.at("down").at("rows"), "down.rows", path) != m.layout.down.rows || int_field<int64_t>(ex.at("down").at("cols"), "down.cols", path) != m.layout.down.cols)
       bad("expert layout is inconsistent: format " + m.layout.format_name() + " with hidden size " +
           std::to_string(cfg.hidden_size) + " and moe_intermediate " + std::to_string(cfg.moe_intermediate) +
           " (config.json) needs " + std::to_string(m.layout.bytes) + " bytes per expert, the manifest says " +
-          std::to_string(ex.at("bytes").get<uint64_t>()) + " (manifest and files are from different packs?)");
+          std::to_string(int_field<uint64_t>(ex.at("bytes"), "bytes", path)) + " (manifest and files are from different packs?)");
     for (const json& lj : j.at("layers")) {
       PackedLayer l;
-      l.layer = lj.at("layer").get<int64_t>();
+      l.layer = int_field<int64_t>(lj.at("layer"), "layer", path);
       l.file = lj.at("file").get<std::string>();
-      l.file_bytes = lj.at("file_bytes").get<uint64_t>();
+      l.file_bytes = int_field<uint64_t>(lj.at("file_bytes"), "file_bytes", path);
       if (l.file.find("..") != std::string::npos || l.file.empty() || l.file[0] == '/')
         bad("layer file '" + l.file + "' must be a relative path inside the model directory");
       for (const json& e : lj.at("experts")) {
         PackedExpert pe;
-        pe.offset = e.at("offset").get<uint64_t>();
-        pe.size = e.at("size").get<uint64_t>();
+        pe.offset = int_field<uint64_t>(e.at("offset"), "offset", path);
+        pe.size = int_field<uint64_t>(e.at("size"), "size", path);
         pe.xxh64 = std::stoull(e.at("xxh64").get<std::string>(), nullptr, 16);
         l.experts.push_back(pe);
       }
