@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <random>
 
 #include "core/error.h"
@@ -13,6 +14,7 @@
 #include "kv/memory_calc.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
+#include "server/request_guard.h"
 #include "server/slots.h"
 #include "server/state_cache.h"
 
@@ -75,7 +77,8 @@ HttpResponse json_response(const json& j) {
 
 // Metrics label: the known routes by name, everything else as "other".
 std::string endpoint_label(const std::string& path) {
-  for (const char* p : {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"})
+  for (const char* p : {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/tokenize",
+                        "/detokenize"})
     if (path == p) return p;
   return "other";
 }
@@ -87,6 +90,7 @@ std::string sse(const json& j) { return "data: " + j.dump(-1, ' ', false, json::
 // One prepared completion: validated, templated and tokenized, ready to run.
 struct Job {
   CompletionRequest req;
+  std::string partition;     // state-cache partition: the API key's and cache_salt's
   std::vector<int32_t> ids;  // the whole prompt
   size_t boundary = 0;       // end of the last complete message (snapshot point), 0: none
   GenerateOptions go;
@@ -105,11 +109,15 @@ struct ApiRoutes::Impl {
   SlotPool slots;
   StateCache cache;
   Metrics metrics;
+  OriginPolicy origins;
   std::atomic<bool> stopping{false};
+  // Set when the model failed on a request (a corrupt expert file, a device
+  // error), cleared by the next request it completes: /health reports it.
+  std::atomic<bool> model_failing{false};
 
   Impl(const ServerConfig& c, const ServedModel& model)
       : cfg(c), m(model), slots(cfg.parallel, cfg.queue, cfg.threads_per_slot),
-        cache(cfg.state_cache, cfg.state_cache_bytes) {}
+        cache(cfg.state_cache, cfg.state_cache_bytes), origins{cfg.host, cfg.cors_origins} {}
 
   // The state bytes of a running request, for the gauges.
   void report(SlotPool::Lease& lease, const Session& s) const {
@@ -119,10 +127,17 @@ struct ApiRoutes::Impl {
 
   // ---- request -> job ----
 
-  Job prepare(const std::string& body, bool chat) {
+  Job prepare(const std::string& body, bool chat, const std::string& key_partition) {
     Job j;
     j.req = parse_completion_request(body, chat);
     const CompletionRequest& q = j.req;
+    if (q.max_tokens && *q.max_tokens > cfg.max_tokens)
+      throw ApiError(400,
+                     "'max_tokens' is " + std::to_string(*q.max_tokens) + "; this server allows at most " +
+                         std::to_string(cfg.max_tokens) + " (its --max-tokens)",
+                     "invalid_request_error", "", "max_tokens");
+    // Length-prefixed, so no key and salt pair can spell another's.
+    j.partition = key_partition + std::to_string(q.cache_salt.size()) + ":" + q.cache_salt;
     if (!q.model.empty() && q.model != m.id)
       throw ApiError(400, "the model '" + q.model + "' does not exist; this server serves '" + m.id + "'",
                      "invalid_request_error", "model_not_found", "model");
@@ -163,7 +178,7 @@ struct ApiRoutes::Impl {
     p.seed = q.seed ? *q.seed : std::random_device{}();
     p.eos_ids = q.ignore_eos ? std::vector<int32_t>{} : (chat ? m.eos_chat : m.eos_text);
     j.go.sampling = p;
-    j.go.max_new_tokens = int(std::min<int64_t>(q.max_tokens.value_or(cfg.max_tokens), cfg.max_tokens));
+    j.go.max_new_tokens = int(q.max_tokens.value_or(cfg.max_tokens));
     j.go.stop = q.stop;
     j.go.context_limit = m.context;
     j.go.cancel = &stopping;
@@ -187,10 +202,10 @@ struct ApiRoutes::Impl {
       // No copy that the cache would not keep (--state-cache 0, over the budget).
       const StateBytes b = s.state().bytes();
       if (!cache.would_keep(size_t(b.kv + b.recurrent) + s.tokens().size() * sizeof(int32_t))) return;
-      cache.put(s.snapshot());
+      cache.put(s.snapshot(), j.partition);
     };
     size_t fed = 0;
-    if (auto snap = cache.find(j.ids)) {
+    if (auto snap = cache.find(j.ids, j.partition)) {
       s.restore(*snap);
       fed = snap->tokens.size();
       out.reused = int64_t(fed);
@@ -216,6 +231,7 @@ struct ApiRoutes::Impl {
     out.r.prompt_seconds += head_seconds;
     out.r.prompt_tokens = int64_t(j.ids.size());
     bool cancelled = out.r.finish_reason == "cancelled";
+    model_failing = false;
     if (!cancelled) store();
     metrics.count_generation(int64_t(j.ids.size()), out.reused, int64_t(out.r.ids.size()), out.r.prompt_seconds,
                              out.r.gen_seconds, cancelled);
@@ -264,9 +280,21 @@ struct ApiRoutes::Impl {
             {"choices", json::array({choice})}};
   }
 
-  HttpResponse handle_completion(const HttpRequest& req, bool chat) {
+  // The model failed on a valid request: the server's fault, logged, and
+  // /health says so until a request succeeds again.
+  ApiError model_failure(const std::exception& e) {
+    log_failure(e);
+    if (!out_of_device_memory(e)) model_failing = true;
+    return ApiError(out_of_device_memory(e) ? 503 : 500, model_failure_message(e), "server_error");
+  }
+
+  static std::string sse_error(const ApiError& e) { return "data: " + error_body(e) + "\n\n"; }
+
+  HttpResponse handle_completion(const HttpRequest& req, bool chat, const std::string& key_partition) {
     try {
-      auto job = std::make_shared<Job>(prepare(req.body, chat));
+      if (req.body.empty())
+        throw ApiError(400, "the request body is empty; send a JSON object (Content-Type: application/json)");
+      auto job = std::make_shared<Job>(prepare(req.body, chat, key_partition));
       std::shared_ptr<SlotPool::Lease> lease = slots.acquire();
       if (!lease) {
         if (stopping) throw ApiError(503, "the server is shutting down", "server_error");
@@ -274,6 +302,9 @@ struct ApiRoutes::Impl {
       }
       if (!job->req.stream) {
         Outcome o = run(*job, *lease, [](const std::string&) { return true; });
+        // Cancelled only by a shutdown: an unfinished answer is not a "stop".
+        if (o.r.finish_reason == "cancelled")
+          throw ApiError(503, "the server is shutting down; the request was not finished", "server_error");
         return json_response(full_response(*job, o));
       }
       HttpResponse res;
@@ -293,7 +324,11 @@ struct ApiRoutes::Impl {
             metrics.count_generation(0, 0, 0, 0, 0, true);
           }
           lease.reset();  // free the slot before the last writes
-          if (!ok || o.r.finish_reason == "cancelled") return;
+          if (!ok) return;  // the client has gone
+          if (o.r.finish_reason == "cancelled") {  // by a shutdown: say so, no finish chunk, no [DONE]
+            write(sse_error(ApiError(503, "the server is shutting down; the answer was not finished", "server_error")));
+            return;
+          }
           write(sse(chunk(*job, job->req.chat ? json::object() : json(""), finish_reason(o))));
           if (job->req.include_usage) {
             json u = chunk(*job, json::object(), nullptr);
@@ -304,8 +339,7 @@ struct ApiRoutes::Impl {
           write("data: [DONE]\n\n");
         } catch (const std::exception& e) {
           lease.reset();
-          log_failure(e);
-          write(sse(json{{"error", {{"message", model_failure_message(e)}, {"type", "server_error"}}}}));
+          write(sse_error(model_failure(e)));
         }
       };
       return res;
@@ -316,8 +350,7 @@ struct ApiRoutes::Impl {
       // here is the model failing: a corrupt or vanished expert file, the
       // GPU. The server's fault, not the client's: 5xx, and the reason goes
       // to the server's log, where the operator looks.
-      log_failure(e);
-      return error_of(ApiError(out_of_device_memory(e) ? 503 : 500, model_failure_message(e), "server_error"));
+      return error_of(model_failure(e));
     } catch (const std::bad_alloc&) {
       return error_of(ApiError(503, "out of memory", "server_error"));
     }
@@ -344,43 +377,146 @@ struct ApiRoutes::Impl {
     return metrics.render(g);
   }
 
-  bool authorized(const HttpRequest& req) const {
-    if (cfg.api_key.empty() || req.path == "/health") return true;
+  // The caller's API key as a state-cache partition ("" without keys), or
+  // nullopt when a key is required and missing or wrong. The key comes as
+  // "Authorization: Bearer KEY" (OpenAI) or "x-api-key: KEY" (Anthropic).
+  std::optional<std::string> key_partition(const HttpRequest& req) const {
+    if (cfg.api_keys.empty()) return std::string();
+    std::string key;
     std::string auth = req.header("Authorization");
     const std::string bearer = "Bearer ";
-    return auth.size() > bearer.size() && auth.compare(0, bearer.size(), bearer) == 0 &&
-           same_secret(auth.substr(bearer.size()), cfg.api_key);
+    if (auth.size() > bearer.size() && auth.compare(0, bearer.size(), bearer) == 0) key = auth.substr(bearer.size());
+    else key = req.header("x-api-key");
+    if (key.empty()) return std::nullopt;
+    // Every key is compared (no early exit), so timing does not tell which
+    // prefix matched.
+    int found = -1;
+    for (size_t i = 0; i < cfg.api_keys.size(); ++i)
+      if (same_secret(key, cfg.api_keys[i]) && found < 0) found = int(i);
+    if (found < 0) return std::nullopt;
+    return "key" + std::to_string(found) + "/";
+  }
+
+  HttpResponse health() const {
+    HttpResponse res;
+    if (stopping) {
+      res = json_response(json{{"status", "shutting down"}});
+      res.status = 503;
+    } else if (model_failing) {
+      res = json_response(json{{"status", "error"},
+                               {"error", "the model failed on the last request that reached it (the server's log "
+                                         "has the reason)"}});
+      res.status = 503;
+    } else {
+      res = json_response(json{{"status", "ok"}});
+    }
+    return res;
+  }
+
+  // POST /tokenize {"content", "add_special", "with_pieces"} and POST
+  // /detokenize {"tokens"}, as llama.cpp's server has them.
+  HttpResponse tokenize(const HttpRequest& req) const {
+    json o = json::parse(req.body, nullptr, false);
+    if (!o.is_object()) throw ApiError(400, "the request body must be a JSON object");
+    auto c = o.find("content");
+    if (c == o.end() || !c->is_string()) throw ApiError(400, "'content' must be a string", "invalid_request_error", "", "content");
+    bool with_pieces = false;
+    for (const char* f : {"add_special", "with_pieces", "parse_special"}) {
+      auto v = o.find(f);
+      if (v != o.end() && !v->is_boolean())
+        throw ApiError(400, std::string("'") + f + "' must be a boolean", "invalid_request_error", "", f);
+    }
+    if (o.contains("with_pieces")) with_pieces = o["with_pieces"].get<bool>();
+    bool parse_special = o.value("parse_special", true);
+    std::vector<int32_t> ids;
+    try {
+      ids = m.tokenizer->encode(c->get<std::string>(), !parse_special);
+    } catch (const Error&) {
+      throw ApiError(400, "'content' could not be tokenized (is it valid UTF-8?)", "invalid_request_error", "", "content");
+    }
+    // Qwen's tokenizers add no BOS/EOS; add_special is accepted for
+    // llama.cpp clients and adds nothing.
+    json tokens = json::array();
+    for (int32_t id : ids) {
+      if (with_pieces) tokens.push_back({{"id", id}, {"piece", m.tokenizer->token_to_piece(id)}});
+      else tokens.push_back(id);
+    }
+    return json_response(json{{"tokens", tokens}});
+  }
+
+  HttpResponse detokenize(const HttpRequest& req) const {
+    json o = json::parse(req.body, nullptr, false);
+    if (!o.is_object()) throw ApiError(400, "the request body must be a JSON object");
+    auto t = o.find("tokens");
+    if (t == o.end() || !t->is_array()) throw ApiError(400, "'tokens' must be an array of token ids", "invalid_request_error", "", "tokens");
+    std::vector<int32_t> ids;
+    const int64_t vocab = int64_t(m.tokenizer->vocab_size());
+    for (const auto& v : *t) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab)
+        throw ApiError(400, "'tokens' must hold token ids between 0 and " + std::to_string(vocab - 1),
+                       "invalid_request_error", "", "tokens");
+      ids.push_back(int32_t(v.get<int64_t>()));
+    }
+    return json_response(json{{"content", m.tokenizer->decode(ids)}});
   }
 
   HttpResponse route(const HttpRequest& req) {
-    if (!authorized(req))
+    if (auto why = refuse_host_or_origin(req, origins)) return error_of(ApiError(403, *why, "permission_error"));
+    std::string cors = cors_allow_origin(req, origins);
+    HttpResponse res = route_allowed(req);
+    if (!cors.empty()) {
+      res.headers.emplace_back("Access-Control-Allow-Origin", cors);
+      res.headers.emplace_back("Vary", "Origin");
+    }
+    return res;
+  }
+
+  HttpResponse route_allowed(const HttpRequest& req) {
+    const std::string& p = req.path;
+    if (req.method == "OPTIONS") {  // a CORS preflight (its Origin passed the check above)
+      HttpResponse res;
+      res.status = 204;
+      res.content_type = "text/plain";
+      res.headers = {{"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
+                     {"Access-Control-Allow-Headers", "Authorization, Content-Type, x-api-key, anthropic-version"},
+                     {"Access-Control-Max-Age", "600"}};
+      return res;
+    }
+    if (p == "/health") {
+      if (req.method != "GET" && req.method != "HEAD") return error_of(ApiError(405, "method not allowed"));
+      return health();
+    }
+    std::optional<std::string> key = key_partition(req);
+    if (!key)
       return error_of(ApiError(401, "missing or invalid API key (send 'Authorization: Bearer <key>')",
                                "authentication_error", "invalid_api_key"));
-    const std::string& p = req.path;
     const bool get = req.method == "GET" || req.method == "HEAD", post = req.method == "POST";
-    if (p == "/v1/chat/completions" || p == "/v1/completions") {
-      if (!post) return error_of(ApiError(405, "method not allowed"));
-      return handle_completion(req, p == "/v1/chat/completions");
-    }
-    if (p == "/v1/models" || p.rfind("/v1/models/", 0) == 0 || p == "/health" || p == "/metrics") {
-      if (!get) return error_of(ApiError(405, "method not allowed"));
-      if (p == "/v1/models") return json_response(models_json());
-      if (p == "/health") {
-        HttpResponse res = json_response(json{{"status", stopping ? "shutting down" : "ok"}});
-        if (stopping) res.status = 503;
-        return res;
+    try {
+      if (p == "/v1/chat/completions" || p == "/v1/completions") {
+        if (!post) return error_of(ApiError(405, "method not allowed"));
+        return handle_completion(req, p == "/v1/chat/completions", *key);
       }
-      if (p == "/metrics") {
-        HttpResponse res;
-        res.content_type = "text/plain; version=0.0.4";
-        res.body = metrics_text();
-        return res;
+      if (p == "/tokenize" || p == "/detokenize") {
+        if (!post) return error_of(ApiError(405, "method not allowed"));
+        return p == "/tokenize" ? tokenize(req) : detokenize(req);
       }
-      std::string id = p.substr(std::string("/v1/models/").size());
-      if (id != m.id)
-        return error_of(ApiError(404, "the model '" + id + "' does not exist", "invalid_request_error",
-                                 "model_not_found", "model"));
-      return json_response(models_json()["data"][0]);
+      if (p == "/v1/models" || p.rfind("/v1/models/", 0) == 0 || p == "/metrics") {
+        if (!get) return error_of(ApiError(405, "method not allowed"));
+        if (p == "/v1/models") return json_response(models_json());
+        if (p == "/metrics") {
+          HttpResponse res;
+          res.content_type = "text/plain; version=0.0.4";
+          res.body = metrics_text();
+          return res;
+        }
+        std::string id = p.substr(std::string("/v1/models/").size());
+        if (id != m.id)
+          return error_of(ApiError(404, "the model '" + id + "' does not exist", "invalid_request_error",
+                                   "model_not_found", "model"));
+        return json_response(models_json()["data"][0]);
+      }
+    } catch (const ApiError& e) {
+      return error_of(e);
     }
     return error_of(ApiError(404, "not found"));
   }
@@ -405,7 +541,8 @@ HttpResponse ApiRoutes::handle(const HttpRequest& req) {
 
 bool ApiRoutes::answers_at_once(const HttpRequest& req) const {
   const std::string& p = req.path;
-  return p == "/health" || p == "/metrics" || p == "/v1/models" || p.rfind("/v1/models/", 0) == 0;
+  return req.method == "OPTIONS" || p == "/health" || p == "/metrics" || p == "/v1/models" ||
+         p.rfind("/v1/models/", 0) == 0;
 }
 
 HttpResponse ApiRoutes::error_response(int status, const std::string& message) {

@@ -1,5 +1,6 @@
 #include "server/openai_api.h"
 
+#include <climits>
 #include <cmath>
 
 namespace flashmoe::server {
@@ -39,13 +40,31 @@ std::optional<double> number(const json& o, const char* name, double lo, double 
   return x;
 }
 
-std::optional<int64_t> integer(const json& o, const char* name) {
+// An integer field in [lo, hi]; a value outside it (2^64 - 1 included, which
+// int64_t cannot hold) is a 400 naming the field and the range.
+std::optional<int64_t> integer(const json& o, const char* name, int64_t lo, int64_t hi) {
   const json* v = field(o, name);
   if (!v) return std::nullopt;
-  if (v->is_number_integer()) return v->get<int64_t>();
+  auto out_of_range = [&]() {
+    bad(name, std::string("'") + name + "' must be an integer between " + std::to_string(lo) + " and " +
+                  std::to_string(hi));
+  };
+  if (v->is_number_unsigned()) {
+    uint64_t u = v->get<uint64_t>();
+    if (u > uint64_t(hi)) out_of_range();
+    return int64_t(u);
+  }
+  if (v->is_number_integer()) {
+    int64_t x = v->get<int64_t>();
+    if (x < lo || x > hi) out_of_range();
+    return x;
+  }
   if (v->is_number_float()) {
     double d = v->get<double>();
-    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e18) return int64_t(d);
+    if (std::isfinite(d) && d == std::floor(d)) {
+      if (d < double(lo) || d > double(hi)) out_of_range();
+      return int64_t(d);
+    }
   }
   bad(name, std::string("'") + name + "' must be an integer");
 }
@@ -70,7 +89,11 @@ std::string content_text(const json& m, size_t i, const std::string& role) {
   if (it->is_array()) {
     std::string s;
     for (const auto& part : *it) {
-      if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+      // (A "type" that is not a string, such as 5, must be a 400 too, not
+      // a JSON type error.)
+      auto type = part.is_object() ? part.find("type") : part.end();
+      if (!part.is_object() || type == part.end() || !type->is_string() || type->get<std::string>() != "text" ||
+          !part.contains("text") || !part["text"].is_string())
         bad(where, "'" + where + "' parts must be {\"type\": \"text\", \"text\": \"...\"} (only text is supported)");
       s += part["text"].get<std::string>();
     }
@@ -125,14 +148,13 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
   if (auto t = number(o, "top_p", 0, 1)) r.top_p = float(*t);
   if (auto t = number(o, "presence_penalty", -2, 2)) r.presence_penalty = float(*t);
   if (auto t = number(o, "frequency_penalty", -2, 2)) r.frequency_penalty = float(*t);
-  auto mt = integer(o, "max_completion_tokens");
-  if (!mt) mt = integer(o, "max_tokens");
-  if (mt) {
-    if (*mt < 1) bad("max_tokens", "'max_tokens' must be at least 1");
-    r.max_tokens = *mt;
-  }
-  if (auto n = integer(o, "n"); n && *n != 1) bad("n", "only n = 1 is supported");
-  if (auto s = integer(o, "seed")) r.seed = uint64_t(*s);
+  // The server's own cap (--max-tokens) is checked where it is known.
+  auto mt = integer(o, "max_completion_tokens", 1, INT64_MAX);
+  if (!mt) mt = integer(o, "max_tokens", 1, INT64_MAX);
+  if (mt) r.max_tokens = *mt;
+  if (auto n = integer(o, "n", 1, INT64_MAX); n && *n != 1) bad("n", "only n = 1 is supported");
+  if (const json* s = field(o, "seed"); s && s->is_number_unsigned()) r.seed = s->get<uint64_t>();
+  else if (auto s = integer(o, "seed", INT64_MIN, INT64_MAX)) r.seed = uint64_t(*s);
   if (const json* s = field(o, "stop")) {
     if (s->is_string()) {
       r.stop.push_back(s->get<std::string>());
@@ -152,6 +174,10 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
     r.include_usage = boolean(*so, "include_usage");
   }
   r.ignore_eos = boolean(o, "ignore_eos");
+  if (const json* salt = field(o, "cache_salt")) {
+    if (!salt->is_string()) bad("cache_salt", "'cache_salt' must be a string");
+    r.cache_salt = salt->get<std::string>();
+  }
   return r;
 }
 

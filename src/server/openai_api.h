@@ -40,6 +40,9 @@ struct CompletionRequest {
   float presence_penalty = 0, frequency_penalty = 0;
   bool stream = false, include_usage = false;
   bool ignore_eos = false;            // vLLM extension: generate to max_tokens
+  // vLLM extension: requests with different salts never share stored
+  // conversation states (so cached_tokens cannot reveal another's prompt).
+  std::string cache_salt;
 };
 
 // Parses and validates a /v1/chat/completions (chat=true) or /v1/completions
