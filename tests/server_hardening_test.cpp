@@ -286,11 +286,12 @@ TEST(ServerHardening, PortInUseIsRefused) {
   START_SERVER(first, standard_args());
   TempDir t;
   std::string log = t.path + "/second.log";
-  std::string cmd = std::string("'") + FLASHMOE_BINARY + "' serve -m '" + source_path("models/coder-mini") +
+  // (timeout: a server that did start would otherwise run forever)
+  std::string cmd = std::string("timeout 20 '") + FLASHMOE_BINARY + "' serve -m '" + source_path("models/coder-mini") +
                     "' --port " + std::to_string(first.port()) + " -t 1 > '" + log + "' 2>&1";
   int status = std::system(cmd.c_str());
   ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_NE(WEXITSTATUS(status), 0);
+  EXPECT_EQ(WEXITSTATUS(status), 1) << "124: it started and served";
   EXPECT_NE(read_file(log).find("already in use"), std::string::npos) << read_file(log);
   auto c = first.client();
   auto h = c.Get("/health");

@@ -56,6 +56,10 @@ struct Transport {
   // Declared last, destroyed first: handlers still queued in the I/O context
   // hold connections, whose destructors use the members above.
   net::io_context ioc;
+  // Keeps run() going while no operation is pending (a worker generating
+  // between two writes, after the acceptor closed); dropped at the end of
+  // stop().
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
   tcp::acceptor acceptor{ioc};
   std::optional<net::thread_pool> workers;
 
@@ -376,6 +380,7 @@ int HttpServer::bind() {
 bool HttpServer::listen() {
   auto& s = *impl_;
   s.workers.emplace(size_t(s.cfg.parallel + s.cfg.queue + 4));  // generating + waiting + the rest
+  s.work.emplace(s.ioc.get_executor());
   s.accept();
   std::vector<std::thread> io;
   for (int i = 1; i < kIoThreads; ++i) io.emplace_back([&s] { s.ioc.run(); });
@@ -409,7 +414,10 @@ void HttpServer::stop() {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   close_all(true);
   auto t = std::make_shared<net::steady_timer>(s.ioc, std::chrono::milliseconds(100));
-  t->async_wait([&s, t](beast::error_code) { s.ioc.stop(); });
+  t->async_wait([&s, t](beast::error_code) {
+    s.work.reset();
+    s.ioc.stop();
+  });
 }
 
 }  // namespace flashmoe::server
