@@ -145,13 +145,17 @@ void ChatOutputParser::emit_content(std::string text, std::vector<OutputEvent>& 
     strip_newlines_ = false;
   }
   if (text.empty()) return;
-  // Whitespace alone waits: around tool calls it is layout, not an answer.
-  if (all_space(text)) {
+  // Trailing whitespace waits: before or between tool calls it is layout,
+  // not part of the answer (and it must not depend on how the text was cut
+  // into pieces).
+  size_t end = text.size();
+  while (end > 0 && is_space(text[end - 1])) --end;
+  if (end == 0) {
     ws_pending_ += text;
     return;
   }
-  emit_text(OutputEvent::Kind::Content, ws_pending_ + text, out);
-  ws_pending_.clear();
+  emit_text(OutputEvent::Kind::Content, ws_pending_ + text.substr(0, end), out);
+  ws_pending_ = text.substr(end);
 }
 
 std::vector<OutputEvent> ChatOutputParser::feed(std::string_view text) {
