@@ -312,6 +312,11 @@ struct ApiRoutes::Impl {
       if (!tool_calls())
         return "the model did not produce a valid tool call although tool_choice requires one (its output was "
                "not a well-formed call)";
+      for (const std::string& name : parser->tool_names()) {
+        bool known = false;
+        for (const auto& t : q.tools) known = known || t["function"]["name"] == name;
+        if (!known) return "the model called '" + name + "', which is not one of the request's tools";
+      }
       return "";
     }
     std::string openai_finish(const Outcome& o) const {

@@ -234,6 +234,7 @@ std::vector<OutputEvent> ChatOutputParser::feed(std::string_view text) {
       ws_pending_.clear();
       strip_newlines_ = false;
       ++calls_;
+      names_.push_back(call.name);
       out.push_back({OutputEvent::Kind::ToolCall, "", std::move(call)});
     } else {
       emit_content(std::string(kCallOpen) + buf_.substr(0, pos + kCallClose.size()), out);
@@ -264,6 +265,7 @@ std::vector<OutputEvent> ChatOutputParser::finish() {
       if (parse_tool_call_block(buf_, opt_.tool_defs, &call)) {
         ws_pending_.clear();
         ++calls_;
+        names_.push_back(call.name);
         out.push_back({OutputEvent::Kind::ToolCall, "", std::move(call)});
       } else {
         emit_content(std::string(kCallOpen) + buf_, out);

@@ -53,6 +53,8 @@ class ChatOutputParser {
   std::vector<OutputEvent> finish();
 
   int tool_calls() const { return calls_; }
+  // The names of the calls parsed so far, in order.
+  const std::vector<std::string>& tool_names() const { return names_; }
 
  private:
   enum class Mode { Start, Reasoning, Content, ToolCall };
@@ -65,6 +67,7 @@ class ChatOutputParser {
   std::string ws_pending_;  // whitespace-only answer text, held until something follows it
   bool strip_newlines_ = false;  // after </think>: the template's "\n\n" is not part of the answer
   int calls_ = 0;
+  std::vector<std::string> names_;
 };
 
 }  // namespace flashmoe::server
