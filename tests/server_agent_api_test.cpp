@@ -122,8 +122,8 @@ TEST(ServerAgentApi, ToolsToolChoiceAndToolMessages) {
   EXPECT_EQ(error_of(R"({"messages":[{"role":"tool","content":"x"}]})"),
             "400 messages[0].tool_call_id: 'messages[0].tool_call_id' is required for a tool message");
   EXPECT_EQ(error_of(R"({"messages":[{"role":"assistant","tool_calls":[{"type":"function","function":{"name":"f","arguments":"[1]"}}]}]})")
-                .substr(0, 47),
-            "400 messages[0].tool_calls[0].function.argumen");
+                .substr(0, 50),
+            "400 messages[0].tool_calls[0].function.arguments: ");
   EXPECT_EQ(error_of(chat_body(R"("chat_template_kwargs":{"messages":[]})")).substr(0, 34),
             "400 chat_template_kwargs.messages:");
 }
@@ -219,7 +219,8 @@ TEST(ServerAgentApi, AnthropicRequestBecomesChatMessages) {
   EXPECT_EQ(anthropic_error_body(401, "no"), R"({"type":"error","error":{"type":"authentication_error","message":"no"}})");
   EXPECT_EQ(anthropic_stop_reason("stop", "", true), "tool_use");
   EXPECT_EQ(anthropic_stop_reason("stop", "END", false), "stop_sequence");
-  EXPECT_EQ(anthropic_stop_reason("length", "", true), "max_tokens");
+  EXPECT_EQ(anthropic_stop_reason("length", "", true), "tool_use");
+  EXPECT_EQ(anthropic_stop_reason("length", "", false), "max_tokens");
   EXPECT_EQ(anthropic_stop_reason("stop", "", false), "end_turn");
 }
 

@@ -264,8 +264,8 @@ std::string anthropic_error_body(int status, const std::string& message) {
 }
 
 std::string anthropic_stop_reason(const std::string& finish_reason, const std::string& stop_string, bool tool_calls) {
+  if (tool_calls) return "tool_use";  // a complete call, even when the token limit came right after it
   if (finish_reason == "length") return "max_tokens";
-  if (tool_calls) return "tool_use";
   if (!stop_string.empty()) return "stop_sequence";
   return "end_turn";
 }

@@ -26,7 +26,8 @@ CompletionRequest parse_anthropic_request(const std::string& body);
 // rate_limit_error, 503 overloaded_error, else api_error).
 std::string anthropic_error_body(int status, const std::string& message);
 
-// "end_turn", "max_tokens", "stop_sequence" or "tool_use".
+// "tool_use" when the answer holds a complete tool call, else "max_tokens",
+// "stop_sequence" or "end_turn".
 std::string anthropic_stop_reason(const std::string& finish_reason, const std::string& stop_string, bool tool_calls);
 
 // Builds the content blocks of one answer from the parser's events, both as

@@ -319,9 +319,11 @@ struct ApiRoutes::Impl {
       }
       return "";
     }
+    // A complete call is "tool_calls" even when the token limit ended the
+    // answer right after it (as vLLM reports it).
     std::string openai_finish(const Outcome& o) const {
-      if (o.r.finish_reason == "length") return "length";
-      return tool_calls() ? "tool_calls" : "stop";
+      if (tool_calls()) return "tool_calls";
+      return o.r.finish_reason == "length" ? "length" : "stop";
     }
     std::string anthropic_stop(const Outcome& o) const {
       return anthropic_stop_reason(o.r.finish_reason, o.r.stop_string, tool_calls());

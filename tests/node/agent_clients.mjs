@@ -3,16 +3,23 @@
 // on coder-mini with Qwen3's chat template (--chat-template), which renders
 // tools, tool calls and tool results.
 //
-// Why the model calls the tool here: coder-mini is an 18.8M-parameter model
-// trained on Python and a recall (copy) task, not on tool use. So the
+// Why the model calls the tool here, and why exactly 21 tokens: coder-mini
+// is an 18.8M-parameter model trained on Python and a recall (copy) task,
+// never on tool use, so left alone it writes Python. The requests therefore
+// use tool_choice "required" (Anthropic: {"type": "any"}), a real feature:
+// the server ends the prompt with the start of a call, `<tool_call>\n{"name": "`,
+// and the model picks the function and writes its arguments. The
 // conversation shows it, twice, the exchange "Weather in Paris? -> call
-// get_weather {city: Paris} -> tool result -> answer", rendered by the real
-// template, and then asks the same question a third time: greedy decoding
-// copies the pattern and writes the tool call itself. Every tool call this
-// test sees is text the model generated, parsed by the server; nothing is
-// injected (a fake backend would only test the SDKs, not the server). The
-// test pins the greedy outputs it relies on and fails, with the model's
-// text, if they change.
+// get_weather {city: Paris} -> tool result -> answer" rendered by the real
+// template, and greedy decoding copies the call:
+// `get_weather", "arguments": {"city": "Paris"}}\n` is its next 21 tokens
+// (measured; after them it drifts back to Python, which would make the
+// call's text malformed, hence max_tokens 21). Every tool call this test
+// sees is text the model generated and the server parsed; nothing is
+// injected (a fake backend would only test the SDKs, not the server). If
+// the model or the template changed, the test fails showing what came back.
+// The final answers after the tool result are whatever the model writes
+// (Python, here): the test checks their shape, not their words.
 import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
 import { spawn } from "node:child_process";
@@ -75,7 +82,9 @@ function examples() {
   }
   return m;
 }
-const common = { model: "coder-mini", tools: [weatherTool], temperature: 0, max_tokens: 40 };
+const common = { model: "coder-mini", tools: [weatherTool], temperature: 0 };
+const forced = { ...common, tool_choice: "required", max_tokens: 21 };
+const answer = { ...common, max_tokens: 12 };
 
 function checkCall(call) {
   assert.equal(call.type, "function");
@@ -84,10 +93,10 @@ function checkCall(call) {
   assert.deepEqual(JSON.parse(call.function.arguments), ARGS);
 }
 
-let plainCall = null;
+let plainCall = null, finalAnswer = null;
 test("openai: tools -> tool_calls -> tool result -> answer", async () => {
   const messages = [...examples(), { role: "user", content: QUESTION }];
-  const r1 = await openai.chat.completions.create({ ...common, messages });
+  const r1 = await openai.chat.completions.create({ ...forced, messages });
   const m1 = r1.choices[0].message;
   assert.equal(r1.choices[0].finish_reason, "tool_calls", JSON.stringify(m1));
   assert.equal(m1.content, null);
@@ -95,10 +104,11 @@ test("openai: tools -> tool_calls -> tool result -> answer", async () => {
   checkCall(m1.tool_calls[0]);
   plainCall = m1.tool_calls[0];
   messages.push(m1, { role: "tool", tool_call_id: m1.tool_calls[0].id, content: RESULT });
-  const r2 = await openai.chat.completions.create({ ...common, messages });
-  assert.equal(r2.choices[0].finish_reason, "stop", JSON.stringify(r2.choices[0]));
-  assert.equal(r2.choices[0].message.content, ANSWER);
+  const r2 = await openai.chat.completions.create({ ...answer, messages });
+  assert.ok(["stop", "length"].includes(r2.choices[0].finish_reason), JSON.stringify(r2.choices[0]));
+  assert.ok(typeof r2.choices[0].message.content === "string" && r2.choices[0].message.content.length > 0);
   assert.equal(r2.choices[0].message.tool_calls, undefined);
+  finalAnswer = r2.choices[0].message.content;
   // The tool result went into the prompt (and the first turn was reused).
   assert.ok(r2.usage.prompt_tokens > r1.usage.prompt_tokens + r1.usage.completion_tokens);
   assert.ok(r2.usage.prompt_tokens_details.cached_tokens > 0);
@@ -106,7 +116,7 @@ test("openai: tools -> tool_calls -> tool result -> answer", async () => {
 
 test("openai stream: tool call deltas, finish_reason tool_calls, then the answer", async () => {
   const messages = [...examples(), { role: "user", content: QUESTION }];
-  const stream = await openai.chat.completions.create({ ...common, messages, stream: true,
+  const stream = await openai.chat.completions.create({ ...forced, messages, stream: true,
                                                         stream_options: { include_usage: true } });
   const calls = [];
   let finish = null, content = "", usage = null, firstDeltas = 0;
@@ -135,13 +145,13 @@ test("openai stream: tool call deltas, finish_reason tool_calls, then the answer
   assert.ok(usage.completion_tokens > 0);
   messages.push({ role: "assistant", content: null, tool_calls: calls },
                 { role: "tool", tool_call_id: calls[0].id, content: RESULT });
-  let answer = "";
-  for await (const chunk of await openai.chat.completions.create({ ...common, messages, stream: true })) {
-    answer += chunk.choices[0]?.delta?.content ?? "";
+  let text = "";
+  for await (const chunk of await openai.chat.completions.create({ ...answer, messages, stream: true })) {
+    text += chunk.choices[0]?.delta?.content ?? "";
     if (chunk.choices[0]?.finish_reason) finish = chunk.choices[0].finish_reason;
   }
-  assert.equal(answer, ANSWER);
-  assert.equal(finish, "stop");
+  assert.equal(text, finalAnswer);  // the same conversation, so the same greedy answer
+  assert.ok(finish === "stop" || finish === "length");
 });
 
 test("openai: tool_choice none leaves the tools out; unsupported fields are 400s naming them", async () => {
@@ -170,11 +180,13 @@ function anthropicExamples() {
 }
 const anthropicTools = [{ name: "get_weather", description: "Current weather in a city",
                           input_schema: weatherTool.function.parameters }];
-const anthropicCommon = { model: "coder-mini", tools: anthropicTools, temperature: 0, max_tokens: 40 };
+const anthropicCommon = { model: "coder-mini", tools: anthropicTools, temperature: 0 };
+const anthropicForced = { ...anthropicCommon, tool_choice: { type: "any" }, max_tokens: 21 };
+const anthropicAnswer = { ...anthropicCommon, max_tokens: 12 };
 
 test("anthropic: tool_use -> tool_result -> answer", async () => {
   const messages = [...anthropicExamples(), { role: "user", content: QUESTION }];
-  const r1 = await anthropic.messages.create({ ...anthropicCommon, messages });
+  const r1 = await anthropic.messages.create({ ...anthropicForced, messages });
   assert.equal(r1.type, "message");
   assert.match(r1.id, /^msg_/);
   assert.equal(r1.stop_reason, "tool_use", JSON.stringify(r1.content));
@@ -185,15 +197,18 @@ test("anthropic: tool_use -> tool_result -> answer", async () => {
   assert.ok(r1.usage.input_tokens > 0 && r1.usage.output_tokens > 0);
   messages.push({ role: "assistant", content: r1.content },
                 { role: "user", content: [{ type: "tool_result", tool_use_id: use.id, content: RESULT }] });
-  const r2 = await anthropic.messages.create({ ...anthropicCommon, messages });
-  assert.equal(r2.stop_reason, "end_turn");
-  assert.deepEqual(r2.content, [{ type: "text", text: ANSWER }]);
+  const r2 = await anthropic.messages.create({ ...anthropicAnswer, messages });
+  assert.ok(["end_turn", "max_tokens"].includes(r2.stop_reason));
+  assert.equal(r2.content.length, 1);
+  assert.equal(r2.content[0].type, "text");
+  // The Anthropic conversation renders to the same prompt as the OpenAI one.
+  assert.equal(r2.content[0].text, finalAnswer);
 });
 
 test("anthropic stream: the SDK assembles tool_use from input_json_delta", async () => {
   const messages = [...anthropicExamples(), { role: "user", content: QUESTION }];
   const events = [];
-  const stream = anthropic.messages.stream({ ...anthropicCommon, messages });
+  const stream = anthropic.messages.stream({ ...anthropicForced, messages });
   stream.on("streamEvent", (e) => events.push(e.type));
   const msg = await stream.finalMessage();
   assert.equal(msg.stop_reason, "tool_use");
@@ -205,11 +220,11 @@ test("anthropic stream: the SDK assembles tool_use from input_json_delta", async
   messages.push({ role: "assistant", content: msg.content },
                 { role: "user", content: [{ type: "tool_result", tool_use_id: use.id, content: RESULT }] });
   let text = "";
-  const s2 = anthropic.messages.stream({ ...anthropicCommon, messages });
+  const s2 = anthropic.messages.stream({ ...anthropicAnswer, messages });
   s2.on("text", (t) => { text += t; });
   const final = await s2.finalMessage();
-  assert.equal(text, ANSWER);
-  assert.equal(final.stop_reason, "end_turn");
+  assert.equal(text, finalAnswer);
+  assert.ok(["end_turn", "max_tokens"].includes(final.stop_reason));
 });
 
 test("anthropic: errors are the SDK's classes", async () => {
