@@ -266,7 +266,7 @@ TEST(Faults, StreamedExpertFileOverwrittenWhileRunning) {
 // undisturbed run.
 // The same fault under serve: the request that meets it gets a 5xx (the
 // server's fault, not the client's), the reason goes to the server's log,
-// and the server keeps answering.
+// and the server keeps answering, with /health at 503.
 TEST(Faults, StreamedExpertFileOverwrittenUnderServeIs500AndLogged) {
   using namespace flashmoe::test::serve;
   TempDir t;
@@ -293,9 +293,13 @@ TEST(Faults, StreamedExpertFileOverwrittenUnderServeIs500AndLogged) {
   const std::string log = srv.log();
   EXPECT_NE(log.find("flashmoe serve: error: a request failed: "), std::string::npos) << log;
   EXPECT_NE(log.find("fails its checksum"), std::string::npos) << log;
+  // The server answers, but /health tells a load balancer that its model
+  // fails (it said "ok" while every request failed).
   auto h = c.Get("/health");
   ASSERT_TRUE(h);
-  EXPECT_EQ(h->status, 200);
+  EXPECT_EQ(h->status, 503);
+  EXPECT_EQ(json::parse(h->body, nullptr, false)["status"], "error") << h->body;
+  EXPECT_EQ(h->body.find(m), std::string::npos) << h->body;
   // A request that cannot run is still the client's 4xx.
   post_json(c, "/v1/completions", {{"prompt", ""}, {"max_tokens", 4}}, &status);
   EXPECT_EQ(status, 400);

@@ -89,7 +89,7 @@ TEST(ServerAgentApi, SamplingFields) {
   EXPECT_EQ(error_of(chat_body(R"("logit_bias":{"1":101})")).substr(0, 15), "400 logit_bias:");
   EXPECT_EQ(error_of(chat_body(R"("min_p":2)")).substr(0, 10), "400 min_p:");
   EXPECT_EQ(error_of(chat_body(R"("top_k":-2)")).substr(0, 10), "400 top_k:");
-  EXPECT_EQ(error_of(chat_body(R"("max_completion_tokens":0)")), "400 max_completion_tokens: 'max_completion_tokens' must be at least 1");
+  EXPECT_EQ(error_of(chat_body(R"("max_completion_tokens":0)")).substr(0, 26), "400 max_completion_tokens:");
 }
 
 TEST(ServerAgentApi, ToolsToolChoiceAndToolMessages) {

@@ -2,7 +2,9 @@
 // pool's prefix matching and LRU bound.
 #include <gtest/gtest.h>
 
+#include "server/http_exchange.h"
 #include "server/openai_api.h"
+#include "server/request_guard.h"
 #include "server/state_cache.h"
 
 using namespace flashmoe;
@@ -101,4 +103,83 @@ TEST(ServerStateCache, LongestProperPrefixWinsAndLruBounds) {
   off.put(snap({1, 2}));
   EXPECT_EQ(off.size(), 0u);
   EXPECT_FALSE(off.find({1, 2, 3}));
+}
+
+// Numbers past int64_t and content parts of the wrong type are 400s naming
+// the field (were "must be at least 1" for 2^63, and a 500 for a type of 5).
+TEST(ServerApi, OutOfRangeNumbersAndBadPartsName) {
+  auto error_of = [](const std::string& body) -> ApiError {
+    try {
+      parse_completion_request(body, true);
+    } catch (const ApiError& e) {
+      return e;
+    }
+    return ApiError(200, "accepted");
+  };
+  const std::string msgs = R"("messages":[{"role":"user","content":"x"}])";
+  for (const char* n : {"9223372036854775808", "18446744073709551615", "1e30", "-9223372036854775809"}) {
+    ApiError e = error_of("{" + msgs + ",\"max_tokens\":" + n + "}");
+    EXPECT_EQ(e.status, 400) << n;
+    EXPECT_EQ(e.param, "max_tokens") << n;
+    EXPECT_NE(std::string(e.what()).find("between 1 and 9223372036854775807"), std::string::npos) << e.what();
+  }
+  ApiError e = error_of(R"({"messages":[{"role":"user","content":[{"type":5}]}]})");
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, "messages[0].content");
+  EXPECT_EQ(error_of(R"({"messages":[{"role":"user","content":[5]}]})").status, 400);
+  EXPECT_EQ(error_of(R"({"messages":[{"role":"user","content":[{"type":"text","text":7}]}]})").status, 400);
+  // A seed takes the whole unsigned 64-bit range.
+  auto r = parse_completion_request("{" + msgs + ",\"seed\":18446744073709551615}", true);
+  EXPECT_EQ(*r.seed, 18446744073709551615ull);
+  EXPECT_EQ(parse_completion_request("{" + msgs + ",\"seed\":-1}", true).seed, uint64_t(-1));
+  EXPECT_EQ(parse_completion_request("{" + msgs + ",\"cache_salt\":\"t1\"}", true).cache_salt, "t1");
+  EXPECT_EQ(error_of("{" + msgs + ",\"cache_salt\":1}").param, "cache_salt");
+}
+
+TEST(ServerStateCache, PartitionsNeverShare) {
+  StateCache c(8);
+  c.put(snap({1, 2, 3}), "key0/0:");
+  EXPECT_TRUE(c.find({1, 2, 3, 4}, "key0/0:"));
+  EXPECT_FALSE(c.find({1, 2, 3, 4}, "key1/0:"));
+  EXPECT_FALSE(c.find({1, 2, 3, 4}, "key0/2:s1"));
+  EXPECT_FALSE(c.find({1, 2, 3, 4}));
+  // The same tokens in two partitions are two entries.
+  c.put(snap({1, 2, 3}), "key1/0:");
+  EXPECT_EQ(c.size(), 2u);
+  EXPECT_TRUE(c.find({1, 2, 3, 4}, "key1/0:"));
+}
+
+namespace {
+HttpRequest with_headers(std::vector<std::pair<std::string, std::string>> h) {
+  HttpRequest r;
+  r.method = "POST";
+  r.path = "/v1/chat/completions";
+  r.headers = std::move(h);
+  return r;
+}
+}  // namespace
+
+TEST(ServerRequestGuard, HostAndOriginRules) {
+  OriginPolicy loop{"127.0.0.1", {}};
+  EXPECT_FALSE(refuse_host_or_origin(with_headers({{"Host", "127.0.0.1:8080"}}), loop));
+  EXPECT_FALSE(refuse_host_or_origin(with_headers({{"host", "localhost"}}), loop));
+  EXPECT_FALSE(refuse_host_or_origin(with_headers({{"Host", "[::1]:8080"}}), loop));
+  EXPECT_FALSE(refuse_host_or_origin(with_headers({}), loop));  // HTTP/1.0, no Host
+  EXPECT_TRUE(refuse_host_or_origin(with_headers({{"Host", "attacker.example"}}), loop));
+  EXPECT_TRUE(refuse_host_or_origin(with_headers({{"Host", "127.0.0.1.attacker.example"}}), loop));
+  EXPECT_TRUE(refuse_host_or_origin(with_headers({{"Host", "127.evil.example"}}), loop));
+  // Any Origin is refused by default (a page's fetch() to the server)...
+  EXPECT_TRUE(refuse_host_or_origin(with_headers({{"Host", "127.0.0.1:8080"}, {"Origin", "https://a.example"}}), loop));
+  EXPECT_TRUE(refuse_host_or_origin(with_headers({{"Host", "127.0.0.1:8080"}, {"Origin", "null"}}), loop));
+  // ...unless listed (or "*").
+  OriginPolicy listed{"127.0.0.1", {"https://a.example"}};
+  auto req = with_headers({{"Host", "127.0.0.1:8080"}, {"Origin", "https://a.example"}});
+  EXPECT_FALSE(refuse_host_or_origin(req, listed));
+  EXPECT_EQ(cors_allow_origin(req, listed), "https://a.example");
+  EXPECT_EQ(cors_allow_origin(req, loop), "");
+  EXPECT_FALSE(refuse_host_or_origin(req, OriginPolicy{"127.0.0.1", {"*"}}));
+  // A server bound to another address serves whatever names point at it.
+  OriginPolicy wide{"0.0.0.0", {}};
+  EXPECT_FALSE(refuse_host_or_origin(with_headers({{"Host", "gpu-box.lan:8080"}}), wide));
+  EXPECT_TRUE(refuse_host_or_origin(with_headers({{"Host", "gpu-box.lan"}, {"Origin", "https://a.example"}}), wide));
 }

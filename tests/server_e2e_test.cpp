@@ -7,7 +7,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <httplib.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -22,6 +21,7 @@
 using json = nlohmann::json;
 using namespace std::chrono_literals;
 using namespace flashmoe::test::serve;
+namespace http = flashmoe::test::http;
 using flashmoe::test::read_file;
 using flashmoe::test::source_path;
 using flashmoe::test::TempDir;
@@ -216,7 +216,7 @@ TEST(ServerE2E, ApiKeyRequired) {
   r = anon.Get("/metrics");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 401);
-  httplib::Client wrong("127.0.0.1", srv.port());
+  http::Client wrong("127.0.0.1", srv.port());
   wrong.set_default_headers({{"Authorization", "Bearer nope"}});
   r = wrong.Get("/v1/models");
   ASSERT_TRUE(r);
@@ -298,7 +298,7 @@ TEST(ServerE2E, DisconnectMidStreamCancelsAndFreesTheSlot) {
   EXPECT_NE(got.find("200 OK"), std::string::npos);
 
   // Meanwhile the only slot is busy and the queue is 0: a second request is refused.
-  httplib::Client c("127.0.0.1", srv.port());
+  http::Client c("127.0.0.1", srv.port());
   c.set_read_timeout(60, 0);
   auto busy = c.Post("/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}}.dump(), "application/json");
   ASSERT_TRUE(busy);

@@ -6,7 +6,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <httplib.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -17,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "http_client.h"
 #include "test_util.h"
 
 namespace flashmoe::test::serve {
@@ -59,7 +59,7 @@ class ServerProcess {
           break;  // exited: port taken (or a real failure, shown by the log)
         }
         if (read_file(log).find("flashmoe serve: model") != std::string::npos) {
-          httplib::Client c("127.0.0.1", port);
+          http::Client c("127.0.0.1", port);
           auto r = c.Get("/health");
           if (r && r->status == 200) {
             port_ = port;
@@ -91,8 +91,8 @@ class ServerProcess {
   pid_t pid() const { return pid_; }
   void forget() { pid_ = -1; }  // the caller reaped the process
 
-  httplib::Client client(bool with_key = true) const {
-    httplib::Client c("127.0.0.1", port_);
+  http::Client client(bool with_key = true) const {
+    http::Client c("127.0.0.1", port_);
     c.set_read_timeout(120, 0);
     if (with_key) c.set_default_headers({{"Authorization", "Bearer " + kKey}});
     return c;
@@ -111,8 +111,8 @@ inline std::vector<std::string> standard_args() {
   return {"--api-key", kKey, "--parallel", "4", "--queue", "16", "--max-body", "65536", "-c", "512", "-t", "2"};
 }
 
-inline json post_json(httplib::Client& c, const std::string& path, const json& body, int* status = nullptr) {
-  auto r = c.Post(path.c_str(), body.dump(), "application/json");
+inline json post_json(http::Client& c, const std::string& path, const json& body, int* status = nullptr) {
+  auto r = c.Post(path, body.dump(), "application/json");
   if (!r) {
     ADD_FAILURE() << "no response from " << path;
     return json();
@@ -127,7 +127,7 @@ inline json chat_body(const std::vector<std::pair<std::string, std::string>>& ms
   return {{"model", "coder-mini"}, {"messages", m}, {"max_tokens", max_tokens}, {"temperature", 0}};
 }
 
-inline int64_t metric(httplib::Client& c, const std::string& name) {
+inline int64_t metric(http::Client& c, const std::string& name) {
   auto r = c.Get("/metrics");
   if (!r) return -1;
   std::smatch m;

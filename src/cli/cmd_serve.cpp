@@ -1,8 +1,8 @@
 // flashmoe serve: the OpenAI-compatible HTTP server (src/server/) over one
 // model bundle. SIGINT/SIGTERM are taken by a dedicated thread (sigwait), so
 // shutdown runs in ordinary code (sigtimedwait, polling a done flag so the
-// thread also ends when listen() returns on its own): cancel generations, close the socket,
-// let httplib join its workers.
+// thread also ends when listen() returns on its own): stop accepting, end the
+// running requests with an error, let the transport write those answers.
 #include <pthread.h>
 #include <signal.h>
 
@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/sampler.h"
+#include "server/request_guard.h"
 #include "server/server.h"
 
 namespace flashmoe::cli {
@@ -33,6 +34,7 @@ struct ServeArgs {
   int64_t ctx_size = 0;
   size_t state_cache_mb = 4096;
   std::string chat_template;  // replaces the bundle's template
+  double read_timeout_s = 30, write_timeout_s = 30;
 };
 
 // --chat-template: a tokenizer_config.json (or a directory holding one), or
@@ -72,19 +74,35 @@ Registrar reg(30, [](CLI::App& app) {
   cmd->add_option("--host", a->cfg.host, "Address to bind (default 127.0.0.1: this machine only)")->group(g);
   cmd->add_option("--port", a->cfg.port, "Port (default 8080; 0: any free port, printed at startup)")
       ->check(integer_between(0, 65535))->group(g);
-  cmd->add_option("--api-key", a->cfg.api_key, "Require 'Authorization: Bearer KEY' on every endpoint but /health")->group(g);
+  cmd->add_option("--api-key", a->cfg.api_keys,
+                  "Require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every endpoint but /health; "
+                  "repeat for several keys, whose stored conversation states are kept apart")
+      ->allow_extra_args(false)->group(g);
+  cmd->add_option("--cors-origin", a->cfg.cors_origins,
+                  "Let web pages from ORIGIN (e.g. http://localhost:3000; '*': any) call the server; repeatable. "
+                  "Without it, requests carrying an Origin header are refused (403)")
+      ->allow_extra_args(false)->group(g);
   cmd->add_option("--alias", a->alias, "Model id in requests and /v1/models (default: the model directory's name)")->group(g);
   cmd->add_option("--parallel", a->cfg.parallel, "Requests generating at once (default 1); threads are split among them")
       ->check(integer_between(1, 256))->group(g);
   cmd->add_option("--queue", a->cfg.queue, "Requests waiting for a free slot before answering 503 (default 32)")
       ->check(integer_between(0, 4096))->group(g);
-  cmd->add_option("--max-body", a->cfg.max_body, "Largest request body in bytes; larger gets 413 (default 1048576)")
+  cmd->add_option("--max-body", a->cfg.max_body,
+                  "Largest request body in bytes, chunked or not; larger gets 413 before it is read (default 1048576)")
       ->check(integer_at_least(1))->group(g);
+  cmd->add_option("--read-timeout", a->read_timeout_s,
+                  "Seconds a client has to send a whole request, headers and body (not renewed by each byte); "
+                  "also how long an idle connection is kept (default 30)")
+      ->check(between(0.05, 86400))->group(g);
+  cmd->add_option("--write-timeout", a->write_timeout_s,
+                  "Seconds a client may leave a response unread before it is dropped (default 30)")
+      ->check(between(0.05, 86400))->group(g);
   cmd->add_option("--state-cache", a->cfg.state_cache, "Conversation state snapshots kept for reuse, LRU (default 32; 0: off)")
       ->check(integer_at_least(0))->group(g);
   cmd->add_option("--state-cache-mb", a->state_cache_mb, "Memory the state snapshots may hold, MiB (default 4096)")
       ->check(integer_at_least(1))->group(g);
-  cmd->add_option("--max-tokens", a->cfg.max_tokens, "Cap on (and default for) a request's max_tokens (default 4096)")
+  cmd->add_option("--max-tokens", a->cfg.max_tokens,
+                  "Default for a request's max_tokens, and the most it may ask for (more gets 400) (default 4096)")
       ->check(integer_between(1, 2147483647))->group(g);
   cmd->add_option("--chat-template", a->chat_template,
                   "Chat template to use instead of the bundle's: a tokenizer_config.json or a Jinja file")
@@ -124,6 +142,8 @@ Registrar reg(30, [](CLI::App& app) {
     sm.context = a->ctx_size > 0 ? std::min(a->ctx_size, model_ctx) : model_ctx;
 
     a->cfg.state_cache_bytes = a->state_cache_mb << 20;
+    a->cfg.read_timeout_ms = int64_t(a->read_timeout_s * 1000);
+    a->cfg.write_timeout_ms = int64_t(a->write_timeout_s * 1000);
     int threads = a->model.threads > 0 ? a->model.threads : ThreadPool::hardware_threads();
     a->cfg.threads_per_slot = std::max(1, threads / a->cfg.parallel);
     server::HttpServer srv(a->cfg, sm);
@@ -134,7 +154,7 @@ Registrar reg(30, [](CLI::App& app) {
                  "cache %zu, context %lld)\n",
                  sm.id.c_str(), a->cfg.host.c_str(), port, device.c_str(), a->cfg.parallel, a->cfg.threads_per_slot,
                  a->cfg.queue, a->cfg.state_cache, (long long)sm.context);
-    if (a->cfg.api_key.empty() && a->cfg.host != "127.0.0.1" && a->cfg.host != "localhost" && a->cfg.host != "::1")
+    if (a->cfg.api_keys.empty() && !server::is_loopback_host(a->cfg.host))
       std::fprintf(stderr, "flashmoe serve: warning: listening on %s without --api-key; anyone who can reach it can use it\n",
                    a->cfg.host.c_str());
     std::fflush(stderr);

@@ -19,6 +19,7 @@
 #include "server/metrics.h"
 #include "server/openai_api.h"
 #include "server/openai_response.h"
+#include "server/request_guard.h"
 #include "server/slots.h"
 #include "server/state_cache.h"
 
@@ -72,7 +73,8 @@ HttpResponse json_response(const json& j) {
 
 // Metrics label: the known routes by name, everything else as "other".
 std::string endpoint_label(const std::string& path) {
-  for (const char* p : {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/models", "/health", "/metrics"})
+  for (const char* p : {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/models", "/health",
+                        "/metrics", "/tokenize", "/detokenize"})
     if (path == p) return p;
   return "other";
 }
@@ -94,6 +96,7 @@ std::string anthropic_error_event(const std::string& message) {
   return "event: error\ndata: " + anthropic_error_body(500, message) + "\n\n";
 }
 
+
 }  // namespace
 
 // One prepared completion: validated, templated and tokenized, ready to run.
@@ -101,6 +104,7 @@ struct Job {
   Api api = Api::Chat;
   CompletionRequest req;
   ChatPrompt prompt;         // chat: the rendered prompt and what the output parser needs
+  std::string partition;     // state-cache partition: the API key's and cache_salt's
   std::vector<int32_t> ids;  // the whole prompt
   size_t boundary = 0;       // end of the last complete message (snapshot point), 0: none
   GenerateOptions go;
@@ -119,11 +123,15 @@ struct ApiRoutes::Impl {
   SlotPool slots;
   StateCache cache;
   Metrics metrics;
+  OriginPolicy origins;
   std::atomic<bool> stopping{false};
+  // Set when the model failed on a request (a corrupt expert file, a device
+  // error), cleared by the next request it completes: /health reports it.
+  std::atomic<bool> model_failing{false};
 
   Impl(const ServerConfig& c, const ServedModel& model)
       : cfg(c), m(model), slots(cfg.parallel, cfg.queue, cfg.threads_per_slot),
-        cache(cfg.state_cache, cfg.state_cache_bytes) {}
+        cache(cfg.state_cache, cfg.state_cache_bytes), origins{cfg.host, cfg.cors_origins} {}
 
   // The state bytes of a running request, for the gauges.
   void report(SlotPool::Lease& lease, const Session& s) const {
@@ -133,12 +141,19 @@ struct ApiRoutes::Impl {
 
   // ---- request -> job ----
 
-  Job prepare(CompletionRequest req, Api api) {
+  Job prepare(CompletionRequest req, Api api, const std::string& key_partition) {
     Job j;
     j.api = api;
     j.req = std::move(req);
     const CompletionRequest& q = j.req;
     const bool chat = q.chat;
+    if (q.max_tokens && *q.max_tokens > cfg.max_tokens)
+      throw ApiError(400,
+                     "'max_tokens' is " + std::to_string(*q.max_tokens) + "; this server allows at most " +
+                         std::to_string(cfg.max_tokens) + " (its --max-tokens)",
+                     "invalid_request_error", "", "max_tokens");
+    // Length-prefixed, so no key and salt pair can spell another's.
+    j.partition = key_partition + std::to_string(q.cache_salt.size()) + ":" + q.cache_salt;
     if (!q.model.empty() && q.model != m.id)
       throw ApiError(api == Api::Anthropic ? 404 : 400,
                      "the model '" + q.model + "' does not exist; this server serves '" + m.id + "'",
@@ -185,7 +200,7 @@ struct ApiRoutes::Impl {
     p.seed = q.seed ? *q.seed : std::random_device{}();
     p.eos_ids = q.ignore_eos ? std::vector<int32_t>{} : (chat ? m.eos_chat : m.eos_text);
     j.go.sampling = p;
-    j.go.max_new_tokens = int(std::min<int64_t>(q.max_tokens.value_or(cfg.max_tokens), cfg.max_tokens));
+    j.go.max_new_tokens = int(q.max_tokens.value_or(cfg.max_tokens));
     j.go.stop = q.stop;
     j.go.context_limit = m.context;
     j.go.cancel = &stopping;
@@ -211,10 +226,10 @@ struct ApiRoutes::Impl {
       // No copy that the cache would not keep (--state-cache 0, over the budget).
       const StateBytes b = s.state().bytes();
       if (!cache.would_keep(size_t(b.kv + b.recurrent) + s.tokens().size() * sizeof(int32_t))) return;
-      cache.put(s.snapshot());
+      cache.put(s.snapshot(), j.partition);
     };
     size_t fed = 0;
-    if (auto snap = cache.find(j.ids)) {
+    if (auto snap = cache.find(j.ids, j.partition)) {
       s.restore(*snap);
       fed = snap->tokens.size();
       out.reused = int64_t(fed);
@@ -242,6 +257,7 @@ struct ApiRoutes::Impl {
     out.r.prompt_seconds += head_seconds;
     out.r.prompt_tokens = int64_t(j.ids.size());
     bool cancelled = out.r.finish_reason == "cancelled";
+    model_failing = false;
     if (!cancelled) store();
     metrics.count_generation(int64_t(j.ids.size()), out.reused, int64_t(out.r.ids.size()), out.r.prompt_seconds,
                              out.r.gen_seconds, cancelled);
@@ -330,12 +346,24 @@ struct ApiRoutes::Impl {
     }
   };
 
-  HttpResponse handle_generation(const HttpRequest& req, Api api) {
+  // The model failed on a valid request: the server's fault, logged, and
+  // /health says so until a request succeeds again.
+  ApiError model_failure(const std::exception& e) {
+    log_failure(e);
+    if (!out_of_device_memory(e)) model_failing = true;
+    return ApiError(out_of_device_memory(e) ? 503 : 500, model_failure_message(e), "server_error");
+  }
+
+  static std::string sse_error(const ApiError& e) { return "data: " + error_body(e) + "\n\n"; }
+
+  HttpResponse handle_generation(const HttpRequest& req, Api api, const std::string& key_partition) {
     auto fail = [api](const ApiError& e) { return api == Api::Anthropic ? anthropic_error_of(e) : error_of(e); };
     try {
+      if (req.body.empty())
+        throw ApiError(400, "the request body is empty; send a JSON object (Content-Type: application/json)");
       CompletionRequest q = api == Api::Anthropic ? parse_anthropic_request(req.body)
                                                   : parse_completion_request(req.body, api == Api::Chat);
-      auto job = std::make_shared<Job>(prepare(std::move(q), api));
+      auto job = std::make_shared<Job>(prepare(std::move(q), api, key_partition));
       std::shared_ptr<SlotPool::Lease> lease = slots.acquire();
       if (!lease) {
         if (stopping) throw ApiError(503, "the server is shutting down", "server_error");
@@ -344,13 +372,16 @@ struct ApiRoutes::Impl {
       if (!job->req.stream) {
         Answer a(*job, m);
         Outcome o = run(
-            *job, *lease, [&](const std::string& piece) {
+            *job, *lease,
+            [&](const std::string& piece) {
               a.stream_text(piece);  // non-streamed: the builder keeps it
               return true;
             },
             [&](const TokenLogprob& lp) { a.logprob(lp); });
+        // Cancelled only by a shutdown: an unfinished answer is not a "stop".
+        if (o.r.finish_reason == "cancelled")
+          throw ApiError(503, "the server is shutting down; the request was not finished", "server_error");
         a.stream_flush();
-        if (o.r.finish_reason == "cancelled") throw ApiError(503, "the server is shutting down", "server_error");
         if (std::string why = a.tool_choice_failure(); !why.empty()) throw ApiError(500, why, "server_error");
         if (a.anthropic) return json_response(a.anthropic->message(a.anthropic_stop(o), o.r.stop_string, o.r.generated));
         return json_response(a.openai->response(a.openai_finish(o), usage(*job, o)));
@@ -361,8 +392,8 @@ struct ApiRoutes::Impl {
       res.stream = [this, job, lease](EventSink& sink) mutable {
         auto write = [&](const std::string& s) { return s.empty() || sink.write(s); };
         const bool anth = job->api == Api::Anthropic;
-        auto error_event = [&](const std::string& msg) {
-          write(anth ? anthropic_error_event(msg) : sse(json{{"error", {{"message", msg}, {"type", "server_error"}}}}));
+        auto error_event = [&](const ApiError& e) {
+          write(anth ? anthropic_error_event(e.what()) : sse_error(e));
         };
         try {
           Answer a(*job, m);
@@ -376,10 +407,14 @@ struct ApiRoutes::Impl {
             metrics.count_generation(0, 0, 0, 0, 0, true);
           }
           lease.reset();  // free the slot before the last writes
-          if (!ok || o.r.finish_reason == "cancelled") return;
+          if (!ok) return;  // the client has gone
+          if (o.r.finish_reason == "cancelled") {  // by a shutdown: say so, no finish chunk, no [DONE]
+            error_event(ApiError(503, "the server is shutting down; the answer was not finished", "server_error"));
+            return;
+          }
           if (!write(a.stream_flush())) return;
           if (std::string why = a.tool_choice_failure(); !why.empty()) {
-            error_event(why);
+            error_event(ApiError(500, why, "server_error"));
             return;
           }
           if (anth) {
@@ -391,8 +426,7 @@ struct ApiRoutes::Impl {
           write("data: [DONE]\n\n");
         } catch (const std::exception& e) {
           lease.reset();
-          log_failure(e);
-          error_event(model_failure_message(e));
+          error_event(model_failure(e));
         }
       };
       return res;
@@ -403,8 +437,7 @@ struct ApiRoutes::Impl {
       // here is the model failing: a corrupt or vanished expert file, the
       // GPU. The server's fault, not the client's: 5xx, and the reason goes
       // to the server's log, where the operator looks.
-      log_failure(e);
-      return fail(ApiError(out_of_device_memory(e) ? 503 : 500, model_failure_message(e), "server_error"));
+      return fail(model_failure(e));
     } catch (const std::bad_alloc&) {
       return fail(ApiError(503, "out of memory", "server_error"));
     }
@@ -431,53 +464,152 @@ struct ApiRoutes::Impl {
     return metrics.render(g);
   }
 
-  // 'Authorization: Bearer KEY' (OpenAI clients) or 'x-api-key: KEY'
-  // (Anthropic clients), on every endpoint but /health.
-  bool authorized(const HttpRequest& req) const {
-    if (cfg.api_key.empty() || req.path == "/health") return true;
+  // The caller's API key as a state-cache partition ("" without keys), or
+  // nullopt when a key is required and missing or wrong. The key comes as
+  // "Authorization: Bearer KEY" (OpenAI) or "x-api-key: KEY" (Anthropic).
+  std::optional<std::string> key_partition(const HttpRequest& req) const {
+    if (cfg.api_keys.empty()) return std::string();
+    std::string key;
     std::string auth = req.header("Authorization");
     const std::string bearer = "Bearer ";
-    if (auth.size() > bearer.size() && auth.compare(0, bearer.size(), bearer) == 0 &&
-        same_secret(auth.substr(bearer.size()), cfg.api_key))
-      return true;
-    return req.has_header("x-api-key") && same_secret(req.header("x-api-key"), cfg.api_key);
+    if (auth.size() > bearer.size() && auth.compare(0, bearer.size(), bearer) == 0) key = auth.substr(bearer.size());
+    else key = req.header("x-api-key");
+    if (key.empty()) return std::nullopt;
+    // Every key is compared (no early exit), so timing does not tell which
+    // prefix matched.
+    int found = -1;
+    for (size_t i = 0; i < cfg.api_keys.size(); ++i)
+      if (same_secret(key, cfg.api_keys[i]) && found < 0) found = int(i);
+    if (found < 0) return std::nullopt;
+    return "key" + std::to_string(found) + "/";
+  }
+
+  HttpResponse health() const {
+    HttpResponse res;
+    if (stopping) {
+      res = json_response(json{{"status", "shutting down"}});
+      res.status = 503;
+    } else if (model_failing) {
+      res = json_response(json{{"status", "error"},
+                               {"error", "the model failed on the last request that reached it (the server's log "
+                                         "has the reason)"}});
+      res.status = 503;
+    } else {
+      res = json_response(json{{"status", "ok"}});
+    }
+    return res;
+  }
+
+  // POST /tokenize {"content", "add_special", "with_pieces"} and POST
+  // /detokenize {"tokens"}, as llama.cpp's server has them.
+  HttpResponse tokenize(const HttpRequest& req) const {
+    json o = json::parse(req.body, nullptr, false);
+    if (!o.is_object()) throw ApiError(400, "the request body must be a JSON object");
+    auto c = o.find("content");
+    if (c == o.end() || !c->is_string()) throw ApiError(400, "'content' must be a string", "invalid_request_error", "", "content");
+    bool with_pieces = false;
+    for (const char* f : {"add_special", "with_pieces", "parse_special"}) {
+      auto v = o.find(f);
+      if (v != o.end() && !v->is_boolean())
+        throw ApiError(400, std::string("'") + f + "' must be a boolean", "invalid_request_error", "", f);
+    }
+    if (o.contains("with_pieces")) with_pieces = o["with_pieces"].get<bool>();
+    bool parse_special = o.value("parse_special", true);
+    std::vector<int32_t> ids;
+    try {
+      ids = m.tokenizer->encode(c->get<std::string>(), !parse_special);
+    } catch (const Error&) {
+      throw ApiError(400, "'content' could not be tokenized (is it valid UTF-8?)", "invalid_request_error", "", "content");
+    }
+    // Qwen's tokenizers add no BOS/EOS; add_special is accepted for
+    // llama.cpp clients and adds nothing.
+    json tokens = json::array();
+    for (int32_t id : ids) {
+      if (with_pieces) tokens.push_back({{"id", id}, {"piece", m.tokenizer->token_to_piece(id)}});
+      else tokens.push_back(id);
+    }
+    return json_response(json{{"tokens", tokens}});
+  }
+
+  HttpResponse detokenize(const HttpRequest& req) const {
+    json o = json::parse(req.body, nullptr, false);
+    if (!o.is_object()) throw ApiError(400, "the request body must be a JSON object");
+    auto t = o.find("tokens");
+    if (t == o.end() || !t->is_array()) throw ApiError(400, "'tokens' must be an array of token ids", "invalid_request_error", "", "tokens");
+    std::vector<int32_t> ids;
+    const int64_t vocab = int64_t(m.tokenizer->vocab_size());
+    for (const auto& v : *t) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab)
+        throw ApiError(400, "'tokens' must hold token ids between 0 and " + std::to_string(vocab - 1),
+                       "invalid_request_error", "", "tokens");
+      ids.push_back(int32_t(v.get<int64_t>()));
+    }
+    return json_response(json{{"content", m.tokenizer->decode(ids)}});
   }
 
   HttpResponse route(const HttpRequest& req) {
+    if (auto why = refuse_host_or_origin(req, origins)) return error_of(ApiError(403, *why, "permission_error"));
+    std::string cors = cors_allow_origin(req, origins);
+    HttpResponse res = route_allowed(req);
+    if (!cors.empty()) {
+      res.headers.emplace_back("Access-Control-Allow-Origin", cors);
+      res.headers.emplace_back("Vary", "Origin");
+    }
+    return res;
+  }
+
+  HttpResponse route_allowed(const HttpRequest& req) {
     const std::string& p = req.path;
-    if (!authorized(req)) {
+    if (req.method == "OPTIONS") {  // a CORS preflight (its Origin passed the check above)
+      HttpResponse res;
+      res.status = 204;
+      res.content_type = "text/plain";
+      res.headers = {{"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
+                     {"Access-Control-Allow-Headers", "Authorization, Content-Type, x-api-key, anthropic-version"},
+                     {"Access-Control-Max-Age", "600"}};
+      return res;
+    }
+    if (p == "/health") {
+      if (req.method != "GET" && req.method != "HEAD") return error_of(ApiError(405, "method not allowed"));
+      return health();
+    }
+    std::optional<std::string> key = key_partition(req);
+    if (!key) {
       ApiError e(401, "missing or invalid API key (send 'Authorization: Bearer <key>' or 'x-api-key: <key>')",
                  "authentication_error", "invalid_api_key");
       return p == "/v1/messages" ? anthropic_error_of(e) : error_of(e);
     }
     const bool get = req.method == "GET" || req.method == "HEAD", post = req.method == "POST";
-    if (p == "/v1/chat/completions" || p == "/v1/completions") {
-      if (!post) return error_of(ApiError(405, "method not allowed"));
-      return handle_generation(req, p == "/v1/chat/completions" ? Api::Chat : Api::Completions);
-    }
-    if (p == "/v1/messages") {
-      if (!post) return anthropic_error_of(ApiError(405, "method not allowed"));
-      return handle_generation(req, Api::Anthropic);
-    }
-    if (p == "/v1/models" || p.rfind("/v1/models/", 0) == 0 || p == "/health" || p == "/metrics") {
-      if (!get) return error_of(ApiError(405, "method not allowed"));
-      if (p == "/v1/models") return json_response(models_json());
-      if (p == "/health") {
-        HttpResponse res = json_response(json{{"status", stopping ? "shutting down" : "ok"}});
-        if (stopping) res.status = 503;
-        return res;
+    try {
+      if (p == "/v1/chat/completions" || p == "/v1/completions") {
+        if (!post) return error_of(ApiError(405, "method not allowed"));
+        return handle_generation(req, p == "/v1/chat/completions" ? Api::Chat : Api::Completions, *key);
       }
-      if (p == "/metrics") {
-        HttpResponse res;
-        res.content_type = "text/plain; version=0.0.4";
-        res.body = metrics_text();
-        return res;
+      if (p == "/v1/messages") {
+        if (!post) return anthropic_error_of(ApiError(405, "method not allowed"));
+        return handle_generation(req, Api::Anthropic, *key);
       }
-      std::string id = p.substr(std::string("/v1/models/").size());
-      if (id != m.id)
-        return error_of(ApiError(404, "the model '" + id + "' does not exist", "invalid_request_error",
-                                 "model_not_found", "model"));
-      return json_response(models_json()["data"][0]);
+      if (p == "/tokenize" || p == "/detokenize") {
+        if (!post) return error_of(ApiError(405, "method not allowed"));
+        return p == "/tokenize" ? tokenize(req) : detokenize(req);
+      }
+      if (p == "/v1/models" || p.rfind("/v1/models/", 0) == 0 || p == "/metrics") {
+        if (!get) return error_of(ApiError(405, "method not allowed"));
+        if (p == "/v1/models") return json_response(models_json());
+        if (p == "/metrics") {
+          HttpResponse res;
+          res.content_type = "text/plain; version=0.0.4";
+          res.body = metrics_text();
+          return res;
+        }
+        std::string id = p.substr(std::string("/v1/models/").size());
+        if (id != m.id)
+          return error_of(ApiError(404, "the model '" + id + "' does not exist", "invalid_request_error",
+                                   "model_not_found", "model"));
+        return json_response(models_json()["data"][0]);
+      }
+    } catch (const ApiError& e) {
+      return error_of(e);
     }
     return error_of(ApiError(404, "not found"));
   }
@@ -502,7 +634,8 @@ HttpResponse ApiRoutes::handle(const HttpRequest& req) {
 
 bool ApiRoutes::answers_at_once(const HttpRequest& req) const {
   const std::string& p = req.path;
-  return p == "/health" || p == "/metrics" || p == "/v1/models" || p.rfind("/v1/models/", 0) == 0;
+  return req.method == "OPTIONS" || p == "/health" || p == "/metrics" || p == "/v1/models" ||
+         p.rfind("/v1/models/", 0) == 0;
 }
 
 HttpResponse ApiRoutes::error_response(int status, const std::string& message) {

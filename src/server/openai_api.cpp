@@ -43,13 +43,31 @@ std::optional<double> number(const json& o, const char* name, double lo, double 
   return x;
 }
 
-std::optional<int64_t> integer(const json& o, const char* name) {
+// An integer field in [lo, hi]; a value outside it (2^64 - 1 included, which
+// int64_t cannot hold) is a 400 naming the field and the range.
+std::optional<int64_t> integer(const json& o, const char* name, int64_t lo, int64_t hi) {
   const json* v = field(o, name);
   if (!v) return std::nullopt;
-  if (v->is_number_integer()) return v->get<int64_t>();
+  auto out_of_range = [&]() {
+    bad(name, std::string("'") + name + "' must be an integer between " + std::to_string(lo) + " and " +
+                  std::to_string(hi));
+  };
+  if (v->is_number_unsigned()) {
+    uint64_t u = v->get<uint64_t>();
+    if (u > uint64_t(hi)) out_of_range();
+    return int64_t(u);
+  }
+  if (v->is_number_integer()) {
+    int64_t x = v->get<int64_t>();
+    if (x < lo || x > hi) out_of_range();
+    return x;
+  }
   if (v->is_number_float()) {
     double d = v->get<double>();
-    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e18) return int64_t(d);
+    if (std::isfinite(d) && d == std::floor(d)) {
+      if (d < double(lo) || d > double(hi)) out_of_range();
+      return int64_t(d);
+    }
   }
   bad(name, std::string("'") + name + "' must be an integer");
 }
@@ -74,7 +92,10 @@ std::string content_text(const json& m, size_t i, const std::string& role) {
   if (it->is_array()) {
     std::string s;
     for (const auto& part : *it) {
-      if (!part.is_object() || !part.contains("type") || !part["type"].is_string() || part["type"] != "text" ||
+      // (A "type" that is not a string, such as 5, must be a 400 too, not
+      // a JSON type error.)
+      auto type = part.is_object() ? part.find("type") : part.end();
+      if (!part.is_object() || type == part.end() || !type->is_string() || type->get<std::string>() != "text" ||
           !part.contains("text") || !part["text"].is_string())
         bad(where, "'" + where + "' parts must be {\"type\": \"text\", \"text\": \"...\"} (only text is supported)");
       s += part["text"].get<std::string>();
@@ -257,12 +278,12 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
     only_fields(o, {"model", "messages", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                     "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "max_tokens",
                     "max_completion_tokens", "n", "seed", "stop", "stream", "stream_options", "tools", "tool_choice",
-                    "parallel_tool_calls", "chat_template_kwargs", "ignore_eos", "user"},
+                    "parallel_tool_calls", "chat_template_kwargs", "ignore_eos", "user", "cache_salt"},
                 "");
   else
     only_fields(o, {"model", "prompt", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                     "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n", "seed", "stop",
-                    "stream", "stream_options", "ignore_eos", "user", "echo", "best_of"},
+                    "stream", "stream_options", "ignore_eos", "user", "echo", "best_of", "cache_salt"},
                 "");
   CompletionRequest r;
   r.chat = chat;
@@ -300,8 +321,7 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
       r.template_kwargs = *k;
     }
     const bool lp = boolean(o, "logprobs");
-    if (auto n = integer(o, "top_logprobs")) {
-      if (*n < 0 || *n > 20) bad("top_logprobs", "'top_logprobs' must be between 0 and 20");
+    if (auto n = integer(o, "top_logprobs", 0, 20)) {
       if (!lp) bad("top_logprobs", "'top_logprobs' requires 'logprobs': true");
       r.top_logprobs = int(*n);
     } else if (lp) {
@@ -314,34 +334,25 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
     if (!p->is_string()) bad("prompt", "'prompt' must be a string");
     r.prompt = p->get<std::string>();
     if (r.prompt.empty()) bad("prompt", "'prompt' must not be empty");
-    if (auto n = integer(o, "logprobs")) {
-      if (*n < 0 || *n > 20) bad("logprobs", "'logprobs' must be between 0 and 20");
-      r.top_logprobs = int(*n);
-    }
+    if (auto n = integer(o, "logprobs", 0, 20)) r.top_logprobs = int(*n);
     if (boolean(o, "echo")) bad("echo", "'echo': true is not supported");
-    if (auto b = integer(o, "best_of"); b && *b != 1) bad("best_of", "only best_of = 1 is supported");
+    if (auto b = integer(o, "best_of", 1, INT64_MAX); b && *b != 1) bad("best_of", "only best_of = 1 is supported");
   }
   if (auto t = number(o, "temperature", 0, 2)) r.temperature = float(*t);
   if (auto t = number(o, "top_p", 0, 1)) r.top_p = float(*t);
   if (auto t = number(o, "min_p", 0, 1)) r.min_p = float(*t);
   if (auto t = number(o, "repetition_penalty", 0.01, 10)) r.repetition_penalty = float(*t);
-  if (auto k = integer(o, "top_k")) {
-    if (*k < -1 || *k > INT32_MAX) bad("top_k", "'top_k' must be -1 (off), 0 (off) or a positive integer");
-    r.top_k = int(*k);
-  }
+  if (auto k = integer(o, "top_k", -1, INT32_MAX)) r.top_k = int(*k);  // -1, 0: off
   if (auto t = number(o, "presence_penalty", -2, 2)) r.presence_penalty = float(*t);
   if (auto t = number(o, "frequency_penalty", -2, 2)) r.frequency_penalty = float(*t);
   parse_logit_bias(o, r);
-  const char* mt_name = "max_tokens";
-  auto mt = integer(o, "max_completion_tokens");
-  if (mt) mt_name = "max_completion_tokens";
-  else mt = integer(o, "max_tokens");
-  if (mt) {
-    if (*mt < 1) bad(mt_name, std::string("'") + mt_name + "' must be at least 1");
-    r.max_tokens = *mt;
-  }
-  if (auto n = integer(o, "n"); n && *n != 1) bad("n", "only n = 1 is supported");
-  if (auto s = integer(o, "seed")) r.seed = uint64_t(*s);
+  // The server's own cap (--max-tokens) is checked where it is known.
+  auto mt = integer(o, "max_completion_tokens", 1, INT64_MAX);
+  if (!mt) mt = integer(o, "max_tokens", 1, INT64_MAX);
+  if (mt) r.max_tokens = *mt;
+  if (auto n = integer(o, "n", 1, INT64_MAX); n && *n != 1) bad("n", "only n = 1 is supported");
+  if (const json* s = field(o, "seed"); s && s->is_number_unsigned()) r.seed = s->get<uint64_t>();
+  else if (auto s = integer(o, "seed", INT64_MIN, INT64_MAX)) r.seed = uint64_t(*s);
   if (const json* s = field(o, "stop")) {
     if (s->is_string()) {
       r.stop.push_back(s->get<std::string>());
@@ -362,6 +373,10 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
     r.include_usage = boolean(*so, "include_usage");
   }
   r.ignore_eos = boolean(o, "ignore_eos");
+  if (const json* salt = field(o, "cache_salt")) {
+    if (!salt->is_string()) bad("cache_salt", "'cache_salt' must be a string");
+    r.cache_salt = salt->get<std::string>();
+  }
   return r;
 }
 

@@ -56,6 +56,9 @@ struct CompletionRequest {
   ToolChoice tool_choice = ToolChoice::Auto;
   std::string tool_name;              // ToolChoice::Named
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // extra chat template variables
+  // vLLM extension: requests with different salts never share stored
+  // conversation states (so cached_tokens cannot reveal another's prompt).
+  std::string cache_salt;
 };
 
 // Parses and validates a /v1/chat/completions (chat=true) or /v1/completions

@@ -5,12 +5,17 @@
 // prompt ids extend a snapshot's ids starts from a copy of that snapshot and
 // feeds only the suffix. The pool is bounded (LRU) by entry count and by
 // bytes: a long conversation's KV cache can be large on a real model.
+// Entries live in partitions (one per API key and cache_salt): a request
+// only ever starts from a snapshot of its own partition, so one client's
+// stored conversation never serves, or shows up in the cached_tokens of,
+// another's.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <list>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "engine/session.h"
@@ -26,7 +31,7 @@ class StateCache {
   // The snapshot with the longest token list that is a proper prefix of
   // `prompt` (at least one prompt token is left to feed, so the caller gets
   // fresh logits), or null. A hit becomes the most recently used entry.
-  std::shared_ptr<const Snapshot> find(const std::vector<int32_t>& prompt);
+  std::shared_ptr<const Snapshot> find(const std::vector<int32_t>& prompt, const std::string& partition = "");
 
   // Whether a snapshot of about `bytes` would be kept at all (capacity 0, or
   // larger than the whole budget: no), so that callers skip the copy.
@@ -34,17 +39,21 @@ class StateCache {
   // Stores a snapshot (an entry with the same tokens is replaced); evicts the
   // least recently used entries beyond the capacity or the byte budget. No-op
   // when would_keep says no, or for an empty token list.
-  void put(Snapshot snap);
+  void put(Snapshot snap, const std::string& partition = "");
 
   size_t capacity() const { return capacity_; }
   size_t size() const;
   size_t bytes() const;  // memory held by all snapshots
 
  private:
-  void insert(std::shared_ptr<Snapshot> snap);
+  struct Entry {
+    std::string partition;
+    std::shared_ptr<const Snapshot> snap;
+  };
+  void insert(Entry e);
   size_t capacity_, max_bytes_, bytes_ = 0;
   mutable std::mutex mu_;
-  std::list<std::shared_ptr<const Snapshot>> lru_;  // front = most recent
+  std::list<Entry> lru_;  // front = most recent
 };
 
 }  // namespace flashmoe::server
