@@ -183,3 +183,18 @@ TEST(ServerRequestGuard, HostAndOriginRules) {
   EXPECT_FALSE(refuse_host_or_origin(with_headers({{"Host", "gpu-box.lan:8080"}}), wide));
   EXPECT_TRUE(refuse_host_or_origin(with_headers({{"Host", "gpu-box.lan"}, {"Origin", "https://a.example"}}), wide));
 }
+
+TEST(ServerApi, IntegerRangesHoldForEveryJsonNumberKind) {
+  // nlohmann keeps 0 and positive integers as unsigned: the lower bound
+  // must hold for them too.
+  for (const char* n : {"0", "-1", "0.0"}) {
+    try {
+      parse_completion_request(std::string(R"({"prompt":"x","max_tokens":)") + n + "}", false);
+      ADD_FAILURE() << n << " accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.param, "max_tokens") << n;
+    }
+  }
+  EXPECT_EQ(*parse_completion_request(R"({"prompt":"x","max_tokens":1})", false).max_tokens, 1);
+  EXPECT_EQ(*parse_completion_request(R"({"prompt":"x","max_tokens":2.0})", false).max_tokens, 2);
+}

@@ -5,6 +5,7 @@
 // running requests with an error, let the transport write those answers.
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
@@ -120,6 +121,13 @@ Registrar reg(30, [](CLI::App& app) {
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
     signal(SIGPIPE, SIG_IGN);
+    // Each connection is a descriptor: take the hard limit, not the usual
+    // soft 1024, so a burst of clients is accepted rather than refused.
+    rlimit fds{};
+    if (getrlimit(RLIMIT_NOFILE, &fds) == 0 && fds.rlim_cur < fds.rlim_max) {
+      fds.rlim_cur = fds.rlim_max;
+      setrlimit(RLIMIT_NOFILE, &fds);
+    }
 
     TextModel tm = load_text_model(a->model);
     if (!a->chat_template.empty()) tm.chat.emplace(load_template_override(a->chat_template, tm.chat));

@@ -54,7 +54,7 @@ std::optional<int64_t> integer(const json& o, const char* name, int64_t lo, int6
   };
   if (v->is_number_unsigned()) {
     uint64_t u = v->get<uint64_t>();
-    if (u > uint64_t(hi)) out_of_range();
+    if (u > uint64_t(hi) || (lo > 0 && u < uint64_t(lo))) out_of_range();
     return int64_t(u);
   }
   if (v->is_number_integer()) {
