@@ -216,6 +216,14 @@ TEST(ServerAgentApi, AnthropicRequestBecomesChatMessages) {
             "400 tool_choice:");
   EXPECT_EQ(anthropic_error_of("{" + base + R"(,"max_tokens":5,"tools":[{"type":"bash_20250124","name":"bash"}]})").substr(0, 18),
             "400 tools[0].type:");
+  // count_tokens bodies: no max_tokens needed, generation fields refused.
+  EXPECT_EQ(parse_anthropic_request("{" + base + "}", /*count_tokens=*/true).messages.size(), 1u);
+  try {
+    parse_anthropic_request("{" + base + R"(,"max_tokens":5})", true);
+    ADD_FAILURE() << "max_tokens accepted by count_tokens";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "max_tokens");
+  }
   EXPECT_EQ(anthropic_error_body(401, "no"), R"({"type":"error","error":{"type":"authentication_error","message":"no"}})");
   EXPECT_EQ(anthropic_stop_reason("stop", "", true), "tool_use");
   EXPECT_EQ(anthropic_stop_reason("stop", "END", false), "stop_sequence");

@@ -167,7 +167,7 @@ json convert_tools(const json& tools) {
 
 }  // namespace
 
-CompletionRequest parse_anthropic_request(const std::string& body) {
+CompletionRequest parse_anthropic_request(const std::string& body, bool count_tokens) {
   json o;
   try {
     o = json::parse(body);
@@ -175,18 +175,23 @@ CompletionRequest parse_anthropic_request(const std::string& body) {
     bad("", "the request body is not valid JSON");
   }
   if (!o.is_object()) bad("", "the request body must be a JSON object");
-  only_fields(o, {"model", "messages", "system", "max_tokens", "stop_sequences", "stream", "temperature", "top_p",
-                  "top_k", "tools", "tool_choice", "metadata"},
-              "");
+  if (count_tokens)
+    only_fields(o, {"model", "messages", "system", "tools", "tool_choice"}, "");
+  else
+    only_fields(o, {"model", "messages", "system", "max_tokens", "stop_sequences", "stream", "temperature", "top_p",
+                    "top_k", "tools", "tool_choice", "metadata"},
+                "");
   CompletionRequest r;
   r.chat = true;
   r.model = need_string(o, "model", "");
-  const json* mt = field(o, "max_tokens");
-  if (!mt) bad("max_tokens", "'max_tokens' is required");
-  if (!mt->is_number_integer() || (mt->is_number_unsigned() ? false : mt->get<int64_t>() < 1))
-    bad("max_tokens", "'max_tokens' must be a positive integer");
-  r.max_tokens = mt->is_number_unsigned() ? int64_t(std::min<uint64_t>(mt->get<uint64_t>(), uint64_t(INT64_MAX)))
-                                          : mt->get<int64_t>();
+  if (!count_tokens) {
+    const json* mt = field(o, "max_tokens");
+    if (!mt) bad("max_tokens", "'max_tokens' is required");
+    if (!mt->is_number_integer() || (mt->is_number_unsigned() ? false : mt->get<int64_t>() < 1))
+      bad("max_tokens", "'max_tokens' must be a positive integer");
+    r.max_tokens = mt->is_number_unsigned() ? int64_t(std::min<uint64_t>(mt->get<uint64_t>(), uint64_t(INT64_MAX)))
+                                            : mt->get<int64_t>();
+  }
   r.messages = json::array();
   if (const json* sys = field(o, "system")) r.messages.push_back({{"role", "system"}, {"content", text_content(*sys, "system")}});
   const json* msgs = field(o, "messages");

@@ -17,8 +17,10 @@
 namespace flashmoe::server {
 
 // Validates and converts a /v1/messages body; ApiError(400) names the field.
-// Fields outside the allow-list are a 400 too.
-CompletionRequest parse_anthropic_request(const std::string& body);
+// Fields outside the allow-list are a 400 too. `count_tokens`: a
+// /v1/messages/count_tokens body (no max_tokens, stop_sequences, sampling
+// or stream).
+CompletionRequest parse_anthropic_request(const std::string& body, bool count_tokens = false);
 
 // {"type": "error", "error": {"type", "message"}}, the error type derived
 // from the HTTP status as Anthropic does (400 invalid_request_error, 401

@@ -73,8 +73,8 @@ HttpResponse json_response(const json& j) {
 
 // Metrics label: the known routes by name, everything else as "other".
 std::string endpoint_label(const std::string& path) {
-  for (const char* p : {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/models", "/health",
-                        "/metrics", "/tokenize", "/detokenize"})
+  for (const char* p : {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
+                        "/v1/models", "/health", "/metrics", "/tokenize", "/detokenize"})
     if (path == p) return p;
   return "other";
 }
@@ -356,6 +356,19 @@ struct ApiRoutes::Impl {
 
   static std::string sse_error(const ApiError& e) { return "data: " + error_body(e) + "\n\n"; }
 
+  // POST /v1/messages/count_tokens: the prompt's length in tokens, as the
+  // Messages endpoint would build it (template, tools, forced call start).
+  HttpResponse count_tokens(const HttpRequest& req) {
+    try {
+      if (req.body.empty())
+        throw ApiError(400, "the request body is empty; send a JSON object (Content-Type: application/json)");
+      Job j = prepare(parse_anthropic_request(req.body, /*count_tokens=*/true), Api::Anthropic, "");
+      return json_response(json{{"input_tokens", int64_t(j.ids.size())}});
+    } catch (const ApiError& e) {
+      return anthropic_error_of(e);
+    }
+  }
+
   HttpResponse handle_generation(const HttpRequest& req, Api api, const std::string& key_partition) {
     auto fail = [api](const ApiError& e) { return api == Api::Anthropic ? anthropic_error_of(e) : error_of(e); };
     try {
@@ -588,6 +601,10 @@ struct ApiRoutes::Impl {
       if (p == "/v1/messages") {
         if (!post) return anthropic_error_of(ApiError(405, "method not allowed"));
         return handle_generation(req, Api::Anthropic, *key);
+      }
+      if (p == "/v1/messages/count_tokens") {
+        if (!post) return anthropic_error_of(ApiError(405, "method not allowed"));
+        return count_tokens(req);
       }
       if (p == "/tokenize" || p == "/detokenize") {
         if (!post) return error_of(ApiError(405, "method not allowed"));

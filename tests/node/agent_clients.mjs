@@ -195,6 +195,10 @@ test("anthropic: tool_use -> tool_result -> answer", async () => {
   assert.deepEqual(use.input, ARGS);
   assert.match(use.id, /^toolu_/);
   assert.ok(r1.usage.input_tokens > 0 && r1.usage.output_tokens > 0);
+  // count_tokens builds the same prompt without generating.
+  const count = await anthropic.messages.countTokens({ model: "coder-mini", messages, tools: anthropicTools,
+                                                        tool_choice: { type: "any" } });
+  assert.equal(count.input_tokens, r1.usage.input_tokens);
   messages.push({ role: "assistant", content: r1.content },
                 { role: "user", content: [{ type: "tool_result", tool_use_id: use.id, content: RESULT }] });
   const r2 = await anthropic.messages.create({ ...anthropicAnswer, messages });
