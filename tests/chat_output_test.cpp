@@ -96,6 +96,18 @@ TEST(ChatOutput, Qwen3JsonToolCalls) {
   EXPECT_EQ(parsed("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n"), "T[f {\"a\":1}]");
 }
 
+// A model that forgets </tool_call>: the call ends with its JSON object and
+// what follows is answer text again (braces inside strings do not count).
+TEST(ChatOutput, JsonCallWithoutClosingTagEndsWithItsObject) {
+  EXPECT_EQ(parsed("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": \"}\"}}\nprint(1)"),
+            "T[f {\"a\":\"}\"}]C[\nprint(1)]");
+  EXPECT_EQ(parsed("<tool_call>{\"name\": \"f\", \"arguments\": {}} </x>"), "T[f {}]C[ </x>]");
+  EXPECT_EQ(parsed("<tool_call>{\"name\": \"f\", \"arguments\": {}}<tool_call>{\"name\": \"g\"}</tool_call>"),
+            "T[f {}]T[g {}]");
+  // Not a call object: stays text as a whole.
+  EXPECT_EQ(parsed("<tool_call>{\"x\": 1} and more"), "C[<tool_call>{\"x\": 1} and more]");
+}
+
 TEST(ChatOutput, MalformedCallsStayText) {
   EXPECT_EQ(parsed("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": </tool_call> ok"),
             "C[<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": </tool_call> ok]");

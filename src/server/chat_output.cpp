@@ -50,6 +50,31 @@ std::string schema_type(const json& tools, const std::string& fn, const std::str
   return "";
 }
 
+// The end (one past the closing brace) of the JSON object `s` starts with
+// (after whitespace), or npos while it is incomplete or `s` is not one.
+size_t json_object_end(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size() && is_space(s[i])) ++i;
+  if (i == s.size() || s[i] != '{') return std::string_view::npos;
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if (c == '}' || c == ']') {
+      if (--depth == 0) return i + 1;
+    }
+  }
+  return std::string_view::npos;
+}
+
 bool parse_json_call(std::string_view body, ToolCall* out) {
   json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return false;
@@ -227,8 +252,30 @@ std::vector<OutputEvent> ChatOutputParser::feed(std::string_view text) {
       return out;
     }
     // Mode::ToolCall
+    // A JSON call whose object is complete but is followed by something
+    // other than </tool_call> (a model that forgot the tag): the call ends
+    // with its object and the rest is read as answer text again.
+    if (const size_t end = json_object_end(buf_); end != std::string::npos) {
+      std::string_view after = std::string_view(buf_).substr(end);
+      while (!after.empty() && is_space(after.front())) after.remove_prefix(1);
+      const bool tag_next = after.substr(0, kCallClose.size()) == kCallClose;
+      if (!tag_next && after.size() < kCallClose.size() && kCallClose.substr(0, after.size()) == after)
+        return out;  // nothing yet, or the start of </tool_call>: wait
+      ToolCall call;
+      if (!tag_next && parse_tool_call_block(std::string_view(buf_).substr(0, end), opt_.tool_defs, &call)) {
+        ws_pending_.clear();
+        strip_newlines_ = false;
+        ++calls_;
+        names_.push_back(call.name);
+        out.push_back({OutputEvent::Kind::ToolCall, "", std::move(call)});
+        buf_.erase(0, end);
+        mode_ = Mode::Content;
+        continue;
+      }
+    }
     size_t pos = buf_.find(kCallClose);
     if (pos == std::string::npos) return out;
+    const size_t resume = pos + kCallClose.size();
     ToolCall call;
     if (parse_tool_call_block(std::string_view(buf_).substr(0, pos), opt_.tool_defs, &call)) {
       ws_pending_.clear();
@@ -239,7 +286,7 @@ std::vector<OutputEvent> ChatOutputParser::feed(std::string_view text) {
     } else {
       emit_content(std::string(kCallOpen) + buf_.substr(0, pos + kCallClose.size()), out);
     }
-    buf_.erase(0, pos + kCallClose.size());
+    buf_.erase(0, resume);
     mode_ = Mode::Content;
   }
   return out;
