@@ -11,6 +11,8 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "cli/command.h"
@@ -32,8 +34,31 @@ struct ServeArgs {
   std::string alias;
   int64_t ctx_size = 0;
   size_t state_cache_mb = 4096;
+  std::string chat_template;  // replaces the bundle's template
   double read_timeout_s = 30, write_timeout_s = 30;
 };
+
+// --chat-template: a tokenizer_config.json (or a directory holding one), or
+// a Jinja file; a Jinja file keeps the bundle's special tokens (eos_token...).
+ChatTemplate load_template_override(const std::string& path, const std::optional<ChatTemplate>& bundled) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec) || path.ends_with(".json")) return ChatTemplate::load(path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot read the chat template " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::ordered_json specials = nlohmann::ordered_json::object();
+  if (bundled) {
+    if (!bundled->eos_token().empty()) specials["eos_token"] = bundled->eos_token();
+    if (!bundled->bos_token().empty()) specials["bos_token"] = bundled->bos_token();
+  }
+  try {
+    return ChatTemplate(ss.str(), specials);
+  } catch (const Error& e) {
+    fail(std::string(e.what()) + " (template from " + path + ")");
+  }
+}
 
 std::string model_id(const std::string& path) {
   std::filesystem::path p = std::filesystem::path(path).lexically_normal();
@@ -80,6 +105,9 @@ Registrar reg(30, [](CLI::App& app) {
   cmd->add_option("--max-tokens", a->cfg.max_tokens,
                   "Default for a request's max_tokens, and the most it may ask for (more gets 400) (default 4096)")
       ->check(integer_between(1, 2147483647))->group(g);
+  cmd->add_option("--chat-template", a->chat_template,
+                  "Chat template to use instead of the bundle's: a tokenizer_config.json or a Jinja file")
+      ->check(CLI::ExistingPath)->group(g);
   cmd->add_flag("--log-requests", a->cfg.access_log, "Print one line per request (method, endpoint, status) to stderr")->group(g);
   cmd->add_option("-c,--ctx-size", a->ctx_size, "Context limit in tokens (default: the model's max_position_embeddings)")
       ->check(integer_at_least(0))->group(g);
@@ -102,6 +130,7 @@ Registrar reg(30, [](CLI::App& app) {
     }
 
     TextModel tm = load_text_model(a->model);
+    if (!a->chat_template.empty()) tm.chat.emplace(load_template_override(a->chat_template, tm.chat));
     server::ServedModel sm;
     sm.id = a->alias.empty() ? model_id(a->model.model_dir) : a->alias;
     sm.backend = tm.backend.get();

@@ -50,6 +50,11 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
     // session that does not record tokens is only used without penalties.
     int32_t next = sampler.sample(*logits, session.tokens());
     if (opt.keep_output) r.ids.push_back(next);
+    if (opt.top_logprobs >= 0) {
+      TokenLogprob lp = token_logprob(*logits, next, opt.top_logprobs);
+      if (opt.on_logprob) opt.on_logprob(lp);
+      if (opt.keep_output) r.logprobs.push_back(std::move(lp));
+    }
     ++r.generated;
     const auto& eos = opt.sampling.eos_ids;
     bool is_eos = std::find(eos.begin(), eos.end(), next) != eos.end();
@@ -64,6 +69,8 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
     if (s.stopped) {
       session.feed({next});
       r.finish_reason = "stop";
+      for (const std::string& x : opt.stop)  // StopMatcher counts only the non-empty ones
+        if (!x.empty() && s.which-- == 0) r.stop_string = x;
       break;
     }
     if (!keep_going) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/logprobs.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
 #include "tokenizer/tokenizer.h"
@@ -23,13 +24,21 @@ struct GenerateOptions {
   // text through on_text and needs only the count), so a long generation does
   // not hold its whole output twice more.
   bool keep_output = true;
+  // >= 0: report every generated token's log-probability (engine/logprobs.h)
+  // with this many alternatives, through on_logprob (called before the text
+  // that token completes is passed to on_text) and GenerateResult::logprobs
+  // (with keep_output). An EOS token is reported too.
+  int top_logprobs = -1;
+  std::function<void(const TokenLogprob&)> on_logprob;
 };
 
 struct GenerateResult {
   std::vector<int32_t> ids;        // generated ids (including a final EOS, if any); empty without keep_output
   std::string text;                // emitted text; empty without keep_output
+  std::vector<TokenLogprob> logprobs;  // with top_logprobs >= 0 and keep_output
   int64_t generated = 0;           // number of generated ids, also without keep_output
   std::string finish_reason;       // "stop" (EOS or stop string), "length", "cancelled"
+  std::string stop_string;         // the stop string that ended it, else ""
   int64_t prompt_tokens = 0;
   double prompt_seconds = 0, gen_seconds = 0;
 };

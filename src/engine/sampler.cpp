@@ -56,6 +56,11 @@ std::vector<T>& scratch(size_t n) {
 }
 }  // namespace
 
+void Sampler::apply_logit_bias(std::span<float> logits, const std::vector<std::pair<int32_t, float>>& bias) {
+  for (const auto& [id, b] : bias)
+    if (id >= 0 && size_t(id) < logits.size()) logits[size_t(id)] += b;
+}
+
 void Sampler::apply_repetition_penalty(std::span<float> logits, std::span<const int32_t> history, float penalty) {
   if (penalty == 1.0f) return;
   std::vector<uint8_t>& seen = scratch<uint8_t>(logits.size());
@@ -144,8 +149,9 @@ std::vector<std::pair<int32_t, float>> Sampler::candidates(std::span<const float
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
   std::span<const float> l = logits;
   const bool penalise = !history.empty() && params_.uses_history();
-  if (penalise) {
+  if (penalise || !params_.logit_bias.empty()) {
     work_.assign(logits.begin(), logits.end());
+    apply_logit_bias(work_, params_.logit_bias);
     apply_repetition_penalty(work_, history, params_.repetition_penalty);
     apply_presence_frequency(work_, history, params_.presence_penalty, params_.frequency_penalty);
     l = work_;

@@ -1,5 +1,6 @@
 // Next-token sampling over one row of logits. Semantics follow the reference
-// implementations users compare against: repetition penalty as in HF
+// implementations users compare against: logit bias added first (as OpenAI's
+// logit_bias), repetition penalty as in HF
 // transformers (divide positive logits, multiply negative ones), presence /
 // frequency penalties as in the OpenAI API, then temperature -> top-k ->
 // top-p -> min-p (HF's warper order), then a draw from a seeded
@@ -23,6 +24,9 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;   // subtracted once per occurrence
   uint64_t seed = 0;
   std::vector<int32_t> eos_ids;     // generation stops on any of these
+  // Added to the logit of each listed token before everything else (OpenAI's
+  // logit_bias: -100 bans a token, +100 all but forces it).
+  std::vector<std::pair<int32_t, float>> logit_bias;
   // Whether sampling reads the token history (any penalty on).
   bool uses_history() const {
     return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
@@ -47,6 +51,7 @@ class Sampler {
   void reseed(uint64_t seed) { rng_.seed(seed); }
 
   // The individual steps, exposed for tests and for callers that fuse them.
+  static void apply_logit_bias(std::span<float> logits, const std::vector<std::pair<int32_t, float>>& bias);
   static void apply_repetition_penalty(std::span<float> logits, std::span<const int32_t> history, float penalty);
   static void apply_presence_frequency(std::span<float> logits, std::span<const int32_t> history, float presence,
                                        float frequency);

@@ -12,8 +12,13 @@
 #include "engine/generator.h"
 #include "engine/session.h"
 #include "kv/memory_calc.h"
+#include "server/anthropic_api.h"
+#include "server/chat_output.h"
+#include "server/chat_prompt.h"
+#include "server/ids.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
+#include "server/openai_response.h"
 #include "server/request_guard.h"
 #include "server/slots.h"
 #include "server/state_cache.h"
@@ -26,15 +31,6 @@ namespace {
 
 int64_t unix_time() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-std::string random_id(const char* prefix) {
-  static std::mutex mu;
-  static std::mt19937_64 rng{std::random_device{}()};
-  std::lock_guard<std::mutex> lock(mu);
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%s%016llx", prefix, (unsigned long long)rng());
-  return buf;
 }
 
 // Compares without an early exit, so the key cannot be guessed byte by byte
@@ -77,19 +73,37 @@ HttpResponse json_response(const json& j) {
 
 // Metrics label: the known routes by name, everything else as "other".
 std::string endpoint_label(const std::string& path) {
-  for (const char* p : {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/tokenize",
-                        "/detokenize"})
+  for (const char* p : {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
+                        "/v1/models", "/health", "/metrics", "/tokenize", "/detokenize"})
     if (path == p) return p;
   return "other";
 }
 
 std::string sse(const json& j) { return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n"; }
 
+// The API a generation request came in through: it decides the request
+// parser, the response shapes and the error shape.
+enum class Api { Chat, Completions, Anthropic };
+
+HttpResponse anthropic_error_of(const ApiError& e) {
+  HttpResponse res;
+  res.status = e.status;
+  res.body = anthropic_error_body(e.status, e.what());
+  return res;
+}
+
+std::string anthropic_error_event(const std::string& message) {
+  return "event: error\ndata: " + anthropic_error_body(500, message) + "\n\n";
+}
+
+
 }  // namespace
 
 // One prepared completion: validated, templated and tokenized, ready to run.
 struct Job {
+  Api api = Api::Chat;
   CompletionRequest req;
+  ChatPrompt prompt;         // chat: the rendered prompt and what the output parser needs
   std::string partition;     // state-cache partition: the API key's and cache_salt's
   std::vector<int32_t> ids;  // the whole prompt
   size_t boundary = 0;       // end of the last complete message (snapshot point), 0: none
@@ -127,10 +141,12 @@ struct ApiRoutes::Impl {
 
   // ---- request -> job ----
 
-  Job prepare(const std::string& body, bool chat, const std::string& key_partition) {
+  Job prepare(CompletionRequest req, Api api, const std::string& key_partition) {
     Job j;
-    j.req = parse_completion_request(body, chat);
+    j.api = api;
+    j.req = std::move(req);
     const CompletionRequest& q = j.req;
+    const bool chat = q.chat;
     if (q.max_tokens && *q.max_tokens > cfg.max_tokens)
       throw ApiError(400,
                      "'max_tokens' is " + std::to_string(*q.max_tokens) + "; this server allows at most " +
@@ -139,18 +155,15 @@ struct ApiRoutes::Impl {
     // Length-prefixed, so no key and salt pair can spell another's.
     j.partition = key_partition + std::to_string(q.cache_salt.size()) + ":" + q.cache_salt;
     if (!q.model.empty() && q.model != m.id)
-      throw ApiError(400, "the model '" + q.model + "' does not exist; this server serves '" + m.id + "'",
+      throw ApiError(api == Api::Anthropic ? 404 : 400,
+                     "the model '" + q.model + "' does not exist; this server serves '" + m.id + "'",
                      "invalid_request_error", "model_not_found", "model");
     std::string text, head;
     if (chat) {
       if (!m.chat) throw ApiError(400, "this model has no chat template; use /v1/completions");
-      try {
-        text = m.chat->render(q.messages, true);
-        head = m.chat->render(q.messages, false);
-      } catch (const Error&) {
-        throw ApiError(400, "the chat template could not be applied to these messages", "invalid_request_error",
-                       "", "messages");
-      }
+      j.prompt = build_chat_prompt(*m.chat, q);
+      text = j.prompt.text;
+      head = j.prompt.head;
     } else {
       text = q.prompt;
     }
@@ -173,8 +186,17 @@ struct ApiRoutes::Impl {
     SamplingParams p = m.defaults;
     if (q.temperature) p.temperature = *q.temperature;
     if (q.top_p) p.top_p = *q.top_p;
+    if (q.top_k) p.top_k = *q.top_k < 0 ? 0 : *q.top_k;
+    if (q.min_p) p.min_p = *q.min_p;
+    if (q.repetition_penalty) p.repetition_penalty = *q.repetition_penalty;
     p.presence_penalty = q.presence_penalty;
     p.frequency_penalty = q.frequency_penalty;
+    const size_t vocab = size_t(m.backend->config().vocab_size);
+    for (const auto& [id, bias] : q.logit_bias)
+      if (size_t(id) >= vocab)
+        throw ApiError(400, "'logit_bias' names token " + std::to_string(id) + "; this model's vocabulary has " +
+                                std::to_string(vocab) + " tokens", "invalid_request_error", "", "logit_bias");
+    p.logit_bias = q.logit_bias;
     p.seed = q.seed ? *q.seed : std::random_device{}();
     p.eos_ids = q.ignore_eos ? std::vector<int32_t>{} : (chat ? m.eos_chat : m.eos_text);
     j.go.sampling = p;
@@ -182,7 +204,8 @@ struct ApiRoutes::Impl {
     j.go.stop = q.stop;
     j.go.context_limit = m.context;
     j.go.cancel = &stopping;
-    j.id = random_id(chat ? "chatcmpl-" : "cmpl-");
+    j.go.top_logprobs = q.top_logprobs;
+    j.id = random_id(api == Api::Anthropic ? "msg_" : chat ? "chatcmpl-" : "cmpl-");
     j.created = unix_time();
     return j;
   }
@@ -192,7 +215,8 @@ struct ApiRoutes::Impl {
   // Starts from the longest stored snapshot the prompt extends, feeds up to
   // the last complete message (and stores that point), then generates; the
   // finished conversation (prompt + answer) is stored too.
-  Outcome run(Job& j, SlotPool::Lease& lease, const std::function<bool(const std::string&)>& on_text) {
+  Outcome run(Job& j, SlotPool::Lease& lease, const std::function<bool(const std::string&)>& on_text,
+              const std::function<void(const TokenLogprob&)>& on_logprob) {
     Outcome out;
     // A backend that runs one call at a time takes the slots' calls in turn
     // (a prompt, then each decoded token) in request order: --parallel N
@@ -227,7 +251,9 @@ struct ApiRoutes::Impl {
       }
       return on_text(piece);
     };
-    out.r = generate(s, *m.tokenizer, std::vector<int32_t>(j.ids.begin() + std::ptrdiff_t(fed), j.ids.end()), j.go, cb);
+    GenerateOptions go = j.go;
+    go.on_logprob = on_logprob;
+    out.r = generate(s, *m.tokenizer, std::vector<int32_t>(j.ids.begin() + std::ptrdiff_t(fed), j.ids.end()), go, cb);
     out.r.prompt_seconds += head_seconds;
     out.r.prompt_tokens = int64_t(j.ids.size());
     bool cancelled = out.r.finish_reason == "cancelled";
@@ -241,44 +267,84 @@ struct ApiRoutes::Impl {
   // ---- responses ----
 
   json usage(const Job& j, const Outcome& o) const {
-    int64_t n = int64_t(o.r.ids.size());
+    int64_t n = o.r.generated;
     return {{"prompt_tokens", int64_t(j.ids.size())},
             {"completion_tokens", n},
             {"total_tokens", int64_t(j.ids.size()) + n},
             {"prompt_tokens_details", {{"cached_tokens", o.reused}}}};
   }
 
-  static std::string finish_reason(const Outcome& o) { return o.r.finish_reason == "length" ? "length" : "stop"; }
+  // One answer being written: the generated text goes through the output
+  // parser (chat: reasoning, content, tool calls) into the API's response
+  // builder, which gives stream events or, at the end, the whole response.
+  struct Answer {
+    const Job& job;
+    std::optional<ChatOutputParser> parser;
+    std::optional<OpenAIResponseBuilder> openai;
+    std::optional<AnthropicMessageBuilder> anthropic;
 
-  json full_response(const Job& j, const Outcome& o) const {
-    json choice;
-    if (j.req.chat)
-      choice = {{"index", 0},
-                {"message", {{"role", "assistant"}, {"content", o.r.text}}},
-                {"logprobs", nullptr},
-                {"finish_reason", finish_reason(o)}};
-    else
-      choice = {{"index", 0}, {"text", o.r.text}, {"logprobs", nullptr}, {"finish_reason", finish_reason(o)}};
-    return {{"id", j.id},
-            {"object", j.req.chat ? "chat.completion" : "text_completion"},
-            {"created", j.created},
-            {"model", m.id},
-            {"choices", json::array({choice})},
-            {"usage", usage(j, o)}};
-  }
+    Answer(const Job& j, const ServedModel& m) : job(j) {
+      if (j.req.chat) {
+        ChatOutputParser::Options po;
+        po.in_reasoning = j.prompt.in_reasoning;
+        po.tools = j.prompt.tools;
+        po.tool_defs = j.req.tools;
+        parser.emplace(po);
+        parser->feed(j.prompt.prefill);  // a forced call's start: held until the call is complete
+      }
+      if (j.api == Api::Anthropic) anthropic.emplace(j.id, m.id, int64_t(j.ids.size()));
+      else openai.emplace(j.req.chat, j.id, m.id, j.created, *m.tokenizer, j.req.top_logprobs >= 0);
+    }
 
-  json chunk(const Job& j, json delta_or_text, const json& finish) const {
-    json choice = {{"index", 0}};
-    if (j.req.chat) choice["delta"] = std::move(delta_or_text);
-    else choice["text"] = std::move(delta_or_text);
-    choice["logprobs"] = nullptr;
-    choice["finish_reason"] = finish;
-    return {{"id", j.id},
-            {"object", j.req.chat ? "chat.completion.chunk" : "text_completion"},
-            {"created", j.created},
-            {"model", m.id},
-            {"choices", json::array({choice})}};
-  }
+    std::vector<OutputEvent> events(const std::string& piece) {
+      if (parser) return parser->feed(piece);
+      return {{OutputEvent::Kind::Content, piece, {}}};
+    }
+    void logprob(const TokenLogprob& lp) {
+      if (openai) openai->add_logprob(lp);
+    }
+    // Stream events for a piece of generated text ("" when nothing is ready).
+    std::string stream_text(const std::string& piece) {
+      std::vector<OutputEvent> ev = events(piece);
+      if (anthropic) return anthropic->add(ev);
+      std::string out;
+      for (const json& c : openai->add(ev)) out += sse(c);
+      return out;
+    }
+    // The parser's last events; then whether tool_choice is satisfied.
+    std::string stream_flush() {
+      if (!parser) return "";
+      std::vector<OutputEvent> ev = parser->finish();
+      if (anthropic) return anthropic->add(ev);
+      std::string out;
+      for (const json& c : openai->add(ev)) out += sse(c);
+      return out;
+    }
+    bool tool_calls() const { return parser && parser->tool_calls() > 0; }
+    // tool_choice required / named: the answer must be a call (of that tool).
+    std::string tool_choice_failure() const {
+      const CompletionRequest& q = job.req;
+      if (q.tool_choice != ToolChoice::Required && q.tool_choice != ToolChoice::Named) return "";
+      if (!tool_calls())
+        return "the model did not produce a valid tool call although tool_choice requires one (its output was "
+               "not a well-formed call)";
+      for (const std::string& name : parser->tool_names()) {
+        bool known = false;
+        for (const auto& t : q.tools) known = known || t["function"]["name"] == name;
+        if (!known) return "the model called '" + name + "', which is not one of the request's tools";
+      }
+      return "";
+    }
+    // A complete call is "tool_calls" even when the token limit ended the
+    // answer right after it (as vLLM reports it).
+    std::string openai_finish(const Outcome& o) const {
+      if (tool_calls()) return "tool_calls";
+      return o.r.finish_reason == "length" ? "length" : "stop";
+    }
+    std::string anthropic_stop(const Outcome& o) const {
+      return anthropic_stop_reason(o.r.finish_reason, o.r.stop_string, tool_calls());
+    }
+  };
 
   // The model failed on a valid request: the server's fault, logged, and
   // /health says so until a request succeeds again.
@@ -290,69 +356,103 @@ struct ApiRoutes::Impl {
 
   static std::string sse_error(const ApiError& e) { return "data: " + error_body(e) + "\n\n"; }
 
-  HttpResponse handle_completion(const HttpRequest& req, bool chat, const std::string& key_partition) {
+  // POST /v1/messages/count_tokens: the prompt's length in tokens, as the
+  // Messages endpoint would build it (template, tools, forced call start).
+  HttpResponse count_tokens(const HttpRequest& req) {
     try {
       if (req.body.empty())
         throw ApiError(400, "the request body is empty; send a JSON object (Content-Type: application/json)");
-      auto job = std::make_shared<Job>(prepare(req.body, chat, key_partition));
+      Job j = prepare(parse_anthropic_request(req.body, /*count_tokens=*/true), Api::Anthropic, "");
+      return json_response(json{{"input_tokens", int64_t(j.ids.size())}});
+    } catch (const ApiError& e) {
+      return anthropic_error_of(e);
+    }
+  }
+
+  HttpResponse handle_generation(const HttpRequest& req, Api api, const std::string& key_partition) {
+    auto fail = [api](const ApiError& e) { return api == Api::Anthropic ? anthropic_error_of(e) : error_of(e); };
+    try {
+      if (req.body.empty())
+        throw ApiError(400, "the request body is empty; send a JSON object (Content-Type: application/json)");
+      CompletionRequest q = api == Api::Anthropic ? parse_anthropic_request(req.body)
+                                                  : parse_completion_request(req.body, api == Api::Chat);
+      auto job = std::make_shared<Job>(prepare(std::move(q), api, key_partition));
       std::shared_ptr<SlotPool::Lease> lease = slots.acquire();
       if (!lease) {
         if (stopping) throw ApiError(503, "the server is shutting down", "server_error");
         throw ApiError(503, "the server is busy (all slots and the queue are full); retry later", "server_error");
       }
       if (!job->req.stream) {
-        Outcome o = run(*job, *lease, [](const std::string&) { return true; });
+        Answer a(*job, m);
+        Outcome o = run(
+            *job, *lease,
+            [&](const std::string& piece) {
+              a.stream_text(piece);  // non-streamed: the builder keeps it
+              return true;
+            },
+            [&](const TokenLogprob& lp) { a.logprob(lp); });
         // Cancelled only by a shutdown: an unfinished answer is not a "stop".
         if (o.r.finish_reason == "cancelled")
           throw ApiError(503, "the server is shutting down; the request was not finished", "server_error");
-        return json_response(full_response(*job, o));
+        a.stream_flush();
+        if (std::string why = a.tool_choice_failure(); !why.empty()) throw ApiError(500, why, "server_error");
+        if (a.anthropic) return json_response(a.anthropic->message(a.anthropic_stop(o), o.r.stop_string, o.r.generated));
+        return json_response(a.openai->response(a.openai_finish(o), usage(*job, o)));
       }
       HttpResponse res;
       res.content_type = "text/event-stream";
       res.headers = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
       res.stream = [this, job, lease](EventSink& sink) mutable {
-        auto write = [&](const std::string& s) { return sink.write(s); };
+        auto write = [&](const std::string& s) { return s.empty() || sink.write(s); };
+        const bool anth = job->api == Api::Anthropic;
+        auto error_event = [&](const ApiError& e) {
+          write(anth ? anthropic_error_event(e.what()) : sse_error(e));
+        };
         try {
-          bool ok = write(sse(chunk(*job, job->req.chat ? json{{"role", "assistant"}, {"content", ""}} : json(""),
-                                    nullptr)));
+          Answer a(*job, m);
+          bool ok = write(anth ? a.anthropic->start_event() : sse(a.openai->first_chunk()));
           Outcome o;
           if (ok) {
-            o = run(*job, *lease, [&](const std::string& piece) {
-              return write(sse(chunk(*job, job->req.chat ? json{{"content", piece}} : json(piece), nullptr)));
-            });
+            o = run(
+                *job, *lease, [&](const std::string& piece) { return write(a.stream_text(piece)); },
+                [&](const TokenLogprob& lp) { a.logprob(lp); });
           } else {
             metrics.count_generation(0, 0, 0, 0, 0, true);
           }
           lease.reset();  // free the slot before the last writes
           if (!ok) return;  // the client has gone
           if (o.r.finish_reason == "cancelled") {  // by a shutdown: say so, no finish chunk, no [DONE]
-            write(sse_error(ApiError(503, "the server is shutting down; the answer was not finished", "server_error")));
+            error_event(ApiError(503, "the server is shutting down; the answer was not finished", "server_error"));
             return;
           }
-          write(sse(chunk(*job, job->req.chat ? json::object() : json(""), finish_reason(o))));
-          if (job->req.include_usage) {
-            json u = chunk(*job, json::object(), nullptr);
-            u["choices"] = json::array();
-            u["usage"] = usage(*job, o);
-            write(sse(u));
+          if (!write(a.stream_flush())) return;
+          if (std::string why = a.tool_choice_failure(); !why.empty()) {
+            error_event(ApiError(500, why, "server_error"));
+            return;
           }
+          if (anth) {
+            write(a.anthropic->finish_events(a.anthropic_stop(o), o.r.stop_string, o.r.generated));
+            return;
+          }
+          write(sse(a.openai->finish_chunk(a.openai_finish(o))));
+          if (job->req.include_usage) write(sse(a.openai->usage_chunk(usage(*job, o))));
           write("data: [DONE]\n\n");
         } catch (const std::exception& e) {
           lease.reset();
-          write(sse_error(model_failure(e)));
+          error_event(model_failure(e));
         }
       };
       return res;
     } catch (const ApiError& e) {
-      return error_of(e);
+      return fail(e);
     } catch (const Error& e) {
       // Requests are validated before they run (ApiError above), so an Error
       // here is the model failing: a corrupt or vanished expert file, the
       // GPU. The server's fault, not the client's: 5xx, and the reason goes
       // to the server's log, where the operator looks.
-      return error_of(model_failure(e));
+      return fail(model_failure(e));
     } catch (const std::bad_alloc&) {
-      return error_of(ApiError(503, "out of memory", "server_error"));
+      return fail(ApiError(503, "out of memory", "server_error"));
     }
   }
 
@@ -487,14 +587,24 @@ struct ApiRoutes::Impl {
       return health();
     }
     std::optional<std::string> key = key_partition(req);
-    if (!key)
-      return error_of(ApiError(401, "missing or invalid API key (send 'Authorization: Bearer <key>')",
-                               "authentication_error", "invalid_api_key"));
+    if (!key) {
+      ApiError e(401, "missing or invalid API key (send 'Authorization: Bearer <key>' or 'x-api-key: <key>')",
+                 "authentication_error", "invalid_api_key");
+      return p == "/v1/messages" ? anthropic_error_of(e) : error_of(e);
+    }
     const bool get = req.method == "GET" || req.method == "HEAD", post = req.method == "POST";
     try {
       if (p == "/v1/chat/completions" || p == "/v1/completions") {
         if (!post) return error_of(ApiError(405, "method not allowed"));
-        return handle_completion(req, p == "/v1/chat/completions", *key);
+        return handle_generation(req, p == "/v1/chat/completions" ? Api::Chat : Api::Completions, *key);
+      }
+      if (p == "/v1/messages") {
+        if (!post) return anthropic_error_of(ApiError(405, "method not allowed"));
+        return handle_generation(req, Api::Anthropic, *key);
+      }
+      if (p == "/v1/messages/count_tokens") {
+        if (!post) return anthropic_error_of(ApiError(405, "method not allowed"));
+        return count_tokens(req);
       }
       if (p == "/tokenize" || p == "/detokenize") {
         if (!post) return error_of(ApiError(405, "method not allowed"));

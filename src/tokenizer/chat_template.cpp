@@ -64,7 +64,8 @@ ChatTemplate::ChatTemplate(const std::string& source, ojson special_tokens)
     : source_(source), tmpl_(std::make_shared<jinja::Template>(source)), specials_(std::move(special_tokens)) {}
 
 std::string ChatTemplate::render(const ojson& messages, bool add_generation_prompt,
-                                 std::optional<bool> enable_thinking, const ojson& tools) const {
+                                 std::optional<bool> enable_thinking, const ojson& tools,
+                                 const ojson& extra_vars) const {
   if (!messages.is_array()) fail("chat messages must be a JSON array");
   for (size_t k = 0; k < messages.size(); ++k)
     if (!messages[k].is_object() || !messages[k].contains("role"))
@@ -77,6 +78,9 @@ std::string ChatTemplate::render(const ojson& messages, bool add_generation_prom
   ctx.set("documents", jinja::Value::none());
   ctx.set("add_generation_prompt", jinja::Value::boolean(add_generation_prompt));
   if (enable_thinking) ctx.set("enable_thinking", jinja::Value::boolean(*enable_thinking));
+  if (extra_vars.is_object())
+    for (auto it = extra_vars.begin(); it != extra_vars.end(); ++it)
+      ctx.set(it.key(), jinja::Value::from_json(it.value()));
   return tmpl_->render(ctx);
 }
 

@@ -25,9 +25,12 @@ class ChatTemplate {
   // messages: [{role, content, (reasoning_content, tool_calls, ...)}].
   // enable_thinking: nullopt = not passed to the template at all.
   // tools: null = no tools.
+  // extra_vars: more template variables (a request's chat_template_kwargs),
+  // set last, so they override enable_thinking.
   std::string render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
                      std::optional<bool> enable_thinking = std::nullopt,
-                     const nlohmann::ordered_json& tools = nullptr) const;
+                     const nlohmann::ordered_json& tools = nullptr,
+                     const nlohmann::ordered_json& extra_vars = nlohmann::ordered_json::object()) const;
 
   const std::string& source() const { return source_; }
   // "" when the config does not name one.
