@@ -9,6 +9,7 @@
 
 #include "engine/sampler.h"
 #include "engine/session.h"
+#include "engine/token_constraint.h"
 #include "tokenizer/tokenizer.h"
 
 namespace flashmoe {
@@ -23,6 +24,10 @@ struct GenerateOptions {
   // text through on_text and needs only the count), so a long generation does
   // not hold its whole output twice more.
   bool keep_output = true;
+  // Structured output: only tokens the constraint allows are sampled (and
+  // an EOS only once the output is complete); it is advanced over each
+  // generated token. Not owned; one constraint serves one generate call.
+  TokenConstraint* constraint = nullptr;
 };
 
 struct GenerateResult {

@@ -152,6 +152,7 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
     r.include_usage = boolean(*so, "include_usage");
   }
   r.ignore_eos = boolean(o, "ignore_eos");
+  if (const json* rf = field(o, "response_format")) r.response_format = *rf;  // the server compiles it
   return r;
 }
 

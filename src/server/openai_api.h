@@ -40,6 +40,7 @@ struct CompletionRequest {
   float presence_penalty = 0, frequency_penalty = 0;
   bool stream = false, include_usage = false;
   bool ignore_eos = false;            // vLLM extension: generate to max_tokens
+  nlohmann::ordered_json response_format;  // null: not given; checked by make_json_constraint
 };
 
 // Parses and validates a /v1/chat/completions (chat=true) or /v1/completions

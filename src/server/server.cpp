@@ -11,7 +11,9 @@
 
 #include "core/error.h"
 #include "engine/generator.h"
+#include "engine/json_schema_grammar.h"
 #include "engine/session.h"
+#include "engine/token_constraint.h"
 #include "kv/memory_calc.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
@@ -84,6 +86,7 @@ struct Job {
   std::vector<int32_t> ids;  // the whole prompt
   size_t boundary = 0;       // end of the last complete message (snapshot point), 0: none
   GenerateOptions go;
+  std::shared_ptr<TokenConstraint> constraint;  // response_format; go.constraint points here
   std::string id;
   int64_t created = 0;
 };
@@ -101,6 +104,8 @@ struct HttpServer::Impl {
   StateCache cache;
   Metrics metrics;
   std::atomic<bool> stopping{false};
+  std::once_flag trie_once;  // the vocabulary trie, built for the first response_format
+  std::shared_ptr<const TokenTrie> trie;
 
   Impl(ServerConfig c, ServedModel model)
       : cfg(std::move(c)), m(std::move(model)), slots(cfg.parallel, cfg.queue, cfg.threads_per_slot),
@@ -162,6 +167,15 @@ struct HttpServer::Impl {
     j.go.stop = q.stop;
     j.go.context_limit = m.context;
     j.go.cancel = &stopping;
+    if (!q.response_format.is_null()) {
+      std::call_once(trie_once, [&] { trie = std::make_shared<const TokenTrie>(*m.tokenizer); });
+      try {
+        j.constraint = make_json_constraint(q.response_format, trie);
+      } catch (const JsonSchemaError& e) {
+        throw ApiError(400, e.what(), "invalid_request_error", "", "response_format");
+      }
+      j.go.constraint = j.constraint.get();
+    }
     j.id = random_id(chat ? "chatcmpl-" : "cmpl-");
     j.created = unix_time();
     return j;
