@@ -60,10 +60,25 @@ const char* kObject = R"({"type": "object", "properties": {"a": {"type": "intege
 TEST(TokenConstraint, TrieHoldsEveryTokenOnce) {
   const TokenTrie t(kToy);
   std::multiset<int32_t> seen;
-  for (const auto& n : t.nodes())
-    for (int32_t id : t.tokens(n)) seen.insert(id);
+  for (const auto& n : t.all().nodes)
+    for (int32_t id : t.all().tokens(n)) seen.insert(id);
   EXPECT_EQ(seen, (std::multiset<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 14, 16, 17, 18}));
-  EXPECT_EQ(t.max_depth(), 4u);
+  EXPECT_EQ(t.all().max_depth, 4u);
+  // Plain string characters (by count), and the rest in the second trie.
+  std::multiset<std::pair<int32_t, uint32_t>> plain;
+  for (const auto& p : t.plain()) plain.insert({p.id, p.chars});
+  EXPECT_EQ(plain, (std::multiset<std::pair<int32_t, uint32_t>>{
+                       {0, 1}, {1, 1}, {3, 1}, {5, 1}, {7, 1}, {8, 2}, {9, 1}, {10, 1}, {12, 4}, {13, 2}, {18, 2}}));
+  std::multiset<int32_t> rest;
+  for (const auto& n : t.not_plain().nodes)
+    for (int32_t id : t.not_plain().tokens(n)) rest.insert(id);
+  EXPECT_EQ(rest, (std::multiset<int32_t>{2, 4, 6, 14, 16, 17}));
+  uint32_t chars = 0;
+  EXPECT_TRUE(plain_string_chars("\xC3\xA9t\xE2\x82\xAC", chars));
+  EXPECT_EQ(chars, 3u);
+  EXPECT_FALSE(plain_string_chars("a\\n", chars));
+  EXPECT_FALSE(plain_string_chars("a\n", chars));
+  EXPECT_FALSE(plain_string_chars("\xED\xA0\x80", chars));  // a UTF-16 surrogate in UTF-8
 }
 
 TEST(TokenConstraint, AllowedSetsStepByStep) {

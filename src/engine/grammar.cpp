@@ -156,9 +156,13 @@ bool GrammarStacks::can_continue() const {
 }
 
 uint32_t GrammarStacks::min_bytes_to_accept(const Grammar& g) const {
-  uint64_t best = Grammar::kUnbounded;
-  for (size_t i = 0; i < size(); ++i) {
-    auto s = stack(i);
+  uint32_t best = Grammar::kUnbounded;
+  for (size_t i = 0; i < size(); ++i) best = std::min(best, min_bytes_to_accept(g, stack(i)));
+  return best;
+}
+
+uint32_t GrammarStacks::min_bytes_to_accept(const Grammar& g, std::span<const GrammarFrame> s) {
+  {
     uint64_t d = 0;
     for (size_t k = 0; k + 1 < s.size(); ++k) d += g.min_rest[s[k].pos];
     if (!s.empty()) {
@@ -171,9 +175,8 @@ uint32_t GrammarStacks::min_bytes_to_accept(const Grammar& g) const {
         d += g.min_rest[f.pos];
       }
     }
-    best = std::min(best, d);
+    return uint32_t(std::min<uint64_t>(d, Grammar::kUnbounded));
   }
-  return uint32_t(std::min<uint64_t>(best, Grammar::kUnbounded));
 }
 
 void GrammarStacks::append_key(std::string& key) const {
@@ -297,6 +300,16 @@ bool string_byte(const Grammar::Element& e, GrammarFrame& f, uint8_t b, bool& do
 }
 
 }  // namespace
+
+bool plain_string_chars(std::string_view bytes, uint32_t& chars) {
+  const Grammar::Element body{Op::String, 0, 0, Grammar::kUnbounded - 1};
+  GrammarFrame f;
+  bool done = false;
+  for (unsigned char c : bytes)
+    if (c == '\\' || !string_byte(body, f, c, done) || done) return false;
+  chars = f.count;
+  return f.sub == 0 && !bytes.empty();
+}
 
 void GrammarMatcher::step(const Grammar& g, const GrammarStacks& in, uint8_t b, GrammarStacks& out) {
   out.clear();

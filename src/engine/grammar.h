@@ -93,6 +93,7 @@ class GrammarStacks {
   bool can_continue() const;                  // some parse can take more bytes
   // The fewest bytes that complete the input (0: complete now).
   uint32_t min_bytes_to_accept(const Grammar& g) const;
+  static uint32_t min_bytes_to_accept(const Grammar& g, std::span<const GrammarFrame> stack);
   // The stacks as bytes: equal keys, equal futures (the mask cache's key).
   void append_key(std::string& key) const;
 
@@ -100,6 +101,12 @@ class GrammarStacks {
   std::vector<GrammarFrame> frames_;
   std::vector<uint32_t> ends_;
 };
+
+// Whether `bytes` are whole characters that a JSON string holds as they are
+// (valid UTF-8, no quote, backslash or control character); `chars` counts
+// them. Such bytes inside a string's body are allowed or not by the count
+// alone, whatever the grammar around the string.
+bool plain_string_chars(std::string_view bytes, uint32_t& chars);
 
 class GrammarMatcher {
  public:

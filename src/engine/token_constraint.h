@@ -43,32 +43,48 @@ class TokenConstraint {
   virtual bool finished() const = 0;
 };
 
-// The tokens' bytes as a trie, built once per tokenizer. Special tokens and
-// ids without bytes are left out (never allowed by a grammar).
+// A trie over the bytes of some tokens, in preorder.
+struct ByteTrie {
+  struct Node {
+    uint32_t subtree_end;               // index past this node's subtree
+    uint32_t tokens_begin, tokens_end;  // into ids: the tokens spelled by the path to here
+    uint16_t depth;                     // 1 for a token's first byte
+    uint8_t byte;
+  };
+  std::vector<Node> nodes;
+  std::vector<int32_t> ids;
+  size_t max_depth = 0;
+  std::span<const int32_t> tokens(const Node& n) const {
+    return {ids.data() + n.tokens_begin, n.tokens_end - n.tokens_begin};
+  }
+};
+
+// The vocabulary as the constraint reads it, built once per tokenizer.
+// Special tokens and ids without bytes are left out (never allowed).
+// Inside a string nearly every token is allowed, so walking every token
+// there would be the costly case; but a token of plain characters (see
+// plain_string_chars) is allowed there by its character count alone. Those
+// are listed by count, and only the other few (quotes, escapes, control
+// characters, parts of characters: ~4% of Qwen3's vocabulary) are walked.
 class TokenTrie {
  public:
   explicit TokenTrie(const Tokenizer& tok);
   // pieces[id]: the bytes of token id; empty: never allowed.
   explicit TokenTrie(std::vector<std::string> pieces);
-  struct Node {
-    uint32_t subtree_end;  // index past this node's subtree (nodes are in preorder)
-    uint32_t tokens_begin, tokens_end;  // into token_ids(): the tokens spelled by the path to here
-    uint16_t depth;        // 1 for a token's first byte
-    uint8_t byte;
+  struct Plain {
+    int32_t id;
+    uint32_t chars;
   };
-  const std::vector<Node>& nodes() const { return nodes_; }
-  std::span<const int32_t> tokens(const Node& n) const {
-    return {ids_.data() + n.tokens_begin, n.tokens_end - n.tokens_begin};
-  }
-  size_t vocab_size() const { return vocab_size_; }  // ids 0 .. vocab_size-1 exist
-  size_t max_depth() const { return max_depth_; }
-  const std::string& bytes(int32_t id) const { return pieces_[size_t(id)]; }  // empty: not in the trie
+  const ByteTrie& all() const { return all_; }              // every token
+  const ByteTrie& not_plain() const { return not_plain_; }  // the tokens not in plain()
+  const std::vector<Plain>& plain() const { return plain_; }  // by chars, ascending
+  size_t vocab_size() const { return pieces_.size(); }  // ids 0 .. vocab_size-1
+  const std::string& bytes(int32_t id) const { return pieces_[size_t(id)]; }  // empty: never allowed
 
  private:
-  std::vector<Node> nodes_;
-  std::vector<int32_t> ids_;
   std::vector<std::string> pieces_;
-  size_t vocab_size_ = 0, max_depth_ = 0;
+  ByteTrie all_, not_plain_;
+  std::vector<Plain> plain_;
 };
 
 // A TokenConstraint that keeps the output a sentence of `grammar`.
@@ -95,12 +111,20 @@ class GrammarConstraint : public TokenConstraint {
   size_t cache_hits() const { return hits_; }
 
  private:
+  // Calls on_tokens(ids, stacks after them) for every token of `trie` that
+  // the stacks `start` allow.
+  template <class OnTokens>
+  void walk(const ByteTrie& trie, const GrammarStacks& start, OnTokens&& on_tokens);
+  // The stacks now, split: a string's body between characters on top / not.
+  void split();
+
   std::shared_ptr<const Grammar> grammar_;
   std::shared_ptr<const TokenTrie> trie_;
   GrammarMatcher matcher_;
   std::unordered_map<std::string, std::shared_ptr<const std::vector<uint64_t>>> cache_;
   std::shared_ptr<const std::vector<uint64_t>> current_;
   std::vector<GrammarStacks> level_;  // walk scratch, one per trie depth
+  GrammarStacks in_string_, other_;
   std::vector<uint64_t> within_, closer_;
   std::string key_;
   size_t walks_ = 0, hits_ = 0;
