@@ -172,6 +172,29 @@ TEST(JsonSchemaGrammar, ShortestCompletion) {
   EXPECT_FALSE(m.can_continue());
 }
 
+// A long enum of similar strings is followed as a trie, not as thousands of
+// parses;
+// limits keep a request from opening more parses than that.
+TEST(JsonSchemaGrammar, LargeEnumsShareTheirPrefixes) {
+  json values = json::array();
+  for (int i = 0; i < 3000; ++i) values.push_back("item-" + std::to_string(i));
+  const Grammar g = json_schema_grammar(json{{"enum", values}});
+  GrammarMatcher m(g);
+  ASSERT_TRUE(m.feed("\"item-12"));
+  // One parse per possible next byte (0-9 and the quote), not one per
+  // value still possible (111: item-12, item-120..129, item-1200..1299).
+  EXPECT_EQ(m.stacks().size(), 11u);
+  EXPECT_TRUE(accepts(g, "\"item-1234\""));
+  EXPECT_TRUE(accepts(g, "\"item-12\""));
+  EXPECT_FALSE(accepts(g, "\"item-3000\""));
+  json any = json::array();
+  for (int i = 0; i < 65; ++i) any.push_back({{"const", i}});
+  EXPECT_THROW(json_schema_grammar(json{{"anyOf", any}}), JsonSchemaError);
+  json props = json::object();
+  for (int i = 0; i < 513; ++i) props["p" + std::to_string(i)] = json{{"type", "null"}};
+  EXPECT_THROW(json_schema_grammar(json{{"type", "object"}, {"properties", props}}), JsonSchemaError);
+}
+
 TEST(JsonSchemaGrammar, ErrorsNameTheKeyword) {
   auto has = [](const std::string& msg, const std::string& part) {
     EXPECT_NE(msg.find(part), std::string::npos) << msg << "\n  should contain: " << part;

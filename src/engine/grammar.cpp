@@ -137,8 +137,14 @@ std::string Grammar::to_string() const {
 void GrammarStacks::add(std::span<const GrammarFrame> s) {
   for (size_t i = 0; i < size(); ++i) {
     auto t = stack(i);
-    if (t.size() == s.size() && std::equal(t.begin(), t.end(), s.begin())) return;
+    if (t.size() == s.size() && std::equal(t.rbegin(), t.rend(), s.rbegin())) return;  // tops differ first
   }
+  // Parses that stay apart this long mean a grammar no schema needs (the
+  // compiler bounds anyOf and shares enum prefixes); refused rather than
+  // letting every byte cost that much.
+  if (size() >= kMaxStacks)
+    fail("structured output: the schema leaves more than " + std::to_string(kMaxStacks) +
+         " ways open at one point; simplify it (fewer overlapping anyOf/oneOf alternatives or optional properties)");
   frames_.insert(frames_.end(), s.begin(), s.end());
   ends_.push_back(uint32_t(frames_.size()));
 }

@@ -78,6 +78,7 @@ struct GrammarFrame {
 // complete sentence of the grammar.
 class GrammarStacks {
  public:
+  static constexpr size_t kMaxStacks = 1024;
   size_t size() const { return ends_.size(); }
   bool empty() const { return ends_.empty(); }
   std::span<const GrammarFrame> stack(size_t i) const {

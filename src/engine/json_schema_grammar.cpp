@@ -20,6 +20,12 @@ constexpr uint32_t kIntDigits = 16, kFracDigits = 16, kExpDigits = 3;
 // minItems / maxItems unroll into one rule per element.
 constexpr uint64_t kMaxCountedItems = 4096;
 constexpr size_t kMaxRules = 200000;
+// anyOf/oneOf alternatives are followed at once while they agree; bounded
+// so that one request cannot make every byte cost thousands of parses.
+constexpr size_t kMaxAlternatives = 64;
+// Optional properties are alternatives too: after each member, every later
+// optional one may come next.
+constexpr size_t kMaxProperties = 512;
 
 const std::set<std::string>& annotations() {
   static const std::set<std::string> s = {"title",    "description", "default",  "examples", "$schema",
@@ -240,6 +246,9 @@ class Compiler {
       alone(k);
       const json& a = s[k];
       if (!a.is_array() || a.empty()) error(path, std::string("'") + k + "' must be a non-empty array of schemas");
+      if (a.size() > kMaxAlternatives)
+        error(path, std::string("'") + k + "' with more than " + std::to_string(kMaxAlternatives) +
+                        " schemas is not supported");
       const uint32_t r = rule(path);
       for (size_t i = 0; i < a.size(); ++i)
         b_.add_alternative(r, {ref(compile(a[i], path + "/" + k + "/" + std::to_string(i)))});
@@ -268,17 +277,13 @@ class Compiler {
         if (!e.is_array() || e.empty()) error(path, "'enum' must be a non-empty array");
         values.assign(e.begin(), e.end());
       }
-      const uint32_t r = rule(path);
-      size_t kept = 0;
-      for (const json& v : values) {
-        if (!types.empty() &&
-            std::none_of(types.begin(), types.end(), [&](const std::string& t) { return value_has_type(v, t); }))
-          continue;
-        b_.add_alternative(r, lit(v.dump()));
-        ++kept;
-      }
-      if (kept == 0) error(path, "no value of 'enum'/'const' has the schema's 'type'");
-      return r;
+      std::vector<std::string> texts;
+      for (const json& v : values)
+        if (types.empty() ||
+            std::any_of(types.begin(), types.end(), [&](const std::string& t) { return value_has_type(v, t); }))
+          texts.push_back(v.dump());
+      if (texts.empty()) error(path, "no value of 'enum'/'const' has the schema's 'type'");
+      return literals(texts, path);
     }
 
     if (types.empty()) {  // inferred from the keywords, as a validator reads them
@@ -361,6 +366,8 @@ class Compiler {
       if (!it->is_boolean() && !it->is_object()) error(path, "'additionalProperties' must be a boolean or a schema");
       if (!(it->is_boolean() && !it->get<bool>())) extra = nested(*it, path + "/additionalProperties");
     }
+    if (props.size() > kMaxProperties)
+      error(path, "more than " + std::to_string(kMaxProperties) + " 'properties' in one object are not supported");
     std::vector<Seq> members;
     std::vector<bool> optional;
     for (const auto& [name, sub] : props.items()) {
@@ -396,6 +403,36 @@ class Compiler {
     const uint32_t r = rule(path);
     b_.add_alternative(r, {b_.byte('{'), ref(first[0]), b_.byte('}')});
     return r;
+  }
+
+  // Any of `texts`, as a trie: values that share a prefix share its rules,
+  // so the matcher follows one parse until they differ (a long enum of
+  // similar strings would otherwise be as many parses at once).
+  uint32_t literals(const std::vector<std::string>& texts, const std::string& path) {
+    struct Node {
+      std::map<uint8_t, size_t> next;
+      bool ends = false;
+    };
+    std::vector<Node> trie(1);
+    for (const std::string& t : texts) {
+      size_t at = 0;
+      for (unsigned char c : t) {
+        auto it = trie[at].next.find(c);
+        if (it == trie[at].next.end()) {
+          trie.emplace_back();
+          it = trie[at].next.emplace(c, trie.size() - 1).first;
+        }
+        at = it->second;
+      }
+      trie[at].ends = true;
+    }
+    std::vector<uint32_t> rules(trie.size());
+    for (size_t i = 0; i < trie.size(); ++i) rules[i] = rule(path + "/enum");
+    for (size_t i = 0; i < trie.size(); ++i) {
+      for (const auto& [c, child] : trie[i].next) b_.add_alternative(rules[i], {b_.byte(c), ref(rules[child])});
+      if (trie[i].ends) b_.add_alternative(rules[i], {});
+    }
+    return rules[0];
   }
 
   // The body and closing quote of a property name that is none of `names`
