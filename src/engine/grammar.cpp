@@ -89,12 +89,23 @@ namespace {
 std::string byte_set_text(const std::bitset<256>& s) {
   auto show = [](unsigned c) {
     static const char* hex = "0123456789ABCDEF";
-    if (c >= 0x21 && c < 0x7F && c != ']' && c != '\\' && c != '-' && c != '"') return std::string(1, char(c));
-    return std::string("\\x") + hex[c >> 4] + hex[c & 15];
+    std::string out;
+    if (c >= 0x21 && c < 0x7F && c != ']' && c != '\\' && c != '-' && c != '"') {
+      out.push_back(char(c));
+    } else {
+      out.append("\\x");
+      out.push_back(hex[c >> 4]);
+      out.push_back(hex[c & 15]);
+    }
+    return out;
   };
   if (s.count() == 1)
     for (unsigned c = 0; c < 256; ++c)
-      if (s[c]) return "\"" + show(c) + "\"";
+      if (s[c]) {
+        std::string one = "\"";
+        one.append(show(c)).push_back('"');
+        return one;
+      }
   std::string out = "[";
   for (unsigned c = 0; c < 256;) {
     if (!s[c]) {
@@ -104,10 +115,14 @@ std::string byte_set_text(const std::bitset<256>& s) {
     unsigned e = c;
     while (e + 1 < 256 && s[e + 1]) ++e;
     out += show(c);
-    if (e > c) out += "-" + show(e);
+    if (e > c) {
+      out.push_back('-');
+      out += show(e);
+    }
     c = e + 1;
   }
-  return out + "]";
+  out.push_back(']');
+  return out;
 }
 }  // namespace
 
@@ -121,10 +136,10 @@ std::string Grammar::to_string() const {
       if (elements[p].op == Op::End) out += " \"\"";
       for (; elements[p].op != Op::End; ++p) {
         const Element& e = elements[p];
-        if (e.op == Op::Bytes) out += " " + byte_set_text(byte_sets[e.arg]);
-        else if (e.op == Op::Ref) out += " " + rule_names[e.arg];
-        else
-          out += " string-body{" + std::to_string(e.min) + "," + (e.max == kUnbounded ? "" : std::to_string(e.max)) + "}";
+        out.push_back(' ');
+        if (e.op == Op::Bytes) out += byte_set_text(byte_sets[e.arg]);
+        else if (e.op == Op::Ref) out += rule_names[e.arg];
+        else out += "string-body{" + std::to_string(e.min) + "," + (e.max == kUnbounded ? "" : std::to_string(e.max)) + "}";
       }
     }
     out += "\n";
