@@ -184,7 +184,8 @@ Model& coder_mini() {
 
 bool sanitizer() { return std::getenv("FLASHMOE_SANITIZER") != nullptr; }
 
-GenerateResult run(const json& response_format, float temperature, uint64_t seed, int max_tokens) {
+GenerateResult run(const json& response_format, float temperature, uint64_t seed, int max_tokens,
+                   std::vector<std::string> stop = {}) {
   Model& m = coder_mini();
   ThreadPool pool(2);
   Session s(cpu_of(*m.model), KvConfig{}, pool);
@@ -195,6 +196,7 @@ GenerateResult run(const json& response_format, float temperature, uint64_t seed
   o.sampling.seed = seed;
   o.sampling.eos_ids = {4091};
   o.constraint = c.get();
+  o.stop = std::move(stop);
   return generate(s, m.tok, m.tok.encode("# the record as JSON\nrecord = "), o, [](const std::string&) { return true; });
 }
 
@@ -260,4 +262,15 @@ TEST(JsonOutput, TightBudgetStillCompletes) {
   json v;
   ASSERT_NO_THROW(v = json::parse(r.text)) << r.text;
   EXPECT_TRUE(valid(v, schema, schema)) << r.text;
+}
+
+// The closing brace is held back while it might begin the stop string
+// "}\n\n"; the EOS that follows must release it, not drop it.
+TEST(JsonOutput, EosReleasesTextHeldForAStopString) {
+  const json rf = {{"type", "json_object"}};
+  const GenerateResult r = run(rf, 0.0f, 1, 40, {"}\n\n"});
+  EXPECT_EQ(r.finish_reason, "stop");
+  json v;
+  ASSERT_NO_THROW(v = json::parse(r.text)) << r.text;
+  EXPECT_TRUE(v.is_object());
 }
