@@ -57,7 +57,7 @@ const char* kAnswer =
 void run(const char* label, const std::string& dir) {
   const flashmoe::Tokenizer tok = flashmoe::Tokenizer::load(dir);
   const double t0 = cpu_ms();
-  auto trie = std::make_shared<const flashmoe::TokenTrie>(tok);
+  auto trie = std::make_shared<const flashmoe::TokenVocabulary>(tok);
   const double build_ms = cpu_ms() - t0;
   auto grammar = std::make_shared<const flashmoe::Grammar>(flashmoe::json_schema_grammar(json::parse(kSchema)));
   const std::vector<int32_t> ids = tok.encode(kAnswer);

@@ -9,13 +9,13 @@
 
 namespace {
 
-std::shared_ptr<const flashmoe::TokenTrie> vocabulary() {
+std::shared_ptr<const flashmoe::TokenVocabulary> vocabulary() {
   static const auto trie = [] {
     std::vector<std::string> pieces;
     for (int b = 0; b < 256; ++b) pieces.push_back(std::string(1, char(b)));
     for (const char* t : {"{\"", "\":", "\", \"", "true", "null", "\\u00", "\xC3\xA9", "12", "]}", "\"}"})
       pieces.push_back(t);
-    return std::make_shared<const flashmoe::TokenTrie>(std::move(pieces));
+    return std::make_shared<const flashmoe::TokenVocabulary>(std::move(pieces));
   }();
   return trie;
 }

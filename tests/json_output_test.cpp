@@ -169,14 +169,14 @@ const std::vector<Schema>& schemas() {
 struct Model {
   std::unique_ptr<QwenModel> model;
   Tokenizer tok;
-  std::shared_ptr<const TokenTrie> trie;
+  std::shared_ptr<const TokenVocabulary> trie;
 };
 
 Model& coder_mini() {
   static Model m = [] {
     const std::string dir = source_path("models/coder-mini");
     Model x{QwenModel::load(dir + "/model"), Tokenizer::load(dir), nullptr};
-    x.trie = std::make_shared<const TokenTrie>(x.tok);
+    x.trie = std::make_shared<const TokenVocabulary>(x.tok);
     return x;
   }();
   return m;

@@ -50,7 +50,7 @@ std::set<int32_t> ids(const std::vector<uint64_t>& bits) {
 
 GrammarConstraint constraint(const char* schema) {
   return GrammarConstraint(std::make_shared<const Grammar>(json_schema_grammar(json::parse(schema))),
-                           std::make_shared<const TokenTrie>(kToy));
+                           std::make_shared<const TokenVocabulary>(kToy));
 }
 
 const char* kObject = R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})";
@@ -58,7 +58,7 @@ const char* kObject = R"({"type": "object", "properties": {"a": {"type": "intege
 }  // namespace
 
 TEST(TokenConstraint, TrieHoldsEveryTokenOnce) {
-  const TokenTrie t(kToy);
+  const TokenVocabulary t(kToy);
   std::multiset<int32_t> seen;
   for (const auto& n : t.all().nodes)
     for (int32_t id : t.all().tokens(n)) seen.insert(id);
@@ -163,7 +163,7 @@ TEST(TokenConstraint, CacheServesRepeatedStates) {
 }
 
 TEST(TokenConstraint, ResponseFormatShapes) {
-  auto trie = std::make_shared<const TokenTrie>(kToy);
+  auto trie = std::make_shared<const TokenVocabulary>(kToy);
   auto make = [&](const char* rf) { return make_json_constraint(json::parse(rf), trie); };
   EXPECT_EQ(make(R"({"type": "text"})"), nullptr);
   EXPECT_NE(make(R"({"type": "json_object"})"), nullptr);

@@ -62,9 +62,9 @@ void set_bits(std::vector<uint64_t>& bits, std::span<const int32_t> ids) {
 
 }  // namespace
 
-TokenTrie::TokenTrie(const Tokenizer& tok) : TokenTrie(trie_pieces(tok)) {}
+TokenVocabulary::TokenVocabulary(const Tokenizer& tok) : TokenVocabulary(trie_pieces(tok)) {}
 
-TokenTrie::TokenTrie(std::vector<std::string> pieces) : pieces_(std::move(pieces)) {
+TokenVocabulary::TokenVocabulary(std::vector<std::string> pieces) : pieces_(std::move(pieces)) {
   std::vector<int32_t> every, other;
   for (size_t id = 0; id < pieces_.size(); ++id) {
     std::string& p = pieces_[id];
@@ -82,7 +82,7 @@ TokenTrie::TokenTrie(std::vector<std::string> pieces) : pieces_(std::move(pieces
 
 // ---- the constraint ----
 
-GrammarConstraint::GrammarConstraint(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenTrie> trie)
+GrammarConstraint::GrammarConstraint(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenVocabulary> trie)
     : grammar_(std::move(grammar)), trie_(std::move(trie)), matcher_(*grammar_) {
   level_.resize(trie_->all().max_depth + 1);
 }
@@ -137,7 +137,7 @@ const std::vector<uint64_t>& GrammarConstraint::allowed() {
       const GrammarFrame& f = in_string_.stack(i).back();
       room = std::max(room, grammar_->elements[f.pos].max - f.count);
     }
-    for (const TokenTrie::Plain& p : trie_->plain()) {
+    for (const TokenVocabulary::Plain& p : trie_->plain()) {
       if (p.chars > room) break;
       (*bits)[size_t(p.id) >> 6] |= uint64_t(1) << (p.id & 63);
     }
@@ -183,7 +183,7 @@ const std::vector<uint64_t>& GrammarConstraint::allowed_within(int64_t budget) {
       const uint32_t need = e.min > s.back().count ? e.min - s.back().count : 0;
       bodies.push_back({e.max - s.back().count, need, GrammarStacks::min_bytes_to_accept(*grammar_, s) - need});
     }
-    for (const TokenTrie::Plain& p : trie_->plain()) {
+    for (const TokenVocabulary::Plain& p : trie_->plain()) {
       uint32_t after = Grammar::kUnbounded;
       for (const Body& b : bodies)
         if (p.chars <= b.room) after = std::min(after, b.rest + (b.need > p.chars ? b.need - p.chars : 0));
@@ -224,7 +224,7 @@ void GrammarConstraint::accept(int32_t id) {
 // ---- response_format ----
 
 std::unique_ptr<TokenConstraint> make_json_constraint(const nlohmann::ordered_json& rf,
-                                                      std::shared_ptr<const TokenTrie> trie) {
+                                                      std::shared_ptr<const TokenVocabulary> trie) {
   auto bad = [](const std::string& msg) { throw JsonSchemaError(msg); };
   if (!rf.is_object()) bad("'response_format' must be an object");
   auto type = rf.find("type");

@@ -66,11 +66,11 @@ struct ByteTrie {
 // plain_string_chars) is allowed there by its character count alone. Those
 // are listed by count, and only the other few (quotes, escapes, control
 // characters, parts of characters: ~4% of Qwen3's vocabulary) are walked.
-class TokenTrie {
+class TokenVocabulary {
  public:
-  explicit TokenTrie(const Tokenizer& tok);
+  explicit TokenVocabulary(const Tokenizer& tok);
   // pieces[id]: the bytes of token id; empty: never allowed.
-  explicit TokenTrie(std::vector<std::string> pieces);
+  explicit TokenVocabulary(std::vector<std::string> pieces);
   struct Plain {
     int32_t id;
     uint32_t chars;
@@ -90,7 +90,7 @@ class TokenTrie {
 // A TokenConstraint that keeps the output a sentence of `grammar`.
 class GrammarConstraint : public TokenConstraint {
  public:
-  GrammarConstraint(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenTrie> trie);
+  GrammarConstraint(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenVocabulary> trie);
   bool mask(std::span<float> logits, std::span<const int32_t> eos_ids, int64_t budget) override;
   void accept(int32_t id) override;
   bool complete() const override { return matcher_.accepting(); }
@@ -119,7 +119,7 @@ class GrammarConstraint : public TokenConstraint {
   void split();
 
   std::shared_ptr<const Grammar> grammar_;
-  std::shared_ptr<const TokenTrie> trie_;
+  std::shared_ptr<const TokenVocabulary> trie_;
   GrammarMatcher matcher_;
   std::unordered_map<std::string, std::shared_ptr<const std::vector<uint64_t>>> cache_;
   std::shared_ptr<const std::vector<uint64_t>> current_;
@@ -136,6 +136,6 @@ class GrammarConstraint : public TokenConstraint {
 // (json_schema_grammar.h lists what is supported). Throws JsonSchemaError
 // (a user error; the message names the field or keyword) for anything else.
 std::unique_ptr<TokenConstraint> make_json_constraint(const nlohmann::ordered_json& response_format,
-                                                      std::shared_ptr<const TokenTrie> trie);
+                                                      std::shared_ptr<const TokenVocabulary> trie);
 
 }  // namespace flashmoe

@@ -104,8 +104,8 @@ struct HttpServer::Impl {
   StateCache cache;
   Metrics metrics;
   std::atomic<bool> stopping{false};
-  std::once_flag trie_once;  // the vocabulary trie, built for the first response_format
-  std::shared_ptr<const TokenTrie> trie;
+  std::once_flag vocab_once;  // the constraint vocabulary (tries), built for the first response_format
+  std::shared_ptr<const TokenVocabulary> vocab;
 
   Impl(ServerConfig c, ServedModel model)
       : cfg(std::move(c)), m(std::move(model)), slots(cfg.parallel, cfg.queue, cfg.threads_per_slot),
@@ -168,9 +168,9 @@ struct HttpServer::Impl {
     j.go.context_limit = m.context;
     j.go.cancel = &stopping;
     if (!q.response_format.is_null()) {
-      std::call_once(trie_once, [&] { trie = std::make_shared<const TokenTrie>(*m.tokenizer); });
+      std::call_once(vocab_once, [&] { vocab = std::make_shared<const TokenVocabulary>(*m.tokenizer); });
       try {
-        j.constraint = make_json_constraint(q.response_format, trie);
+        j.constraint = make_json_constraint(q.response_format, vocab);
       } catch (const JsonSchemaError& e) {
         throw ApiError(400, e.what(), "invalid_request_error", "", "response_format");
       }
