@@ -39,6 +39,8 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
     if (opt.keep_output) r.text += piece;
     return on_text(piece);
   };
+  bool stop_string = false;   // ended by a stop string: what it held back is never shown
+  std::vector<float> masked;  // the logits with what the constraint forbids at -inf
   auto t1 = Clock::now();
   for (int i = 0; i < opt.max_new_tokens; ++i) {
     if (opt.cancel && opt.cancel->load()) {
@@ -48,7 +50,20 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
     // The session holds every token so far (each sampled one is fed before
     // the next sample), i.e. exactly the history the penalties look at; a
     // session that does not record tokens is only used without penalties.
-    int32_t next = sampler.sample(*logits, session.tokens());
+    const auto& eos = opt.sampling.eos_ids;
+    int32_t next;
+    if (opt.constraint) {
+      masked.assign(logits->begin(), logits->end());
+      int64_t budget = opt.max_new_tokens - i;
+      if (opt.context_limit > 0) budget = std::min(budget, opt.context_limit - session.position());
+      if (!opt.constraint->mask(masked, eos, budget)) {  // complete, and no EOS to say so
+        r.finish_reason = "stop";
+        break;
+      }
+      next = sampler.sample(masked, session.tokens());
+    } else {
+      next = sampler.sample(*logits, session.tokens());
+    }
     if (opt.keep_output) r.ids.push_back(next);
     if (opt.top_logprobs >= 0) {
       TokenLogprob lp = token_logprob(*logits, next, opt.top_logprobs);
@@ -56,7 +71,6 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
       if (opt.keep_output) r.logprobs.push_back(std::move(lp));
     }
     ++r.generated;
-    const auto& eos = opt.sampling.eos_ids;
     bool is_eos = std::find(eos.begin(), eos.end(), next) != eos.end();
     if (is_eos) {
       // The EOS goes into the state too, so a chat continues after it.
@@ -64,9 +78,16 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
       r.finish_reason = "stop";
       break;
     }
+    if (opt.constraint) opt.constraint->accept(next);
     StopMatcher::Result s = stops.feed(dec.feed(next));
     bool keep_going = emit(s.text);
-    if (s.stopped) {
+    // A finished value ends here when no EOS can be generated after it (none
+    // configured, or this was the last token allowed): it is complete, not cut.
+    const bool value_done = opt.constraint && opt.constraint->finished() &&
+                            (eos.empty() || i + 1 == opt.max_new_tokens ||
+                             (opt.context_limit > 0 && session.position() + 1 >= opt.context_limit));
+    if (s.stopped || value_done) {
+      stop_string = s.stopped;
       session.feed({next});
       r.finish_reason = "stop";
       for (const std::string& x : opt.stop)  // StopMatcher counts only the non-empty ones
@@ -85,7 +106,10 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
     }
     logits = &session.feed({next});
   }
-  if (r.finish_reason != "stop") {
+  // Text held back as a possible stop string's start is released unless a
+  // stop string completed (after an EOS too: the end of a JSON value such
+  // as "}" must not vanish because a stop string begins with it).
+  if (!stop_string) {
     emit(stops.feed(dec.flush()).text);
     if (!stops.stopped()) emit(stops.flush());
   }

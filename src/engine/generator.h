@@ -10,6 +10,7 @@
 #include "engine/logprobs.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
+#include "engine/token_constraint.h"
 #include "tokenizer/tokenizer.h"
 
 namespace flashmoe {
@@ -30,6 +31,10 @@ struct GenerateOptions {
   // (with keep_output). An EOS token is reported too.
   int top_logprobs = -1;
   std::function<void(const TokenLogprob&)> on_logprob;
+  // Structured output: only tokens the constraint allows are sampled (and
+  // an EOS only once the output is complete); it is advanced over each
+  // generated token. Not owned; one constraint serves one generate call.
+  TokenConstraint* constraint = nullptr;
 };
 
 struct GenerateResult {

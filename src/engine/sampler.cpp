@@ -166,7 +166,11 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     cum += prob;
     if (u < cum) return id;
   }
-  return c.back().first;
+  // Rounding left u past the sum: the last token with any probability (a
+  // masked token, at probability 0, must never be drawn).
+  for (auto it = c.rbegin(); it != c.rend(); ++it)
+    if (it->second > 0) return it->first;
+  return c.front().first;
 }
 
 }  // namespace flashmoe

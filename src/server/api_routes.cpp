@@ -10,7 +10,9 @@
 
 #include "core/error.h"
 #include "engine/generator.h"
+#include "engine/json_schema_grammar.h"
 #include "engine/session.h"
+#include "engine/token_constraint.h"
 #include "kv/memory_calc.h"
 #include "server/anthropic_api.h"
 #include "server/chat_output.h"
@@ -108,6 +110,7 @@ struct Job {
   std::vector<int32_t> ids;  // the whole prompt
   size_t boundary = 0;       // end of the last complete message (snapshot point), 0: none
   GenerateOptions go;
+  std::shared_ptr<TokenConstraint> constraint;  // response_format; go.constraint points here
   std::string id;
   int64_t created = 0;
 };
@@ -128,6 +131,8 @@ struct ApiRoutes::Impl {
   // Set when the model failed on a request (a corrupt expert file, a device
   // error), cleared by the next request it completes: /health reports it.
   std::atomic<bool> model_failing{false};
+  std::once_flag vocab_once;  // the constraint vocabulary (tries), built for the first response_format
+  std::shared_ptr<const TokenVocabulary> vocab;
 
   Impl(const ServerConfig& c, const ServedModel& model)
       : cfg(c), m(model), slots(cfg.parallel, cfg.queue, cfg.threads_per_slot),
@@ -205,6 +210,15 @@ struct ApiRoutes::Impl {
     j.go.context_limit = m.context;
     j.go.cancel = &stopping;
     j.go.top_logprobs = q.top_logprobs;
+    if (!q.response_format.is_null()) {
+      std::call_once(vocab_once, [&] { vocab = std::make_shared<const TokenVocabulary>(*m.tokenizer); });
+      try {
+        j.constraint = make_json_constraint(q.response_format, vocab);
+      } catch (const JsonSchemaError& e) {
+        throw ApiError(400, e.what(), "invalid_request_error", "", "response_format");
+      }
+      j.go.constraint = j.constraint.get();
+    }
     j.id = random_id(api == Api::Anthropic ? "msg_" : chat ? "chatcmpl-" : "cmpl-");
     j.created = unix_time();
     return j;

@@ -272,18 +272,16 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
     bad("", "the request body is not valid JSON");
   }
   if (!o.is_object()) bad("", "the request body must be a JSON object");
-  if (field(o, "response_format"))
-    bad("response_format", "'response_format' is not supported by this server (no constrained output)");
   if (chat)
     only_fields(o, {"model", "messages", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                     "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "max_tokens",
                     "max_completion_tokens", "n", "seed", "stop", "stream", "stream_options", "tools", "tool_choice",
-                    "parallel_tool_calls", "chat_template_kwargs", "ignore_eos", "user", "cache_salt"},
+                    "parallel_tool_calls", "chat_template_kwargs", "ignore_eos", "user", "cache_salt", "response_format"},
                 "");
   else
     only_fields(o, {"model", "prompt", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                     "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n", "seed", "stop",
-                    "stream", "stream_options", "ignore_eos", "user", "echo", "best_of", "cache_salt"},
+                    "stream", "stream_options", "ignore_eos", "user", "echo", "best_of", "cache_salt", "response_format"},
                 "");
   CompletionRequest r;
   r.chat = chat;
@@ -377,6 +375,7 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
     if (!salt->is_string()) bad("cache_salt", "'cache_salt' must be a string");
     r.cache_salt = salt->get<std::string>();
   }
+  if (const json* rf = field(o, "response_format")) r.response_format = *rf;  // the server compiles it
   return r;
 }
 

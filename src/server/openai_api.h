@@ -59,6 +59,7 @@ struct CompletionRequest {
   // vLLM extension: requests with different salts never share stored
   // conversation states (so cached_tokens cannot reveal another's prompt).
   std::string cache_salt;
+  nlohmann::ordered_json response_format;  // null: not given; checked by make_json_constraint
 };
 
 // Parses and validates a /v1/chat/completions (chat=true) or /v1/completions

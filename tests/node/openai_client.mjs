@@ -92,6 +92,27 @@ test("wrong key is an AuthenticationError", async () => {
   await assert.rejects(bad.models.list(), (e) => e instanceof OpenAI.AuthenticationError && e.status === 401);
 });
 
+test("response_format json_schema: the answer parses and matches", async () => {
+  const schema = {
+    type: "object",
+    properties: { name: { type: "string", maxLength: 12 }, tags: { type: "array", items: { enum: ["a", "b"] }, maxItems: 2 } },
+    required: ["name", "tags"], additionalProperties: false,
+  };
+  const r = await client.chat.completions.create({
+    model: "coder-mini", messages, max_tokens: 48, temperature: 0,
+    response_format: { type: "json_schema", json_schema: { name: "item", schema, strict: true } },
+  });
+  assert.equal(r.choices[0].finish_reason, "stop");
+  const v = JSON.parse(r.choices[0].message.content);
+  assert.deepEqual(Object.keys(v), ["name", "tags"]);
+  assert.ok(typeof v.name === "string" && [...v.name].length <= 12);
+  assert.ok(Array.isArray(v.tags) && v.tags.length <= 2 && v.tags.every((t) => t === "a" || t === "b"));
+  await assert.rejects(
+    client.chat.completions.create({ model: "coder-mini", messages, max_tokens: 4,
+      response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "string", pattern: "^a" } } } }),
+    (e) => e instanceof OpenAI.BadRequestError && e.param === "response_format" && /'pattern'/.test(e.message));
+});
+
 let passed = 0, failed = 0;
 for (const t of tests) {
   try {
