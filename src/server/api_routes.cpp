@@ -132,7 +132,7 @@ struct ApiRoutes::Impl {
   // error), cleared by the next request it completes: /health reports it.
   std::atomic<bool> model_failing{false};
   std::once_flag vocab_once;  // the constraint vocabulary (tries), built for the first response_format
-  std::shared_ptr<const TokenVocabulary> vocab;
+  std::shared_ptr<const TokenVocabulary> constraint_vocab;
 
   Impl(const ServerConfig& c, const ServedModel& model)
       : cfg(c), m(model), slots(cfg.parallel, cfg.queue, cfg.threads_per_slot),
@@ -211,9 +211,9 @@ struct ApiRoutes::Impl {
     j.go.cancel = &stopping;
     j.go.top_logprobs = q.top_logprobs;
     if (!q.response_format.is_null()) {
-      std::call_once(vocab_once, [&] { vocab = std::make_shared<const TokenVocabulary>(*m.tokenizer); });
+      std::call_once(vocab_once, [&] { constraint_vocab = std::make_shared<const TokenVocabulary>(*m.tokenizer); });
       try {
-        j.constraint = make_json_constraint(q.response_format, vocab);
+        j.constraint = make_json_constraint(q.response_format, constraint_vocab);
       } catch (const JsonSchemaError& e) {
         throw ApiError(400, e.what(), "invalid_request_error", "", "response_format");
       }
