@@ -2,8 +2,8 @@
 // key trusts everything that reaches it, and a web page can reach it: by
 // fetch() from any site (cross-origin "simple" requests are sent without a
 // preflight), or by DNS rebinding (a site's name re-pointed at 127.0.0.1,
-// so the page is same-origin with the server). So, as llama.cpp and Jupyter
-// do: on a loopback bind the Host header must name a loopback address, and a
+// so the page is same-origin with the server). So, as Jupyter does: on a
+// loopback bind the Host header must name a loopback address, and a
 // request that carries an Origin (every cross-origin browser request does;
 // curl and the SDKs send none) is refused unless --cors-origin allows it.
 #pragma once

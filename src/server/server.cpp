@@ -363,11 +363,16 @@ int HttpServer::bind() {
   auto& c = impl_->cfg;
   auto where = [&] { return c.host + ":" + std::to_string(c.port); };
   beast::error_code ec;
-  net::ip::address addr;
-  if (c.host == "localhost") addr = net::ip::address_v4::loopback();
-  else addr = net::ip::make_address(c.host, ec);
-  if (ec) fail("cannot listen on " + where() + ": '" + c.host + "' is not an IP address (or localhost)");
-  tcp::endpoint ep(addr, uint16_t(c.port));
+  tcp::endpoint ep;
+  net::ip::address addr = net::ip::make_address(c.host, ec);
+  if (!ec) {
+    ep = tcp::endpoint(addr, uint16_t(c.port));
+  } else {  // a name (localhost, the machine's name): its first address
+    tcp::resolver resolver(impl_->ioc);
+    auto found = resolver.resolve(c.host, std::to_string(c.port), ec);
+    if (ec || found.empty()) fail("cannot listen on " + where() + ": the host name '" + c.host + "' does not resolve");
+    ep = found.begin()->endpoint();
+  }
   auto& a = impl_->acceptor;
   a.open(ep.protocol(), ec);
   // SO_REUSEADDR only lets a restarted server bind past connections in
