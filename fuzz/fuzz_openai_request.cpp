@@ -1,11 +1,11 @@
-// The server's handling of untrusted text: request bodies, the Host/Origin
-// check and model output. The first byte picks what the rest is: 'A' an
-// Anthropic Messages body; 'O' generated text for the chat output parser
-// (reasoning / tool calls, fed in pieces of 1..7 bytes by the second byte,
-// with the Anthropic response builder on its events); otherwise, bit 1 set:
-// the Host, Origin and bound host (newline-separated) of the Host/Origin
-// check; bit 1 clear: an OpenAI chat (odd byte) or completions (even byte)
-// body.
+// The server's handling of untrusted text: request bodies, Host/Origin
+// headers and model output. The first byte picks what the rest is:
+// 'A' an Anthropic Messages body; 'O' generated text for the chat output
+// parser (reasoning / tool calls, fed in pieces of 1..8 bytes chosen by the
+// next byte, with the Anthropic response builder on its events); otherwise
+// bit 1 clear: an OpenAI HTTP body, bit 0 choosing chat or completions;
+// bit 1 set: the Host, Origin and bound host (newline-separated) of the
+// Host/Origin check.
 #include "server/anthropic_api.h"
 #include "server/chat_output.h"
 #include "server/openai_api.h"
@@ -16,7 +16,27 @@ using flashmoe::server::ApiError;
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   std::string body(reinterpret_cast<const char*>(data + 1), size - 1);
-  if (data[0] != 'A' && data[0] != 'O' && (data[0] & 2)) {
+  if (data[0] == 'A') {
+    try {
+      flashmoe::server::parse_anthropic_request(body);
+    } catch (const ApiError& e) {
+      flashmoe::server::anthropic_error_body(e.status, e.what());
+    }
+    return 0;
+  }
+  if (data[0] == 'O') {
+    const auto tools = nlohmann::ordered_json::parse(
+        R"([{"type":"function","function":{"name":"f","parameters":{"properties":{"n":{"type":"integer"}}}}}])");
+    const unsigned char opt = body.empty() ? 0 : (unsigned char)body[0];
+    flashmoe::server::ChatOutputParser p({(opt & 8) != 0, true, tools});
+    flashmoe::server::AnthropicMessageBuilder b("msg", "m", 1);
+    const size_t step = 1 + (opt & 7);
+    for (size_t i = 0; i < body.size(); i += step) b.add(p.feed(body.substr(i, step)));
+    b.add(p.finish());
+    b.finish_events("end_turn", "", 1);
+    return 0;
+  }
+  if (data[0] & 2) {
     std::string parts[3];
     size_t at = 0;
     for (int i = 0; i < 3; ++i) {
@@ -32,24 +52,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     flashmoe::server::is_loopback_host(parts[0]);
     return 0;
   }
-  const int mode = data[0] == 'A' ? 2 : data[0] == 'O' ? 3 : (data[0] & 1);
   try {
-    if (mode == 0 || mode == 1) flashmoe::server::parse_completion_request(body, mode == 1);
-    else if (mode == 2) flashmoe::server::parse_anthropic_request(body);
+    flashmoe::server::parse_completion_request(body, data[0] & 1);
   } catch (const ApiError& e) {
     flashmoe::server::error_body(e);
-    flashmoe::server::anthropic_error_body(e.status, e.what());
-  }
-  if (mode == 3) {
-    const auto tools = nlohmann::ordered_json::parse(
-        R"([{"type":"function","function":{"name":"f","parameters":{"properties":{"n":{"type":"integer"}}}}}])");
-    const unsigned char opt = body.empty() ? 0 : (unsigned char)body[0];
-    flashmoe::server::ChatOutputParser p({(opt & 8) != 0, true, tools});
-    flashmoe::server::AnthropicMessageBuilder b("msg", "m", 1);
-    const size_t step = 1 + (opt & 7);
-    for (size_t i = 0; i < body.size(); i += step) b.add(p.feed(body.substr(i, step)));
-    b.add(p.finish());
-    b.finish_events("end_turn", "", 1);
   }
   return 0;
 }
