@@ -1,8 +1,9 @@
-// Every instruction level's vector kernels (core/simd.h) that this CPU can
-// run, against double-precision sums computed here: each level must give the
-// same function, and within a level a row's dot product must be the same bits
-// alone, four rows at a time, in the 4 x 4 prefill tile and from its fp32
-// widening (prefill and decode agree exactly; FP8 KV needs it).
+// Every instruction level's kernels that this CPU can run (core/simd.h,
+// core/matrix_rows.h, the delta-rule step), against double-precision sums
+// computed here: each level must give the same function, and within a level
+// a row's dot product must be the same bits alone, four rows at a time, in
+// the 4 x 4 prefill tile and from its fp32 widening (prefill and decode agree
+// exactly; FP8 KV needs it).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "backend/cpu/gated_delta.h"
 #include "core/cpu_features.h"
 #include "core/dtype.h"
 #include "core/matrix_rows.h"
@@ -160,3 +162,30 @@ TEST(SimdLevels, QuantisedRowsEveryLevel) {
     }
 }
 
+
+// The fused AVX-512 delta-rule step does the row-by-row form's operations in
+// its order: the same bits, state and output (at other levels, or another
+// dv, gated_delta_step is the row-by-row form itself).
+TEST(SimdLevels, FusedDeltaRuleStepMatchesRowByRow) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> d(0.0f, 0.5f);
+  for (int64_t dv : {32, 64, 128, 48}) {
+    SCOPED_TRACE(dv);
+    const int64_t dk = 32;
+    std::vector<float> S(static_cast<size_t>(dk * dv)), q(static_cast<size_t>(dk)), k(static_cast<size_t>(dk)),
+        v(static_cast<size_t>(dv));
+    for (auto* vec : {&S, &q, &k, &v})
+      for (auto& x : *vec) x = d(rng);
+    std::vector<float> S1 = S, S2 = S, o1(static_cast<size_t>(dv)), o2(static_cast<size_t>(dv)),
+                       m(static_cast<size_t>(dv));
+    for (int step = 0; step < 3; ++step) {
+      cpu::gated_delta_step_rows(S1.data(), q.data(), k.data(), v.data(), 0.9f, 0.7f, dk, dv, o1.data(), m.data());
+      cpu::gated_delta_step(S2.data(), q.data(), k.data(), v.data(), 0.9f, 0.7f, dk, dv, o2.data(), m.data());
+    }
+    EXPECT_EQ(S1, S2);
+    EXPECT_EQ(o1, o2);
+    std::vector<float> S3 = S, o3(static_cast<size_t>(dv));
+    const bool fused = cpu::gated_delta_step_fused(S3.data(), q.data(), k.data(), v.data(), 0.9f, 0.7f, dk, dv, o3.data());
+    EXPECT_EQ(fused, cpu_level() == CpuLevel::Avx512 && dv != 48);
+  }
+}
