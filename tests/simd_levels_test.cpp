@@ -189,3 +189,22 @@ TEST(SimdLevels, FusedDeltaRuleStepMatchesRowByRow) {
     EXPECT_EQ(fused, cpu_level() == CpuLevel::Avx512 && dv != 48);
   }
 }
+
+// silu(g) * u at every level against double precision, over the range a
+// gate takes and past it (exp under- and overflow).
+TEST(SimdLevels, SiluMulEveryLevel) {
+  std::vector<float> g0, u;
+  for (float x = -40.0f; x <= 40.0f; x += 0.0137f) g0.push_back(x);
+  for (float x : {-120.0f, -89.0f, -0.0f, 0.0f, 1e-30f, 89.0f, 120.0f}) g0.push_back(x);
+  for (size_t i = 0; i < g0.size(); ++i) u.push_back(0.5f + float(i % 7));
+  for (CpuLevel level : runnable_levels()) {
+    SCOPED_TRACE(cpu_level_name(level));
+    std::vector<float> g = g0;
+    simd::kernels(level).silu_mul(g.data(), u.data(), int64_t(g.size()));
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double x = g0[i], ref = x / (1.0 + std::exp(-x)) * u[i];
+      // Below ~1e-30 fp32 exp has overflowed (exp(89) > FLT_MAX): 0 is right.
+      ASSERT_NEAR(g[i], ref, 1e-6 * std::fabs(ref) + 1e-30) << "x = " << x;
+    }
+  }
+}

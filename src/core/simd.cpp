@@ -1,5 +1,6 @@
 #include "core/simd.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -68,8 +69,16 @@ void axpy_generic(float alpha, const float* x, float* y, int64_t n) {
 
 }  // namespace
 
+void silu_mul_scalar(float* g, const float* u, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+namespace {
+
+}  // namespace
+
 const Kernels kPortableKernels = {to_f32_generic, dot_mixed_generic, dot4_mixed_generic, dot4x4_f32_generic,
-                                  axpy_generic};
+                                  axpy_generic, silu_mul_scalar};
 
 #ifdef FLASHMOE_X86
 namespace {
@@ -160,7 +169,8 @@ AVX2_FN void axpy_avx2(float alpha, const float* x, float* y, int64_t n) {
 
 }  // namespace
 
-const Kernels kAvx2Kernels = {to_f32_avx2, dot_mixed_avx2, dot4_mixed_avx2, dot4x4_f32_avx2, axpy_avx2};
+const Kernels kAvx2Kernels = {to_f32_avx2, dot_mixed_avx2, dot4_mixed_avx2, dot4x4_f32_avx2, axpy_avx2,
+                              silu_mul_scalar};
 #endif
 
 const Kernels& kernels(CpuLevel level) {
@@ -206,5 +216,7 @@ void dot4x4_f32(const float* a, int64_t lda, const float* x, int64_t ldx, int64_
 }
 
 void axpy(float alpha, const float* x, float* y, int64_t n) { active().axpy(alpha, x, y, n); }
+
+void silu_mul(float* g, const float* u, int64_t n) { active().silu_mul(g, u, n); }
 
 }  // namespace flashmoe::cpu::simd

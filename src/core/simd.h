@@ -30,6 +30,10 @@ struct Kernels {
   void (*dot4x4_f32)(const float* a, int64_t lda, const float* x, int64_t ldx, int64_t n, float out[16]);
   // y += alpha * x
   void (*axpy)(float alpha, const float* x, float* y, int64_t n);
+  // g[i] = silu(g[i]) * u[i], silu(x) = x / (1 + exp(-x)): the SwiGLU
+  // gate. Portable and avx2 call std::exp; avx512 has a vector exp (Cephes'
+  // polynomial, within 2 ulp of std::exp).
+  void (*silu_mul)(float* g, const float* u, int64_t n);
 };
 
 // The kernels of `level` (which must be <= cpu_level_supported()).
@@ -45,5 +49,6 @@ void dot4_mixed(DType t, const void* w, size_t stride, const float* x, int64_t n
 void dot4_f32(const float* a, int64_t lda, const float* x, int64_t n, float out[4]);
 void dot4x4_f32(const float* a, int64_t lda, const float* x, int64_t ldx, int64_t n, float out[16]);
 void axpy(float alpha, const float* x, float* y, int64_t n);
+void silu_mul(float* g, const float* u, int64_t n);
 
 }  // namespace flashmoe::cpu::simd

@@ -16,4 +16,7 @@ extern const Kernels kAvx512Kernels;
 // for other types): the tails of the vector kernels use it.
 float scalar_at(DType t, const void* p, int64_t i);
 
+// silu_mul with std::exp (the portable and avx2 levels, and tails).
+void silu_mul_scalar(float* g, const float* u, int64_t n);
+
 }  // namespace flashmoe::cpu::simd
