@@ -6,11 +6,16 @@
 # warm-up and the bandwidth probe), divided by the extra tokens. Runs are
 # interleaved: flashmoe, flashmoe at avx2, llama.cpp, for each round.
 #
-#   LLAMA_BENCH=... GGUF=... bench/cpu_seconds_vs_llama.sh [rounds] [R]
+#   LLAMA_BENCH=... GGUF=... bench/cpu_seconds_vs_llama.sh [rounds] [R] [pp|tg|both]
+#
+# flashmoe's tg runs include its bandwidth probe (a forked copy of ~1 GiB on a
+# large-L3 CPU), whose CPU time varies with the machine's memory traffic: use
+# a larger R for tg (e.g. 20) so that the extra tokens outweigh it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
 R=${2:-5}
+WHAT=${3:-both}
 BIN=${BIN:-build/flashmoe}
 MODEL=${MODEL:-models/coder-mini}
 LLAMA_BENCH=${LLAMA_BENCH:?set LLAMA_BENCH to llama.cpp\'s llama-bench}
@@ -27,15 +32,18 @@ per_token() { echo "($1 - $2) * 1000 / ($R * $3)" | bc -l; }
 for r in $(seq 1 "$ROUNDS"); do
   echo "round $r load: $(cut -d' ' -f1-3 /proc/loadavg)"
   for who in flashmoe avx2 llama; do
+    pp=0 tg=0
     case $who in
-      flashmoe) pp1=$(fm "" -p 512 -n 0 -r 1); ppR=$(fm "" -p 512 -n 0 -r $((R + 1)))
-                tg1=$(fm "" -p 0 -n 128 -r 1); tgR=$(fm "" -p 0 -n 128 -r $((R + 1))) ;;
-      avx2)     pp1=$(fm avx2 -p 512 -n 0 -r 1); ppR=$(fm avx2 -p 512 -n 0 -r $((R + 1)))
-                tg1=$(fm avx2 -p 0 -n 128 -r 1); tgR=$(fm avx2 -p 0 -n 128 -r $((R + 1))) ;;
-      llama)    pp1=$(ll -p 512 -n 0 -r 1); ppR=$(ll -p 512 -n 0 -r $((R + 1)))
-                tg1=$(ll -p 0 -n 128 -r 1); tgR=$(ll -p 0 -n 128 -r $((R + 1))) ;;
+      flashmoe) run() { fm "" "$@"; } ;;
+      avx2)     run() { fm avx2 "$@"; } ;;
+      llama)    run() { ll "$@"; } ;;
     esac
-    printf "  %-9s pp512 %.4f ms/token  tg128 %.4f ms/token\n" "$who" \
-      "$(per_token "$ppR" "$pp1" 512)" "$(per_token "$tgR" "$tg1" 128)"
+    if [ "$WHAT" != tg ]; then
+      pp1=$(run -p 512 -n 0 -r 1); ppR=$(run -p 512 -n 0 -r $((R + 1))); pp=$(per_token "$ppR" "$pp1" 512)
+    fi
+    if [ "$WHAT" != pp ]; then
+      tg1=$(run -p 0 -n 128 -r 1); tgR=$(run -p 0 -n 128 -r $((R + 1))); tg=$(per_token "$tgR" "$tg1" 128)
+    fi
+    printf "  %-9s pp512 %.4f ms/token  tg128 %.4f ms/token\n" "$who" "$pp" "$tg"
   done
 done
