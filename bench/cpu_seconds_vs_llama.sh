@@ -8,9 +8,9 @@
 #
 #   LLAMA_BENCH=... GGUF=... bench/cpu_seconds_vs_llama.sh [rounds] [R] [pp|tg|both]
 #
-# flashmoe's tg runs include its bandwidth probe (a forked copy of ~1 GiB on a
-# large-L3 CPU), whose CPU time varies with the machine's memory traffic: use
-# a larger R for tg (e.g. 20) so that the extra tokens outweigh it.
+# flashmoe's tg runs include its bandwidth probe, whose CPU time varies with
+# the machine's memory traffic: use a larger R for tg (e.g. 20) so that the
+# extra tokens outweigh it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
