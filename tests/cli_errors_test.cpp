@@ -5,6 +5,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "core/cpu_features.h"
 #include "format/safetensors.h"
 #include "test_util.h"
 
@@ -246,34 +247,56 @@ TEST(Cli, LogitsCommandWritesReferenceLogits) {
   EXPECT_LE(max_abs_diff(got.f32.data(), logits.f32.data(), got.f32.size()), 1e-3f);
 }
 
-// The portable (non-AVX2) kernels must compute the same function.
-TEST(Cli, PortableKernelsMatchReference) {
+// Every narrower kernel level (FLASHMOE_CPU_LEVEL) this CPU can run must
+// compute the same function as the default (widest) one, end to end.
+TEST(Cli, EveryCpuLevelMatchesReference) {
   const std::string dir = fixture_dir("tiny-qwen3next");
   RefTensor ids = load_ref(dir + "/reference.safetensors", "ids_long");
   RefTensor logits = load_ref(dir + "/reference.safetensors", "logits_long");
+  RefTensor ref8 = load_ref(dir + "/reference.safetensors", "logits_long_fp8");
+  const size_t n = logits.f32.size();
   TempDir out;
   CmdResult r = run_flashmoe("logits -m " + dir + "/model --kv-dtype fp8 --ids " + join_ids(ids.ids) + " -o " +
                              out.path + "/l.safetensors");
   ASSERT_EQ(r.code, 0) << r.err;
   RefTensor fast = load_ref(out.path + "/l.safetensors", "logits");
-  setenv("FLASHMOE_NO_AVX2", "1", 1);
-  r = run_flashmoe("logits -m " + dir + "/model --ids " + join_ids(ids.ids) + " -o " + out.path + "/p.safetensors");
-  CmdResult r8 = run_flashmoe("logits -m " + dir + "/model --kv-dtype fp8 --ids " + join_ids(ids.ids) + " -o " +
-                              out.path + "/p8.safetensors");
-  unsetenv("FLASHMOE_NO_AVX2");
-  ASSERT_EQ(r.code, 0) << r.err;
-  ASSERT_EQ(r8.code, 0) << r8.err;
-  RefTensor portable = load_ref(out.path + "/p.safetensors", "logits");
-  EXPECT_LE(max_abs_diff(portable.f32.data(), logits.f32.data(), logits.f32.size()), 1e-3f);
-  // FP8 storage amplifies last-bit differences between the two kernel sets
-  // (a flipped E4M3 rounding), so judge it as the FP8 golden tests do.
-  RefTensor portable8 = load_ref(out.path + "/p8.safetensors", "logits");
-  RefTensor ref8 = load_ref(dir + "/reference.safetensors", "logits_long_fp8");
-  const size_t n = logits.f32.size();
-  EXPECT_LE(mean_abs_diff(portable8.f32.data(), ref8.f32.data(), n),
-            0.1f * mean_abs_diff(logits.f32.data(), ref8.f32.data(), n));
+  // FP8 storage amplifies last-bit differences between the kernel sets (a
+  // flipped E4M3 rounding), so judge it as the FP8 golden tests do.
   EXPECT_LE(mean_abs_diff(fast.f32.data(), ref8.f32.data(), n),
             0.1f * mean_abs_diff(logits.f32.data(), ref8.f32.data(), n));
+  std::vector<std::string> levels = {"portable"};
+  if (cpu_level_supported() >= CpuLevel::Avx2) levels.push_back("avx2");
+  for (const std::string& level : levels) {
+    SCOPED_TRACE(level);
+    setenv("FLASHMOE_CPU_LEVEL", level.c_str(), 1);
+    r = run_flashmoe("logits -m " + dir + "/model --ids " + join_ids(ids.ids) + " -o " + out.path + "/p.safetensors");
+    CmdResult r8 = run_flashmoe("logits -m " + dir + "/model --kv-dtype fp8 --ids " + join_ids(ids.ids) + " -o " +
+                                out.path + "/p8.safetensors");
+    unsetenv("FLASHMOE_CPU_LEVEL");
+    ASSERT_EQ(r.code, 0) << r.err;
+    ASSERT_EQ(r8.code, 0) << r8.err;
+    RefTensor narrow = load_ref(out.path + "/p.safetensors", "logits");
+    EXPECT_LE(max_abs_diff(narrow.f32.data(), logits.f32.data(), n), 1e-3f);
+    RefTensor narrow8 = load_ref(out.path + "/p8.safetensors", "logits");
+    EXPECT_LE(mean_abs_diff(narrow8.f32.data(), ref8.f32.data(), n),
+              0.1f * mean_abs_diff(logits.f32.data(), ref8.f32.data(), n));
+  }
+}
+
+TEST(Cli, BadCpuLevelIsOneErrorNamingTheVariable) {
+  const std::string dir = fixture_dir("tiny-qwen3next");
+  setenv("FLASHMOE_CPU_LEVEL", "sse9", 1);
+  CmdResult r = run_flashmoe("logits -m " + dir + "/model --ids 1,2 -o /dev/null");
+  unsetenv("FLASHMOE_CPU_LEVEL");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err, "flashmoe: error: FLASHMOE_CPU_LEVEL='sse9' is not one of portable, avx2, avx512\n");
+  if (cpu_level_supported() < CpuLevel::Avx512) {
+    setenv("FLASHMOE_CPU_LEVEL", "avx512", 1);
+    r = run_flashmoe("logits -m " + dir + "/model --ids 1,2 -o /dev/null");
+    unsetenv("FLASHMOE_CPU_LEVEL");
+    EXPECT_EQ(r.code, 1);
+    EXPECT_NE(r.err.find("FLASHMOE_CPU_LEVEL=avx512 but this CPU supports at most"), std::string::npos) << r.err;
+  }
 }
 
 TEST(Cli, GeneratePrintsGreedyIds) {

@@ -89,7 +89,7 @@ TEST(ExpertsQuant, MatmulEqualsDequantisedF32Matmul) {
   for (QuantKind k : {QuantKind::Q8, QuantKind::Q4}) {
     QuantizedMatrix q = quantize_matrix(f32_view(w, rows, cols), k, 64);
     std::vector<float> deq(size_t(rows * cols));
-    for (int64_t r = 0; r < rows; ++r) cpu::quant_dequant_row_portable(q.view(), r, deq.data() + r * cols);
+    for (int64_t r = 0; r < rows; ++r) cpu::quant_dequant_row_at(CpuLevel::Portable, q.view(), r, deq.data() + r * cols);
     for (int64_t n : {1, 3, 8}) {
       std::vector<float> x(size_t(n * cols)), yq(size_t(n * rows)), yf(size_t(n * rows));
       for (auto& v : x) v = d(rng);
@@ -102,7 +102,7 @@ TEST(ExpertsQuant, MatmulEqualsDequantisedF32Matmul) {
           for (int64_t c = 0; c < cols; ++c) mag += std::fabs(deq[r * cols + c] * x[t * cols + c]);
           ASSERT_LE(std::fabs(yq[t * rows + r] - yf[t * rows + r]), 1e-5 * mag) << quant_name(k) << " n=" << n;
           if (n == 1) {
-            ASSERT_LE(std::fabs(cpu::quant_dot_row_portable(q.view(), r, x.data()) - yf[r]), 1e-5 * mag);
+            ASSERT_LE(std::fabs(cpu::quant_dot_row_at(CpuLevel::Portable, q.view(), r, x.data()) - yf[r]), 1e-5 * mag);
           }
         }
     }

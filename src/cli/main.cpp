@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "core/cpu_features.h"
 #include "core/error.h"
 #include "runtime/device.h"
 
@@ -66,6 +67,13 @@ int main(int argc, char** argv) {
   if (argc < 2) return user_error("no command given (commands: " + commands + ")");
   if (argv[1][0] != '-' && app.get_subcommands([&](CLI::App* s) { return s->check_name(argv[1]); }).empty())
     return user_error(std::string("unknown command '") + argv[1] + "' (commands: " + commands + ")");
+  // FLASHMOE_CPU_LEVEL is checked before any kernel runs (possibly on a
+  // worker thread, where a throw could not reach this handler).
+  try {
+    flashmoe::cpu_level();
+  } catch (const flashmoe::Error& e) {
+    return user_error(e.what());
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

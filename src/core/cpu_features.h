@@ -1,14 +1,30 @@
-// Run-time CPU feature detection for the kernels with an AVX2 path (core/simd,
+// Run-time CPU feature detection for the kernels with vector paths (core/simd,
 // core/matrix_rows, kv/kv_kernels): each such kernel is compiled with a target
-// attribute and chosen here at run time, so one binary runs on any x86-64.
+// attribute and chosen here at run time, so one binary runs on any x86-64 and
+// uses the widest instruction level the CPU has.
 #pragma once
 
 namespace flashmoe {
 
-// Whether the AVX2 + FMA + F16C kernels are in use: the CPU has all three and
-// FLASHMOE_NO_AVX2 is unset (FLASHMOE_NO_AVX2=1 forces the portable kernels,
-// to test them on AVX2 machines). Read once, on the first call. Always false
-// off x86.
-bool avx2_available();
+// The instruction levels the CPU kernels are written for, lowest first.
+//   Portable: plain C++ (any CPU).
+//   Avx2:     AVX2 + FMA + F16C.
+//   Avx512:   Avx2 plus AVX-512 F/BW/VL/DQ.
+enum class CpuLevel { Portable = 0, Avx2 = 1, Avx512 = 2 };
+
+const char* cpu_level_name(CpuLevel level);
+
+// The widest level this CPU (and OS) supports. Always Portable off x86.
+CpuLevel cpu_level_supported();
+
+// The level the kernels use: the supported one, or the lower one named by
+// FLASHMOE_CPU_LEVEL=portable|avx2|avx512 (to test or compare the narrower
+// paths on a wide machine). Read once, on the first call; a value that is not
+// a level name, or a level above what the CPU supports, throws Error naming
+// the variable.
+CpuLevel cpu_level();
+
+// cpu_level() >= Avx2.
+inline bool avx2_available() { return cpu_level() >= CpuLevel::Avx2; }
 
 }  // namespace flashmoe

@@ -1,6 +1,7 @@
 #include "core/matrix_rows.h"
 
 #include "core/error.h"
+#include "core/matrix_rows_levels.h"
 #include "core/simd.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -108,30 +109,32 @@ void check(const Matrix& W) {
 
 }  // namespace
 
-void quant_dequant_row(const Matrix& W, int64_t r, float* out) {
+void quant_dequant_row_at(CpuLevel level, const Matrix& W, int64_t r, float* out) {
   check(W);
 #ifdef FLASHMOE_X86
-  if (simd::has_avx2()) return dequant_avx2(W, r, out);
+  if (level == CpuLevel::Avx512 && W.group % 16 == 0) return avx512::quant_dequant_row(W, r, out);
+  if (level >= CpuLevel::Avx2) return dequant_avx2(W, r, out);
 #endif
   dequant_generic(W, r, out);
 }
 
-float quant_dot_row(const Matrix& W, int64_t r, const float* x) {
+float quant_dot_row_at(CpuLevel level, const Matrix& W, int64_t r, const float* x) {
 #ifdef FLASHMOE_X86
-  if (simd::has_avx2()) return dot_avx2(W, r, x);
+  if (level == CpuLevel::Avx512 && W.group % 16 == 0) return avx512::quant_dot_row(W, r, x);
+  if (level >= CpuLevel::Avx2) return dot_avx2(W, r, x);
 #endif
   return dot_generic(W, r, x);
 }
+
+void quant_dequant_row(const Matrix& W, int64_t r, float* out) { quant_dequant_row_at(cpu_level(), W, r, out); }
+
+float quant_dot_row(const Matrix& W, int64_t r, const float* x) { return quant_dot_row_at(cpu_level(), W, r, x); }
 
 void load_row(const Matrix& W, int64_t r, float* out) {
   if (W.quantized()) return quant_dequant_row(W, r, out);
   const uint8_t* row = static_cast<const uint8_t*>(W.data) + size_t(r) * W.row_bytes();
   simd::to_f32(W.dtype, row, W.cols, out);
 }
-
-// Exposed for the tests: the portable kernels, whatever the CPU.
-void quant_dequant_row_portable(const Matrix& W, int64_t r, float* out) { dequant_generic(W, r, out); }
-float quant_dot_row_portable(const Matrix& W, int64_t r, const float* x) { return dot_generic(W, r, x); }
 
 }  // namespace flashmoe::cpu
 

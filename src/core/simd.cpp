@@ -1,5 +1,6 @@
 #include "core/simd.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -10,11 +11,9 @@
 #endif
 
 #include "core/error.h"
+#include "core/simd_levels.h"
 
 namespace flashmoe::cpu::simd {
-
-// ---- portable reference versions ----
-namespace {
 
 float scalar_at(DType t, const void* p, int64_t i) {
   switch (t) {
@@ -24,6 +23,9 @@ float scalar_at(DType t, const void* p, int64_t i) {
     default: fail(std::string("weights of dtype ") + dtype_name(t) + " are not supported by the CPU kernels");
   }
 }
+
+// ---- portable reference versions ----
+namespace {
 
 void to_f32_generic(DType t, const void* src, int64_t n, float* out) {
   if (t == DType::F32) {
@@ -51,7 +53,32 @@ float dot_f32_generic(const float* a, const float* b, int64_t n) {
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
+void dot4_mixed_generic(DType t, const void* w, size_t stride, const float* x, int64_t n, float out[4]) {
+  const uint8_t* base = static_cast<const uint8_t*>(w);
+  for (int k = 0; k < 4; ++k) out[k] = dot_mixed_generic(t, base + k * stride, x, n);
+}
+
+void dot4x4_f32_generic(const float* a, int64_t lda, const float* x, int64_t ldx, int64_t n, float out[16]) {
+  for (int k = 0; k < 4; ++k)
+    for (int j = 0; j < 4; ++j) out[4 * k + j] = dot_f32_generic(a + k * lda, x + j * ldx, n);
+}
+
+void axpy_generic(float alpha, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
 }  // namespace
+
+void silu_mul_scalar(float* g, const float* u, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+namespace {
+
+}  // namespace
+
+const Kernels kPortableKernels = {to_f32_generic, dot_mixed_generic, dot4_mixed_generic, dot4x4_f32_generic,
+                                  axpy_generic, silu_mul_scalar};
 
 #ifdef FLASHMOE_X86
 namespace {
@@ -124,12 +151,12 @@ AVX2_FN void dot4_mixed_avx2(DType t, const void* w, size_t stride, const float*
   }
 }
 
-AVX2_FN float dot_f32_avx2(const float* a, const float* b, int64_t n) {
-  return dot_mixed_avx2(DType::F32, a, b, n);
-}
-
-AVX2_FN void dot4_f32_avx2(const float* a, int64_t lda, const float* x, int64_t n, float out[4]) {
-  dot4_mixed_avx2(DType::F32, a, size_t(lda) * sizeof(float), x, n, out);
+AVX2_FN void dot4x4_f32_avx2(const float* a, int64_t lda, const float* x, int64_t ldx, int64_t n, float out[16]) {
+  for (int j = 0; j < 4; ++j) {
+    float col[4];
+    dot4_mixed_avx2(DType::F32, a, size_t(lda) * sizeof(float), x + j * ldx, n, col);
+    for (int k = 0; k < 4; ++k) out[4 * k + j] = col[k];
+  }
 }
 
 AVX2_FN void axpy_avx2(float alpha, const float* x, float* y, int64_t n) {
@@ -141,49 +168,55 @@ AVX2_FN void axpy_avx2(float alpha, const float* x, float* y, int64_t n) {
 }
 
 }  // namespace
+
+const Kernels kAvx2Kernels = {to_f32_avx2, dot_mixed_avx2, dot4_mixed_avx2, dot4x4_f32_avx2, axpy_avx2,
+                              silu_mul_scalar};
 #endif
 
-void to_f32(DType t, const void* src, int64_t n, float* out) {
+const Kernels& kernels(CpuLevel level) {
 #ifdef FLASHMOE_X86
-  if (has_avx2() && (t == DType::BF16 || t == DType::F16 || t == DType::F32)) return to_f32_avx2(t, src, n, out);
+  if (level == CpuLevel::Avx512) return kAvx512Kernels;
+  if (level == CpuLevel::Avx2) return kAvx2Kernels;
 #endif
-  to_f32_generic(t, src, n, out);
+  return kPortableKernels;
 }
 
-float dot_mixed(DType t, const void* w, const float* x, int64_t n) {
-#ifdef FLASHMOE_X86
-  if (has_avx2() && (t == DType::BF16 || t == DType::F16 || t == DType::F32)) return dot_mixed_avx2(t, w, x, n);
-#endif
-  return dot_mixed_generic(t, w, x, n);
+namespace {
+
+// The level's kernels for the types they handle, else the portable code
+// (which names an unsupported type in its error).
+const Kernels& for_type(DType t) {
+  static const Kernels& k = kernels(cpu_level());
+  return t == DType::BF16 || t == DType::F16 || t == DType::F32 ? k : kPortableKernels;
 }
 
-float dot_f32(const float* a, const float* b, int64_t n) {
-#ifdef FLASHMOE_X86
-  if (has_avx2()) return dot_f32_avx2(a, b, n);
-#endif
-  return dot_f32_generic(a, b, n);
+const Kernels& active() {
+  static const Kernels& k = kernels(cpu_level());
+  return k;
 }
+
+}  // namespace
+
+void to_f32(DType t, const void* src, int64_t n, float* out) { for_type(t).to_f32(t, src, n, out); }
+
+float dot_mixed(DType t, const void* w, const float* x, int64_t n) { return for_type(t).dot_mixed(t, w, x, n); }
+
+float dot_f32(const float* a, const float* b, int64_t n) { return active().dot_mixed(DType::F32, a, b, n); }
 
 void dot4_mixed(DType t, const void* w, size_t stride, const float* x, int64_t n, float out[4]) {
-#ifdef FLASHMOE_X86
-  if (has_avx2() && (t == DType::BF16 || t == DType::F16 || t == DType::F32)) return dot4_mixed_avx2(t, w, stride, x, n, out);
-#endif
-  const uint8_t* base = static_cast<const uint8_t*>(w);
-  for (int k = 0; k < 4; ++k) out[k] = dot_mixed_generic(t, base + k * stride, x, n);
+  for_type(t).dot4_mixed(t, w, stride, x, n, out);
 }
 
 void dot4_f32(const float* a, int64_t lda, const float* x, int64_t n, float out[4]) {
-#ifdef FLASHMOE_X86
-  if (has_avx2()) return dot4_f32_avx2(a, lda, x, n, out);
-#endif
-  for (int k = 0; k < 4; ++k) out[k] = dot_f32_generic(a + k * lda, x, n);
+  active().dot4_mixed(DType::F32, a, size_t(lda) * sizeof(float), x, n, out);
 }
 
-void axpy(float alpha, const float* x, float* y, int64_t n) {
-#ifdef FLASHMOE_X86
-  if (has_avx2()) return axpy_avx2(alpha, x, y, n);
-#endif
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+void dot4x4_f32(const float* a, int64_t lda, const float* x, int64_t ldx, int64_t n, float out[16]) {
+  active().dot4x4_f32(a, lda, x, ldx, n, out);
 }
+
+void axpy(float alpha, const float* x, float* y, int64_t n) { active().axpy(alpha, x, y, n); }
+
+void silu_mul(float* g, const float* u, int64_t n) { active().silu_mul(g, u, n); }
 
 }  // namespace flashmoe::cpu::simd

@@ -1,6 +1,9 @@
-// Vector kernels with an AVX2/FMA path chosen at run time and a portable
-// fallback, so one binary runs on any x86-64 (and builds elsewhere).
+// Vector kernels, one set per instruction level (core/cpu_features.h): the
+// widest the CPU has is chosen at run time, so one binary runs on any x86-64
+// (and builds elsewhere). The free functions use cpu_level()'s set;
+// kernels(level) gives any set the CPU supports (the tests run each).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "core/cpu_features.h"
@@ -8,20 +11,44 @@
 
 namespace flashmoe::cpu::simd {
 
-// Whether the AVX2 paths are taken (core/cpu_features.h).
-inline bool has_avx2() { return avx2_available(); }
+// One level's kernels. Within a level every dot product of a row of n values
+// uses the same arithmetic whether it is computed alone, four rows at a time,
+// in a 4 x 4 tile, from bf16 / f16 or from its exact fp32 widening: prefill
+// (rows widened once, many tokens) and decode (one token) agree bit for bit,
+// which FP8 KV storage needs (a last-bit change in K can flip an FP8
+// rounding). Weight types: BF16, F16, F32.
+struct Kernels {
+  // Widens n elements of type t to fp32 (exact).
+  void (*to_f32)(DType t, const void* src, int64_t n, float* out);
+  // sum_i w[i] * x[i] where w is stored as type t.
+  float (*dot_mixed)(DType t, const void* w, const float* x, int64_t n);
+  // out[k] = dot(row k, x) for 4 rows of type t, `stride` bytes apart: x is
+  // loaded once for all four, the decode matvec's inner loop.
+  void (*dot4_mixed)(DType t, const void* w, size_t stride, const float* x, int64_t n, float out[4]);
+  // out[4*k + j] = dot(a + k*lda, x + j*ldx) for rows k and tokens j in
+  // 0..3: the prefill micro-kernel (fp32 rows, 4 x 4 tile).
+  void (*dot4x4_f32)(const float* a, int64_t lda, const float* x, int64_t ldx, int64_t n, float out[16]);
+  // y += alpha * x
+  void (*axpy)(float alpha, const float* x, float* y, int64_t n);
+  // g[i] = silu(g[i]) * u[i], silu(x) = x / (1 + exp(-x)): the SwiGLU
+  // gate. Portable and avx2 call std::exp; avx512 has a vector exp (Cephes'
+  // polynomial, within 2 ulp of std::exp).
+  void (*silu_mul)(float* g, const float* u, int64_t n);
+};
 
-// Widens n elements of type t to fp32.
+// The kernels of `level` (which must be <= cpu_level_supported()).
+const Kernels& kernels(CpuLevel level);
+
+// The free functions below: kernels(cpu_level()), with the types the vector
+// paths lack (none today but the quantised ones, which core/matrix_rows
+// handles) sent to the portable code.
 void to_f32(DType t, const void* src, int64_t n, float* out);
-// sum_i w[i] * x[i] where w is stored as type t.
 float dot_mixed(DType t, const void* w, const float* x, int64_t n);
 float dot_f32(const float* a, const float* b, int64_t n);
-// out[k] = dot(row k, x) for 4 rows of type t, `stride` bytes apart: x is
-// loaded once for all four, the decode matvec's inner loop.
 void dot4_mixed(DType t, const void* w, size_t stride, const float* x, int64_t n, float out[4]);
-// out[k] = dot(a + k*lda, x) for k in 0..3.
 void dot4_f32(const float* a, int64_t lda, const float* x, int64_t n, float out[4]);
-// y += alpha * x
+void dot4x4_f32(const float* a, int64_t lda, const float* x, int64_t ldx, int64_t n, float out[16]);
 void axpy(float alpha, const float* x, float* y, int64_t n);
+void silu_mul(float* g, const float* u, int64_t n);
 
 }  // namespace flashmoe::cpu::simd

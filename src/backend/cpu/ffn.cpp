@@ -22,7 +22,7 @@ void swiglu_serial(const FfnExpert& e, const float* x, int64_t m, float* y, std:
   u.resize(size_t(m * I));
   matmul_serial(e.gate, x, m, H, g.data(), I);
   matmul_serial(e.up, x, m, H, u.data(), I);
-  for (int64_t i = 0; i < m * I; ++i) g[i] = silu(g[i]) * u[i];
+  simd::silu_mul(g.data(), u.data(), m * I);
   matmul_serial(e.down, g.data(), m, I, y, H);
 }
 
@@ -41,7 +41,7 @@ void dense_swiglu_ffn(const FfnExpert& e, const float* x, int64_t n, float* out,
   std::vector<float> g(size_t(n * I)), u(size_t(n * I));
   matmul(pool, e.gate, x, n, g.data());
   matmul(pool, e.up, x, n, u.data());
-  for (int64_t i = 0; i < n * I; ++i) g[i] = silu(g[i]) * u[i];
+  simd::silu_mul(g.data(), u.data(), n * I);
   matmul(pool, e.down, g.data(), n, out);
 }
 
@@ -78,7 +78,7 @@ void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_exper
     std::vector<float> g(size_t(n * I)), u(size_t(n * I));
     matmul(pool, e.gate, x, n, g.data());
     matmul(pool, e.up, x, n, u.data());
-    for (int64_t i = 0; i < n * I; ++i) g[i] = silu(g[i]) * u[i];
+    simd::silu_mul(g.data(), u.data(), n * I);
     shared_out.resize(size_t(n * H));
     matmul(pool, e.down, g.data(), n, shared_out.data());
     for (int64_t t = 0; t < n; ++t) shared_w.push_back(sigmoid(simd_dot_row(w.shared_gate, 0, x + t * H)));

@@ -6,8 +6,8 @@
 
 namespace flashmoe::cpu {
 
-void gated_delta_step(float* S, const float* q, const float* k, const float* v, float decay,
-                      float beta, int64_t dk, int64_t dv, float* out, float* m) {
+void gated_delta_step_rows(float* S, const float* q, const float* k, const float* v, float decay,
+                           float beta, int64_t dk, int64_t dv, float* out, float* m) {
   // Pass 1: decay the state and read the memory for key k.
   std::fill(m, m + dv, 0.0f);
   for (int64_t i = 0; i < dk; ++i) {
@@ -23,6 +23,12 @@ void gated_delta_step(float* S, const float* q, const float* k, const float* v, 
     simd::axpy(k[i], m, row, dv);
     simd::axpy(q[i], row, out, dv);
   }
+}
+
+void gated_delta_step(float* S, const float* q, const float* k, const float* v, float decay,
+                      float beta, int64_t dk, int64_t dv, float* out, float* m) {
+  if (gated_delta_step_fused(S, q, k, v, decay, beta, dk, dv, out)) return;
+  gated_delta_step_rows(S, q, k, v, decay, beta, dk, dv, out, m);
 }
 
 }  // namespace flashmoe::cpu

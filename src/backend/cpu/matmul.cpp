@@ -9,13 +9,11 @@
 
 namespace flashmoe::cpu {
 
-bool cpu_has_avx2() { return simd::has_avx2(); }
-
 namespace {
 
-// One output row against n token vectors. For a single token the row is read
-// straight from its storage type; for several it is widened once to fp32 and
-// reused across the tokens.
+// Rows [r0, r1) against n token vectors. For a single token a row is read
+// straight from its storage type; for several, blocks of rows are widened
+// once to fp32 and reused across the tokens.
 void rows_kernel(const Matrix& W, int64_t r0, int64_t r1, const float* x, int64_t n, int64_t ldx,
                  float* y, int64_t ldy, std::vector<float>& buf) {
   if (n == 1 && W.quantized()) {
@@ -33,19 +31,35 @@ void rows_kernel(const Matrix& W, int64_t r0, int64_t r1, const float* x, int64_
     }
     return;
   }
-  buf.resize(size_t(W.cols) * 4);
-  int64_t r = r0;
-  for (; r + 4 <= r1; r += 4) {
-    for (int k = 0; k < 4; ++k) load_row(W, r + k, buf.data() + k * W.cols);
-    for (int64_t t = 0; t < n; ++t) {
-      float out[4];
-      simd::dot4_f32(buf.data(), W.cols, x + t * ldx, W.cols, out);
-      for (int k = 0; k < 4; ++k) y[t * ldy + r + k] = out[k];
+  // Several tokens: a blocked product. A block of up to 16 rows is widened to
+  // fp32 once (it stays in L2), then every group of 4 tokens meets each 4-row
+  // slice of it in the 4 x 4 register tile (simd::dot4x4_f32): the 4 token
+  // rows stay in L1 across the block's slices.
+  const int64_t K = W.cols;
+  constexpr int64_t kBlockRows = 16;
+  buf.resize(size_t(K) * kBlockRows);
+  for (int64_t rb = r0; rb < r1; rb += kBlockRows) {
+    const int64_t re = std::min(r1, rb + kBlockRows);
+    for (int64_t r = rb; r < re; ++r) load_row(W, r, buf.data() + (r - rb) * K);
+    const int64_t quads_end = rb + (re - rb) / 4 * 4;
+    int64_t t = 0;
+    for (; t + 4 <= n; t += 4) {
+      const float* xt = x + t * ldx;
+      for (int64_t r = rb; r < quads_end; r += 4) {
+        float out[16];
+        simd::dot4x4_f32(buf.data() + (r - rb) * K, K, xt, ldx, K, out);
+        for (int k = 0; k < 4; ++k)
+          for (int j = 0; j < 4; ++j) y[(t + j) * ldy + r + k] = out[4 * k + j];
+      }
     }
-  }
-  for (; r < r1; ++r) {
-    load_row(W, r, buf.data());
-    for (int64_t t = 0; t < n; ++t) y[t * ldy + r] = simd::dot_f32(buf.data(), x + t * ldx, W.cols);
+    for (; t < n; ++t)
+      for (int64_t r = rb; r < quads_end; r += 4) {
+        float out[4];
+        simd::dot4_f32(buf.data() + (r - rb) * K, K, x + t * ldx, K, out);
+        for (int k = 0; k < 4; ++k) y[t * ldy + r + k] = out[k];
+      }
+    for (int64_t r = quads_end; r < re; ++r)
+      for (int64_t tt = 0; tt < n; ++tt) y[tt * ldy + r] = simd::dot_f32(buf.data() + (r - rb) * K, x + tt * ldx, K);
   }
 }
 

@@ -22,9 +22,6 @@ inline void matmul(ThreadPool& pool, const Matrix& W, const float* x, int64_t n,
 // Same product on the calling thread only (for use inside parallel regions).
 void matmul_serial(const Matrix& W, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy);
 
-// Whether the AVX2/FMA kernels are in use on this CPU.
-bool cpu_has_avx2();
-
 }  // namespace flashmoe::cpu
 
 namespace flashmoe::cpu {

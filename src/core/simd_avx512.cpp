@@ -1,0 +1,212 @@
+// The AVX-512 level of core/simd.h: 16-lane fp32 kernels, each function
+// compiled for AVX-512 F/BW/VL/DQ by its target attribute (not the whole file
+// by a flag, so no inline function from a header is emitted here with
+// AVX-512 code for the linker to pick for the other levels).
+#include "core/simd_levels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+// GCC 12's AVX-512 intrinsics initialise their undefined-value operands as
+// `__m512 __Y = __Y;`, which -Wuninitialized reports in every caller compiled
+// by a target attribute (a false positive: the operand is masked off).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#define AVX512_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+
+namespace flashmoe::cpu::simd {
+
+namespace {
+
+// The lanes of [i, n) among [i, i + 16).
+inline __mmask16 lanes(int64_t i, int64_t n) {
+  return n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+}
+constexpr __mmask16 kAll = 0xFFFF;
+
+AVX512_FN inline __m512 loadx(const float* x, int64_t i, __mmask16 m) {
+  if (m == kAll) return _mm512_loadu_ps(x + i);
+  return _mm512_maskz_loadu_ps(m, x + i);
+}
+
+// Lanes [i, i + 16) of a row of type t as fp32; lanes outside m are 0
+// (masked loads, so a row's tail is one more step of the same arithmetic).
+AVX512_FN inline __m512 load16(DType t, const void* p, int64_t i, __mmask16 m) {
+  if (t == DType::BF16) {
+    const uint16_t* q = static_cast<const uint16_t*>(p) + i;
+    __m256i h = m == kAll ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)) : _mm256_maskz_loadu_epi16(m, q);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  if (t == DType::F16) {
+    const uint16_t* q = static_cast<const uint16_t*>(p) + i;
+    return _mm512_cvtph_ps(m == kAll ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q))
+                                     : _mm256_maskz_loadu_epi16(m, q));
+  }
+  return loadx(static_cast<const float*>(p), i, m);
+}
+
+
+// The canonical reduction of one 16-lane accumulator, a fixed tree:
+//   s_j = l_j + l_{j+8}, s'_j = s_j + s_{j+4}, s''_j = s'_j + s'_{j+2},
+//   result = s''_0 + s''_1.
+// reduce4 and reduce16 compute the same tree for 4 and 16 accumulators at
+// once (with shuffles), so every kernel gives the same bits per row.
+AVX512_FN inline float reduce1(__m512 v) {
+  __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+}
+
+// Level 1 for two accumulators: quarters [x: s_0..3, x: s_4..7, y: s_0..3, y: s_4..7].
+AVX512_FN inline __m512 level1(__m512 x, __m512 y) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(1, 0, 1, 0)),
+                       _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+// Level 2 for two level-1 results (four accumulators a, b | c, d): quarter
+// r holds s'_0..3 of accumulator r.
+AVX512_FN inline __m512 level2(__m512 ab, __m512 cd) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+// Level 3 for two level-2 results x, y: in each 128-bit lane
+// [x0+x2, x1+x3, y0+y2, y1+y3].
+AVX512_FN inline __m512 level3(__m512 x, __m512 y) {
+  return _mm512_add_ps(_mm512_shuffle_ps(x, y, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(x, y, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+// Level 4 for two level-3 results p, q: in each 128-bit lane
+// [p0+p1, p2+p3, q0+q1, q2+q3].
+AVX512_FN inline __m512 level4(__m512 p, __m512 q) {
+  return _mm512_add_ps(_mm512_shuffle_ps(p, q, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(p, q, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// out[k] = reduce1(v[k]) for k in 0..3.
+AVX512_FN inline void reduce4(const __m512 v[4], float out[4]) {
+  const __m512 u = level2(level1(v[0], v[1]), level1(v[2], v[3]));  // quarter k: accumulator k
+  // Levels 3 and 4 of u against itself: lane 0 of quarter k is the result.
+  const __m512 w = level4(level3(u, u), level3(u, u));
+  const __m512 picked = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), w);
+  _mm_storeu_ps(out, _mm512_castps512_ps128(picked));
+}
+
+// out[i] = reduce1(v[T(i)]) for the 16 accumulators, where v[4j + k] is
+// row k, token j and out[4k + j] wants the same (the tree's last level
+// transposes).
+AVX512_FN inline void reduce16(const __m512 v[16], float out[16]) {
+  __m512 u[4];
+  for (int q = 0; q < 4; ++q) u[q] = level2(level1(v[4 * q], v[4 * q + 1]), level1(v[4 * q + 2], v[4 * q + 3]));
+  // u[q] quarter r = accumulator 4q + r; after levels 3 and 4, element
+  // 4r + m of the result is accumulator 4m + r.
+  _mm512_storeu_ps(out, level4(level3(u[0], u[1]), level3(u[2], u[3])));
+}
+
+AVX512_FN void to_f32_avx512(DType t, const void* src, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, load16(t, src, i, kAll));
+  if (i < n) _mm512_mask_storeu_ps(out + i, lanes(i, n), load16(t, src, i, lanes(i, n)));
+}
+
+AVX512_FN float dot_mixed_avx512(DType t, const void* w, const float* x, int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(load16(t, w, i, kAll), loadx(x, i, kAll), acc);
+  if (i < n) acc = _mm512_fmadd_ps(load16(t, w, i, lanes(i, n)), loadx(x, i, lanes(i, n)), acc);
+  return reduce1(acc);
+}
+
+AVX512_FN inline void dot4_step(DType t, const void* r0, const void* r1, const void* r2, const void* r3,
+                                const float* x, int64_t i, __mmask16 m, __m512 s[4]) {
+  const __m512 xv = loadx(x, i, m);
+  s[0] = _mm512_fmadd_ps(load16(t, r0, i, m), xv, s[0]);
+  s[1] = _mm512_fmadd_ps(load16(t, r1, i, m), xv, s[1]);
+  s[2] = _mm512_fmadd_ps(load16(t, r2, i, m), xv, s[2]);
+  s[3] = _mm512_fmadd_ps(load16(t, r3, i, m), xv, s[3]);
+}
+
+AVX512_FN void dot4_mixed_avx512(DType t, const void* w, size_t stride, const float* x, int64_t n, float out[4]) {
+  const uint8_t* base = static_cast<const uint8_t*>(w);
+  const void* r0 = base;
+  const void* r1 = base + stride;
+  const void* r2 = base + 2 * stride;
+  const void* r3 = base + 3 * stride;
+  __m512 s[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) dot4_step(t, r0, r1, r2, r3, x, i, kAll, s);
+  if (i < n) dot4_step(t, r0, r1, r2, r3, x, i, lanes(i, n), s);
+  reduce4(s, out);
+}
+
+// One 16-column step of the 4 x 4 tile: 8 loads, 16 multiply-adds.
+AVX512_FN inline void tile_step(const float* a, int64_t lda, const float* x, int64_t ldx, int64_t i, __mmask16 m,
+                                __m512 v[16]) {
+  const __m512 w0 = loadx(a, i, m), w1 = loadx(a + lda, i, m), w2 = loadx(a + 2 * lda, i, m),
+               w3 = loadx(a + 3 * lda, i, m);
+  for (int j = 0; j < 4; ++j) {
+    const __m512 xv = loadx(x + j * ldx, i, m);
+    v[4 * j + 0] = _mm512_fmadd_ps(w0, xv, v[4 * j + 0]);
+    v[4 * j + 1] = _mm512_fmadd_ps(w1, xv, v[4 * j + 1]);
+    v[4 * j + 2] = _mm512_fmadd_ps(w2, xv, v[4 * j + 2]);
+    v[4 * j + 3] = _mm512_fmadd_ps(w3, xv, v[4 * j + 3]);
+  }
+}
+
+AVX512_FN void dot4x4_f32_avx512(const float* a, int64_t lda, const float* x, int64_t ldx, int64_t n,
+                                 float out[16]) {
+  __m512 v[16];
+  for (auto& r : v) r = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) tile_step(a, lda, x, ldx, i, kAll, v);
+  if (i < n) tile_step(a, lda, x, ldx, i, lanes(i, n), v);
+  reduce16(v, out);
+}
+
+AVX512_FN void axpy_avx512(float alpha, const float* x, float* y, int64_t n) {
+  const __m512 av = _mm512_set1_ps(alpha);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+  if (i < n) {
+    const __mmask16 m = lanes(i, n);
+    _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+  }
+}
+
+// exp(x) for 16 lanes: x = n ln2 + r with |r| <= ln2/2 (ln2 in two parts,
+// Cody-Waite), Cephes' degree-6 polynomial for exp(r), then 2^n by vscalefps
+// (which also gives 0 and inf past the range). Within 2 ulp of std::exp.
+AVX512_FN inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
+  p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+AVX512_FN void silu_mul_avx512(float* g, const float* u, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_loadu_ps(g + i);
+    const __m512 s = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+    _mm512_storeu_ps(g + i, _mm512_mul_ps(s, _mm512_loadu_ps(u + i)));
+  }
+  silu_mul_scalar(g + i, u + i, n - i);
+}
+
+}  // namespace
+
+const Kernels kAvx512Kernels = {to_f32_avx512, dot_mixed_avx512, dot4_mixed_avx512, dot4x4_f32_avx512, axpy_avx512,
+                                silu_mul_avx512};
+
+}  // namespace flashmoe::cpu::simd
+#endif

@@ -1,0 +1,210 @@
+// Every instruction level's kernels that this CPU can run (core/simd.h,
+// core/matrix_rows.h, the delta-rule step), against double-precision sums
+// computed here: each level must give the same function, and within a level
+// a row's dot product must be the same bits alone, four rows at a time, in
+// the 4 x 4 prefill tile and from its fp32 widening (prefill and decode agree
+// exactly; FP8 KV needs it).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/gated_delta.h"
+#include "core/cpu_features.h"
+#include "core/dtype.h"
+#include "core/matrix_rows.h"
+#include "core/simd.h"
+
+using namespace flashmoe;
+namespace simd = flashmoe::cpu::simd;
+
+namespace {
+
+std::vector<CpuLevel> runnable_levels() {
+  std::vector<CpuLevel> out;
+  for (CpuLevel l : {CpuLevel::Portable, CpuLevel::Avx2, CpuLevel::Avx512})
+    if (l <= cpu_level_supported()) out.push_back(l);
+  return out;
+}
+
+struct Rows {
+  std::vector<uint16_t> bf16, f16;
+  std::vector<float> f32;  // the exact values of bf16
+};
+
+Rows random_rows(int64_t rows, int64_t n, std::mt19937& rng) {
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  Rows r;
+  for (int64_t i = 0; i < rows * n; ++i) {
+    const float v = d(rng);
+    r.bf16.push_back(f32_to_bf16(v));
+    r.f16.push_back(f32_to_f16(v));
+    r.f32.push_back(bf16_to_f32(r.bf16.back()));
+  }
+  return r;
+}
+
+double ref_dot(const float* a, const float* b, int64_t n, double* mag) {
+  double s = 0, m = 0;
+  for (int64_t i = 0; i < n; ++i) s += double(a[i]) * b[i], m += std::fabs(double(a[i]) * b[i]);
+  *mag = m;
+  return s;
+}
+
+}  // namespace
+
+TEST(SimdLevels, DetectedLevelIsTheWidestUnlessForced) {
+  EXPECT_LE(cpu_level(), cpu_level_supported());
+  if (!std::getenv("FLASHMOE_CPU_LEVEL")) {
+    EXPECT_EQ(cpu_level(), cpu_level_supported());
+  }
+  EXPECT_STREQ(cpu_level_name(CpuLevel::Avx512), "avx512");
+  EXPECT_STREQ(cpu_level_name(CpuLevel::Avx2), "avx2");
+  EXPECT_STREQ(cpu_level_name(CpuLevel::Portable), "portable");
+}
+
+// Lengths around the vector widths (8, 16) exercise the tails and masks.
+TEST(SimdLevels, EveryLevelComputesTheSameFunction) {
+  std::mt19937 rng(7);
+  for (CpuLevel level : runnable_levels()) {
+    SCOPED_TRACE(cpu_level_name(level));
+    const simd::Kernels& k = simd::kernels(level);
+    for (int64_t n : {1, 7, 8, 15, 16, 17, 31, 33, 64, 100, 256}) {
+      SCOPED_TRACE(n);
+      Rows w = random_rows(4, n, rng);
+      Rows x = random_rows(4, n, rng);
+      // Widening is exact.
+      std::vector<float> wide(size_t(4 * n), -1.0f);
+      k.to_f32(DType::BF16, w.bf16.data(), 4 * n, wide.data());
+      EXPECT_EQ(wide, w.f32);
+      std::vector<float> hwide(size_t(4 * n));
+      k.to_f32(DType::F16, w.f16.data(), 4 * n, hwide.data());
+      for (int64_t i = 0; i < 4 * n; ++i) ASSERT_EQ(hwide[i], f16_to_f32(w.f16[i]));
+
+      float d4[4], tile[16];
+      k.dot4_mixed(DType::BF16, w.bf16.data(), size_t(n) * 2, x.f32.data(), n, d4);
+      k.dot4x4_f32(w.f32.data(), n, x.f32.data(), n, n, tile);
+      for (int r = 0; r < 4; ++r) {
+        double mag = 0;
+        const double ref = ref_dot(w.f32.data() + r * n, x.f32.data(), n, &mag);
+        const float one = k.dot_mixed(DType::BF16, w.bf16.data() + r * n, x.f32.data(), n);
+        EXPECT_NEAR(one, ref, 1e-6 * mag + 1e-30);
+        // The same bits every way the row can be computed.
+        EXPECT_EQ(one, d4[r]);
+        EXPECT_EQ(one, k.dot_mixed(DType::F32, w.f32.data() + r * n, x.f32.data(), n));
+        EXPECT_EQ(one, tile[4 * r]);
+        for (int j = 0; j < 4; ++j) {
+          const double rj = ref_dot(w.f32.data() + r * n, x.f32.data() + j * n, n, &mag);
+          EXPECT_NEAR(tile[4 * r + j], rj, 1e-6 * mag + 1e-30) << "row " << r << " token " << j;
+          EXPECT_EQ(tile[4 * r + j], k.dot_mixed(DType::F32, w.f32.data() + r * n, x.f32.data() + j * n, n));
+        }
+        // f16 weights.
+        std::vector<float> hrow(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) hrow[i] = f16_to_f32(w.f16[r * n + i]);
+        const double href = ref_dot(hrow.data(), x.f32.data(), n, &mag);
+        EXPECT_NEAR(k.dot_mixed(DType::F16, w.f16.data() + r * n, x.f32.data(), n), href, 1e-6 * mag + 1e-30);
+      }
+      std::vector<float> y(x.f32.begin(), x.f32.begin() + n);
+      k.axpy(0.5f, w.f32.data(), y.data(), n);
+      for (int64_t i = 0; i < n; ++i) ASSERT_FLOAT_EQ(y[i], x.f32[i] + 0.5f * w.f32[i]);
+    }
+  }
+}
+
+// The q8 / q4 row kernels of every level against the dequantised row in
+// double precision (groups of 64 and of 24: the AVX-512 level takes groups
+// that are a multiple of 16 and hands the others to AVX2).
+TEST(SimdLevels, QuantisedRowsEveryLevel) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> byte(0, 255);
+  const int64_t rows = 3, cols = 192;
+  for (int32_t group : {64, 24})
+    for (QuantKind kind : {QuantKind::Q8, QuantKind::Q4}) {
+      std::vector<uint8_t> data(size_t(rows * cols * quant_bits(kind) / 8));
+      for (auto& b : data) b = uint8_t(byte(rng));
+      std::vector<uint16_t> scales, biases;
+      std::normal_distribution<float> d(0.0f, 0.1f);
+      for (int64_t i = 0; i < rows * cols / group; ++i) {
+        scales.push_back(f32_to_bf16(std::fabs(d(rng))));
+        biases.push_back(f32_to_bf16(d(rng)));
+      }
+      Matrix W;
+      W.rows = rows;
+      W.cols = cols;
+      W.dtype = DType::U8;
+      W.quant = kind;
+      W.group = group;
+      W.data = data.data();
+      W.scales = scales.data();
+      W.biases = biases.data();
+      std::vector<float> x(static_cast<size_t>(cols));
+      for (auto& v : x) v = d(rng) * 10;
+      for (CpuLevel level : runnable_levels()) {
+        SCOPED_TRACE(std::string(cpu_level_name(level)) + " " + quant_name(kind) + " group " + std::to_string(group));
+        for (int64_t r = 0; r < rows; ++r) {
+          std::vector<float> deq(static_cast<size_t>(cols));
+          cpu::quant_dequant_row_at(level, W, r, deq.data());
+          double dot = 0, mag = 0;
+          for (int64_t c = 0; c < cols; ++c) {
+            const int q = kind == QuantKind::Q8 ? data[r * cols + c]
+                                                : (data[(r * cols + c) / 2] >> ((c & 1) * 4)) & 0xF;
+            const double w = double(q) * bf16_to_f32(scales[(r * cols + c) / group]) +
+                             bf16_to_f32(biases[(r * cols + c) / group]);
+            ASSERT_NEAR(deq[c], w, 1e-6 * std::fabs(w) + 1e-7) << "c " << c;
+            dot += w * x[c];
+            mag += std::fabs(w * x[c]);
+          }
+          EXPECT_NEAR(cpu::quant_dot_row_at(level, W, r, x.data()), dot, 1e-5 * mag);
+        }
+      }
+    }
+}
+
+
+// The fused AVX-512 delta-rule step does the row-by-row form's operations in
+// its order: the same bits, state and output (at other levels, or another
+// dv, gated_delta_step is the row-by-row form itself).
+TEST(SimdLevels, FusedDeltaRuleStepMatchesRowByRow) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> d(0.0f, 0.5f);
+  for (int64_t dv : {32, 64, 128, 48}) {
+    SCOPED_TRACE(dv);
+    const int64_t dk = 32;
+    std::vector<float> S(static_cast<size_t>(dk * dv)), q(static_cast<size_t>(dk)), k(static_cast<size_t>(dk)),
+        v(static_cast<size_t>(dv));
+    for (auto* vec : {&S, &q, &k, &v})
+      for (auto& x : *vec) x = d(rng);
+    std::vector<float> S1 = S, S2 = S, o1(static_cast<size_t>(dv)), o2(static_cast<size_t>(dv)),
+                       m(static_cast<size_t>(dv));
+    for (int step = 0; step < 3; ++step) {
+      cpu::gated_delta_step_rows(S1.data(), q.data(), k.data(), v.data(), 0.9f, 0.7f, dk, dv, o1.data(), m.data());
+      cpu::gated_delta_step(S2.data(), q.data(), k.data(), v.data(), 0.9f, 0.7f, dk, dv, o2.data(), m.data());
+    }
+    EXPECT_EQ(S1, S2);
+    EXPECT_EQ(o1, o2);
+    std::vector<float> S3 = S, o3(static_cast<size_t>(dv));
+    const bool fused = cpu::gated_delta_step_fused(S3.data(), q.data(), k.data(), v.data(), 0.9f, 0.7f, dk, dv, o3.data());
+    EXPECT_EQ(fused, cpu_level() == CpuLevel::Avx512 && dv != 48);
+  }
+}
+
+// silu(g) * u at every level against double precision, over the range a
+// gate takes and past it (exp under- and overflow).
+TEST(SimdLevels, SiluMulEveryLevel) {
+  std::vector<float> g0, u;
+  for (float x = -40.0f; x <= 40.0f; x += 0.0137f) g0.push_back(x);
+  for (float x : {-120.0f, -89.0f, -0.0f, 0.0f, 1e-30f, 89.0f, 120.0f}) g0.push_back(x);
+  for (size_t i = 0; i < g0.size(); ++i) u.push_back(0.5f + float(i % 7));
+  for (CpuLevel level : runnable_levels()) {
+    SCOPED_TRACE(cpu_level_name(level));
+    std::vector<float> g = g0;
+    simd::kernels(level).silu_mul(g.data(), u.data(), int64_t(g.size()));
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double x = g0[i], ref = x / (1.0 + std::exp(-x)) * u[i];
+      // Below ~1e-30 fp32 exp has overflowed (exp(89) > FLT_MAX): 0 is right.
+      ASSERT_NEAR(g[i], ref, 1e-6 * std::fabs(ref) + 1e-30) << "x = " << x;
+    }
+  }
+}
