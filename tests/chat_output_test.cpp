@@ -179,7 +179,7 @@ TEST(ChatOutput, TemplatesRenderToolTurnsAndCallsParseBack) {
       }
       ASSERT_EQ(calls.size(), msg["tool_calls"].size()) << got;
       for (size_t k = 0; k < calls.size(); ++k) {
-        EXPECT_EQ(calls[k].name, msg["tool_calls"][k]["function"]["name"]);
+        EXPECT_EQ(calls[k].name, msg["tool_calls"][k]["function"]["name"].get<std::string>());
         EXPECT_EQ(nlohmann::json::parse(calls[k].arguments),
                   nlohmann::json::parse(msg["tool_calls"][k]["function"]["arguments"].dump()));
         ++calls_checked;
