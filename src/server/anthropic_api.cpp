@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "server/ids.h"
+#include "server/request_fields.h"
 
 namespace flashmoe::server {
 
@@ -13,38 +14,12 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-[[noreturn]] void bad(const std::string& param, const std::string& msg) {
-  throw ApiError(400, msg, "invalid_request_error", "", param);
-}
-
-const json* field(const json& o, const char* name) {
-  auto it = o.find(name);
-  if (it == o.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-void only_fields(const json& o, std::initializer_list<const char*> allowed, const std::string& prefix) {
-  for (auto it = o.begin(); it != o.end(); ++it) {
-    if (it.value().is_null()) continue;
-    bool ok = false;
-    for (const char* a : allowed) ok = ok || it.key() == a;
-    if (!ok) bad(prefix + it.key(), "'" + prefix + it.key() + "' is not supported by this server");
-  }
-}
-
 std::string need_string(const json& o, const char* name, const std::string& where) {
   const json* v = field(o, name);
-  if (!v || !v->is_string()) bad(where + name, "'" + where + name + "' must be a string");
+  if (!v || !v->is_string()) bad_field(where + name, "'" + where + name + "' must be a string");
   return v->get<std::string>();
 }
 
-std::optional<double> number(const json& o, const char* name, double lo, double hi) {
-  const json* v = field(o, name);
-  if (!v) return std::nullopt;
-  if (!v->is_number() || !std::isfinite(v->get<double>()) || v->get<double>() < lo || v->get<double>() > hi)
-    bad(name, std::string("'") + name + "' must be a number between " + json(lo).dump() + " and " + json(hi).dump());
-  return v->get<double>();
-}
 
 // A text block: {"type": "text", "text": ...}; cache_control is a caching
 // hint (this server's state cache works on its own) and citations are not
@@ -57,12 +32,12 @@ std::string text_block(const json& b, const std::string& where) {
 // String content, or the text of an array of text blocks.
 std::string text_content(const json& c, const std::string& where) {
   if (c.is_string()) return c.get<std::string>();
-  if (!c.is_array()) bad(where, "'" + where + "' must be a string or an array of text blocks");
+  if (!c.is_array()) bad_field(where, "'" + where + "' must be a string or an array of text blocks");
   std::string s;
   for (size_t k = 0; k < c.size(); ++k) {
     const std::string w = where + "[" + std::to_string(k) + "]";
     if (!c[k].is_object() || c[k].value("type", json()) != "text")
-      bad(w, "'" + w + "' must be a text block (only text is supported here)");
+      bad_field(w, "'" + w + "' must be a text block (only text is supported here)");
     s += text_block(c[k], w);
   }
   return s;
@@ -70,12 +45,12 @@ std::string text_content(const json& c, const std::string& where) {
 
 void add_user(const json& m, const std::string& where, json& out) {
   const json* c = field(m, "content");
-  if (!c) bad(where + ".content", "'" + where + ".content' is required");
+  if (!c) bad_field(where + ".content", "'" + where + ".content' is required");
   if (c->is_string()) {
     out.push_back({{"role", "user"}, {"content", *c}});
     return;
   }
-  if (!c->is_array() || c->empty()) bad(where + ".content", "'" + where + ".content' must be a string or a non-empty array of blocks");
+  if (!c->is_array() || c->empty()) bad_field(where + ".content", "'" + where + ".content' must be a string or a non-empty array of blocks");
   std::string text;
   for (size_t k = 0; k < c->size(); ++k) {
     const std::string w = where + ".content[" + std::to_string(k) + "]";
@@ -89,7 +64,7 @@ void add_user(const json& m, const std::string& where, json& out) {
       std::string result;
       if (const json* rc = field(b, "content")) result = text_content(*rc, w + ".content");
       if (const json* e = field(b, "is_error")) {
-        if (!e->is_boolean()) bad(w + ".is_error", "'" + w + ".is_error' must be a boolean");
+        if (!e->is_boolean()) bad_field(w + ".is_error", "'" + w + ".is_error' must be a boolean");
         if (e->get<bool>()) result = "Error: " + result;  // the template has no error flag; say it in the text
       }
       // Text before a tool result would be reordered: keep the turn's order.
@@ -99,7 +74,7 @@ void add_user(const json& m, const std::string& where, json& out) {
       }
       out.push_back({{"role", "tool"}, {"content", result}, {"tool_call_id", id}});
     } else {
-      bad(w + ".type", "'" + w + ".type' must be \"text\" or \"tool_result\" in a user message (got '" + type + "')");
+      bad_field(w + ".type", "'" + w + ".type' must be \"text\" or \"tool_result\" in a user message (got '" + type + "')");
     }
   }
   if (!text.empty()) out.push_back({{"role", "user"}, {"content", text}});
@@ -107,14 +82,14 @@ void add_user(const json& m, const std::string& where, json& out) {
 
 void add_assistant(const json& m, const std::string& where, json& out) {
   const json* c = field(m, "content");
-  if (!c) bad(where + ".content", "'" + where + ".content' is required");
+  if (!c) bad_field(where + ".content", "'" + where + ".content' is required");
   json msg = {{"role", "assistant"}, {"content", ""}};
   if (c->is_string()) {
     msg["content"] = *c;
     out.push_back(std::move(msg));
     return;
   }
-  if (!c->is_array()) bad(where + ".content", "'" + where + ".content' must be a string or an array of blocks");
+  if (!c->is_array()) bad_field(where + ".content", "'" + where + ".content' must be a string or an array of blocks");
   std::string text, reasoning;
   json calls = json::array();
   for (size_t k = 0; k < c->size(); ++k) {
@@ -128,13 +103,13 @@ void add_assistant(const json& m, const std::string& where, json& out) {
       std::string id = need_string(b, "id", w + ".");
       std::string name = need_string(b, "name", w + ".");
       const json* input = field(b, "input");
-      if (!input || !input->is_object()) bad(w + ".input", "'" + w + ".input' must be an object");
+      if (!input || !input->is_object()) bad_field(w + ".input", "'" + w + ".input' must be an object");
       calls.push_back({{"id", id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", *input}}}});
     } else if (type == "thinking") {
       only_fields(b, {"type", "thinking", "signature"}, w + ".");
       reasoning += need_string(b, "thinking", w + ".");
     } else {
-      bad(w + ".type", "'" + w + ".type' must be \"text\", \"tool_use\" or \"thinking\" in an assistant message (got '" +
+      bad_field(w + ".type", "'" + w + ".type' must be \"text\", \"tool_use\" or \"thinking\" in an assistant message (got '" +
                            type + "')");
     }
   }
@@ -145,19 +120,19 @@ void add_assistant(const json& m, const std::string& where, json& out) {
 }
 
 json convert_tools(const json& tools) {
-  if (!tools.is_array()) bad("tools", "'tools' must be an array");
+  if (!tools.is_array()) bad_field("tools", "'tools' must be an array");
   json out = json::array();
   for (size_t k = 0; k < tools.size(); ++k) {
     const std::string w = "tools[" + std::to_string(k) + "]";
     const json& t = tools[k];
-    if (!t.is_object()) bad(w, "'" + w + "' must be an object");
+    if (!t.is_object()) bad_field(w, "'" + w + "' must be an object");
     if (const json* type = field(t, "type"); type && *type != "custom")
-      bad(w + ".type", "'" + w + ".type' must be \"custom\" (server tools are not supported)");
+      bad_field(w + ".type", "'" + w + ".type' must be \"custom\" (server tools are not supported)");
     only_fields(t, {"type", "name", "description", "input_schema", "cache_control"}, w + ".");
     json fn = {{"name", need_string(t, "name", w + ".")}};
     if (field(t, "description")) fn["description"] = need_string(t, "description", w + ".");
     const json* schema = field(t, "input_schema");
-    if (!schema || !schema->is_object()) bad(w + ".input_schema", "'" + w + ".input_schema' must be a JSON schema object");
+    if (!schema || !schema->is_object()) bad_field(w + ".input_schema", "'" + w + ".input_schema' must be a JSON schema object");
     fn["parameters"] = *schema;
     out.push_back({{"type", "function"}, {"function", std::move(fn)}});
   }
@@ -172,9 +147,9 @@ CompletionRequest parse_anthropic_request(const std::string& body, bool count_to
   try {
     o = json::parse(body);
   } catch (const json::exception&) {
-    bad("", "the request body is not valid JSON");
+    bad_field("", "the request body is not valid JSON");
   }
-  if (!o.is_object()) bad("", "the request body must be a JSON object");
+  if (!o.is_object()) bad_field("", "the request body must be a JSON object");
   if (count_tokens)
     only_fields(o, {"model", "messages", "system", "tools", "tool_choice"}, "");
   else
@@ -186,48 +161,48 @@ CompletionRequest parse_anthropic_request(const std::string& body, bool count_to
   r.model = need_string(o, "model", "");
   if (!count_tokens) {
     const json* mt = field(o, "max_tokens");
-    if (!mt) bad("max_tokens", "'max_tokens' is required");
+    if (!mt) bad_field("max_tokens", "'max_tokens' is required");
     if (!mt->is_number_integer() || (mt->is_number_unsigned() ? false : mt->get<int64_t>() < 1))
-      bad("max_tokens", "'max_tokens' must be a positive integer");
+      bad_field("max_tokens", "'max_tokens' must be a positive integer");
     r.max_tokens = mt->is_number_unsigned() ? int64_t(std::min<uint64_t>(mt->get<uint64_t>(), uint64_t(INT64_MAX)))
                                             : mt->get<int64_t>();
   }
   r.messages = json::array();
   if (const json* sys = field(o, "system")) r.messages.push_back({{"role", "system"}, {"content", text_content(*sys, "system")}});
   const json* msgs = field(o, "messages");
-  if (!msgs || !msgs->is_array() || msgs->empty()) bad("messages", "'messages' must be a non-empty array");
+  if (!msgs || !msgs->is_array() || msgs->empty()) bad_field("messages", "'messages' must be a non-empty array");
   for (size_t i = 0; i < msgs->size(); ++i) {
     const std::string where = "messages[" + std::to_string(i) + "]";
     const json& m = (*msgs)[i];
-    if (!m.is_object()) bad(where, "'" + where + "' must be an object");
+    if (!m.is_object()) bad_field(where, "'" + where + "' must be an object");
     only_fields(m, {"role", "content"}, where + ".");
     const std::string role = need_string(m, "role", where + ".");
     if (role == "user") add_user(m, where, r.messages);
     else if (role == "assistant") add_assistant(m, where, r.messages);
-    else bad(where + ".role", "'" + where + ".role' must be \"user\" or \"assistant\"");
+    else bad_field(where + ".role", "'" + where + ".role' must be \"user\" or \"assistant\"");
   }
   if (const json* s = field(o, "stop_sequences")) {
-    if (!s->is_array()) bad("stop_sequences", "'stop_sequences' must be an array of strings");
+    if (!s->is_array()) bad_field("stop_sequences", "'stop_sequences' must be an array of strings");
     for (const auto& x : *s) {
       if (!x.is_string() || x.get<std::string>().empty())
-        bad("stop_sequences", "'stop_sequences' must be an array of non-empty strings");
+        bad_field("stop_sequences", "'stop_sequences' must be an array of non-empty strings");
       r.stop.push_back(x.get<std::string>());
     }
   }
   if (const json* s = field(o, "stream")) {
-    if (!s->is_boolean()) bad("stream", "'stream' must be a boolean");
+    if (!s->is_boolean()) bad_field("stream", "'stream' must be a boolean");
     r.stream = s->get<bool>();
   }
-  if (auto t = number(o, "temperature", 0, 1)) r.temperature = float(*t);
-  if (auto t = number(o, "top_p", 0, 1)) r.top_p = float(*t);
+  if (auto t = number_field(o, "temperature", 0, 1)) r.temperature = float(*t);
+  if (auto t = number_field(o, "top_p", 0, 1)) r.top_p = float(*t);
   if (const json* k = field(o, "top_k")) {
     if (!k->is_number_integer() || k->get<int64_t>() < 0 || k->get<int64_t>() > INT32_MAX)
-      bad("top_k", "'top_k' must be a non-negative integer");
+      bad_field("top_k", "'top_k' must be a non-negative integer");
     r.top_k = int(k->get<int64_t>());
   }
   if (const json* md = field(o, "metadata")) {
     // user_id is an opaque tag for abuse tracking; it does not change the answer.
-    if (!md->is_object()) bad("metadata", "'metadata' must be an object");
+    if (!md->is_object()) bad_field("metadata", "'metadata' must be an object");
     only_fields(*md, {"user_id"}, "metadata.");
   }
   if (const json* t = field(o, "tools")) {
@@ -235,11 +210,11 @@ CompletionRequest parse_anthropic_request(const std::string& body, bool count_to
     if (!tools.empty()) r.tools = std::move(tools);
   }
   if (const json* tc = field(o, "tool_choice")) {
-    if (!tc->is_object()) bad("tool_choice", "'tool_choice' must be an object");
+    if (!tc->is_object()) bad_field("tool_choice", "'tool_choice' must be an object");
     only_fields(*tc, {"type", "name", "disable_parallel_tool_use"}, "tool_choice.");
     const std::string type = need_string(*tc, "type", "tool_choice.");
     if (const json* d = field(*tc, "disable_parallel_tool_use"); d && (!d->is_boolean() || d->get<bool>()))
-      bad("tool_choice.disable_parallel_tool_use", "'tool_choice.disable_parallel_tool_use': true is not supported");
+      bad_field("tool_choice.disable_parallel_tool_use", "'tool_choice.disable_parallel_tool_use': true is not supported");
     if (type == "auto") r.tool_choice = ToolChoice::Auto;
     else if (type == "any") r.tool_choice = ToolChoice::Required;
     else if (type == "none") r.tool_choice = ToolChoice::None;
@@ -247,7 +222,7 @@ CompletionRequest parse_anthropic_request(const std::string& body, bool count_to
       r.tool_choice = ToolChoice::Named;
       r.tool_name = need_string(*tc, "name", "tool_choice.");
     } else {
-      bad("tool_choice.type", "'tool_choice.type' must be \"auto\", \"any\", \"tool\" or \"none\"");
+      bad_field("tool_choice.type", "'tool_choice.type' must be \"auto\", \"any\", \"tool\" or \"none\"");
     }
     check_tool_choice(r, "tool_choice");
   }
