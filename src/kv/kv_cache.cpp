@@ -29,7 +29,7 @@ KvCache::KvCache(int64_t num_kv_heads, int64_t head_dim, const KvConfig& cfg)
     ks_.assign(size_t(cap_ * ns_), 0.0f);
     vs_.assign(size_t(cap_ * ns_), 0.0f);
     pos_.assign(size_t(cap_), -1);
-    if (ret_ == KvRetention::H2O) acc_.assign(size_t(cap_), 0.0f);
+    if (cfg_.scored_eviction()) acc_.assign(size_t(cap_), 0.0f);
   }
 }
 
@@ -146,11 +146,11 @@ void KvCache::dequantize(int64_t slot, float* k, float* v) const {
 
 // ---------------------------------------------------------------- retention
 
-void KvCache::h2o_evict_one() {
+void KvCache::evict_lowest_score() {
   // The cache holds B = cap_ positions and one more is arriving: of the B + 1,
   // slots [0, sinks) and the last R (the newcomer and slots [B-R+1, B)) are
   // protected; the middle is [sinks, B - R + 1), never empty since R <= B - sinks.
-  const int64_t B = cap_, R = cfg_.h2o_recent(), lo = cfg_.sinks, hi = B - R + 1;
+  const int64_t B = cap_, R = cfg_.evict_protected_recent(), lo = cfg_.sinks, hi = B - R + 1;
   int64_t victim = lo;
   for (int64_t s = lo + 1; s < hi; ++s)
     if (acc_[size_t(s)] < acc_[size_t(victim)]) victim = s;  // ties: the oldest goes
@@ -190,7 +190,8 @@ void KvCache::append(int64_t pos, const float* k, const float* v) {
       break;
     }
     case KvRetention::H2O:
-      if (n_ == cap_) h2o_evict_one();
+    case KvRetention::Tova:
+      if (n_ == cap_) evict_lowest_score();
       slot = n_++;
       acc_[size_t(slot)] = 0.0f;
       break;
@@ -258,7 +259,8 @@ void KvCache::attend_impl(const float* q, int64_t num_heads, float scale, float*
         kv_kernels::weighted_rows_acc(tile, ld, probs + (h0 + g) * n + s0, nt, out + (h0 + g) * hd_, hd_);
     }
   }
-  if (ret_ == KvRetention::H2O) {
+  if (ret_ == KvRetention::Tova) std::fill(acc_.begin(), acc_.begin() + n, 0.0f);
+  if (ret_ == KvRetention::H2O || ret_ == KvRetention::Tova) {
     for (int64_t h = 0; h < num_heads; ++h) {
       const float* p = probs + h * n;
       for (int64_t s = 0; s < n; ++s) acc_[size_t(s)] += p[s];

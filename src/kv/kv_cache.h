@@ -33,6 +33,16 @@
 //       lowest-scoring middle position down to B", done in B slots. So the
 //       attend() that follows an append sees the new token, and scores used
 //       for an eviction are those accumulated by all attends before it.
+//   tova B:    TOVA (Oren et al. 2024, "Transformers are Multi-State RNNs"):
+//              the h2o layout and eviction, with scores that are not
+//              accumulated: at the end of every attend(), each retained
+//              slot's score = its post-softmax probability summed over all
+//              query heads of that one query (the previous step's scores are
+//              overwritten). Protected: the first `sinks` and only the
+//              newcomer (R = 1; --kv-recent F: the last floor(F * B) as in
+//              h2o), so the position the latest query attended to least is
+//              the one that goes when the next token arrives (ties: the
+//              oldest). The latest query's own token can go too.
 //   RoPE is applied before append(); nothing here ever re-rotates.
 #pragma once
 #include <cstdint>
@@ -52,7 +62,8 @@ class KvCache {
 
   // Softmax attention of one query token (q: [num_heads * head_dim], GQA:
   // head h reads kv head h / (num_heads / num_kv_heads)) over every retained
-  // position; writes out [num_heads * head_dim]. h2o: then accumulates scores.
+  // position; writes out [num_heads * head_dim]. h2o: then accumulates
+  // scores; tova: then sets them to this query's probabilities.
   void attend(const float* q, int64_t num_heads, float scale, float* out);
 
   int64_t size() const { return n_; }  // positions retained
@@ -71,7 +82,8 @@ class KvCache {
   std::vector<int64_t> positions() const;
   // The dequantised K and V rows ([num_kv_heads * head_dim] each) of a slot.
   void dequantize(int64_t slot, float* k, float* v) const;
-  // h2o: accumulated attention score of a slot (0 for the other policies).
+  // h2o: accumulated attention score of a slot; tova: the latest query's
+  // probability summed over its heads (0 for the other policies).
   float score(int64_t slot) const { return acc_.empty() ? 0.0f : acc_[size_t(slot)]; }
 
  private:
@@ -80,7 +92,7 @@ class KvCache {
   template <KvDType T> const float* row(const std::vector<uint8_t>& data, const std::vector<float>& scales,
                                         int64_t slot, int64_t kvh, float* buf) const;
   void ensure_slots(int64_t slots);  // full: grow storage to hold `slots`
-  void h2o_evict_one();
+  void evict_lowest_score();  // h2o / tova
 
   int64_t nkv_, hd_, row_;
   KvConfig cfg_;
@@ -94,7 +106,7 @@ class KvCache {
   std::vector<uint8_t> k_, v_;   // [slot][kv_head][head_dim] elements of el_ bytes
   std::vector<float> ks_, vs_;   // fp8 scales [slot][ns_]
   std::vector<int64_t> pos_;     // absolute position per slot
-  std::vector<float> acc_;       // h2o accumulated scores per slot
+  std::vector<float> acc_;       // h2o / tova scores per slot
   static constexpr int64_t kTile = 16;      // value rows decoded per tile in attend()
   std::vector<float> probs_, krow_, vtile_;  // scratch
 };

@@ -81,6 +81,9 @@ std::string retention_name(const KvConfig& c) {
     case KvRetention::H2O:
       return "h2o " + std::to_string(c.h2o_budget) + " (sinks " + std::to_string(c.sinks) + ", recent " +
              std::to_string(c.h2o_recent()) + ")";
+    case KvRetention::Tova:
+      return "tova " + std::to_string(c.tova_budget) + " (sinks " + std::to_string(c.sinks) + ", recent " +
+             std::to_string(c.evict_protected_recent()) + ")";
   }
   return "?";
 }
