@@ -32,6 +32,8 @@ CONFIGS=(
   "tova 256|--kv-tova 256"
   "tova 1024|--kv-tova 1024"
   "tova 256, 0 sinks|--kv-tova 256 --kv-sinks 0"
+  "tova 256, recent 0.75|--kv-tova 256 --kv-recent 0.75"
+  "tova 1024, recent 0.75|--kv-tova 1024 --kv-recent 0.75"
 )
 # ONLY=N: just the N-th configuration (0-based); NAMES="tova 256|window 256": just those.
 [ -n "${ONLY:-}" ] && CONFIGS=("${CONFIGS[@]:$ONLY:1}")

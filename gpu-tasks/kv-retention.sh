@@ -14,7 +14,7 @@
 #        [cuda-vs-cpu] fp8-tova48         mean KL ~1e-9 (limit 1e-3)
 #      (the same orders as h2o64 / fp8-h2o48 in bench/results/*-tests.txt).
 #    - CudaCoderMini.H2oKeepsTheCpusPositions now also runs tova 64 and
-#      tova 40 (bf16, 0 sinks): the GPU must hold exactly the CPU's positions
+#      tova 40 (bf16, 0 sinks, --kv-recent 0.5): the GPU must hold exactly the CPU's positions
 #      after the prompt and after 32 greedy steps, split off and forced.
 #    Expected: [  PASSED  ] for all; any FAILED names the config.
 # 2. decode speed of each policy at a 4,096-token context, 35B synthetic, fp8

@@ -561,6 +561,8 @@ TEST(CudaCoderMini, H2oKeepsTheCpusPositions) {
     t.tova_budget = 64;
     u.tova_budget = 40;
     u.sinks = 0;
+    u.recent_fraction = 0.5;  // --kv-recent 0.5: the last 20 protected
+    u.recent_set = true;
     u.dtype = KvDType::BF16;
     for (const KvConfig& kv : {a, b, t, u}) {
       const std::string label = std::string(split) + " " + kv.describe();
