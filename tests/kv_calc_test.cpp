@@ -151,6 +151,10 @@ TEST(KvCalcCli, ReadsConfigJsonOrDirectory) {
     EXPECT_TRUE(has(r.out, "KV per position: 2048 B (2.00 KiB)")) << r.out;
     EXPECT_TRUE(has(r.out, "96.00 KiB recurrent")) << r.out;
     EXPECT_TRUE(has(r.out, "h2o 64 (sinks 2, recent 32)")) << r.out;
+    const RunResult t = run_cli("kv-calc -m " + path + " --kv-tova 64 --kv-sinks 0 --context 2048");
+    ASSERT_EQ(t.status, 0) << t.out;
+    EXPECT_TRUE(has(t.out, "tova 64 (sinks 0, recent 1)")) << t.out;
+    EXPECT_TRUE(has(t.out, "128.00 KiB")) << t.out;  // 64 positions x 2 KiB
   }
 }
 
@@ -170,6 +174,9 @@ TEST(KvCalcCli, BadOptionsGiveClearErrors) {
   r = run_cli("kv-calc --preset qwen3.5-35b-a3b --kv-h2o 64 --kv-recent 2");
   EXPECT_NE(r.status, 0);
   EXPECT_TRUE(has(r.out, "--kv-recent must be a fraction")) << r.out;
+  r = run_cli("kv-calc --preset qwen3.5-35b-a3b --kv-tova 64 --kv-h2o 64");
+  EXPECT_NE(r.status, 0);
+  EXPECT_TRUE(has(r.out, "--kv-h2o and --kv-tova are exclusive")) << r.out;
   r = run_cli("kv-calc --preset nope");
   EXPECT_NE(r.status, 0);
   EXPECT_TRUE(has(r.out, "qwen3.5-35b-a3b")) << r.out;
