@@ -21,6 +21,7 @@ CONFIGS=(
   "bf16|--kv-dtype bf16"
   "fp8 (position)|--kv-dtype fp8 --kv-fp8-scale position"
   "fp8 (head)|--kv-dtype fp8 --kv-fp8-scale head"
+  "fp8 (rotated)|--kv-dtype fp8 --kv-fp8-scale rotated"
   "window 64|--kv-window 64"
   "window 256|--kv-window 256"
   "window 1024|--kv-window 1024"

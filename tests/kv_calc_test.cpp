@@ -187,3 +187,19 @@ TEST(KvCalcCli, BadOptionsGiveClearErrors) {
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_TRUE(has(r.out, "streaming 1024 (sinks 4)")) << r.out;
 }
+
+// --kv-fp8-scale rotated runs on the CPU and is refused by name with
+// --device cuda (the CUDA kernels read K and V unrotated), before any upload.
+TEST(KvFp8RotatedCli, RunsOnTheCpuAndIsRefusedOnCuda) {
+  const std::string m = std::string(FLASHMOE_SOURCE_DIR) + "/tests/fixtures/tiny-qwen35moe/model";
+  const std::string o = testing::TempDir() + "kv_fp8_rotated_logits.safetensors";
+  RunResult r = run_cli("logits -m " + m + " --device cpu --kv-dtype fp8 --kv-fp8-scale rotated --ids 1,2,3 -o " + o);
+  EXPECT_EQ(r.status, 0) << r.out;
+  std::remove(o.c_str());
+  r = run_cli("logits -m " + m + " --device cuda --kv-dtype fp8 --kv-fp8-scale rotated --ids 1,2,3 -o " + o);
+  EXPECT_NE(r.status, 0);
+  EXPECT_TRUE(has(r.out, "--kv-fp8-scale rotated is only available with --device cpu")) << r.out;
+  r = run_cli("kv-calc --preset qwen3.5-35b-a3b --kv-dtype fp8 --kv-fp8-scale rotated");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "fp8/rotated")) << r.out;
+}

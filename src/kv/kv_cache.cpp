@@ -18,7 +18,10 @@ KvCache::KvCache(int64_t num_kv_heads, int64_t head_dim, const KvConfig& cfg)
   cfg_.validate();
   ret_ = cfg_.retention();
   el_ = kv_elem_size(cfg_.dtype);
-  ns_ = cfg_.dtype != KvDType::FP8 ? 0 : cfg_.fp8_scale == Fp8ScaleMode::Head ? nkv_ : 1;
+  ns_ = cfg_.dtype != KvDType::FP8 ? 0 : cfg_.fp8_scale == Fp8ScaleMode::Position ? 1 : nkv_;
+  rotated_ = cfg_.dtype == KvDType::FP8 && cfg_.fp8_scale == Fp8ScaleMode::Rotated;
+  if (rotated_ && (hd_ & (hd_ - 1)) != 0)
+    fail("--kv-fp8-scale rotated needs a power-of-two head_dim (this model's is " + std::to_string(hd_) + ")");
   cap_ = cfg_.capacity();
   krow_.resize(size_t(hd_));
   if (cfg_.dtype != KvDType::F32) vtile_.resize(size_t(kTile * hd_));
@@ -90,6 +93,13 @@ void KvCache::store(int64_t slot, const float* k, const float* v) {
       }
     }
   } else {
+    if (rotated_) {  // H k, H v per head, then quantised as `head`
+      rot_.assign(k, k + row_);
+      rot_.insert(rot_.end(), v, v + row_);
+      for (int64_t b = 0; b < 2 * nkv_; ++b) kv_kernels::hadamard_ortho(rot_.data() + b * hd_, hd_);
+      k = rot_.data();
+      v = rot_.data() + row_;
+    }
     const int64_t block = row_ / ns_;  // whole row (position) or one head
     for (int64_t b = 0; b < ns_; ++b) {
       const float* kb = k + b * block;
@@ -141,6 +151,10 @@ void KvCache::dequantize(int64_t slot, float* k, float* v) const {
       case KvDType::FP8: vr = row<KvDType::FP8>(v_, vs_, slot, h, buf.data()); break;
     }
     std::memcpy(v + h * hd_, vr, size_t(hd_) * 4);
+    if (rotated_) {  // stored as H k, H v: H is its own inverse
+      kv_kernels::hadamard_ortho(k + h * hd_, hd_);
+      kv_kernels::hadamard_ortho(v + h * hd_, hd_);
+    }
   }
 }
 
@@ -214,6 +228,12 @@ void KvCache::attend_impl(const float* q, int64_t num_heads, float scale, float*
   const int64_t n = n_, G = num_heads / nkv_;
   std::fill(out, out + num_heads * hd_, 0.0f);
   if (n == 0) return;
+  const bool rot = T == KvDType::FP8 && rotated_;
+  if (rot) {  // scores against H k need H q
+    rot_.assign(q, q + num_heads * hd_);
+    for (int64_t h = 0; h < num_heads; ++h) kv_kernels::hadamard_ortho(rot_.data() + h * hd_, hd_);
+    q = rot_.data();
+  }
   if (probs_.size() < size_t(num_heads * n)) probs_.resize(size_t(num_heads * n));
   float* probs = probs_.data();
   for (int64_t kvh = 0; kvh < nkv_; ++kvh) {
@@ -259,6 +279,8 @@ void KvCache::attend_impl(const float* q, int64_t num_heads, float scale, float*
         kv_kernels::weighted_rows_acc(tile, ld, probs + (h0 + g) * n + s0, nt, out + (h0 + g) * hd_, hd_);
     }
   }
+  if (rot)  // out = H (sum_s p_s v_s): back to the model's basis
+    for (int64_t h = 0; h < num_heads; ++h) kv_kernels::hadamard_ortho(out + h * hd_, hd_);
   if (ret_ == KvRetention::Tova) std::fill(acc_.begin(), acc_.begin() + n, 0.0f);
   if (ret_ == KvRetention::H2O || ret_ == KvRetention::Tova) {
     for (int64_t h = 0; h < num_heads; ++h) {

@@ -7,7 +7,14 @@
 //   f32 / bf16 / f16: plain (bf16/f16 rounded to nearest even);
 //   fp8: OCP E4M3 codes of x / scale with scale = absmax / 240 (1 when the
 //   absmax is 0), one f32 scale per slot (`position`, shared by all KV heads)
-//   or per slot and KV head (`head`), separately for K and V.
+//   or per slot and KV head (`head`), separately for K and V. `rotated`:
+//   as `head`, over each head's K and V rows multiplied by the orthonormal
+//   Hadamard matrix H (head_dim a power of two). Attention needs no
+//   decoding back: (Hq).(Hk) = q.k, so the query is rotated once per step,
+//   and sum_s p_s (H v_s) = H sum_s p_s v_s, so the output is rotated back
+//   once (H is its own inverse). E4M3 rounds each element to ~2^-4 of its
+//   own size, so a key channel with outliers dominates the score's error;
+//   the rotation spreads it over the head.
 // attend() decodes inline with one kernel instantiation per storage type.
 //
 // Retention (the model calls append(pos) then attend() for each token, in
@@ -108,7 +115,8 @@ class KvCache {
   std::vector<int64_t> pos_;     // absolute position per slot
   std::vector<float> acc_;       // h2o / tova scores per slot
   static constexpr int64_t kTile = 16;      // value rows decoded per tile in attend()
-  std::vector<float> probs_, krow_, vtile_;  // scratch
+  bool rotated_ = false;  // fp8 `rotated`: K and V stored as H k, H v per head
+  std::vector<float> probs_, krow_, vtile_, rot_;  // scratch (rot_: rotated rows or query)
 };
 
 }  // namespace flashmoe

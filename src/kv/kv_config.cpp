@@ -20,7 +20,7 @@ const char* kv_dtype_name(KvDType t) {
 }
 
 const char* fp8_scale_mode_name(Fp8ScaleMode m) {
-  return m == Fp8ScaleMode::Head ? "head" : "position";
+  return m == Fp8ScaleMode::Head ? "head" : m == Fp8ScaleMode::Rotated ? "rotated" : "position";
 }
 
 size_t kv_elem_size(KvDType t) {
@@ -51,7 +51,8 @@ Fp8ScaleMode parse_fp8_scale_mode(const std::string& s) {
   const std::string l = lower(s);
   if (l == "position") return Fp8ScaleMode::Position;
   if (l == "head") return Fp8ScaleMode::Head;
-  fail("unknown FP8 scale mode '" + s + "' (--kv-fp8-scale accepts position, head)");
+  if (l == "rotated") return Fp8ScaleMode::Rotated;
+  fail("unknown FP8 scale mode '" + s + "' (--kv-fp8-scale accepts position, head, rotated)");
 }
 
 KvRetention KvConfig::retention() const {

@@ -9,7 +9,10 @@
 namespace flashmoe {
 
 enum class KvDType { F32, BF16, F16, FP8 };
-enum class Fp8ScaleMode { Position, Head };
+// Rotated: per-head scales over each head's K and V rows after an
+// orthonormal Hadamard rotation (outlier channels spread over the head;
+// CPU only).
+enum class Fp8ScaleMode { Position, Head, Rotated };
 enum class KvRetention { Full, Window, Streaming, H2O, Tova };
 
 struct KvConfig {
@@ -62,7 +65,7 @@ size_t kv_elem_size(KvDType t);
 // "f32" | "bf16" | "f16" | "fp8" (also "fp32", "float32", "bfloat16", "float16",
 // "e4m3", "fp8_e4m3"); throws Error naming the accepted values otherwise.
 KvDType parse_kv_dtype(const std::string& s);
-// "position" | "head"; throws Error otherwise.
+// "position" | "head" | "rotated"; throws Error otherwise.
 Fp8ScaleMode parse_fp8_scale_mode(const std::string& s);
 
 }  // namespace flashmoe
