@@ -21,6 +21,7 @@ CONFIGS=(
   "bf16|--kv-dtype bf16"
   "fp8 (position)|--kv-dtype fp8 --kv-fp8-scale position"
   "fp8 (head)|--kv-dtype fp8 --kv-fp8-scale head"
+  "fp8 (rotated)|--kv-dtype fp8 --kv-fp8-scale rotated"
   "window 64|--kv-window 64"
   "window 256|--kv-window 256"
   "window 1024|--kv-window 1024"
@@ -28,8 +29,20 @@ CONFIGS=(
   "h2o 256|--kv-h2o 256"
   "h2o 1024|--kv-h2o 1024"
   "streaming 256|--kv-streaming 256"
+  "tova 64|--kv-tova 64"
+  "tova 256|--kv-tova 256"
+  "tova 1024|--kv-tova 1024"
+  "tova 256, 0 sinks|--kv-tova 256 --kv-sinks 0"
+  "tova 256, recent 0.75|--kv-tova 256 --kv-recent 0.75"
+  "tova 1024, recent 0.75|--kv-tova 1024 --kv-recent 0.75"
 )
+# ONLY=N: just the N-th configuration (0-based); NAMES="tova 256|window 256": just those.
 [ -n "${ONLY:-}" ] && CONFIGS=("${CONFIGS[@]:$ONLY:1}")
+if [ -n "${NAMES:-}" ]; then
+  sel=(); IFS='|' read -ra want <<< "$NAMES"
+  for c in "${CONFIGS[@]}"; do for w in "${want[@]}"; do [ "${c%%|*}" = "$w" ] && sel+=("$c"); done; done
+  CONFIGS=("${sel[@]}")
+fi
 
 echo "| config | KV bytes @2048 | mean KL vs f32 | perplexity | recall 64 | recall 256 | recall 1024 | recall 1700 | recall all | decode tok/s (bench tg128) | decode tok/s (recall) |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"

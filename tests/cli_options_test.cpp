@@ -58,7 +58,7 @@ const std::vector<BadOption> kModelOptions = {
 const std::vector<BadOption> kKvOptions = {
     {"--kv-window", {"0", "x"}, ">= 1"},        {"--kv-h2o", {"0", "x"}, ">= 1"},
     {"--kv-sinks", {"-1", "x"}, ">= 0"},        {"--kv-recent", {"x", "nan"}, "must be a number"},
-    {"--kv-streaming", {"-3", "x"}, ">= 1"},
+    {"--kv-streaming", {"-3", "x"}, ">= 1"},   {"--kv-tova", {"0", "x"}, ">= 1"},
 };
 const std::vector<BadOption> kGenerationOptions = {
     {"--n-predict", {"-1", "abc"}, "between 0 and 2147483647"},

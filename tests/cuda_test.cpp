@@ -99,6 +99,14 @@ std::vector<KvCase> kv_cases() {
   hf.h2o_budget = 48;
   hf.sinks = 2;
   v.push_back({"fp8-h2o48", hf});
+  KvConfig t;
+  t.tova_budget = 64;
+  v.push_back({"tova64", t});
+  KvConfig tf;
+  tf.dtype = KvDType::FP8;
+  tf.tova_budget = 48;
+  tf.sinks = 0;
+  v.push_back({"fp8-tova48", tf});
   return v;
 }
 
@@ -525,7 +533,7 @@ TEST(CudaCoderMini, SnapshotsRestoreExactly) {
   EXPECT_THROW(other.restore(f32.snapshot()), Error);
 }
 
-// h2o on the GPU evicts what the CPU evicts: after a prompt 4x the budget
+// h2o and tova on the GPU evict what the CPU evicts: after a prompt 4x the budget
 // (its first budget tokens through the batched prefill, in one chunk or in
 // chunks of 7, the rest token by token) and after on-device greedy
 // decoding, every full-attention layer holds the CPU's positions, and the
@@ -544,13 +552,19 @@ TEST(CudaCoderMini, H2oKeepsTheCpusPositions) {
     o.decode.attention_split = force ? DecodeOptions::AttentionSplit::Force : DecodeOptions::AttentionSplit::Off;
     if (force) o.decode.prefill_chunk = 7;
     auto cuda = CudaModel::upload(*model, o);
-    KvConfig a, b;
+    KvConfig a, b, t, u;
     a.h2o_budget = 64;
     b.h2o_budget = 40;
     b.sinks = 1;
     b.recent_fraction = 0.5;
     b.dtype = KvDType::BF16;
-    for (const KvConfig& kv : {a, b}) {
+    t.tova_budget = 64;
+    u.tova_budget = 40;
+    u.sinks = 0;
+    u.recent_fraction = 0.5;  // --kv-recent 0.5: the last 20 protected
+    u.recent_set = true;
+    u.dtype = KvDType::BF16;
+    for (const KvConfig& kv : {a, b, t, u}) {
       const std::string label = std::string(split) + " " + kv.describe();
       Session cpu(cpu_of(*model), kv, pool);
       cpu.feed(ids.ids);
@@ -562,7 +576,7 @@ TEST(CudaCoderMini, H2oKeepsTheCpusPositions) {
       auto same_positions = [&](const char* when) {
         for (size_t l = 0; l < layers; ++l) {
           const std::vector<int64_t> want = cpu.state().kv_positions(int(l));
-          EXPECT_EQ(int64_t(want.size()), kv.h2o_budget) << label << " " << when;
+          EXPECT_EQ(int64_t(want.size()), kv.capacity()) << label << " " << when;
           EXPECT_EQ(cuda->kv_positions(*st, int(l)), want) << label << " " << when << ", layer " << l;
         }
       };

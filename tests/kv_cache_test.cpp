@@ -301,27 +301,29 @@ TEST(KvCache, H2OMatchesNaiveSimulation) {
   }
 }
 
-TEST(KvCache, MemoryIsAllocatedOnceForWindowAndH2O) {
+TEST(KvCache, MemoryIsAllocatedOnceForWindowAndH2O) {  // and streaming, tova
   const int64_t nkv = 2, hd = 32, row = nkv * hd;
   std::mt19937 rng(1);
   const Vec k = randn(rng, size_t(row)), v = randn(rng, size_t(row)), q = randn(rng, size_t(4 * hd));
   Vec out(q.size());
   for (KvDType t : {KvDType::F32, KvDType::BF16, KvDType::F16, KvDType::FP8}) {
-    for (int policy = 0; policy < 3; ++policy) {
+    for (int policy = 0; policy < 4; ++policy) {
       KvConfig cfg = make_cfg(t, Fp8ScaleMode::Head);
       int64_t cap = 0;
       if (policy == 0) cfg.window = cap = 64;
       if (policy == 1) cfg.streaming = true, cfg.window = cap = 48;
       if (policy == 2) cfg.h2o_budget = cap = 32;
+      if (policy == 3) cfg.tova_budget = cap = 40;
       KvCache c(nkv, hd, cfg);
       // The allocation has the element size of this dtype from the start.
       const size_t scales = t == KvDType::FP8 ? size_t(2 * cap * nkv * 4) : 0;
-      const size_t book = size_t(cap * 8) + (policy == 2 ? size_t(cap * 4) : 0);
+      const size_t book = size_t(cap * 8) + (policy >= 2 ? size_t(cap * 4) : 0);
       EXPECT_EQ(c.bytes(), size_t(2 * cap * row) * kv_elem_size(t) + scales + book) << kv_dtype_name(t) << policy;
       const size_t b0 = c.bytes();
-      for (int64_t p = 0; p < 20000; ++p) {
+      const int64_t steps = policy == 3 ? 4000 : 20000;  // tova: the h2o path with one line changed
+      for (int64_t p = 0; p < steps; ++p) {
         c.append(p, k.data(), v.data());
-        if (policy == 2 || p % 1000 == 0) c.attend(q.data(), 4, 0.1f, out.data());
+        if (policy >= 2 || p % 1000 == 0) c.attend(q.data(), 4, 0.1f, out.data());
         ASSERT_EQ(c.bytes(), b0) << kv_dtype_name(t) << " policy " << policy << " p=" << p;
       }
       EXPECT_EQ(c.size(), cap);

@@ -151,6 +151,10 @@ TEST(KvCalcCli, ReadsConfigJsonOrDirectory) {
     EXPECT_TRUE(has(r.out, "KV per position: 2048 B (2.00 KiB)")) << r.out;
     EXPECT_TRUE(has(r.out, "96.00 KiB recurrent")) << r.out;
     EXPECT_TRUE(has(r.out, "h2o 64 (sinks 2, recent 32)")) << r.out;
+    const RunResult t = run_cli("kv-calc -m " + path + " --kv-tova 64 --kv-sinks 0 --context 2048");
+    ASSERT_EQ(t.status, 0) << t.out;
+    EXPECT_TRUE(has(t.out, "tova 64 (sinks 0, recent 1)")) << t.out;
+    EXPECT_TRUE(has(t.out, "128.00 KiB")) << t.out;  // 64 positions x 2 KiB
   }
 }
 
@@ -170,6 +174,9 @@ TEST(KvCalcCli, BadOptionsGiveClearErrors) {
   r = run_cli("kv-calc --preset qwen3.5-35b-a3b --kv-h2o 64 --kv-recent 2");
   EXPECT_NE(r.status, 0);
   EXPECT_TRUE(has(r.out, "--kv-recent must be a fraction")) << r.out;
+  r = run_cli("kv-calc --preset qwen3.5-35b-a3b --kv-tova 64 --kv-h2o 64");
+  EXPECT_NE(r.status, 0);
+  EXPECT_TRUE(has(r.out, "--kv-h2o and --kv-tova are exclusive")) << r.out;
   r = run_cli("kv-calc --preset nope");
   EXPECT_NE(r.status, 0);
   EXPECT_TRUE(has(r.out, "qwen3.5-35b-a3b")) << r.out;
@@ -179,4 +186,20 @@ TEST(KvCalcCli, BadOptionsGiveClearErrors) {
   r = run_cli("kv-calc --preset qwen3.5-35b-a3b --kv-streaming 1024 --kv-dtype bf16");
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_TRUE(has(r.out, "streaming 1024 (sinks 4)")) << r.out;
+}
+
+// --kv-fp8-scale rotated runs on the CPU and is refused by name with
+// --device cuda (the CUDA kernels read K and V unrotated), before any upload.
+TEST(KvFp8RotatedCli, RunsOnTheCpuAndIsRefusedOnCuda) {
+  const std::string m = std::string(FLASHMOE_SOURCE_DIR) + "/tests/fixtures/tiny-qwen35moe/model";
+  const std::string o = testing::TempDir() + "kv_fp8_rotated_logits.safetensors";
+  RunResult r = run_cli("logits -m " + m + " --device cpu --kv-dtype fp8 --kv-fp8-scale rotated --ids 1,2,3 -o " + o);
+  EXPECT_EQ(r.status, 0) << r.out;
+  std::remove(o.c_str());
+  r = run_cli("logits -m " + m + " --device cuda --kv-dtype fp8 --kv-fp8-scale rotated --ids 1,2,3 -o " + o);
+  EXPECT_NE(r.status, 0);
+  EXPECT_TRUE(has(r.out, "--kv-fp8-scale rotated is only available with --device cpu")) << r.out;
+  r = run_cli("kv-calc --preset qwen3.5-35b-a3b --kv-dtype fp8 --kv-fp8-scale rotated");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "fp8/rotated")) << r.out;
 }

@@ -50,6 +50,9 @@ void add_model_options(CLI::App* cmd, ModelOptions* opt, bool require_model) {
 
 void finalize_model_options(ModelOptions* opt) {
   finalize_kv_options(&opt->kv);
+  // The CUDA attention kernels read K and V unrotated.
+  if (opt->kv.dtype == KvDType::FP8 && opt->kv.fp8_scale == Fp8ScaleMode::Rotated && opt->device.cpu_only.empty())
+    opt->device.cpu_only = "--kv-fp8-scale rotated";
   // "GB" or "N%" into gb or fraction.
   auto size = [](const std::string& flag, const std::string& v, double* gb, double* fraction) {
     const bool pct = v.back() == '%';

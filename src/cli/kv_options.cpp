@@ -18,8 +18,9 @@ void add_kv_options(CLI::App* cmd, KvConfig* cfg) {
            cfg->fp8_scale = parse_fp8_scale_mode(s);
            cfg->fp8_scale_set = true;
          },
-         "fp8 scales: one per position shared by the KV heads (default), or one per position and KV head")
-      ->type_name("position|head")
+         "fp8 scales: one per position shared by the KV heads (default), one per position and KV head, or per "
+         "position and KV head after a Hadamard rotation of each head (rotated: lower error, CPU only)")
+      ->type_name("position|head|rotated")
       ->group(group);
   cmd->add_option_function<int64_t>(
          "--kv-window",
@@ -43,12 +44,23 @@ void add_kv_options(CLI::App* cmd, KvConfig* cfg) {
       ->type_name("B")
       ->group(group);
   cmd->add_option_function<int64_t>(
+         "--kv-tova",
+         [cfg](int64_t b) {
+           if (b <= 0) fail("--kv-tova must be positive (got " + std::to_string(b) + ")");
+           cfg->tova_budget = b;
+         },
+         "TOVA retention with a budget of B positions: sinks + whatever the latest query attends to; each new "
+         "token evicts the position that query attended to least (wins over a window)")
+      ->check(integer_at_least(1))
+      ->type_name("B")
+      ->group(group);
+  cmd->add_option_function<int64_t>(
          "--kv-sinks",
          [cfg](int64_t n) {
            cfg->sinks = n;
            cfg->sinks_set = true;
          },
-         "h2o / streaming: first positions always kept (default 4)")
+         "h2o / tova / streaming: first positions always kept (default 4)")
       ->check(integer_at_least(0))
       ->type_name("N")
       ->group(group);
@@ -58,7 +70,8 @@ void add_kv_options(CLI::App* cmd, KvConfig* cfg) {
            cfg->recent_fraction = f;
            cfg->recent_set = true;
          },
-         "h2o: fraction of the budget kept for the most recent positions (default 0.25)")
+         "h2o / tova: fraction of the budget kept for the most recent positions (h2o default 0.25; tova default: "
+         "only the newest)")
       ->check(any_number())  // the range is checked with the other KV options
       ->type_name("F")
       ->group(group);

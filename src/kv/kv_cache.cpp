@@ -18,7 +18,10 @@ KvCache::KvCache(int64_t num_kv_heads, int64_t head_dim, const KvConfig& cfg)
   cfg_.validate();
   ret_ = cfg_.retention();
   el_ = kv_elem_size(cfg_.dtype);
-  ns_ = cfg_.dtype != KvDType::FP8 ? 0 : cfg_.fp8_scale == Fp8ScaleMode::Head ? nkv_ : 1;
+  ns_ = cfg_.dtype != KvDType::FP8 ? 0 : cfg_.fp8_scale == Fp8ScaleMode::Position ? 1 : nkv_;
+  rotated_ = cfg_.dtype == KvDType::FP8 && cfg_.fp8_scale == Fp8ScaleMode::Rotated;
+  if (rotated_ && (hd_ & (hd_ - 1)) != 0)
+    fail("--kv-fp8-scale rotated needs a power-of-two head_dim (this model's is " + std::to_string(hd_) + ")");
   cap_ = cfg_.capacity();
   krow_.resize(size_t(hd_));
   if (cfg_.dtype != KvDType::F32) vtile_.resize(size_t(kTile * hd_));
@@ -29,7 +32,7 @@ KvCache::KvCache(int64_t num_kv_heads, int64_t head_dim, const KvConfig& cfg)
     ks_.assign(size_t(cap_ * ns_), 0.0f);
     vs_.assign(size_t(cap_ * ns_), 0.0f);
     pos_.assign(size_t(cap_), -1);
-    if (ret_ == KvRetention::H2O) acc_.assign(size_t(cap_), 0.0f);
+    if (cfg_.scored_eviction()) acc_.assign(size_t(cap_), 0.0f);
   }
 }
 
@@ -90,6 +93,13 @@ void KvCache::store(int64_t slot, const float* k, const float* v) {
       }
     }
   } else {
+    if (rotated_) {  // H k, H v per head, then quantised as `head`
+      rot_.assign(k, k + row_);
+      rot_.insert(rot_.end(), v, v + row_);
+      for (int64_t b = 0; b < 2 * nkv_; ++b) kv_kernels::hadamard_ortho(rot_.data() + b * hd_, hd_);
+      k = rot_.data();
+      v = rot_.data() + row_;
+    }
     const int64_t block = row_ / ns_;  // whole row (position) or one head
     for (int64_t b = 0; b < ns_; ++b) {
       const float* kb = k + b * block;
@@ -141,16 +151,20 @@ void KvCache::dequantize(int64_t slot, float* k, float* v) const {
       case KvDType::FP8: vr = row<KvDType::FP8>(v_, vs_, slot, h, buf.data()); break;
     }
     std::memcpy(v + h * hd_, vr, size_t(hd_) * 4);
+    if (rotated_) {  // stored as H k, H v: H is its own inverse
+      kv_kernels::hadamard_ortho(k + h * hd_, hd_);
+      kv_kernels::hadamard_ortho(v + h * hd_, hd_);
+    }
   }
 }
 
 // ---------------------------------------------------------------- retention
 
-void KvCache::h2o_evict_one() {
+void KvCache::evict_lowest_score() {
   // The cache holds B = cap_ positions and one more is arriving: of the B + 1,
   // slots [0, sinks) and the last R (the newcomer and slots [B-R+1, B)) are
   // protected; the middle is [sinks, B - R + 1), never empty since R <= B - sinks.
-  const int64_t B = cap_, R = cfg_.h2o_recent(), lo = cfg_.sinks, hi = B - R + 1;
+  const int64_t B = cap_, R = cfg_.evict_protected_recent(), lo = cfg_.sinks, hi = B - R + 1;
   int64_t victim = lo;
   for (int64_t s = lo + 1; s < hi; ++s)
     if (acc_[size_t(s)] < acc_[size_t(victim)]) victim = s;  // ties: the oldest goes
@@ -190,7 +204,8 @@ void KvCache::append(int64_t pos, const float* k, const float* v) {
       break;
     }
     case KvRetention::H2O:
-      if (n_ == cap_) h2o_evict_one();
+    case KvRetention::Tova:
+      if (n_ == cap_) evict_lowest_score();
       slot = n_++;
       acc_[size_t(slot)] = 0.0f;
       break;
@@ -213,6 +228,12 @@ void KvCache::attend_impl(const float* q, int64_t num_heads, float scale, float*
   const int64_t n = n_, G = num_heads / nkv_;
   std::fill(out, out + num_heads * hd_, 0.0f);
   if (n == 0) return;
+  const bool rot = T == KvDType::FP8 && rotated_;
+  if (rot) {  // scores against H k need H q
+    rot_.assign(q, q + num_heads * hd_);
+    for (int64_t h = 0; h < num_heads; ++h) kv_kernels::hadamard_ortho(rot_.data() + h * hd_, hd_);
+    q = rot_.data();
+  }
   if (probs_.size() < size_t(num_heads * n)) probs_.resize(size_t(num_heads * n));
   float* probs = probs_.data();
   for (int64_t kvh = 0; kvh < nkv_; ++kvh) {
@@ -258,7 +279,10 @@ void KvCache::attend_impl(const float* q, int64_t num_heads, float scale, float*
         kv_kernels::weighted_rows_acc(tile, ld, probs + (h0 + g) * n + s0, nt, out + (h0 + g) * hd_, hd_);
     }
   }
-  if (ret_ == KvRetention::H2O) {
+  if (rot)  // out = H (sum_s p_s v_s): back to the model's basis
+    for (int64_t h = 0; h < num_heads; ++h) kv_kernels::hadamard_ortho(out + h * hd_, hd_);
+  if (ret_ == KvRetention::Tova) std::fill(acc_.begin(), acc_.begin() + n, 0.0f);
+  if (ret_ == KvRetention::H2O || ret_ == KvRetention::Tova) {
     for (int64_t h = 0; h < num_heads; ++h) {
       const float* p = probs + h * n;
       for (int64_t s = 0; s < n; ++s) acc_[size_t(s)] += p[s];

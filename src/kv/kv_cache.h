@@ -7,7 +7,14 @@
 //   f32 / bf16 / f16: plain (bf16/f16 rounded to nearest even);
 //   fp8: OCP E4M3 codes of x / scale with scale = absmax / 240 (1 when the
 //   absmax is 0), one f32 scale per slot (`position`, shared by all KV heads)
-//   or per slot and KV head (`head`), separately for K and V.
+//   or per slot and KV head (`head`), separately for K and V. `rotated`:
+//   as `head`, over each head's K and V rows multiplied by the orthonormal
+//   Hadamard matrix H (head_dim a power of two). Attention needs no
+//   decoding back: (Hq).(Hk) = q.k, so the query is rotated once per step,
+//   and sum_s p_s (H v_s) = H sum_s p_s v_s, so the output is rotated back
+//   once (H is its own inverse). E4M3 rounds each element to ~2^-4 of its
+//   own size, so a key channel with outliers dominates the score's error;
+//   the rotation spreads it over the head.
 // attend() decodes inline with one kernel instantiation per storage type.
 //
 // Retention (the model calls append(pos) then attend() for each token, in
@@ -33,6 +40,16 @@
 //       lowest-scoring middle position down to B", done in B slots. So the
 //       attend() that follows an append sees the new token, and scores used
 //       for an eviction are those accumulated by all attends before it.
+//   tova B:    TOVA (Oren et al. 2024, "Transformers are Multi-State RNNs"):
+//              the h2o layout and eviction, with scores that are not
+//              accumulated: at the end of every attend(), each retained
+//              slot's score = its post-softmax probability summed over all
+//              query heads of that one query (the previous step's scores are
+//              overwritten). Protected: the first `sinks` and only the
+//              newcomer (R = 1; --kv-recent F: the last floor(F * B) as in
+//              h2o), so the position the latest query attended to least is
+//              the one that goes when the next token arrives (ties: the
+//              oldest). The latest query's own token can go too.
 //   RoPE is applied before append(); nothing here ever re-rotates.
 #pragma once
 #include <cstdint>
@@ -52,7 +69,8 @@ class KvCache {
 
   // Softmax attention of one query token (q: [num_heads * head_dim], GQA:
   // head h reads kv head h / (num_heads / num_kv_heads)) over every retained
-  // position; writes out [num_heads * head_dim]. h2o: then accumulates scores.
+  // position; writes out [num_heads * head_dim]. h2o: then accumulates
+  // scores; tova: then sets them to this query's probabilities.
   void attend(const float* q, int64_t num_heads, float scale, float* out);
 
   int64_t size() const { return n_; }  // positions retained
@@ -71,7 +89,8 @@ class KvCache {
   std::vector<int64_t> positions() const;
   // The dequantised K and V rows ([num_kv_heads * head_dim] each) of a slot.
   void dequantize(int64_t slot, float* k, float* v) const;
-  // h2o: accumulated attention score of a slot (0 for the other policies).
+  // h2o: accumulated attention score of a slot; tova: the latest query's
+  // probability summed over its heads (0 for the other policies).
   float score(int64_t slot) const { return acc_.empty() ? 0.0f : acc_[size_t(slot)]; }
 
  private:
@@ -80,7 +99,7 @@ class KvCache {
   template <KvDType T> const float* row(const std::vector<uint8_t>& data, const std::vector<float>& scales,
                                         int64_t slot, int64_t kvh, float* buf) const;
   void ensure_slots(int64_t slots);  // full: grow storage to hold `slots`
-  void h2o_evict_one();
+  void evict_lowest_score();  // h2o / tova
 
   int64_t nkv_, hd_, row_;
   KvConfig cfg_;
@@ -94,9 +113,10 @@ class KvCache {
   std::vector<uint8_t> k_, v_;   // [slot][kv_head][head_dim] elements of el_ bytes
   std::vector<float> ks_, vs_;   // fp8 scales [slot][ns_]
   std::vector<int64_t> pos_;     // absolute position per slot
-  std::vector<float> acc_;       // h2o accumulated scores per slot
+  std::vector<float> acc_;       // h2o / tova scores per slot
   static constexpr int64_t kTile = 16;      // value rows decoded per tile in attend()
-  std::vector<float> probs_, krow_, vtile_;  // scratch
+  bool rotated_ = false;  // fp8 `rotated`: K and V stored as H k, H v per head
+  std::vector<float> probs_, krow_, vtile_, rot_;  // scratch (rot_: rotated rows or query)
 };
 
 }  // namespace flashmoe

@@ -20,7 +20,7 @@ const char* kv_dtype_name(KvDType t) {
 }
 
 const char* fp8_scale_mode_name(Fp8ScaleMode m) {
-  return m == Fp8ScaleMode::Head ? "head" : "position";
+  return m == Fp8ScaleMode::Head ? "head" : m == Fp8ScaleMode::Rotated ? "rotated" : "position";
 }
 
 size_t kv_elem_size(KvDType t) {
@@ -51,11 +51,13 @@ Fp8ScaleMode parse_fp8_scale_mode(const std::string& s) {
   const std::string l = lower(s);
   if (l == "position") return Fp8ScaleMode::Position;
   if (l == "head") return Fp8ScaleMode::Head;
-  fail("unknown FP8 scale mode '" + s + "' (--kv-fp8-scale accepts position, head)");
+  if (l == "rotated") return Fp8ScaleMode::Rotated;
+  fail("unknown FP8 scale mode '" + s + "' (--kv-fp8-scale accepts position, head, rotated)");
 }
 
 KvRetention KvConfig::retention() const {
   if (h2o_budget > 0) return KvRetention::H2O;
+  if (tova_budget > 0) return KvRetention::Tova;
   if (window > 0) return streaming ? KvRetention::Streaming : KvRetention::Window;
   return KvRetention::Full;
 }
@@ -63,6 +65,7 @@ KvRetention KvConfig::retention() const {
 int64_t KvConfig::capacity() const {
   switch (retention()) {
     case KvRetention::H2O: return h2o_budget;
+    case KvRetention::Tova: return tova_budget;
     case KvRetention::Window:
     case KvRetention::Streaming: return window;
     case KvRetention::Full: return 0;
@@ -81,9 +84,24 @@ int64_t KvConfig::h2o_recent() const {
   return std::clamp<int64_t>(r, 1, std::max<int64_t>(1, h2o_budget - sinks));
 }
 
+int64_t KvConfig::evict_protected_recent() const {
+  switch (retention()) {
+    case KvRetention::H2O: return h2o_recent();
+    case KvRetention::Tova: {
+      // Only the newcomer unless --kv-recent asks for a protected recent share.
+      if (!recent_set) return 1;
+      const int64_t r = int64_t(std::floor(recent_fraction * double(tova_budget)));
+      return std::clamp<int64_t>(r, 1, std::max<int64_t>(1, tova_budget - sinks));
+    }
+    default: return 0;
+  }
+}
+
 void KvConfig::validate() const {
   if (window < 0) fail("--kv-window must be positive (got " + std::to_string(window) + ")");
   if (h2o_budget < 0) fail("--kv-h2o must be positive (got " + std::to_string(h2o_budget) + ")");
+  if (tova_budget < 0) fail("--kv-tova must be positive (got " + std::to_string(tova_budget) + ")");
+  if (h2o_budget > 0 && tova_budget > 0) fail("--kv-h2o and --kv-tova are exclusive (both evict by attention score)");
   if (sinks < 0) fail("--kv-sinks must be 0 or more (got " + std::to_string(sinks) + ")");
   if (!std::isfinite(recent_fraction) || recent_fraction < 0.0 || recent_fraction > 1.0) {
     char buf[64];
@@ -95,11 +113,15 @@ void KvConfig::validate() const {
   if (streaming && window <= 0) fail("streaming retention needs a window size (--kv-streaming W)");
   if (streaming && window_set) fail("--kv-streaming W and --kv-window W are exclusive (streaming is a window with sinks)");
   const KvRetention r = retention();
-  if (recent_set && r != KvRetention::H2O) fail("--kv-recent only applies to --kv-h2o");
-  if (sinks_set && r != KvRetention::H2O && r != KvRetention::Streaming)
-    fail("--kv-sinks only applies to --kv-h2o or --kv-streaming (a plain --kv-window keeps no sinks)");
+  if (recent_set && r != KvRetention::H2O && r != KvRetention::Tova)
+    fail("--kv-recent only applies to --kv-h2o or --kv-tova");
+  if (sinks_set && r != KvRetention::H2O && r != KvRetention::Tova && r != KvRetention::Streaming)
+    fail("--kv-sinks only applies to --kv-h2o, --kv-tova or --kv-streaming (a plain --kv-window keeps no sinks)");
   if (r == KvRetention::H2O && h2o_budget < sinks + 1)
     fail("--kv-h2o budget " + std::to_string(h2o_budget) + " is too small: it must be at least sinks + 1 = " +
+         std::to_string(sinks + 1));
+  if (r == KvRetention::Tova && tova_budget < sinks + 1)
+    fail("--kv-tova budget " + std::to_string(tova_budget) + " is too small: it must be at least sinks + 1 = " +
          std::to_string(sinks + 1));
   if (r == KvRetention::Streaming && window < sinks + 1)
     fail("--kv-streaming window " + std::to_string(window) + " is too small: it must be at least sinks + 1 = " +
@@ -117,6 +139,10 @@ std::string KvConfig::describe() const {
            std::to_string(h2o_recent()) + " (" + buf + ")";
       break;
     }
+    case KvRetention::Tova:
+      s += " tova=" + std::to_string(tova_budget) + " sinks=" + std::to_string(sinks);
+      if (recent_set) s += " recent=" + std::to_string(evict_protected_recent());
+      break;
     case KvRetention::Streaming:
       s += " streaming=" + std::to_string(window) + " sinks=" + std::to_string(sinks);
       break;

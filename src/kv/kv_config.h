@@ -9,31 +9,41 @@
 namespace flashmoe {
 
 enum class KvDType { F32, BF16, F16, FP8 };
-enum class Fp8ScaleMode { Position, Head };
-enum class KvRetention { Full, Window, Streaming, H2O };
+// Rotated: per-head scales over each head's K and V rows after an
+// orthonormal Hadamard rotation (outlier channels spread over the head;
+// CPU only).
+enum class Fp8ScaleMode { Position, Head, Rotated };
+enum class KvRetention { Full, Window, Streaming, H2O, Tova };
 
 struct KvConfig {
   KvDType dtype = KvDType::F32;
   Fp8ScaleMode fp8_scale = Fp8ScaleMode::Position;
   int64_t window = 0;       // > 0: sliding window of this many positions
   int64_t h2o_budget = 0;   // > 0: heavy-hitter retention with this budget (wins over window)
+  int64_t tova_budget = 0;  // > 0: TOVA retention with this budget (exclusive with h2o; wins over window)
   bool streaming = false;   // with window: StreamingLLM (the first `sinks` positions + the last window-sinks)
-  int64_t sinks = 4;        // h2o / streaming: first positions always kept
-  double recent_fraction = 0.25;  // h2o: share of the budget kept for the most recent positions
+  int64_t sinks = 4;        // h2o / tova / streaming: first positions always kept
+  double recent_fraction = 0.25;  // h2o (tova with --kv-recent): share of the budget kept for the most recent positions
 
   // Which options were given explicitly on the command line (so that an
   // option that would be silently ignored is reported instead).
   bool fp8_scale_set = false;     // --kv-fp8-scale (an error without fp8)
-  bool sinks_set = false;         // --kv-sinks (an error without h2o / streaming)
-  bool recent_set = false;        // --kv-recent (an error without h2o)
+  bool sinks_set = false;         // --kv-sinks (an error without h2o / tova / streaming)
+  bool recent_set = false;        // --kv-recent (an error without h2o / tova)
   bool window_set = false;        // --kv-window (an error together with --kv-streaming)
 
   // Throws Error with a clear message for an impossible combination.
   void validate() const;
   std::string describe() const;
 
-  // The policy in effect: h2o wins over window / streaming.
+  // The policy in effect: h2o / tova win over window / streaming.
   KvRetention retention() const;
+  // h2o and tova: a budget of B slots, one position evicted by score when a
+  // new one arrives (they share the eviction; only the scores differ).
+  bool scored_eviction() const {
+    const KvRetention r = retention();
+    return r == KvRetention::H2O || r == KvRetention::Tova;
+  }
   // Slots a cache allocates up front (W or B); 0 for `full` (grows).
   int64_t capacity() const;
   // Positions retained after `context` tokens: min(context, W or B).
@@ -41,6 +51,11 @@ struct KvConfig {
   // h2o: positions always kept at the recent end, including the newest token:
   // clamp(floor(recent_fraction * B), 1, B - sinks).
   int64_t h2o_recent() const;
+  // The recent positions an eviction never takes, the newcomer included:
+  // h2o_recent() for h2o; for tova 1 (only the newcomer, which no query has
+  // scored yet) or, with --kv-recent F, clamp(floor(F * B), 1, B - sinks);
+  // 0 for the other policies.
+  int64_t evict_protected_recent() const;
 };
 
 const char* kv_dtype_name(KvDType t);
@@ -50,7 +65,7 @@ size_t kv_elem_size(KvDType t);
 // "f32" | "bf16" | "f16" | "fp8" (also "fp32", "float32", "bfloat16", "float16",
 // "e4m3", "fp8_e4m3"); throws Error naming the accepted values otherwise.
 KvDType parse_kv_dtype(const std::string& s);
-// "position" | "head"; throws Error otherwise.
+// "position" | "head" | "rotated"; throws Error otherwise.
 Fp8ScaleMode parse_fp8_scale_mode(const std::string& s);
 
 }  // namespace flashmoe

@@ -116,6 +116,18 @@ void weighted_rows_acc(const float* rows, int64_t ld, const float* w, int64_t nr
     for (int64_t i = 0; i < n; ++i) out[i] += w[r] * rows[r * ld + i];
 }
 
+void hadamard_ortho(float* x, int64_t n) {
+  for (int64_t h = 1; h < n; h *= 2)
+    for (int64_t i = 0; i < n; i += 2 * h)
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+  const float s = 1.0f / std::sqrt(float(n));
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
 void fp8_e4m3_to_f32(const uint8_t* src, int64_t n, float scale, float* out) {
 #ifdef FLASHMOE_X86
   if (avx2_available()) return fp8_to_f32_avx2(src, n, scale, out);

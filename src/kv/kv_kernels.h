@@ -18,4 +18,8 @@ float exp_shifted_sum(float* x, int64_t n, float max);
 // of a tile of value rows, kept in registers across the rows.
 void weighted_rows_acc(const float* rows, int64_t ld, const float* w, int64_t nrows, float* out, int64_t n);
 
+// In place: x = H x / sqrt(n), H the Sylvester Hadamard matrix of order n
+// (a power of two). Orthonormal and its own inverse.
+void hadamard_ortho(float* x, int64_t n);
+
 }  // namespace flashmoe::kv_kernels

@@ -15,7 +15,7 @@ KvMemory kv_memory(const ModelConfig& m, const KvConfig& cfg) {
   r.data_bytes_per_position = r.full_layers * 2 * m.num_kv_heads * m.head_dim * int64_t(kv_elem_size(cfg.dtype));
   if (cfg.dtype == KvDType::FP8)
     r.scale_bytes_per_position =
-        r.full_layers * 2 * 4 * (cfg.fp8_scale == Fp8ScaleMode::Head ? m.num_kv_heads : 1);
+        r.full_layers * 2 * 4 * (cfg.fp8_scale != Fp8ScaleMode::Position ? m.num_kv_heads : 1);
   r.gdn_state_bytes = r.linear_layers * m.lin_num_v_heads * m.lin_k_dim * m.lin_v_dim * 4;
   r.conv_state_bytes = r.linear_layers * m.lin_conv_dim() * (m.conv_kernel - 1) * 4;
   return r;
@@ -81,6 +81,9 @@ std::string retention_name(const KvConfig& c) {
     case KvRetention::H2O:
       return "h2o " + std::to_string(c.h2o_budget) + " (sinks " + std::to_string(c.sinks) + ", recent " +
              std::to_string(c.h2o_recent()) + ")";
+    case KvRetention::Tova:
+      return "tova " + std::to_string(c.tova_budget) + " (sinks " + std::to_string(c.sinks) + ", recent " +
+             std::to_string(c.evict_protected_recent()) + ")";
   }
   return "?";
 }
@@ -133,7 +136,8 @@ std::string kv_calc_report(const ModelConfig& m, const std::string& model_name, 
                                                          {KvDType::BF16, Fp8ScaleMode::Position},
                                                          {KvDType::F16, Fp8ScaleMode::Position},
                                                          {KvDType::FP8, Fp8ScaleMode::Position},
-                                                         {KvDType::FP8, Fp8ScaleMode::Head}};
+                                                         {KvDType::FP8, Fp8ScaleMode::Head},
+                                                         {KvDType::FP8, Fp8ScaleMode::Rotated}};
   for (const auto& r : rows) {
     KvConfig c = cfg;
     c.dtype = r.t;

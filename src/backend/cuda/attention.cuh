@@ -34,6 +34,9 @@ struct KvLayer {
   float* acc = nullptr;  // accumulated attention per slot (h2o_acc_kernel); null: not h2o
   int* kpos = nullptr;   // position held by each slot
   int recent = 0;        // the last `recent` positions (the new one included) are never evicted
+  // tova: acc holds the latest query's probabilities (summed over heads),
+  // overwritten by every step instead of accumulated (same eviction as h2o).
+  int latest_only = 0;
 };
 
 // The slot of position pos in a full / window / streaming cache (not h2o).
@@ -532,14 +535,15 @@ __global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
 }
 
 // h2o: every held slot's score += its probability under each query head,
-// heads in order (the CPU's order of additions). scores: [nh][cap] from
-// attn_kernel. One thread per slot.
+// heads in order (the CPU's order of additions); tova: the score is set to
+// that sum (from 0, same order). scores: [nh][cap] from attn_kernel. One
+// thread per slot.
 static __global__ void h2o_acc_kernel(KvLayer kv, const float* scores, int nh, const int* pos) {
   pdl_wait();
   pdl_trigger();
   const int s = blockIdx.x * blockDim.x + threadIdx.x;
   if (s >= kv_valid(kv, *pos)) return;
-  float a = kv.acc[s];
+  float a = kv.latest_only ? 0.f : kv.acc[s];
   int h = 0;
   for (; h + 8 <= nh; h += 8) {  // 8 loads in flight, added in head order
     float p[8];

@@ -42,7 +42,7 @@ struct CudaState::Impl {
   KvConfig kv;
   int64_t pos = 0;
   int cap = 0, window = 0, sinks = 0, kvt = KV_F32, ns = 0;
-  bool h2o = false;  // heavy-hitter retention: cap slots, KvLayer acc / kpos
+  bool h2o = false;  // h2o or tova retention: cap slots, KvLayer acc / kpos (scores) and victims
   size_t el = 4;
   int nkv = 0, hd = 0, nh = 0;
   std::vector<KvLayer> kvl;

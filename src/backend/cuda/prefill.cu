@@ -258,9 +258,13 @@ void Prefill::attend_chunk(const PrefillState& s, const DLayer& d, const KvLayer
     default: attn_rows_kernel<KV_FP8><<<g, 256, 0, st>>>(a); break;
   }
   if (kv.acc) {  // h2o: the chunk's attention into the scores
-    const int n = p0 + T, groups = div_up(int64_t(T) * (nh / nkv), kH2oTile * kH2oRowTiles);
+    // tova: only the chunk's last query counts (its probabilities replace
+    // the scores), so the product runs over that one token's rows.
+    const int last = kv.latest_only ? T - 1 : 0, Tq = T - last;
+    const int n = p0 + T, groups = div_up(int64_t(Tq) * (nh / nkv), kH2oTile * kH2oRowTiles);
     const dim3 g2{unsigned(div_up(n, kH2oTile)), unsigned(nkv * groups)};
-    H2oRowsArgs h{q_, lse_, h2o_part(size_t(g2.y) * size_t(n)), kv, p0, T, nh, nkv, hd, s.ns, groups, a.scale};
+    H2oRowsArgs h{q_ + size_t(last) * nh * hd, lse_ + size_t(last) * nh, h2o_part(size_t(g2.y) * size_t(n)), kv,
+                  p0 + last, Tq, nh, nkv, hd, s.ns, groups, a.scale};
     switch (s.kvt) {
       case KV_F32: h2o_rows_part_kernel<KV_F32><<<g2, 256, 0, st>>>(h); break;
       case KV_BF16: h2o_rows_part_kernel<KV_BF16><<<g2, 256, 0, st>>>(h); break;

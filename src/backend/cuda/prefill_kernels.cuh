@@ -445,11 +445,11 @@ __global__ void __launch_bounds__(256) h2o_rows_part_kernel(H2oRowsArgs a) {
   if (threadIdx.x < kH2oTile && s0 + int(threadIdx.x) < n) a.part[size_t(blockIdx.y) * n + s0 + threadIdx.x] = tot;
 }
 
-// acc[s] += the parts of h2o_rows_part_kernel, in order.
+// acc[s] += the parts of h2o_rows_part_kernel, in order (tova: acc[s] = them).
 __global__ void h2o_rows_sum_kernel(KvLayer kv, const float* part, int parts, int n) {
   const int s = blockIdx.x * blockDim.x + threadIdx.x;
   if (s >= n) return;
-  float t = kv.acc[s];
+  float t = kv.latest_only ? 0.f : kv.acc[s];
   for (int p = 0; p < parts; ++p) t += part[size_t(p) * n + s];
   kv.acc[s] = t;
 }

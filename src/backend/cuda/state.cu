@@ -69,6 +69,8 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv) const {
     case KvDType::F16: s.kvt = KV_F16; s.el = 2; break;
     case KvDType::FP8: s.kvt = KV_FP8; s.el = 1; break;
   }
+  if (kv.dtype == KvDType::FP8 && kv.fp8_scale == Fp8ScaleMode::Rotated)
+    fail_device(DeviceFailure::Unsupported, "CUDA backend: --kv-fp8-scale rotated is not implemented (CPU only)");
   s.ns = kv.dtype != KvDType::FP8 ? 0 : kv.fp8_scale == Fp8ScaleMode::Head ? s.nkv : 1;
   if (s.ns > 64) fail_device(DeviceFailure::Unsupported, "CUDA backend: more than 64 KV heads with per-head fp8 scales is not supported");
   if (ret == KvRetention::Window) s.window = int(kv.window);
@@ -76,9 +78,9 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv) const {
     s.window = int(kv.window);
     s.sinks = int(kv.sinks);
   }
-  s.h2o = ret == KvRetention::H2O;
+  s.h2o = kv.scored_eviction();  // h2o or tova: the same slots, victims and scores buffer
   if (s.h2o) s.sinks = int(kv.sinks);
-  s.cap = s.window > 0 ? s.window : s.h2o ? int(kv.h2o_budget) : 1024;
+  s.cap = s.window > 0 ? s.window : s.h2o ? int(kv.capacity()) : 1024;
   const size_t row = size_t(s.nkv) * s.hd;
   const int64_t C = m.c.lin_conv_dim(), Kc = m.c.conv_kernel;
   const int64_t ssm_n = m.c.lin_num_v_heads * m.c.lin_k_dim * m.c.lin_v_dim;
@@ -96,7 +98,8 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv) const {
       b.ks = static_cast<float*>(dev_alloc(size_t(s.cap) * std::max(s.ns, 1) * 4, "KV scales"));
       b.vs = static_cast<float*>(dev_alloc(size_t(s.cap) * std::max(s.ns, 1) * 4, "KV scales"));
       if (s.h2o) {
-        b.recent = int(kv.h2o_recent());
+        b.recent = int(kv.evict_protected_recent());
+        b.latest_only = ret == KvRetention::Tova ? 1 : 0;
         b.acc = static_cast<float*>(dev_alloc(size_t(s.cap) * 4, "h2o scores"));
         b.kpos = static_cast<int*>(dev_alloc(size_t(s.cap) * 4, "h2o positions"));
         CK(cudaMemset(b.acc, 0, size_t(s.cap) * 4));

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Decode speed of each KV retention policy at a given context: `flashmoe
+# bench -p 0 -n N -d DEPTH` per policy, the policies interleaved over ROUNDS
+# rounds (so load that drifts over the run hits every policy alike), one
+# line per run, then the mean tg per policy.
+#
+#   bench/kv_policy_speed.sh BUILD_DIR "MODEL_ARGS" [DEPTH] [BUDGET] [N] [ROUNDS]
+#   CPU:  bench/kv_policy_speed.sh build "-m models/coder-mini/model -t 2" 4096 1024 32 2
+#   H200: bench/kv_policy_speed.sh build "--device cuda --synthetic qwen3.5-35b-a3b --kv-dtype fp8" 4096 2048 128 2
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN="$1/flashmoe"
+MODEL_ARGS="$2"
+D="${3:-4096}"; B="${4:-1024}"; N="${5:-32}"; ROUNDS="${6:-2}"
+POLICIES=("full|" "window $B|--kv-window $B" "streaming $B|--kv-streaming $B" "h2o $B|--kv-h2o $B"
+          "tova $B|--kv-tova $B")
+declare -A sum cnt
+for r in $(seq 1 "$ROUNDS"); do
+  for p in "${POLICIES[@]}"; do
+    name="${p%%|*}"; opts="${p#*|}"
+    # shellcheck disable=SC2086
+    tg=$("$BIN" bench $MODEL_ARGS $opts -p 0 -n "$N" -d "$D" -r 1 2>/dev/null |
+         awk -F'|' '/tg[0-9]/ {gsub(/ /,"",$3); split($3,a,"±"); print a[1]}')
+    echo "round $r  $name: tg$N @ d$D = $tg tok/s"
+    sum[$name]=$(python3 -c "print(${sum[$name]:-0} + $tg)"); cnt[$name]=$(( ${cnt[$name]:-0} + 1 ))
+  done
+done
+for p in "${POLICIES[@]}"; do
+  name="${p%%|*}"
+  python3 -c "print(f'mean  {\"$name\":<14} {${sum[$name]} / ${cnt[$name]}:.1f} tok/s')"
+done
