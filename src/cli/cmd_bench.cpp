@@ -32,18 +32,16 @@ Stat stats(const std::vector<double>& v) {
   return s;
 }
 
-// A model of a published size with random weights, built on the device.
+// A model of a published size with random weights, built on the device
+// (--device cpu: in host memory, for the CPU backend).
 std::unique_ptr<Backend> synthetic_model(const ModelOptions& opt, const std::string& preset, int layers,
                                          const std::string& experts, int group, std::string* what) {
   const DeviceRequest& d = opt.device;
-  if (d.device == "cpu")
-    fail(!d.chosen_by_auto ? "bench: --synthetic needs --device cuda (or auto)"
-         : !d.cpu_note.empty() ? "bench: --synthetic needs the GPU, and this run is on the CPU: " + d.cpu_note
-                               : "bench: --synthetic needs a usable GPU (" + d.gpu_obstacle.message + ")");
-  const Obstacle gpu = gpu_presence();
-  if (gpu) fail(device_words(d) + ": no usable GPU (" + gpu.message + "); " + device_advice(DeviceFailure::Unavailable));
   ModelConfig c = model_preset(preset);
-  if (layers > 0 && layers < c.num_layers) {
+  if (layers > c.num_layers)
+    fail("bench: --layers " + std::to_string(layers) + " is more than " + preset + "'s " +
+         std::to_string(c.num_layers) + " layers");
+  if (layers > 0) {
     c.num_layers = layers;
     c.layer_kinds.resize(size_t(layers));
     c.layer_is_moe.resize(size_t(layers));
@@ -52,6 +50,12 @@ std::unique_ptr<Backend> synthetic_model(const ModelOptions& opt, const std::str
   *what = "synthetic " + preset + " (random bf16 weights" +
           (q == QuantKind::None ? std::string() : ", " + experts + " experts in groups of " + std::to_string(group)) +
           ", " + std::to_string(c.num_layers) + " layers)";
+  if (d.device == "cpu") {
+    ThreadPool pool(opt.threads);
+    return synthetic_cpu_backend(c, q, group, pool);
+  }
+  const Obstacle gpu = gpu_presence();
+  if (gpu) fail(device_words(d) + ": no usable GPU (" + gpu.message + "); " + device_advice(DeviceFailure::Unavailable));
   return synthetic_backend(c, q, group, d.gpu);
 }
 
@@ -148,6 +152,18 @@ void run_bench(const ModelOptions& opt, const Backend& b, const std::string& wha
   }
 }
 
+// `bench --bandwidth`: the host's DRAM read bandwidth on its own, over
+// buffers several times the last-level cache (the roofline a memory-bound
+// CPU decode is measured against).
+void run_bandwidth(int threads) {
+  ThreadPool pool(threads);
+  const int64_t llc = last_level_cache_bytes();
+  const int64_t bytes = std::max<int64_t>(4 * llc, int64_t(256) << 20);
+  std::printf("last-level cache: %s\n", llc > 0 ? (std::to_string(llc >> 20) + " MiB").c_str() : "unknown");
+  const Bandwidth bw = dram_read_bandwidth(pool, bytes);
+  std::printf("%s: %.1f GB/s\n", bw.what.c_str(), bw.gbps);
+}
+
 Registrar reg(40, [](CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Measure prompt processing (pp) and generation (tg) speed");
   auto opt = std::make_shared<ModelOptions>();
@@ -161,6 +177,7 @@ Registrar reg(40, [](CLI::App& app) {
   auto profile = std::make_shared<int>(0);
   auto experts = std::make_shared<std::string>("bf16");
   auto group = std::make_shared<int>(64);
+  auto bandwidth = std::make_shared<bool>(false);
   add_model_options(cmd, opt.get(), /*require_model=*/false);
   cmd->add_option("-p,--n-prompt", *pp, "Prompt tokens for the pp test (0: skip)")->check(integer_between(0, 1000000));
   cmd->add_option("-n,--n-gen", *tg, "Generated tokens for the tg test (0: skip)")->check(integer_between(0, 1000000));
@@ -169,22 +186,33 @@ Registrar reg(40, [](CLI::App& app) {
       ->check(integer_between(0, 1000000));
   cmd->add_option("-r,--repetitions", *reps, "Repetitions of each test")->check(integer_between(1, 1000));
   cmd->add_option("--synthetic", *synthetic,
-                  "On the GPU (--device cuda or auto): random bf16 weights of a published size instead of -m (qwen3.5-35b-a3b, "
-                  "qwen3.5-122b-a10b, qwen3.5-397b-a17b, qwen3-next-80b-a3b)");
-  cmd->add_option("--layers", *layers, "With --synthetic: only the first N layers")->check(integer_between(0, 2147483647));
+                  "Random bf16 weights of a published size instead of -m (qwen3.5-35b-a3b, qwen3.5-122b-a10b, "
+                  "qwen3.5-397b-a17b, qwen3-next-80b-a3b): built on the GPU, or with --device cpu in host memory (its "
+                  "embedding tied to the lm_head); all its layers unless --layers");
+  auto* ly = cmd->add_option("--layers", *layers, "With --synthetic: only the first N layers (0: all)")
+      ->check(integer_between(0, 2147483647));
   auto* ex = cmd->add_option("--experts", *experts,
                               "With --synthetic: the routed experts' format, bf16 (default), q8 or q4 (as flashmoe pack "
                               "writes them)");
   auto* gr = cmd->add_option("--group", *group, "With --synthetic --experts q8|q4: quantisation group size (default 64)")
                       ->check(integer_between(1, 2147483647));
+  auto* bw = cmd->add_flag("--bandwidth", *bandwidth,
+                           "A run of its own, instead of pp/tg: the host's DRAM read bandwidth (a read-only streaming sum "
+                           "over 4 x the last-level cache, at least 256 MiB, on -t threads); no model");
   cmd->add_flag("--no-graph", *no_graph, "On the GPU: plain kernel launches instead of a CUDA graph");
   cmd->add_option("--profile", *profile, "On the GPU: time each kernel class over N decode steps, and each phase of the batched prefill (printed when the model is released)")
       ->check(integer_between(0, 2147483647));
-  cmd->callback([opt, pp, tg, depth, reps, synthetic, layers, no_graph, profile, experts, group, ex, gr] {
+  cmd->callback([opt, pp, tg, depth, reps, synthetic, layers, no_graph, profile, experts, group, ex, gr, bw, ly] {
     finalize_model_options(opt.get());
+    if (bw->count()) {
+      if (!opt->model_dir.empty() || !synthetic->empty())
+        fail("bench: --bandwidth is a run of its own: give it without -m/--model or --synthetic");
+      run_bandwidth(opt->threads);
+      return;
+    }
     opt->device.gpu.prefill_profile = *profile > 0;
     if (opt->model_dir.empty() == synthetic->empty())
-      fail(synthetic->empty() ? "bench: give a model with -m/--model (or --synthetic on a GPU)"
+      fail(synthetic->empty() ? "bench: give a model with -m/--model, or --synthetic, or --bandwidth"
                               : "bench: give either -m/--model or --synthetic, not both");
     if (!synthetic->empty()) {
       std::string what;
@@ -194,6 +222,7 @@ Registrar reg(40, [](CLI::App& app) {
     }
     if (ex->count() || gr->count())
       fail("bench: --experts and --group are for --synthetic (a model's experts are in the format it was packed in)");
+    if (ly->count()) fail("bench: --layers is for --synthetic (a model from -m runs all its layers)");
     std::unique_ptr<Backend> b = load_model(*opt);
     run_bench(*opt, *b, opt->model_dir, *pp, *tg, *depth, *reps, *no_graph, *profile);
   });

@@ -1,16 +1,36 @@
 #include "model/qwen_model.h"
 
 #include "experts/manifest.h"
+#include "experts/memory_store.h"
 #include "format/model_files.h"
 #include "model/open_store.h"
 
 namespace flashmoe {
 
 QwenModel::QwenModel(const std::string& dir, const ExpertOptions& experts)
-    : cfg_(load_model_config(dir)), ck_(dir) {
-  w_ = load_weights(ck_, cfg_, /*with_experts=*/!is_packed_dir(dir));
-  store_ = open_expert_store(dir, cfg_, ck_, w_, experts);
+    : cfg_(load_model_config(dir)), ck_(std::in_place, dir) {
+  w_ = load_weights(*ck_, cfg_, /*with_experts=*/!is_packed_dir(dir));
+  store_ = open_expert_store(dir, cfg_, *ck_, w_, experts);
   plan_ = make_plan(cfg_);
+}
+
+QwenModel::QwenModel(ModelConfig cfg, ModelWeights w, std::shared_ptr<const void> storage)
+    : cfg_(std::move(cfg)), storage_(std::move(storage)), w_(std::move(w)) {
+  uint64_t eb = 0;
+  LayerExpertViews layers;
+  for (const LayerWeights& l : w_.layers) {
+    layers.push_back(&l.ffn.experts);
+    if (eb == 0 && !l.ffn.experts.empty()) {
+      const FfnExpert& e = l.ffn.experts[0];
+      eb = e.gate.nbytes() + e.up.nbytes() + e.down.nbytes() + 2 * (e.gate.scale_bytes() + e.up.scale_bytes() + e.down.scale_bytes());
+    }
+  }
+  store_ = make_weights_store(std::move(layers), eb);
+  plan_ = make_plan(cfg_);
+}
+
+std::unique_ptr<QwenModel> QwenModel::from_memory(ModelConfig cfg, ModelWeights w, std::shared_ptr<const void> storage) {
+  return std::unique_ptr<QwenModel>(new QwenModel(std::move(cfg), std::move(w), std::move(storage)));
 }
 
 std::unique_ptr<QwenModel> QwenModel::load(const std::string& dir, const ExpertOptions& experts) {

@@ -3,6 +3,7 @@
 // (backend/cpu/forward.h, backend/cuda/), which walk plan().
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "experts/expert_store.h"
@@ -23,6 +24,11 @@ class QwenModel {
   // directory written by `flashmoe pack` (recognised by its manifest).
   static std::unique_ptr<QwenModel> load(const std::string& dir, const ExpertOptions& experts = {});
 
+  // A model built in memory, with no checkpoint (bench --synthetic on the
+  // CPU): `w`'s matrices point into `storage`, which the model keeps alive;
+  // the routed experts are w's FfnWeights::experts, served in memory.
+  static std::unique_ptr<QwenModel> from_memory(ModelConfig cfg, ModelWeights w, std::shared_ptr<const void> storage);
+
   const ModelConfig& config() const { return cfg_; }
   const ModelWeights& weights() const { return w_; }
   ExpertStore& expert_store() const { return *store_; }
@@ -35,9 +41,11 @@ class QwenModel {
 
  private:
   QwenModel(const std::string& dir, const ExpertOptions& experts);
+  QwenModel(ModelConfig cfg, ModelWeights w, std::shared_ptr<const void> storage);
 
   ModelConfig cfg_;
-  Checkpoint ck_;
+  std::optional<Checkpoint> ck_;  // none for a model built in memory
+  std::shared_ptr<const void> storage_;
   ModelWeights w_;
   std::unique_ptr<ExpertStore> store_;
   ModelPlan plan_;

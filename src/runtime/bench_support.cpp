@@ -2,10 +2,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "core/error.h"
 #include "backend/cuda/cuda_bench.h"
+#include "model/synthetic_model.h"
+#include "runtime/cpu_backend.h"
 #include "runtime/cuda_backend_impl.h"
 
 namespace flashmoe {
@@ -36,7 +41,81 @@ double memcpy_gbps(ThreadPool& pool) {
   return double(bytes) / best / 1e9;  // bytes copied per second (each read once, written once)
 }
 
+// Sum of the 64-bit words of [p, p + n), n a multiple of 4: four
+// independent accumulators so the loads, not one add chain, bound the loop.
+uint64_t sum_words(const uint64_t* p, size_t n) {
+  uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  for (size_t i = 0; i < n; i += 4) {
+    s0 += p[i];
+    s1 += p[i + 1];
+    s2 += p[i + 2];
+    s3 += p[i + 3];
+  }
+  return s0 + s1 + s2 + s3;
+}
+
+// "260M", "2048K" or "512" (sysfs cache size) in bytes.
+int64_t parse_cache_size(const std::string& s) {
+  if (s.empty()) return 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(s);
+  } catch (...) {
+    return 0;
+  }
+  const char unit = s.find_first_of("KMG") == std::string::npos ? ' ' : s[s.find_first_of("KMG")];
+  return unit == 'K' ? v << 10 : unit == 'M' ? v << 20 : unit == 'G' ? v << 30 : v;
+}
+
 }  // namespace
+
+int64_t last_level_cache_bytes() {
+  int64_t best = 0;
+  for (int i = 0; i < 16; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream type(dir + "type"), size(dir + "size");
+    if (!type || !size) continue;
+    std::string t, s;
+    type >> t;
+    size >> s;
+    if (t != "Instruction") best = std::max(best, parse_cache_size(s));
+  }
+  return best;
+}
+
+Bandwidth dram_read_bandwidth(ThreadPool& pool, int64_t bytes, int passes) {
+  using Clock = std::chrono::steady_clock;
+  const int64_t chunk_words = int64_t(1) << 17;  // 1 MiB per work item
+  const int64_t chunks = std::max<int64_t>(1, bytes / (chunk_words * 8));
+  std::vector<uint64_t> buf(size_t(chunks * chunk_words));
+  // Each thread touches the pages it will read (first touch places them on its node).
+  pool.parallel_for(chunks, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c)
+      for (int64_t i = 0; i < chunk_words; ++i) buf[size_t(c * chunk_words + i)] = uint64_t(c * chunk_words + i);
+  });
+  std::vector<uint64_t> sums(static_cast<size_t>(chunks));
+  auto pass = [&] {
+    pool.parallel_for(chunks, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) sums[size_t(c)] = sum_words(buf.data() + c * chunk_words, size_t(chunk_words));
+    });
+  };
+  pass();  // warm: page tables, the threads
+  double best = 1e30;
+  for (int r = 0; r < passes; ++r) {
+    auto t = Clock::now();
+    pass();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t).count());
+  }
+  // The sums are checked so the reads cannot be optimised away: word k holds k.
+  uint64_t total = 0;
+  for (uint64_t s : sums) total += s;
+  const uint64_t n = uint64_t(chunks * chunk_words);
+  if (total != n * (n - 1) / 2) throw Error("bench: the bandwidth probe's sum is wrong (memory error?)");
+  const double mib = double(buf.size() * 8) / double(1 << 20);
+  return {double(buf.size() * 8) / best / 1e9,
+          "DRAM read (streaming sum over " + std::to_string(int64_t(mib)) + " MiB on " + std::to_string(pool.size()) +
+              " threads, read only)"};
+}
 
 std::unique_ptr<Backend> synthetic_backend(const ModelConfig& c, QuantKind experts, int group,
                                            const GpuOptions& o) {
@@ -47,10 +126,23 @@ std::unique_ptr<Backend> synthetic_backend(const ModelConfig& c, QuantKind exper
   return std::make_unique<CudaBackend>(nullptr, cuda_synthetic_model(c, 1234, co, so));
 }
 
+std::unique_ptr<Backend> synthetic_cpu_backend(const ModelConfig& c, QuantKind experts, int group, ThreadPool& pool) {
+  return std::make_unique<CpuBackend>(std::shared_ptr<const QwenModel>(synthetic_cpu_model(c, experts, group, 1234, pool)));
+}
+
 Bandwidth weight_memory_bandwidth(const Backend& b, ThreadPool& pool) {
   if (const CudaBackend* c = as_cuda(b))
     return {cuda_copy_bandwidth_gbps(c->device_for_bench()), "device copy (cudaMemcpy D2D, read+written)"};
-  return {memcpy_gbps(pool), "memcpy on " + std::to_string(pool.size()) + " threads"};
+  const int64_t llc = last_level_cache_bytes();
+  // A model that fits the cache is read from it, and a copy of 2 x 32 MiB
+  // keeps the bench's RSS the model's; a model far larger than the cache is
+  // read from DRAM, and the read probe over 4 x the cache is smaller than it.
+  if (llc > 0 && b.weight_bytes_total() > 2 * llc) return dram_read_bandwidth(pool, 4 * llc);
+  std::string where = llc > 0 && llc >= (int64_t(64) << 20)
+                          ? " (within the " + std::to_string(llc >> 20) +
+                                " MiB last-level cache: a cache figure; `flashmoe bench --bandwidth` measures DRAM)"
+                          : "";
+  return {memcpy_gbps(pool), "memcpy of 32 MiB on " + std::to_string(pool.size()) + " threads, read+written" + where};
 }
 
 double host_link_gbps(const Backend& b) {

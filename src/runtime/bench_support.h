@@ -18,13 +18,25 @@ namespace flashmoe {
 std::unique_ptr<Backend> synthetic_backend(const ModelConfig& c, QuantKind experts, int group,
                                            const GpuOptions& o);
 
+// The same model built in host memory for the CPU backend, its weights
+// filled by `pool`'s threads.
+std::unique_ptr<Backend> synthetic_cpu_backend(const ModelConfig& c, QuantKind experts, int group, ThreadPool& pool);
+
 struct Bandwidth {
   double gbps = 0;   // bytes read + written per second / 1e9
   std::string what;  // how it was measured, for the report
 };
-// The copy bandwidth of the memory the backend's weights live in (a
-// memcpy over the pool's threads; a device-to-device copy on a GPU).
+// The bandwidth of the memory the backend's weights are read from: on a GPU
+// a device-to-device copy; on the CPU the DRAM read probe below when the
+// weights are more than twice the last-level cache, else a 32 MiB memcpy
+// (a cache figure, as a model that small is read from the cache).
 Bandwidth weight_memory_bandwidth(const Backend& b, ThreadPool& pool);
+// The size of this CPU's last-level cache in bytes (sysfs; 0 where unknown).
+int64_t last_level_cache_bytes();
+// The host's DRAM read bandwidth: a read-only streaming sum over `bytes`
+// (several times the last-level cache, so no pass is served from cache),
+// split over the pool's threads; best of `passes` timed passes.
+Bandwidth dram_read_bandwidth(ThreadPool& pool, int64_t bytes, int passes = 5);
 // The host-to-device link from pinned memory, GB/s (0 where there is none).
 double host_link_gbps(const Backend& b);
 
