@@ -22,38 +22,14 @@
 // (Python, here): the test checks their shape, not their words.
 import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
-import { spawn } from "node:child_process";
+import { startServer, stopServer } from "./serve.mjs";
 import assert from "node:assert/strict";
 
 const [bin, modelDir, template] = process.argv.slice(2);
 const key = "agent-test-key";
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-async function startServer() {
-  for (let attempt = 0; attempt < 8; attempt++) {
-    const port = 20000 + Math.floor(Math.random() * 40000);
-    const proc = spawn(bin, ["serve", "-m", modelDir, "--chat-template", template, "--port", String(port),
-                             "--api-key", key, "--parallel", "2", "-t", "2"], { stdio: ["ignore", "inherit", "pipe"] });
-    let log = "";
-    let exited = false;
-    proc.stderr.on("data", (d) => { log += d; process.stderr.write(d); });
-    proc.on("exit", () => { exited = true; });
-    const deadline = Date.now() + 60000;
-    while (Date.now() < deadline && !exited) {
-      if (log.includes("flashmoe serve: model")) {
-        try {
-          const r = await fetch(`http://127.0.0.1:${port}/health`);
-          if (r.ok) return { proc, port };
-        } catch {}
-      }
-      await sleep(100);
-    }
-    if (!exited) proc.kill("SIGKILL");
-  }
-  throw new Error("flashmoe serve did not start");
-}
 
-const { proc, port } = await startServer();
+const { proc, port } = await startServer(bin, ["-m", modelDir, "--chat-template", template, "--api-key", key, "--parallel", "2", "-t", "2"]);
 const openai = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: key, maxRetries: 0 });
 const anthropic = new Anthropic({ baseURL: `http://127.0.0.1:${port}`, apiKey: key, maxRetries: 0 });
 const tests = [];
@@ -256,7 +232,6 @@ for (const t of tests) {
     console.log(`not ok - ${t.name}: ${e.stack ?? e}`);
   }
 }
-proc.kill("SIGTERM");
-await new Promise((r) => proc.exitCode !== null ? r() : proc.on("exit", r));
+await stopServer(proc);
 console.log(`${passed} passed, ${failed} failed`);
 process.exit(failed ? 1 : 0);

@@ -1,38 +1,14 @@
 // Drives `flashmoe serve` with the official openai package: models, plain and
 // streamed chat, plain completions, and an error mapped to the SDK's class.
 import OpenAI from "openai";
-import { spawn } from "node:child_process";
+import { startServer, stopServer } from "./serve.mjs";
 import assert from "node:assert/strict";
 
 const [bin, modelDir] = process.argv.slice(2);
 const key = "node-test-key";
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-async function startServer() {
-  for (let attempt = 0; attempt < 8; attempt++) {
-    const port = 20000 + Math.floor(Math.random() * 40000);
-    const proc = spawn(bin, ["serve", "-m", modelDir, "--port", String(port), "--api-key", key,
-                             "--parallel", "2", "-t", "2"], { stdio: ["ignore", "inherit", "pipe"] });
-    let log = "";
-    let exited = false;
-    proc.stderr.on("data", (d) => { log += d; process.stderr.write(d); });
-    proc.on("exit", () => { exited = true; });
-    const deadline = Date.now() + 60000;
-    while (Date.now() < deadline && !exited) {
-      if (log.includes("flashmoe serve: model")) {
-        try {
-          const r = await fetch(`http://127.0.0.1:${port}/health`);
-          if (r.ok) return { proc, port };
-        } catch {}
-      }
-      await sleep(100);
-    }
-    if (!exited) proc.kill("SIGKILL");
-  }
-  throw new Error("flashmoe serve did not start");
-}
 
-const { proc, port } = await startServer();
+const { proc, port } = await startServer(bin, ["-m", modelDir, "--api-key", key, "--parallel", "2", "-t", "2"]);
 const client = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: key, maxRetries: 0 });
 const tests = [];
 const test = (name, fn) => tests.push({ name, fn });
@@ -124,7 +100,6 @@ for (const t of tests) {
     console.log(`not ok - ${t.name}: ${e.stack ?? e}`);
   }
 }
-proc.kill("SIGTERM");
-await new Promise((r) => proc.exitCode !== null ? r() : proc.on("exit", r));
+await stopServer(proc);
 console.log(`${passed} passed, ${failed} failed`);
 process.exit(failed ? 1 : 0);

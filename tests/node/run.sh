@@ -13,7 +13,7 @@ if ! command -v node >/dev/null 2>&1; then
 fi
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$work"
-cp "$here/package.json" "$here/package-lock.json" "$here/openai_client.mjs" "$here/agent_clients.mjs" "$work/"
+cp "$here/package.json" "$here/package-lock.json" "$here/serve.mjs" "$here/openai_client.mjs" "$here/agent_clients.mjs" "$work/"
 template="$here/../fixtures/tokenizers/qwen3/tokenizer_config.json"
 cd "$work"
 npm ci --no-audit --no-fund --loglevel=error
