@@ -202,7 +202,8 @@ Registrar reg(40, [](CLI::App& app) {
   cmd->add_flag("--no-graph", *no_graph, "On the GPU: plain kernel launches instead of a CUDA graph");
   cmd->add_option("--profile", *profile, "On the GPU: time each kernel class over N decode steps, and each phase of the batched prefill (printed when the model is released)")
       ->check(integer_between(0, 2147483647));
-  cmd->callback([opt, pp, tg, depth, reps, synthetic, layers, no_graph, profile, experts, group, ex, gr, bw, ly] {
+  // Every option's storage is captured: the callback runs after this function returned.
+  cmd->callback([opt, pp, tg, depth, reps, synthetic, layers, no_graph, profile, experts, group, bandwidth, ex, gr, bw, ly] {
     finalize_model_options(opt.get());
     if (bw->count()) {
       if (!opt->model_dir.empty() || !synthetic->empty())
