@@ -57,6 +57,17 @@ struct ExpertTierStats {
   int64_t expert_bytes = 0;  // one expert: gate + up + down
 };
 
+// One sequence's part of a batched step: its state, the tokens it feeds this
+// step (one for a decoding sequence, a chunk of its prompt for one being
+// admitted), which logits it wants and where they go (as forward()).
+struct BatchItem {
+  State* state = nullptr;
+  const int32_t* ids = nullptr;
+  int64_t n = 0;
+  LogitsMode mode = LogitsMode::Last;
+  float* logits = nullptr;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -83,6 +94,11 @@ class Backend {
   // them itself, in arrival order).
   virtual void forward(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits,
                        ThreadPool& pool) const = 0;
+  // One step over several independent sequences (continuous batching):
+  // each item's result equals forward() on it alone; a backend that can
+  // share weight reads across the batch overrides this. Items must name
+  // distinct states. The default runs the items one after another.
+  virtual void forward_batch(const BatchItem* items, int64_t count, ThreadPool& pool) const;
   // forward() that also returns the residual stream after each layer
   // ([L+1][n*H]): `flashmoe logits --hidden`, a debugging aid only the CPU
   // backend implements (the others throw Error).
