@@ -52,12 +52,12 @@ asan-build:
 test-asan: asan-build
 	cd $(ASAN_BUILD) && FLASHMOE_SANITIZER=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
-	@fuzz/run.sh $(ASAN_BUILD) $(or $(FUZZ_SECONDS),10) $(FUZZ_TARGETS)
+	@JOBS=$(JOBS) fuzz/run.sh $(ASAN_BUILD) $(or $(FUZZ_SECONDS),10) $(FUZZ_TARGETS)
 
 # Each target runs FUZZ_SECONDS (default 60) from its seed corpus; new inputs
 # go to $(ASAN_BUILD)/corpus/<target>, crashes to $(ASAN_BUILD)/crashes/.
 fuzz: asan-build
-	@fuzz/run.sh $(ASAN_BUILD) $(or $(FUZZ_SECONDS),60) $(FUZZ_TARGETS)
+	@JOBS=$(JOBS) fuzz/run.sh $(ASAN_BUILD) $(or $(FUZZ_SECONDS),60) $(FUZZ_TARGETS)
 
 bench: build
 	bench/run.sh

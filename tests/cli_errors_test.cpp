@@ -254,7 +254,10 @@ TEST(Cli, EveryCpuLevelMatchesReference) {
   RefTensor ids = load_ref(dir + "/reference.safetensors", "ids_long");
   RefTensor logits = load_ref(dir + "/reference.safetensors", "logits_long");
   RefTensor ref8 = load_ref(dir + "/reference.safetensors", "logits_long_fp8");
-  const size_t n = logits.f32.size();
+  // Under the sanitizers, the first 100 of the 300 tokens (the logits of a
+  // prefix are the prefix of the logits): every kernel set still runs.
+  if (sanitizer_build()) ids.ids.resize(100);
+  const size_t n = logits.f32.size() / size_t(logits.shape[0]) * ids.ids.size();
   TempDir out;
   CmdResult r = run_flashmoe("logits -m " + dir + "/model --kv-dtype fp8 --ids " + join_ids(ids.ids) + " -o " +
                              out.path + "/l.safetensors");

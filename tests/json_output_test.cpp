@@ -182,8 +182,6 @@ Model& coder_mini() {
   return m;
 }
 
-bool sanitizer() { return std::getenv("FLASHMOE_SANITIZER") != nullptr; }
-
 GenerateResult run(const json& response_format, float temperature, uint64_t seed, int max_tokens,
                    std::vector<std::string> stop = {}) {
   Model& m = coder_mini();
@@ -213,7 +211,7 @@ TEST(JsonOutput, ValidatorAgreesWithHandPickedValues) {
 
 TEST(JsonOutput, CoderMiniOutputParsesAndValidates) {
   // Under the sanitizers every step is ~20x slower: the first 6 schemas, greedy.
-  const size_t n = sanitizer() ? 6 : schemas().size();
+  const size_t n = sanitizer_build() ? 6 : schemas().size();
   const int max_tokens = 80;
   for (size_t i = 0; i <= n; ++i) {
     const bool object = i == n;  // the last round: json_object
@@ -221,7 +219,7 @@ TEST(JsonOutput, CoderMiniOutputParsesAndValidates) {
     const json rf = object ? json{{"type", "json_object"}}
                            : json{{"type", "json_schema"}, {"json_schema", {{"name", "s"}, {"schema", schema}}}};
     for (const float temperature : {0.0f, 0.9f}) {
-      if (temperature > 0 && sanitizer()) continue;
+      if (temperature > 0 && sanitizer_build()) continue;
       SCOPED_TRACE("schema " + std::to_string(i) + " at temperature " + std::to_string(temperature) + ": " + rf.dump());
       const GenerateResult r = run(rf, temperature, 1234 + i, max_tokens);
       EXPECT_EQ(r.finish_reason, "stop") << r.text;

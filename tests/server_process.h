@@ -2,7 +2,10 @@
 // (server_e2e_test.cpp, and CudaServe in cuda_serve_test.cpp), and the
 // small HTTP helpers they share.
 #pragma once
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,6 +29,34 @@ using namespace std::chrono_literals;
 
 inline const std::string kKey = "test-key-123";
 
+// Runs args[0] with args as a child process, stdout and stderr to `log`.
+inline pid_t spawn(std::vector<std::string> args, const std::string& log) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    FILE* f = std::fopen(log.c_str(), "w");
+    dup2(fileno(f), 1);
+    dup2(fileno(f), 2);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// The child's wait status once it exits, or -1 if it is still running after
+// `timeout` (it is then left running).
+inline int wait_exit(pid_t pid, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) return status;
+    if (std::chrono::steady_clock::now() > deadline) return -1;
+    std::this_thread::sleep_for(10ms);
+  }
+}
+
 // One `flashmoe serve` child process on a random free high port, serving
 // models/coder-mini unless given another model directory.
 class ServerProcess {
@@ -38,17 +69,7 @@ class ServerProcess {
       std::string log = dir_.path + "/serve.log";
       std::vector<std::string> args = {FLASHMOE_BINARY, "serve", "-m", model, "--port", std::to_string(port)};
       args.insert(args.end(), extra.begin(), extra.end());
-      pid_ = fork();
-      if (pid_ == 0) {
-        FILE* f = std::fopen(log.c_str(), "w");
-        dup2(fileno(f), 1);
-        dup2(fileno(f), 2);
-        std::vector<char*> argv;
-        for (auto& a : args) argv.push_back(a.data());
-        argv.push_back(nullptr);
-        execv(argv[0], argv.data());
-        _exit(127);
-      }
+      pid_ = spawn(args, log);
       // Ours once it printed its banner (after binding), not merely when
       // something answers on the port.
       auto deadline = std::chrono::steady_clock::now() + 60s;
@@ -74,14 +95,7 @@ class ServerProcess {
   ~ServerProcess() {
     if (pid_ <= 0) return;
     kill(pid_, SIGTERM);
-    for (int i = 0; i < 200; ++i) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        exited_cleanly_ = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-        return;
-      }
-      std::this_thread::sleep_for(50ms);
-    }
+    if (wait_exit(pid_, 10s) != -1) return;
     kill(pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);
   }
@@ -102,9 +116,24 @@ class ServerProcess {
   TempDir dir_;
   pid_t pid_ = -1;
   int port_ = 0;
-  bool exited_cleanly_ = false;
   std::string last_log_;
 };
+
+// A raw loopback socket to `port`, for what the HTTP client cannot do
+// (disconnect mid-stream, trickle bytes, send malformed requests); -1 if the
+// connection is refused.
+inline int connect_to(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
 
 // The usual server for these tests: 4 slots, API key, small limits.
 inline std::vector<std::string> standard_args() {

@@ -72,6 +72,7 @@ ScopedEnv::~ScopedEnv() {
 
 std::string source_path(const std::string& rel) { return std::string(FLASHMOE_SOURCE_DIR) + "/" + rel; }
 std::string fixture_dir(const std::string& name) { return source_path("tests/fixtures/" + name); }
+bool sanitizer_build() { return std::getenv("FLASHMOE_SANITIZER") != nullptr; }
 
 bool ref_has(const std::string& file, const std::string& name) { return SafetensorsFile(file).has(name); }
 

@@ -33,6 +33,10 @@ std::unique_ptr<Backend> gpu_of(const QwenModel& m, const GpuOptions& o = {});
 const Backend& gpu_view(const QwenModel& m, CudaModel& device);
 
 std::string source_path(const std::string& rel);  // FLASHMOE_SOURCE_DIR/rel
+// True in `make test-asan` (FLASHMOE_SANITIZER set), where code runs several
+// times slower: long tests run a shorter version of the same checks there
+// (the Release run keeps the full length).
+bool sanitizer_build();
 std::string fixture_dir(const std::string& name);  // tests/fixtures/<name>
 
 struct RefTensor {

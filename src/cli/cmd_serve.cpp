@@ -6,8 +6,6 @@
 #include <pthread.h>
 #include <signal.h>
 
-#include <chrono>
-#include <cstdlib>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -170,22 +168,11 @@ Registrar reg(30, [](CLI::App& app) {
                    a->cfg.host.c_str());
     std::fflush(stderr);
 
-    // Static: the watchdog below may outlive this function.
-    static std::atomic<bool> done{false};
-    std::thread waiter([&srv, sigs] {
+    std::atomic<bool> done{false};
+    std::thread waiter([&srv, &done, sigs] {
       timespec tick{0, 200 * 1000 * 1000};
       while (!done) {
         if (sigtimedwait(&sigs, nullptr, &tick) > 0) {
-          // A signal must end the process even if the shutdown hangs: seen
-          // rarely in tests on a loaded machine, cause not found yet
-          // (docs/server.md, "Known issues"). Normally it takes ~0.3 s.
-          std::thread([] {
-            for (int i = 0; i < 80 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-            if (done) return;
-            std::fprintf(stderr, "flashmoe serve: the shutdown did not finish within 8 s; exiting anyway\n");
-            std::fflush(stderr);
-            std::_Exit(0);
-          }).detach();
           srv.stop();
           return;
         }

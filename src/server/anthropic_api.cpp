@@ -43,19 +43,36 @@ std::string text_content(const json& c, const std::string& where) {
   return s;
 }
 
-void add_user(const json& m, const std::string& where, json& out) {
+// A message's content (required): a string, or an array of blocks.
+const json& message_content(const json& m, const std::string& where) {
   const json* c = field(m, "content");
   if (!c) bad_field(where + ".content", "'" + where + ".content' is required");
-  if (c->is_string()) {
-    out.push_back({{"role", "user"}, {"content", *c}});
+  if (!c->is_string() && !c->is_array())
+    bad_field(where + ".content", "'" + where + ".content' must be a string or an array of blocks");
+  return *c;
+}
+
+// Calls f(block, its place in the request, its type ("" if it has none))
+// for each block of an array content.
+template <class F>
+void for_each_block(const json& content, const std::string& where, F&& f) {
+  for (size_t k = 0; k < content.size(); ++k) {
+    const std::string w = where + ".content[" + std::to_string(k) + "]";
+    const json& b = content[k];
+    const json* type = b.is_object() ? field(b, "type") : nullptr;
+    f(b, w, type && type->is_string() ? type->get<std::string>() : std::string());
+  }
+}
+
+void add_user(const json& m, const std::string& where, json& out) {
+  const json& c = message_content(m, where);
+  if (c.is_string()) {
+    out.push_back({{"role", "user"}, {"content", c}});
     return;
   }
-  if (!c->is_array() || c->empty()) bad_field(where + ".content", "'" + where + ".content' must be a string or a non-empty array of blocks");
+  if (c.empty()) bad_field(where + ".content", "'" + where + ".content' must be a string or a non-empty array of blocks");
   std::string text;
-  for (size_t k = 0; k < c->size(); ++k) {
-    const std::string w = where + ".content[" + std::to_string(k) + "]";
-    const json& b = (*c)[k];
-    const std::string type = b.is_object() && b.contains("type") && b["type"].is_string() ? b["type"].get<std::string>() : "";
+  for_each_block(c, where, [&](const json& b, const std::string& w, const std::string& type) {
     if (type == "text") {
       text += text_block(b, w);
     } else if (type == "tool_result") {
@@ -76,26 +93,21 @@ void add_user(const json& m, const std::string& where, json& out) {
     } else {
       bad_field(w + ".type", "'" + w + ".type' must be \"text\" or \"tool_result\" in a user message (got '" + type + "')");
     }
-  }
+  });
   if (!text.empty()) out.push_back({{"role", "user"}, {"content", text}});
 }
 
 void add_assistant(const json& m, const std::string& where, json& out) {
-  const json* c = field(m, "content");
-  if (!c) bad_field(where + ".content", "'" + where + ".content' is required");
+  const json& c = message_content(m, where);
   json msg = {{"role", "assistant"}, {"content", ""}};
-  if (c->is_string()) {
-    msg["content"] = *c;
+  if (c.is_string()) {
+    msg["content"] = c;
     out.push_back(std::move(msg));
     return;
   }
-  if (!c->is_array()) bad_field(where + ".content", "'" + where + ".content' must be a string or an array of blocks");
   std::string text, reasoning;
   json calls = json::array();
-  for (size_t k = 0; k < c->size(); ++k) {
-    const std::string w = where + ".content[" + std::to_string(k) + "]";
-    const json& b = (*c)[k];
-    const std::string type = b.is_object() && b.contains("type") && b["type"].is_string() ? b["type"].get<std::string>() : "";
+  for_each_block(c, where, [&](const json& b, const std::string& w, const std::string& type) {
     if (type == "text") {
       text += text_block(b, w);
     } else if (type == "tool_use") {
@@ -112,7 +124,7 @@ void add_assistant(const json& m, const std::string& where, json& out) {
       bad_field(w + ".type", "'" + w + ".type' must be \"text\", \"tool_use\" or \"thinking\" in an assistant message (got '" +
                            type + "')");
     }
-  }
+  });
   msg["content"] = text;
   if (!reasoning.empty()) msg["reasoning_content"] = reasoning;
   if (!calls.empty()) msg["tool_calls"] = std::move(calls);
@@ -143,13 +155,7 @@ json convert_tools(const json& tools) {
 }  // namespace
 
 CompletionRequest parse_anthropic_request(const std::string& body, bool count_tokens) {
-  json o;
-  try {
-    o = json::parse(body);
-  } catch (const json::exception&) {
-    bad_field("", "the request body is not valid JSON");
-  }
-  if (!o.is_object()) bad_field("", "the request body must be a JSON object");
+  const json o = parse_body_object(body);
   if (count_tokens)
     only_fields(o, {"model", "messages", "system", "tools", "tool_choice"}, "");
   else

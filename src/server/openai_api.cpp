@@ -197,13 +197,7 @@ void check_tool_choice(const CompletionRequest& r, const char* where) {
 }
 
 CompletionRequest parse_completion_request(const std::string& body, bool chat) {
-  json o;
-  try {
-    o = json::parse(body);
-  } catch (const json::exception&) {
-    bad_field("", "the request body is not valid JSON");
-  }
-  if (!o.is_object()) bad_field("", "the request body must be a JSON object");
+  const json o = parse_body_object(body);
   if (chat)
     only_fields(o, {"model", "messages", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                     "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "max_tokens",

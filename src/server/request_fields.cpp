@@ -12,6 +12,13 @@ using json = nlohmann::ordered_json;
   throw ApiError(400, msg, "invalid_request_error", "", param);
 }
 
+nlohmann::ordered_json parse_body_object(const std::string& body) {
+  json o = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (o.is_discarded()) bad_field("", "the request body is not valid JSON");
+  if (!o.is_object()) bad_field("", "the request body must be a JSON object");
+  return o;
+}
+
 // A present, non-null field.
 const json* field(const json& o, const char* name) {
   auto it = o.find(name);

@@ -12,6 +12,9 @@ namespace flashmoe::server {
 
 [[noreturn]] void bad_field(const std::string& param, const std::string& msg);
 
+// A request body that must be a JSON object (a 400 otherwise).
+nlohmann::ordered_json parse_body_object(const std::string& body);
+
 // A present, non-null member, or null.
 const nlohmann::ordered_json* field(const nlohmann::ordered_json& o, const char* name);
 

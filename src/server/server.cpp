@@ -23,7 +23,9 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <memory>
 #include <unordered_set>
+#include <vector>
 
 #include "core/error.h"
 #include "server/api_routes.h"
@@ -106,9 +108,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // From shutdown: a connection waiting for a request is closed; one whose
   // request is being answered finishes that answer first, unless `force`.
   void close_if_idle(bool force) {
-    auto self = weak_from_this().lock();  // null: being destroyed
-    if (!self) return;
-    net::post(stream_.get_executor(), [self, force] {
+    net::post(stream_.get_executor(), [self = shared_from_this(), force] {
       if (force || !self->answering_) self->close();
     });
   }
@@ -422,8 +422,16 @@ void HttpServer::stop() {
     s.busy_cv.wait_for(l, std::chrono::seconds(10), [&s] { return s.busy == 0; });
   }
   auto close_all = [&s](bool force) {
-    std::lock_guard<std::mutex> l(s.conns_mu);
-    for (Connection* c : s.conns) c->close_if_idle(force);
+    std::vector<std::shared_ptr<Connection>> open;
+    {
+      std::lock_guard<std::mutex> l(s.conns_mu);
+      for (Connection* c : s.conns)
+        if (auto p = c->weak_from_this().lock()) open.push_back(std::move(p));  // null: being destroyed
+    }
+    // Outside conns_mu: once the I/O thread has closed a connection, the
+    // reference held here can be its last, and its destructor takes
+    // conns_mu (destroying it under the lock was the shutdown deadlock).
+    for (auto& c : open) c->close_if_idle(force);
   };
   close_all(false);
   // Let the last answers be written, then close what is left (a client

@@ -22,7 +22,7 @@
 // (Python, here): the test checks their shape, not their words.
 import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
-import { startServer, stopServer } from "./serve.mjs";
+import { startServer, runTests } from "./serve.mjs";
 import assert from "node:assert/strict";
 
 const [bin, modelDir, template] = process.argv.slice(2);
@@ -221,17 +221,4 @@ test("anthropic: errors are the SDK's classes", async () => {
     (e) => e instanceof Anthropic.NotFoundError);
 });
 
-let passed = 0, failed = 0;
-for (const t of tests) {
-  try {
-    await t.fn();
-    passed++;
-    console.log(`ok - ${t.name}`);
-  } catch (e) {
-    failed++;
-    console.log(`not ok - ${t.name}: ${e.stack ?? e}`);
-  }
-}
-await stopServer(proc);
-console.log(`${passed} passed, ${failed} failed`);
-process.exit(failed ? 1 : 0);
+await runTests(tests, proc);

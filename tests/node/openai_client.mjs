@@ -1,7 +1,7 @@
 // Drives `flashmoe serve` with the official openai package: models, plain and
 // streamed chat, plain completions, and an error mapped to the SDK's class.
 import OpenAI from "openai";
-import { startServer, stopServer } from "./serve.mjs";
+import { startServer, runTests } from "./serve.mjs";
 import assert from "node:assert/strict";
 
 const [bin, modelDir] = process.argv.slice(2);
@@ -89,17 +89,4 @@ test("response_format json_schema: the answer parses and matches", async () => {
     (e) => e instanceof OpenAI.BadRequestError && e.param === "response_format" && /'pattern'/.test(e.message));
 });
 
-let passed = 0, failed = 0;
-for (const t of tests) {
-  try {
-    await t.fn();
-    passed++;
-    console.log(`ok - ${t.name}`);
-  } catch (e) {
-    failed++;
-    console.log(`not ok - ${t.name}: ${e.stack ?? e}`);
-  }
-}
-await stopServer(proc);
-console.log(`${passed} passed, ${failed} failed`);
-process.exit(failed ? 1 : 0);
+await runTests(tests, proc);

@@ -31,9 +31,8 @@ export async function startServer(bin, args) {
 // SIGTERM, then the exit. Graceful shutdown is tested by
 // ServerHardening.*; here a server still running 20 s after SIGTERM has its
 // threads' stacks printed (gdb, when installed) for the log and is killed,
-// so the client checks above decide the result. (Seen twice in full ctest
-// runs on a loaded 2-core machine, not reproduced alone: see docs/server.md,
-// "Known issues".)
+// so the client checks above decide the result. (A past shutdown deadlock
+// was found this way: docs/server.md, "Shutdown".)
 export async function stopServer(proc) {
   const exited = new Promise((r) => (proc.exitCode !== null || proc.signalCode !== null ? r(true) : proc.on("exit", () => r(true))));
   proc.kill("SIGTERM");
@@ -43,4 +42,23 @@ export async function stopServer(proc) {
   console.log(gdb.error ? "# (gdb is not installed)" : gdb.stdout.split("\n").map((l) => "# " + l).join("\n"));
   proc.kill("SIGKILL");
   await exited;
+}
+
+// Runs each { name, fn } in order (TAP-like lines: a failure does not stop
+// the rest), stops the server, and exits non-zero if any failed.
+export async function runTests(tests, proc) {
+  let passed = 0, failed = 0;
+  for (const t of tests) {
+    try {
+      await t.fn();
+      passed++;
+      console.log(`ok - ${t.name}`);
+    } catch (e) {
+      failed++;
+      console.log(`not ok - ${t.name}: ${e.stack ?? e}`);
+    }
+  }
+  await stopServer(proc);
+  console.log(`${passed} passed, ${failed} failed`);
+  process.exit(failed ? 1 : 0);
 }
