@@ -10,7 +10,6 @@
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/prefill.cuh"
-#include "backend/cuda/prefill_kernels.cuh"
 
 namespace flashmoe::cuda {
 
@@ -169,19 +168,14 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
   const int* d_ids = reinterpret_cast<const int*>(dev(o_ids));
 
   event_phase_.clear();  // the profile covers run()'s chunks only
-  switch (m_.embed.dt) {
-    case DT_F32: embed_rows_kernel<<<B, 256, 0, st>>>(static_cast<const float*>(m_.embed.p), H, d_ids, x_); break;
-    case DT_F16: embed_rows_kernel<<<B, 256, 0, st>>>(static_cast<const __half*>(m_.embed.p), H, d_ids, x_); break;
-    default:
-      embed_rows_kernel<<<B, 256, 0, st>>>(static_cast<const __nv_bfloat16*>(m_.embed.p), H, d_ids, x_);
-  }
+  embed_rows(d_ids, B);
   const int groups_att = std::max(8, 256 / std::max(hd, 1));  // attn_kernel's partials, as the decode step
   const size_t attn_smem = size_t(2 * hd + groups_att * hd) * 4;
   const size_t prep_smem = size_t(std::max(hd, 2 * nkv * hd)) * 4;
   for (const LayerPlan& l : m_.plan->layers) {
     const DLayer& d = (*m_.L)[size_t(l.index)];
     const size_t sl = size_t(l.state_slot);
-    norm_rows_kernel<<<B, 256, 0, st>>>(x_, d.in_norm, H, c.rms_norm_eps, xn_);
+    norm_rows(x_, d.in_norm, B, xn_);
     const SplitRows xs = split(xn_, B, H, true);
     if (l.mixer == MixerKind::GatedDeltaNet) {
       dense_rows(d.lin_in, xn_, B, proj_, proj_stride_, GEMM_STORE, 0, xs);
@@ -244,7 +238,7 @@ void Prefill::logits_rows(int n, float* const* dst) {
     bool any = false;
     for (int r = 0; r < rows; ++r) any = any || dst[b + r];
     if (!any) continue;
-    norm_rows_kernel<<<rows, 256, 0, m_.stream>>>(x_ + size_t(b) * H, m_.final_norm, H, c.rms_norm_eps, xn_);
+    norm_rows(x_ + size_t(b) * H, m_.final_norm, rows, xn_);
     GemmArgs g;
     g.A = xn_;
     g.lda = H;

@@ -339,6 +339,21 @@ void Prefill::attend_in_order(const PrefillState& s, const DLayer& d, const KvLa
   mark(P_ATTN);
 }
 
+void Prefill::embed_rows(const int* d_ids, int T) {
+  const int H = int(m_.c->hidden_size);
+  cudaStream_t st = m_.stream;
+  switch (m_.embed.dt) {
+    case DT_F32: embed_rows_kernel<<<T, 256, 0, st>>>(static_cast<const float*>(m_.embed.p), H, d_ids, x_); break;
+    case DT_F16: embed_rows_kernel<<<T, 256, 0, st>>>(static_cast<const __half*>(m_.embed.p), H, d_ids, x_); break;
+    default:
+      embed_rows_kernel<<<T, 256, 0, st>>>(static_cast<const __nv_bfloat16*>(m_.embed.p), H, d_ids, x_);
+  }
+}
+
+void Prefill::norm_rows(const float* x, const float* w, int T, float* y) {
+  norm_rows_kernel<<<T, 256, 0, m_.stream>>>(x, w, int(m_.c->hidden_size), m_.c->rms_norm_eps, y);
+}
+
 // Dense product: C[T][..] (=, +=, swiglu) = A[T][K] . W^T, in the tallest
 // tiles that still fill the GPU with blocks. sp: A already split (xn_);
 // else split here when the pipelined product runs.

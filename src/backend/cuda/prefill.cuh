@@ -101,6 +101,9 @@ class Prefill {
   void gemm(int dt, const GemmArgs& a, int bm, int grid_y, SplitRows sp = {});
   // C[T][..] (=, +=, swiglu) = A[T][K] . W^T (sp: A already split).
   void dense_rows(const DMat& W, const float* A, int T, float* C, int ldc, int mode, int half = 0, SplitRows sp = {});
+  // x_[t] = embed[d_ids[t]], and y[t] = rms_norm(x[t]) * (1 + w), for T rows.
+  void embed_rows(const int* d_ids, int T);
+  void norm_rows(const float* x, const float* w, int T, float* y);
   // The feed-forward of layer l (dense or routed) over the T rows of x_.
   void feed_forward(const LayerPlan& l, const DLayer& d, int T);
   // step_batch's per-sequence kernel arguments for the whole step, written
