@@ -303,23 +303,30 @@ TEST(CudaBatchBench, DISABLED_DecodeThroughputAt35b) {
     }
     b->forward_batch(items.data(), B, pool);  // the prompts (batched prefill, one sequence at a time)
     std::vector<int32_t> tok(static_cast<size_t>(B));
-    auto step = [&](int s) {
+    auto step = [&](int s, LogitsMode mode) {
       for (int i = 0; i < B; ++i) {
         // Pseudo-random tokens (routing as random as the union formula assumes).
         tok[size_t(i)] = int32_t((int64_t(s) * 7919 + int64_t(i) * 104729 + 17) % V);
-        items[size_t(i)] = BatchItem{st[size_t(i)].get(), &tok[size_t(i)], 1, LogitsMode::Last, out[size_t(i)].data()};
+        items[size_t(i)] = BatchItem{st[size_t(i)].get(), &tok[size_t(i)], 1, mode, out[size_t(i)].data()};
       }
       b->forward_batch(items.data(), B, pool);
     };
-    for (int s = 0; s < warm; ++s) step(s);
+    for (int s = 0; s < warm; ++s) step(s, LogitsMode::Last);
     const auto t0 = std::chrono::steady_clock::now();
-    for (int s = 0; s < steps; ++s) step(warm + s);
+    for (int s = 0; s < steps; ++s) step(warm + s, LogitsMode::Last);
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // The same without the logits (what the step costs apart from copying
+    // B rows of V logits to the host, which the scheduler's sampler needs).
+    const auto t2 = std::chrono::steady_clock::now();
+    for (int s = 0; s < steps; ++s) step(warm + steps + s, LogitsMode::None);
+    const double sec_none = std::chrono::duration<double>(std::chrono::steady_clock::now() - t2).count();
+    std::printf("[batch-bench] B=%-3d without logits to the host: %8.1f tokens/s (%.2f ms/step)\n", B,
+                double(B) * steps / sec_none, sec_none / steps * 1e3);
     if (B == 1) {
       // The same steps through forward() (today's single-sequence path), side by side.
       const auto t1 = std::chrono::steady_clock::now();
       for (int s = 0; s < steps; ++s) {
-        tok[0] = int32_t((int64_t(warm + steps + s) * 7919 + 17) % V);
+        tok[0] = int32_t((int64_t(warm + 2 * steps + s) * 7919 + 17) % V);
         b->forward(*st[0], &tok[0], 1, LogitsMode::Last, out[0].data(), pool);
       }
       const double sec1 = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
@@ -328,7 +335,7 @@ TEST(CudaBatchBench, DISABLED_DecodeThroughputAt35b) {
     }
     const double tps = double(B) * steps / sec;
     if (B == 1) tps1 = tps;
-    const double ctx = prompt + warm + steps / 2.0;  // mean context over the timed steps
+    const double ctx = prompt + warm + steps / 2.0;  // mean context over the steps timed with logits
     const double union_frac = 1.0 - std::pow(1.0 - double(k) / double(E), double(B));
     const double w = non_expert + double(moe) * double(E) * union_frac * expert;
     const double kvb = double(B) * double(attn) * ctx * 2.0 * double(c.num_kv_heads * c.head_dim) * 4;
