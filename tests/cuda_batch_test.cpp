@@ -13,7 +13,9 @@
 #include "kv/presets.h"
 #include "runtime/bench_support.h"
 #include "test_util.h"
+#include "backend/cuda/cuda_bench.h"
 #include "backend/cuda/cuda_model.h"
+#include "runtime/cuda_backend_impl.h"
 
 using namespace flashmoe;
 using namespace flashmoe::test;
@@ -210,6 +212,22 @@ TEST(CudaBatch, CoderMiniMatchesEachSequenceAloneForEveryKvConfig) {
   for (const auto& [name, kv] : kv_formats()) expect_batch_matches_alone(b, kv, seqs, "coder-mini " + name, pool);
 }
 
+// The same with the batched step captured in CUDA graphs (one per batch
+// shape, replayed with each step's arguments).
+TEST(CudaBatch, CoderMiniThroughGraphsMatchesEachSequenceAlone) {
+  REQUIRE_GPU();
+  const std::string dir = source_path("models/coder-mini");
+  auto model = QwenModel::load(dir + "/model");
+  CudaOptions o;
+  o.decode.batch_graph = true;
+  auto cuda = CudaModel::upload(*model, o);
+  const Backend& b = gpu_view(*model, *cuda);
+  const std::vector<Seq> seqs = schedule(load_ref(dir + "/reference.safetensors", "ids").ids);
+  ThreadPool pool(2);
+  for (const auto& [name, kv] : kv_formats())
+    expect_batch_matches_alone(b, kv, seqs, "coder-mini graphs " + name, pool);
+}
+
 // Every golden fixture (dense and MoE layers, shared experts or not, both
 // architectures), f32 KV.
 TEST(CudaBatch, GoldenFixturesMatchEachSequenceAlone) {
@@ -291,61 +309,67 @@ TEST(CudaBatchBench, DISABLED_DecodeThroughputAt35b) {
               "non-expert %.2f GB, expert %.2f MB, %lld MoE layers of %lld experts, top-%lld\n",
               gbps, non_expert / 1e9, expert / 1e6, (long long)moe, (long long)E, (long long)k);
   double tps1 = 0;
-  for (int B : {1, 8, 32, 64}) {
-    std::vector<std::unique_ptr<State>> st;
-    std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B));
-    std::vector<std::vector<float>> out(size_t(B), std::vector<float>(static_cast<size_t>(V)));
-    std::vector<BatchItem> items(static_cast<size_t>(B));
-    for (int i = 0; i < B; ++i) {
-      st.push_back(b->new_state(kv));
-      for (int t = 0; t < prompt; ++t) prompts[size_t(i)].push_back(int32_t((i * 104729 + t * 7919 + 1) % V));
-      items[size_t(i)] = BatchItem{st.back().get(), prompts[size_t(i)].data(), prompt, LogitsMode::None, nullptr};
-    }
-    b->forward_batch(items.data(), B, pool);  // the prompts (batched prefill, one sequence at a time)
-    std::vector<int32_t> tok(static_cast<size_t>(B));
-    auto step = [&](int s, LogitsMode mode) {
+  CudaModel& dev = dynamic_cast<const CudaBackend&>(*b).device_for_bench();
+  for (bool graph : {false, true}) {
+    cuda_set_batch_graph(dev, graph);
+    std::printf("[batch-bench] batched step %s\n", graph ? "through CUDA graphs (one per batch shape)" : "plain launches");
+    for (int B : {1, 8, 32, 64}) {
+      if (graph && B == 1) continue;  // the single-sequence step (its own graph) either way
+      std::vector<std::unique_ptr<State>> st;
+      std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B));
+      std::vector<std::vector<float>> out(size_t(B), std::vector<float>(static_cast<size_t>(V)));
+      std::vector<BatchItem> items(static_cast<size_t>(B));
       for (int i = 0; i < B; ++i) {
-        // Pseudo-random tokens (routing as random as the union formula assumes).
-        tok[size_t(i)] = int32_t((int64_t(s) * 7919 + int64_t(i) * 104729 + 17) % V);
-        items[size_t(i)] = BatchItem{st[size_t(i)].get(), &tok[size_t(i)], 1, mode, out[size_t(i)].data()};
+        st.push_back(b->new_state(kv));
+        for (int t = 0; t < prompt; ++t) prompts[size_t(i)].push_back(int32_t((i * 104729 + t * 7919 + 1) % V));
+        items[size_t(i)] = BatchItem{st.back().get(), prompts[size_t(i)].data(), prompt, LogitsMode::None, nullptr};
       }
-      b->forward_batch(items.data(), B, pool);
-    };
-    for (int s = 0; s < warm; ++s) step(s, LogitsMode::Last);
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int s = 0; s < steps; ++s) step(warm + s, LogitsMode::Last);
-    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    // The same without the logits (what the step costs apart from copying
-    // B rows of V logits to the host, which the scheduler's sampler needs).
-    const auto t2 = std::chrono::steady_clock::now();
-    for (int s = 0; s < steps; ++s) step(warm + steps + s, LogitsMode::None);
-    const double sec_none = std::chrono::duration<double>(std::chrono::steady_clock::now() - t2).count();
-    std::printf("[batch-bench] B=%-3d without logits to the host: %8.1f tokens/s (%.2f ms/step)\n", B,
-                double(B) * steps / sec_none, sec_none / steps * 1e3);
-    if (B == 1) {
-      // The same steps through forward() (today's single-sequence path), side by side.
-      const auto t1 = std::chrono::steady_clock::now();
-      for (int s = 0; s < steps; ++s) {
-        tok[0] = int32_t((int64_t(warm + 2 * steps + s) * 7919 + 17) % V);
-        b->forward(*st[0], &tok[0], 1, LogitsMode::Last, out[0].data(), pool);
+      b->forward_batch(items.data(), B, pool);  // the prompts (batched prefill, one sequence at a time)
+      std::vector<int32_t> tok(static_cast<size_t>(B));
+      auto step = [&](int s, LogitsMode mode) {
+        for (int i = 0; i < B; ++i) {
+          // Pseudo-random tokens (routing as random as the union formula assumes).
+          tok[size_t(i)] = int32_t((int64_t(s) * 7919 + int64_t(i) * 104729 + 17) % V);
+          items[size_t(i)] = BatchItem{st[size_t(i)].get(), &tok[size_t(i)], 1, mode, out[size_t(i)].data()};
+        }
+        b->forward_batch(items.data(), B, pool);
+      };
+      for (int s = 0; s < warm; ++s) step(s, LogitsMode::Last);
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int s = 0; s < steps; ++s) step(warm + s, LogitsMode::Last);
+      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      // The same without the logits (what the step costs apart from copying
+      // B rows of V logits to the host, which the scheduler's sampler needs).
+      const auto t2 = std::chrono::steady_clock::now();
+      for (int s = 0; s < steps; ++s) step(warm + steps + s, LogitsMode::None);
+      const double sec_none = std::chrono::duration<double>(std::chrono::steady_clock::now() - t2).count();
+      std::printf("[batch-bench] B=%-3d %s without logits to the host: %8.1f tokens/s (%.2f ms/step)\n", B,
+                  graph ? "graph" : "plain", double(B) * steps / sec_none, sec_none / steps * 1e3);
+      if (B == 1) {
+        // The same steps through forward() (today's single-sequence path), side by side.
+        const auto t1 = std::chrono::steady_clock::now();
+        for (int s = 0; s < steps; ++s) {
+          tok[0] = int32_t((int64_t(warm + 2 * steps + s) * 7919 + 17) % V);
+          b->forward(*st[0], &tok[0], 1, LogitsMode::Last, out[0].data(), pool);
+        }
+        const double sec1 = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+        std::printf("[batch-bench] B=1 through forward_batch %.1f tokens/s, through forward() %.1f tokens/s (%.2fx)\n",
+                    steps / sec, steps / sec1, sec1 / sec);
       }
-      const double sec1 = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
-      std::printf("[batch-bench] B=1 through forward_batch %.1f tokens/s, through forward() %.1f tokens/s (%.2fx)\n",
-                  steps / sec, steps / sec1, sec1 / sec);
+      const double tps = double(B) * steps / sec;
+      if (B == 1) tps1 = tps;
+      const double ctx = prompt + warm + steps / 2.0;  // mean context over the steps timed with logits
+      const double union_frac = 1.0 - std::pow(1.0 - double(k) / double(E), double(B));
+      const double w = non_expert + double(moe) * double(E) * union_frac * expert;
+      const double kvb = double(B) * double(attn) * ctx * 2.0 * double(c.num_kv_heads * c.head_dim) * 4;
+      const double sb = double(B) * double(lin) * 2.0 * double(c.lin_num_v_heads * c.lin_k_dim * c.lin_v_dim) * 4;
+      const double roof = double(B) / ((w + kvb) / (gbps * 1e9));
+      const double roof_s = double(B) / ((w + kvb + sb) / (gbps * 1e9));
+      std::printf("[batch-bench] B=%-3d %s %8.1f tokens/s aggregate (%6.1f per sequence, %.2f ms/step), %.2fx B=1; "
+                  "experts touched %.1f%%; bytes/step %.2f GB weights + %.3f GB KV (+ %.2f GB delta states); "
+                  "roofline %.0f tokens/s -> %.1f%% (with states: %.0f -> %.1f%%)\n",
+                  B, graph ? "graph" : "plain", tps, tps / B, sec / steps * 1e3, tps1 > 0 ? tps / tps1 : 0.0, 100 * union_frac, w / 1e9, kvb / 1e9,
+                  sb / 1e9, roof, 100 * tps / roof, roof_s, 100 * tps / roof_s);
     }
-    const double tps = double(B) * steps / sec;
-    if (B == 1) tps1 = tps;
-    const double ctx = prompt + warm + steps / 2.0;  // mean context over the steps timed with logits
-    const double union_frac = 1.0 - std::pow(1.0 - double(k) / double(E), double(B));
-    const double w = non_expert + double(moe) * double(E) * union_frac * expert;
-    const double kvb = double(B) * double(attn) * ctx * 2.0 * double(c.num_kv_heads * c.head_dim) * 4;
-    const double sb = double(B) * double(lin) * 2.0 * double(c.lin_num_v_heads * c.lin_k_dim * c.lin_v_dim) * 4;
-    const double roof = double(B) / ((w + kvb) / (gbps * 1e9));
-    const double roof_s = double(B) / ((w + kvb + sb) / (gbps * 1e9));
-    std::printf("[batch-bench] B=%-3d %8.1f tokens/s aggregate (%6.1f per sequence, %.2f ms/step), %.2fx B=1; "
-                "experts touched %.1f%%; bytes/step %.2f GB weights + %.3f GB KV (+ %.2f GB delta states); "
-                "roofline %.0f tokens/s -> %.1f%% (with states: %.0f -> %.1f%%)\n",
-                B, tps, tps / B, sec / steps * 1e3, tps1 > 0 ? tps / tps1 : 0.0, 100 * union_frac, w / 1e9, kvb / 1e9,
-                sb / 1e9, roof, 100 * tps / roof, roof_s, 100 * tps / roof_s);
   }
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "backend/cuda/batch_kernels.cuh"
 #include "backend/cuda/cuda_check.cuh"
@@ -49,6 +50,7 @@ struct Blob {
 void* Prefill::batch_args(size_t bytes) {
   if (bytes > args_n_) {
     CK(cudaStreamSynchronize(m_.stream));  // nothing in flight reads the old ones
+    drop_batch_graphs();  // they read the old device buffer
     cudaFree(args_dev_);
     cudaFreeHost(args_host_);
     args_dev_ = args_host_ = nullptr;
@@ -59,6 +61,11 @@ void* Prefill::batch_args(size_t bytes) {
     args_n_ = n;
   }
   return args_host_;
+}
+
+void Prefill::drop_batch_graphs() {
+  for (auto& [key, g] : batch_graphs_) cudaGraphExecDestroy(g);
+  batch_graphs_.clear();
 }
 
 void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
@@ -168,65 +175,97 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
   const int* d_ids = reinterpret_cast<const int*>(dev(o_ids));
 
   event_phase_.clear();  // the profile covers run()'s chunks only
-  embed_rows(d_ids, B);
-  const int groups_att = std::max(8, 256 / std::max(hd, 1));  // attn_kernel's partials, as the decode step
-  const size_t attn_smem = size_t(2 * hd + groups_att * hd) * 4;
-  const size_t prep_smem = size_t(std::max(hd, 2 * nkv * hd)) * 4;
-  for (const LayerPlan& l : m_.plan->layers) {
-    const DLayer& d = (*m_.L)[size_t(l.index)];
-    const size_t sl = size_t(l.state_slot);
-    norm_rows(x_, d.in_norm, B, xn_);
-    const SplitRows xs = split(xn_, B, H, true);
-    if (l.mixer == MixerKind::GatedDeltaNet) {
-      dense_rows(d.lin_in, xn_, B, proj_, proj_stride_, GEMM_STORE, 0, xs);
-      launch(st, conv_batch_kernel, dim3(unsigned(div_up(C, 256)), unsigned(B)), 256, 0, 1,
-             static_cast<const float*>(proj_), proj_stride_, C, K, static_cast<const float*>(d.conv_w),
-             reinterpret_cast<float* const*>(dev(o_conv + sl * B * sizeof(float*))), cv_);
-      const DeltaArgs* da = reinterpret_cast<const DeltaArgs*>(dev(o_delta + sl * B * sizeof(DeltaArgs)));
-      // As the decode step: a cluster of blocks per head (32 value columns
-      // each) where the shapes allow, else one block per head.
-      const bool cluster = dv % 32 == 0 && dv / 32 <= 8 && (dk == 128 || dk == 64 || dk == 32);
-      if (cluster) {
-        const int cl = dv / 32;
-        const dim3 g(unsigned(nv * cl), unsigned(B));
-        if (dk == 128) launch(st, delta_cluster_batch_kernel<128, 32, 8>, g, 256, 0, cl, da);
-        else if (dk == 64) launch(st, delta_cluster_batch_kernel<64, 32, 8>, g, 256, 0, cl, da);
-        else launch(st, delta_cluster_batch_kernel<32, 32, 8>, g, 256, 0, cl, da);
-      } else {
-        const size_t smem = size_t(2 * dk) * 4;
-        auto th = [&](int split) { return std::min(1024, std::max(32, (dv * split + 31) / 32 * 32)); };
-        void (*kern)(const DeltaArgs*) = delta_batch_kernel<0, 1>;
-        int threads = th(1);
-        if (dk == 128 && dv * 4 <= 1024) kern = delta_batch_kernel<128, 4>, threads = th(4);
-        else if (dk == 64 && dv * 2 <= 1024) kern = delta_batch_kernel<64, 2>, threads = th(2);
-        else if (dk == 32) kern = delta_batch_kernel<32, 1>;
-        launch(st, kern, dim3(unsigned(nv), unsigned(B)), threads, smem, 1, da);
-      }
-      dense_rows(d.out_proj, o_, B, x_, H, GEMM_ADD);
-    } else {
-      dense_rows(d.qkv, xn_, B, proj_, proj_stride_, GEMM_STORE, 0, xs);
-      launch(st, attn_prep_batch_kernel, dim3(unsigned(nh + 1), unsigned(B)), 128, prep_smem, 1,
-             reinterpret_cast<const AttnPrepArgs*>(dev(o_prep + sl * B * sizeof(AttnPrepArgs))));
-      for (const Group& g : groups) {
-        const AttnArgs* aa = reinterpret_cast<const AttnArgs*>(dev(o_attn + (sl * B + g.first) * sizeof(AttnArgs)));
-        const dim3 grid(unsigned(nh * g.split), unsigned(g.end - g.first));
-        switch (g.kvt) {
-          case KV_F32: launch(st, attn_batch_kernel<KV_F32>, grid, 256, attn_smem, g.split, aa); break;
-          case KV_BF16: launch(st, attn_batch_kernel<KV_BF16>, grid, 256, attn_smem, g.split, aa); break;
-          case KV_F16: launch(st, attn_batch_kernel<KV_F16>, grid, 256, attn_smem, g.split, aa); break;
-          default: launch(st, attn_batch_kernel<KV_FP8>, grid, 256, attn_smem, g.split, aa); break;
+  auto enqueue = [&] {
+    embed_rows(d_ids, B);
+    const int groups_att = std::max(8, 256 / std::max(hd, 1));  // attn_kernel's partials, as the decode step
+    const size_t attn_smem = size_t(2 * hd + groups_att * hd) * 4;
+    const size_t prep_smem = size_t(std::max(hd, 2 * nkv * hd)) * 4;
+    for (const LayerPlan& l : m_.plan->layers) {
+      const DLayer& d = (*m_.L)[size_t(l.index)];
+      const size_t sl = size_t(l.state_slot);
+      norm_rows(x_, d.in_norm, B, xn_);
+      const SplitRows xs = split(xn_, B, H, true);
+      if (l.mixer == MixerKind::GatedDeltaNet) {
+        dense_rows(d.lin_in, xn_, B, proj_, proj_stride_, GEMM_STORE, 0, xs);
+        launch(st, conv_batch_kernel, dim3(unsigned(div_up(C, 256)), unsigned(B)), 256, 0, 1,
+               static_cast<const float*>(proj_), proj_stride_, C, K, static_cast<const float*>(d.conv_w),
+               reinterpret_cast<float* const*>(dev(o_conv + sl * B * sizeof(float*))), cv_);
+        const DeltaArgs* da = reinterpret_cast<const DeltaArgs*>(dev(o_delta + sl * B * sizeof(DeltaArgs)));
+        // As the decode step: a cluster of blocks per head (32 value columns
+        // each) where the shapes allow, else one block per head.
+        const bool cluster = dv % 32 == 0 && dv / 32 <= 8 && (dk == 128 || dk == 64 || dk == 32);
+        if (cluster) {
+          const int cl = dv / 32;
+          const dim3 g(unsigned(nv * cl), unsigned(B));
+          if (dk == 128) launch(st, delta_cluster_batch_kernel<128, 32, 8>, g, 256, 0, cl, da);
+          else if (dk == 64) launch(st, delta_cluster_batch_kernel<64, 32, 8>, g, 256, 0, cl, da);
+          else launch(st, delta_cluster_batch_kernel<32, 32, 8>, g, 256, 0, cl, da);
+        } else {
+          const size_t smem = size_t(2 * dk) * 4;
+          auto th = [&](int split) { return std::min(1024, std::max(32, (dv * split + 31) / 32 * 32)); };
+          void (*kern)(const DeltaArgs*) = delta_batch_kernel<0, 1>;
+          int threads = th(1);
+          if (dk == 128 && dv * 4 <= 1024) kern = delta_batch_kernel<128, 4>, threads = th(4);
+          else if (dk == 64 && dv * 2 <= 1024) kern = delta_batch_kernel<64, 2>, threads = th(2);
+          else if (dk == 32) kern = delta_batch_kernel<32, 1>;
+          launch(st, kern, dim3(unsigned(nv), unsigned(B)), threads, smem, 1, da);
         }
+        dense_rows(d.out_proj, o_, B, x_, H, GEMM_ADD);
+      } else {
+        dense_rows(d.qkv, xn_, B, proj_, proj_stride_, GEMM_STORE, 0, xs);
+        launch(st, attn_prep_batch_kernel, dim3(unsigned(nh + 1), unsigned(B)), 128, prep_smem, 1,
+               reinterpret_cast<const AttnPrepArgs*>(dev(o_prep + sl * B * sizeof(AttnPrepArgs))));
+        for (const Group& g : groups) {
+          const AttnArgs* aa = reinterpret_cast<const AttnArgs*>(dev(o_attn + (sl * B + g.first) * sizeof(AttnArgs)));
+          const dim3 grid(unsigned(nh * g.split), unsigned(g.end - g.first));
+          switch (g.kvt) {
+            case KV_F32: launch(st, attn_batch_kernel<KV_F32>, grid, 256, attn_smem, g.split, aa); break;
+            case KV_BF16: launch(st, attn_batch_kernel<KV_BF16>, grid, 256, attn_smem, g.split, aa); break;
+            case KV_F16: launch(st, attn_batch_kernel<KV_F16>, grid, 256, attn_smem, g.split, aa); break;
+            default: launch(st, attn_batch_kernel<KV_FP8>, grid, 256, attn_smem, g.split, aa); break;
+          }
+        }
+        if (nh2o)
+          launch(st, h2o_acc_batch_kernel, dim3(unsigned(div_up(max_cap, 128)), unsigned(nh2o)), 128, 0, 1,
+                 reinterpret_cast<const H2oAccArgs*>(dev(o_h2o + sl * nh2o * sizeof(H2oAccArgs))), nh);
+        dense_rows(d.o_proj, o_, B, x_, H, GEMM_ADD);
       }
-      if (nh2o)
-        launch(st, h2o_acc_batch_kernel, dim3(unsigned(div_up(max_cap, 128)), unsigned(nh2o)), 128, 0, 1,
-               reinterpret_cast<const H2oAccArgs*>(dev(o_h2o + sl * nh2o * sizeof(H2oAccArgs))), nh);
-      dense_rows(d.o_proj, o_, B, x_, H, GEMM_ADD);
+      check(cudaGetLastError(), "batched decode step: mixer");
+      feed_forward(l, d, B);
     }
-    check(cudaGetLastError(), "batched decode step: mixer");
-    feed_forward(l, d, B);
+    advance_positions_kernel<<<div_up(B, 128), 128, 0, st>>>(reinterpret_cast<int* const*>(dev(o_pos)), B);
+    check(cudaGetLastError(), "batched decode step");
+  };
+  // A graph reads every per-sequence value from the arguments copied above,
+  // so one serves every batch of the same shape. Not with the disk tier
+  // (the host reads the routing between kernels) or the profile.
+  if (!batch_graph_ || m_.experts_needed || profile_) {
+    enqueue();
+    return;
   }
-  advance_positions_kernel<<<div_up(B, 128), 128, 0, st>>>(reinterpret_cast<int* const*>(dev(o_pos)), B);
-  check(cudaGetLastError(), "batched decode step");
+  std::string key = std::to_string(B) + "/" + std::to_string(nh2o) + "/" + std::to_string(div_up(max_cap, 128));
+  for (const Group& g : groups)
+    key += "/" + std::to_string(g.kvt) + ":" + std::to_string(g.end - g.first) + ":" + std::to_string(g.split);
+  auto it = batch_graphs_.find(key);
+  if (it == batch_graphs_.end()) {
+    if (batch_graphs_.size() >= 64) drop_batch_graphs();  // bounded: shapes seen recently are rebuilt
+    cudaGraph_t graph;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    try {
+      enqueue();
+    } catch (...) {
+      cudaStreamEndCapture(st, &graph);
+      cudaGetLastError();
+      throw;
+    }
+    CK(cudaStreamEndCapture(st, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    check(e, "batched decode step: cudaGraphInstantiate");
+    it = batch_graphs_.emplace(key, exec).first;
+  }
+  CK(cudaGraphLaunch(it->second, st));
 }
 
 void Prefill::logits_rows(int n, float* const* dst) {

@@ -62,6 +62,7 @@ void* Prefill::alloc(size_t bytes) {
 
 Prefill::Prefill(const PrefillModel& m, int max_tokens) : m_(m), tmax_(max_tokens) {
   profile_ = m.profile;
+  batch_graph_ = m.batch_graph;
   phase_ms_.assign(P_N, 0.0);
   auto smem = [](auto kern, size_t bytes) {
     CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
@@ -143,6 +144,7 @@ Prefill::~Prefill() {
   for (auto e : events_) cudaEventDestroy(e);
   for (void* p : allocs_) cudaFree(p);
   cudaFree(h2o_part_);
+  drop_batch_graphs();
   cudaFree(args_dev_);
   cudaFreeHost(args_host_);
 }

@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,7 @@ struct PrefillModel {
   const float* inv_freq = nullptr;
   cudaStream_t stream = nullptr;
   bool profile = false;  // DecodeOptions::prefill_profile
+  bool batch_graph = false;  // DecodeOptions::batch_graph
   // Disk tier: called after the routing of MoE layer mi (d_ids: the chunk's
   // T * k choices, on the device); returns with every chosen expert resident
   // and its table entry set on the stream. Null: all experts are resident.
@@ -75,6 +77,8 @@ class Prefill {
   Prefill& operator=(const Prefill&) = delete;
 
   int max_tokens() const { return tmax_; }
+  // step_batch through CUDA graphs (DecodeOptions::batch_graph) or plain launches.
+  void set_batch_graph(bool on) { batch_graph_ = on; }
   // Tokens d_ids[0..T) (device) at positions pos..pos+T-1 through every
   // layer, T <= max_tokens(); *d_pos becomes pos + T. Enqueued on the stream.
   // A chunk that makes an h2o cache evict runs its attention token by token.
@@ -125,6 +129,7 @@ class Prefill {
   // Profile (DecodeOptions::prefill_profile): time per phase summed over
   // chunks, printed to stderr when the prefill is destroyed.
   bool profile_ = false;
+  bool batch_graph_ = false;
   std::vector<cudaEvent_t> events_;
   std::vector<int> event_phase_;
   std::vector<double> phase_ms_;
@@ -146,6 +151,9 @@ class Prefill {
   void* args_host_ = nullptr;  // pinned
   void* args_dev_ = nullptr;
   size_t args_n_ = 0;
+  // step_batch's graphs by batch shape (they read args_dev_: dropped when it moves).
+  std::map<std::string, cudaGraphExec_t> batch_graphs_;
+  void drop_batch_graphs();
 };
 
 }  // namespace flashmoe::cuda
