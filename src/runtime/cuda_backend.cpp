@@ -1,6 +1,9 @@
 #include "runtime/cuda_backend.h"
 
+#include <algorithm>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "backend/cuda/cuda_model.h"
 #include "core/error.h"
@@ -96,6 +99,17 @@ void CudaBackend::forward(State& st, const int32_t* ids, int64_t n, LogitsMode m
   CudaBackendState& s = device_state(st);
   CallGuard g(lock_);
   device_->forward(*s.st, ids, n, mode, logits);
+}
+
+void CudaBackend::forward_batch(const BatchItem* items, int64_t count, ThreadPool&) const {
+  std::vector<CudaBatchItem> v(size_t(std::max<int64_t>(count, 0)));
+  for (int64_t i = 0; i < count; ++i) {
+    const BatchItem& b = items[i];
+    if (!b.state) fail("forward_batch: item " + std::to_string(i) + " has no state");
+    v[size_t(i)] = CudaBatchItem{device_state(*b.state).st.get(), b.ids, b.n, b.mode, b.logits};
+  }
+  CallGuard g(lock_);
+  device_->forward_batch(v.data(), count);
 }
 
 void CudaBackend::greedy(State& st, int32_t first, int64_t n, int32_t* out, ThreadPool&) const {

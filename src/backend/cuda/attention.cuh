@@ -224,9 +224,10 @@ inline AttnPrepArgs attn_prep_args(const ModelConfig& c, const DLayer& d, const 
 
 // Blocks 0..nh-1: q heads (norm + rope). Block nh: every KV head (k norm +
 // rope, v), fp8 scales, store at the slot of this position.
-static __global__ void attn_prep_kernel(AttnPrepArgs a) {
+// t: the token of a chunk (the prefill's blockIdx.y; 0 at decode).
+__device__ __forceinline__ void attn_prep_body(AttnPrepArgs a, int t) {
   extern __shared__ float sm[];
-  const int t = blockIdx.y, pos = *a.pos + t, hd = a.hd;
+  const int pos = *a.pos + t, hd = a.hd;
   a.qkv += size_t(t) * a.tstride;
   a.q += size_t(t) * a.nh * hd;
   RopeNorm pre;
@@ -289,6 +290,8 @@ static __global__ void attn_prep_kernel(AttnPrepArgs a) {
     kv_store(a.kv.v, size_t(slot) * row + i, a.kvt, vv[i], a.kvt == KV_FP8 ? scales[1][b] : 1.f);
   }
 }
+
+static __global__ void attn_prep_kernel(AttnPrepArgs a) { attn_prep_body(a, int(blockIdx.y)); }
 
 template <int KVT>
 __device__ __forceinline__ float kv_load(const void* p, size_t off) {
@@ -357,7 +360,7 @@ struct AttnArgs {
 // long context's K/V (the 35B); split 1 is the plain softmax.
 // Shared memory: q [hd], partial sums [max(8, 256/hd)][hd], acc [hd].
 template <int KVT>
-__global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
+__device__ __forceinline__ void attn_body(const AttnArgs& a) {
   extern __shared__ float sm[];
   __shared__ float ml[2];  // this block's max and sum
   const int P = a.split, h = blockIdx.x / P, b = blockIdx.x % P;
@@ -534,11 +537,16 @@ __global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
   cl.sync();  // no block leaves while another still reads its shared memory
 }
 
+template <int KVT>
+__global__ void __launch_bounds__(256) attn_kernel(AttnArgs a) {
+  attn_body<KVT>(a);
+}
+
 // h2o: every held slot's score += its probability under each query head,
 // heads in order (the CPU's order of additions); tova: the score is set to
 // that sum (from 0, same order). scores: [nh][cap] from attn_kernel. One
 // thread per slot.
-static __global__ void h2o_acc_kernel(KvLayer kv, const float* scores, int nh, const int* pos) {
+__device__ __forceinline__ void h2o_acc_body(const KvLayer& kv, const float* scores, int nh, const int* pos) {
   pdl_wait();
   pdl_trigger();
   const int s = blockIdx.x * blockDim.x + threadIdx.x;
@@ -554,6 +562,9 @@ static __global__ void h2o_acc_kernel(KvLayer kv, const float* scores, int nh, c
   }
   for (; h < nh; ++h) a += scores[size_t(h) * kv.cap + s];
   kv.acc[s] = a;
+}
+static __global__ void h2o_acc_kernel(KvLayer kv, const float* scores, int nh, const int* pos) {
+  h2o_acc_body(kv, scores, nh, pos);
 }
 
 }  // namespace flashmoe::cuda

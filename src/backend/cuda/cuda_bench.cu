@@ -212,6 +212,12 @@ float best_ms(cudaStream_t s, int reps, F copy) {
 }
 }  // namespace
 
+void cuda_set_batch_graph(CudaModel& model, bool on) {
+  CudaModel::Impl& m = CudaModelAccess::impl(model);
+  m.opts.decode.batch_graph = on;
+  if (m.prefill) m.prefill->set_batch_graph(on);
+}
+
 double cuda_copy_bandwidth_gbps(const CudaModel& model) {
   CudaModel::Impl& m = CudaModelAccess::impl(model);
   CK(cudaSetDevice(m.dev));

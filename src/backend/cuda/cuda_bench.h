@@ -33,6 +33,10 @@ struct CudaSyntheticOptions {
 // (host_cache_*) needs files and is refused.
 std::unique_ptr<CudaModel> cuda_synthetic_model(const ModelConfig& c, uint64_t seed, const CudaOptions& o,
                                                 const CudaSyntheticOptions& s);
+// The batched decode step through CUDA graphs or plain launches
+// (DecodeOptions::batch_graph), switched on a loaded model (bench: both
+// measured on one model).
+void cuda_set_batch_graph(CudaModel& m, bool on);
 // Device-to-device cudaMemcpy bandwidth, bytes read + written per second / 1e9.
 double cuda_copy_bandwidth_gbps(const CudaModel& m);
 // Host-to-device cudaMemcpy bandwidth from pinned memory, GB/s.

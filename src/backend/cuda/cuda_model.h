@@ -77,6 +77,16 @@ struct CudaStateImage {
   }
 };
 
+// One sequence's part of CudaModel::forward_batch (runtime/backend.h's
+// BatchItem): its state, the tokens it feeds, which logits go where.
+struct CudaBatchItem {
+  CudaState* state = nullptr;
+  const int32_t* ids = nullptr;
+  int64_t n = 0;
+  LogitsMode mode = LogitsMode::Last;
+  float* logits = nullptr;
+};
+
 class CudaModel {
  public:
   // Whether a CUDA device can be used; `why` receives the reason if not, and
@@ -106,6 +116,13 @@ class CudaModel {
 
   // Same contract as cpu::forward (backend/cpu/forward.h): ids checked against the vocabulary first.
   void forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits) const;
+  // One step over several sequences (distinct states): each item's result
+  // equals forward() on it alone. Items of several tokens (prompt chunks)
+  // go through forward() first; then the single tokens of two or more
+  // sequences take one batched decode step (Prefill::step_batch: each
+  // weight read once for all of them), one alone the decode step. All ids
+  // are checked against the vocabulary before any state is touched.
+  void forward_batch(const CudaBatchItem* items, int64_t count) const;
   // Greedy decoding without host round trips: feeds `first`, then each
   // argmax in turn, n steps; out receives the n argmax ids.
   void decode_greedy(CudaState& st, int32_t first, int64_t n, int32_t* out) const;

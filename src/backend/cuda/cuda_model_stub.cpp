@@ -34,6 +34,7 @@ std::unique_ptr<CudaState> CudaModel::load_state(const CudaStateImage&) const { 
 std::vector<int64_t> CudaModel::kv_positions(const CudaState&, int) const { no_cuda(); }
 void CudaModel::forward(CudaState&, const int32_t*, int64_t, LogitsMode, float*) const { no_cuda(); }
 void CudaModel::decode_greedy(CudaState&, int32_t, int64_t, int32_t*) const { no_cuda(); }
+void CudaModel::forward_batch(const CudaBatchItem*, int64_t) const { no_cuda(); }
 void CudaModel::set_use_graph(bool) { no_cuda(); }
 CudaTierStats CudaModel::tier_stats() const { no_cuda(); }
 void CudaModel::reset_tier_stats() { no_cuda(); }

@@ -40,6 +40,13 @@ struct DecodeOptions {
   // that are final only after that read.
   bool pick_in_kernels = true;
 
+  // The batched decode step (forward_batch over several sequences) captured
+  // in a CUDA graph per batch shape (sequences, KV types, attention split)
+  // and replayed, its per-sequence arguments rewritten before each replay;
+  // false: plain launches. Off until measured against plain launches on the
+  // H200 (bench/NOTES-cuda.md, batched decode).
+  bool batch_graph = false;
+
   // Benchmarks: time per batched-prefill phase, printed to stderr when the
   // model is destroyed (events between phases; slows the prefill a little).
   bool prefill_profile = false;

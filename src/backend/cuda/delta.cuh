@@ -8,8 +8,8 @@ namespace flashmoe::cuda {
 
 // GatedDeltaNet causal depthwise conv (kernel K) + SiLU over C channels.
 // state: [C][K-1] previous inputs.
-static __global__ void conv_kernel(const float* __restrict__ u, int C, int K, const float* __restrict__ taps,
-                            float* __restrict__ state, float* __restrict__ out) {
+__device__ __forceinline__ void conv_body(const float* __restrict__ u, int C, int K, const float* __restrict__ taps,
+                                          float* __restrict__ state, float* __restrict__ out) {
   // The taps and the previous inputs are known before the wait (weights, and
   // this layer's state from the last step): into registers first.
   constexpr int kMaxK = 8;
@@ -51,6 +51,11 @@ static __global__ void conv_kernel(const float* __restrict__ u, int C, int K, co
   out[ch] = siluf_(acc);
 }
 
+static __global__ void conv_kernel(const float* __restrict__ u, int C, int K, const float* __restrict__ taps,
+                                   float* __restrict__ state, float* __restrict__ out) {
+  conv_body(u, C, K, taps, state, out);
+}
+
 struct DeltaArgs {
   const float* conv;  // [C]: q [nk*dk], k [nk*dk], v [nv*dv] (after conv + silu)
   const float* proj;  // projection output: z at zoff [nv*dv], b at boff [nv], a at aoff [nv]
@@ -68,7 +73,7 @@ struct DeltaArgs {
 // holding DK/SPLIT rows of the state column in registers (blockDim = dv*SPLIT);
 // DK == 0: generic, one thread per column, state read and written in memory.
 template <int DK, int SPLIT>
-__global__ void delta_kernel(DeltaArgs a) {
+__device__ __forceinline__ void delta_body(const DeltaArgs& a) {
   extern __shared__ float sm[];
   float* q = sm;
   float* k = sm + a.dk;
@@ -140,6 +145,10 @@ __global__ void delta_kernel(DeltaArgs a) {
     const float rn = 1.0f / sqrtf(ss / float(dv) + a.eps);
     a.out[h * dv + j] = o * rn * a.norm_w[j] * siluf_(a.proj[a.zoff + h * dv + j]);
   }
+}
+template <int DK, int SPLIT>
+__global__ void delta_kernel(DeltaArgs a) {
+  delta_body<DK, SPLIT>(a);
 }
 
 }  // namespace flashmoe::cuda

@@ -19,7 +19,7 @@
 namespace flashmoe::cuda {
 
 template <int DK, int CPB, int PARTS>
-__global__ void __launch_bounds__(CPB * PARTS) delta_cluster_kernel(DeltaArgs a) {
+__device__ __forceinline__ void delta_cluster_body(const DeltaArgs& a) {
   static_assert(DK % PARTS == 0 && DK % 32 == 0 && CPB * PARTS >= 64 && CPB <= 32, "delta_cluster_kernel shape");
   constexpr int R = DK / PARTS;  // state rows per thread
   __shared__ float q[DK], k[DK];
@@ -107,6 +107,10 @@ __global__ void __launch_bounds__(CPB * PARTS) delta_cluster_kernel(DeltaArgs a)
     const float rn = 1.0f / sqrtf(ss / float(dv) + a.eps);
     a.out[h * dv + j] = o * rn * nwj * siluf_(a.proj[a.zoff + h * dv + j]);
   }
+}
+template <int DK, int CPB, int PARTS>
+__global__ void __launch_bounds__(CPB * PARTS) delta_cluster_kernel(DeltaArgs a) {
+  delta_cluster_body<DK, CPB, PARTS>(a);
 }
 
 }  // namespace flashmoe::cuda

@@ -28,6 +28,7 @@ Prefill* CudaModel::Impl::batched() {
   pm.inv_freq = inv_freq;
   pm.stream = stream;
   pm.profile = opts.decode.prefill_profile;
+  pm.batch_graph = opts.decode.batch_graph;
   int max_t = chunk;
   if (disk) {
     // Every expert a chunk chooses must be resident at once (host or

@@ -4,6 +4,7 @@
 //   decode_step.cu   one token through every layer (the kernels' launches)
 //   graph.cu         the decode step captured in a CUDA graph and replayed
 //   forward.cu       forward / decode_greedy: prompts to the batched prefill or the step
+//   forward_batch.cu forward_batch: several sequences' tokens in one batched step (batch_step.cu)
 //   state.cu         per-conversation state: new_state, save/load, kv_positions, KV growth
 //   cuda_bench.cu    benchmark-only entry points (synthetic weights, bandwidths, profile)
 #pragma once

@@ -62,6 +62,7 @@ void* Prefill::alloc(size_t bytes) {
 
 Prefill::Prefill(const PrefillModel& m, int max_tokens) : m_(m), tmax_(max_tokens) {
   profile_ = m.profile;
+  batch_graph_ = m.batch_graph;
   phase_ms_.assign(P_N, 0.0);
   auto smem = [](auto kern, size_t bytes) {
     CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
@@ -143,6 +144,9 @@ Prefill::~Prefill() {
   for (auto e : events_) cudaEventDestroy(e);
   for (void* p : allocs_) cudaFree(p);
   cudaFree(h2o_part_);
+  drop_batch_graphs();
+  cudaFree(args_dev_);
+  cudaFreeHost(args_host_);
 }
 
 void Prefill::mark(int phase) {
@@ -337,41 +341,134 @@ void Prefill::attend_in_order(const PrefillState& s, const DLayer& d, const KvLa
   mark(P_ATTN);
 }
 
+void Prefill::embed_rows(const int* d_ids, int T) {
+  const int H = int(m_.c->hidden_size);
+  cudaStream_t st = m_.stream;
+  switch (m_.embed.dt) {
+    case DT_F32: embed_rows_kernel<<<T, 256, 0, st>>>(static_cast<const float*>(m_.embed.p), H, d_ids, x_); break;
+    case DT_F16: embed_rows_kernel<<<T, 256, 0, st>>>(static_cast<const __half*>(m_.embed.p), H, d_ids, x_); break;
+    default:
+      embed_rows_kernel<<<T, 256, 0, st>>>(static_cast<const __nv_bfloat16*>(m_.embed.p), H, d_ids, x_);
+  }
+}
+
+void Prefill::norm_rows(const float* x, const float* w, int T, float* y) {
+  norm_rows_kernel<<<T, 256, 0, m_.stream>>>(x, w, int(m_.c->hidden_size), m_.c->rms_norm_eps, y);
+}
+
+// Dense product: C[T][..] (=, +=, swiglu) = A[T][K] . W^T, in the tallest
+// tiles that still fill the GPU with blocks. sp: A already split (xn_);
+// else split here when the pipelined product runs.
+void Prefill::dense_rows(const DMat& W, const float* A, int T, float* C, int ldc, int mode, int half, SplitRows sp) {
+  if (pipe(W.dt) && !sp.hi) sp = split(A, T, W.cols, false);
+  const int bn = pipe(W.dt) ? kPipeBN : kGemmBN;
+  const int nt = mode == GEMM_SWIGLU ? div_up(W.rows / 2, bn / 2) : div_up(W.rows, bn);
+  int bm = 16;
+  for (int b : {64, 32})
+    if (b <= tile_rows(T) && int64_t(nt) * div_up(T, b) >= sms_) {
+      bm = b;
+      break;
+    }
+  GemmArgs g;
+  g.A = A;
+  g.lda = W.cols;
+  g.W = W.p;
+  g.M = T;
+  g.N = W.rows;
+  g.K = W.cols;
+  g.C = C;
+  g.ldc = ldc;
+  g.mode = mode;
+  g.half = half;
+  gemm(W.dt, g, bm, div_up(T, bm), sp);
+}
+
+// The feed-forward of layer l over the T rows of x_ (each row a token of
+// its own: the routing and the experts do not look across rows).
+void Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T) {
+  const ModelConfig& c = *m_.c;
+  cudaStream_t st = m_.stream;
+  const int H = int(c.hidden_size);
+  const int k = int(c.num_experts_per_tok), E = int(c.num_experts), I = int(c.moe_intermediate);
+  auto dense = [&](const DMat& W, const float* A, float* C, int ldc, int mode, int half = 0, SplitRows sp = {}) {
+    dense_rows(W, A, T, C, ldc, mode, half, sp);
+  };
+  norm_rows_kernel<<<T, 256, 0, st>>>(x_, d.post_norm, H, c.rms_norm_eps, xn_);
+  const SplitRows fs = split(xn_, T, H, true);
+  mark(P_NORM);
+  if (l.ffn == FfnKind::DenseSwiGLU) {
+    dense(d.s_gu, xn_, hs_, d.s_down.cols, GEMM_SWIGLU, d.s_down.cols, fs);
+    dense(d.s_down, hs_, x_, H, GEMM_ADD);
+    mark(P_SHARED);
+    return;
+  }
+  dense(d.router, xn_, rl_, d.router.rows, GEMM_STORE, 0, fs);
+  mark(P_ROUTER);
+  topk_rows_kernel<<<T, 32, 0, st>>>(rl_, d.router.rows, E, k, c.norm_topk_prob ? 1 : 0, d.has_shared ? 1 : 0, ids_,
+                                     w_, d.tc);
+  if (m_.experts_needed) m_.experts_needed(l.moe_slot, ids_, T * k);
+  const int ebm = tile_rows(double(T) * k / std::max(E, 1));
+  route_lists_kernel<<<1, 512, 0, st>>>(ids_, T, k, E, ebm, tok_, dest_, tiles_, ntiles_);
+  mark(P_ROUTE);
+  const int ntiles = std::min(tiles_max_, div_up(int64_t(T) * k, ebm) + E);
+  GemmArgs g;
+  g.A = xn_;
+  g.lda = H;
+  g.arow = tok_;
+  g.wtab = d.gu_tab;
+  g.tiles = tiles_;
+  g.ntiles = ntiles_;
+  g.N = 2 * I;
+  g.K = H;
+  g.C = hb_;
+  g.ldc = I;
+  g.mode = GEMM_SWIGLU;
+  g.half = I;
+  // Quantised experts: gate rows then up rows, each with its scales and biases.
+  const int edt = d.q.bits == 8 ? DT_Q8 : d.q.bits == 4 ? DT_Q4 : d.edt;
+  g.qsplit = I;
+  g.qgroup = d.q.group;
+  g.qw[0] = 0, g.qs[0] = d.q.gate_s, g.qb[0] = d.q.gate_b;
+  g.qw[1] = d.q.up_w, g.qs[1] = d.q.up_s, g.qb[1] = d.q.up_b;
+  gemm(edt, g, ebm, ntiles, fs);
+  mark(P_EXPERTS_GU);
+  g.A = hb_;
+  g.lda = I;
+  g.arow = nullptr;
+  g.wtab = d.down_tab;
+  g.N = H;
+  g.K = I;
+  g.C = y_;
+  g.ldc = H;
+  g.crow = dest_;
+  g.mode = GEMM_STORE;
+  g.half = 0;
+  g.qsplit = H;
+  g.qw[0] = 0, g.qs[0] = d.q.dn_s, g.qb[0] = d.q.dn_b;
+  gemm(edt, g, ebm, ntiles, pipe(edt) ? split(hb_, T * k, I, false) : SplitRows{});
+  mark(P_EXPERTS_DOWN);
+  if (d.has_shared) {
+    dense(d.s_gu, xn_, hs_, d.s_down.cols, GEMM_SWIGLU, d.s_down.cols, fs);
+    dense(d.s_down, hs_, ysh_, H, GEMM_STORE);
+    mark(P_SHARED);
+  }
+  moe_combine_kernel<<<T, 256, 0, st>>>(x_, H, y_, d.has_shared ? ysh_ : nullptr, w_, k);
+  mark(P_COMBINE);
+  check(cudaGetLastError(), "batched prefill: experts");
+}
+
 void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
   const ModelConfig& c = *m_.c;
   cudaStream_t st = m_.stream;
   const int H = int(c.hidden_size), p0 = int(pos);
-  // Dense products: the tallest tiles that still fill the GPU with blocks.
-  auto dense_bm = [&](const DMat& W, int mode) {
-    const int bn = pipe(W.dt) ? kPipeBN : kGemmBN;
-    const int nt = mode == GEMM_SWIGLU ? div_up(W.rows / 2, bn / 2) : div_up(W.rows, bn);
-    for (int bm : {64, 32})
-      if (bm <= tile_rows(T) && int64_t(nt) * div_up(T, bm) >= sms_) return bm;
-    return 16;
-  };
   event_phase_.clear();
   mark(P_OTHER);  // the start
   // An h2o cache that evicts in this chunk: the positions of its tokens for
   // attend_in_order's kernels (which take them by pointer, as a decode step).
   if (!s.kvl->empty() && (*s.kvl)[0].acc && p0 + T > (*s.kvl)[0].cap)
     fill_seq_kernel<<<unsigned(div_up(T, 256)), 256, 0, st>>>(seq_, p0, T);
-  // Dense product: C[T][..] (=, +=, swiglu) = A[T][K] . W^T.
-  // sp: A already split (xn_); else split here when the pipelined product runs.
   auto dense = [&](const DMat& W, const float* A, float* C, int ldc, int mode, int half = 0, SplitRows sp = {}) {
-    if (pipe(W.dt) && !sp.hi) sp = split(A, T, W.cols, false);
-    GemmArgs g;
-    g.A = A;
-    g.lda = W.cols;
-    g.W = W.p;
-    g.M = T;
-    g.N = W.rows;
-    g.K = W.cols;
-    g.C = C;
-    g.ldc = ldc;
-    g.mode = mode;
-    g.half = half;
-    const int bm = dense_bm(W, mode);
-    gemm(W.dt, g, bm, div_up(T, bm), sp);
+    dense_rows(W, A, T, C, ldc, mode, half, sp);
   };
   switch (m_.embed.dt) {
     case DT_F32: embed_rows_kernel<<<T, 256, 0, st>>>(static_cast<const float*>(m_.embed.p), H, d_ids, x_); break;
@@ -382,7 +479,6 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
   mark(P_OTHER);
   const int nk = int(c.lin_num_k_heads), nv = int(c.lin_num_v_heads), dk = int(c.lin_k_dim), dv = int(c.lin_v_dim);
   const int C = int(c.lin_conv_dim()), K = int(c.conv_kernel);
-  const int k = int(c.num_experts_per_tok), E = int(c.num_experts), I = int(c.moe_intermediate);
   for (const LayerPlan& l : m_.plan->layers) {
     const DLayer& d = (*m_.L)[size_t(l.index)];
     const int sl = l.state_slot;
@@ -446,69 +542,7 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
       mark(P_OUTPROJ);
     }
     check(cudaGetLastError(), attention ? "batched prefill: attention" : "batched prefill: linear attention");
-    // Feed-forward.
-    norm_rows_kernel<<<T, 256, 0, st>>>(x_, d.post_norm, H, c.rms_norm_eps, xn_);
-    const SplitRows fs = split(xn_, T, H, true);
-    mark(P_NORM);
-    if (l.ffn == FfnKind::DenseSwiGLU) {
-      dense(d.s_gu, xn_, hs_, d.s_down.cols, GEMM_SWIGLU, d.s_down.cols, fs);
-      dense(d.s_down, hs_, x_, H, GEMM_ADD);
-      mark(P_SHARED);
-      continue;
-    }
-    dense(d.router, xn_, rl_, d.router.rows, GEMM_STORE, 0, fs);
-    mark(P_ROUTER);
-    topk_rows_kernel<<<T, 32, 0, st>>>(rl_, d.router.rows, E, k, c.norm_topk_prob ? 1 : 0, d.has_shared ? 1 : 0, ids_,
-                                       w_, d.tc);
-    if (m_.experts_needed) m_.experts_needed(l.moe_slot, ids_, T * k);
-    const int ebm = tile_rows(double(T) * k / std::max(E, 1));
-    route_lists_kernel<<<1, 512, 0, st>>>(ids_, T, k, E, ebm, tok_, dest_, tiles_, ntiles_);
-    mark(P_ROUTE);
-    const int ntiles = std::min(tiles_max_, div_up(int64_t(T) * k, ebm) + E);
-    GemmArgs g;
-    g.A = xn_;
-    g.lda = H;
-    g.arow = tok_;
-    g.wtab = d.gu_tab;
-    g.tiles = tiles_;
-    g.ntiles = ntiles_;
-    g.N = 2 * I;
-    g.K = H;
-    g.C = hb_;
-    g.ldc = I;
-    g.mode = GEMM_SWIGLU;
-    g.half = I;
-    // Quantised experts: gate rows then up rows, each with its scales and biases.
-    const int edt = d.q.bits == 8 ? DT_Q8 : d.q.bits == 4 ? DT_Q4 : d.edt;
-    g.qsplit = I;
-    g.qgroup = d.q.group;
-    g.qw[0] = 0, g.qs[0] = d.q.gate_s, g.qb[0] = d.q.gate_b;
-    g.qw[1] = d.q.up_w, g.qs[1] = d.q.up_s, g.qb[1] = d.q.up_b;
-    gemm(edt, g, ebm, ntiles, fs);
-    mark(P_EXPERTS_GU);
-    g.A = hb_;
-    g.lda = I;
-    g.arow = nullptr;
-    g.wtab = d.down_tab;
-    g.N = H;
-    g.K = I;
-    g.C = y_;
-    g.ldc = H;
-    g.crow = dest_;
-    g.mode = GEMM_STORE;
-    g.half = 0;
-    g.qsplit = H;
-    g.qw[0] = 0, g.qs[0] = d.q.dn_s, g.qb[0] = d.q.dn_b;
-    gemm(edt, g, ebm, ntiles, pipe(edt) ? split(hb_, T * k, I, false) : SplitRows{});
-    mark(P_EXPERTS_DOWN);
-    if (d.has_shared) {
-      dense(d.s_gu, xn_, hs_, d.s_down.cols, GEMM_SWIGLU, d.s_down.cols, fs);
-      dense(d.s_down, hs_, ysh_, H, GEMM_STORE);
-      mark(P_SHARED);
-    }
-    moe_combine_kernel<<<T, 256, 0, st>>>(x_, H, y_, d.has_shared ? ysh_ : nullptr, w_, k);
-    mark(P_COMBINE);
-    check(cudaGetLastError(), "batched prefill: experts");
+    feed_forward(l, d, T);
   }
   set_int_kernel<<<1, 1, 0, st>>>(s.d_pos, p0 + T);
   check(cudaGetLastError(), "batched prefill");

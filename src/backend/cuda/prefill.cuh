@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,7 @@ struct PrefillModel {
   const float* inv_freq = nullptr;
   cudaStream_t stream = nullptr;
   bool profile = false;  // DecodeOptions::prefill_profile
+  bool batch_graph = false;  // DecodeOptions::batch_graph
   // Disk tier: called after the routing of MoE layer mi (d_ids: the chunk's
   // T * k choices, on the device); returns with every chosen expert resident
   // and its table entry set on the stream. Null: all experts are resident.
@@ -75,6 +77,8 @@ class Prefill {
   Prefill& operator=(const Prefill&) = delete;
 
   int max_tokens() const { return tmax_; }
+  // step_batch through CUDA graphs (DecodeOptions::batch_graph) or plain launches.
+  void set_batch_graph(bool on) { batch_graph_ = on; }
   // Tokens d_ids[0..T) (device) at positions pos..pos+T-1 through every
   // layer, T <= max_tokens(); *d_pos becomes pos + T. Enqueued on the stream.
   // A chunk that makes an h2o cache evict runs its attention token by token.
@@ -84,8 +88,31 @@ class Prefill {
   // Logits of the last chunk's tokens [t0, t0 + n) into host memory dst ([n][V]); synchronizes.
   void logits(int t0, int n, float* dst);
 
+  // One decode step over B independent sequences (continuous batching),
+  // B <= max_tokens(): token ids[b] (host) of sequence seqs[b] at its own
+  // position *seqs[b].d_pos, which moves on by one. The products and the
+  // routed experts run over the B rows at once (each weight, each chosen
+  // expert read once per step); conv1d, the delta rule and attention per
+  // sequence over its own state and KV cache (batch_kernels.cuh: the decode
+  // step's kernel bodies, one launch per layer for all of them). Enqueued
+  // on the stream (batch_step.cu).
+  void step_batch(const PrefillState* seqs, int B, const int32_t* ids);
+  // Logits of the last step's (or chunk's) rows [0, n): row r into host
+  // memory dst[r] ([V]), rows with a null dst skipped; synchronizes.
+  void logits_rows(int n, float* const* dst);
+
  private:
   void gemm(int dt, const GemmArgs& a, int bm, int grid_y, SplitRows sp = {});
+  // C[T][..] (=, +=, swiglu) = A[T][K] . W^T (sp: A already split).
+  void dense_rows(const DMat& W, const float* A, int T, float* C, int ldc, int mode, int half = 0, SplitRows sp = {});
+  // x_[t] = embed[d_ids[t]], and y[t] = rms_norm(x[t]) * (1 + w), for T rows.
+  void embed_rows(const int* d_ids, int T);
+  void norm_rows(const float* x, const float* w, int T, float* y);
+  // The feed-forward of layer l (dense or routed) over the T rows of x_.
+  void feed_forward(const LayerPlan& l, const DLayer& d, int T);
+  // step_batch's per-sequence kernel arguments for the whole step, written
+  // to pinned host memory and copied to the device in one transfer.
+  void* batch_args(size_t bytes);
   // bf16 weights take the pipelined product (gemm_pipe_kernel), the others gemm_kernel.
   static bool pipe(int dt) { return dt == DT_BF16; }
   // A [rows][cols] into the hi/lo pair x (xn_: reused by several products) or y.
@@ -102,6 +129,7 @@ class Prefill {
   // Profile (DecodeOptions::prefill_profile): time per phase summed over
   // chunks, printed to stderr when the prefill is destroyed.
   bool profile_ = false;
+  bool batch_graph_ = false;
   std::vector<cudaEvent_t> events_;
   std::vector<int> event_phase_;
   std::vector<double> phase_ms_;
@@ -120,6 +148,12 @@ class Prefill {
   size_t h2o_part_n_ = 0;
   KvLayer stage_{};  // a windowed cache's K/V of the chunk until its queries ran
   int proj_stride_ = 0, o_stride_ = 0;
+  void* args_host_ = nullptr;  // pinned
+  void* args_dev_ = nullptr;
+  size_t args_n_ = 0;
+  // step_batch's graphs by batch shape (they read args_dev_: dropped when it moves).
+  std::map<std::string, cudaGraphExec_t> batch_graphs_;
+  void drop_batch_graphs();
 };
 
 }  // namespace flashmoe::cuda

@@ -1,0 +1,299 @@
+// One decode step over a batch of independent sequences (Prefill::step_batch,
+// prefill.cuh): the batched prefill's row-wise products and grouped experts
+// over the B tokens, the per-sequence steps (conv1d, delta rule, attention)
+// through batch_kernels.cuh with each sequence's own state.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "backend/cuda/batch_kernels.cuh"
+#include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/gemm.cuh"
+#include "backend/cuda/prefill.cuh"
+
+namespace flashmoe::cuda {
+
+namespace {
+
+int div_up(int64_t a, int64_t b) { return int((a + b - 1) / b); }
+
+// A plain launch (no PDL) in clusters of `cluster` blocks along x.
+template <typename... K, typename... A>
+void launch(cudaStream_t st, void (*kern)(K...), dim3 grid, int block, size_t smem, int cluster, A... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(unsigned(block));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim = {unsigned(cluster), 1, 1};
+  cfg.attrs = at;
+  cfg.numAttrs = cluster > 1 ? 1 : 0;
+  check(cudaLaunchKernelEx(&cfg, kern, args...), "batched decode step");
+}
+
+// Bump allocator over the step's argument blob (16-byte aligned pieces).
+struct Blob {
+  size_t n = 0;
+  template <typename T>
+  size_t take(size_t count) {
+    const size_t at = (n + 15) / 16 * 16;
+    n = at + count * sizeof(T);
+    return at;
+  }
+};
+
+}  // namespace
+
+void* Prefill::batch_args(size_t bytes) {
+  if (bytes > args_n_) {
+    CK(cudaStreamSynchronize(m_.stream));  // nothing in flight reads the old ones
+    drop_batch_graphs();  // they read the old device buffer
+    cudaFree(args_dev_);
+    cudaFreeHost(args_host_);
+    args_dev_ = args_host_ = nullptr;
+    args_n_ = 0;
+    const size_t n = std::max<size_t>(bytes * 2, 64 * 1024);
+    args_dev_ = dev_alloc(n, "the batched decode step's arguments");
+    CK(cudaMallocHost(&args_host_, n));
+    args_n_ = n;
+  }
+  return args_host_;
+}
+
+void Prefill::drop_batch_graphs() {
+  for (auto& [key, g] : batch_graphs_) cudaGraphExecDestroy(g);
+  batch_graphs_.clear();
+}
+
+void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
+  const ModelConfig& c = *m_.c;
+  cudaStream_t st = m_.stream;
+  const int H = int(c.hidden_size);
+  const int nk = int(c.lin_num_k_heads), nv = int(c.lin_num_v_heads), dk = int(c.lin_k_dim), dv = int(c.lin_v_dim);
+  const int C = int(c.lin_conv_dim()), K = int(c.conv_kernel);
+  const int nh = int(c.num_heads), nkv = int(c.num_kv_heads), hd = int(c.head_dim);
+  int nlin = 0, nattn = 0;
+  for (const LayerPlan& l : m_.plan->layers) ++(l.mixer == MixerKind::GatedAttention ? nattn : nlin);
+  // Attention's kernels are instances per KV storage type: the sequences
+  // in order of it (their rows stay in the caller's order).
+  std::vector<int> order(static_cast<size_t>(B));
+  for (int b = 0; b < B; ++b) order[size_t(b)] = b;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return seqs[a].kvt < seqs[b].kvt; });
+  std::vector<int> h2o;  // the sequences with scored eviction (h2o, tova)
+  for (int b = 0; b < B; ++b)
+    if (!seqs[b].kvl->empty() && (*seqs[b].kvl)[0].acc) h2o.push_back(b);
+  const int nh2o = int(h2o.size());
+
+  Blob blob;
+  const size_t o_ids = blob.take<int>(size_t(B)), o_pos = blob.take<int*>(size_t(B));
+  const size_t o_conv = blob.take<float*>(size_t(nlin) * B), o_delta = blob.take<DeltaArgs>(size_t(nlin) * B);
+  const size_t o_prep = blob.take<AttnPrepArgs>(size_t(nattn) * B), o_attn = blob.take<AttnArgs>(size_t(nattn) * B);
+  const size_t o_h2o = blob.take<H2oAccArgs>(size_t(nattn) * nh2o);
+  char* hb = static_cast<char*>(batch_args(blob.n));
+  char* db = static_cast<char*>(args_dev_);
+  auto host = [&](size_t off) { return hb + off; };
+  std::memcpy(host(o_ids), ids, size_t(B) * 4);
+  int** pos = reinterpret_cast<int**>(host(o_pos));
+  for (int b = 0; b < B; ++b) pos[b] = seqs[b].d_pos;
+  float** convs = reinterpret_cast<float**>(host(o_conv));
+  DeltaArgs* deltas = reinterpret_cast<DeltaArgs*>(host(o_delta));
+  AttnPrepArgs* preps = reinterpret_cast<AttnPrepArgs*>(host(o_prep));
+  AttnArgs* attns = reinterpret_cast<AttnArgs*>(host(o_attn));
+  H2oAccArgs* h2os = reinterpret_cast<H2oAccArgs*>(host(o_h2o));
+  for (const LayerPlan& l : m_.plan->layers) {
+    const DLayer& d = (*m_.L)[size_t(l.index)];
+    const size_t sl = size_t(l.state_slot);
+    if (l.mixer == MixerKind::GatedDeltaNet) {
+      for (int b = 0; b < B; ++b) {
+        convs[sl * B + b] = (*seqs[b].conv)[sl];
+        DeltaArgs& a = deltas[sl * B + b];
+        a.conv = cv_ + size_t(b) * C;
+        a.proj = proj_ + size_t(b) * proj_stride_;
+        a.zoff = C;
+        a.boff = C + nv * dv;
+        a.aoff = C + nv * dv + nv;
+        a.dt_bias = d.dt_bias;
+        a.neg_exp_A = d.neg_exp_A;
+        a.norm_w = d.gnorm;
+        a.S = (*seqs[b].ssm)[sl];
+        a.out = o_ + size_t(b) * nv * dv;
+        a.nk = nk;
+        a.nv = nv;
+        a.dk = dk;
+        a.dv = dv;
+        a.eps = c.rms_norm_eps;
+      }
+      continue;
+    }
+    for (int j = 0; j < B; ++j) {
+      const int b = order[size_t(j)];
+      const PrefillState& s = seqs[b];
+      const KvLayer& kv = (*s.kvl)[sl];
+      preps[sl * B + j] = attn_prep_args(c, d, proj_ + size_t(b) * proj_stride_, q_ + size_t(b) * nh * hd, s.d_pos,
+                                         m_.inv_freq, kv, s.ns, s.kvt);
+      AttnArgs& a = attns[sl * B + j];
+      a.q = q_ + size_t(b) * nh * hd;
+      a.gate = proj_ + size_t(b) * proj_stride_;
+      a.scores = s.scores;
+      a.out = o_ + size_t(b) * nh * hd;
+      a.pos = s.d_pos;
+      a.kv = kv;
+      a.nh = nh;
+      a.nkv = nkv;
+      a.hd = hd;
+      a.ns = s.ns;
+      a.scale = 1.0f / std::sqrt(float(hd));
+      a.prefetch = 0;
+      a.split = 1;  // set per group below
+    }
+    for (int j = 0; j < nh2o; ++j) {
+      const PrefillState& s = seqs[h2o[size_t(j)]];
+      h2os[sl * nh2o + j] = H2oAccArgs{(*s.kvl)[sl], s.scores, s.d_pos};
+    }
+  }
+  // Groups of one KV storage type: [first, end) in `order`, blocks per head.
+  struct Group {
+    int kvt, first, end, split;
+  };
+  std::vector<Group> groups;
+  int max_cap = 1;
+  for (int j = 0; j < B; ++j) {
+    const PrefillState& s = seqs[order[size_t(j)]];
+    if (groups.empty() || groups.back().kvt != s.kvt) groups.push_back({s.kvt, j, j, 1});
+    groups.back().end = j + 1;
+    groups.back().split = std::max(groups.back().split, s.attn_split);
+    if (!s.kvl->empty()) max_cap = std::max(max_cap, (*s.kvl)[0].cap);
+  }
+  for (int a = 0; a < nattn; ++a)
+    for (const Group& g : groups)
+      for (int j = g.first; j < g.end; ++j) attns[size_t(a) * B + j].split = g.split;
+  CK(cudaMemcpyAsync(db, hb, blob.n, cudaMemcpyHostToDevice, st));
+  auto dev = [&](size_t off) { return db + off; };
+  const int* d_ids = reinterpret_cast<const int*>(dev(o_ids));
+
+  event_phase_.clear();  // the profile covers run()'s chunks only
+  auto enqueue = [&] {
+    embed_rows(d_ids, B);
+    const int groups_att = std::max(8, 256 / std::max(hd, 1));  // attn_kernel's partials, as the decode step
+    const size_t attn_smem = size_t(2 * hd + groups_att * hd) * 4;
+    const size_t prep_smem = size_t(std::max(hd, 2 * nkv * hd)) * 4;
+    for (const LayerPlan& l : m_.plan->layers) {
+      const DLayer& d = (*m_.L)[size_t(l.index)];
+      const size_t sl = size_t(l.state_slot);
+      norm_rows(x_, d.in_norm, B, xn_);
+      const SplitRows xs = split(xn_, B, H, true);
+      if (l.mixer == MixerKind::GatedDeltaNet) {
+        dense_rows(d.lin_in, xn_, B, proj_, proj_stride_, GEMM_STORE, 0, xs);
+        launch(st, conv_batch_kernel, dim3(unsigned(div_up(C, 256)), unsigned(B)), 256, 0, 1,
+               static_cast<const float*>(proj_), proj_stride_, C, K, static_cast<const float*>(d.conv_w),
+               reinterpret_cast<float* const*>(dev(o_conv + sl * B * sizeof(float*))), cv_);
+        const DeltaArgs* da = reinterpret_cast<const DeltaArgs*>(dev(o_delta + sl * B * sizeof(DeltaArgs)));
+        // As the decode step: a cluster of blocks per head (32 value columns
+        // each) where the shapes allow, else one block per head.
+        const bool cluster = dv % 32 == 0 && dv / 32 <= 8 && (dk == 128 || dk == 64 || dk == 32);
+        if (cluster) {
+          const int cl = dv / 32;
+          const dim3 g(unsigned(nv * cl), unsigned(B));
+          if (dk == 128) launch(st, delta_cluster_batch_kernel<128, 32, 8>, g, 256, 0, cl, da);
+          else if (dk == 64) launch(st, delta_cluster_batch_kernel<64, 32, 8>, g, 256, 0, cl, da);
+          else launch(st, delta_cluster_batch_kernel<32, 32, 8>, g, 256, 0, cl, da);
+        } else {
+          const size_t smem = size_t(2 * dk) * 4;
+          auto th = [&](int split) { return std::min(1024, std::max(32, (dv * split + 31) / 32 * 32)); };
+          void (*kern)(const DeltaArgs*) = delta_batch_kernel<0, 1>;
+          int threads = th(1);
+          if (dk == 128 && dv * 4 <= 1024) kern = delta_batch_kernel<128, 4>, threads = th(4);
+          else if (dk == 64 && dv * 2 <= 1024) kern = delta_batch_kernel<64, 2>, threads = th(2);
+          else if (dk == 32) kern = delta_batch_kernel<32, 1>;
+          launch(st, kern, dim3(unsigned(nv), unsigned(B)), threads, smem, 1, da);
+        }
+        dense_rows(d.out_proj, o_, B, x_, H, GEMM_ADD);
+      } else {
+        dense_rows(d.qkv, xn_, B, proj_, proj_stride_, GEMM_STORE, 0, xs);
+        launch(st, attn_prep_batch_kernel, dim3(unsigned(nh + 1), unsigned(B)), 128, prep_smem, 1,
+               reinterpret_cast<const AttnPrepArgs*>(dev(o_prep + sl * B * sizeof(AttnPrepArgs))));
+        for (const Group& g : groups) {
+          const AttnArgs* aa = reinterpret_cast<const AttnArgs*>(dev(o_attn + (sl * B + g.first) * sizeof(AttnArgs)));
+          const dim3 grid(unsigned(nh * g.split), unsigned(g.end - g.first));
+          switch (g.kvt) {
+            case KV_F32: launch(st, attn_batch_kernel<KV_F32>, grid, 256, attn_smem, g.split, aa); break;
+            case KV_BF16: launch(st, attn_batch_kernel<KV_BF16>, grid, 256, attn_smem, g.split, aa); break;
+            case KV_F16: launch(st, attn_batch_kernel<KV_F16>, grid, 256, attn_smem, g.split, aa); break;
+            default: launch(st, attn_batch_kernel<KV_FP8>, grid, 256, attn_smem, g.split, aa); break;
+          }
+        }
+        if (nh2o)
+          launch(st, h2o_acc_batch_kernel, dim3(unsigned(div_up(max_cap, 128)), unsigned(nh2o)), 128, 0, 1,
+                 reinterpret_cast<const H2oAccArgs*>(dev(o_h2o + sl * nh2o * sizeof(H2oAccArgs))), nh);
+        dense_rows(d.o_proj, o_, B, x_, H, GEMM_ADD);
+      }
+      check(cudaGetLastError(), "batched decode step: mixer");
+      feed_forward(l, d, B);
+    }
+    advance_positions_kernel<<<div_up(B, 128), 128, 0, st>>>(reinterpret_cast<int* const*>(dev(o_pos)), B);
+    check(cudaGetLastError(), "batched decode step");
+  };
+  // A graph reads every per-sequence value from the arguments copied above,
+  // so one serves every batch of the same shape. Not with the disk tier
+  // (the host reads the routing between kernels) or the profile.
+  if (!batch_graph_ || m_.experts_needed || profile_) {
+    enqueue();
+    return;
+  }
+  std::string key = std::to_string(B) + "/" + std::to_string(nh2o) + "/" + std::to_string(div_up(max_cap, 128));
+  for (const Group& g : groups)
+    key += "/" + std::to_string(g.kvt) + ":" + std::to_string(g.end - g.first) + ":" + std::to_string(g.split);
+  auto it = batch_graphs_.find(key);
+  if (it == batch_graphs_.end()) {
+    if (batch_graphs_.size() >= 64) drop_batch_graphs();  // bounded: shapes seen recently are rebuilt
+    cudaGraph_t graph;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    try {
+      enqueue();
+    } catch (...) {
+      cudaStreamEndCapture(st, &graph);
+      cudaGetLastError();
+      throw;
+    }
+    CK(cudaStreamEndCapture(st, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    check(e, "batched decode step: cudaGraphInstantiate");
+    it = batch_graphs_.emplace(key, exec).first;
+  }
+  CK(cudaGraphLaunch(it->second, st));
+}
+
+void Prefill::logits_rows(int n, float* const* dst) {
+  const ModelConfig& c = *m_.c;
+  const int H = int(c.hidden_size);
+  const size_t V = size_t(c.vocab_size);
+  for (int b = 0; b < n; b += lrows_) {
+    const int rows = std::min(lrows_, n - b);
+    bool any = false;
+    for (int r = 0; r < rows; ++r) any = any || dst[b + r];
+    if (!any) continue;
+    norm_rows(x_ + size_t(b) * H, m_.final_norm, rows, xn_);
+    GemmArgs g;
+    g.A = xn_;
+    g.lda = H;
+    g.W = m_.lm_head.p;
+    g.M = rows;
+    g.N = m_.lm_head.rows;
+    g.K = H;
+    g.C = logits_;
+    g.ldc = int(V);
+    const int bm = rows >= 48 ? 64 : rows >= 20 ? 32 : 16;  // prefill.cu's tile_rows
+    gemm(m_.lm_head.dt, g, bm, div_up(rows, bm));
+    for (int r = 0; r < rows; ++r)
+      if (dst[b + r])
+        CK(cudaMemcpyAsync(dst[b + r], logits_ + size_t(r) * V, V * 4, cudaMemcpyDeviceToHost, m_.stream));
+    CK(cudaStreamSynchronize(m_.stream));
+  }
+}
+
+}  // namespace flashmoe::cuda

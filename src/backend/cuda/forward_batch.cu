@@ -1,0 +1,68 @@
+// CudaModel::forward_batch: one step over several sequences (continuous
+// batching). Prompt chunks through forward(); the single tokens of two or
+// more sequences through one batched decode step (Prefill::step_batch).
+#include <algorithm>
+#include <set>
+#include <vector>
+
+#include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/model_impl.cuh"
+#include "core/error.h"
+
+namespace flashmoe {
+
+void CudaModel::forward_batch(const CudaBatchItem* items, int64_t count) const {
+  Impl& m = *p_;
+  std::set<const CudaState*> seen;
+  for (int64_t i = 0; i < count; ++i) {
+    if (!items[i].state) fail("forward_batch: item " + std::to_string(i) + " has no state");
+    if (!seen.insert(items[i].state).second) fail("forward_batch: one state appears twice in a batch");
+    check_token_ids(m.c, items[i].ids, items[i].n);
+  }
+  std::vector<const CudaBatchItem*> single;
+  for (int64_t i = 0; i < count; ++i) {
+    const CudaBatchItem& it = items[i];
+    if (it.n == 1) single.push_back(&it);
+    else forward(*it.state, it.ids, it.n, it.mode, it.logits);
+  }
+  if (single.empty()) return;
+  CK(cudaSetDevice(m.dev));
+  Prefill* pf = single.size() > 1 ? m.batched() : nullptr;
+  if (!pf) {  // one sequence (the graph-captured decode step keeps its speed), or no batched path
+    for (const CudaBatchItem* it : single) forward(*it->state, it->ids, 1, it->mode, it->logits);
+    return;
+  }
+  for (size_t g0 = 0; g0 < single.size(); g0 += size_t(pf->max_tokens())) {
+    const int B = int(std::min<size_t>(size_t(pf->max_tokens()), single.size() - g0));
+    std::vector<PrefillState> seqs(static_cast<size_t>(B));
+    std::vector<int32_t> ids(static_cast<size_t>(B));
+    std::vector<float*> dst(static_cast<size_t>(B));
+    for (int b = 0; b < B; ++b) {
+      const CudaBatchItem& it = *single[g0 + size_t(b)];
+      CudaState::Impl& s = *it.state->p_;
+      m.ensure_cap(s, s.pos + 1);
+      PrefillState& ps = seqs[size_t(b)];
+      ps.kvl = &s.kvl;
+      ps.conv = &s.conv;
+      ps.ssm = &s.ssm;
+      ps.kvt = s.kvt;
+      ps.ns = s.ns;
+      ps.el = s.el;
+      ps.d_pos = s.d_pos;
+      ps.scores = s.scores;
+      ps.attn_split = m.attn_blocks(s.cap, s.hd);
+      ids[size_t(b)] = it.ids[0];
+      dst[size_t(b)] = it.mode == LogitsMode::None ? nullptr : it.logits;
+    }
+    pf->step_batch(seqs.data(), B, ids.data());
+    for (int b = 0; b < B; ++b) {
+      CudaState::Impl& s = *single[g0 + size_t(b)]->state->p_;
+      ++s.pos;
+    }
+    if (m.tiers) m.tiers->maintain(m.stream, B);
+    pf->logits_rows(B, dst.data());
+    CK(cudaStreamSynchronize(m.stream));
+  }
+}
+
+}  // namespace flashmoe

@@ -1,0 +1,375 @@
+// Batched decode on the GPU (Backend::forward_batch, continuous batching):
+// several sequences of different lengths, joining and leaving at different
+// steps, prompt chunks and decode tokens in the same step, against each
+// sequence run alone through forward(). Skipped where no GPU is usable (CI).
+// CudaBatchBench.DISABLED_* is the throughput bench of gpu-tasks/batch-cuda.sh.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "kv/presets.h"
+#include "runtime/bench_support.h"
+#include "test_util.h"
+#include "backend/cuda/cuda_bench.h"
+#include "backend/cuda/cuda_model.h"
+#include "runtime/cuda_backend_impl.h"
+
+using namespace flashmoe;
+using namespace flashmoe::test;
+
+namespace {
+
+int32_t argmax_of(const float* x, int64_t n) { return int32_t(std::max_element(x, x + n) - x); }
+
+// One sequence of a schedule: its prompt, the step it joins at, how many
+// tokens it generates (greedy) before it leaves.
+struct Seq {
+  std::vector<int32_t> prompt;
+  int join = 0;
+  int gen = 0;
+};
+
+// Per sequence: the generated ids and the logits that chose them ([gen][V]).
+struct Outcome {
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<std::vector<float>> logits;
+};
+
+// Each sequence alone: its whole prompt, then one token at a time.
+Outcome run_alone(const Backend& b, const KvConfig& kv, const std::vector<Seq>& seqs, ThreadPool& pool) {
+  const int64_t V = b.config().vocab_size;
+  Outcome o;
+  std::vector<float> l(static_cast<size_t>(V));
+  for (const Seq& s : seqs) {
+    auto st = b.new_state(kv);
+    b.forward(*st, s.prompt.data(), int64_t(s.prompt.size()), LogitsMode::Last, l.data(), pool);
+    o.ids.emplace_back();
+    o.logits.emplace_back();
+    for (int g = 0; g < s.gen; ++g) {
+      o.logits.back().insert(o.logits.back().end(), l.begin(), l.end());
+      const int32_t next = argmax_of(l.data(), V);
+      o.ids.back().push_back(next);
+      if (g + 1 < s.gen) b.forward(*st, &next, 1, LogitsMode::Last, l.data(), pool);
+    }
+  }
+  return o;
+}
+
+// All of them through forward_batch: from its join step on, a sequence feeds
+// its prompt in chunks of up to `chunk` tokens (logits only with the last
+// one), then its greedy tokens one per step, in the same steps as the others.
+// Returns the largest batch of single tokens seen, in *widest.
+Outcome run_batched(const Backend& b, const KvConfig& kv, const std::vector<Seq>& seqs, int chunk, ThreadPool& pool,
+                    int* widest) {
+  const int64_t V = b.config().vocab_size;
+  const size_t n = seqs.size();
+  std::vector<std::unique_ptr<State>> st(n);
+  std::vector<size_t> fed(n, 0);
+  std::vector<int32_t> next(n, 0);
+  std::vector<std::vector<float>> buf(n, std::vector<float>(static_cast<size_t>(V)));
+  Outcome o;
+  o.ids.resize(n);
+  o.logits.resize(n);
+  *widest = 0;
+  for (int step = 0;; ++step) {
+    std::vector<BatchItem> items;
+    std::vector<size_t> who;
+    bool pending = false;
+    for (size_t i = 0; i < n; ++i) {
+      const Seq& s = seqs[i];
+      if (int(o.ids[i].size()) == s.gen) continue;
+      pending = true;
+      if (s.join > step) continue;
+      if (!st[i]) st[i] = b.new_state(kv);
+      BatchItem it;
+      it.state = st[i].get();
+      it.logits = buf[i].data();
+      if (fed[i] < s.prompt.size()) {
+        it.ids = s.prompt.data() + fed[i];
+        it.n = int64_t(std::min(s.prompt.size() - fed[i], size_t(chunk)));
+        fed[i] += size_t(it.n);
+        it.mode = fed[i] == s.prompt.size() ? LogitsMode::Last : LogitsMode::None;
+      } else {
+        it.ids = &next[i];
+        it.n = 1;
+        it.mode = LogitsMode::Last;
+      }
+      items.push_back(it);
+      who.push_back(i);
+    }
+    if (!pending) break;
+    int singles = 0;
+    for (const BatchItem& it : items) singles += it.n == 1 ? 1 : 0;
+    *widest = std::max(*widest, singles);
+    b.forward_batch(items.data(), int64_t(items.size()), pool);
+    for (size_t j = 0; j < items.size(); ++j) {
+      if (items[j].mode != LogitsMode::Last) continue;
+      const size_t i = who[j];
+      o.logits[i].insert(o.logits[i].end(), buf[i].begin(), buf[i].end());
+      next[i] = argmax_of(buf[i].data(), V);
+      o.ids[i].push_back(next[i]);
+    }
+  }
+  return o;
+}
+
+// 8 sequences: prompts of 3 to 38 tokens cut from `ids`, joining at steps
+// 0..7 (a later one's prompt chunks run next to the earlier ones' decode
+// tokens), generating 5 to 12 tokens (leaving at different steps).
+std::vector<Seq> schedule(const std::vector<int32_t>& ids) {
+  std::vector<Seq> v;
+  for (int i = 0; i < 8; ++i) {
+    Seq s;
+    const size_t len = std::min(ids.size(), size_t(3 + 5 * ((i * 3) % 8)));
+    const size_t at = size_t(i * 7) % std::max<size_t>(1, ids.size() - len + 1);
+    s.prompt.assign(ids.begin() + long(at), ids.begin() + long(at + len));
+    s.join = i;
+    s.gen = 5 + i;
+    v.push_back(s);
+  }
+  return v;
+}
+
+// The batched run against the sequences alone: the same greedy ids, and
+// logits within the batched prefill's tolerances (cuda_test.cpp's
+// max_dlogit: bf16 / f16 KV elements may round the other way when K or V
+// differ in the last fp32 bits; fp8 is held to its KL only).
+void expect_batch_matches_alone(const Backend& b, const KvConfig& kv, const std::vector<Seq>& seqs,
+                                const std::string& label, ThreadPool& pool) {
+  const int64_t V = b.config().vocab_size;
+  const Outcome alone = run_alone(b, kv, seqs, pool);
+  int widest = 0;
+  const Outcome batch = run_batched(b, kv, seqs, 4, pool, &widest);
+  EXPECT_GE(widest, 4) << label << ": the schedule never batched 4 decode tokens";
+  const bool fp8 = kv.dtype == KvDType::FP8;
+  const float tol = kv.dtype == KvDType::F32 ? 2e-3f : 1e-2f;
+  double worst_kl = 0;
+  float worst_mad = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    EXPECT_EQ(batch.ids[i], alone.ids[i]) << label << " sequence " << i;
+    if (batch.ids[i] != alone.ids[i]) continue;
+    const double kl = mean_kl(alone.logits[i], batch.logits[i], V);
+    const float mad = max_abs_diff(alone.logits[i].data(), batch.logits[i].data(), alone.logits[i].size());
+    worst_kl = std::max(worst_kl, kl);
+    worst_mad = std::max(worst_mad, mad);
+    EXPECT_LE(kl, fp8 ? 1e-3 : 1e-4) << label << " sequence " << i;
+    if (!fp8) {
+      EXPECT_LE(mad, tol) << label << " sequence " << i;
+    }
+  }
+  std::printf("[cuda-batch] %-28s widest batch %d, worst mean KL %.3g, max |dlogit| %.3g\n", label.c_str(), widest,
+              worst_kl, worst_mad);
+}
+
+std::vector<std::pair<std::string, KvConfig>> kv_formats() {
+  std::vector<std::pair<std::string, KvConfig>> v;
+  v.push_back({"f32-full", KvConfig{}});
+  KvConfig w;
+  w.window = 16;  // the longer sequences wrap it
+  v.push_back({"f32-window16", w});
+  KvConfig b;
+  b.dtype = KvDType::BF16;
+  v.push_back({"bf16-full", b});
+  KvConfig f;
+  f.dtype = KvDType::F16;
+  v.push_back({"f16-window16", f});
+  v.back().second.window = 16;
+  KvConfig p;
+  p.dtype = KvDType::FP8;
+  v.push_back({"fp8-position", p});
+  KvConfig ph;
+  ph.dtype = KvDType::FP8;
+  ph.fp8_scale = Fp8ScaleMode::Head;
+  ph.window = 16;
+  v.push_back({"fp8-head-window16", ph});
+  KvConfig s;
+  s.streaming = true;
+  s.window = 12;
+  v.push_back({"streaming12", s});
+  KvConfig h;
+  h.h2o_budget = 24;
+  v.push_back({"h2o24", h});
+  KvConfig t;
+  t.tova_budget = 24;
+  v.push_back({"tova24", t});
+  return v;
+}
+
+}  // namespace
+
+// coder-mini, every KV format and retention policy, through the Backend.
+TEST(CudaBatch, CoderMiniMatchesEachSequenceAloneForEveryKvConfig) {
+  REQUIRE_GPU();
+  const std::string dir = source_path("models/coder-mini");
+  auto model = QwenModel::load(dir + "/model");
+  auto cuda = CudaModel::upload(*model);
+  const Backend& b = gpu_view(*model, *cuda);
+  const std::vector<Seq> seqs = schedule(load_ref(dir + "/reference.safetensors", "ids").ids);
+  ThreadPool pool(2);
+  for (const auto& [name, kv] : kv_formats()) expect_batch_matches_alone(b, kv, seqs, "coder-mini " + name, pool);
+}
+
+// The same with the batched step captured in CUDA graphs (one per batch
+// shape, replayed with each step's arguments).
+TEST(CudaBatch, CoderMiniThroughGraphsMatchesEachSequenceAlone) {
+  REQUIRE_GPU();
+  const std::string dir = source_path("models/coder-mini");
+  auto model = QwenModel::load(dir + "/model");
+  CudaOptions o;
+  o.decode.batch_graph = true;
+  auto cuda = CudaModel::upload(*model, o);
+  const Backend& b = gpu_view(*model, *cuda);
+  const std::vector<Seq> seqs = schedule(load_ref(dir + "/reference.safetensors", "ids").ids);
+  ThreadPool pool(2);
+  for (const auto& [name, kv] : kv_formats())
+    expect_batch_matches_alone(b, kv, seqs, "coder-mini graphs " + name, pool);
+}
+
+// Every golden fixture (dense and MoE layers, shared experts or not, both
+// architectures), f32 KV.
+TEST(CudaBatch, GoldenFixturesMatchEachSequenceAlone) {
+  REQUIRE_GPU();
+  ThreadPool pool(2);
+  for (const char* f : {"tiny-qwen35moe", "tiny-qwen35moe-fused", "tiny-qwen35moe-text", "tiny-qwen35-dense",
+                        "tiny-qwen3next", "tiny-qwen3next-sharded"}) {
+    const std::string dir = fixture_dir(f);
+    auto model = QwenModel::load(dir + "/model");
+    auto cuda = CudaModel::upload(*model);
+    const std::vector<Seq> seqs = schedule(load_ref(dir + "/reference.safetensors", "ids_long").ids);
+    expect_batch_matches_alone(gpu_view(*model, *cuda), KvConfig{}, seqs, f, pool);
+  }
+}
+
+// The 35B's shapes (bf16, 256 experts, head_dim 256, key dim 128: the
+// delta rule's cluster kernels, attention split over blocks): 4 layers of
+// the synthetic preset (3 GatedDeltaNet, 1 attention).
+TEST(CudaBatch, MatchesEachSequenceAloneAt35bShapes) {
+  REQUIRE_GPU();
+  ModelConfig c = model_preset("qwen3.5-35b-a3b");
+  c.num_layers = 4;
+  c.layer_kinds.resize(4);
+  c.layer_is_moe.resize(4);
+  auto b = synthetic_backend(c, QuantKind::None, 64, GpuOptions{});
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 64; ++i) ids.push_back(int32_t((i * 7919 + 13) % c.vocab_size));
+  const std::vector<Seq> seqs = schedule(ids);
+  ThreadPool pool(2);
+  for (const auto& [name, kv] : kv_formats())
+    if (name == "f32-full" || name == "bf16-full" || name == "fp8-head-window16" || name == "h2o24")
+      expect_batch_matches_alone(*b, kv, seqs, "35b-shapes " + name, pool);
+}
+
+// Misuse: one state twice in a batch is an Error before anything runs.
+TEST(CudaBatch, OneStateTwiceIsAnError) {
+  REQUIRE_GPU();
+  const std::string dir = source_path("models/coder-mini");
+  auto model = QwenModel::load(dir + "/model");
+  auto cuda = CudaModel::upload(*model);
+  const Backend& b = gpu_view(*model, *cuda);
+  ThreadPool pool(2);
+  auto st = b.new_state(KvConfig{});
+  const int32_t id = 1;
+  BatchItem it{st.get(), &id, 1, LogitsMode::None, nullptr};
+  BatchItem two[2] = {it, it};
+  EXPECT_THROW(b.forward_batch(two, 2, pool), Error);
+  EXPECT_EQ(st->position(), 0);
+}
+
+// Throughput of batched decode on the 35B synthetic (all 40 layers) at
+// B = 1, 8, 32, 64: aggregate tokens/s, against the bytes-touched roofline
+// of each B. A bench, not a test (nothing to pass or fail): run by
+// gpu-tasks/batch-cuda.sh with --gtest_also_run_disabled_tests.
+//
+// Bytes one step over B sequences must move (bench/NOTES.md, batched decode):
+//   weights: the non-expert weights once + of each MoE layer's E routed
+//            experts the expected union the B tokens pick, E * (1 - (1 -
+//            k/E)^B), each 3 * H * I * 2 bytes (bf16);
+//   KV:      each sequence's cache read once per attention layer;
+//   states:  each sequence's delta-rule state read and written per
+//            GatedDeltaNet layer (nv * dk * dv fp32; printed apart: the
+//            issue's formula leaves it out).
+TEST(CudaBatchBench, DISABLED_DecodeThroughputAt35b) {
+  REQUIRE_GPU();
+  const ModelConfig c = model_preset("qwen3.5-35b-a3b");
+  auto b = synthetic_backend(c, QuantKind::None, 64, GpuOptions{});
+  ThreadPool pool(2);
+  const double gbps = weight_memory_bandwidth(*b, pool).gbps;
+  const int64_t V = c.vocab_size, E = c.num_experts, k = c.num_experts_per_tok;
+  int64_t moe = 0, lin = 0, attn = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) moe += c.layer_is_moe.empty() || c.layer_is_moe[size_t(l)] ? 1 : 0;
+  const double expert = 3.0 * double(c.hidden_size) * double(c.moe_intermediate) * 2;
+  const double non_expert = double(b->weight_bytes_per_token()) - double(moe * k) * expert;
+  const KvConfig kv;  // f32, full
+  const int prompt = 32, warm = 3, steps = 16;
+  for (const LayerKind kind : c.layer_kinds) (kind == LayerKind::Full ? attn : lin) += 1;
+  std::printf("[batch-bench] qwen3.5-35b-a3b synthetic, bf16, KV f32; bandwidth %.0f GB/s (device copy); "
+              "non-expert %.2f GB, expert %.2f MB, %lld MoE layers of %lld experts, top-%lld\n",
+              gbps, non_expert / 1e9, expert / 1e6, (long long)moe, (long long)E, (long long)k);
+  double tps1 = 0;
+  CudaModel& dev = dynamic_cast<const CudaBackend&>(*b).device_for_bench();
+  for (bool graph : {false, true}) {
+    cuda_set_batch_graph(dev, graph);
+    std::printf("[batch-bench] batched step %s\n", graph ? "through CUDA graphs (one per batch shape)" : "plain launches");
+    for (int B : {1, 8, 32, 64}) {
+      if (graph && B == 1) continue;  // the single-sequence step (its own graph) either way
+      std::vector<std::unique_ptr<State>> st;
+      std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B));
+      std::vector<std::vector<float>> out(size_t(B), std::vector<float>(static_cast<size_t>(V)));
+      std::vector<BatchItem> items(static_cast<size_t>(B));
+      for (int i = 0; i < B; ++i) {
+        st.push_back(b->new_state(kv));
+        for (int t = 0; t < prompt; ++t) prompts[size_t(i)].push_back(int32_t((i * 104729 + t * 7919 + 1) % V));
+        items[size_t(i)] = BatchItem{st.back().get(), prompts[size_t(i)].data(), prompt, LogitsMode::None, nullptr};
+      }
+      b->forward_batch(items.data(), B, pool);  // the prompts (batched prefill, one sequence at a time)
+      std::vector<int32_t> tok(static_cast<size_t>(B));
+      auto step = [&](int s, LogitsMode mode) {
+        for (int i = 0; i < B; ++i) {
+          // Pseudo-random tokens (routing as random as the union formula assumes).
+          tok[size_t(i)] = int32_t((int64_t(s) * 7919 + int64_t(i) * 104729 + 17) % V);
+          items[size_t(i)] = BatchItem{st[size_t(i)].get(), &tok[size_t(i)], 1, mode, out[size_t(i)].data()};
+        }
+        b->forward_batch(items.data(), B, pool);
+      };
+      for (int s = 0; s < warm; ++s) step(s, LogitsMode::Last);
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int s = 0; s < steps; ++s) step(warm + s, LogitsMode::Last);
+      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      // The same without the logits (what the step costs apart from copying
+      // B rows of V logits to the host, which the scheduler's sampler needs).
+      const auto t2 = std::chrono::steady_clock::now();
+      for (int s = 0; s < steps; ++s) step(warm + steps + s, LogitsMode::None);
+      const double sec_none = std::chrono::duration<double>(std::chrono::steady_clock::now() - t2).count();
+      std::printf("[batch-bench] B=%-3d %s without logits to the host: %8.1f tokens/s (%.2f ms/step)\n", B,
+                  graph ? "graph" : "plain", double(B) * steps / sec_none, sec_none / steps * 1e3);
+      if (B == 1) {
+        // The same steps through forward() (today's single-sequence path), side by side.
+        const auto t1 = std::chrono::steady_clock::now();
+        for (int s = 0; s < steps; ++s) {
+          tok[0] = int32_t((int64_t(warm + 2 * steps + s) * 7919 + 17) % V);
+          b->forward(*st[0], &tok[0], 1, LogitsMode::Last, out[0].data(), pool);
+        }
+        const double sec1 = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+        std::printf("[batch-bench] B=1 through forward_batch %.1f tokens/s, through forward() %.1f tokens/s (%.2fx)\n",
+                    steps / sec, steps / sec1, sec1 / sec);
+      }
+      const double tps = double(B) * steps / sec;
+      if (B == 1) tps1 = tps;
+      const double ctx = prompt + warm + steps / 2.0;  // mean context over the steps timed with logits
+      const double union_frac = 1.0 - std::pow(1.0 - double(k) / double(E), double(B));
+      const double w = non_expert + double(moe) * double(E) * union_frac * expert;
+      const double kvb = double(B) * double(attn) * ctx * 2.0 * double(c.num_kv_heads * c.head_dim) * 4;
+      const double sb = double(B) * double(lin) * 2.0 * double(c.lin_num_v_heads * c.lin_k_dim * c.lin_v_dim) * 4;
+      const double roof = double(B) / ((w + kvb) / (gbps * 1e9));
+      const double roof_s = double(B) / ((w + kvb + sb) / (gbps * 1e9));
+      std::printf("[batch-bench] B=%-3d %s %8.1f tokens/s aggregate (%6.1f per sequence, %.2f ms/step), %.2fx B=1; "
+                  "experts touched %.1f%%; bytes/step %.2f GB weights + %.3f GB KV (+ %.2f GB delta states); "
+                  "roofline %.0f tokens/s -> %.1f%% (with states: %.0f -> %.1f%%)\n",
+                  B, graph ? "graph" : "plain", tps, tps / B, sec / steps * 1e3, tps1 > 0 ? tps / tps1 : 0.0, 100 * union_frac, w / 1e9, kvb / 1e9,
+                  sb / 1e9, roof, 100 * tps / roof, roof_s, 100 * tps / roof_s);
+    }
+  }
+}
