@@ -13,7 +13,7 @@
 # Staging, here (gpu/ is listed in .git/info/exclude and named in `carry`):
 #   mkdir -p gpu/debs && (cd gpu/debs && apt-get download nlohmann-json3-dev libcli11-dev libpcre2-dev \
 #     libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libutf8proc-dev libutf8proc2 libgtest-dev \
-#     libgmock-dev libboost1.74-dev libboost-dev libreadline-dev libreadline8 libncurses-dev)
+#     libgmock-dev libboost1.74-dev libboost-dev libreadline-dev libreadline8 libncurses-dev python3-numpy)
 #   git archive BASE -- CMakeLists.txt src bench fuzz tests/*.cpp tests/*.h scripts Makefile | gzip > gpu/base.tar.gz
 # A call sends at most 64 MiB: models/ (49 MB) and tests/fixtures (66 MB)
 # do not fit together, so move tests/fixtures out of the tree for the call

@@ -170,3 +170,7 @@ std::string join_ids(const std::vector<int32_t>& ids) {
 }
 
 }  // namespace flashmoe::test
+
+namespace flashmoe::test {
+std::string debian_python() { return ::access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3"; }
+}  // namespace flashmoe::test

@@ -82,6 +82,10 @@ struct TempDir {
 void copy_file(const std::string& from, const std::string& to);
 void write_file(const std::string& path, const std::string& data);
 std::string read_file(const std::string& path);
+// The Python that has Debian's python3-numpy (scripts/install-deps.sh):
+// /usr/bin/python3 where present (a pyenv or venv python3 earlier on PATH
+// may lack it), else python3.
+std::string debian_python();
 
 std::string join_ids(const std::vector<int32_t>& ids);
 

@@ -44,7 +44,7 @@ Registrar reg(20, [](CLI::App& app) {
   auto group = std::make_shared<int>(64);
   cmd->add_option("-m,--model", *in, "HF model directory (config.json + safetensors)")->required();
   cmd->add_option("-o,--output", *out, "Output directory (must not exist)")->required();
-  cmd->add_option("--experts", *format, "Expert format: bf16 (default), q8, q4 (group-wise affine, MLX layout)");
+  cmd->add_option("--experts", *format, "Expert format: bf16 (default), q8, q4 (group-wise affine, MLX layout), fp8 (an FP8 checkpoint's experts as stored)");
   cmd->add_option("--group", *group, "Quantisation group size along the input dimension (default 64)")
       ->check(integer_between(1, 2147483647));
   cmd->callback([=] {

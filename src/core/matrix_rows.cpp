@@ -1,6 +1,7 @@
 #include "core/matrix_rows.h"
 
 #include "core/error.h"
+#include "core/fp8_rows.h"
 #include "core/matrix_rows_levels.h"
 #include "core/simd.h"
 
@@ -110,6 +111,10 @@ void check(const Matrix& W) {
 }  // namespace
 
 void quant_dequant_row_at(CpuLevel level, const Matrix& W, int64_t r, float* out) {
+  if (W.fp8()) {
+    if (level >= CpuLevel::Avx2) return fp8_rows::dequant_avx2(W, r, out);
+    return fp8_rows::dequant_portable(W, r, out);
+  }
   check(W);
 #ifdef FLASHMOE_X86
   if (level == CpuLevel::Avx512 && W.group % 16 == 0) return avx512::quant_dequant_row(W, r, out);
@@ -119,6 +124,10 @@ void quant_dequant_row_at(CpuLevel level, const Matrix& W, int64_t r, float* out
 }
 
 float quant_dot_row_at(CpuLevel level, const Matrix& W, int64_t r, const float* x) {
+  if (W.fp8()) {
+    if (level >= CpuLevel::Avx2) return fp8_rows::dot_avx2(W, r, x);
+    return fp8_rows::dot_portable(W, r, x);
+  }
 #ifdef FLASHMOE_X86
   if (level == CpuLevel::Avx512 && W.group % 16 == 0) return avx512::quant_dot_row(W, r, x);
   if (level >= CpuLevel::Avx2) return dot_avx2(W, r, x);
@@ -139,5 +148,7 @@ void load_row(const Matrix& W, int64_t r, float* out) {
 }  // namespace flashmoe::cpu
 
 namespace flashmoe {
-const char* quant_name(QuantKind q) { return q == QuantKind::Q8 ? "q8" : q == QuantKind::Q4 ? "q4" : "none"; }
+const char* quant_name(QuantKind q) {
+  return q == QuantKind::Q8 ? "q8" : q == QuantKind::Q4 ? "q4" : q == QuantKind::Fp8Block ? "fp8" : "none";
+}
 }  // namespace flashmoe

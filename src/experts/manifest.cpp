@@ -66,6 +66,7 @@ std::string manifest_to_json(const PackedManifest& m, const std::string& config_
   j["experts"] = {{"format", m.layout.format_name()}, {"group", m.layout.group}, {"bytes", m.layout.bytes},
                   {"alignment", kExpertAlign}, {"checksum", "xxh64"},
                   {"gate", part_json(m.layout.gate)}, {"up", part_json(m.layout.up)}, {"down", part_json(m.layout.down)}};
+  if (m.layout.quant == QuantKind::Fp8Block) j["experts"]["block_rows"] = m.layout.block_rows;
   j["non_expert_weights"] = {"model.safetensors"};
   json layers = json::array();
   for (const auto& l : m.layers) {
@@ -103,7 +104,9 @@ PackedManifest parse_manifest(const std::string& text, const std::string& dir, c
     const json& ex = j.at("experts");
     QuantKind q = parse_expert_format(ex.at("format").get<std::string>(), path);
     try {
-      m.layout = ExpertLayout::make(cfg.hidden_size, cfg.moe_intermediate, q, int_field<int32_t>(ex.at("group"), "group", path));
+      const int32_t block_rows = ex.contains("block_rows") ? int_field<int32_t>(ex.at("block_rows"), "block_rows", path) : 0;
+      m.layout = ExpertLayout::make(cfg.hidden_size, cfg.moe_intermediate, q, int_field<int32_t>(ex.at("group"), "group", path),
+                                    block_rows);
     } catch (const Error& e) {
       bad(std::string("experts section does not describe a valid layout: ") + e.what());
     }

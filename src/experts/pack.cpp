@@ -98,6 +98,11 @@ void write_expert_layer(const std::string& path, const std::vector<FfnExpert>& e
       std::fill(rec.begin(), rec.end(), uint8_t(0));
       const std::pair<const Matrix*, const ExpertPart*> parts[3] = {{&e.gate, &layout.gate}, {&e.up, &layout.up}, {&e.down, &layout.down}};
       for (const auto& [m, part] : parts) {
+        if (layout.quant == QuantKind::Fp8Block) {  // codes and block scales as stored
+          std::memcpy(rec.data() + part->offset, m->data, part->bytes);
+          std::memcpy(rec.data() + part->scales, m->block_scales, m->block_scale_bytes());
+          continue;
+        }
         QuantizedMatrix q = quantize_matrix(*m, opt.experts, opt.group);
         std::memcpy(rec.data() + part->offset, q.data.data(), part->bytes);
         if (opt.experts != QuantKind::None) {
@@ -125,7 +130,29 @@ void write_expert_layer(const std::string& path, const std::vector<FfnExpert>& e
 void write_packed_model(const std::string& in, const Checkpoint& ck, const ModelConfig& cfg,
                         const LayerExperts& experts, const std::string& out, const PackOptions& opt,
                         const PackProgress& progress) {
-  const ExpertLayout layout = ExpertLayout::make(cfg.hidden_size, cfg.moe_intermediate, opt.experts, opt.group);
+  ExpertLayout layout;
+  if (opt.experts == QuantKind::Fp8Block) {
+    // FP8 experts are copied as they are: every expert must be FP8 with the
+    // same blocks, each matrix starting on a block row.
+    const FfnExpert* first = nullptr;
+    for (int64_t i = 0; i < cfg.num_layers && !first; ++i)
+      if (cfg.layer_is_moe[i] && !experts(i).empty()) first = &experts(i)[0];
+    if (!first || !first->gate.fp8())
+      fail("--experts fp8 keeps FP8 experts as they are stored, and this checkpoint's experts are " +
+           std::string(first && first->gate.quantized() ? quant_name(first->gate.quant) : "floats") +
+           " (pick bf16, q8 or q4)");
+    layout = ExpertLayout::make(cfg.hidden_size, cfg.moe_intermediate, opt.experts, first->gate.group, first->gate.block_rows);
+    for (int64_t i = 0; i < cfg.num_layers; ++i) {
+      if (!cfg.layer_is_moe[i]) continue;
+      for (const FfnExpert& e : experts(i))
+        for (const Matrix* m : {&e.gate, &e.up, &e.down})
+          if (!m->fp8() || m->group != layout.group || m->block_rows != layout.block_rows || m->block_row0 != 0)
+            fail("--experts fp8: layer " + std::to_string(i) +
+                 " has an expert that is not FP8 in whole blocks of the first expert's size (pick bf16, q8 or q4)");
+    }
+  } else {
+    layout = ExpertLayout::make(cfg.hidden_size, cfg.moe_intermediate, opt.experts, opt.group);
+  }
 
   std::string tmpl = out + ".tmp-XXXXXX";
   std::vector<char> buf(tmpl.begin(), tmpl.end());
@@ -138,7 +165,7 @@ void write_packed_model(const std::string& in, const Checkpoint& ck, const Model
     // Non-expert weights, byte for byte under their original names.
     std::vector<TensorToWrite> rest;
     for (const std::string& name : ck.tensor_names()) {
-      if (name.find(".mlp.experts.") != std::string::npos) continue;
+      if (name.find(".mlp.experts.") != std::string::npos || name.find(".mlp.switch_mlp.") != std::string::npos) continue;
       TensorView t = ck.get("/" + name);
       rest.push_back({name, t.dtype, t.shape, t.data});
     }

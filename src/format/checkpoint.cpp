@@ -65,26 +65,12 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   }
   bool wrapper = std::any_of(where_.begin(), where_.end(),
                              [](const auto& kv) { return starts_with(kv.first, "model.language_model."); });
-  prefix_ = wrapper ? "model.language_model." : "model.";
+  const bool mlx_wrapper = std::any_of(where_.begin(), where_.end(),
+                                      [](const auto& kv) { return starts_with(kv.first, "language_model.model."); });
+  prefix_ = wrapper ? "model.language_model." : mlx_wrapper ? "language_model.model." : "model.";
 
-  // MLX writes {"quantization": {"group_size": 64, "bits": 4}} into config.json.
   const std::string cfg_path = dir + "/config.json";
-  if (file_exists(cfg_path)) {
-    json cfg = json::parse(read_text_file(cfg_path), nullptr, false);
-    const json* q = nullptr;
-    if (cfg.is_object() && cfg.contains("quantization")) q = &cfg["quantization"];
-    if (q && q->is_object()) {
-      if (!q->contains("group_size") || !(*q)["group_size"].is_number_integer() || !q->contains("bits") ||
-          !(*q)["bits"].is_number_integer())
-        fail(cfg_path + ": 'quantization' must have integer 'group_size' and 'bits'");
-      quant_group_ = (*q)["group_size"].get<int>();
-      quant_bits_ = (*q)["bits"].get<int>();
-      if (quant_bits_ != 4 && quant_bits_ != 8)
-        fail(cfg_path + ": quantization bits " + std::to_string(quant_bits_) + " is not supported (4 or 8)");
-      if (quant_group_ <= 0 || quant_group_ % 8 != 0)
-        fail(cfg_path + ": quantization group_size " + std::to_string(quant_group_) + " must be a positive multiple of 8");
-    }
-  }
+  if (file_exists(cfg_path)) quant_ = parse_quantization_config(read_text_file(cfg_path), cfg_path);
 }
 
 std::string Checkpoint::full_name(const std::string& name) const {
@@ -122,28 +108,85 @@ TensorView Checkpoint::expect(const std::string& name, const std::vector<int64_t
   return t;
 }
 
-Matrix Checkpoint::matrix(const std::string& name, int64_t rows, int64_t cols) const {
-  TensorView raw = get(name);
-  if (raw.dtype == DType::U32 || raw.dtype == DType::I32) return quantized_matrix(raw, rows, cols);
-  TensorView t = expect(name, {rows, cols});
-  return Matrix{t.dtype, t.data, rows, cols};
+std::string Checkpoint::lm_head_name() const {
+  return prefix_ == "language_model.model." ? "/language_model.lm_head.weight" : "/lm_head.weight";
 }
 
-Matrix Checkpoint::quantized_matrix(const TensorView& w, int64_t rows, int64_t cols) const {
+Matrix Checkpoint::matrix(const std::string& name, int64_t rows, int64_t cols) const {
+  return any_matrix(name, 0, rows, cols);
+}
+
+Matrix Checkpoint::stacked_matrix(const std::string& name, int64_t count, int64_t rows, int64_t cols) const {
+  return any_matrix(name, count, rows, cols);
+}
+
+Matrix Checkpoint::any_matrix(const std::string& name, int64_t lead, int64_t rows, int64_t cols) const {
+  TensorView raw = get(name);
+  if (raw.dtype == DType::U32 || raw.dtype == DType::I32) return quantized_matrix(raw, lead, rows, cols);
+  if (raw.dtype == DType::F8_E4M3) return fp8_matrix(raw, lead, rows, cols);
+  TensorView t = lead ? expect(name, {lead, rows, cols}) : expect(name, {rows, cols});
+  return Matrix{t.dtype, t.data, (lead ? lead : 1) * rows, cols};
+}
+
+Matrix Checkpoint::fp8_matrix(const TensorView& w, int64_t lead, int64_t rows, int64_t cols) const {
   const std::string& n = w.name;
-  if (quant_bits_ == 0)
+  const Fp8BlockQuantization& f = quant_.fp8;
+  if (!f.present)
+    fail(dir_ + ": tensor '" + n + "' is F8_E4M3 but config.json has no 'quantization_config' with quant_method 'fp8'");
+  std::vector<int64_t> shape = {rows, cols};
+  if (lead) shape.insert(shape.begin(), lead);
+  if (w.shape != shape)
+    fail(dir_ + ": tensor '" + n + "' has shape " + w.shape_str() + ", expected " + shape_to_string(shape) + " from config.json");
+  if (lead && rows % f.block_rows != 0)
+    fail(dir_ + ": tensor '" + n + "': stacked FP8 matrices of " + std::to_string(rows) +
+         " rows do not split into blocks of " + std::to_string(f.block_rows) + " rows");
+  std::vector<int64_t> side = {(rows + f.block_rows - 1) / f.block_rows, (cols + f.block_cols - 1) / f.block_cols};
+  if (lead) side.insert(side.begin(), lead);
+  const std::string sname = "/" + n + "_scale_inv";
+  if (!has(sname))
+    fail(dir_ + ": tensor '" + n + "' is F8_E4M3 but its block scales '" + n + "_scale_inv' are missing");
+  TensorView sc = get(sname);
+  if (sc.shape != side)
+    fail(dir_ + ": tensor '" + sc.name + "' has shape " + sc.shape_str() + ", expected " + shape_to_string(side) +
+         " (blocks of [" + std::to_string(f.block_rows) + ", " + std::to_string(f.block_cols) + "] over " +
+         shape_to_string(shape) + ")");
+  if (sc.dtype != DType::F32)
+    fail(dir_ + ": tensor '" + sc.name + "' has dtype " + dtype_name(sc.dtype) + "; FP8 block scales must be F32");
+  Matrix m;
+  m.dtype = DType::U8;
+  m.data = w.data;
+  m.rows = (lead ? lead : 1) * rows;
+  m.cols = cols;
+  m.quant = QuantKind::Fp8Block;
+  m.group = f.block_cols;
+  m.block_rows = f.block_rows;
+  m.block_scales = reinterpret_cast<const float*>(sc.data);
+  return m;
+}
+
+Matrix Checkpoint::quantized_matrix(const TensorView& w, int64_t lead, int64_t rows, int64_t cols) const {
+  const std::string& n = w.name;
+  const std::string stem = n.size() > 7 && n.compare(n.size() - 7, 7, ".weight") == 0 ? n.substr(0, n.size() - 7) : n;
+  if (!quant_.mlx.present)
     fail(dir_ + ": tensor '" + n + "' is packed (" + dtype_name(w.dtype) +
          ") but config.json has no 'quantization' {group_size, bits}");
-  const int bits = quant_bits_, group = quant_group_;
+  const GroupQuant q = quant_.mlx.of(stem);
+  if (q.bits == 0)
+    fail(dir_ + ": tensor '" + n + "' is packed (" + dtype_name(w.dtype) + ") but config.json's 'quantization' says module '" +
+         stem + "' is not quantised");
+  const int bits = q.bits, group = q.group;
   if (cols % group != 0 || (cols * bits) % 32 != 0)
     fail(dir_ + ": tensor '" + n + "': " + std::to_string(cols) + " columns do not split into groups of " +
          std::to_string(group));
-  const std::vector<int64_t> packed = {rows, cols * bits / 32}, side = {rows, cols / group};
+  std::vector<int64_t> packed = {rows, cols * bits / 32}, side = {rows, cols / group};
+  if (lead) {
+    packed.insert(packed.begin(), lead);
+    side.insert(side.begin(), lead);
+  }
   if (w.shape != packed)
     fail(dir_ + ": tensor '" + n + "' has shape " + w.shape_str() + ", expected " + shape_to_string(packed) +
          " for " + std::to_string(bits) + "-bit weights of [" + std::to_string(rows) + ", " +
-         std::to_string(cols) + "]");
-  const std::string stem = n.size() > 7 && n.compare(n.size() - 7, 7, ".weight") == 0 ? n.substr(0, n.size() - 7) : n;
+         std::to_string(cols) + "] (group_size " + std::to_string(group) + ")");
   TensorView sc = get("/" + stem + ".scales"), bi = get("/" + stem + ".biases");
   for (const TensorView* t : {&sc, &bi}) {
     if (t->shape != side)
@@ -154,7 +197,7 @@ Matrix Checkpoint::quantized_matrix(const TensorView& w, int64_t rows, int64_t c
   Matrix m;
   m.dtype = DType::U8;
   m.data = w.data;
-  m.rows = rows;
+  m.rows = (lead ? lead : 1) * rows;
   m.cols = cols;
   m.quant = bits == 4 ? QuantKind::Q4 : QuantKind::Q8;
   m.group = group;

@@ -22,7 +22,8 @@ QwenModel::QwenModel(ModelConfig cfg, ModelWeights w, std::shared_ptr<const void
     layers.push_back(&l.ffn.experts);
     if (eb == 0 && !l.ffn.experts.empty()) {
       const FfnExpert& e = l.ffn.experts[0];
-      eb = e.gate.nbytes() + e.up.nbytes() + e.down.nbytes() + 2 * (e.gate.scale_bytes() + e.up.scale_bytes() + e.down.scale_bytes());
+      eb = e.gate.nbytes() + e.up.nbytes() + e.down.nbytes() + 2 * (e.gate.scale_bytes() + e.up.scale_bytes() + e.down.scale_bytes()) +
+           e.gate.block_scale_bytes() + e.up.block_scale_bytes() + e.down.block_scale_bytes();
     }
   }
   store_ = make_weights_store(std::move(layers), eb);

@@ -4,7 +4,7 @@ namespace flashmoe {
 
 namespace {
 // A quantised matrix is read with its bf16 scales and biases.
-int64_t matrix_bytes(const Matrix& m) { return int64_t(m.nbytes() + 2 * m.scale_bytes()); }
+int64_t matrix_bytes(const Matrix& m) { return int64_t(m.nbytes() + 2 * m.scale_bytes() + m.block_scale_bytes()); }
 int64_t mlp_bytes(const FfnExpert& e) { return matrix_bytes(e.gate) + matrix_bytes(e.up) + matrix_bytes(e.down); }
 int64_t vec_bytes(const std::vector<float>& v) { return int64_t(v.size() * sizeof(float)); }
 }  // namespace

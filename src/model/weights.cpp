@@ -21,12 +21,18 @@ FfnExpert load_mlp(const Checkpoint& ck, const std::string& p, int64_t H, int64_
 
 void load_experts(const Checkpoint& ck, const std::string& p, const ModelConfig& c, FfnWeights* f) {
   const int64_t E = c.num_experts, H = c.hidden_size, I = c.moe_intermediate;
-  if (ck.has(p + "experts.gate_up_proj")) {
-    // Fused layout of published checkpoints: gate_up [E, 2I, H], down [E, H, I].
-    TensorView gu = ck.expect(p + "experts.gate_up_proj", {E, 2 * I, H});
-    TensorView dn = ck.expect(p + "experts.down_proj", {E, H, I});
-    Matrix gum{gu.dtype, gu.data, E * 2 * I, H};
-    Matrix dnm{dn.dtype, dn.data, E * H, I};
+  if (ck.has(p + "switch_mlp.gate_proj.weight")) {
+    // mlx-lm's SwitchGLU: gate, up [E, I, H] and down [E, H, I], each stacked
+    // over the experts (and quantised as one module).
+    Matrix g = ck.stacked_matrix(p + "switch_mlp.gate_proj.weight", E, I, H);
+    Matrix u = ck.stacked_matrix(p + "switch_mlp.up_proj.weight", E, I, H);
+    Matrix d = ck.stacked_matrix(p + "switch_mlp.down_proj.weight", E, H, I);
+    for (int64_t e = 0; e < E; ++e) f->experts.push_back({g.slice_rows(e * I, I), u.slice_rows(e * I, I), d.slice_rows(e * H, H)});
+  } else if (ck.has(p + "experts.gate_up_proj")) {
+    // Fused layout of published checkpoints: gate_up [E, 2I, H], down [E, H, I]
+    // (FP8 releases: with `_scale_inv` blocks beside each).
+    Matrix gum = ck.stacked_matrix(p + "experts.gate_up_proj", E, 2 * I, H);
+    Matrix dnm = ck.stacked_matrix(p + "experts.down_proj", E, H, I);
     for (int64_t e = 0; e < E; ++e)
       f->experts.push_back({gum.slice_rows(e * 2 * I, I), gum.slice_rows(e * 2 * I + I, I), dnm.slice_rows(e * H, H)});
   } else {
@@ -42,7 +48,8 @@ void load_experts(const Checkpoint& ck, const std::string& p, const ModelConfig&
 void check_all_used(const Checkpoint& ck, const ModelConfig& c, bool with_experts) {
   std::vector<std::string> unused;
   for (const std::string& n : ck.unused_tensors())
-    if (with_experts || n.find(".mlp.experts.") == std::string::npos) unused.push_back(n);
+    if (with_experts || (n.find(".mlp.experts.") == std::string::npos && n.find(".mlp.switch_mlp.") == std::string::npos))
+      unused.push_back(n);
   if (unused.empty()) return;
   const std::string& first = unused.front();
   const std::string more =
@@ -97,28 +104,45 @@ ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& c, bool with_
   ModelWeights w;
   const int64_t H = c.hidden_size, V = c.vocab_size;
   w.embed = ck.matrix("embed_tokens.weight", V, H);
-  if (ck.has("/lm_head.weight")) w.lm_head = ck.matrix("/lm_head.weight", V, H);
+  if (ck.has(ck.lm_head_name())) w.lm_head = ck.matrix(ck.lm_head_name(), V, H);
   else if (c.tie_word_embeddings) w.lm_head = w.embed;
   else fail(ck.dir() + ": checkpoint has no tensor 'lm_head.weight' and tie_word_embeddings is false");
-  w.final_norm = ck.vector_f32("norm.weight", {H});
 
   const int64_t nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
   const int64_t nk = c.lin_num_k_heads, nv = c.lin_num_v_heads, dk = c.lin_k_dim, dv = c.lin_v_dim;
   const int64_t conv_dim = c.lin_conv_dim(), K = c.conv_kernel;
+  // mlx-lm converts an HF checkpoint in one step (its sanitize()): the conv
+  // taps become [C, K, 1] (MLX's channels-last Conv1d) and the zero-centred
+  // norms (input, post-attention, final, q, k) are stored as 1 + w, since
+  // MLX's RMSNorm scales by w. The conv's shape tells such a checkpoint
+  // apart; the norms are shifted back here (exact in fp32).
+  const bool mlx_lm = [&] {
+    for (int64_t i = 0; i < c.num_layers; ++i)
+      if (c.layer_kinds[i] == LayerKind::Linear && ck.has(L(i) + "linear_attn.conv1d.weight"))
+        return ck.get(L(i) + "linear_attn.conv1d.weight").shape == std::vector<int64_t>{conv_dim, K, 1} && K != 1;
+    return false;
+  }();
+  auto norm = [&](const std::string& name, int64_t n) {
+    std::vector<float> v = ck.vector_f32(name, {n});
+    if (mlx_lm)
+      for (float& x : v) x -= 1.0f;
+    return v;
+  };
+  w.final_norm = norm("norm.weight", H);
   for (int64_t i = 0; i < c.num_layers; ++i) {
     LayerWeights lw;
     const std::string p = L(i);
     lw.kind = c.layer_kinds[i];
-    lw.input_norm = ck.vector_f32(p + "input_layernorm.weight", {H});
-    lw.post_norm = ck.vector_f32(p + "post_attention_layernorm.weight", {H});
+    lw.input_norm = norm(p + "input_layernorm.weight", H);
+    lw.post_norm = norm(p + "post_attention_layernorm.weight", H);
     if (lw.kind == LayerKind::Full) {
       const std::string a = p + "self_attn.";
       lw.attn.q_proj = ck.matrix(a + "q_proj.weight", 2 * nh * hd, H);
       lw.attn.k_proj = ck.matrix(a + "k_proj.weight", nkv * hd, H);
       lw.attn.v_proj = ck.matrix(a + "v_proj.weight", nkv * hd, H);
       lw.attn.o_proj = ck.matrix(a + "o_proj.weight", H, nh * hd);
-      lw.attn.q_norm = ck.vector_f32(a + "q_norm.weight", {hd});
-      lw.attn.k_norm = ck.vector_f32(a + "k_norm.weight", {hd});
+      lw.attn.q_norm = norm(a + "q_norm.weight", hd);
+      lw.attn.k_norm = norm(a + "k_norm.weight", hd);
     } else {
       const std::string a = p + "linear_attn.";
       LinearAttentionWeights& l = lw.lin;
@@ -138,7 +162,8 @@ ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& c, bool with_
                      ck.matrix(a + "in_proj_b.weight", nv, H), ck.matrix(a + "in_proj_a.weight", nv, H)};
         for (int i = 0; i < 4; ++i) in.blocks.push_back({i, 0, in.stored[size_t(i)].rows});
       }
-      l.conv = ck.vector_f32(a + "conv1d.weight", {conv_dim, 1, K});
+      // [C, 1, K] (HF) and [C, K, 1] (mlx-lm) hold the taps in the same order.
+      l.conv = ck.vector_f32(a + "conv1d.weight", mlx_lm ? std::vector<int64_t>{conv_dim, K, 1} : std::vector<int64_t>{conv_dim, 1, K});
       l.dt_bias = ck.vector_f32(a + "dt_bias", {nv});
       std::vector<float> a_log = ck.vector_f32(a + "A_log", {nv});
       for (float x : a_log) l.neg_exp_A.push_back(-std::exp(x));

@@ -115,6 +115,10 @@ DMat CudaModel::Impl::upload_rows(const std::vector<Matrix>& parts, const std::s
 // Error naming the layer where the kernels cannot take them.
 QExpert CudaModel::Impl::quant_layout(const FfnExpert& e, const std::string& where) const {
   const Matrix& g = e.gate;
+  if (g.fp8())
+    fail_device(DeviceFailure::Unsupported, "CUDA backend: " + where +
+                                                "experts in FP8 blocks are not supported on the GPU yet (run with --device cpu, "
+                                                "or `flashmoe pack --experts q8|q4|bf16` first)");
   const int bits = quant_bits(g.quant), H = int(c.hidden_size), I = int(c.moe_intermediate);
   const int epc = 128 / bits;  // columns per 16-byte load (quant_experts.cuh)
   if (H % epc != 0 || I % epc != 0 || g.group % 8 != 0)
