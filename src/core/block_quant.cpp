@@ -1,0 +1,321 @@
+#include "core/block_quant.h"
+
+#include <cstring>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define FLASHMOE_X86 1
+#define AVX2_FN __attribute__((target("avx2,fma,f16c")))
+#endif
+
+namespace flashmoe {
+
+int64_t block_elems(QuantKind q) {
+  switch (q) {
+    case QuantKind::Q4_K: case QuantKind::Q5_K: case QuantKind::Q6_K: case QuantKind::IQ4_XS: return 256;
+    case QuantKind::None: case QuantKind::Q8: case QuantKind::Q4: return 1;
+    default: return 32;
+  }
+}
+
+int64_t block_bytes(QuantKind q) {
+  switch (q) {
+    case QuantKind::Q8_0: return 34;
+    case QuantKind::Q4_0: return 18;
+    case QuantKind::Q4_1: return 20;
+    case QuantKind::Q5_0: return 22;
+    case QuantKind::Q5_1: return 24;
+    case QuantKind::IQ4_NL: return 18;
+    case QuantKind::Q4_K: return 144;
+    case QuantKind::Q5_K: return 176;
+    case QuantKind::Q6_K: return 210;
+    case QuantKind::IQ4_XS: return 136;
+    default: return 0;
+  }
+}
+
+}  // namespace flashmoe
+
+namespace flashmoe::cpu {
+
+namespace {
+
+// The 16 non-uniform levels of IQ4_NL / IQ4_XS.
+constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+inline float half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+inline void deq_q8_0(const uint8_t* b, float* y) {
+  const float d = half(b);
+  const int8_t* q = reinterpret_cast<const int8_t*>(b + 2);
+  for (int j = 0; j < 32; ++j) y[j] = float(q[j]) * d;
+}
+
+inline void deq_q4_0(const uint8_t* b, float* y) {
+  const float d = half(b);
+  const uint8_t* q = b + 2;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = float(int(q[j] & 0xF) - 8) * d;
+    y[j + 16] = float(int(q[j] >> 4) - 8) * d;
+  }
+}
+
+inline void deq_q4_1(const uint8_t* b, float* y) {
+  const float d = half(b), m = half(b + 2);
+  const uint8_t* q = b + 4;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = float(q[j] & 0xF) * d + m;
+    y[j + 16] = float(q[j] >> 4) * d + m;
+  }
+}
+
+// Q5_0 / Q5_1: bit j of qh is the fifth bit of weight j.
+inline void deq_q5(const uint8_t* b, float* y, bool with_min) {
+  const float d = half(b), m = with_min ? half(b + 2) : 0.0f;
+  const uint8_t* p = b + (with_min ? 4 : 2);
+  uint32_t qh;
+  std::memcpy(&qh, p, 4);
+  const uint8_t* q = p + 4;
+  const int off = with_min ? 0 : 16;
+  for (int j = 0; j < 16; ++j) {
+    const int h0 = int((qh >> j) & 1) << 4, h1 = int((qh >> (j + 16)) & 1) << 4;
+    const int x0 = int(q[j] & 0xF) | h0, x1 = int(q[j] >> 4) | h1;
+    if (with_min) {
+      y[j] = float(x0) * d + m;
+      y[j + 16] = float(x1) * d + m;
+    } else {
+      y[j] = float(x0 - off) * d;
+      y[j + 16] = float(x1 - off) * d;
+    }
+  }
+}
+
+inline void deq_iq4_nl(const uint8_t* b, float* y) {
+  const float d = half(b);
+  const uint8_t* q = b + 2;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = d * float(kIq4Values[q[j] & 0xF]);
+    y[j + 16] = d * float(kIq4Values[q[j] >> 4]);
+  }
+}
+
+// The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K block.
+inline void k_scale_min(int j, const uint8_t* s, int* sc, int* mn) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *mn = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+    *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// Q4_K (qh == nullptr) and Q5_K: 8 sub-blocks of 32; pairs of sub-blocks
+// share 32 bytes of nibbles (low nibble: the first, high: the second).
+inline void deq_qk(const uint8_t* b, float* y, bool five) {
+  const float d = half(b), dmin = half(b + 2);
+  const uint8_t* sc = b + 4;
+  const uint8_t* qh = five ? b + 16 : nullptr;
+  const uint8_t* q = five ? b + 48 : b + 16;
+  for (int j = 0; j < 8; j += 2) {
+    int s0, m0, s1, m1;
+    k_scale_min(j, sc, &s0, &m0);
+    k_scale_min(j + 1, sc, &s1, &m1);
+    const float d1 = d * float(s0), mm1 = dmin * float(m0), d2 = d * float(s1), mm2 = dmin * float(m1);
+    for (int l = 0; l < 32; ++l) {
+      const int h = five ? ((qh[l] >> j) & 1) << 4 : 0;
+      y[l] = d1 * float((q[l] & 0xF) + h) - mm1;
+    }
+    for (int l = 0; l < 32; ++l) {
+      const int h = five ? ((qh[l] >> (j + 1)) & 1) << 4 : 0;
+      y[l + 32] = d2 * float((q[l] >> 4) + h) - mm2;
+    }
+    q += 32;
+    y += 64;
+  }
+}
+
+inline void deq_q6_k(const uint8_t* b, float* y) {
+  const uint8_t* ql = b;
+  const uint8_t* qh = b + 128;
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+  const float d = half(b + 208);
+  for (int n = 0; n < 2; ++n) {
+    for (int l = 0; l < 32; ++l) {
+      const int is = l / 16;
+      const int q1 = int((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+      const int q2 = int((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+      const int q3 = int((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+      const int q4 = int((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+      y[l] = d * float(sc[is]) * float(q1);
+      y[l + 32] = d * float(sc[is + 2]) * float(q2);
+      y[l + 64] = d * float(sc[is + 4]) * float(q3);
+      y[l + 96] = d * float(sc[is + 6]) * float(q4);
+    }
+    y += 128;
+    ql += 64;
+    qh += 32;
+    sc += 8;
+  }
+}
+
+inline void deq_iq4_xs(const uint8_t* b, float* y) {
+  const float d = half(b);
+  uint16_t sh;
+  std::memcpy(&sh, b + 2, 2);
+  const uint8_t* sl = b + 4;
+  const uint8_t* q = b + 8;
+  for (int ib = 0; ib < 8; ++ib) {
+    const int ls = ((sl[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
+    const float dl = d * float(ls - 32);
+    for (int j = 0; j < 16; ++j) {
+      y[j] = dl * float(kIq4Values[q[j] & 0xF]);
+      y[j + 16] = dl * float(kIq4Values[q[j] >> 4]);
+    }
+    y += 32;
+    q += 16;
+  }
+}
+
+__attribute__((always_inline)) inline void deq(QuantKind k, const uint8_t* b, float* y) {
+  switch (k) {
+    case QuantKind::Q8_0: return deq_q8_0(b, y);
+    case QuantKind::Q4_0: return deq_q4_0(b, y);
+    case QuantKind::Q4_1: return deq_q4_1(b, y);
+    case QuantKind::Q5_0: return deq_q5(b, y, false);
+    case QuantKind::Q5_1: return deq_q5(b, y, true);
+    case QuantKind::IQ4_NL: return deq_iq4_nl(b, y);
+    case QuantKind::Q4_K: return deq_qk(b, y, false);
+    case QuantKind::Q5_K: return deq_qk(b, y, true);
+    case QuantKind::Q6_K: return deq_q6_k(b, y);
+    case QuantKind::IQ4_XS: return deq_iq4_xs(b, y);
+    default: fail(std::string("not a block-quantised kind: ") + quant_name(k));
+  }
+}
+
+const uint8_t* row_ptr(const Matrix& W, int64_t r) {
+  return static_cast<const uint8_t*>(W.data) + size_t(r) * W.row_bytes();
+}
+
+float dot_generic(const Matrix& W, int64_t r, const float* x) {
+  const int64_t be = block_elems(W.quant), bb = block_bytes(W.quant), nb = W.cols / be;
+  const uint8_t* row = row_ptr(W, r);
+  float tmp[256];
+  float acc = 0;
+  for (int64_t b = 0; b < nb; ++b) {
+    deq(W.quant, row + b * bb, tmp);
+    const float* xb = x + b * be;
+    float part = 0;
+    for (int64_t j = 0; j < be; ++j) part += tmp[j] * xb[j];
+    acc += part;
+  }
+  return acc;
+}
+
+#ifdef FLASHMOE_X86
+AVX2_FN inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
+  return _mm_cvtss_f32(lo);
+}
+
+// Q8_0: the 32 int8 of a block widened 8 at a time, times d, against x.
+AVX2_FN float dot_q8_0_avx2(const Matrix& W, int64_t r, const float* x) {
+  const int64_t nb = W.cols / 32;
+  const uint8_t* row = row_ptr(W, r);
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + b * 34;
+    uint16_t h;
+    std::memcpy(&h, blk, 2);
+    const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16(short(h)));
+    const int8_t* q = reinterpret_cast<const int8_t*>(blk + 2);
+    const float* xb = x + b * 32;
+    for (int k = 0; k < 32; k += 16) {
+      const __m256 w0 = _mm256_mul_ps(
+          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + k)))), d);
+      const __m256 w1 = _mm256_mul_ps(
+          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + k + 8)))), d);
+      a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb + k), a0);
+      a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + k + 8), a1);
+    }
+  }
+  return hsum(_mm256_add_ps(a0, a1));
+}
+
+// Other kinds: a block is expanded into registers-sized chunks of a stack
+// buffer (the expansion code is compiled for AVX2 here, so the compiler
+// vectorises it), then multiplied 16 lanes at a time.
+template <QuantKind K>
+AVX2_FN float dot_block_avx2(const Matrix& W, int64_t r, const float* x) {
+  constexpr int64_t be = K == QuantKind::Q4_K || K == QuantKind::Q5_K || K == QuantKind::Q6_K || K == QuantKind::IQ4_XS ? 256 : 32;
+  const int64_t bb = block_bytes(K), nb = W.cols / be;
+  const uint8_t* row = row_ptr(W, r);
+  alignas(32) float tmp[be];
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+  for (int64_t b = 0; b < nb; ++b) {
+    deq(K, row + b * bb, tmp);
+    const float* xb = x + b * be;
+    for (int64_t j = 0; j < be; j += 16) {
+      a0 = _mm256_fmadd_ps(_mm256_load_ps(tmp + j), _mm256_loadu_ps(xb + j), a0);
+      a1 = _mm256_fmadd_ps(_mm256_load_ps(tmp + j + 8), _mm256_loadu_ps(xb + j + 8), a1);
+    }
+  }
+  return hsum(_mm256_add_ps(a0, a1));
+}
+
+float dot_avx2(const Matrix& W, int64_t r, const float* x) {
+  switch (W.quant) {
+    case QuantKind::Q8_0: return dot_q8_0_avx2(W, r, x);
+    case QuantKind::Q4_0: return dot_block_avx2<QuantKind::Q4_0>(W, r, x);
+    case QuantKind::Q4_1: return dot_block_avx2<QuantKind::Q4_1>(W, r, x);
+    case QuantKind::Q5_0: return dot_block_avx2<QuantKind::Q5_0>(W, r, x);
+    case QuantKind::Q5_1: return dot_block_avx2<QuantKind::Q5_1>(W, r, x);
+    case QuantKind::IQ4_NL: return dot_block_avx2<QuantKind::IQ4_NL>(W, r, x);
+    case QuantKind::Q4_K: return dot_block_avx2<QuantKind::Q4_K>(W, r, x);
+    case QuantKind::Q5_K: return dot_block_avx2<QuantKind::Q5_K>(W, r, x);
+    case QuantKind::Q6_K: return dot_block_avx2<QuantKind::Q6_K>(W, r, x);
+    case QuantKind::IQ4_XS: return dot_block_avx2<QuantKind::IQ4_XS>(W, r, x);
+    default: return dot_generic(W, r, x);
+  }
+}
+#endif
+
+void check(const Matrix& W) {
+  if (!W.block_quantized() || W.cols % block_elems(W.quant) != 0)
+    fail(std::string("block-quantised matrix [") + std::to_string(W.rows) + ", " + std::to_string(W.cols) +
+         "] of kind " + quant_name(W.quant) + ": columns are not a whole number of blocks");
+}
+
+}  // namespace
+
+void block_dequant(QuantKind q, const uint8_t* block, float* out) { deq(q, block, out); }
+
+void block_dequant_row(const Matrix& W, int64_t r, float* out) {
+  check(W);
+  const int64_t be = block_elems(W.quant), bb = block_bytes(W.quant), nb = W.cols / be;
+  const uint8_t* row = row_ptr(W, r);
+  for (int64_t b = 0; b < nb; ++b) deq(W.quant, row + b * bb, out + b * be);
+}
+
+float block_dot_row_at(CpuLevel level, const Matrix& W, int64_t r, const float* x) {
+#ifdef FLASHMOE_X86
+  if (level >= CpuLevel::Avx2) return dot_avx2(W, r, x);
+#else
+  (void)level;
+#endif
+  return dot_generic(W, r, x);
+}
+
+float block_dot_row(const Matrix& W, int64_t r, const float* x) { return block_dot_row_at(cpu_level(), W, r, x); }
+
+}  // namespace flashmoe::cpu
