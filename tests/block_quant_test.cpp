@@ -116,11 +116,11 @@ TEST_P(BlockQuant, RowsAndProductsMatchTheLayout) {
   W.rows = rows;
   W.cols = cols;
   ASSERT_EQ(W.nbytes(), data.size());
-  std::vector<float> x(size_t(cols));
+  std::vector<float> x(static_cast<size_t>(cols));
   std::normal_distribution<float> n(0.0f, 1.0f);
   for (float& v : x) v = n(rng);
   const int64_t be = block_elems(q);
-  std::vector<float> got(size_t(cols));
+  std::vector<float> got(static_cast<size_t>(cols));
   for (int64_t r = 0; r < rows; ++r) {
     cpu::block_dequant_row(W, r, got.data());
     double dot = 0, mag = 0;

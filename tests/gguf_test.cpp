@@ -3,7 +3,11 @@
 // logits for them (tests/fixtures/gguf/README.md).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "core/argmax.h"
 #include "core/error.h"
@@ -11,6 +15,7 @@
 #include "format/gguf.h"
 #include "format/gguf_config.h"
 #include "test_util.h"
+#include "tokenizer/gguf_tokenizer.h"
 
 using namespace flashmoe;
 using namespace flashmoe::test;
@@ -194,6 +199,60 @@ TEST(GgufReader, SplitFilesAreJoined) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("give the first part"), std::string::npos) << e.what();
   }
+}
+
+// coder-mini-metadata.gguf: the metadata of llama.cpp's coder-mini-q8_0.gguf
+// (its converter's tokenizer.ggml.* and chat template), no tensors.
+TEST(GgufTokenizer, SameIdsAndRendersAsTheHfFiles) {
+  const GgufModel g(gguf_fixture("coder-mini-metadata.gguf"));
+  const Tokenizer tok = gguf_tokenizer(g);
+  std::ifstream in(source_path("tests/fixtures/tokenizers/coder-mini.tokenize_dev.jsonl"));
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json row = nlohmann::json::parse(line);
+    const std::string text = row["text"].get<std::string>();
+    EXPECT_EQ(tok.encode(text), row["ids"].get<std::vector<int32_t>>()) << text;
+    EXPECT_EQ(tok.decode(row["ids"].get<std::vector<int32_t>>()), row["decoded"].get<std::string>());
+    ++n;
+  }
+  EXPECT_EQ(n, 101);
+  EXPECT_TRUE(tok.is_special(tok.token_id("<|im_end|>")));
+
+  const std::optional<ChatTemplate> tmpl = gguf_chat_template(g);
+  ASSERT_TRUE(tmpl);
+  EXPECT_EQ(tmpl->eos_token(), "<|endoftext|>");
+  std::ifstream chats(source_path("tests/fixtures/tokenizers/coder-mini.chat_dev.jsonl"));
+  n = 0;
+  while (std::getline(chats, line)) {
+    const nlohmann::ordered_json row = nlohmann::ordered_json::parse(line);
+    const auto& th = row["enable_thinking"];
+    EXPECT_EQ(tmpl->render(row["messages"], row["add_generation_prompt"].get<bool>(),
+                           th.is_null() ? std::nullopt : std::optional<bool>(th.get<bool>())),
+              row["rendered"].get<std::string>());
+    ++n;
+  }
+  EXPECT_EQ(n, 12);
+}
+
+TEST(GgufCli, ModelCommandsTakeAGgufFile) {
+  const std::string m = gguf_fixture("tiny-qwen35moe-text-q4_k_m.gguf");
+  CmdResult r = run_flashmoe("generate -m " + m + " --device cpu -t 1 --ids 1,2,3 -n 4 --greedy --print-ids");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), ' '), 3) << r.out;
+  r = run_flashmoe("kv-calc -m " + m + " --context 4096");
+  EXPECT_EQ(r.code, 0) << r.err;
+  r = run_flashmoe("tokenize -m " + gguf_fixture("coder-mini-metadata.gguf"), "\"Hello, world!\"\n");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "[39,441,308,11,323,263,1995,0]\n");
+  // A GGUF with no tensors: one clear error naming the file and the tensor.
+  r = run_flashmoe("generate -m " + gguf_fixture("coder-mini-metadata.gguf") + " --device cpu --ids 1 -n 1");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("coder-mini-metadata.gguf: GGUF has no 2-D tensor 'token_embd.weight'"), std::string::npos)
+      << r.err;
+  r = run_flashmoe("generate -m /nonexistent/x.gguf --ids 1 -n 1");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("model file not found: /nonexistent/x.gguf"), std::string::npos) << r.err;
 }
 
 // llama.cpp's logits for the first positions of the fixture's ids_long.
