@@ -284,10 +284,12 @@ TEST_P(GgufLogits, MatchLlamaCpp) {
   const float d = max_abs_diff(got.data(), ref.logits.data(), got.size());
   const double kl = mean_kl(ref.logits, got, V);
   if (ref_kind == "llama-logits-deq-f32") {
-    EXPECT_LE(d, 2e-3f);
-    EXPECT_LE(kl, 1e-6);
+    EXPECT_LE(d, 1e-4f);
+    EXPECT_LE(kl, 1e-9);
   } else {
-    EXPECT_LE(kl, 1e-3);
+    // llama.cpp's own run: its BF16 matmuls round the activations to BF16.
+    EXPECT_LE(d, 0.3f);
+    EXPECT_LE(kl, 3e-4);
   }
   std::printf("%s: max|dlogit| %.3g, mean KL %.3g\n", name.c_str(), d, kl);
 }

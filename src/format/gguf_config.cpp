@@ -67,6 +67,10 @@ ModelConfig gguf_model_config(const GgufModel& g) {
       c.layer_kinds.push_back((i + 1) % interval == 0 ? LayerKind::Full : LayerKind::Linear);
   }
 
+  const GgufTensor* embd = g.tensor("token_embd.weight");
+  if (!embd || embd->ne.size() != 2) fail(src + ": GGUF has no 2-D tensor 'token_embd.weight'");
+  c.vocab_size = embd->ne[1];
+
   // Feed-forward: a layer with a router (ffn_gate_inp) is MoE, else dense.
   c.intermediate_size = g.get_int(a + "feed_forward_length", 0);
   for (int64_t i = 0; i < c.num_layers; ++i) {
@@ -87,9 +91,6 @@ ModelConfig gguf_model_config(const GgufModel& g) {
   }
   c.norm_topk_prob = true;
 
-  const GgufTensor* embd = g.tensor("token_embd.weight");
-  if (!embd || embd->ne.size() != 2) fail(src + ": GGUF has no 2-D tensor 'token_embd.weight'");
-  c.vocab_size = embd->ne[1];
   c.tie_word_embeddings = !g.has_tensor("output.weight");
   c.max_position_embeddings = g.get_int(a + "context_length", 0);
   for (const char* k : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"})
