@@ -46,10 +46,23 @@ namespace {
 // The 16 non-uniform levels of IQ4_NL / IQ4_XS.
 constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
+// f16 -> f32, exact, inline (a block's scales are read once per 32 weights):
+// the exponent-and-mantissa bits shifted into an f32 are the value times
+// 2^-112, subnormals included; Inf / NaN keep an all-ones exponent.
 inline float half(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
-  return f16_to_f32(h);
+  const uint32_t em = h & 0x7fffu;
+  uint32_t bits = em << 13;
+  float f;
+  if (em >= 0x7c00u) {
+    bits |= 0x7f800000u;
+    std::memcpy(&f, &bits, 4);
+  } else {
+    std::memcpy(&f, &bits, 4);
+    f *= 0x1p112f;
+  }
+  return (h & 0x8000u) ? -f : f;
 }
 
 inline void deq_q8_0(const uint8_t* b, float* y) {
@@ -252,6 +265,119 @@ AVX2_FN float dot_q8_0_avx2(const Matrix& W, int64_t r, const float* x) {
   return hsum(_mm256_add_ps(a0, a1));
 }
 
+AVX2_FN inline float half_f16c(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// acc += (q * scale + bias) . x over 32 unsigned bytes q.
+AVX2_FN inline void fma_u8x32(__m256i q, __m256 scale, __m256 bias, const float* x, __m256& a0, __m256& a1) {
+  const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+  const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+  for (int k = 0; k < 4; ++k) {
+    const __m256 w = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[k])), scale, bias);
+    if (k % 2) a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + 8 * k), a1);
+    else a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + 8 * k), a0);
+  }
+}
+
+// As fma_u8x32 with one (scale, bias) for bytes 0-15 and another for 16-31.
+AVX2_FN inline void fma_u8x32_halves(__m256i q, __m256 s0, __m256 b0, __m256 s1, __m256 b1, const float* x,
+                                     __m256& a0, __m256& a1) {
+  const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+  const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+  for (int k = 0; k < 4; ++k) {
+    const __m256 w = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[k])), k < 2 ? s0 : s1, k < 2 ? b0 : b1);
+    if (k % 2) a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + 8 * k), a1);
+    else a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + 8 * k), a0);
+  }
+}
+
+// Bits S..S+1 of each byte of qh, moved to bits 4..5.
+template <int S>
+AVX2_FN inline __m256i q6_high(__m256i h, __m256i m2) {
+  return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, S), m2), 4);
+}
+
+// Q6_K: per half block of 128, four 32-lane runs of 6-bit values, each
+// 4 low bits from ql and 2 high bits from qh; (q - 32) * d * sc as one fma
+// of q * ds + (-32 ds), which rounds the same.
+AVX2_FN float dot_q6_k_avx2(const Matrix& W, int64_t r, const float* x) {
+  const int64_t nb = W.cols / 256;
+  const uint8_t* row = row_ptr(W, r);
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + b * 210;
+    const float d = half_f16c(blk + 208);
+    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    for (int n = 0; n < 2; ++n) {
+      const uint8_t* ql = blk + 64 * n;
+      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * n));
+      const __m256i q[4] = {
+          _mm256_or_si256(_mm256_and_si256(l0, m4), q6_high<0>(h, m2)),
+          _mm256_or_si256(_mm256_and_si256(l1, m4), q6_high<2>(h, m2)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), q6_high<4>(h, m2)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), q6_high<6>(h, m2)),
+      };
+      const float* xb = x + b * 256 + 128 * n;
+      const int8_t* s = sc + 8 * n;
+      for (int k = 0; k < 4; ++k) {
+        const float d0 = d * float(s[2 * k]), d1 = d * float(s[2 * k + 1]);
+        fma_u8x32_halves(q[k], _mm256_set1_ps(d0), _mm256_set1_ps(-32.0f * d0), _mm256_set1_ps(d1),
+                         _mm256_set1_ps(-32.0f * d1), xb + 32 * k, a0, a1);
+      }
+    }
+  }
+  return hsum(_mm256_add_ps(a0, a1));
+}
+
+// Q4_0: 16 bytes -> 32 nibbles (low halves are weights 0-15, high 16-31);
+// (q - 8) * d computed as one fma of q * d + (-8d), which rounds the same.
+AVX2_FN float dot_q4_0_avx2(const Matrix& W, int64_t r, const float* x) {
+  const int64_t nb = W.cols / 32;
+  const uint8_t* row = row_ptr(W, r);
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + b * 18;
+    const float d = half_f16c(blk);
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), mask), _mm_and_si128(v, mask));
+    fma_u8x32(q, _mm256_set1_ps(d), _mm256_set1_ps(-8.0f * d), x + b * 32, a0, a1);
+  }
+  return hsum(_mm256_add_ps(a0, a1));
+}
+
+// Q4_K: per pair of sub-blocks, 32 bytes whose low nibbles are sub-block j
+// and high nibbles sub-block j + 1, each with its scale and min.
+AVX2_FN float dot_q4_k_avx2(const Matrix& W, int64_t r, const float* x) {
+  const int64_t nb = W.cols / 256;
+  const uint8_t* row = row_ptr(W, r);
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + b * 144;
+    const float d = half_f16c(blk), dmin = half_f16c(blk + 2);
+    const uint8_t* q = blk + 16;
+    const float* xb = x + b * 256;
+    for (int j = 0; j < 8; j += 2) {
+      int s0, m0, s1, m1;
+      k_scale_min(j, blk + 4, &s0, &m0);
+      k_scale_min(j + 1, blk + 4, &s1, &m1);
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16 * j));
+      fma_u8x32(_mm256_and_si256(v, mask), _mm256_set1_ps(d * float(s0)), _mm256_set1_ps(-(dmin * float(m0))),
+                xb + 32 * j, a0, a1);
+      fma_u8x32(_mm256_and_si256(_mm256_srli_epi16(v, 4), mask), _mm256_set1_ps(d * float(s1)),
+                _mm256_set1_ps(-(dmin * float(m1))), xb + 32 * j + 32, a0, a1);
+    }
+  }
+  return hsum(_mm256_add_ps(a0, a1));
+}
+
 // Other kinds: a block is expanded into registers-sized chunks of a stack
 // buffer (the expansion code is compiled for AVX2 here, so the compiler
 // vectorises it), then multiplied 16 lanes at a time.
@@ -276,14 +402,14 @@ AVX2_FN float dot_block_avx2(const Matrix& W, int64_t r, const float* x) {
 float dot_avx2(const Matrix& W, int64_t r, const float* x) {
   switch (W.quant) {
     case QuantKind::Q8_0: return dot_q8_0_avx2(W, r, x);
-    case QuantKind::Q4_0: return dot_block_avx2<QuantKind::Q4_0>(W, r, x);
+    case QuantKind::Q4_0: return dot_q4_0_avx2(W, r, x);
     case QuantKind::Q4_1: return dot_block_avx2<QuantKind::Q4_1>(W, r, x);
     case QuantKind::Q5_0: return dot_block_avx2<QuantKind::Q5_0>(W, r, x);
     case QuantKind::Q5_1: return dot_block_avx2<QuantKind::Q5_1>(W, r, x);
     case QuantKind::IQ4_NL: return dot_block_avx2<QuantKind::IQ4_NL>(W, r, x);
-    case QuantKind::Q4_K: return dot_block_avx2<QuantKind::Q4_K>(W, r, x);
+    case QuantKind::Q4_K: return dot_q4_k_avx2(W, r, x);
     case QuantKind::Q5_K: return dot_block_avx2<QuantKind::Q5_K>(W, r, x);
-    case QuantKind::Q6_K: return dot_block_avx2<QuantKind::Q6_K>(W, r, x);
+    case QuantKind::Q6_K: return dot_q6_k_avx2(W, r, x);
     case QuantKind::IQ4_XS: return dot_block_avx2<QuantKind::IQ4_XS>(W, r, x);
     default: return dot_generic(W, r, x);
   }
