@@ -335,6 +335,54 @@ AVX2_FN float dot_q6_k_avx2(const Matrix& W, int64_t r, const float* x) {
   return hsum(_mm256_add_ps(a0, a1));
 }
 
+// acc += (t * scale) . x over 32 signed bytes t.
+AVX2_FN inline void mul_i8x32(__m256i t, __m256 scale, const float* x, __m256& a0, __m256& a1) {
+  const __m128i lo = _mm256_castsi256_si128(t), hi = _mm256_extracti128_si256(t, 1);
+  const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+  for (int k = 0; k < 4; ++k) {
+    const __m256 w = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k])), scale);
+    if (k % 2) a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + 8 * k), a1);
+    else a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + 8 * k), a0);
+  }
+}
+
+// IQ4_NL / IQ4_XS: 16 bytes of nibbles -> 32 table values by a byte shuffle.
+AVX2_FN inline __m256i iq4_values(const uint8_t* qs) {
+  const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values));
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  return _mm256_set_m128i(_mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(v, 4), mask)),
+                          _mm_shuffle_epi8(table, _mm_and_si128(v, mask)));
+}
+
+AVX2_FN float dot_iq4_nl_avx2(const Matrix& W, int64_t r, const float* x) {
+  const int64_t nb = W.cols / 32;
+  const uint8_t* row = row_ptr(W, r);
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + b * 18;
+    mul_i8x32(iq4_values(blk + 2), _mm256_set1_ps(half_f16c(blk)), x + b * 32, a0, a1);
+  }
+  return hsum(_mm256_add_ps(a0, a1));
+}
+
+AVX2_FN float dot_iq4_xs_avx2(const Matrix& W, int64_t r, const float* x) {
+  const int64_t nb = W.cols / 256;
+  const uint8_t* row = row_ptr(W, r);
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + b * 136;
+    const float d = half_f16c(blk);
+    uint16_t sh;
+    std::memcpy(&sh, blk + 2, 2);
+    for (int ib = 0; ib < 8; ++ib) {
+      const int ls = ((blk[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
+      mul_i8x32(iq4_values(blk + 8 + 16 * ib), _mm256_set1_ps(d * float(ls - 32)), x + b * 256 + 32 * ib, a0, a1);
+    }
+  }
+  return hsum(_mm256_add_ps(a0, a1));
+}
+
 // Q4_0: 16 bytes -> 32 nibbles (low halves are weights 0-15, high 16-31);
 // (q - 8) * d computed as one fma of q * d + (-8d), which rounds the same.
 AVX2_FN float dot_q4_0_avx2(const Matrix& W, int64_t r, const float* x) {
@@ -406,11 +454,11 @@ float dot_avx2(const Matrix& W, int64_t r, const float* x) {
     case QuantKind::Q4_1: return dot_block_avx2<QuantKind::Q4_1>(W, r, x);
     case QuantKind::Q5_0: return dot_block_avx2<QuantKind::Q5_0>(W, r, x);
     case QuantKind::Q5_1: return dot_block_avx2<QuantKind::Q5_1>(W, r, x);
-    case QuantKind::IQ4_NL: return dot_block_avx2<QuantKind::IQ4_NL>(W, r, x);
+    case QuantKind::IQ4_NL: return dot_iq4_nl_avx2(W, r, x);
     case QuantKind::Q4_K: return dot_q4_k_avx2(W, r, x);
     case QuantKind::Q5_K: return dot_block_avx2<QuantKind::Q5_K>(W, r, x);
     case QuantKind::Q6_K: return dot_q6_k_avx2(W, r, x);
-    case QuantKind::IQ4_XS: return dot_block_avx2<QuantKind::IQ4_XS>(W, r, x);
+    case QuantKind::IQ4_XS: return dot_iq4_xs_avx2(W, r, x);
     default: return dot_generic(W, r, x);
   }
 }
