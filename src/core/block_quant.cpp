@@ -400,6 +400,36 @@ AVX2_FN float dot_q4_0_avx2(const Matrix& W, int64_t r, const float* x) {
   return hsum(_mm256_add_ps(a0, a1));
 }
 
+// The 32 bits of qh as 32 bytes, byte j = 0x10 when bit j is set, else 0.
+AVX2_FN inline __m256i bits_to_0x10(uint32_t qh) {
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(int(qh)),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201ull));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+// Q5_0: nibbles as Q4_0 plus a fifth bit per weight from qh; (q - 16) * d
+// as one fma of q * d + (-16d).
+AVX2_FN float dot_q5_0_avx2(const Matrix& W, int64_t r, const float* x) {
+  const int64_t nb = W.cols / 32;
+  const uint8_t* row = row_ptr(W, r);
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + b * 22;
+    const float d = half_f16c(blk);
+    uint32_t qh;
+    std::memcpy(&qh, blk + 2, 4);
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 6));
+    const __m256i lo4 = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), mask), _mm_and_si128(v, mask));
+    fma_u8x32(_mm256_or_si256(lo4, bits_to_0x10(qh)), _mm256_set1_ps(d), _mm256_set1_ps(-16.0f * d), x + b * 32, a0,
+              a1);
+  }
+  return hsum(_mm256_add_ps(a0, a1));
+}
+
 // Q4_K: per pair of sub-blocks, 32 bytes whose low nibbles are sub-block j
 // and high nibbles sub-block j + 1, each with its scale and min.
 AVX2_FN float dot_q4_k_avx2(const Matrix& W, int64_t r, const float* x) {
@@ -452,7 +482,7 @@ float dot_avx2(const Matrix& W, int64_t r, const float* x) {
     case QuantKind::Q8_0: return dot_q8_0_avx2(W, r, x);
     case QuantKind::Q4_0: return dot_q4_0_avx2(W, r, x);
     case QuantKind::Q4_1: return dot_block_avx2<QuantKind::Q4_1>(W, r, x);
-    case QuantKind::Q5_0: return dot_block_avx2<QuantKind::Q5_0>(W, r, x);
+    case QuantKind::Q5_0: return dot_q5_0_avx2(W, r, x);
     case QuantKind::Q5_1: return dot_block_avx2<QuantKind::Q5_1>(W, r, x);
     case QuantKind::IQ4_NL: return dot_iq4_nl_avx2(W, r, x);
     case QuantKind::Q4_K: return dot_q4_k_avx2(W, r, x);
