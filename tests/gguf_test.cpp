@@ -176,6 +176,31 @@ TEST(GgufReader, MissingMetadataAndUnknownArchAreNamed) {
       Error);
 }
 
+// A real file with one tensor's shape edited: the loader names the tensor,
+// its shape and the one the metadata implies.
+TEST(GgufReader, WrongTensorShapeIsNamed) {
+  std::string bytes = read_file(gguf_fixture("tiny-qwen35-dense-q8_0.gguf"));
+  const std::string name = "blk.0.attn_norm.weight";
+  const size_t at = bytes.find(name);
+  ASSERT_NE(at, std::string::npos);
+  const size_t dim0 = at + name.size() + 4;  // after the name: u32 dimension count, then u64 dims
+  uint64_t d;
+  std::memcpy(&d, bytes.data() + dim0, 8);
+  ASSERT_EQ(d, 128u);
+  d = 64;
+  std::memcpy(bytes.data() + dim0, &d, 8);
+  TempDir dir;
+  write_file(dir.path + "/m.gguf", bytes);
+  try {
+    QwenModel::load(dir.path + "/m.gguf");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 'blk.0.attn_norm.weight' has shape {64}, expected {128}"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(GgufReader, SplitFilesAreJoined) {
   TempDir d;
   for (int part = 1; part <= 2; ++part) {
