@@ -14,6 +14,7 @@
 #include "engine/session.h"
 #include "format/gguf.h"
 #include "format/gguf_config.h"
+#include "runtime/cuda_backend.h"
 #include "test_util.h"
 #include "tokenizer/gguf_tokenizer.h"
 
@@ -278,6 +279,20 @@ TEST(GgufCli, ModelCommandsTakeAGgufFile) {
   r = run_flashmoe("generate -m /nonexistent/x.gguf --ids 1 -n 1");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("model file not found: /nonexistent/x.gguf"), std::string::npos) << r.err;
+}
+
+// The CUDA backend has no GGUF block kernels and pairs value and key heads
+// in HF's grouped order: both keep a GGUF model off it, with the reason
+// (checked on the host; no GPU needed).
+TEST(GgufDevice, CudaObstaclesNameTheReason) {
+  auto q = QwenModel::load(gguf_fixture("tiny-qwen35moe-text-q4_k_m.gguf"));
+  Obstacle o = cuda_weight_obstacle(*q);
+  EXPECT_EQ(o.code, ObstacleCode::WeightType);
+  EXPECT_NE(o.message.find("weights stored as GGUF Q8_0"), std::string::npos) << o.message;
+  auto b = QwenModel::load(gguf_fixture("tiny-qwen35-dense-bf16.gguf"));
+  o = cuda_weight_obstacle(*b);
+  EXPECT_EQ(o.code, ObstacleCode::WeightType);
+  EXPECT_NE(o.message.find("value heads in llama.cpp's tiled order"), std::string::npos) << o.message;
 }
 
 // llama.cpp's logits for the first positions of the fixture's ids_long.
