@@ -13,7 +13,7 @@ COV_IGNORE = -fsanitize-coverage-ignorelist=$(CURDIR)/fuzz/coverage_ignore.txt
 # Seconds per fuzz target: `make test` runs each for 10 s (a smoke run in CI),
 # `make fuzz` for 60 s; FUZZ_SECONDS=N overrides both.
 FUZZ_SECONDS ?=
-FUZZ_TARGETS = safetensors config tokenizer_load tokenizer_encode chat_template manifest openai_request json_schema
+FUZZ_TARGETS = safetensors gguf config tokenizer_load tokenizer_encode chat_template manifest openai_request json_schema
 
 .PHONY: all deps configure build demo test test-cpu test-asan asan-build fuzz bench clean
 

@@ -5,6 +5,7 @@
 #include "cli/command.h"
 #include "cli/jsonl_io.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/gguf_tokenizer.h"
 
 namespace flashmoe::cli {
 namespace {
@@ -14,9 +15,9 @@ void setup_chat_template(CLI::App& app) {
   auto* sub = app.add_subcommand(
       "chat-template",
       "Render prompts: {messages, add_generation_prompt, enable_thinking, tools} per stdin line -> JSON string");
-  sub->add_option("-m,--model", *model, "Model directory or tokenizer_config.json")->required();
+  sub->add_option("-m,--model", *model, "Model directory, tokenizer_config.json or .gguf file")->required();
   sub->callback([model] {
-    const ChatTemplate tmpl = ChatTemplate::load(*model);
+    const ChatTemplate tmpl = load_chat_template(*model);
     for_each_json_line([&](size_t n, const nlohmann::ordered_json& j) {
       const std::string where = "stdin line " + std::to_string(n) + ": ";
       if (!j.is_object() || !j.contains("messages")) fail(where + "expected a JSON object with \"messages\"");

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "engine/eval.h"
 #include "format/model_files.h"
+#include "tokenizer/gguf_tokenizer.h"
 
 namespace flashmoe::cli {
 namespace {
@@ -30,8 +31,9 @@ void run_eval(ModelOptions& mo, const EvalArgs& a) {
   finalize_model_options(&mo);
   if (a.perplexity.empty() && a.recall.empty()) fail("eval: give --perplexity FILE and/or --recall FILE.jsonl");
   const ModelFiles paths = resolve_model_files(mo.model_dir);
-  if (paths.tokenizer_json.empty()) fail("tokenizer.json not found for " + mo.model_dir + " (looked in the model directory and next to it)");
-  const Tokenizer tok = Tokenizer::load(paths.tokenizer_json);
+  if (paths.tokenizer_json.empty() && paths.gguf.empty())
+    fail("tokenizer.json not found for " + mo.model_dir + " (looked in the model directory and next to it)");
+  const Tokenizer tok = load_tokenizer(paths.gguf.empty() ? paths.tokenizer_json : paths.gguf);
   // Read and check the inputs before the (slower) model load.
   std::vector<int32_t> text_ids;
   if (!a.perplexity.empty()) text_ids = tokenize_file(tok, a.perplexity);

@@ -7,6 +7,8 @@
 #include "core/error.h"
 #include "core/mapped_file.h"
 #include "format/config.h"
+#include "format/gguf.h"
+#include "format/gguf_config.h"
 #include "format/model_files.h"
 #include "kv/memory_calc.h"
 #include "kv/presets.h"
@@ -31,7 +33,9 @@ void run_kv_calc(const KvCalcArgs& a) {
   // A directory is resolved as every other command does it (a model
   // directory, or a bundle holding it as model/); a file is a config.json.
   const std::string config = a.model.empty() || !is_directory(a.model) ? a.model : resolve_model_files(a.model).model_dir;
-  const ModelConfig m = a.preset.empty() ? load_model_config(config) : model_preset(a.preset);
+  const ModelConfig m = !a.preset.empty()            ? model_preset(a.preset)
+                        : is_gguf_path(a.model)      ? gguf_model_config(GgufModel(a.model))
+                                                     : load_model_config(config);
   if (m.num_full_layers() > 0 && (m.num_kv_heads <= 0 || m.head_dim <= 0))
     fail("config has full-attention layers but no KV heads / head_dim");
   const std::string name = a.preset.empty() ? a.model : a.preset + " (preset)";
@@ -41,7 +45,7 @@ void run_kv_calc(const KvCalcArgs& a) {
 const Registrar reg(80, [](CLI::App& app) {
   auto args = std::make_shared<KvCalcArgs>();
   CLI::App* cmd = app.add_subcommand("kv-calc", "KV cache and GatedDeltaNet state memory per conversation");
-  cmd->add_option("-m,--model", args->model, "model directory or config.json");
+  cmd->add_option("-m,--model", args->model, "model directory, config.json or .gguf file");
   cmd->add_option("--preset", args->preset,
                   "published model instead of a config: qwen3.5-35b-a3b, qwen3.5-122b-a10b, qwen3.5-397b-a17b, "
                   "qwen3-next-80b-a3b");

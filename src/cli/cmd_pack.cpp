@@ -53,6 +53,8 @@ Registrar reg(20, [](CLI::App& app) {
     opt.group = *group;
     const bool tty = ::isatty(2);
     const ModelFiles files = resolve_model_files(*in);
+    if (!files.gguf.empty())
+      fail(*in + ": flashmoe pack does not read GGUF files yet (run the GGUF directly: -m " + *in + ")");
     for (const std::string* f : {&files.tokenizer_json, &files.tokenizer_config})
       if (!f->empty()) opt.extra_files.push_back(*f);
     opt.stop = &g_pack_signal;

@@ -4,6 +4,7 @@
 
 #include "cli/command.h"
 #include "cli/jsonl_io.h"
+#include "tokenizer/gguf_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace flashmoe::cli {
@@ -18,10 +19,10 @@ struct Options {
 void setup_tokenize(CLI::App& app) {
   auto opt = std::make_shared<Options>();
   auto* sub = app.add_subcommand("tokenize", "Encode text: one JSON string per stdin line -> one JSON id array per line");
-  sub->add_option("-m,--model", opt->model, "Model directory or tokenizer.json")->required();
+  sub->add_option("-m,--model", opt->model, "Model directory, tokenizer.json or .gguf file")->required();
   sub->add_flag("--split-special", opt->split_special, "Encode special-token text as plain text");
   sub->callback([opt] {
-    const Tokenizer tok = Tokenizer::load(opt->model);
+    const Tokenizer tok = load_tokenizer(opt->model);
     for_each_json_line([&](size_t n, const nlohmann::ordered_json& j) {
       if (!j.is_string()) fail("stdin line " + std::to_string(n) + ": expected a JSON string, got " + j.type_name());
       std::vector<int32_t> ids;
@@ -38,10 +39,10 @@ void setup_tokenize(CLI::App& app) {
 void setup_detokenize(CLI::App& app) {
   auto opt = std::make_shared<Options>();
   auto* sub = app.add_subcommand("detokenize", "Decode ids: one JSON id array per stdin line -> one JSON string per line");
-  sub->add_option("-m,--model", opt->model, "Model directory or tokenizer.json")->required();
+  sub->add_option("-m,--model", opt->model, "Model directory, tokenizer.json or .gguf file")->required();
   sub->add_flag("--skip-special", opt->skip_special, "Leave special tokens out of the text");
   sub->callback([opt] {
-    const Tokenizer tok = Tokenizer::load(opt->model);
+    const Tokenizer tok = load_tokenizer(opt->model);
     for_each_json_line([&](size_t n, const nlohmann::ordered_json& j) {
       bool ok = j.is_array();
       if (ok)

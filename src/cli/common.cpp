@@ -12,7 +12,7 @@
 namespace flashmoe::cli {
 
 void add_model_options(CLI::App* cmd, ModelOptions* opt, bool require_model) {
-  auto* m = cmd->add_option("-m,--model", opt->model_dir, "Model directory (config.json + safetensors)");
+  auto* m = cmd->add_option("-m,--model", opt->model_dir, "Model directory (config.json + safetensors) or .gguf file (the first part of a split one)");
   if (require_model) m->required();
   cmd->add_option("-t,--threads", opt->threads, "Threads (default: all cores)")->check(integer_between(0, 2147483647));
   cmd->add_option("--device", opt->device.device,

@@ -3,12 +3,19 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "format/gguf.h"
+#include "tokenizer/gguf_tokenizer.h"
 
 namespace flashmoe::cli {
 
 TextModel load_text_model(const ModelOptions& opt) {
   const std::string& path = opt.model_dir;
   ModelFiles files = resolve_model_files(path);
+  if (!files.gguf.empty()) {
+    const GgufModel g(files.gguf);
+    TextModel tm{files, load_model(opt), gguf_tokenizer(g), gguf_chat_template(g)};
+    return tm;
+  }
   if (files.tokenizer_json.empty())
     fail("no tokenizer.json found for " + path + " (looked in the model directory and next to it)");
   Tokenizer tok = Tokenizer::load(files.tokenizer_json);
@@ -24,7 +31,9 @@ TextModel load_text_model(const ModelOptions& opt) {
 }
 
 const ChatTemplate& TextModel::chat_template() const {
-  if (!chat) fail("no chat template found for " + files.model_dir + " (tokenizer_config.json with chat_template)");
+  if (!chat)
+    fail("no chat template found for " + files.model_dir +
+         (files.gguf.empty() ? " (tokenizer_config.json with chat_template)" : " (tokenizer.chat_template)"));
   return *chat;
 }
 

@@ -18,12 +18,24 @@ namespace flashmoe {
 // one fp32 scale per block of block_rows x group weights (the checkpoint's
 // `weight_scale_inv`): w[r, c] = e4m3(q[r, c]) * block_scales[r / block_rows,
 // c / group]; edge blocks may be partial.
-enum class QuantKind : uint8_t { None, Q8, Q4, Fp8Block };
+//
+// The GGUF kinds (Q8_0 ... IQ4_XS) are ggml's block formats: each row is a
+// run of self-contained blocks of 32 or 256 weights with their scales inside
+// (core/block_quant.h has the layouts); scales / biases / group are unused.
+enum class QuantKind : uint8_t {
+  None, Q8, Q4, Fp8Block,
+  Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS,
+};
 
 inline int quant_bits(QuantKind q) {
   return q == QuantKind::Q8 || q == QuantKind::Fp8Block ? 8 : q == QuantKind::Q4 ? 4 : 0;
 }
-const char* quant_name(QuantKind q);  // "none", "q8", "q4", "fp8"
+// True for the GGUF block formats.
+inline bool quant_is_block(QuantKind q) { return q >= QuantKind::Q8_0; }
+// Weights per block and bytes per block of a GGUF block format.
+int64_t block_elems(QuantKind q);
+int64_t block_bytes(QuantKind q);
+const char* quant_name(QuantKind q);  // "none", "q8", "q4", "fp8", "Q8_0", "Q4_K", ...
 
 struct Matrix {
   DType dtype = DType::F32;  // element type when quant == None
@@ -41,8 +53,10 @@ struct Matrix {
   bool empty() const { return data == nullptr; }
   bool quantized() const { return quant != QuantKind::None; }
   bool fp8() const { return quant == QuantKind::Fp8Block; }
-  // Groups of Q8 / Q4 (scales and biases per row).
-  int64_t groups_per_row() const { return quantized() && !fp8() ? cols / group : 0; }
+  // MLX group-wise affine Q8 / Q4 (scales / biases per group beside the data).
+  bool affine() const { return quant == QuantKind::Q8 || quant == QuantKind::Q4; }
+  bool block_quantized() const { return quant_is_block(quant); }
+  int64_t groups_per_row() const { return affine() ? cols / group : 0; }
   int64_t blocks_per_row() const { return fp8() ? (cols + group - 1) / group : 0; }
   // The scale of Fp8Block row r's block b (read bytewise: safetensors does
   // not align a tensor to its element size).
@@ -52,6 +66,7 @@ struct Matrix {
     return s;
   }
   size_t row_bytes() const {
+    if (block_quantized()) return size_t(cols / block_elems(quant)) * size_t(block_bytes(quant));
     return quantized() ? size_t(cols) * quant_bits(quant) / 8 : size_t(cols) * dtype_size(dtype);
   }
   size_t nbytes() const { return size_t(rows) * row_bytes(); }
@@ -68,7 +83,7 @@ struct Matrix {
     if (fp8()) {
       m.block_scales = block_scales + (block_row0 + r0) / block_rows * blocks_per_row();
       m.block_row0 = int32_t((block_row0 + r0) % block_rows);
-    } else if (quantized()) {
+    } else if (affine()) {
       m.scales = scales + r0 * groups_per_row();
       m.biases = biases + r0 * groups_per_row();
     }

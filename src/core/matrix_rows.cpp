@@ -1,5 +1,6 @@
 #include "core/matrix_rows.h"
 
+#include "core/block_quant.h"
 #include "core/error.h"
 #include "core/fp8_rows.h"
 #include "core/matrix_rows_levels.h"
@@ -115,6 +116,7 @@ void quant_dequant_row_at(CpuLevel level, const Matrix& W, int64_t r, float* out
     if (level >= CpuLevel::Avx2) return fp8_rows::dequant_avx2(W, r, out);
     return fp8_rows::dequant_portable(W, r, out);
   }
+  if (W.block_quantized()) return block_dequant_row(W, r, out);
   check(W);
 #ifdef FLASHMOE_X86
   if (level == CpuLevel::Avx512 && W.group % 16 == 0) return avx512::quant_dequant_row(W, r, out);
@@ -128,6 +130,7 @@ float quant_dot_row_at(CpuLevel level, const Matrix& W, int64_t r, const float* 
     if (level >= CpuLevel::Avx2) return fp8_rows::dot_avx2(W, r, x);
     return fp8_rows::dot_portable(W, r, x);
   }
+  if (W.block_quantized()) return block_dot_row_at(level, W, r, x);
 #ifdef FLASHMOE_X86
   if (level == CpuLevel::Avx512 && W.group % 16 == 0) return avx512::quant_dot_row(W, r, x);
   if (level >= CpuLevel::Avx2) return dot_avx2(W, r, x);
@@ -149,6 +152,22 @@ void load_row(const Matrix& W, int64_t r, float* out) {
 
 namespace flashmoe {
 const char* quant_name(QuantKind q) {
-  return q == QuantKind::Q8 ? "q8" : q == QuantKind::Q4 ? "q4" : q == QuantKind::Fp8Block ? "fp8" : "none";
+  switch (q) {
+    case QuantKind::None: return "none";
+    case QuantKind::Q8: return "q8";
+    case QuantKind::Q4: return "q4";
+    case QuantKind::Fp8Block: return "fp8";
+    case QuantKind::Q8_0: return "Q8_0";
+    case QuantKind::Q4_0: return "Q4_0";
+    case QuantKind::Q4_1: return "Q4_1";
+    case QuantKind::Q5_0: return "Q5_0";
+    case QuantKind::Q5_1: return "Q5_1";
+    case QuantKind::Q4_K: return "Q4_K";
+    case QuantKind::Q5_K: return "Q5_K";
+    case QuantKind::Q6_K: return "Q6_K";
+    case QuantKind::IQ4_NL: return "IQ4_NL";
+    case QuantKind::IQ4_XS: return "IQ4_XS";
+  }
+  return "?";
 }
 }  // namespace flashmoe

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/mapped_file.h"
+#include "format/gguf.h"
 
 namespace flashmoe {
 
@@ -14,6 +15,14 @@ std::string first_existing(std::initializer_list<std::string> candidates) {
 }  // namespace
 
 ModelFiles resolve_model_files(const std::string& path) {
+  if (is_gguf_path(path) && !is_directory(path)) {
+    // A GGUF file carries its own tokenizer and chat template.
+    if (!file_exists(path)) fail("model file not found: " + path);
+    ModelFiles f;
+    f.model_dir = path;
+    f.gguf = path;
+    return f;
+  }
   if (!is_directory(path)) fail("model directory not found: " + path);
   ModelFiles f;
   if (file_exists(path + "/config.json")) f.model_dir = path;

@@ -9,6 +9,31 @@
 
 namespace flashmoe {
 
+namespace {
+std::unique_ptr<ExpertStore> weights_store(const ModelWeights& w) {
+  uint64_t eb = 0;
+  for (const auto& l : w.layers)
+    if (!l.ffn.experts.empty()) {
+      const FfnExpert& e = l.ffn.experts[0];
+      eb = e.gate.nbytes() + e.up.nbytes() + e.down.nbytes();
+      break;
+    }
+  LayerExpertViews layers;
+  for (const auto& l : w.layers) layers.push_back(&l.ffn.experts);
+  return make_weights_store(std::move(layers), eb);
+}
+}  // namespace
+
+std::unique_ptr<ExpertStore> open_gguf_expert_store(const GgufModel& g, const ModelConfig& cfg, const ModelWeights& w,
+                                                    const ExpertOptions& opt) {
+  if (opt.store != "auto" && opt.store != "mmap" && opt.store != "stream")
+    fail("--expert-store: unknown store '" + opt.store + "' (expected auto, mmap or stream)");
+  if (opt.store == "stream")
+    fail(g.path() + ": streaming experts needs a packed model, and `flashmoe pack` does not read GGUF files yet");
+  check_in_memory_fits(cfg, g.total_bytes(), opt);
+  return weights_store(w);
+}
+
 std::unique_ptr<ExpertStore> open_expert_store(const std::string& dir, const ModelConfig& cfg, const Checkpoint& ck,
                                                const ModelWeights& w, const ExpertOptions& opt) {
   if (opt.store != "auto" && opt.store != "mmap" && opt.store != "stream")
@@ -17,16 +42,7 @@ std::unique_ptr<ExpertStore> open_expert_store(const std::string& dir, const Mod
     if (opt.store == "stream")
       fail(dir + ": streaming experts needs a packed model; run `flashmoe pack -m " + dir + " -o OUT_DIR` first");
     check_in_memory_fits(cfg, uint64_t(ck.total_bytes()), opt);
-    uint64_t eb = 0;
-    for (const auto& l : w.layers)
-      if (!l.ffn.experts.empty()) {
-        const FfnExpert& e = l.ffn.experts[0];
-        eb = e.gate.nbytes() + e.up.nbytes() + e.down.nbytes();
-        break;
-      }
-    LayerExpertViews layers;
-    for (const auto& l : w.layers) layers.push_back(&l.ffn.experts);
-    return make_weights_store(std::move(layers), eb);
+    return weights_store(w);
   }
   PackedManifest m = read_manifest(dir, cfg);
   if (opt.store == "mmap") {

@@ -2,15 +2,25 @@
 
 #include "experts/manifest.h"
 #include "experts/memory_store.h"
+#include "format/gguf_config.h"
 #include "format/model_files.h"
+#include "model/gguf_weights.h"
 #include "model/open_store.h"
 
 namespace flashmoe {
 
-QwenModel::QwenModel(const std::string& dir, const ExpertOptions& experts)
-    : cfg_(load_model_config(dir)), ck_(std::in_place, dir) {
-  w_ = load_weights(*ck_, cfg_, /*with_experts=*/!is_packed_dir(dir));
-  store_ = open_expert_store(dir, cfg_, *ck_, w_, experts);
+QwenModel::QwenModel(const std::string& dir, const ExpertOptions& experts) {
+  if (is_gguf_path(dir)) {
+    gguf_ = std::make_unique<GgufModel>(dir);
+    cfg_ = gguf_model_config(*gguf_);
+    w_ = load_gguf_weights(*gguf_, cfg_);
+    store_ = open_gguf_expert_store(*gguf_, cfg_, w_, experts);
+  } else {
+    cfg_ = load_model_config(dir);
+    ck_.emplace(dir);
+    w_ = load_weights(*ck_, cfg_, /*with_experts=*/!is_packed_dir(dir));
+    store_ = open_expert_store(dir, cfg_, *ck_, w_, experts);
+  }
   plan_ = make_plan(cfg_);
 }
 

@@ -9,6 +9,7 @@
 #include "experts/expert_store.h"
 #include "format/checkpoint.h"
 #include "format/config.h"
+#include "format/gguf.h"
 #include "kv/kv_config.h"
 #include "model/logits_mode.h"
 #include "model/model_state.h"
@@ -20,8 +21,9 @@ namespace flashmoe {
 class QwenModel {
  public:
   // Loads config.json and the safetensors of an HF model directory (or of
-  // the model/ folder of a bundle, see format/model_files.h), or a
-  // directory written by `flashmoe pack` (recognised by its manifest).
+  // the model/ folder of a bundle, see format/model_files.h), a
+  // directory written by `flashmoe pack` (recognised by its manifest), or a
+  // .gguf file (the first part of a split one).
   static std::unique_ptr<QwenModel> load(const std::string& dir, const ExpertOptions& experts = {});
 
   // A model built in memory, with no checkpoint (bench --synthetic on the
@@ -44,7 +46,8 @@ class QwenModel {
   QwenModel(ModelConfig cfg, ModelWeights w, std::shared_ptr<const void> storage);
 
   ModelConfig cfg_;
-  std::optional<Checkpoint> ck_;  // none for a model built in memory
+  std::optional<Checkpoint> ck_;  // an HF / packed directory
+  std::unique_ptr<GgufModel> gguf_;  // a GGUF file
   std::shared_ptr<const void> storage_;
   ModelWeights w_;
   std::unique_ptr<ExpertStore> store_;

@@ -49,6 +49,13 @@ struct LinearAttentionWeights {
   std::vector<float> neg_exp_A; // -exp(A_log), [nv]
   std::vector<float> norm;      // [dv]
   Matrix out_proj;              // [H, nv*dv]
+  // Order of the value heads in v, z, b, a, A, dt_bias and out_proj's
+  // columns. Grouped (HF): the r = nv/nk value heads of key head g are
+  // g*r .. g*r+r-1, so value head h reads key head h / r. Tiled (llama.cpp's
+  // Qwen3.5 GGUFs): value head h reads key head h % nk. Either way the
+  // outputs are the same; only the pairing of value and key heads differs.
+  bool v_heads_tiled = false;
+  int64_t key_head(int64_t h, int64_t nk, int64_t r) const { return v_heads_tiled ? h % nk : h / r; }
 };
 
 struct FfnWeights {

@@ -191,7 +191,9 @@ Obstacle cuda_weight_obstacle(const QwenModel& m) {
               "routed experts stored as FP8 blocks (the CUDA backend has no FP8 expert kernels yet; "
               "`flashmoe pack --experts q8` makes a model it runs)"};
   std::optional<DType> other;
+  std::optional<QuantKind> block;  // a GGUF block format: no CUDA kernels for those yet
   auto check = [&](const Matrix& x) {
+    if (x.block_quantized() && !block) block = x.quant;
     if (x.empty() || x.quantized()) return;
     if (x.dtype != DType::F32 && x.dtype != DType::F16 && x.dtype != DType::BF16) other = x.dtype;
   };
@@ -210,7 +212,16 @@ Obstacle cuda_weight_obstacle(const QwenModel& m) {
     for (const Matrix& x : l.lin.in_proj.stored) check(x);
     check_ffn(l.ffn.shared);
     check_ffn(l.ffn.dense);
+    for (const FfnExpert& e : l.ffn.experts) check_ffn(e);
   }
+  if (block)
+    return {ObstacleCode::WeightType, std::string("weights stored as GGUF ") + quant_name(*block) +
+                                          " (the CUDA backend reads bf16, f16 and f32, and q8/q4 experts)"};
+  for (const LayerWeights& l : w.layers)
+    if (l.lin.v_heads_tiled)
+      return {ObstacleCode::WeightType,
+              "linear-attention value heads in llama.cpp's tiled order, as Qwen3.5 GGUF files store them (the "
+              "CUDA backend reads HF's grouped order)"};
   if (other)
     return {ObstacleCode::WeightType, std::string("weights stored as ") + dtype_name(*other) +
                                           " (the CUDA backend reads bf16, f16 and f32)"};

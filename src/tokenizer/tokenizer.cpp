@@ -87,7 +87,10 @@ Tokenizer Tokenizer::load(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) file = (fs::path(path) / "tokenizer.json").string();
   if (!fs::exists(file, ec)) fail("tokenizer.json not found: " + file);
-  const json j = read_json_file(file, "tokenizer.json");
+  return from_json(read_json_file(file, "tokenizer.json"), file);
+}
+
+Tokenizer Tokenizer::from_json(const json& j, const std::string& file) {
   auto impl = std::make_unique<Impl>();
   impl->path = file;
   try {

@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace flashmoe {
 
 class Tokenizer {
@@ -16,6 +18,9 @@ class Tokenizer {
   // `path` is a tokenizer.json file or a directory holding one. Throws
   // flashmoe::Error for a missing/unreadable/unsupported file.
   static Tokenizer load(const std::string& path);
+  // The same from a tokenizer.json document already in memory (a GGUF's
+  // tokenizer, tokenizer/gguf_tokenizer.h); `source` names it in errors.
+  static Tokenizer from_json(const nlohmann::json& j, const std::string& source);
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;

@@ -69,7 +69,7 @@ void gated_delta_net_mixer(const ModelConfig& c, const LinearAttentionWeights& w
   pool.parallel_for(nv, [&](int64_t h0, int64_t h1) {
     std::vector<float> scratch(static_cast<size_t>(dv)), oh(static_cast<size_t>(dv));
     for (int64_t h = h0; h < h1; ++h) {
-      const int64_t g = h / r;
+      const int64_t g = w.key_head(h, nk, r);
       float* S = ssm_state.data() + h * dk * dv;
       for (int64_t t = 0; t < n; ++t) {
         const float* row = conv_out.data() + t * C;
