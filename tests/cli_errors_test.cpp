@@ -292,7 +292,7 @@ TEST(Cli, BadCpuLevelIsOneErrorNamingTheVariable) {
   CmdResult r = run_flashmoe("logits -m " + dir + "/model --ids 1,2 -o /dev/null");
   unsetenv("FLASHMOE_CPU_LEVEL");
   EXPECT_EQ(r.code, 1);
-  EXPECT_EQ(r.err, "flashmoe: error: FLASHMOE_CPU_LEVEL='sse9' is not one of portable, avx2, avx512\n");
+  EXPECT_EQ(r.err, "flashmoe: error: FLASHMOE_CPU_LEVEL='sse9' is not one of portable, avx2, avx512, avx512vnni\n");
   if (cpu_level_supported() < CpuLevel::Avx512) {
     setenv("FLASHMOE_CPU_LEVEL", "avx512", 1);
     r = run_flashmoe("logits -m " + dir + "/model --ids 1,2 -o /dev/null");

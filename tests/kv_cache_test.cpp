@@ -122,6 +122,47 @@ TEST(KvCache, StorageFormatsMatchReference) {
   }
 }
 
+// A prompt chunk's tokens attend over their causal prefixes after the whole
+// chunk is appended (the CPU prefill, on several threads): each must equal,
+// bit for bit, attend() called right after that token's own append.
+TEST(KvCache, PrefixAttentionEqualsTokenByToken) {
+  const struct { KvDType t; Fp8ScaleMode m; } fmts[] = {
+      {KvDType::F32, Fp8ScaleMode::Position}, {KvDType::BF16, Fp8ScaleMode::Position},
+      {KvDType::FP8, Fp8ScaleMode::Rotated}};
+  for (const auto& f : fmts) {
+    std::mt19937 rng(3);
+    const int64_t nh = 8, nkv = 2, hd = 32, T = 41;
+    const float scale = 1.0f / std::sqrt(float(hd));
+    KvCache step(nkv, hd, make_cfg(f.t, f.m)), chunk(nkv, hd, make_cfg(f.t, f.m));
+    ASSERT_TRUE(chunk.supports_prefix_attention());
+    std::vector<Vec> qs, outs;
+    for (int64_t p = 0; p < T; ++p) {
+      const Vec k = randn(rng, size_t(nkv * hd)), v = randn(rng, size_t(nkv * hd));
+      qs.push_back(randn(rng, size_t(nh * hd), 1.5f));
+      step.append(p, k.data(), v.data());
+      chunk.append(p, k.data(), v.data());
+      outs.emplace_back(size_t(nh * hd));
+      step.attend(qs.back().data(), nh, scale, outs.back().data());
+    }
+    KvCache::AttendScratch scratch;
+    for (int64_t p = T - 1; p >= 0; --p) {  // longest first, as the prefill does
+      Vec out(size_t(nh * hd));
+      chunk.attend_prefix(qs[size_t(p)].data(), nh, scale, out.data(), p + 1, scratch);
+      ASSERT_EQ(out, outs[size_t(p)]) << kv_dtype_name(f.t) << " position " << p;
+    }
+  }
+  KvConfig win;
+  win.window = 8;
+  KvCache w(2, 16, win), full(2, 16, KvConfig{});
+  EXPECT_FALSE(w.supports_prefix_attention());
+  Vec q(64), out(64), kv(32);
+  KvCache::AttendScratch scratch;
+  w.append(0, kv.data(), kv.data());
+  EXPECT_THROW(w.attend_prefix(q.data(), 4, 1.0f, out.data(), 1, scratch), Error);
+  full.append(0, kv.data(), kv.data());
+  EXPECT_THROW(full.attend_prefix(q.data(), 4, 1.0f, out.data(), 2, scratch), Error);
+}
+
 TEST(KvCache, F32StorageIsLossless) {
   std::mt19937 rng(7);
   KvCache c(2, 16, KvConfig{});

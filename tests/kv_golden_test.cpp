@@ -84,7 +84,11 @@ TEST(KvPolicies, BatchEqualsTokenByToken) {
   RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
   if (sanitizer_build()) ids.ids.resize(96);
   const int64_t V = model->config().vocab_size;
-  std::vector<KvConfig> configs = {window(64), fp8(64)};
+  // Full retention first: its prefill appends a whole chunk, then attends
+  // each token over its causal prefix on two threads.
+  KvConfig full_bf16;
+  full_bf16.dtype = KvDType::BF16;
+  std::vector<KvConfig> configs = {KvConfig{}, full_bf16, window(64), fp8(64)};
   KvConfig h2o;
   h2o.h2o_budget = 64;
   configs.push_back(h2o);

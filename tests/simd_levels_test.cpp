@@ -6,6 +6,7 @@
 // exactly; FP8 KV needs it).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <random>
@@ -14,6 +15,7 @@
 #include "backend/cpu/gated_delta.h"
 #include "core/cpu_features.h"
 #include "core/dtype.h"
+#include "core/error.h"
 #include "core/matrix_rows.h"
 #include "core/simd.h"
 
@@ -24,7 +26,7 @@ namespace {
 
 std::vector<CpuLevel> runnable_levels() {
   std::vector<CpuLevel> out;
-  for (CpuLevel l : {CpuLevel::Portable, CpuLevel::Avx2, CpuLevel::Avx512})
+  for (CpuLevel l : {CpuLevel::Portable, CpuLevel::Avx2, CpuLevel::Avx512, CpuLevel::Avx512Vnni})
     if (l <= cpu_level_supported()) out.push_back(l);
   return out;
 }
@@ -60,6 +62,7 @@ TEST(SimdLevels, DetectedLevelIsTheWidestUnlessForced) {
   if (!std::getenv("FLASHMOE_CPU_LEVEL")) {
     EXPECT_EQ(cpu_level(), cpu_level_supported());
   }
+  EXPECT_STREQ(cpu_level_name(CpuLevel::Avx512Vnni), "avx512vnni");
   EXPECT_STREQ(cpu_level_name(CpuLevel::Avx512), "avx512");
   EXPECT_STREQ(cpu_level_name(CpuLevel::Avx2), "avx2");
   EXPECT_STREQ(cpu_level_name(CpuLevel::Portable), "portable");
@@ -162,6 +165,75 @@ TEST(SimdLevels, QuantisedRowsEveryLevel) {
     }
 }
 
+// The int8 row dot (AVX512-VNNI level only; refused below it): against the
+// same formula in double over the same activation codes (the kernel's own
+// arithmetic), and against the exact fp32 dot within the bound that the
+// activations' rounding allows (sum_g |s_g| scale_g / 2 sum_c q_c).
+TEST(SimdLevels, Int8RowDotAtTheVnniLevel) {
+  std::mt19937 rng(12);
+  std::uniform_int_distribution<int> byte(0, 255);
+  const int64_t rows = 5, cols = 256;
+  for (int32_t group : {64, 32})
+    for (QuantKind kind : {QuantKind::Q8, QuantKind::Q4}) {
+      std::vector<uint8_t> data(size_t(rows * cols * quant_bits(kind) / 8));
+      for (auto& b : data) b = uint8_t(byte(rng));
+      std::vector<uint16_t> scales, biases;
+      std::normal_distribution<float> d(0.0f, 0.1f);
+      for (int64_t i = 0; i < rows * cols / group; ++i) {
+        scales.push_back(f32_to_bf16(d(rng)));  // signed scales too
+        biases.push_back(f32_to_bf16(d(rng)));
+      }
+      Matrix W;
+      W.rows = rows;
+      W.cols = cols;
+      W.dtype = DType::U8;
+      W.quant = kind;
+      W.group = group;
+      W.data = data.data();
+      W.scales = scales.data();
+      W.biases = biases.data();
+      std::vector<float> x(static_cast<size_t>(cols));
+      for (auto& v : x) v = d(rng) * 10;
+      x[3] = 0;
+      std::fill(x.begin() + group, x.begin() + 2 * group, 0.0f);  // an all-zero group: scale 0
+      cpu::Int8Activations xq;
+      cpu::quantize_activations(x.data(), cols, group, xq);
+      for (CpuLevel level : runnable_levels()) {
+        SCOPED_TRACE(std::string(cpu_level_name(level)) + " " + quant_name(kind) + " group " + std::to_string(group));
+        EXPECT_EQ(cpu::int8_dot_supported(level, W), level >= CpuLevel::Avx512Vnni);
+        if (!cpu::int8_dot_supported(level, W)) {
+          EXPECT_THROW(cpu::quant_dot_row_int8_at(level, W, 0, xq), Error);
+          continue;
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          double same_codes = 0, exact = 0, bound = 0, mag = 0;
+          for (int64_t g = 0; g < cols / group; ++g) {
+            const double s = bf16_to_f32(scales[size_t(r * cols / group + g)]);
+            const double b = bf16_to_f32(biases[size_t(r * cols / group + g)]);
+            double qsum = 0;
+            int64_t iq = 0;
+            for (int64_t c = g * group; c < (g + 1) * group; ++c) {
+              const int q = kind == QuantKind::Q8 ? data[size_t(r * cols + c)]
+                                                  : (data[size_t((r * cols + c) / 2)] >> ((c & 1) * 4)) & 0xF;
+              iq += int64_t(q) * xq.code[size_t(c)];
+              qsum += q;
+              exact += (q * s + b) * x[size_t(c)];
+              mag += std::fabs((q * s + b) * x[size_t(c)]);
+            }
+            same_codes += s * xq.scale[size_t(g)] * double(iq) + b * xq.sum[size_t(g)];
+            bound += std::fabs(s) * xq.scale[size_t(g)] / 2 * qsum;
+          }
+          const float got = cpu::quant_dot_row_int8_at(level, W, r, xq);
+          EXPECT_NEAR(got, same_codes, 1e-5 * mag) << "row " << r;
+          EXPECT_NEAR(got, exact, bound + 1e-5 * mag) << "row " << r;
+          EXPECT_GT(std::fabs(got - exact), 0.0) << "row " << r << ": the int8 path was not taken";
+        }
+      }
+    }
+  std::vector<float> x(48);
+  cpu::Int8Activations xq;
+  EXPECT_THROW(cpu::quantize_activations(x.data(), 48, 32, xq), Error);
+}
 
 // The fused AVX-512 delta-rule step does the row-by-row form's operations in
 // its order: the same bits, state and output (at other levels, or another
@@ -186,7 +258,7 @@ TEST(SimdLevels, FusedDeltaRuleStepMatchesRowByRow) {
     EXPECT_EQ(o1, o2);
     std::vector<float> S3 = S, o3(static_cast<size_t>(dv));
     const bool fused = cpu::gated_delta_step_fused(S3.data(), q.data(), k.data(), v.data(), 0.9f, 0.7f, dk, dv, o3.data());
-    EXPECT_EQ(fused, cpu_level() == CpuLevel::Avx512 && dv != 48);
+    EXPECT_EQ(fused, cpu_level() >= CpuLevel::Avx512 && dv != 48);
   }
 }
 

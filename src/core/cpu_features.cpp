@@ -17,6 +17,7 @@ const char* cpu_level_name(CpuLevel level) {
     case CpuLevel::Portable: return "portable";
     case CpuLevel::Avx2: return "avx2";
     case CpuLevel::Avx512: return "avx512";
+    case CpuLevel::Avx512Vnni: return "avx512vnni";
   }
   return "?";
 }
@@ -34,7 +35,8 @@ CpuLevel detect() {
   // state (XCR0).
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  return avx512 ? CpuLevel::Avx512 : CpuLevel::Avx2;
+  if (!avx512) return CpuLevel::Avx2;
+  return __builtin_cpu_supports("avx512vnni") ? CpuLevel::Avx512Vnni : CpuLevel::Avx512;
 #else
   return CpuLevel::Portable;
 #endif
@@ -45,13 +47,13 @@ CpuLevel from_environment() {
   const char* v = std::getenv("FLASHMOE_CPU_LEVEL");
   if (!v || !*v) return supported;
   const std::string s(v);
-  for (CpuLevel l : {CpuLevel::Portable, CpuLevel::Avx2, CpuLevel::Avx512}) {
+  for (CpuLevel l : {CpuLevel::Portable, CpuLevel::Avx2, CpuLevel::Avx512, CpuLevel::Avx512Vnni}) {
     if (s != cpu_level_name(l)) continue;
     if (l > supported)
       fail("FLASHMOE_CPU_LEVEL=" + s + " but this CPU supports at most '" + cpu_level_name(supported) + "'");
     return l;
   }
-  fail("FLASHMOE_CPU_LEVEL='" + s + "' is not one of portable, avx2, avx512");
+  fail("FLASHMOE_CPU_LEVEL='" + s + "' is not one of portable, avx2, avx512, avx512vnni");
 }
 
 }  // namespace

@@ -10,7 +10,9 @@ namespace flashmoe {
 //   Portable: plain C++ (any CPU).
 //   Avx2:     AVX2 + FMA + F16C.
 //   Avx512:   Avx2 plus AVX-512 F/BW/VL/DQ.
-enum class CpuLevel { Portable = 0, Avx2 = 1, Avx512 = 2 };
+//   Avx512Vnni: Avx512 plus AVX512-VNNI (vpdpbusd: the int8 dot products of
+//             the q8 / q4 decode rows).
+enum class CpuLevel { Portable = 0, Avx2 = 1, Avx512 = 2, Avx512Vnni = 3 };
 
 const char* cpu_level_name(CpuLevel level);
 
@@ -18,7 +20,7 @@ const char* cpu_level_name(CpuLevel level);
 CpuLevel cpu_level_supported();
 
 // The level the kernels use: the supported one, or the lower one named by
-// FLASHMOE_CPU_LEVEL=portable|avx2|avx512 (to test or compare the narrower
+// FLASHMOE_CPU_LEVEL=portable|avx2|avx512|avx512vnni (to test or compare the narrower
 // paths on a wide machine). Read once, on the first call; a value that is not
 // a level name, or a level above what the CPU supports, throws Error naming
 // the variable.

@@ -1,5 +1,9 @@
 #include "core/matrix_rows.h"
 
+#include <algorithm>
+#include <cmath>
+#include <string>
+
 #include "core/block_quant.h"
 #include "core/error.h"
 #include "core/fp8_rows.h"
@@ -119,7 +123,7 @@ void quant_dequant_row_at(CpuLevel level, const Matrix& W, int64_t r, float* out
   if (W.block_quantized()) return block_dequant_row(W, r, out);
   check(W);
 #ifdef FLASHMOE_X86
-  if (level == CpuLevel::Avx512 && W.group % 16 == 0) return avx512::quant_dequant_row(W, r, out);
+  if (level >= CpuLevel::Avx512 && W.group % 16 == 0) return avx512::quant_dequant_row(W, r, out);
   if (level >= CpuLevel::Avx2) return dequant_avx2(W, r, out);
 #endif
   dequant_generic(W, r, out);
@@ -132,10 +136,54 @@ float quant_dot_row_at(CpuLevel level, const Matrix& W, int64_t r, const float* 
   }
   if (W.block_quantized()) return block_dot_row_at(level, W, r, x);
 #ifdef FLASHMOE_X86
-  if (level == CpuLevel::Avx512 && W.group % 16 == 0) return avx512::quant_dot_row(W, r, x);
+  if (level >= CpuLevel::Avx512 && W.group % 16 == 0) return avx512::quant_dot_row(W, r, x);
   if (level >= CpuLevel::Avx2) return dot_avx2(W, r, x);
 #endif
   return dot_generic(W, r, x);
+}
+
+void quantize_activations(const float* x, int64_t cols, int64_t group, Int8Activations& out) {
+  if (group <= 0 || cols % group != 0)
+    fail("quantize_activations: group " + std::to_string(group) + " does not divide " + std::to_string(cols) +
+         " columns");
+  const int64_t G = cols / group;
+  out.group = group;
+  out.code.resize(size_t(cols));
+  out.scale.resize(size_t(G));
+  out.sum.resize(size_t(G));
+  for (int64_t g = 0; g < G; ++g) {
+    const float* xg = x + g * group;
+    float amax = 0, sum = 0;
+    for (int64_t c = 0; c < group; ++c) {
+      amax = std::max(amax, std::fabs(xg[c]));
+      sum += xg[c];
+    }
+    const float d = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+    for (int64_t c = 0; c < group; ++c) out.code[size_t(g * group + c)] = int8_t(std::lrint(xg[c] * inv));
+    out.scale[size_t(g)] = d;
+    out.sum[size_t(g)] = sum;
+  }
+}
+
+bool int8_dot_supported(CpuLevel level, const Matrix& W) {
+#ifdef FLASHMOE_X86
+  return level >= CpuLevel::Avx512Vnni && W.affine() && W.group % 32 == 0;
+#else
+  (void)level;
+  (void)W;
+  return false;
+#endif
+}
+
+float quant_dot_row_int8_at(CpuLevel level, const Matrix& W, int64_t r, const Int8Activations& x) {
+  if (!int8_dot_supported(level, W) || x.group != W.group || int64_t(x.code.size()) != W.cols)
+    fail("quant_dot_row_int8: not available at level " + std::string(cpu_level_name(level)) + " for this matrix");
+#ifdef FLASHMOE_X86
+  return vnni::quant_dot_row_int8(W, r, x.code.data(), x.scale.data(), x.sum.data());
+#else
+  (void)r;
+  return 0;
+#endif
 }
 
 void quant_dequant_row(const Matrix& W, int64_t r, float* out) { quant_dequant_row_at(cpu_level(), W, r, out); }

@@ -175,7 +175,7 @@ const Kernels kAvx2Kernels = {to_f32_avx2, dot_mixed_avx2, dot4_mixed_avx2, dot4
 
 const Kernels& kernels(CpuLevel level) {
 #ifdef FLASHMOE_X86
-  if (level == CpuLevel::Avx512) return kAvx512Kernels;
+  if (level >= CpuLevel::Avx512) return kAvx512Kernels;
   if (level == CpuLevel::Avx2) return kAvx2Kernels;
 #endif
   return kPortableKernels;

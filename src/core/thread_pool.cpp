@@ -93,12 +93,25 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     return;
   }
   // A few chunks per thread balances uneven work without much contention.
+  const int64_t chunks = std::min<int64_t>(int64_t(size()) * 4, (n + grain - 1) / grain);
+  run_job(n, (n + chunks - 1) / chunks, fn);
+}
+
+void ThreadPool::parallel_for_items(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  if (workers_.empty() || n == 1) {
+    fn(0, n);
+    return;
+  }
+  run_job(n, 1, fn);
+}
+
+void ThreadPool::run_job(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t)>& fn) {
   auto job = std::make_shared<Job>();
   job->fn = &fn;
   job->n = n;
-  int64_t chunks = std::min<int64_t>(int64_t(size()) * 4, (n + grain - 1) / grain);
-  job->chunk = (n + chunks - 1) / chunks;
-  job->chunks = (n + job->chunk - 1) / job->chunk;
+  job->chunk = chunk;
+  job->chunks = (n + chunk - 1) / chunk;
   {
     std::lock_guard<std::mutex> lk(mu_);
     current_ = job;

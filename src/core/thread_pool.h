@@ -29,6 +29,11 @@ class ThreadPool {
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
                     int64_t grain = 1);
 
+  // Calls fn(i, i + 1) for every i in [0, n), one item per claim: for a few
+  // items of very different cost, given most expensive first, so that the
+  // threads finish together (longest-processing-time-first scheduling).
+  void parallel_for_items(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
+
   static int hardware_threads();
 
  private:
@@ -41,6 +46,7 @@ class ThreadPool {
     void run(ThreadPool& pool);
   };
   void worker_loop();
+  void run_job(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t)>& fn);
 
   std::vector<std::thread> workers_;
   std::mutex mu_;

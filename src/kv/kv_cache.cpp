@@ -23,8 +23,6 @@ KvCache::KvCache(int64_t num_kv_heads, int64_t head_dim, const KvConfig& cfg)
   if (rotated_ && (hd_ & (hd_ - 1)) != 0)
     fail("--kv-fp8-scale rotated needs a power-of-two head_dim (this model's is " + std::to_string(hd_) + ")");
   cap_ = cfg_.capacity();
-  krow_.resize(size_t(hd_));
-  if (cfg_.dtype != KvDType::F32) vtile_.resize(size_t(kTile * hd_));
   if (cap_ > 0) {
     // Allocated once, with the element size of this config; never grows.
     k_.assign(size_t(cap_ * row_) * el_, 0);
@@ -46,7 +44,7 @@ void KvCache::clear() {
     ks_.clear(); ks_.shrink_to_fit();
     vs_.clear(); vs_.shrink_to_fit();
     pos_.clear(); pos_.shrink_to_fit();
-    probs_.clear(); probs_.shrink_to_fit();
+    scratch_.probs.clear(); scratch_.probs.shrink_to_fit();
   } else if (!acc_.empty()) {
     std::fill(acc_.begin(), acc_.end(), 0.0f);
   }
@@ -224,24 +222,27 @@ void KvCache::append(int64_t pos, const float* k, const float* v) {
 // ---------------------------------------------------------------- attention
 
 template <KvDType T>
-void KvCache::attend_impl(const float* q, int64_t num_heads, float scale, float* out) {
-  const int64_t n = n_, G = num_heads / nkv_;
+void KvCache::attend_impl(const float* q, int64_t num_heads, float scale, float* out, int64_t slots,
+                          AttendScratch& sc) const {
+  const int64_t n = slots, G = num_heads / nkv_;
   std::fill(out, out + num_heads * hd_, 0.0f);
   if (n == 0) return;
+  if (sc.krow.size() < size_t(hd_)) sc.krow.resize(size_t(hd_));
+  if (T != KvDType::F32 && sc.vtile.size() < size_t(kTile * hd_)) sc.vtile.resize(size_t(kTile * hd_));
   const bool rot = T == KvDType::FP8 && rotated_;
   if (rot) {  // scores against H k need H q
-    rot_.assign(q, q + num_heads * hd_);
-    for (int64_t h = 0; h < num_heads; ++h) kv_kernels::hadamard_ortho(rot_.data() + h * hd_, hd_);
-    q = rot_.data();
+    sc.rot.assign(q, q + num_heads * hd_);
+    for (int64_t h = 0; h < num_heads; ++h) kv_kernels::hadamard_ortho(sc.rot.data() + h * hd_, hd_);
+    q = sc.rot.data();
   }
-  if (probs_.size() < size_t(num_heads * n)) probs_.resize(size_t(num_heads * n));
-  float* probs = probs_.data();
+  if (sc.probs.size() < size_t(num_heads * n)) sc.probs.resize(size_t(num_heads * n));
+  float* probs = sc.probs.data();
   for (int64_t kvh = 0; kvh < nkv_; ++kvh) {
     const int64_t h0 = kvh * G;
     const float* qg = q + h0 * hd_;
     // Scores: each K row is decoded once and used by the G query heads of its group.
     for (int64_t s = 0; s < n; ++s) {
-      const float* kr = row<T>(k_, ks_, s, kvh, krow_.data());
+      const float* kr = row<T>(k_, ks_, s, kvh, sc.krow.data());
       int64_t g = 0;
       for (; g + 4 <= G; g += 4) {
         float o[4];
@@ -268,11 +269,11 @@ void KvCache::attend_impl(const float* q, int64_t num_heads, float scale, float*
         ld = row_;
       } else {
         for (int64_t r = 0; r < nt; ++r) {
-          float* dst = vtile_.data() + r * hd_;
+          float* dst = sc.vtile.data() + r * hd_;
           const float* src = row<T>(v_, vs_, s0 + r, kvh, dst);
           if (src != dst) std::memcpy(dst, src, size_t(hd_) * 4);
         }
-        tile = vtile_.data();
+        tile = sc.vtile.data();
         ld = hd_;
       }
       for (int64_t g = 0; g < G; ++g)
@@ -281,24 +282,45 @@ void KvCache::attend_impl(const float* q, int64_t num_heads, float scale, float*
   }
   if (rot)  // out = H (sum_s p_s v_s): back to the model's basis
     for (int64_t h = 0; h < num_heads; ++h) kv_kernels::hadamard_ortho(out + h * hd_, hd_);
-  if (ret_ == KvRetention::Tova) std::fill(acc_.begin(), acc_.begin() + n, 0.0f);
-  if (ret_ == KvRetention::H2O || ret_ == KvRetention::Tova) {
-    for (int64_t h = 0; h < num_heads; ++h) {
-      const float* p = probs + h * n;
-      for (int64_t s = 0; s < n; ++s) acc_[size_t(s)] += p[s];
-    }
+}
+
+void KvCache::check_heads(int64_t num_heads) const {
+  if (num_heads <= 0 || num_heads % nkv_ != 0)
+    fail("KvCache::attend: " + std::to_string(num_heads) + " query heads is not a multiple of " +
+         std::to_string(nkv_) + " KV heads");
+}
+
+void KvCache::attend_prefix(const float* q, int64_t num_heads, float scale, float* out, int64_t slots,
+                            AttendScratch& scratch) const {
+  check_heads(num_heads);
+  if (!supports_prefix_attention())
+    fail("KvCache::attend_prefix: needs full retention (a window or an eviction policy reorders slots)");
+  if (slots < 0 || slots > n_)
+    fail("KvCache::attend_prefix: " + std::to_string(slots) + " slots, the cache holds " + std::to_string(n_));
+  switch (cfg_.dtype) {
+    case KvDType::F32: return attend_impl<KvDType::F32>(q, num_heads, scale, out, slots, scratch);
+    case KvDType::BF16: return attend_impl<KvDType::BF16>(q, num_heads, scale, out, slots, scratch);
+    case KvDType::F16: return attend_impl<KvDType::F16>(q, num_heads, scale, out, slots, scratch);
+    case KvDType::FP8: return attend_impl<KvDType::FP8>(q, num_heads, scale, out, slots, scratch);
   }
 }
 
 void KvCache::attend(const float* q, int64_t num_heads, float scale, float* out) {
-  if (num_heads <= 0 || num_heads % nkv_ != 0)
-    fail("KvCache::attend: " + std::to_string(num_heads) + " query heads is not a multiple of " +
-         std::to_string(nkv_) + " KV heads");
+  check_heads(num_heads);
   switch (cfg_.dtype) {
-    case KvDType::F32: return attend_impl<KvDType::F32>(q, num_heads, scale, out);
-    case KvDType::BF16: return attend_impl<KvDType::BF16>(q, num_heads, scale, out);
-    case KvDType::F16: return attend_impl<KvDType::F16>(q, num_heads, scale, out);
-    case KvDType::FP8: return attend_impl<KvDType::FP8>(q, num_heads, scale, out);
+    case KvDType::F32: attend_impl<KvDType::F32>(q, num_heads, scale, out, n_, scratch_); break;
+    case KvDType::BF16: attend_impl<KvDType::BF16>(q, num_heads, scale, out, n_, scratch_); break;
+    case KvDType::F16: attend_impl<KvDType::F16>(q, num_heads, scale, out, n_, scratch_); break;
+    case KvDType::FP8: attend_impl<KvDType::FP8>(q, num_heads, scale, out, n_, scratch_); break;
+  }
+  if (n_ == 0) return;
+  if (ret_ == KvRetention::Tova) std::fill(acc_.begin(), acc_.begin() + n_, 0.0f);
+  if (ret_ == KvRetention::H2O || ret_ == KvRetention::Tova) {
+    const float* probs = scratch_.probs.data();
+    for (int64_t h = 0; h < num_heads; ++h) {
+      const float* p = probs + h * n_;
+      for (int64_t s = 0; s < n_; ++s) acc_[size_t(s)] += p[s];
+    }
   }
 }
 

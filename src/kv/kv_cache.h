@@ -73,6 +73,22 @@ class KvCache {
   // scores; tova: then sets them to this query's probabilities.
   void attend(const float* q, int64_t num_heads, float scale, float* out);
 
+  // Working memory of one caller of attend_prefix (one per thread).
+  struct AttendScratch {
+    std::vector<float> probs, krow, vtile, rot;
+  };
+  // Whether attend_prefix may stand in for the token-by-token walk: under
+  // `full` retention nothing is ever evicted or overwritten, so slots
+  // [0, s) hold the first s positions in order, and a prompt's keys and
+  // values can all be appended before any of its tokens attends.
+  bool supports_prefix_attention() const { return ret_ == KvRetention::Full; }
+  // attend() over slots [0, slots) only (the query of the token stored in
+  // slot slots - 1): the same arithmetic, so the same bits. Const and
+  // scratch-explicit, so the tokens of a prompt chunk can attend on several
+  // threads at once. Full retention only (it keeps no scores).
+  void attend_prefix(const float* q, int64_t num_heads, float scale, float* out, int64_t slots,
+                     AttendScratch& scratch) const;
+
   int64_t size() const { return n_; }  // positions retained
   size_t bytes() const;                // storage allocated (K, V, scales, bookkeeping)
   const KvConfig& config() const { return cfg_; }
@@ -95,7 +111,10 @@ class KvCache {
 
  private:
   template <KvDType T> void store(int64_t slot, const float* k, const float* v);
-  template <KvDType T> void attend_impl(const float* q, int64_t num_heads, float scale, float* out);
+  template <KvDType T>
+  void attend_impl(const float* q, int64_t num_heads, float scale, float* out, int64_t slots,
+                   AttendScratch& s) const;
+  void check_heads(int64_t num_heads) const;
   template <KvDType T> const float* row(const std::vector<uint8_t>& data, const std::vector<float>& scales,
                                         int64_t slot, int64_t kvh, float* buf) const;
   void ensure_slots(int64_t slots);  // full: grow storage to hold `slots`
@@ -116,7 +135,8 @@ class KvCache {
   std::vector<float> acc_;       // h2o / tova scores per slot
   static constexpr int64_t kTile = 16;      // value rows decoded per tile in attend()
   bool rotated_ = false;  // fp8 `rotated`: K and V stored as H k, H v per head
-  std::vector<float> probs_, krow_, vtile_, rot_;  // scratch (rot_: rotated rows or query)
+  std::vector<float> rot_;  // store(): the rotated K and V rows
+  AttendScratch scratch_;   // attend()'s
 };
 
 }  // namespace flashmoe

@@ -55,7 +55,7 @@ AVX512_FN void fused(float* S, const float* q, const float* k, const float* v, f
 
 bool gated_delta_step_fused(float* S, const float* q, const float* k, const float* v, float decay, float beta,
                             int64_t dk, int64_t dv, float* out) {
-  if (cpu_level() != CpuLevel::Avx512) return false;
+  if (cpu_level() < CpuLevel::Avx512) return false;
   switch (dv) {
     case 32: fused<2>(S, q, k, v, decay, beta, dk, out); return true;
     case 64: fused<4>(S, q, k, v, decay, beta, dk, out); return true;

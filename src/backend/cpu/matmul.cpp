@@ -17,6 +17,14 @@ namespace {
 void rows_kernel(const Matrix& W, int64_t r0, int64_t r1, const float* x, int64_t n, int64_t ldx,
                  float* y, int64_t ldy, std::vector<float>& buf) {
   if (n == 1 && W.quantized()) {
+    if (int8_dot_supported(cpu_level(), W)) {
+      // The token is quantised once per call (per group, as W is), then
+      // every row is an int8 product (matrix_rows_vnni.cpp).
+      thread_local Int8Activations xq;
+      quantize_activations(x, W.cols, W.group, xq);
+      for (int64_t r = r0; r < r1; ++r) y[r] = quant_dot_row_int8_at(CpuLevel::Avx512Vnni, W, r, xq);
+      return;
+    }
     for (int64_t r = r0; r < r1; ++r) y[r] = quant_dot_row(W, r, x);
     return;
   }
