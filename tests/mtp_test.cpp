@@ -350,3 +350,17 @@ TEST(Mtp, GenerateEndsLikePlainDecoding) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Mtp, CommandLineErrors) {
+  const std::string m = " -m " + source_path("models/coder-mini");
+  CmdResult r = run_flashmoe("generate" + m + " --ids 1,2 -n 4 --mtp");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--mtp: the model has no MTP head"), std::string::npos) << r.err;
+  r = run_flashmoe("run" + m + " -p x -n 4 --spec-draft 2");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--spec-draft needs --mtp"), std::string::npos) << r.err;
+}
+
+}  // namespace
