@@ -70,7 +70,7 @@ for f in files:
     if 200 < len(s) < 200_000 and s[:2000] not in held:
         texts.append(s)
         total += len(s)
-    if total > 30_000_000:
+    if total > 15_000_000:
         break
 ids = []
 for i in range(0, len(texts), 512):
@@ -125,7 +125,8 @@ def head_pass(nxt, h):
     """Head output for entries j = 0..T-1 from (h[j], nxt[j]) at position j (main_pass over T tokens first)."""
     e = inner.embed_tokens(nxt)
     z = head.fc(torch.cat([head.pre_fc_norm_embedding(e), head.pre_fc_norm_hidden(h)], -1))
-    kw = {k: v for k, v in captured.items() if k not in ("past_key_values", "past_key_value", "use_cache", "cache_position")}
+    skip = ("hidden_states", "past_key_values", "past_key_value", "use_cache", "cache_position")
+    kw = {k: v for k, v in captured.items() if k not in skip}
     y = head.layer(z, **kw)
     y = y[0] if isinstance(y, tuple) else y
     return head.norm(y)
