@@ -51,6 +51,16 @@ KvConfig window(int64_t w) {
   c.window = w;
   return c;
 }
+KvConfig h2o(int64_t budget) {
+  KvConfig c;
+  c.h2o_budget = budget;
+  return c;
+}
+KvConfig tova(int64_t budget) {
+  KvConfig c;
+  c.tova_budget = budget;
+  return c;
+}
 KvConfig fp8() {
   KvConfig c;
   c.dtype = KvDType::FP8;
@@ -69,7 +79,7 @@ TEST_P(MtpLayouts, HeadLoadsAndGreedyIsUnchanged) {
   const int64_t n = sanitizer() ? 12 : 20;
   // The KV formats and retention once (the layouts differ only in loading).
   std::vector<KvConfig> kvs{KvConfig{}};
-  if (std::string(GetParam()) == "tiny-qwen35moe") kvs = {KvConfig{}, window(8), fp8()};
+  if (std::string(GetParam()) == "tiny-qwen35moe") kvs = {KvConfig{}, window(8), fp8(), h2o(12), tova(12)};
   for (const KvConfig& kv : kvs) {
     const std::vector<int32_t> want = plain_greedy(b, kv, n);
     for (int draft = 1; draft <= 4; ++draft) {
