@@ -374,3 +374,19 @@ TEST(Mtp, CommandLineErrors) {
 }
 
 }  // namespace
+
+#include "server/metrics.h"
+
+namespace {
+
+TEST(Mtp, MetricsCountSpeculation) {
+  server::Metrics m;
+  m.count_speculation(3, 6, 4);
+  m.count_speculation(1, 2, 2);
+  const std::string t = m.render({});
+  EXPECT_NE(t.find("flashmoe_spec_passes_total 4\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("flashmoe_spec_drafted_tokens_total 8\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("flashmoe_spec_accepted_tokens_total 6\n"), std::string::npos) << t;
+}
+
+}  // namespace

@@ -276,6 +276,7 @@ struct ApiRoutes::Impl {
     if (!cancelled) store();
     metrics.count_generation(int64_t(j.ids.size()), out.reused, int64_t(out.r.ids.size()), out.r.prompt_seconds,
                              out.r.gen_seconds, cancelled);
+    metrics.count_speculation(out.r.spec.rounds, out.r.spec.drafted, out.r.spec.accepted);
     return out;
   }
 
