@@ -390,3 +390,27 @@ TEST(Mtp, MetricsCountSpeculation) {
 }
 
 }  // namespace
+
+namespace {
+
+// flashmoe run --mtp prints what plain decoding prints (greedy, with a
+// context limit, and sampled with a seed it differs only in the draws, so
+// greedy only), and the mtp: statistics line.
+TEST(Mtp, RunCommandMatchesPlain) {
+  MtpModel m("tiny-qwen35moe");
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    std::filesystem::create_symlink(source_path(std::string("models/coder-mini/") + f), m.dir.path + "/" + f);
+  for (const std::string extra : {"-n 20", "-n 40 -c 30", "-n 20 --repeat-penalty 1.3"}) {
+    const std::string cmd = "run -m " + m.dir.path + " -t 2 -p 'q@z~k!' --temp 0 " + extra;
+    CmdResult plain = run_flashmoe(cmd);
+    ASSERT_EQ(plain.code, 0) << plain.err;
+    for (int d : {1, 3}) {
+      CmdResult spec = run_flashmoe(cmd + " --mtp --spec-draft " + std::to_string(d));
+      ASSERT_EQ(spec.code, 0) << spec.err;
+      EXPECT_EQ(spec.out, plain.out) << extra << " draft " << d;
+      EXPECT_NE(spec.err.find("mtp: "), std::string::npos) << spec.err;
+    }
+  }
+}
+
+}  // namespace
