@@ -364,11 +364,11 @@ TEST(Mtp, GenerateEndsLikePlainDecoding) {
 namespace {
 
 TEST(Mtp, CommandLineErrors) {
-  const std::string m = " -m " + source_path("models/coder-mini");
+  const std::string m = " -m " + fixture_dir("tiny-qwen35moe") + "/model";
   CmdResult r = run_flashmoe("generate" + m + " --ids 1,2 -n 4 --mtp");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("--mtp: the model has no MTP head"), std::string::npos) << r.err;
-  r = run_flashmoe("run" + m + " -p x -n 4 --spec-draft 2");
+  r = run_flashmoe("generate" + m + " --ids 1,2 -n 4 --spec-draft 2");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("--spec-draft needs --mtp"), std::string::npos) << r.err;
 }
