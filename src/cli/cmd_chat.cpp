@@ -68,7 +68,7 @@ Registrar reg(21, [](CLI::App& app) {
     GenerateOptions go = make_generate_options(a->gen, tm.files, tm.eos_ids(true), tm.backend->config().max_position_embeddings);
     go.cancel = &g_cancel;
     ThreadPool pool(a->model.threads);
-    Session session(*tm.backend, a->model.kv, pool);
+    Session session(*tm.backend, a->model.kv, pool, go.spec_draft > 0);
     const bool tty = isatty(0) && isatty(1);
     std::signal(SIGINT, on_sigint);
     rl_catch_signals = 0;
@@ -128,6 +128,7 @@ Registrar reg(21, [](CLI::App& app) {
       std::fprintf(stderr, "[%zu prompt tokens reused, %zu new; %zu generated at %.1f tokens/s%s]\n", reused,
                    fresh.size(), r.ids.size(), double(r.ids.size()) / std::max(r.gen_seconds, 1e-9),
                    r.finish_reason == "cancelled" ? "; stopped" : "");
+      if (go.spec_draft > 0 && a->model.stats) std::fprintf(stderr, "[%s]\n", r.spec.describe().c_str());
     }
   });
 });

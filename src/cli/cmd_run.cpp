@@ -39,7 +39,7 @@ Registrar reg(20, [](CLI::App& app) {
     GenerateOptions go = make_generate_options(a->gen, tm.files, tm.eos_ids(a->chat), tm.backend->config().max_position_embeddings);
     go.keep_output = false;  // streamed to stdout as it comes; a long run need not hold it
     ThreadPool pool(a->model.threads);
-    Session session(*tm.backend, a->model.kv, pool);
+    Session session(*tm.backend, a->model.kv, pool, go.spec_draft > 0);
     // Nothing reads the token list unless a penalty is on: without one, a
     // long run with a bounded KV cache keeps flat memory (bench/soak.sh).
     session.set_record_tokens(go.sampling.uses_history());
@@ -56,6 +56,7 @@ Registrar reg(20, [](CLI::App& app) {
                  (long long)r.prompt_tokens, r.prompt_seconds, double(r.prompt_tokens) / std::max(r.prompt_seconds, 1e-9),
                  (long long)r.generated, r.gen_seconds, double(r.generated) / std::max(r.gen_seconds, 1e-9),
                  r.finish_reason.c_str());
+    if (go.spec_draft > 0) std::fprintf(stderr, "%s\n", r.spec.describe().c_str());
   });
 });
 

@@ -19,6 +19,7 @@
 #include "cli/command.h"
 #include "cli/validators.h"
 #include "cli/common.h"
+#include "cli/generation_options.h"
 #include "cli/text_model.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -37,6 +38,8 @@ struct ServeArgs {
   size_t state_cache_mb = 4096;
   std::string chat_template;  // replaces the bundle's template
   double read_timeout_s = 30, write_timeout_s = 30;
+  bool mtp = false;
+  std::optional<int> spec_draft;
 };
 
 // --chat-template: a tokenizer_config.json (or a directory holding one), or
@@ -110,6 +113,7 @@ Registrar reg(30, [](CLI::App& app) {
                   "Chat template to use instead of the bundle's: a tokenizer_config.json or a Jinja file")
       ->check(CLI::ExistingPath)->group(g);
   cmd->add_flag("--log-requests", a->cfg.access_log, "Print one line per request (method, endpoint, status) to stderr")->group(g);
+  add_speculative_options(cmd, &a->mtp, &a->spec_draft);
   cmd->add_option("-c,--ctx-size", a->ctx_size, "Context limit in tokens (default: the model's max_position_embeddings)")
       ->check(integer_at_least(0))->group(g);
   cmd->callback([a] {
@@ -138,6 +142,8 @@ Registrar reg(30, [](CLI::App& app) {
     sm.tokenizer = &tm.tokenizer;
     sm.chat = tm.chat ? &*tm.chat : nullptr;
     sm.kv = a->model.kv;
+    sm.spec_draft = spec_draft_from_flags(a->mtp, a->spec_draft);
+    if (sm.spec_draft > 0) tm.backend->new_drafting_state(sm.kv);  // no head, no CPU: the error now, not per request
     SamplingParams base;
     base.temperature = 0.7f;  // when generation_config.json does not say
     base.top_p = 0.95f;

@@ -29,6 +29,23 @@ void add_generation_options(CLI::App* cmd, GenerationFlags* f) {
                 "Do not stop at end-of-sequence tokens: generate -n tokens unless a stop string or the context "
                 "limit (-c) ends it first (EOS tokens are still fed to the model, their text is not printed)")
       ->group(g);
+  add_speculative_options(cmd, &f->mtp, &f->spec_draft);
+}
+
+void add_speculative_options(CLI::App* cmd, bool* mtp, std::optional<int>* draft) {
+  const char* g = "Speculative decoding";
+  cmd->add_flag("--mtp", *mtp,
+                "Speculative decoding with the model's multi-token-prediction head (mtp.* tensors; CPU only so far): "
+                "the same output, several tokens per forward pass when the drafts are accepted")
+      ->group(g);
+  cmd->add_option("--spec-draft", *draft,
+                  "With --mtp: tokens drafted per pass (default " + std::to_string(kDefaultSpecDraft) + ")")
+      ->check(integer_between(1, 16))->group(g);
+}
+
+int spec_draft_from_flags(bool mtp, const std::optional<int>& draft) {
+  if (draft && !mtp) fail("--spec-draft needs --mtp");
+  return mtp ? draft.value_or(kDefaultSpecDraft) : 0;
 }
 
 GenerateOptions make_generate_options(const GenerationFlags& f, const ModelFiles& files,
@@ -52,6 +69,7 @@ GenerateOptions make_generate_options(const GenerationFlags& f, const ModelFiles
   o.max_new_tokens = f.n_predict;
   o.sampling = p;
   o.stop = f.stop;
+  o.spec_draft = spec_draft_from_flags(f.mtp, f.spec_draft);
   if (model_max_ctx > 0 && f.ctx_size > model_max_ctx)
     fail("--ctx-size must be between 1 and " + std::to_string(model_max_ctx) +
          ", the model's context (max_position_embeddings) (got " + std::to_string(f.ctx_size) + ")");

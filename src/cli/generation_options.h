@@ -19,7 +19,15 @@ struct GenerationFlags {
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   bool ignore_eos = false;  // --ignore-eos: end-of-sequence tokens do not end the generation
+  bool mtp = false;         // --mtp: speculative decoding with the model's MTP head
+  std::optional<int> spec_draft;
 };
+
+// --mtp and --spec-draft (run, chat, generate); the default draft length.
+constexpr int kDefaultSpecDraft = 2;
+void add_speculative_options(CLI::App* cmd, bool* mtp, std::optional<int>* draft);
+// The draft length --mtp / --spec-draft ask for (0: no speculation).
+int spec_draft_from_flags(bool mtp, const std::optional<int>& draft);
 
 void add_generation_options(CLI::App* cmd, GenerationFlags* f);
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "core/error.h"
 #include "engine/stop.h"
@@ -41,21 +42,45 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
   };
   bool stop_string = false;   // ended by a stop string: what it held back is never shown
   std::vector<float> masked;  // the logits with what the constraint forbids at -inf
+  if (opt.spec_draft > 0 && !session.drafting()) fail("speculative decoding (--mtp) needs a drafting session");
+  const bool speculate = opt.spec_draft > 0 && !opt.constraint;
+  std::optional<Speculator> spec;
+  if (speculate) {
+    spec.emplace(session, sampler, &r.spec);
+    spec->set_draft_override(opt.draft_override);
+  }
+  // The tokens the last speculative round chose (after the token it began
+  // with) and the logits each came from; the session already holds all but
+  // the last of them, `ahead` of them not yet processed.
+  Speculator::Round queued;
+  size_t qi = 0;
+  int64_t ahead = 0;
+  const int64_t V = session.backend().config().vocab_size;
+  std::vector<float> row;  // a queued token's logits
   auto t1 = Clock::now();
   for (int i = 0; i < opt.max_new_tokens; ++i) {
     if (opt.cancel && opt.cancel->load()) {
+      if (ahead > 0) spec->keep(int64_t(qi));
       r.finish_reason = "cancelled";
       break;
     }
+    // Tokens in the conversation before this one (the session may hold
+    // some queued ones already).
+    const int64_t pos = session.position() - ahead;
     // The session holds every token so far (each sampled one is fed before
     // the next sample), i.e. exactly the history the penalties look at; a
     // session that does not record tokens is only used without penalties.
     const auto& eos = opt.sampling.eos_ids;
     int32_t next;
-    if (opt.constraint) {
+    if (qi < queued.tokens.size()) {
+      next = queued.tokens[qi];
+      row.assign(queued.logits.begin() + int64_t(qi) * V, queued.logits.begin() + int64_t(qi + 1) * V);
+      logits = &row;
+      ++qi;
+    } else if (opt.constraint) {
       masked.assign(logits->begin(), logits->end());
       int64_t budget = opt.max_new_tokens - i;
-      if (opt.context_limit > 0) budget = std::min(budget, opt.context_limit - session.position());
+      if (opt.context_limit > 0) budget = std::min(budget, opt.context_limit - pos);
       if (!opt.constraint->mask(masked, eos, budget)) {  // complete, and no EOS to say so
         r.finish_reason = "stop";
         break;
@@ -64,6 +89,14 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
     } else {
       next = sampler.sample(*logits, session.tokens());
     }
+    // This token is already in the session (a kept draft): then it is
+    // never fed below, and ending here takes back what follows it.
+    const bool held = ahead > 0;
+    if (held) --ahead;
+    auto end_here = [&](bool fed) {
+      if (held) spec->keep(int64_t(qi) - (fed ? 0 : 1));
+      else if (fed) session.feed({next});
+    };
     if (opt.keep_output) r.ids.push_back(next);
     if (opt.top_logprobs >= 0) {
       TokenLogprob lp = token_logprob(*logits, next, opt.top_logprobs);
@@ -74,7 +107,7 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
     bool is_eos = std::find(eos.begin(), eos.end(), next) != eos.end();
     if (is_eos) {
       // The EOS goes into the state too, so a chat continues after it.
-      session.feed({next});
+      end_here(true);
       r.finish_reason = "stop";
       break;
     }
@@ -85,24 +118,40 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
     // configured, or this was the last token allowed): it is complete, not cut.
     const bool value_done = opt.constraint && opt.constraint->finished() &&
                             (eos.empty() || i + 1 == opt.max_new_tokens ||
-                             (opt.context_limit > 0 && session.position() + 1 >= opt.context_limit));
+                             (opt.context_limit > 0 && pos + 1 >= opt.context_limit));
     if (s.stopped || value_done) {
       stop_string = s.stopped;
-      session.feed({next});
+      end_here(true);
       r.finish_reason = "stop";
       for (const std::string& x : opt.stop)  // StopMatcher counts only the non-empty ones
         if (!x.empty() && s.which-- == 0) r.stop_string = x;
       break;
     }
     if (!keep_going) {
+      end_here(false);
       r.finish_reason = "cancelled";
       break;
     }
     // This token is the last one the context holds (prompt + generated
     // never exceed the limit): it goes into the state, nothing follows.
-    if (opt.context_limit > 0 && session.position() + 1 >= opt.context_limit) {
-      session.feed({next});
+    if (opt.context_limit > 0 && pos + 1 >= opt.context_limit) {
+      end_here(true);
       break;
+    }
+    if (held) continue;
+    // Drafts after this token: no more than the tokens still allowed after
+    // it can use (the round's last choice is never fed), nor than the
+    // context holds.
+    int64_t n = 0;
+    if (speculate) {
+      n = std::min<int64_t>(opt.spec_draft, opt.max_new_tokens - i - 2);
+      if (opt.context_limit > 0) n = std::min(n, opt.context_limit - pos - 1);
+    }
+    if (n >= 1) {
+      queued = spec->round(next, n);
+      qi = 0;
+      ahead = queued.accepted;
+      continue;
     }
     logits = &session.feed({next});
   }

@@ -10,6 +10,7 @@
 #include "engine/logprobs.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
+#include "engine/speculative.h"
 #include "engine/token_constraint.h"
 #include "tokenizer/tokenizer.h"
 
@@ -35,6 +36,14 @@ struct GenerateOptions {
   // an EOS only once the output is complete); it is advanced over each
   // generated token. Not owned; one constraint serves one generate call.
   TokenConstraint* constraint = nullptr;
+  // > 0: speculative decoding (--mtp --spec-draft N): the MTP head drafts up
+  // to this many tokens per pass (engine/speculative.h). Needs a drafting
+  // session; the output is that of plain decoding (token for token when
+  // greedy, in distribution when sampling). With a constraint the loop
+  // decodes plainly (the grammar would have to judge drafts).
+  int spec_draft = 0;
+  // Tests: replaces the head's drafts (Speculator::set_draft_override).
+  Speculator::DraftOverride draft_override;
 };
 
 struct GenerateResult {
@@ -46,6 +55,7 @@ struct GenerateResult {
   std::string stop_string;         // the stop string that ended it, else ""
   int64_t prompt_tokens = 0;
   double prompt_seconds = 0, gen_seconds = 0;
+  SpecStats spec;                  // with spec_draft > 0
 };
 
 // Feeds `prompt` (must not be empty) on top of what the session holds, then

@@ -147,6 +147,11 @@ std::vector<std::pair<int32_t, float>> Sampler::candidates(std::span<const float
 }
 
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+  return draw(distribution(logits, history));
+}
+
+std::vector<std::pair<int32_t, float>> Sampler::distribution(std::span<const float> logits,
+                                                             std::span<const int32_t> history) {
   std::span<const float> l = logits;
   const bool penalise = !history.empty() && params_.uses_history();
   if (penalise || !params_.logit_bias.empty()) {
@@ -156,11 +161,15 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     apply_presence_frequency(work_, history, params_.presence_penalty, params_.frequency_penalty);
     l = work_;
   }
-  const auto c = candidates(l, params_);
+  return candidates(l, params_);
+}
+
+int32_t Sampler::draw(const std::vector<std::pair<int32_t, float>>& c) {
+  if (c.empty()) fail("sampler: no candidates");
   if (c.size() == 1) return c[0].first;
   // 53 random bits -> [0, 1): the same on every standard library, unlike
   // std::uniform_real_distribution.
-  const double u = double(rng_() >> 11) * 0x1.0p-53;
+  const double u = uniform();
   double cum = 0;
   for (const auto& [id, prob] : c) {
     cum += prob;

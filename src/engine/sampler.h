@@ -46,6 +46,13 @@ class Sampler {
   // Picks the next token. `history` (prompt + generated ids) feeds the
   // penalties. `logits` is not modified.
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history = {});
+  // What sample() draws from: bias and penalties applied, then candidates().
+  std::vector<std::pair<int32_t, float>> distribution(std::span<const float> logits,
+                                                      std::span<const int32_t> history = {});
+  // A draw from such a distribution (one candidate: no random number used).
+  int32_t draw(const std::vector<std::pair<int32_t, float>>& c);
+  // A uniform number in [0, 1) from the sampler's generator.
+  double uniform() { return double(rng_() >> 11) * 0x1.0p-53; }
 
   const SamplingParams& params() const { return params_; }
   void reseed(uint64_t seed) { rng_.seed(seed); }

@@ -1,16 +1,28 @@
 #include "engine/session.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace flashmoe {
 
-Session::Session(const Backend& backend, const KvConfig& kv, ThreadPool& pool)
-    : backend_(backend), kv_(kv), pool_(pool), state_(backend.new_state(kv)) {}
+Session::Session(const Backend& backend, const KvConfig& kv, ThreadPool& pool, bool drafting)
+    : backend_(backend),
+      kv_(kv),
+      pool_(pool),
+      state_(drafting ? backend.new_drafting_state(kv) : backend.new_state(kv)),
+      drafting_(drafting) {}
 
 void Session::reset() {
   state_.reset();  // before the new one: a device need not hold both
-  state_ = backend_.new_state(kv_);
+  state_ = drafting_ ? backend_.new_drafting_state(kv_) : backend_.new_state(kv_);
   tokens_.clear();
+}
+
+std::vector<int32_t> Session::draft(int32_t next, int64_t n, const DraftPicker& pick) {
+  std::vector<int32_t> out(size_t(std::max<int64_t>(n, 0)));
+  if (n > 0) backend_.draft(*state_, next, n, pick, out.data(), pool_);
+  return out;
 }
 
 std::vector<int32_t> Session::greedy(int64_t n) {
@@ -35,7 +47,7 @@ std::vector<int32_t> Session::greedy(int64_t n) {
 SessionSnapshot Session::snapshot() const { return {tokens_, state_->snapshot()}; }
 
 void Session::restore(const SessionSnapshot& snap) {
-  if (snap.state->position() != int64_t(snap.tokens.size()))
+  if (record_tokens_ && snap.state->position() != int64_t(snap.tokens.size()))
     fail("session snapshot: position and token count disagree");
   state_->restore(*snap.state);
   tokens_ = snap.tokens;

@@ -23,7 +23,9 @@ class Session {
  public:
   // Sessions of one backend may run on several threads at once (a backend
   // that runs one call at a time serialises them itself).
-  Session(const Backend& backend, const KvConfig& kv, ThreadPool& pool);
+  // drafting: the state also keeps the MTP head in step (draft(), --mtp);
+  // Error when the model has none or the backend cannot draft.
+  Session(const Backend& backend, const KvConfig& kv, ThreadPool& pool, bool drafting = false);
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
@@ -36,6 +38,12 @@ class Session {
   // more, each fed in turn (the last one is not fed). On a GPU without host
   // round trips. Needs at least one token fed before.
   std::vector<int32_t> greedy(int64_t n);
+
+  // A drafting session: n tokens the MTP head proposes after `next` (the
+  // token chosen from the last logits, not fed), each chosen by `pick`.
+  // Changes nothing.
+  std::vector<int32_t> draft(int32_t next, int64_t n, const DraftPicker& pick);
+  bool drafting() const { return drafting_; }
 
   // Every token fed so far, unless recording is off (then empty).
   const std::vector<int32_t>& tokens() const { return tokens_; }
@@ -67,6 +75,7 @@ class Session {
   std::unique_ptr<State> state_;
   std::vector<int32_t> tokens_;
   bool record_tokens_ = true;
+  bool drafting_ = false;
   std::vector<float> logits_;
 };
 

@@ -4,6 +4,7 @@
 // sequence of a family is written in one place (model/arch/*).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "format/config.h"
@@ -39,10 +40,18 @@ struct ModelPlan {
   // RoPE inverse frequencies [rotary_dim / 2], rounded to the checkpoint's
   // dtype the way HF keeps its inv_freq buffer (it shifts logits by ~1e-3).
   std::vector<float> rope_inv_freq;
+  // The multi-token-prediction head's decoder layer (index num_layers), when
+  // the checkpoint has one: GatedAttention with a KV cache of its own
+  // (ModelState::mtp_kv, state_slot 0) and its FFN; moe_slot 0 names its
+  // experts in QwenModel::mtp_expert_store(), not in the main store.
+  std::optional<LayerPlan> mtp;
 };
 
 // The plan of a Qwen3.5 / Qwen3-Next config (model/arch/qwen35.cpp).
 ModelPlan make_plan(const ModelConfig& c);
+// The plan of a Qwen3.5 / Qwen3-Next MTP layer (its FFN is routed when the
+// checkpoint has a router for it: `moe`).
+LayerPlan make_mtp_layer_plan(const ModelConfig& c, bool moe);
 
 // Throws Error naming the first id outside [0, vocab_size): every backend
 // checks a forward pass's ids with this before touching any state.

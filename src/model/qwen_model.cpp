@@ -1,5 +1,6 @@
 #include "model/qwen_model.h"
 
+#include "core/error.h"
 #include "experts/manifest.h"
 #include "experts/memory_store.h"
 #include "format/gguf_config.h"
@@ -22,6 +23,16 @@ QwenModel::QwenModel(const std::string& dir, const ExpertOptions& experts) {
     store_ = open_expert_store(dir, cfg_, *ck_, w_, experts);
   }
   plan_ = make_plan(cfg_);
+  plan_mtp();
+}
+
+void QwenModel::plan_mtp() {
+  if (!w_.mtp) return;
+  const FfnWeights& f = w_.mtp->layer.ffn;
+  plan_.mtp = make_mtp_layer_plan(cfg_, f.moe);
+  if (!f.moe) return;
+  const FfnExpert& e = f.experts.at(0);
+  mtp_store_ = make_weights_store({&f.experts}, uint64_t(e.gate.nbytes() + e.up.nbytes() + e.down.nbytes()));
 }
 
 QwenModel::QwenModel(ModelConfig cfg, ModelWeights w, std::shared_ptr<const void> storage)
@@ -38,6 +49,7 @@ QwenModel::QwenModel(ModelConfig cfg, ModelWeights w, std::shared_ptr<const void
   }
   store_ = make_weights_store(std::move(layers), eb);
   plan_ = make_plan(cfg_);
+  plan_mtp();
 }
 
 std::unique_ptr<QwenModel> QwenModel::from_memory(ModelConfig cfg, ModelWeights w, std::shared_ptr<const void> storage) {
@@ -48,9 +60,14 @@ std::unique_ptr<QwenModel> QwenModel::load(const std::string& dir, const ExpertO
   return std::unique_ptr<QwenModel>(new QwenModel(resolve_model_files(dir).model_dir, experts));
 }
 
-ModelState QwenModel::new_state(const KvConfig& kv) const {
+ModelState QwenModel::new_state(const KvConfig& kv, bool drafting) const {
   kv.validate();
   ModelState st;
+  if (drafting) {
+    if (!plan_.mtp) fail("--mtp: the model has no MTP head (no mtp.* tensors in its checkpoint)");
+    st.drafting = true;
+    st.mtp_kv.emplace_back(cfg_.num_kv_heads, cfg_.head_dim, kv);
+  }
   const int64_t conv_dim = cfg_.lin_conv_dim();
   // Layers of one mixer kind come in state_slot order, so push_back gives
   // each its slot.

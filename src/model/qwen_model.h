@@ -34,12 +34,16 @@ class QwenModel {
   const ModelConfig& config() const { return cfg_; }
   const ModelWeights& weights() const { return w_; }
   ExpertStore& expert_store() const { return *store_; }
+  // The MTP head's routed experts (layer 0), when it has any; null otherwise.
+  ExpertStore* mtp_expert_store() const { return mtp_store_.get(); }
   // The layer sequence, made once at load (model/arch/*).
   const ModelPlan& plan() const { return plan_; }
 
   // An empty state: a KV cache per GatedAttention layer and a conv/recurrent
   // state per GatedDeltaNet layer, indexed by LayerPlan::state_slot.
-  ModelState new_state(const KvConfig& kv) const;
+  // drafting: also the MTP head's KV cache (ModelState::drafting); Error
+  // when the model has no MTP head.
+  ModelState new_state(const KvConfig& kv, bool drafting = false) const;
 
  private:
   QwenModel(const std::string& dir, const ExpertOptions& experts);
@@ -50,7 +54,8 @@ class QwenModel {
   std::unique_ptr<GgufModel> gguf_;  // a GGUF file
   std::shared_ptr<const void> storage_;
   ModelWeights w_;
-  std::unique_ptr<ExpertStore> store_;
+  std::unique_ptr<ExpertStore> store_, mtp_store_;
+  void plan_mtp();
   ModelPlan plan_;
 };
 

@@ -3,6 +3,7 @@
 // (norms, gates' biases, conv taps) are widened to fp32 once.
 #pragma once
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/matrix.h"
@@ -76,11 +77,23 @@ struct LayerWeights {
   FfnWeights ffn;
 };
 
+// The multi-token-prediction head (`mtp.*`, one layer): it predicts the
+// token after next from the main model's final (normed) hidden state at t
+// and the embedding of token t+1: fc([norm_e(embed(x_{t+1})) | norm_h(h_t)]),
+// one full-attention decoder layer with its own KV cache and its own FFN,
+// then `final_norm`; the logits come from the shared lm_head.
+struct MtpWeights {
+  Matrix fc;  // [H, 2H]
+  std::vector<float> norm_embedding, norm_hidden, final_norm;  // [H] each, zero-centred like every norm here
+  LayerWeights layer;  // kind Full; its routed experts are always in FfnWeights::experts
+};
+
 struct ModelWeights {
   Matrix embed;    // [V, H]
   Matrix lm_head;  // [V, H] (the embedding when tied)
   std::vector<float> final_norm;
   std::vector<LayerWeights> layers;
+  std::optional<MtpWeights> mtp;  // when the checkpoint has an MTP head
 };
 
 // With with_experts false (packed models) the routed experts are left to the

@@ -7,6 +7,7 @@
 // and runtime/device.h picks one.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -68,6 +69,9 @@ struct BatchItem {
   float* logits = nullptr;
 };
 
+// Picks draft token `step` (0-based) from the MTP head's logits [vocab].
+using DraftPicker = std::function<int32_t(const float* logits, int64_t step)>;
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -107,6 +111,18 @@ class Backend {
   // Greedy decoding: feeds `first`, then each argmax in turn, n steps; out
   // receives the n argmax ids (on a GPU without a host round trip per token).
   virtual void greedy(State& st, int32_t first, int64_t n, int32_t* out, ThreadPool& pool) const = 0;
+
+  // Self-speculative decoding with the model's multi-token-prediction head
+  // (engine/speculative.h). A drafting state is a state (forward, snapshot,
+  // restore as any other) that also keeps the head's KV cache in step with
+  // what it consumed; Error when the model has no MTP head or the backend
+  // cannot draft (the defaults: only the CPU implements them so far).
+  virtual std::unique_ptr<State> new_drafting_state(const KvConfig& kv) const;
+  // Drafts n tokens after `next` (chosen from st's last logits, not yet
+  // fed): the head runs n times, each on its previous output and token, and
+  // `pick` chooses each token from the head's logits. st is unchanged.
+  virtual void draft(State& st, int32_t next, int64_t n, const DraftPicker& pick, int32_t* drafted,
+                     ThreadPool& pool) const;
 
   // Bytes of weights the backend holds, and that one decoded token reads.
   virtual int64_t weight_bytes_total() const = 0;

@@ -1,6 +1,7 @@
 #include "runtime/cpu_backend.h"
 
 #include "backend/cpu/forward.h"
+#include "backend/cpu/mtp.h"
 #include "core/argmax.h"
 #include "core/error.h"
 #include "model/weight_bytes.h"
@@ -28,6 +29,9 @@ class CpuState final : public State {
     const auto* s = dynamic_cast<const CpuSnapshot*>(&snap);
     if (!s) fail("state snapshot: taken on another device");
     if (s->kv.describe() != kv_.describe()) fail("state snapshot: taken with another KV configuration");
+    if (s->state.drafting != state.drafting)
+      fail(std::string("state snapshot: taken ") + (s->state.drafting ? "with" : "without") + " --mtp, restored " +
+           (state.drafting ? "with" : "without"));
     state = s->state;
   }
   std::vector<int64_t> kv_positions(int layer) const override {
@@ -54,6 +58,15 @@ const ModelConfig& CpuBackend::config() const { return model_->config(); }
 
 std::unique_ptr<State> CpuBackend::new_state(const KvConfig& kv) const {
   return std::make_unique<CpuState>(model_->new_state(kv), kv);
+}
+
+std::unique_ptr<State> CpuBackend::new_drafting_state(const KvConfig& kv) const {
+  return std::make_unique<CpuState>(model_->new_state(kv, /*drafting=*/true), kv);
+}
+
+void CpuBackend::draft(State& st, int32_t next, int64_t n, const DraftPicker& pick, int32_t* drafted,
+                       ThreadPool& pool) const {
+  cpu::mtp_draft(*model_, cpu_state(st).state, next, n, pick, drafted, pool);
 }
 
 void CpuBackend::forward(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits,

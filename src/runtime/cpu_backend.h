@@ -19,6 +19,9 @@ class CpuBackend final : public Backend {
   void forward(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits,
                ThreadPool& pool) const override;
   void greedy(State& st, int32_t first, int64_t n, int32_t* out, ThreadPool& pool) const override;
+  std::unique_ptr<State> new_drafting_state(const KvConfig& kv) const override;
+  void draft(State& st, int32_t next, int64_t n, const DraftPicker& pick, int32_t* drafted,
+             ThreadPool& pool) const override;
   int64_t weight_bytes_total() const override;
   int64_t weight_bytes_per_token() const override;
   std::string expert_stats(int64_t tokens = 0) const override;

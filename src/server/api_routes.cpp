@@ -210,6 +210,7 @@ struct ApiRoutes::Impl {
     j.go.context_limit = m.context;
     j.go.cancel = &stopping;
     j.go.top_logprobs = q.top_logprobs;
+    j.go.spec_draft = m.spec_draft;
     if (!q.response_format.is_null()) {
       std::call_once(vocab_once, [&] { constraint_vocab = std::make_shared<const TokenVocabulary>(*m.tokenizer); });
       try {
@@ -235,7 +236,7 @@ struct ApiRoutes::Impl {
     // A backend that runs one call at a time takes the slots' calls in turn
     // (a prompt, then each decoded token) in request order: --parallel N
     // still lets a short request be answered while a long one streams.
-    Session s(*m.backend, m.kv, lease.threads());
+    Session s(*m.backend, m.kv, lease.threads(), m.spec_draft > 0);
     auto store = [&] {
       // No copy that the cache would not keep (--state-cache 0, over the budget).
       const StateBytes b = s.state().bytes();
@@ -275,6 +276,7 @@ struct ApiRoutes::Impl {
     if (!cancelled) store();
     metrics.count_generation(int64_t(j.ids.size()), out.reused, int64_t(out.r.ids.size()), out.r.prompt_seconds,
                              out.r.gen_seconds, cancelled);
+    metrics.count_speculation(out.r.spec.rounds, out.r.spec.drafted, out.r.spec.accepted);
     return out;
   }
 

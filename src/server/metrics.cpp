@@ -21,6 +21,12 @@ void Metrics::count_generation(int64_t prompt_tokens, int64_t reused_tokens, int
   gen_seconds_ += gen_seconds;
 }
 
+void Metrics::count_speculation(int64_t passes, int64_t drafted, int64_t accepted) {
+  spec_passes_ += passes;
+  spec_drafted_ += drafted;
+  spec_accepted_ += accepted;
+}
+
 namespace {
 void line(std::string& out, const char* fmt, auto... args) {
   char buf[512];
@@ -50,6 +56,12 @@ std::string Metrics::render(const Gauges& g) const {
   line(o, "flashmoe_prompt_tokens_recomputed_total %lld\n", (long long)(prompt_.load() - reused_.load()));
   help(o, "flashmoe_generated_tokens_total", "counter", "Tokens generated.");
   line(o, "flashmoe_generated_tokens_total %lld\n", (long long)generated_.load());
+  help(o, "flashmoe_spec_passes_total", "counter", "Verify passes of speculative decoding (--mtp).");
+  line(o, "flashmoe_spec_passes_total %lld\n", (long long)spec_passes_.load());
+  help(o, "flashmoe_spec_drafted_tokens_total", "counter", "Tokens the MTP head drafted (--mtp).");
+  line(o, "flashmoe_spec_drafted_tokens_total %lld\n", (long long)spec_drafted_.load());
+  help(o, "flashmoe_spec_accepted_tokens_total", "counter", "Drafted tokens the model accepted (--mtp).");
+  line(o, "flashmoe_spec_accepted_tokens_total %lld\n", (long long)spec_accepted_.load());
   help(o, "flashmoe_prompt_seconds_total", "counter", "Time spent on prompt processing.");
   line(o, "flashmoe_prompt_seconds_total %.6f\n", prompt_seconds_);
   help(o, "flashmoe_generation_seconds_total", "counter", "Time spent generating.");

@@ -15,6 +15,9 @@ class Metrics {
   // One finished generation (whatever its outcome).
   void count_generation(int64_t prompt_tokens, int64_t reused_tokens, int64_t generated_tokens,
                         double prompt_seconds, double gen_seconds, bool cancelled);
+  // Speculative decoding (--mtp) of one generation: verify passes, drafted
+  // and accepted tokens.
+  void count_speculation(int64_t passes, int64_t drafted, int64_t accepted);
 
   struct Gauges {
     int64_t kv_bytes_active = 0;     // KV caches of the requests running now
@@ -33,6 +36,7 @@ class Metrics {
   std::map<std::pair<std::string, int>, int64_t> requests_;
   double prompt_seconds_ = 0, gen_seconds_ = 0;
   std::atomic<int64_t> prompt_{0}, reused_{0}, generated_{0}, cancelled_{0}, generations_{0};
+  std::atomic<int64_t> spec_passes_{0}, spec_drafted_{0}, spec_accepted_{0};
 };
 
 }  // namespace flashmoe::server

@@ -49,6 +49,7 @@ struct ServedModel {
   SamplingParams defaults;          // generation_config.json defaults (seed unused)
   std::vector<int32_t> eos_chat, eos_text;
   int64_t context = 0;              // context limit in tokens
+  int spec_draft = 0;               // > 0: --mtp, drafts per pass (drafting sessions)
 };
 
 class HttpServer {

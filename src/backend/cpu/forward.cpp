@@ -7,6 +7,7 @@
 
 #include "backend/cpu/layers.h"
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/mtp.h"
 #include "backend/cpu/ops.h"
 #include "model/plan.h"
 
@@ -60,9 +61,20 @@ void forward_chunk(const QwenModel& m, ModelState& st, const int32_t* ids, int64
     for (size_t i = 0; i < x.size(); ++i) x[i] += out[i];
     capture(l.index + 1);
   }
+  const int64_t pos0 = st.pos;
   st.pos += n;
   store.note_tokens(n);
 
+  if (st.drafting) {
+    // The head reads every token's final-normed hidden state.
+    for (int64_t t = 0; t < n; ++t)
+      rmsnorm_zc(x.data() + t * H, w.final_norm.data(), H, c.rms_norm_eps, xn.data() + t * H);
+    advance_mtp(m, st, pos0, ids, n, xn.data(), pool);
+    if (mode == LogitsMode::None) return;
+    const int64_t first = mode == LogitsMode::All ? 0 : n - 1;
+    matmul(pool, w.lm_head, xn.data() + first * H, n - first, logits);
+    return;
+  }
   if (mode == LogitsMode::None) return;
   const int64_t first = mode == LogitsMode::All ? 0 : n - 1;
   const int64_t rows = n - first;

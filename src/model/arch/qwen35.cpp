@@ -38,4 +38,17 @@ ModelPlan make_plan(const ModelConfig& c) {
   return p;
 }
 
+LayerPlan make_mtp_layer_plan(const ModelConfig& c, bool moe) {
+  LayerPlan l;
+  l.index = int(c.num_layers);
+  l.mixer = MixerKind::GatedAttention;
+  l.state_slot = 0;
+  if (moe) {
+    l.ffn = FfnKind::RoutedMoE;
+    l.shared_expert = c.shared_intermediate > 0;
+    l.moe_slot = 0;
+  }
+  return l;
+}
+
 }  // namespace flashmoe

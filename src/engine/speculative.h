@@ -1,0 +1,80 @@
+// Self-speculative decoding with the model's multi-token-prediction head
+// (--mtp): the head drafts N tokens, the model verifies [next, d1..dN] in one
+// forward pass, and the longest acceptable prefix is kept. Acceptance is the
+// standard rejection rule (Leviathan et al. 2023, Chen et al. 2023): draft d
+// drawn from the head's distribution q is kept with probability
+// min(1, p(d) / q(d)) under the model's distribution p, else the token is
+// drawn from max(0, p - q) renormalised; when all N are kept one more is
+// drawn from p. The output distribution is the model's; under greedy
+// sampling p and q are one-hot, so a draft is kept exactly when it is the
+// argmax and the output is the plain greedy output token for token.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "engine/session.h"
+
+namespace flashmoe {
+
+struct SpecStats {
+  int64_t rounds = 0;                        // verify passes
+  int64_t drafted = 0, accepted = 0;
+  std::vector<int64_t> drafted_at, accepted_at;  // per draft position (0-based)
+  int64_t emitted = 0;                       // tokens the rounds produced (accepted + one each)
+  void add(const SpecStats& o);
+  // "mtp: 120 drafted, 96 accepted (0.80; per position 0.90 0.80 ...), 2.6 tokens per pass"
+  std::string describe() const;
+};
+
+class Speculator {
+ public:
+  // `session` must be a drafting session; `sampler` decides (and draws
+  // the random numbers of) every choice.
+  Speculator(Session& session, Sampler& sampler, SpecStats* stats = nullptr);
+
+  // The session holds everything before `next` (chosen from its last
+  // logits, not fed). Drafts n >= 1 tokens, verifies them and returns the
+  // tokens after `next`: c_1..c_{a+1} (a accepted drafts, then the model's
+  // own choice), with the logits each was chosen from ([a+1, vocab]).
+  // Afterwards the session holds next, c_1..c_a.
+  struct Round {
+    std::vector<int32_t> tokens;
+    std::vector<float> logits;
+    int64_t accepted = 0;
+  };
+  Round round(int32_t next, int64_t n);
+  // Tests: replaces the head's draft at absolute position `pos` (step k of
+  // the round) by what this returns; the draft distribution q is then
+  // one-hot on it, so the rule above still keeps the output distribution.
+  using DraftOverride = std::function<int32_t(int64_t pos, int64_t step, int32_t drafted)>;
+  void set_draft_override(DraftOverride f) { override_ = std::move(f); }
+  // After round(): the session is rolled back to hold next, c_1..c_k
+  // (k <= a; the generation ended at c_k, or k = 0 to take back all).
+  void keep(int64_t k);
+
+ private:
+  Session& s_;
+  Sampler& sampler_;
+  SpecStats* stats_;
+  SessionSnapshot before_;          // the session before the last round's verify pass
+  std::vector<int32_t> verified_;   // next, c_1..c_a of the last round
+  DraftOverride override_;
+};
+
+// Session::greedy with speculation: the argmax after what the session holds
+// (`last_logits`, its logits), then n-1 more, each fed but the last, with up
+// to `draft` drafted tokens per pass; the same tokens as Session::greedy.
+std::vector<int32_t> greedy_speculative(Session& s, const std::vector<float>& last_logits, int64_t n, int draft,
+                                        SpecStats* stats = nullptr);
+// The same with any sampler: the token drawn from `last_logits`, then n-1
+// more (each fed but the last), in distribution the tokens plain sampling
+// gives. `override`: as Speculator::set_draft_override (tests).
+std::vector<int32_t> sample_speculative(Session& s, Sampler& sampler, const std::vector<float>& last_logits,
+                                        int64_t n, int draft, SpecStats* stats = nullptr,
+                                        Speculator::DraftOverride override = {});
+
+}  // namespace flashmoe
