@@ -5,7 +5,12 @@
 namespace flashmoe {
 
 Session::Session(const Backend& backend, const KvConfig& kv, ThreadPool& pool)
-    : backend_(backend), kv_(kv), pool_(pool), state_(backend.new_state(kv)) {}
+    : backend_(backend), kv_(kv), pool_(&pool), state_(backend.new_state(kv)) {}
+
+Session::Session(BatchScheduler& scheduler, const KvConfig& kv)
+    : backend_(scheduler.backend()), kv_(kv), scheduler_(&scheduler), state_(backend_.new_state(kv)) {
+  membership_.emplace(scheduler);
+}
 
 void Session::reset() {
   state_.reset();  // before the new one: a device need not hold both
@@ -22,8 +27,12 @@ std::vector<int32_t> Session::greedy(int64_t n) {
   out.push_back(argmax(logits_.data(), V));
   if (n == 1) return out;
   out.resize(size_t(n));
+  if (scheduler_) {  // token by token through the shared steps (feed records what it feeds)
+    for (int64_t i = 1; i < n; ++i) out[size_t(i)] = argmax(feed({out[size_t(i - 1)]}).data(), V);
+    return out;
+  }
   try {
-    backend_.greedy(*state_, out[0], n - 1, out.data() + 1, pool_);
+    backend_.greedy(*state_, out[0], n - 1, out.data() + 1, *pool_);
   } catch (...) {
     reset();  // the state is part-way through the run (see run_forward)
     throw;
@@ -49,7 +58,8 @@ void Session::restore(const SessionSnapshot& snap) {
 // the conversation again from the start.
 void Session::run_forward(const std::vector<int32_t>& ids, LogitsMode mode, float* out) {
   try {
-    backend_.forward(*state_, ids.data(), int64_t(ids.size()), mode, out, pool_);
+    if (scheduler_) scheduler_->forward(*state_, ids.data(), int64_t(ids.size()), mode, out);
+    else backend_.forward(*state_, ids.data(), int64_t(ids.size()), mode, out, *pool_);
   } catch (...) {
     try {
       reset();

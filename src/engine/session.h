@@ -3,10 +3,12 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/argmax.h"
 #include "core/thread_pool.h"
+#include "engine/batch_scheduler.h"
 #include "runtime/backend.h"
 
 namespace flashmoe {
@@ -24,6 +26,10 @@ class Session {
   // Sessions of one backend may run on several threads at once (a backend
   // that runs one call at a time serialises them itself).
   Session(const Backend& backend, const KvConfig& kv, ThreadPool& pool);
+  // A session whose forward passes run as steps of `scheduler` (the
+  // server's continuous batching), shared with the other sessions attached
+  // to it; attached for the session's life.
+  Session(BatchScheduler& scheduler, const KvConfig& kv);
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
@@ -63,7 +69,9 @@ class Session {
 
   const Backend& backend_;
   KvConfig kv_;
-  ThreadPool& pool_;
+  ThreadPool* pool_ = nullptr;            // without a scheduler
+  BatchScheduler* scheduler_ = nullptr;   // with one
+  std::optional<BatchScheduler::Membership> membership_;
   std::unique_ptr<State> state_;
   std::vector<int32_t> tokens_;
   bool record_tokens_ = true;
