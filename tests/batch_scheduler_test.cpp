@@ -98,16 +98,11 @@ TEST(BatchScheduler, LongPromptDoesNotStallDecoding) {
   std::vector<int32_t> long_prompt(static_cast<size_t>(long_len));
   std::mt19937 rng(5);
   for (auto& t : long_prompt) t = int32_t(rng() % uint32_t(V));
-  // The long prompt alone, for its time.
-  double alone_s = 0;
-  {
-    auto st = b.new_state(KvConfig{});
-    std::vector<float> logits(static_cast<size_t>(V));
-    auto t0 = Clock::now();
-    b.forward(*st, long_prompt.data(), long_len, LogitsMode::Last, logits.data(), pool);
-    alone_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  }
-
+  // A 256-position window keeps the test cheap: what is measured is the
+  // scheduling, and attention over 4,096 keys would only add time.
+  KvConfig kv;
+  kv.window = 256;
+  kv.window_set = true;
   BatchSchedulerOptions so;
   so.step_tokens = budget;
   so.gather = std::chrono::seconds(5);  // every step waits for both sessions: the test is exact
@@ -125,9 +120,9 @@ TEST(BatchScheduler, LongPromptDoesNotStallDecoding) {
   });
 
   std::atomic<bool> long_done{false}, short_decoding{false};
-  double worst_gap = 0;
+  double worst_gap = 0, admission_s = 0;
   std::thread short_req([&] {
-    Session s(sched, KvConfig{});
+    Session s(sched, kv);
     short_state = &s.state();
     const std::vector<float>* logits = &s.feed({1, 2, 3});
     short_decoding = true;
@@ -141,17 +136,21 @@ TEST(BatchScheduler, LongPromptDoesNotStallDecoding) {
   });
   while (!short_decoding) std::this_thread::yield();
   {
-    Session s(sched, KvConfig{});
+    Session s(sched, kv);
     long_state = &s.state();
+    auto t0 = Clock::now();
     s.feed(long_prompt);
+    admission_s = std::chrono::duration<double>(Clock::now() - t0).count();
     long_done = true;
   }
   short_req.join();
   EXPECT_GE(long_steps, long_len / budget);
   EXPECT_EQ(long_steps_with_short, long_steps) << "a step of the long prompt left the decoding request out";
   EXPECT_LE(most_tokens, budget);
-  // The decoding request waited one step at a time, never for the prompt.
-  EXPECT_LT(worst_gap, alone_s / 4) << "worst inter-token gap " << worst_gap << " s; the prompt alone " << alone_s << " s";
+  // The decoding request waited one step at a time (1/64 of the admission
+  // here), never for the whole prompt.
+  EXPECT_LT(worst_gap, admission_s / 8) << "worst inter-token gap " << worst_gap << " s; the admission took "
+                                        << admission_s << " s";
 }
 
 TEST(BatchScheduler, BadIdFailsOnlyItsOwnRequest) {

@@ -64,12 +64,14 @@ void BatchScheduler::set_step_observer(std::function<void(const BatchStepInfo&)>
 void BatchScheduler::loop() {
   using Clock = std::chrono::steady_clock;
   Clock::time_point last_end = Clock::now();
+  Clock::duration last_step{0};
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     work_cv_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
     // Gather: every attached session's next tokens, or whoever is in by
     // the end of the window after the previous step.
-    work_cv_.wait_until(lock, last_end + opt_.gather,
+    const Clock::duration window = std::max<Clock::duration>(opt_.gather, last_step / 2);
+    work_cv_.wait_until(lock, last_end + window,
                         [&] { return stopping_ || int64_t(pending_.size()) >= attached_; });
     if (stopping_) {
       for (Request* r : pending_) {
@@ -120,6 +122,7 @@ void BatchScheduler::loop() {
     auto observer = observer_;
 
     lock.unlock();
+    const Clock::time_point start = Clock::now();
     std::exception_ptr error;
     try {
       backend_.forward_batch(items.data(), int64_t(items.size()), pool_);
@@ -129,6 +132,7 @@ void BatchScheduler::loop() {
     if (observer) observer(info);
     lock.lock();
     last_end = Clock::now();
+    last_step = last_end - start;
 
     for (size_t i = 0; i < step.size(); ++i) {
       Request& r = *step[i];

@@ -32,7 +32,9 @@ struct BatchSchedulerOptions {
   int64_t step_tokens = 512;
   // How long a step waits, after the previous one, for attached sessions
   // that have not handed in their next token yet (sampling, writing to a
-  // client): those that miss it join the next step.
+  // client): this, or half the previous step's time if longer (a straggler
+  // then costs at most half a step, while a step run without it would cost
+  // a whole one for fewer tokens). Those that miss it join the next step.
   std::chrono::microseconds gather{3000};
 };
 
