@@ -16,7 +16,9 @@ cd "$(dirname "$0")/.."
 for B in 1 8 32 64; do
   ./build/flashmoe bench --device cuda --synthetic qwen3.5-35b-a3b -p 0 -n 128 -r 2 --batch "$B"
 done
+# The same for the model the server bench serves (its step-3 comparison).
+for B in 1 8 32; do ./build/flashmoe bench --device cuda -m models/coder-mini -p 0 -n 128 -r 2 --batch "$B"; done
 # 3. The server with 1/8/32 streaming clients on the GPU (expected: aggregate
-#    tok/s within 15% of step 2 at the same B once batch-cuda is merged;
+#    tok/s within 15% of coder-mini's step-2 figure at the same B once batch-cuda is merged;
 #    without it, roughly the B=1 figure at every client count).
 SERVE_ARGS="--device cuda" bench/server_bench.sh models/coder-mini 16 1 8 32
