@@ -162,6 +162,11 @@ TEST(BatchScheduler, BadIdFailsOnlyItsOwnRequest) {
   EXPECT_THROW(bad.feed({int32_t(model->config().vocab_size)}), Error);
   EXPECT_EQ(good.feed({1, 2}).size(), size_t(model->config().vocab_size));
   EXPECT_EQ(good.position(), 2);
+  // Session::greedy through the steps equals the backend's own greedy loop.
+  Session alone(b, KvConfig{}, pool);
+  alone.feed({1, 2});
+  EXPECT_EQ(good.greedy(6), alone.greedy(6));
+  EXPECT_EQ(good.tokens(), alone.tokens());
 }
 
 }  // namespace
