@@ -170,6 +170,14 @@ void run_batch_tg(const ModelOptions& opt, const Backend& b, int tg, int depth, 
   const int64_t V = c.vocab_size;
   std::mt19937 rng(4321);
   std::uniform_int_distribution<int32_t> tok(0, int32_t(V - 1));
+  // A model built on the GPU (synthetic) has no host model: no store counts,
+  // and the expert size comes from the tiers or the config (bf16).
+  const QwenModel* host = nullptr;
+  try {
+    host = &b.model();
+  } catch (const Error&) {
+  }
+  auto requested = [&] { return host ? host->expert_store().stats().requested : uint64_t(0); };
   std::vector<double> agg;
   double unions = 0, steps_seen = 0;
   for (int r = 0; r < reps + 1; ++r) {  // the first run warms up
@@ -185,7 +193,7 @@ void run_batch_tg(const ModelOptions& opt, const Backend& b, int tg, int depth, 
     std::vector<BatchItem> items(static_cast<size_t>(batch));
     for (int i = 0; i < batch; ++i)
       items[size_t(i)] = {st[size_t(i)].get(), &next[size_t(i)], 1, LogitsMode::Last, logits.data() + size_t(i) * V};
-    const uint64_t req0 = b.model().expert_store().stats().requested;
+    const uint64_t req0 = requested();
     auto t = Clock::now();
     for (int s = 0; s < tg; ++s) {
       b.forward_batch(items.data(), batch, pool);
@@ -194,19 +202,24 @@ void run_batch_tg(const ModelOptions& opt, const Backend& b, int tg, int depth, 
     const double sec = seconds_since(t);
     if (r == 0) continue;
     agg.push_back(double(batch) * tg / sec);
-    unions += double(b.model().expert_store().stats().requested - req0);
+    unions += double(requested() - req0);
     steps_seen += tg;
   }
   const Stat a = stats(agg);
   std::printf("| tg%d x%d (aggregate) | %9.1f ± %-8.1f |\n| tg%d x%d (per sequence) | %9.1f ± %-8.1f |\n", tg, batch,
               a.mean, a.sd, tg, batch, a.mean / batch, a.sd / batch);
 
-  const WeightBytes wb = count_weight_bytes(c, b.model().weights());
   int64_t moe_layers = 0;
   for (bool m : c.layer_is_moe) moe_layers += m ? 1 : 0;
   const double E = double(c.num_experts), k = double(c.num_experts_per_tok);
-  const double expert = moe_layers > 0 ? double(wb.experts_total) / (E * double(moe_layers)) : 0.0;
-  const double shared = double(wb.per_token) - k * double(moe_layers) * expert;
+  double expert = 0;
+  if (host && moe_layers > 0)
+    expert = double(count_weight_bytes(c, host->weights()).experts_total) / (E * double(moe_layers));
+  else if (b.tier_stats().expert_bytes > 0)
+    expert = double(b.tier_stats().expert_bytes);
+  else
+    expert = 3.0 * double(c.hidden_size) * double(c.moe_intermediate) * 2.0;  // gate, up, down in bf16
+  const double shared = double(b.weight_bytes_per_token()) - k * double(moe_layers) * expert;
   const bool counted = unions > 0;
   const double per_layer = counted ? unions / steps_seen / double(std::max<int64_t>(moe_layers, 1))
                                    : E * (1.0 - std::pow(1.0 - k / E, double(batch)));
