@@ -352,6 +352,9 @@ TEST(ServerE2E, HundredCancelledRequestsLeaveNothingBehind) {
   EXPECT_EQ(busy->status, 503) << busy->body;
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0) << "503 not at once";
   // Summed over the steps so far (prompts joining one by one, then 8 decoding).
+  deadline = std::chrono::steady_clock::now() + 30s;
+  while (std::chrono::steady_clock::now() < deadline && metric(c, "flashmoe_batch_steps_total") < 40)
+    std::this_thread::sleep_for(20ms);
   EXPECT_GT(metric(c, "flashmoe_batch_step_sequences_total"), 2 * metric(c, "flashmoe_batch_steps_total"))
       << "the running requests were not batched";
 

@@ -45,6 +45,39 @@ void BatchScheduler::forward(State& st, const int32_t* ids, int64_t n, LogitsMod
   Request r{&st, ids, n, 0, mode, logits, backend_.config().vocab_size, false, nullptr};
   std::unique_lock<std::mutex> lock(mu_);
   if (stopping_) fail("the batch scheduler has stopped");
+  // A lone session with at most one step's tokens runs its step on its own
+  // thread: the same call the loop would make, without handing each token
+  // to the scheduler's thread and back (two wake-ups per token, ~10% of a
+  // small model's decode). Nobody else is waiting, and the loop starts no
+  // step while this one runs.
+  if (attached_ <= 1 && pending_.empty() && !lone_step_ && n <= opt_.step_tokens) {
+    lone_step_ = true;
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      backend_.forward(st, ids, n, mode, logits, pool_);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    BatchStepInfo info;
+    info.sequences = 1;
+    info.tokens = n;
+    info.prompt_tokens = n > 1 ? n : 0;
+    info.states.push_back(&st);
+    lock.lock();
+    auto observer = observer_;
+    lone_step_ = false;
+    ++counters_.steps;
+    counters_.step_sequences += 1;
+    counters_.step_tokens += n;
+    counters_.last_sequences = 1;
+    counters_.last_tokens = n;
+    lock.unlock();
+    work_cv_.notify_all();
+    if (observer) observer(info);
+    if (error) std::rethrow_exception(error);
+    return;
+  }
   pending_.push_back(&r);
   work_cv_.notify_all();
   done_cv_.wait(lock, [&] { return r.finished; });
@@ -67,7 +100,7 @@ void BatchScheduler::loop() {
   Clock::duration last_step{0};
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    work_cv_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
+    work_cv_.wait(lock, [&] { return stopping_ || (!pending_.empty() && !lone_step_); });
     // Gather: every attached session's next tokens, or whoever is in by
     // the end of the window after the previous step.
     const Clock::duration window = std::max<Clock::duration>(opt_.gather, last_step / 2);

@@ -103,6 +103,7 @@ class BatchScheduler {
   std::deque<Request*> pending_;  // arrival order
   int64_t attached_ = 0;
   bool stopping_ = false;
+  bool lone_step_ = false;  // a lone session runs a step on its own thread
   Counters counters_;
   std::function<void(const BatchStepInfo&)> observer_;
   std::thread thread_;
