@@ -3,6 +3,9 @@
 //   node server_bench.mjs ttft URL HISTORY_FILE   -> time to first token of turn 2
 //   node server_bench.mjs throughput URL CLIENTS REQUESTS MAX_TOKENS
 //   node server_bench.mjs soak URL CLIENTS REQUESTS MAX_TOKENS  -> see soak() below
+//   node server_bench.mjs streaming URL CLIENTS REQUESTS MAX_TOKENS
+//     -> aggregate tokens/s, time-to-first-token and inter-token latency
+//        percentiles over CLIENTS concurrent streaming clients
 const [mode, url, ...rest] = process.argv.slice(2);
 
 async function chat(body) {
@@ -13,7 +16,8 @@ async function chat(body) {
   if (!r.ok) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
   if (!body.stream) return { json: await r.json(), seconds: (performance.now() - t0) / 1000 };
   const dec = new TextDecoder();
-  let buf = "", ttft = null, text = "", usage = null;
+  let buf = "", ttft = null, text = "", usage = null, last = null;
+  const gaps = [];  // seconds between successive content events (one token each, but for held-back UTF-8)
   for await (const part of r.body) {
     buf += dec.decode(part, { stream: true });
     let i;
@@ -23,10 +27,15 @@ async function chat(body) {
       const j = JSON.parse(ev.slice(6));
       if (j.usage) usage = j.usage;
       const c = j.choices[0]?.delta?.content;
-      if (c) { if (ttft === null) ttft = (performance.now() - t0) / 1000; text += c; }
+      if (c) {
+        const now = performance.now();
+        if (ttft === null) ttft = (now - t0) / 1000; else gaps.push((now - last) / 1000);
+        last = now;
+        text += c;
+      }
     }
   }
-  return { ttft, text, usage, seconds: (performance.now() - t0) / 1000 };
+  return { ttft, text, usage, gaps, seconds: (performance.now() - t0) / 1000 };
 }
 
 if (mode === "ttft") {
@@ -62,11 +71,32 @@ if (mode === "ttft") {
   }));
   const s = (performance.now() - t0) / 1000;
   console.log(`${clients} clients: ${tokens} tokens in ${s.toFixed(2)} s = ${(tokens / s).toFixed(1)} generated tokens/s total`);
+} else if (mode === "streaming") {
+  const [clients, requests, maxTokens] = rest.map(Number);
+  let tokens = 0;
+  const ttfts = [], gaps = [];
+  const t0 = performance.now();
+  await Promise.all(Array.from({ length: clients }, async (_, c) => {
+    for (let i = 0; i < requests; i++) {
+      const r = await chat({ messages: [{ role: "user", content: `Client ${c} request ${i}: write a sorting function.` }],
+                             max_tokens: maxTokens, temperature: 0.7, seed: c * 1000 + i, ignore_eos: true,
+                             stream: true, stream_options: { include_usage: true } });
+      tokens += r.usage.completion_tokens;
+      ttfts.push(r.ttft);
+      gaps.push(...r.gaps);
+    }
+  }));
+  const s = (performance.now() - t0) / 1000;
+  const pct = (v, p) => { const a = [...v].sort((x, y) => x - y); return a[Math.min(a.length - 1, Math.floor(p * a.length))]; };
+  const ms = (x) => (x * 1000).toFixed(1);
+  console.log(`${clients} streaming clients: ${tokens} tokens in ${s.toFixed(2)} s = ${(tokens / s).toFixed(1)} tokens/s ` +
+              `aggregate; TTFT p50 ${ms(pct(ttfts, 0.5))} / p90 ${ms(pct(ttfts, 0.9))} / p99 ${ms(pct(ttfts, 0.99))} ms; ` +
+              `inter-token p50 ${ms(pct(gaps, 0.5))} / p90 ${ms(pct(gaps, 0.9))} / p99 ${ms(pct(gaps, 0.99))} ms`);
 } else if (mode === "soak") {
   const { soak } = await import("./server_soak.mjs");
   const [clients, requests, maxTokens] = rest.map(Number);
   process.exitCode = await soak(url, clients, requests, maxTokens);
 } else {
-  console.error("usage: server_bench.mjs ttft URL HISTORY_FILE | throughput|soak URL CLIENTS REQUESTS MAX_TOKENS");
+  console.error("usage: server_bench.mjs ttft URL HISTORY_FILE | throughput|soak|streaming URL CLIENTS REQUESTS MAX_TOKENS");
   process.exit(2);
 }

@@ -3,6 +3,8 @@
 // (their GPU counterparts are in cuda_device_test.cpp).
 #include <gtest/gtest.h>
 
+#include <regex>
+
 #include "backend/cuda/cuda_model.h"
 #include "core/fifo_mutex.h"
 #include "test_util.h"
@@ -35,6 +37,21 @@ TEST(BenchCli, DepthMeasuresTgAtThatContext) {
   const CmdResult bad = run_flashmoe("bench -m " + kModel + " --device cpu -d -3");
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.err.find("depth"), std::string::npos) << bad.err;
+}
+
+// bench --batch B: B sequences decoding together; the union of the experts
+// the 3 tokens picked per layer (top-4 of 16) lies between 4 and 12.
+TEST(BenchCli, BatchReportsAggregateAndTheExpertUnionRoofline) {
+  const CmdResult r = run_flashmoe("bench -m " + kModel + " --device cpu -p 0 -n 4 -r 1 -t 1 --batch 3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("| tg4 x3 (aggregate) |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| tg4 x3 (per sequence) |"), std::string::npos) << r.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(\+ ([0-9.]+) experts per MoE layer \(counted, of 16\))"))) << r.out;
+  const double experts = std::stod(m[1].str());
+  EXPECT_GE(experts, 4.0);
+  EXPECT_LE(experts, 12.0);
+  EXPECT_NE(r.out.find("roofline 3 x"), std::string::npos) << r.out;
 }
 
 TEST(DeviceCli, AutoWithoutGpuRunsOnTheCpuWithoutANote) {

@@ -48,7 +48,7 @@ std::vector<json> sse_events(const std::string& body, bool* done) {
 
 TEST(ServerE2E, ChatNonStreaming) {
   START_SERVER(srv, standard_args());
-  EXPECT_NE(srv.log().find("(device cpu, parallel 4"), std::string::npos) << srv.log();  // FLASHMOE_DEVICE=cpu
+  EXPECT_NE(srv.log().find("(device cpu, 2 threads, batches of up to 4 requests"), std::string::npos) << srv.log();  // FLASHMOE_DEVICE=cpu
   auto c = srv.client();
   int st = 0;
   json r = post_json(c, "/v1/chat/completions", chat_body({{"user", "Write a Python function that adds two numbers."}}), &st);
@@ -305,6 +305,61 @@ TEST(ServerE2E, DisconnectMidStreamCancelsAndFreesTheSlot) {
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 200) << r->body;
   }
+}
+
+// Continuous batching under overload: 8 requests stream in one batch, 92
+// wait in the queue, the 101st gets 503 at once; then all 100 clients go
+// away mid-request and every gauge (slots, queue, batch, KV and recurrent
+// state bytes) is back to 0.
+TEST(ServerE2E, HundredCancelledRequestsLeaveNothingBehind) {
+  START_SERVER(srv, {"--parallel", "8", "--queue", "92", "-t", "2", "--state-cache", "0"});
+  std::string body = json{{"prompt", "def main():\n"}, {"max_tokens", 4000}, {"ignore_eos", true}, {"stream", true}}.dump();
+  std::string req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                    "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  std::vector<int> fds;
+  for (int i = 0; i < 100; ++i) {
+    int fd = connect_raw(srv.port());
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(send(fd, req.data(), req.size(), MSG_NOSIGNAL), ssize_t(req.size()));
+    fds.push_back(fd);
+  }
+  http::Client c("127.0.0.1", srv.port());
+  c.set_read_timeout(60, 0);
+  auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (std::chrono::steady_clock::now() < deadline &&
+         (metric(c, "flashmoe_slots_busy") != 8 || metric(c, "flashmoe_queue_waiting") != 92))
+    std::this_thread::sleep_for(20ms);
+  ASSERT_EQ(metric(c, "flashmoe_slots_busy"), 8);
+  ASSERT_EQ(metric(c, "flashmoe_queue_waiting"), 92);
+  EXPECT_EQ(metric(c, "flashmoe_batch_sequences_active"), 8);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto busy = c.Post("/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}}.dump(), "application/json");
+  ASSERT_TRUE(busy);
+  EXPECT_EQ(busy->status, 503) << busy->body;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0) << "503 not at once";
+  // Summed over the steps so far (prompts joining one by one, then 8 decoding).
+  deadline = std::chrono::steady_clock::now() + 30s;
+  while (std::chrono::steady_clock::now() < deadline && metric(c, "flashmoe_batch_steps_total") < 40)
+    std::this_thread::sleep_for(20ms);
+  EXPECT_GT(metric(c, "flashmoe_batch_step_sequences_total"), 2 * metric(c, "flashmoe_batch_steps_total"))
+      << "the running requests were not batched";
+
+  for (int fd : fds) close(fd);
+  const char* gauges[] = {"flashmoe_slots_busy", "flashmoe_queue_waiting", "flashmoe_batch_sequences_active",
+                          "flashmoe_batch_last_step_sequences", "flashmoe_kv_cache_bytes",
+                          "flashmoe_recurrent_state_bytes"};
+  auto all_zero = [&] {
+    for (const char* g : gauges)
+      if (metric(c, g) != 0) return false;
+    return true;
+  };
+  deadline = std::chrono::steady_clock::now() + 60s;
+  while (std::chrono::steady_clock::now() < deadline && !all_zero()) std::this_thread::sleep_for(50ms);
+  for (const char* g : gauges) EXPECT_EQ(metric(c, g), 0) << g;
+  EXPECT_EQ(metric(c, "flashmoe_generations_cancelled_total"), 100);
+  auto r = c.Post("/v1/completions", json{{"prompt", "def add(a, b):\n"}, {"max_tokens", 4}}.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
 }
 
 TEST(ServerE2E, EightConcurrentClients) {

@@ -9,9 +9,11 @@
 #include "cli/command.h"
 #include "cli/validators.h"
 #include "cli/common.h"
+#include "core/argmax.h"
 #include "core/error.h"
 #include "experts/expert_layout.h"
 #include "kv/presets.h"
+#include "model/weight_bytes.h"
 #include "runtime/bench_support.h"
 
 namespace flashmoe::cli {
@@ -65,11 +67,13 @@ void print_tg(int tg, int depth, const Stat& st) {
   else std::printf("| tg%-3d | %9.1f ± %-8.1f |\n", tg, st.mean, st.sd);
 }
 
+void run_batch_tg(const ModelOptions& opt, const Backend& b, int tg, int depth, int reps, int batch);
+
 // Prompt processing through one forward pass per repetition, generation
 // through Backend::greedy (on a GPU: CUDA-graph replays, no host round trip
 // per token), then what decode achieves of the weight memory's bandwidth.
 void run_bench(const ModelOptions& opt, const Backend& b, const std::string& what, int pp, int tg, int depth,
-               int reps, bool no_graph, int profile_steps) {
+               int reps, bool no_graph, int profile_steps, int batch) {
   ThreadPool pool(opt.threads);
   set_decode_graph(b, !no_graph);
   const ModelConfig& c = b.config();
@@ -98,7 +102,9 @@ void run_bench(const ModelOptions& opt, const Backend& b, const std::string& wha
     Stat st = stats(rate);
     std::printf("| pp%-3d | %9.1f ± %-8.1f |\n", pp, st.mean, st.sd);
   }
-  if (tg > 0) {
+  if (tg > 0 && batch > 1) {
+    run_batch_tg(opt, b, tg, depth, reps, batch);
+  } else if (tg > 0) {
     std::vector<double> rate;
     std::vector<int32_t> out(static_cast<size_t>(tg)), ctx(static_cast<size_t>(depth));
     for (auto& i : ctx) i = tok(rng);
@@ -152,6 +158,81 @@ void run_bench(const ModelOptions& opt, const Backend& b, const std::string& wha
   }
 }
 
+// `bench --batch B`: B independent sequences decoding together, one
+// Backend::forward_batch per step (each sequence's own state, own first
+// token, greedy), against the bytes such a step must read: the weights
+// outside the routed experts once, plus every expert the B tokens picked
+// (the union per layer: counted by the expert store where it sees the
+// fetches, else the uniform-routing expectation E * (1 - (1 - k/E)^B)).
+void run_batch_tg(const ModelOptions& opt, const Backend& b, int tg, int depth, int reps, int batch) {
+  ThreadPool pool(opt.threads);
+  const ModelConfig& c = b.config();
+  const int64_t V = c.vocab_size;
+  std::mt19937 rng(4321);
+  std::uniform_int_distribution<int32_t> tok(0, int32_t(V - 1));
+  // A model built on the GPU (synthetic) has no host model: no store counts,
+  // and the expert size comes from the tiers or the config (bf16).
+  const QwenModel* host = nullptr;
+  try {
+    host = &b.model();
+  } catch (const Error&) {
+  }
+  auto requested = [&] { return host ? host->expert_store().stats().requested : uint64_t(0); };
+  std::vector<double> agg;
+  double unions = 0, steps_seen = 0;
+  for (int r = 0; r < reps + 1; ++r) {  // the first run warms up
+    std::vector<std::unique_ptr<State>> st;
+    std::vector<int32_t> next(static_cast<size_t>(batch)), ctx(static_cast<size_t>(depth));
+    std::vector<float> logits(size_t(batch) * size_t(V));
+    for (int i = 0; i < batch; ++i) {
+      st.push_back(b.new_state(opt.kv));
+      for (auto& t : ctx) t = tok(rng);
+      if (depth > 0) b.forward(*st.back(), ctx.data(), depth, LogitsMode::None, nullptr, pool);
+      next[size_t(i)] = tok(rng);
+    }
+    std::vector<BatchItem> items(static_cast<size_t>(batch));
+    for (int i = 0; i < batch; ++i)
+      items[size_t(i)] = {st[size_t(i)].get(), &next[size_t(i)], 1, LogitsMode::Last, logits.data() + size_t(i) * V};
+    const uint64_t req0 = requested();
+    auto t = Clock::now();
+    for (int s = 0; s < tg; ++s) {
+      b.forward_batch(items.data(), batch, pool);
+      for (int i = 0; i < batch; ++i) next[size_t(i)] = argmax(logits.data() + size_t(i) * V, V);
+    }
+    const double sec = seconds_since(t);
+    if (r == 0) continue;
+    agg.push_back(double(batch) * tg / sec);
+    unions += double(requested() - req0);
+    steps_seen += tg;
+  }
+  const Stat a = stats(agg);
+  std::printf("| tg%d x%d (aggregate) | %9.1f ± %-8.1f |\n| tg%d x%d (per sequence) | %9.1f ± %-8.1f |\n", tg, batch,
+              a.mean, a.sd, tg, batch, a.mean / batch, a.sd / batch);
+
+  int64_t moe_layers = 0;
+  for (bool m : c.layer_is_moe) moe_layers += m ? 1 : 0;
+  const double E = double(c.num_experts), k = double(c.num_experts_per_tok);
+  double expert = 0;
+  if (host && moe_layers > 0)
+    expert = double(count_weight_bytes(c, host->weights()).experts_total) / (E * double(moe_layers));
+  else if (b.tier_stats().expert_bytes > 0)
+    expert = double(b.tier_stats().expert_bytes);
+  else
+    expert = 3.0 * double(c.hidden_size) * double(c.moe_intermediate) * 2.0;  // gate, up, down in bf16
+  const double shared = double(b.weight_bytes_per_token()) - k * double(moe_layers) * expert;
+  const bool counted = unions > 0;
+  const double per_layer = counted ? unions / steps_seen / double(std::max<int64_t>(moe_layers, 1))
+                                   : E * (1.0 - std::pow(1.0 - k / E, double(batch)));
+  const double step_bytes = shared + per_layer * double(moe_layers) * expert;
+  const Bandwidth bw = weight_memory_bandwidth(b, pool);
+  const double roof = double(batch) * bw.gbps * 1e9 / step_bytes;
+  std::printf("step bytes = non-expert weights %.2f MB + %.1f experts per MoE layer (%s, of %d) x %lld layers x "
+              "%.2f MB = %.2f MB;\n%s: %.1f GB/s -> roofline %d x %.1f / %.4f GB = %.1f tokens/s; reached %.0f%%\n",
+              shared / 1e6, per_layer, counted ? "counted" : "expected, uniform routing", int(E),
+              (long long)moe_layers, expert / 1e6, step_bytes / 1e6, bw.what.c_str(), bw.gbps, batch, bw.gbps,
+              step_bytes / 1e9, roof, 100.0 * a.mean / roof);
+}
+
 // `bench --bandwidth`: the host's DRAM read bandwidth on its own, over
 // buffers several times the last-level cache (the roofline a memory-bound
 // CPU decode is measured against).
@@ -178,6 +259,7 @@ Registrar reg(40, [](CLI::App& app) {
   auto experts = std::make_shared<std::string>("bf16");
   auto group = std::make_shared<int>(64);
   auto bandwidth = std::make_shared<bool>(false);
+  auto batch = std::make_shared<int>(1);
   add_model_options(cmd, opt.get(), /*require_model=*/false);
   cmd->add_option("-p,--n-prompt", *pp, "Prompt tokens for the pp test (0: skip)")->check(integer_between(0, 1000000));
   cmd->add_option("-n,--n-gen", *tg, "Generated tokens for the tg test (0: skip)")->check(integer_between(0, 1000000));
@@ -199,11 +281,16 @@ Registrar reg(40, [](CLI::App& app) {
   auto* bw = cmd->add_flag("--bandwidth", *bandwidth,
                            "A run of its own, instead of pp/tg: the host's DRAM read bandwidth (a read-only streaming sum "
                            "over 4 x the last-level cache, at least 256 MiB, on -t threads); no model");
+  cmd->add_option("--batch", *batch,
+                  "The tg test with B independent sequences decoding together (one batched forward pass per step): "
+                  "aggregate and per-sequence tokens/s, and the roofline of the bytes a step reads (default 1)")
+      ->check(integer_between(1, 4096));
   cmd->add_flag("--no-graph", *no_graph, "On the GPU: plain kernel launches instead of a CUDA graph");
   cmd->add_option("--profile", *profile, "On the GPU: time each kernel class over N decode steps, and each phase of the batched prefill (printed when the model is released)")
       ->check(integer_between(0, 2147483647));
   // Every option's storage is captured: the callback runs after this function returned.
-  cmd->callback([opt, pp, tg, depth, reps, synthetic, layers, no_graph, profile, experts, group, bandwidth, ex, gr, bw, ly] {
+  cmd->callback([opt, pp, tg, depth, reps, synthetic, layers, no_graph, profile, experts, group, bandwidth, batch, ex, gr,
+                 bw, ly] {
     finalize_model_options(opt.get());
     if (bw->count()) {
       if (!opt->model_dir.empty() || !synthetic->empty())
@@ -218,14 +305,14 @@ Registrar reg(40, [](CLI::App& app) {
     if (!synthetic->empty()) {
       std::string what;
       auto b = synthetic_model(*opt, *synthetic, *layers, *experts, *group, &what);
-      run_bench(*opt, *b, what, *pp, *tg, *depth, *reps, *no_graph, *profile);
+      run_bench(*opt, *b, what, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch);
       return;
     }
     if (ex->count() || gr->count())
       fail("bench: --experts and --group are for --synthetic (a model's experts are in the format it was packed in)");
     if (ly->count()) fail("bench: --layers is for --synthetic (a model from -m runs all its layers)");
     std::unique_ptr<Backend> b = load_model(*opt);
-    run_bench(*opt, *b, opt->model_dir, *pp, *tg, *depth, *reps, *no_graph, *profile);
+    run_bench(*opt, *b, opt->model_dir, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch);
   });
 });
 

@@ -88,8 +88,15 @@ Registrar reg(30, [](CLI::App& app) {
                   "Without it, requests carrying an Origin header are refused (403)")
       ->allow_extra_args(false)->group(g);
   cmd->add_option("--alias", a->alias, "Model id in requests and /v1/models (default: the model directory's name)")->group(g);
-  cmd->add_option("--parallel", a->cfg.parallel, "Requests generating at once (default 1); threads are split among them")
+  cmd->add_option("--parallel", a->cfg.parallel,
+                  "Requests generating at once (default 1): the largest batch; each step of the model runs the next "
+                  "token of every one of them (and prompt chunks) as one batched forward pass on all threads")
       ->check(integer_between(1, 256))->group(g);
+  cmd->add_option("--batch-tokens", a->cfg.batch_tokens,
+                  "Tokens per step (default 512): every generating request's next token, then chunks of waiting "
+                  "prompts up to this total (at least 16 prompt tokens), so a long prompt delays the others by at "
+                  "most one such step per token")
+      ->check(integer_between(1, 65536))->group(g);
   cmd->add_option("--queue", a->cfg.queue, "Requests waiting for a free slot before answering 503 (default 32)")
       ->check(integer_between(0, 4096))->group(g);
   cmd->add_option("--max-body", a->cfg.max_body,
@@ -159,16 +166,15 @@ Registrar reg(30, [](CLI::App& app) {
     a->cfg.state_cache_bytes = a->state_cache_mb << 20;
     a->cfg.read_timeout_ms = int64_t(a->read_timeout_s * 1000);
     a->cfg.write_timeout_ms = int64_t(a->write_timeout_s * 1000);
-    int threads = a->model.threads > 0 ? a->model.threads : ThreadPool::hardware_threads();
-    a->cfg.threads_per_slot = std::max(1, threads / a->cfg.parallel);
+    a->cfg.threads = a->model.threads > 0 ? a->model.threads : ThreadPool::hardware_threads();
     server::HttpServer srv(a->cfg, sm);
     int port = srv.bind();
     const std::string device = sm.backend->label();
     std::fprintf(stderr,
-                 "flashmoe serve: model '%s' on http://%s:%d (device %s, parallel %d x %d threads, queue %d, state "
-                 "cache %zu, context %lld)\n",
-                 sm.id.c_str(), a->cfg.host.c_str(), port, device.c_str(), a->cfg.parallel, a->cfg.threads_per_slot,
-                 a->cfg.queue, a->cfg.state_cache, (long long)sm.context);
+                 "flashmoe serve: model '%s' on http://%s:%d (device %s, %d threads, batches of up to %d requests "
+                 "and %lld tokens per step, queue %d, state cache %zu, context %lld)\n",
+                 sm.id.c_str(), a->cfg.host.c_str(), port, device.c_str(), a->cfg.threads, a->cfg.parallel,
+                 (long long)a->cfg.batch_tokens, a->cfg.queue, a->cfg.state_cache, (long long)sm.context);
     if (a->cfg.api_keys.empty() && !server::is_loopback_host(a->cfg.host))
       std::fprintf(stderr, "flashmoe serve: warning: listening on %s without --api-key; anyone who can reach it can use it\n",
                    a->cfg.host.c_str());

@@ -9,9 +9,21 @@ namespace flashmoe {
 Session::Session(const Backend& backend, const KvConfig& kv, ThreadPool& pool, bool drafting)
     : backend_(backend),
       kv_(kv),
-      pool_(pool),
+      pool_(&pool),
       state_(drafting ? backend.new_drafting_state(kv) : backend.new_state(kv)),
       drafting_(drafting) {}
+
+Session::Session(BatchScheduler& scheduler, const KvConfig& kv, bool drafting)
+    : backend_(scheduler.backend()),
+      kv_(kv),
+      scheduler_(&scheduler),
+      state_(drafting ? backend_.new_drafting_state(kv) : backend_.new_state(kv)),
+      drafting_(drafting) {
+  // Drafting runs the MTP head outside the scheduler's steps, on this
+  // session's own thread (the head is one layer: cheap next to a step).
+  if (drafting) draft_pool_ = std::make_unique<ThreadPool>(1);
+  membership_.emplace(scheduler);
+}
 
 void Session::reset() {
   state_.reset();  // before the new one: a device need not hold both
@@ -21,7 +33,7 @@ void Session::reset() {
 
 std::vector<int32_t> Session::draft(int32_t next, int64_t n, const DraftPicker& pick) {
   std::vector<int32_t> out(size_t(std::max<int64_t>(n, 0)));
-  if (n > 0) backend_.draft(*state_, next, n, pick, out.data(), pool_);
+  if (n > 0) backend_.draft(*state_, next, n, pick, out.data(), pool_ ? *pool_ : *draft_pool_);
   return out;
 }
 
@@ -34,8 +46,12 @@ std::vector<int32_t> Session::greedy(int64_t n) {
   out.push_back(argmax(logits_.data(), V));
   if (n == 1) return out;
   out.resize(size_t(n));
+  if (scheduler_) {  // token by token through the shared steps (feed records what it feeds)
+    for (int64_t i = 1; i < n; ++i) out[size_t(i)] = argmax(feed({out[size_t(i - 1)]}).data(), V);
+    return out;
+  }
   try {
-    backend_.greedy(*state_, out[0], n - 1, out.data() + 1, pool_);
+    backend_.greedy(*state_, out[0], n - 1, out.data() + 1, *pool_);
   } catch (...) {
     reset();  // the state is part-way through the run (see run_forward)
     throw;
@@ -61,7 +77,8 @@ void Session::restore(const SessionSnapshot& snap) {
 // the conversation again from the start.
 void Session::run_forward(const std::vector<int32_t>& ids, LogitsMode mode, float* out) {
   try {
-    backend_.forward(*state_, ids.data(), int64_t(ids.size()), mode, out, pool_);
+    if (scheduler_) scheduler_->forward(*state_, ids.data(), int64_t(ids.size()), mode, out);
+    else backend_.forward(*state_, ids.data(), int64_t(ids.size()), mode, out, *pool_);
   } catch (...) {
     try {
       reset();

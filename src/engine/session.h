@@ -3,10 +3,12 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/argmax.h"
 #include "core/thread_pool.h"
+#include "engine/batch_scheduler.h"
 #include "runtime/backend.h"
 
 namespace flashmoe {
@@ -26,6 +28,10 @@ class Session {
   // drafting: the state also keeps the MTP head in step (draft(), --mtp);
   // Error when the model has none or the backend cannot draft.
   Session(const Backend& backend, const KvConfig& kv, ThreadPool& pool, bool drafting = false);
+  // A session whose forward passes run as steps of `scheduler` (the
+  // server's continuous batching), shared with the other sessions attached
+  // to it; attached for the session's life.
+  Session(BatchScheduler& scheduler, const KvConfig& kv, bool drafting = false);
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
@@ -71,7 +77,10 @@ class Session {
 
   const Backend& backend_;
   KvConfig kv_;
-  ThreadPool& pool_;
+  ThreadPool* pool_ = nullptr;            // without a scheduler
+  BatchScheduler* scheduler_ = nullptr;   // with one
+  std::unique_ptr<ThreadPool> draft_pool_;  // a scheduled drafting session's
+  std::optional<BatchScheduler::Membership> membership_;
   std::unique_ptr<State> state_;
   std::vector<int32_t> tokens_;
   bool record_tokens_ = true;

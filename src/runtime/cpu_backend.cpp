@@ -1,5 +1,7 @@
 #include "runtime/cpu_backend.h"
 
+#include <algorithm>
+
 #include "backend/cpu/forward.h"
 #include "backend/cpu/mtp.h"
 #include "core/argmax.h"
@@ -72,6 +74,16 @@ void CpuBackend::draft(State& st, int32_t next, int64_t n, const DraftPicker& pi
 void CpuBackend::forward(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits,
                          ThreadPool& pool) const {
   forward_capturing(st, ids, n, mode, logits, pool, nullptr);
+}
+
+void CpuBackend::forward_batch(const BatchItem* items, int64_t count, ThreadPool& pool) const {
+  std::vector<cpu::SequenceInput> inputs(static_cast<size_t>(std::max<int64_t>(count, 0)));
+  for (int64_t i = 0; i < count; ++i) {
+    const BatchItem& it = items[i];
+    if (!it.state) fail("forward_batch: item " + std::to_string(i) + " has no state");
+    inputs[size_t(i)] = {&cpu_state(*it.state).state, it.ids, it.n, it.mode, it.logits};
+  }
+  cpu::forward_batch(*model_, inputs.data(), count, pool);
 }
 
 void CpuBackend::forward_capturing(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits,

@@ -18,6 +18,9 @@ class CpuBackend final : public Backend {
   std::unique_ptr<State> new_state(const KvConfig& kv) const override;
   void forward(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits,
                ThreadPool& pool) const override;
+  // One step over all items: their rows stacked, so each weight and each
+  // picked expert is read once per step (backend/cpu/forward.h).
+  void forward_batch(const BatchItem* items, int64_t count, ThreadPool& pool) const override;
   void greedy(State& st, int32_t first, int64_t n, int32_t* out, ThreadPool& pool) const override;
   std::unique_ptr<State> new_drafting_state(const KvConfig& kv) const override;
   void draft(State& st, int32_t next, int64_t n, const DraftPicker& pick, int32_t* drafted,

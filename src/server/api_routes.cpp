@@ -9,6 +9,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "engine/batch_scheduler.h"
 #include "engine/generator.h"
 #include "engine/json_schema_grammar.h"
 #include "engine/session.h"
@@ -123,6 +124,10 @@ struct Outcome {
 struct ApiRoutes::Impl {
   ServerConfig cfg;
   ServedModel m;
+  // Every request's forward passes run as steps of one scheduler on one
+  // pool of all the threads (continuous batching).
+  ThreadPool threads;
+  BatchScheduler scheduler;
   SlotPool slots;
   StateCache cache;
   Metrics metrics;
@@ -135,7 +140,8 @@ struct ApiRoutes::Impl {
   std::shared_ptr<const TokenVocabulary> constraint_vocab;
 
   Impl(const ServerConfig& c, const ServedModel& model)
-      : cfg(c), m(model), slots(cfg.parallel, cfg.queue, cfg.threads_per_slot),
+      : cfg(c), m(model), threads(std::max(cfg.threads, 1)),
+        scheduler(*m.backend, threads, BatchSchedulerOptions{cfg.batch_tokens}), slots(cfg.parallel, cfg.queue),
         cache(cfg.state_cache, cfg.state_cache_bytes), origins{cfg.host, cfg.cors_origins} {}
 
   // The state bytes of a running request, for the gauges.
@@ -233,10 +239,10 @@ struct ApiRoutes::Impl {
   Outcome run(Job& j, SlotPool::Lease& lease, const std::function<bool(const std::string&)>& on_text,
               const std::function<void(const TokenLogprob&)>& on_logprob) {
     Outcome out;
-    // A backend that runs one call at a time takes the slots' calls in turn
-    // (a prompt, then each decoded token) in request order: --parallel N
-    // still lets a short request be answered while a long one streams.
-    Session s(*m.backend, m.kv, lease.threads(), m.spec_draft > 0);
+    // The session's forward passes join the scheduler's steps: its prompt
+    // in chunks within the step budget, then one token per step, batched
+    // with every other running request (with --mtp, each verify pass too).
+    Session s(scheduler, m.kv, m.spec_draft > 0);
     auto store = [&] {
       // No copy that the cache would not keep (--state-cache 0, over the budget).
       const StateBytes b = s.state().bytes();
@@ -485,6 +491,13 @@ struct ApiRoutes::Impl {
     g.slots_busy = slots.busy();
     g.slots_total = slots.slots();
     g.queue_waiting = slots.waiting();
+    const BatchScheduler::Counters bc = scheduler.counters();
+    g.batch_attached = bc.attached;
+    g.batch_last_sequences = bc.attached ? bc.last_sequences : 0;
+    g.batch_last_tokens = bc.attached ? bc.last_tokens : 0;
+    g.batch_steps = bc.steps;
+    g.batch_step_sequences = bc.step_sequences;
+    g.batch_step_tokens = bc.step_tokens;
     ExpertStats es = m.backend->model().expert_store().stats();
     g.expert_requested = es.requested;
     g.expert_hits = es.hits;

@@ -85,6 +85,19 @@ std::string Metrics::render(const Gauges& g) const {
   line(o, "flashmoe_slots_total %lld\n", (long long)g.slots_total);
   help(o, "flashmoe_queue_waiting", "gauge", "Requests waiting for a slot.");
   line(o, "flashmoe_queue_waiting %lld\n", (long long)g.queue_waiting);
+  help(o, "flashmoe_batch_sequences_active", "gauge", "Requests attached to the batch scheduler now (each step may run all of them).");
+  line(o, "flashmoe_batch_sequences_active %lld\n", (long long)g.batch_attached);
+  help(o, "flashmoe_batch_last_step_sequences", "gauge", "Sequences in the latest step (the batch size).");
+  line(o, "flashmoe_batch_last_step_sequences %lld\n", (long long)g.batch_last_sequences);
+  help(o, "flashmoe_batch_last_step_tokens", "gauge", "Tokens in the latest step (decode tokens plus prompt chunks).");
+  line(o, "flashmoe_batch_last_step_tokens %lld\n", (long long)g.batch_last_tokens);
+  help(o, "flashmoe_batch_steps_total", "counter", "Batched forward steps run.");
+  line(o, "flashmoe_batch_steps_total %lld\n", (long long)g.batch_steps);
+  help(o, "flashmoe_batch_step_sequences_total", "counter",
+       "Sequences summed over all steps (/ steps: the mean batch size).");
+  line(o, "flashmoe_batch_step_sequences_total %lld\n", (long long)g.batch_step_sequences);
+  help(o, "flashmoe_batch_step_tokens_total", "counter", "Tokens summed over all steps (/ steps: mean tokens per step).");
+  line(o, "flashmoe_batch_step_tokens_total %lld\n", (long long)g.batch_step_tokens);
   help(o, "flashmoe_expert_cache_hit_ratio", "gauge",
        "Routed experts served without a disk read / experts requested (1 when all experts are in memory; 0 before any).");
   line(o, "flashmoe_expert_cache_hit_ratio %.6f\n",

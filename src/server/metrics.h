@@ -25,6 +25,10 @@ class Metrics {
     int64_t snapshot_bytes = 0;      // the state cache
     int64_t snapshots = 0;
     int64_t slots_busy = 0, slots_total = 0, queue_waiting = 0;
+    // The batch scheduler: sequences attached now, the latest step's
+    // sequences and tokens, and the totals over all steps.
+    int64_t batch_attached = 0, batch_last_sequences = 0, batch_last_tokens = 0;
+    int64_t batch_steps = 0, batch_step_sequences = 0, batch_step_tokens = 0;
     uint64_t expert_requested = 0, expert_hits = 0, expert_misses = 0, expert_bytes_read = 0;
   };
   std::string render(const Gauges& g) const;

@@ -24,7 +24,7 @@ struct ServerConfig {
   // x-api-key); each key's requests get their own state-cache partition.
   std::vector<std::string> api_keys;
   std::vector<std::string> cors_origins;  // browser origins allowed ("*": any); empty: none
-  int parallel = 1;                 // requests generating at once
+  int parallel = 1;                 // requests generating at once: the largest batch of a step
   int queue = 32;                   // requests waiting for a slot before 503
   size_t max_body = 1 << 20;        // bytes, chunked or not; larger bodies get 413
   size_t max_header_bytes = 16 << 10;  // request line + headers; larger get 431
@@ -33,7 +33,8 @@ struct ServerConfig {
   int64_t write_timeout_ms = 30000;  // a client that does not read a response for this long is dropped
   size_t state_cache = 32;          // conversation snapshots kept (0: no reuse)
   size_t state_cache_bytes = size_t(4096) << 20;  // and the memory they may hold
-  int threads_per_slot = 1;
+  int threads = 1;                  // the scheduler's threads: every step's forward pass uses them all
+  int64_t batch_tokens = 512;       // tokens per step: every decoding request's token plus prompt chunks
   int max_tokens = 4096;            // default for max_tokens, and the most a request may ask for
   bool access_log = false;          // one line per request on stderr
 };

@@ -4,10 +4,8 @@
 
 namespace flashmoe::server {
 
-SlotPool::SlotPool(int slots, int queue, int threads_per_slot)
-    : busy_(size_t(std::max(slots, 1)), false), bytes_(busy_.size(), {0, 0}), queue_limit_(std::max(queue, 0)) {
-  for (size_t i = 0; i < busy_.size(); ++i) pools_.push_back(std::make_unique<ThreadPool>(std::max(threads_per_slot, 1)));
-}
+SlotPool::SlotPool(int slots, int queue)
+    : busy_(size_t(std::max(slots, 1)), false), bytes_(busy_.size(), {0, 0}), queue_limit_(std::max(queue, 0)) {}
 
 std::unique_ptr<SlotPool::Lease> SlotPool::acquire() {
   std::unique_lock<std::mutex> lock(mu_);

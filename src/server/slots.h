@@ -1,7 +1,7 @@
-// Model slots: --parallel N requests run at once, each on its own ThreadPool
-// (the model weights are shared, read-only). Further requests wait in a
-// bounded queue; beyond it acquire() refuses at once so the caller can answer
-// 503 instead of piling up connections.
+// Model slots: --parallel N requests run at once (their forward passes
+// share the batch scheduler's steps, engine/batch_scheduler.h). Further
+// requests wait in a bounded queue; beyond it acquire() refuses at once so
+// the caller can answer 503 instead of piling up connections.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -10,13 +10,11 @@
 #include <utility>
 #include <vector>
 
-#include "core/thread_pool.h"
-
 namespace flashmoe::server {
 
 class SlotPool {
  public:
-  SlotPool(int slots, int queue, int threads_per_slot);
+  SlotPool(int slots, int queue);
 
   class Lease {
    public:
@@ -24,7 +22,6 @@ class SlotPool {
     ~Lease();
     Lease(const Lease&) = delete;
     Lease& operator=(const Lease&) = delete;
-    ThreadPool& threads() { return *pool_.pools_[size_t(index_)]; }
     // Publishes the KV and recurrent-state bytes held by the request's
     // state, for the gauges (measured by the request's own thread, so
     // nothing reads a state that is being written).
@@ -41,14 +38,13 @@ class SlotPool {
   // Wakes every waiter (they get null) and refuses new requests.
   void shutdown();
 
-  int slots() const { return int(pools_.size()); }
+  int slots() const { return int(busy_.size()); }
   int busy() const;
   int waiting() const;
   // KV and recurrent-state bytes last reported by the running requests.
   void state_bytes(int64_t* kv, int64_t* recurrent) const;
 
  private:
-  std::vector<std::unique_ptr<ThreadPool>> pools_;
   std::vector<bool> busy_;
   std::vector<std::pair<int64_t, int64_t>> bytes_;  // per slot: KV, recurrent
   int queue_limit_, waiting_ = 0;

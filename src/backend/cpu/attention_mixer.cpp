@@ -10,23 +10,29 @@
 
 namespace flashmoe::cpu {
 
-void gated_attention_mixer(const ModelConfig& c, const AttentionWeights& w, const float* rope_inv_freq,
-                           KvCache& cache, int64_t pos0, const float* x, int64_t n, float* out, ThreadPool& pool) {
+void gated_attention_mixer(const ModelConfig& c, const AttentionWeights& w, const float* rope_inv_freq, int slot,
+                           const std::vector<SequenceRows>& seqs, const float* x, int64_t rows, float* out,
+                           ThreadPool& pool) {
   const int64_t nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim, rd = c.rotary_dim;
   const int64_t qg_row = 2 * nh * hd, kv_row = nkv * hd;
-  std::vector<float> qg(size_t(n * qg_row)), k(size_t(n * kv_row)), v(size_t(n * kv_row));
-  std::vector<float> attn(size_t(n * nh * hd)), q(size_t(n * nh * hd));
-  matmul(pool, w.q_proj, x, n, qg.data());
-  matmul(pool, w.k_proj, x, n, k.data());
-  matmul(pool, w.v_proj, x, n, v.data());
+  std::vector<float> qg(size_t(rows * qg_row)), k(size_t(rows * kv_row)), v(size_t(rows * kv_row));
+  std::vector<float> attn(size_t(rows * nh * hd)), q(size_t(rows * nh * hd));
+  matmul(pool, w.q_proj, x, rows, qg.data());
+  matmul(pool, w.k_proj, x, rows, k.data());
+  matmul(pool, w.v_proj, x, rows, v.data());
   const float scale = 1.0f / std::sqrt(float(hd));
 
-  // Per token and independent of the others: q/k norms and rotary.
-  pool.parallel_for(n, [&](int64_t t0, int64_t t1) {
+  // Each row's position in its own sequence.
+  std::vector<int64_t> pos(size_t(rows));
+  for (const SequenceRows& seq : seqs)
+    for (int64_t t = seq.row0; t < seq.row0 + seq.n; ++t) pos[size_t(t)] = seq.state->pos + (t - seq.row0);
+
+  // Per row and independent of the others: q/k norms and rotary.
+  pool.parallel_for(rows, [&](int64_t t0, int64_t t1) {
     std::vector<float> cs(size_t(rd / 2)), sn(size_t(rd / 2));
     for (int64_t t = t0; t < t1; ++t) {
       for (int64_t i = 0; i < rd / 2; ++i) {
-        float f = float(pos0 + t) * rope_inv_freq[i];  // fp32 angle, as the reference computes it
+        float f = float(pos[size_t(t)]) * rope_inv_freq[i];  // fp32 angle, as the reference computes it
         cs[i] = float(std::cos(double(f)));
         sn[i] = float(std::sin(double(f)));
       }
@@ -50,32 +56,46 @@ void gated_attention_mixer(const ModelConfig& c, const AttentionWeights& w, cons
       for (int64_t d = 0; d < hd; ++d) at[h * hd + d] *= sigmoid(qgt[h * 2 * hd + hd + d]);
   };
 
-  if (cache.supports_prefix_attention()) {
-    // Full retention: the whole chunk's keys and values go in first, then
-    // every token attends over its causal prefix of the cache at once, on all
-    // threads: the same sums as token by token. Longest prefixes first, so
-    // the threads that claim the last (shortest) ones finish together.
-    for (int64_t t = 0; t < n; ++t) cache.append(pos0 + t, k.data() + t * kv_row, v.data() + t * kv_row);
-    const int64_t before = cache.size() - n;
-    pool.parallel_for(n, [&](int64_t i0, int64_t i1) {
-      thread_local KvCache::AttendScratch scratch;
-      for (int64_t i = i0; i < i1; ++i) {
-        const int64_t t = n - 1 - i;
-        cache.attend_prefix(q.data() + t * nh * hd, nh, scale, attn.data() + t * nh * hd, before + t + 1, scratch);
-        gate(t);
-      }
-    });
-  } else {
-    // Windows and eviction policies: token by token through the cache, the
-    // reference semantics (an append can overwrite or evict what an earlier
-    // token of the chunk attended to).
-    for (int64_t t = 0; t < n; ++t) {
-      cache.append(pos0 + t, k.data() + t * kv_row, v.data() + t * kv_row);
-      cache.attend(q.data() + t * nh * hd, nh, scale, attn.data() + t * nh * hd);
-      gate(t);
+  // Work items over every sequence's own cache. Full retention: the
+  // sequence's keys and values go in first, then each of its tokens is an
+  // item attending over its causal prefix (the same sums as token by token).
+  // Windows and eviction policies: the whole sequence is one item, token by
+  // token through its cache (an append can overwrite or evict what an earlier
+  // token attended to). Items of different sequences are independent.
+  struct Item { int64_t seq, t, prefix; };  // prefix < 0: the whole sequence
+  std::vector<Item> items;
+  for (int64_t s = 0; s < int64_t(seqs.size()); ++s) {
+    const SequenceRows& seq = seqs[size_t(s)];
+    KvCache& cache = seq.state->kv[size_t(slot)];
+    if (cache.supports_prefix_attention()) {
+      for (int64_t t = seq.row0; t < seq.row0 + seq.n; ++t)
+        cache.append(pos[size_t(t)], k.data() + t * kv_row, v.data() + t * kv_row);
+      const int64_t before = cache.size() - seq.n;
+      // Longest prefixes first, so the threads that claim the last (shortest) finish together.
+      for (int64_t i = seq.n - 1; i >= 0; --i) items.push_back({s, seq.row0 + i, before + i + 1});
+    } else {
+      items.push_back({s, seq.row0, -1});
     }
   }
-  matmul(pool, w.o_proj, attn.data(), n, out);
+  pool.parallel_for(int64_t(items.size()), [&](int64_t i0, int64_t i1) {
+    thread_local KvCache::AttendScratch scratch;
+    for (int64_t i = i0; i < i1; ++i) {
+      const Item& it = items[size_t(i)];
+      const SequenceRows& seq = seqs[size_t(it.seq)];
+      KvCache& cache = seq.state->kv[size_t(slot)];
+      if (it.prefix >= 0) {
+        cache.attend_prefix(q.data() + it.t * nh * hd, nh, scale, attn.data() + it.t * nh * hd, it.prefix, scratch);
+        gate(it.t);
+        continue;
+      }
+      for (int64_t t = seq.row0; t < seq.row0 + seq.n; ++t) {
+        cache.append(pos[size_t(t)], k.data() + t * kv_row, v.data() + t * kv_row);
+        cache.attend(q.data() + t * nh * hd, nh, scale, attn.data() + t * nh * hd);
+        gate(t);
+      }
+    }
+  });
+  matmul(pool, w.o_proj, attn.data(), rows, out);
 }
 
 }  // namespace flashmoe::cpu

@@ -14,6 +14,13 @@ namespace flashmoe::cpu {
 
 namespace {
 
+// g = silu(g) * u over m rows of I, row by row: the vector kernel's tail is
+// scalar code, so a row's bits must not depend on how many rows share the
+// call (a token batched with others gives the same result as alone).
+void silu_mul_rows(float* g, const float* u, int64_t m, int64_t I) {
+  for (int64_t t = 0; t < m; ++t) simd::silu_mul(g + t * I, u + t * I, I);
+}
+
 // y[m, H] = down(silu(gate x) * up x) for m token rows, on the calling thread.
 void swiglu_serial(const FfnExpert& e, const float* x, int64_t m, float* y, std::vector<float>& g,
                    std::vector<float>& u) {
@@ -22,7 +29,7 @@ void swiglu_serial(const FfnExpert& e, const float* x, int64_t m, float* y, std:
   u.resize(size_t(m * I));
   matmul_serial(e.gate, x, m, H, g.data(), I);
   matmul_serial(e.up, x, m, H, u.data(), I);
-  simd::silu_mul(g.data(), u.data(), m * I);
+  silu_mul_rows(g.data(), u.data(), m, I);
   matmul_serial(e.down, g.data(), m, I, y, H);
 }
 
@@ -41,7 +48,7 @@ void dense_swiglu_ffn(const FfnExpert& e, const float* x, int64_t n, float* out,
   std::vector<float> g(size_t(n * I)), u(size_t(n * I));
   matmul(pool, e.gate, x, n, g.data());
   matmul(pool, e.up, x, n, u.data());
-  simd::silu_mul(g.data(), u.data(), n * I);
+  silu_mul_rows(g.data(), u.data(), n, I);
   matmul(pool, e.down, g.data(), n, out);
 }
 
@@ -78,7 +85,7 @@ void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_exper
     std::vector<float> g(size_t(n * I)), u(size_t(n * I));
     matmul(pool, e.gate, x, n, g.data());
     matmul(pool, e.up, x, n, u.data());
-    simd::silu_mul(g.data(), u.data(), n * I);
+    silu_mul_rows(g.data(), u.data(), n, I);
     shared_out.resize(size_t(n * H));
     matmul(pool, e.down, g.data(), n, shared_out.data());
     for (int64_t t = 0; t < n; ++t) shared_w.push_back(sigmoid(simd_dot_row(w.shared_gate, 0, x + t * H)));
