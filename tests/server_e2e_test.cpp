@@ -318,7 +318,7 @@ TEST(ServerE2E, HundredCancelledRequestsLeaveNothingBehind) {
                     "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
   std::vector<int> fds;
   for (int i = 0; i < 100; ++i) {
-    int fd = connect_raw(srv.port());
+    int fd = connect_to(srv.port());
     ASSERT_GE(fd, 0);
     ASSERT_EQ(send(fd, req.data(), req.size(), MSG_NOSIGNAL), ssize_t(req.size()));
     fds.push_back(fd);

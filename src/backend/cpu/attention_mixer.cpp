@@ -10,9 +10,17 @@
 
 namespace flashmoe::cpu {
 
-void gated_attention_mixer(const ModelConfig& c, const AttentionWeights& w, const float* rope_inv_freq, int slot,
-                           const std::vector<SequenceRows>& seqs, const float* x, int64_t rows, float* out,
-                           ThreadPool& pool) {
+namespace {
+
+// One sequence's rows [row0, row0 + n) and the cache they attend through,
+// the first at position pos0.
+struct CacheRows {
+  KvCache* cache;
+  int64_t pos0, row0, n;
+};
+
+void attention_over(const ModelConfig& c, const AttentionWeights& w, const float* rope_inv_freq,
+                    const std::vector<CacheRows>& seqs, const float* x, int64_t rows, float* out, ThreadPool& pool) {
   const int64_t nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim, rd = c.rotary_dim;
   const int64_t qg_row = 2 * nh * hd, kv_row = nkv * hd;
   std::vector<float> qg(size_t(rows * qg_row)), k(size_t(rows * kv_row)), v(size_t(rows * kv_row));
@@ -23,9 +31,9 @@ void gated_attention_mixer(const ModelConfig& c, const AttentionWeights& w, cons
   const float scale = 1.0f / std::sqrt(float(hd));
 
   // Each row's position in its own sequence.
-  std::vector<int64_t> pos(size_t(rows));
-  for (const SequenceRows& seq : seqs)
-    for (int64_t t = seq.row0; t < seq.row0 + seq.n; ++t) pos[size_t(t)] = seq.state->pos + (t - seq.row0);
+  std::vector<int64_t> pos(static_cast<size_t>(rows));
+  for (const CacheRows& seq : seqs)
+    for (int64_t t = seq.row0; t < seq.row0 + seq.n; ++t) pos[size_t(t)] = seq.pos0 + (t - seq.row0);
 
   // Per row and independent of the others: q/k norms and rotary.
   pool.parallel_for(rows, [&](int64_t t0, int64_t t1) {
@@ -65,8 +73,8 @@ void gated_attention_mixer(const ModelConfig& c, const AttentionWeights& w, cons
   struct Item { int64_t seq, t, prefix; };  // prefix < 0: the whole sequence
   std::vector<Item> items;
   for (int64_t s = 0; s < int64_t(seqs.size()); ++s) {
-    const SequenceRows& seq = seqs[size_t(s)];
-    KvCache& cache = seq.state->kv[size_t(slot)];
+    const CacheRows& seq = seqs[size_t(s)];
+    KvCache& cache = *seq.cache;
     if (cache.supports_prefix_attention()) {
       for (int64_t t = seq.row0; t < seq.row0 + seq.n; ++t)
         cache.append(pos[size_t(t)], k.data() + t * kv_row, v.data() + t * kv_row);
@@ -81,8 +89,8 @@ void gated_attention_mixer(const ModelConfig& c, const AttentionWeights& w, cons
     thread_local KvCache::AttendScratch scratch;
     for (int64_t i = i0; i < i1; ++i) {
       const Item& it = items[size_t(i)];
-      const SequenceRows& seq = seqs[size_t(it.seq)];
-      KvCache& cache = seq.state->kv[size_t(slot)];
+      const CacheRows& seq = seqs[size_t(it.seq)];
+      KvCache& cache = *seq.cache;
       if (it.prefix >= 0) {
         cache.attend_prefix(q.data() + it.t * nh * hd, nh, scale, attn.data() + it.t * nh * hd, it.prefix, scratch);
         gate(it.t);
@@ -96,6 +104,21 @@ void gated_attention_mixer(const ModelConfig& c, const AttentionWeights& w, cons
     }
   });
   matmul(pool, w.o_proj, attn.data(), rows, out);
+}
+
+}  // namespace
+
+void gated_attention_mixer(const ModelConfig& c, const AttentionWeights& w, const float* rope_inv_freq, int slot,
+                           const std::vector<SequenceRows>& seqs, const float* x, int64_t rows, float* out,
+                           ThreadPool& pool) {
+  std::vector<CacheRows> caches;
+  for (const SequenceRows& seq : seqs) caches.push_back({&seq.state->kv[size_t(slot)], seq.state->pos, seq.row0, seq.n});
+  attention_over(c, w, rope_inv_freq, caches, x, rows, out, pool);
+}
+
+void gated_attention_mixer(const ModelConfig& c, const AttentionWeights& w, const float* rope_inv_freq,
+                           KvCache& cache, int64_t pos0, const float* x, int64_t n, float* out, ThreadPool& pool) {
+  attention_over(c, w, rope_inv_freq, {{&cache, pos0, 0, n}}, x, n, out, pool);
 }
 
 }  // namespace flashmoe::cpu

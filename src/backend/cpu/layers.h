@@ -29,6 +29,10 @@ struct SequenceRows {
 void gated_attention_mixer(const ModelConfig& c, const AttentionWeights& w, const float* rope_inv_freq, int slot,
                            const std::vector<SequenceRows>& seqs, const float* x, int64_t rows, float* out,
                            ThreadPool& pool);
+// The same for one sequence's n rows through `cache` from position pos0 (the
+// MTP head's own cache).
+void gated_attention_mixer(const ModelConfig& c, const AttentionWeights& w, const float* rope_inv_freq,
+                           KvCache& cache, int64_t pos0, const float* x, int64_t n, float* out, ThreadPool& pool);
 
 // MixerKind::GatedDeltaNet (delta_net_mixer.cpp): causal conv + SiLU, the
 // delta-rule recurrence over each sequence's states `slot`, gated RMSNorm,
