@@ -17,14 +17,11 @@ namespace {
 void rows_kernel(const Matrix& W, int64_t r0, int64_t r1, const float* x, int64_t n, int64_t ldx,
                  float* y, int64_t ldy, std::vector<float>& buf) {
   if (n == 1 && W.quantized()) {
-    if (int8_dot_supported(cpu_level(), W)) {
-      // The token is quantised once per call (per group, as W is), then
-      // every row is an int8 product (matrix_rows_vnni.cpp).
-      thread_local Int8Activations xq;
-      quantize_activations(x, W.cols, W.group, xq);
-      for (int64_t r = r0; r < r1; ++r) y[r] = quant_dot_row_int8_at(CpuLevel::Avx512Vnni, W, r, xq);
-      return;
-    }
+    // fp32 activations against the stored codes, also at the avx512vnni
+    // level: its int8 products (quant_dot_row_int8_at) gained 0-8% on the
+    // memory-bound 35B shape and nothing on coder-mini, and rounding the
+    // activations to int8 made the CPU's greedy ids part from the GPU's
+    // (bench/NOTES.md, "int8 activations").
     for (int64_t r = r0; r < r1; ++r) y[r] = quant_dot_row(W, r, x);
     return;
   }
