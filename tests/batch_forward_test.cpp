@@ -178,8 +178,10 @@ TEST(BatchForwardCoderMini, NineSequencesEqualTheirRunsAlone) {
   const std::string dir = source_path("models/coder-mini");
   auto model = QwenModel::load(dir + "/model");
   RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
-  const bool sanitized = std::getenv("FLASHMOE_SANITIZER") != nullptr;
-  std::vector<Plan> plans = make_plans(ids.ids, {}, sanitized ? 3 : 8);
+  // The full plan under the sanitizers too (14 s there): with the shorter
+  // one (3) the test's step loop did not end (a test-driver bug, found at
+  // the merge of 2026-12-01; not looked into further).
+  std::vector<Plan> plans = make_plans(ids.ids, {}, 8);
   expect_batched_equals_alone(*model, plans);
 }
 
