@@ -60,6 +60,20 @@ void CudaModel::Impl::put_ids(CudaState::Impl& s, const int32_t* ids, int64_t n)
   CK(cudaMemcpyAsync(s.d_base, pinned_ids + n, 4, cudaMemcpyHostToDevice, stream));
 }
 
+PrefillState CudaModel::Impl::prefill_state(CudaState::Impl& s) const {
+  PrefillState ps;
+  ps.kvl = &s.kvl;
+  ps.conv = &s.conv;
+  ps.ssm = &s.ssm;
+  ps.kvt = s.kvt;
+  ps.ns = s.ns;
+  ps.el = s.el;
+  ps.d_pos = s.d_pos;
+  ps.scores = s.scores;
+  ps.attn_split = attn_blocks(s.cap, s.hd);
+  return ps;
+}
+
 void CudaModel::forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits) const {
   Impl& m = *p_;
   CudaState::Impl& s = *st.p_;
@@ -72,16 +86,7 @@ void CudaModel::forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode
     const int64_t len = std::min<int64_t>(kRing - 1, n - b);
     m.put_ids(s, ids + b, len);
     if (pf) {
-      PrefillState ps;
-      ps.kvl = &s.kvl;
-      ps.conv = &s.conv;
-      ps.ssm = &s.ssm;
-      ps.kvt = s.kvt;
-      ps.ns = s.ns;
-      ps.el = s.el;
-      ps.d_pos = s.d_pos;
-      ps.scores = s.scores;
-      ps.attn_split = m.attn_blocks(s.cap, s.hd);
+      PrefillState ps = m.prefill_state(s);
       for (int64_t c0 = 0; c0 < len; c0 += pf->max_tokens()) {
         const int T = int(std::min<int64_t>(pf->max_tokens(), len - c0));
         pf->run(ps, s.d_ids + c0, T, s.pos);

@@ -41,16 +41,7 @@ void CudaModel::forward_batch(const CudaBatchItem* items, int64_t count) const {
       const CudaBatchItem& it = *single[g0 + size_t(b)];
       CudaState::Impl& s = *it.state->p_;
       m.ensure_cap(s, s.pos + 1);
-      PrefillState& ps = seqs[size_t(b)];
-      ps.kvl = &s.kvl;
-      ps.conv = &s.conv;
-      ps.ssm = &s.ssm;
-      ps.kvt = s.kvt;
-      ps.ns = s.ns;
-      ps.el = s.el;
-      ps.d_pos = s.d_pos;
-      ps.scores = s.scores;
-      ps.attn_split = m.attn_blocks(s.cap, s.hd);
+      seqs[size_t(b)] = m.prefill_state(s);
       ids[size_t(b)] = it.ids[0];
       dst[size_t(b)] = it.mode == LogitsMode::None ? nullptr : it.logits;
     }

@@ -202,6 +202,9 @@ struct CudaModel::Impl : Launcher {
   Prefill* batched();
   // Puts ids[0..n) into the device ring at positions pos.. (base = pos).
   void put_ids(CudaState::Impl& s, const int32_t* ids, int64_t n);
+  // What the batched prefill reads and writes of state s (its KV layers,
+  // conv and delta states, retention scores, position).
+  PrefillState prefill_state(CudaState::Impl& s) const;
 };
 
 // The Impl of a CudaModel, and a new empty CudaModel: for the units of this
