@@ -245,7 +245,7 @@ void run_bandwidth(int threads) {
   std::printf("%s: %.1f GB/s\n", bw.what.c_str(), bw.gbps);
 }
 
-Registrar reg(40, [](CLI::App& app) {
+Registrar reg_bench(40, [](CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Measure prompt processing (pp) and generation (tg) speed");
   auto opt = std::make_shared<ModelOptions>();
   auto pp = std::make_shared<int>(512);

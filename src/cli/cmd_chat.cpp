@@ -53,7 +53,7 @@ bool read_line(bool tty, std::string* out) {
   return true;
 }
 
-Registrar reg(21, [](CLI::App& app) {
+Registrar reg_chat(21, [](CLI::App& app) {
   auto* cmd = app.add_subcommand("chat", "Interactive chat (/reset starts over, /quit leaves, Ctrl-C stops an answer)");
   auto a = std::make_shared<ChatArgs>();
   add_model_options(cmd, &a->model);

@@ -38,7 +38,7 @@ void setup_chat_template(CLI::App& app) {
   });
 }
 
-const Registrar reg(52, setup_chat_template);
+const Registrar reg_chat_template(52, setup_chat_template);
 
 }  // namespace
 }  // namespace flashmoe::cli

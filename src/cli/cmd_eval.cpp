@@ -109,7 +109,7 @@ void run_eval(ModelOptions& mo, const EvalArgs& a) {
     std::fputs(text.c_str(), stdout);
 }
 
-Registrar reg(35, [](CLI::App& app) {
+Registrar reg_eval(35, [](CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "eval",
       "Measure a KV-cache configuration's quality: perplexity, mean KL vs the f32 full cache, recall.\n"

@@ -11,7 +11,7 @@
 namespace flashmoe::cli {
 namespace {
 
-Registrar reg(11, [](CLI::App& app) {
+Registrar reg_generate(11, [](CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Continue a prompt given as token ids");
   auto opt = std::make_shared<ModelOptions>();
   auto ids = std::make_shared<std::string>();

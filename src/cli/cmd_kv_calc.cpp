@@ -42,7 +42,7 @@ void run_kv_calc(const KvCalcArgs& a) {
   std::fputs(kv_calc_report(m, name, kv, parse_context_list(a.contexts)).c_str(), stdout);
 }
 
-const Registrar reg(80, [](CLI::App& app) {
+const Registrar reg_kv_calc(80, [](CLI::App& app) {
   auto args = std::make_shared<KvCalcArgs>();
   CLI::App* cmd = app.add_subcommand("kv-calc", "KV cache and GatedDeltaNet state memory per conversation");
   cmd->add_option("-m,--model", args->model, "model directory, config.json or .gguf file");

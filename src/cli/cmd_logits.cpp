@@ -8,7 +8,7 @@
 namespace flashmoe::cli {
 namespace {
 
-Registrar reg(10, [](CLI::App& app) {
+Registrar reg_logits(10, [](CLI::App& app) {
   auto* cmd = app.add_subcommand("logits", "Run token ids as one prompt and write the logits of every position");
   auto opt = std::make_shared<ModelOptions>();
   auto ids = std::make_shared<std::string>();

@@ -18,7 +18,7 @@ struct RunArgs {
   bool chat = false, no_think = false, show_prompt = false;
 };
 
-Registrar reg(20, [](CLI::App& app) {
+Registrar reg_run(20, [](CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "Generate text from a prompt, streamed to stdout");
   auto a = std::make_shared<RunArgs>();
   add_model_options(cmd, &a->model);

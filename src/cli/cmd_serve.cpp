@@ -71,7 +71,7 @@ std::string model_id(const std::string& path) {
   return id.empty() || id == "." ? "model" : id;
 }
 
-Registrar reg(30, [](CLI::App& app) {
+Registrar reg_serve(30, [](CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (chat/completions, completions, models, metrics)");
   auto a = std::make_shared<ServeArgs>();
   add_model_options(cmd, &a->model);
