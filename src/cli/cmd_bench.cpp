@@ -48,6 +48,7 @@ std::unique_ptr<Backend> synthetic_model(const ModelOptions& opt, const std::str
     c.layer_kinds.resize(size_t(layers));
     c.layer_is_moe.resize(size_t(layers));
   }
+  if (opt.experts.experts_per_token > 0) limit_experts_per_token(&c, opt.experts.experts_per_token);
   const QuantKind q = parse_expert_format(experts, "bench --experts");
   *what = "synthetic " + preset + " (random bf16 weights" +
           (q == QuantKind::None ? std::string() : ", " + experts + " experts in groups of " + std::to_string(group)) +
@@ -313,6 +314,8 @@ Registrar reg(40, [](CLI::App& app) {
     if (ly->count()) fail("bench: --layers is for --synthetic (a model from -m runs all its layers)");
     std::unique_ptr<Backend> b = load_model(*opt);
     run_bench(*opt, *b, opt->model_dir, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch);
+    // The measured runs' expert reads (the counters restart after the warm-up run).
+    print_expert_stats(*opt, *b, "measured runs:");
   });
 });
 
