@@ -93,4 +93,24 @@ TEST(SyntheticPack, SmallShapeLoadsAndStreams) {
   EXPECT_GT(st.read_s, 0.0);
 }
 
+TEST(SyntheticPack, CliErrorsNameWhatIsWrong) {
+  TempDir tmp;
+  const std::string out = " -o " + tmp.path + "/x";
+  CmdResult r = run_flashmoe("pack" + out);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("give a model with -m/--model, or --synthetic PRESET"), std::string::npos) << r.err;
+  r = run_flashmoe("pack --synthetic qwen3-next-80b-a3b --experts q4" + out);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("is not a Qwen3.5 size"), std::string::npos) << r.err;
+  r = run_flashmoe("pack --synthetic qwen3.5-397b-a17b --layers 61 --experts q4" + out);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--layers 61 is more than qwen3.5-397b-a17b's 60 layers"), std::string::npos) << r.err;
+  r = run_flashmoe("pack -m " + fixture_dir("tiny-qwen35moe") + "/model --layers 2" + out);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--layers is for --synthetic"), std::string::npos) << r.err;
+  r = run_flashmoe("pack --synthetic qwen3.5-397b-a17b --experts fp8 --layers 1" + out);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("pick bf16, q8 or q4"), std::string::npos) << r.err;
+}
+
 }  // namespace

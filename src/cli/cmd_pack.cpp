@@ -4,6 +4,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <functional>
 
 #include "cli/command.h"
 #include "cli/validators.h"
@@ -69,6 +70,22 @@ Registrar reg(20, [](CLI::App& app) {
                    tty && done < total ? "" : "\n");
       std::fflush(stderr);
     };
+    // A pack stopped by SIGINT / SIGTERM ends by that signal (see catch_stop_signals).
+    auto run_pack = [&](const std::function<void()>& pack) {
+      opt.stop = &g_pack_signal;
+      catch_stop_signals();
+      try {
+        pack();
+      } catch (const Error& e) {
+        if (const int sig = g_pack_signal) {
+          std::fprintf(stderr, "%sflashmoe: error: %s\n", tty ? "\n" : "", e.what());
+          std::fflush(stderr);
+          std::signal(sig, SIG_DFL);
+          std::raise(sig);
+        }
+        throw;
+      }
+    };
     if (in->empty() == synthetic->empty())
       fail(in->empty() ? "pack: give a model with -m/--model, or --synthetic PRESET"
                        : "pack: give either -m/--model or --synthetic, not both");
@@ -85,9 +102,7 @@ Registrar reg(20, [](CLI::App& app) {
       }
       std::fprintf(stderr, "pack --synthetic %s: %d layers, experts %s, %.2f GiB to write\n", synthetic->c_str(),
                    int(c.num_layers), format->c_str(), double(synthetic_pack_bytes(c, opt)) / double(1ull << 30));
-      opt.stop = &g_pack_signal;
-      catch_stop_signals();
-      pack_synthetic(c, *out, opt, show_progress);
+      run_pack([&] { pack_synthetic(c, *out, opt, show_progress); });
       std::fprintf(stderr, "packed synthetic %s -> %s (experts %s)\n", synthetic->c_str(), out->c_str(), format->c_str());
       return;
     }
@@ -97,19 +112,7 @@ Registrar reg(20, [](CLI::App& app) {
       fail(*in + ": flashmoe pack does not read GGUF files yet (run the GGUF directly: -m " + *in + ")");
     for (const std::string* f : {&files.tokenizer_json, &files.tokenizer_config})
       if (!f->empty()) opt.extra_files.push_back(*f);
-    opt.stop = &g_pack_signal;
-    catch_stop_signals();
-    try {
-      pack_model(files.model_dir, *out, opt, show_progress);
-    } catch (const Error& e) {
-      if (const int sig = g_pack_signal) {
-        std::fprintf(stderr, "%sflashmoe: error: %s\n", tty ? "\n" : "", e.what());
-        std::fflush(stderr);
-        std::signal(sig, SIG_DFL);
-        std::raise(sig);
-      }
-      throw;
-    }
+    run_pack([&] { pack_model(files.model_dir, *out, opt, show_progress); });
     std::fprintf(stderr, "packed %s -> %s (experts %s)\n", in->c_str(), out->c_str(), format->c_str());
   });
 });
