@@ -52,7 +52,9 @@ std::unique_ptr<Backend> synthetic_model(const ModelOptions& opt, const std::str
   const QuantKind q = parse_expert_format(experts, "bench --experts");
   *what = "synthetic " + preset + " (random bf16 weights" +
           (q == QuantKind::None ? std::string() : ", " + experts + " experts in groups of " + std::to_string(group)) +
-          ", " + std::to_string(c.num_layers) + " layers)";
+          ", " + std::to_string(c.num_layers) + " layers" +
+          (opt.experts.experts_per_token > 0 ? ", --moe-top-k " + std::to_string(c.num_experts_per_tok) : std::string()) +
+          ")";
   if (d.device == "cpu") {
     ThreadPool pool(opt.threads);
     return synthetic_cpu_backend(c, q, group, pool);

@@ -51,7 +51,7 @@ void add_model_options(CLI::App* cmd, ModelOptions* opt, bool require_model) {
                   "top-k). Faster and reads fewer expert bytes, at a quality cost: docs/huge-models-ssd.md")
       ->type_name("K")
       ->check(integer_at_least(1));
-  cmd->add_flag("--stats", opt->stats, "Print expert-store statistics (hit rate, bytes and reads per token, I/O wait)");
+  cmd->add_flag("--stats", opt->stats, "Print expert-store statistics (hit rate, bytes and reads per token, I/O wait, the rate reads stream at)");
 }
 
 void finalize_model_options(ModelOptions* opt) {
