@@ -5,9 +5,10 @@
 #      reference) against `flashmoe logits --moe-top-k K`, CPU and CUDA, on
 #      coder-mini (own K 4, and K = 2, 1) and tiny-qwen35moe (K = 2):
 #      expected PASS, max |dlogit| <= 1e-3 on the CPU, <= 2e-3 on CUDA, and
-#      the change from K = 4 to K the same in both within 1e-3 (round 1,
-#      with HF loaded straight in fp32: 5.5e-3 / 8e-3 at K = 2 / 1, when HF
-#      and flashmoe already differed by 8.4e-3 at the model's own K = 4);
+#      the change from K = 4 to K the same in both within 1e-3. Rounds 1-2:
+#      FAIL at 5.5e-3 / 8e-3 for K = 2 / 1 because this HF set-up already
+#      differs from flashmoe by 8.4e-3 at the model's own K = 4 (unexplained;
+#      the committed coder-mini reference matches flashmoe to 1e-3);
 #   3. CudaMoeTopK.* (the CUDA routers at K < config vs the CPU, bf16 and q4
 #      experts) and MoeTopK.*: expected all OK;
 #   4. the 397B synthetic, q4 experts, 15 layers, tg32 at K = 10 and 4 (info).
