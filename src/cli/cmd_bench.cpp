@@ -48,10 +48,13 @@ std::unique_ptr<Backend> synthetic_model(const ModelOptions& opt, const std::str
     c.layer_kinds.resize(size_t(layers));
     c.layer_is_moe.resize(size_t(layers));
   }
+  if (opt.experts.experts_per_token > 0) limit_experts_per_token(&c, opt.experts.experts_per_token);
   const QuantKind q = parse_expert_format(experts, "bench --experts");
   *what = "synthetic " + preset + " (random bf16 weights" +
           (q == QuantKind::None ? std::string() : ", " + experts + " experts in groups of " + std::to_string(group)) +
-          ", " + std::to_string(c.num_layers) + " layers)";
+          ", " + std::to_string(c.num_layers) + " layers" +
+          (opt.experts.experts_per_token > 0 ? ", --moe-top-k " + std::to_string(c.num_experts_per_tok) : std::string()) +
+          ")";
   if (d.device == "cpu") {
     ThreadPool pool(opt.threads);
     return synthetic_cpu_backend(c, q, group, pool);
@@ -313,6 +316,8 @@ Registrar reg_bench(40, [](CLI::App& app) {
     if (ly->count()) fail("bench: --layers is for --synthetic (a model from -m runs all its layers)");
     std::unique_ptr<Backend> b = load_model(*opt);
     run_bench(*opt, *b, opt->model_dir, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch);
+    // The measured runs' expert reads (the counters restart after the warm-up run).
+    print_expert_stats(*opt, *b, "measured runs:");
   });
 });
 

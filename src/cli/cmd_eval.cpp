@@ -41,6 +41,14 @@ void run_eval(ModelOptions& mo, const EvalArgs& a) {
   if (!a.recall.empty()) items = load_recall_jsonl(a.recall);
 
   std::unique_ptr<Backend> backend = load_model(mo);
+  // With --moe-top-k the KL reference is the unmodified model: a second copy
+  // loaded at its own top-k (the routing is fixed at load).
+  std::unique_ptr<Backend> reference;
+  if (mo.experts.experts_per_token > 0 && !a.perplexity.empty()) {
+    ModelOptions own = mo;
+    own.experts.experts_per_token = 0;
+    reference = load_model(own);
+  }
   ThreadPool pool(mo.threads);
   const bool tty = !a.quiet;
   EvalProgress progress;
@@ -56,14 +64,20 @@ void run_eval(ModelOptions& mo, const EvalArgs& a) {
   const std::string device = backend->label();
   out["device"] = backend->kind();
   out["kv"] = mo.kv.describe();
+  const int64_t top_k = backend->config().num_experts_per_tok;
+  out["experts_per_token"] = top_k;
   std::string text;
   text += "model: " + paths.model_dir + "\ndevice: " + device + "\nkv: " + mo.kv.describe() + "\n";
+  if (reference)
+    text += "experts per token: " + std::to_string(top_k) + " (--moe-top-k; the model's own: " +
+            std::to_string(reference->config().num_experts_per_tok) + ")\n";
   size_t kv_bytes = 0;
   char buf[256];
   if (!a.perplexity.empty()) {
     PerplexityOptions po;
     po.window_tokens = a.window_tokens;
     po.max_windows = a.max_windows;
+    po.reference = reference.get();
     const PerplexityResult r = eval_perplexity(*backend, text_ids, mo.kv, pool, po, progress);
     if (tty) std::fprintf(stderr, "\n");
     out["perplexity"] = r.perplexity;
@@ -74,8 +88,9 @@ void run_eval(ModelOptions& mo, const EvalArgs& a) {
     std::snprintf(buf, sizeof buf, "perplexity: %.4f over %lld windows of %lld tokens (%lld positions)\n",
                   r.perplexity, (long long)r.windows, (long long)a.window_tokens, (long long)r.scored);
     text += buf;
-    std::snprintf(buf, sizeof buf, "mean KL vs f32 full: %.6g%s\n", r.mean_kl,
-                  is_reference_kv(mo.kv) ? " (this is the reference)" : "");
+    std::snprintf(buf, sizeof buf, "mean KL vs f32 full%s: %.6g%s\n",
+                  reference ? " at the model's own top-k" : "", r.mean_kl,
+                  is_reference_kv(mo.kv) && !reference ? " (this is the reference)" : "");
     text += buf;
   }
   if (!items.empty()) {
@@ -113,6 +128,7 @@ Registrar reg_eval(35, [](CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "eval",
       "Measure a KV-cache configuration's quality: perplexity, mean KL vs the f32 full cache, recall.\n"
+      "With --moe-top-k K: the KL reference is the model at its own top-k (loaded a second time).\n"
       "-m accepts the model directory (config.json + safetensors; tokenizer.json there or one level up)\n"
       "or the directory above a model/ subdirectory (e.g. -m models/coder-mini or -m models/coder-mini/model)");
   auto mo = std::make_shared<ModelOptions>();

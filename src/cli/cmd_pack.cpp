@@ -4,13 +4,16 @@
 
 #include <csignal>
 #include <cstdio>
+#include <functional>
 
 #include "cli/command.h"
 #include "cli/validators.h"
 #include "format/model_files.h"
 #include "core/error.h"
 #include "experts/expert_layout.h"
+#include "kv/presets.h"
 #include "model/pack_model.h"
+#include "model/synthetic_pack.h"
 
 namespace flashmoe::cli {
 namespace {
@@ -42,7 +45,15 @@ Registrar reg_pack(20, [](CLI::App& app) {
   auto out = std::make_shared<std::string>();
   auto format = std::make_shared<std::string>("bf16");
   auto group = std::make_shared<int>(64);
-  cmd->add_option("-m,--model", *in, "HF model directory (config.json + safetensors)")->required();
+  auto synthetic = std::make_shared<std::string>();
+  auto layers = std::make_shared<int>(0);
+  cmd->add_option("-m,--model", *in, "HF model directory (config.json + safetensors)");
+  cmd->add_option("--synthetic", *synthetic,
+                  "Instead of -m: write a packed model of a published Qwen3.5 size with random weights (qwen3.5-35b-a3b, "
+                  "qwen3.5-122b-a10b, qwen3.5-397b-a17b), one expert record at a time, to measure streaming at its "
+                  "record size; prints the bytes it will write first");
+  auto* ly = cmd->add_option("--layers", *layers, "With --synthetic: only the first N layers (0: all)")
+                 ->check(integer_between(0, 2147483647));
   cmd->add_option("-o,--output", *out, "Output directory (must not exist)")->required();
   cmd->add_option("--experts", *format, "Expert format: bf16 (default), q8, q4 (group-wise affine, MLX layout), fp8 (an FP8 checkpoint's experts as stored)");
   cmd->add_option("--group", *group, "Quantisation group size along the input dimension (default 64)")
@@ -52,30 +63,56 @@ Registrar reg_pack(20, [](CLI::App& app) {
     opt.experts = parse_expert_format(*format, "--experts");
     opt.group = *group;
     const bool tty = ::isatty(2);
+    auto show_progress = [&](int64_t done, int64_t total) {
+      const int width = 30, filled = int(width * done / total);
+      std::fprintf(stderr, "%spacking experts [%.*s%*s] %lld/%lld layers%s", tty ? "\r" : "", filled,
+                   "##############################", width - filled, "", (long long)done, (long long)total,
+                   tty && done < total ? "" : "\n");
+      std::fflush(stderr);
+    };
+    // A pack stopped by SIGINT / SIGTERM ends by that signal (see catch_stop_signals).
+    auto run_pack = [&](const std::function<void()>& pack) {
+      opt.stop = &g_pack_signal;
+      catch_stop_signals();
+      try {
+        pack();
+      } catch (const Error& e) {
+        if (const int sig = g_pack_signal) {
+          std::fprintf(stderr, "%sflashmoe: error: %s\n", tty ? "\n" : "", e.what());
+          std::fflush(stderr);
+          std::signal(sig, SIG_DFL);
+          std::raise(sig);
+        }
+        throw;
+      }
+    };
+    if (in->empty() == synthetic->empty())
+      fail(in->empty() ? "pack: give a model with -m/--model, or --synthetic PRESET"
+                       : "pack: give either -m/--model or --synthetic, not both");
+    if (!synthetic->empty()) {
+      ModelConfig c = model_preset(*synthetic);
+      if (c.family != Family::Qwen35) fail("pack --synthetic: " + *synthetic + " is not a Qwen3.5 size (pick a qwen3.5-* preset)");
+      if (*layers > c.num_layers)
+        fail("pack: --layers " + std::to_string(*layers) + " is more than " + *synthetic + "'s " +
+             std::to_string(c.num_layers) + " layers");
+      if (*layers > 0) {
+        c.num_layers = *layers;
+        c.layer_kinds.resize(size_t(*layers));
+        c.layer_is_moe.resize(size_t(*layers));
+      }
+      std::fprintf(stderr, "pack --synthetic %s: %d layers, experts %s, %.2f GiB to write\n", synthetic->c_str(),
+                   int(c.num_layers), format->c_str(), double(synthetic_pack_bytes(c, opt)) / double(1ull << 30));
+      run_pack([&] { pack_synthetic(c, *out, opt, show_progress); });
+      std::fprintf(stderr, "packed synthetic %s -> %s (experts %s)\n", synthetic->c_str(), out->c_str(), format->c_str());
+      return;
+    }
+    if (ly->count()) fail("pack: --layers is for --synthetic (a checkpoint is packed whole)");
     const ModelFiles files = resolve_model_files(*in);
     if (!files.gguf.empty())
       fail(*in + ": flashmoe pack does not read GGUF files yet (run the GGUF directly: -m " + *in + ")");
     for (const std::string* f : {&files.tokenizer_json, &files.tokenizer_config})
       if (!f->empty()) opt.extra_files.push_back(*f);
-    opt.stop = &g_pack_signal;
-    catch_stop_signals();
-    try {
-      pack_model(files.model_dir, *out, opt, [&](int64_t done, int64_t total) {
-        const int width = 30, filled = int(width * done / total);
-        std::fprintf(stderr, "%spacking experts [%.*s%*s] %lld/%lld layers%s", tty ? "\r" : "", filled,
-                     "##############################", width - filled, "", (long long)done, (long long)total,
-                     tty && done < total ? "" : "\n");
-        std::fflush(stderr);
-      });
-    } catch (const Error& e) {
-      if (const int sig = g_pack_signal) {
-        std::fprintf(stderr, "%sflashmoe: error: %s\n", tty ? "\n" : "", e.what());
-        std::fflush(stderr);
-        std::signal(sig, SIG_DFL);
-        std::raise(sig);
-      }
-      throw;
-    }
+    run_pack([&] { pack_model(files.model_dir, *out, opt, show_progress); });
     std::fprintf(stderr, "packed %s -> %s (experts %s)\n", in->c_str(), out->c_str(), format->c_str());
   });
 });

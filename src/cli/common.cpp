@@ -45,7 +45,13 @@ void add_model_options(CLI::App* cmd, ModelOptions* opt, bool require_model) {
                   "all expert bytes (default: all of them); the others are read from the model's files when chosen "
                   "(each step waits for them; prompts go in chunks of host slots / top-k tokens)")
       ->type_name("GB|N%");
-  cmd->add_flag("--stats", opt->stats, "Print expert-store statistics (hit rate, bytes and reads per token, I/O wait)");
+  cmd->add_option("--moe-top-k", opt->experts.experts_per_token,
+                  "Route each token to its K most probable experts instead of the model's num_experts_per_tok "
+                  "(1 <= K <= that value; the kept router weights are renormalised as the model renormalises its own "
+                  "top-k). Faster and reads fewer expert bytes, at a quality cost: docs/huge-models-ssd.md")
+      ->type_name("K")
+      ->check(integer_at_least(1));
+  cmd->add_flag("--stats", opt->stats, "Print expert-store statistics (hit rate, bytes and reads per token, I/O wait, the rate reads stream at)");
 }
 
 void finalize_model_options(ModelOptions* opt) {

@@ -68,7 +68,10 @@ PerplexityResult eval_perplexity(const Backend& model, const std::vector<int32_t
   if (opt.max_windows > 0) n_win = std::min(n_win, opt.max_windows);
 
   const int64_t V = model.config().vocab_size;
-  const bool do_kl = opt.kl && !is_reference_kv(kv);
+  const bool do_kl = opt.kl && (!is_reference_kv(kv) || opt.reference);
+  const Backend& ref_model = opt.reference ? *opt.reference : model;
+  if (ref_model.config().vocab_size != model.config().vocab_size)
+    fail("eval: the reference model's vocabulary differs from the measured model's");
   const KvConfig ref_kv{};
   PerplexityResult r;
   double nll = 0, kl = 0;
@@ -85,7 +88,7 @@ PerplexityResult eval_perplexity(const Backend& model, const std::vector<int32_t
     r.kv_bytes = std::max(r.kv_bytes, eval_kv_bytes(model.config(), kv, W));
     for (int64_t i = 0; i + 1 < W; ++i) nll += nll_of(logits.data() + i * V, V, win[size_t(i + 1)]);
     if (do_kl) {
-      Session ref(model, ref_kv, pool);
+      Session ref(ref_model, ref_kv, pool);
       const std::vector<float> ref_logits = ref.feed_all(win);
       for (int64_t i = 0; i + 1 < W; ++i) kl += kl_of(ref_logits.data() + i * V, logits.data() + i * V, V);
     }

@@ -28,6 +28,11 @@ struct PerplexityOptions {
   int64_t window_tokens = 2048;
   int64_t max_windows = 0;  // 0: every full window of the text
   bool kl = true;           // also run the f32-full reference and measure KL
+  // Where the f32-full reference runs; null: on the measured backend. Another
+  // backend when the measured one changes the model itself (eval --moe-top-k:
+  // the reference is the model at its own top-k); KL is then measured even
+  // for the f32-full cache.
+  const Backend* reference = nullptr;
 };
 
 struct PerplexityResult {
@@ -44,8 +49,8 @@ struct PerplexityResult {
 // token i+1 given tokens 0..i, and (unless kv is the reference) the KL of
 // the next-token distribution against an f32 full-cache session over the
 // same window. Throws Error when the text is shorter than one window or the
-// window exceeds the model's context. Every session, the reference
-// included, runs on `model`'s backend.
+// window exceeds the model's context. Every session runs on `model`'s
+// backend, the reference too unless opt.reference names another.
 PerplexityResult eval_perplexity(const Backend& model, const std::vector<int32_t>& ids, const KvConfig& kv,
                                  ThreadPool& pool, const PerplexityOptions& opt, const EvalProgress& progress = {});
 

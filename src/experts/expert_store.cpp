@@ -22,10 +22,11 @@ std::string format_expert_stats(const ExpertStats& s, int64_t layers_moe, int64_
   std::snprintf(buf, sizeof buf,
                 "experts: %llu tokens, %llu fetched, hit rate %.1f%%, %llu reads (%.1f per token), "
                 "%.2f MiB read (%.3f MiB per token; ideal top-k x expert x layers = %.3f MiB), "
-                "I/O wait %.3f s, cache %.1f / %.1f MiB",
+                "I/O wait %.3f s, reads in flight %.3f s (%.1f MiB/s), cache %.1f / %.1f MiB",
                 (unsigned long long)s.tokens, (unsigned long long)s.requested, hit, (unsigned long long)s.misses,
                 double(s.misses) / tok, double(s.bytes_read) / 1048576.0, double(s.bytes_read) / tok / 1048576.0,
-                ideal / 1048576.0, s.io_wait_s, double(s.cache_bytes) / 1048576.0, double(s.cache_capacity) / 1048576.0);
+                ideal / 1048576.0, s.io_wait_s, s.read_s,
+                s.read_s > 0 ? double(s.bytes_read) / 1048576.0 / s.read_s : 0.0, double(s.cache_bytes) / 1048576.0, double(s.cache_capacity) / 1048576.0);
   return buf;
 }
 

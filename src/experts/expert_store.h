@@ -24,6 +24,7 @@ struct ExpertOptions {
   int io_threads = 4;
   bool direct_io = false;      // O_DIRECT reads (cold-cache measurements); falls back when unsupported
   double max_memory_gb = 0;    // whole-process budget; 0: none
+  int64_t experts_per_token = 0;  // --moe-top-k: fewer routed experts per token (limit_experts_per_token); 0: the model's own
 };
 
 struct ExpertStats {
@@ -32,6 +33,10 @@ struct ExpertStats {
   uint64_t hits = 0, misses = 0;   // served from the own cache / read from disk
   uint64_t bytes_read = 0;
   double io_wait_s = 0;            // time the forward pass spent waiting for reads
+  // Wall time reads were in flight: per fetch, from submitting its misses to
+  // the last one landing (checksum included); bytes_read / read_s is the
+  // rate the store streams at, to set beside the disk's own.
+  double read_s = 0;
   uint64_t cache_bytes = 0, cache_capacity = 0;
   uint64_t expert_bytes = 0;       // one expert's record
 };

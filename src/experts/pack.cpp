@@ -21,8 +21,6 @@
 
 namespace flashmoe {
 
-namespace {
-
 void write_all(int fd, const void* p, size_t n, uint64_t off, const std::string& path) {
   const uint8_t* b = static_cast<const uint8_t*>(p);
   while (n > 0) {
@@ -64,6 +62,8 @@ void remove_tree(const std::string& dir) {
   }
   ::rmdir(dir.c_str());
 }
+
+namespace {
 
 // Files besides the weights that a model directory carries (config, tokenizer,
 // generation defaults); copied as they are.

@@ -28,6 +28,13 @@ struct PackOptions {
   const volatile std::sig_atomic_t* stop = nullptr;
 };
 
+// pwrite()s all n bytes of p at offset `off` of fd; throws Error naming `path`.
+void write_all(int fd, const void* p, size_t n, uint64_t off, const std::string& path);
+// Writes `text` to `path` and fsyncs it; throws Error naming the file.
+void write_text(const std::string& path, const std::string& text);
+// Removes `dir` and everything under it (a failed pack's temporary directory).
+void remove_tree(const std::string& dir);
+
 // progress(done, total) is called after each expert layer.
 using PackProgress = std::function<void(int64_t done, int64_t total)>;
 

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -155,12 +156,19 @@ class StreamingStore : public ExpertStore {
     // Every miss is one read on the I/O threads; the caller's own work runs meanwhile.
     std::vector<std::string> errors(miss.size());
     std::latch done(std::ptrdiff_t(miss.size()));
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point submitted = Clock::now();
+    std::atomic<Clock::rep> last_landed{submitted.time_since_epoch().count()};
     for (size_t j = 0; j < miss.size(); ++j)
       io_.submit([&, j] {
         try {
           b.pins[miss[j]] = read_expert(*pl, ids[miss[j]]);
         } catch (const std::exception& err) {
           errors[j] = err.what();
+        }
+        const Clock::rep now = Clock::now().time_since_epoch().count();
+        Clock::rep seen = last_landed.load();
+        while (seen < now && !last_landed.compare_exchange_weak(seen, now)) {
         }
         done.count_down();
       });
@@ -175,6 +183,7 @@ class StreamingStore : public ExpertStore {
     const auto t0 = std::chrono::steady_clock::now();
     done.wait();
     stats_.io_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats_.read_s += std::chrono::duration<double>(Clock::duration(last_landed.load()) - submitted.time_since_epoch()).count();
     for (const auto& err : errors)
       if (!err.empty()) fail(err);
     stats_.bytes_read += miss.size() * m_.layout.bytes;

@@ -193,4 +193,12 @@ ModelConfig load_model_config(const std::string& dir_or_file) {
   return parse_model_config(read_text_file(path), path);
 }
 
+void limit_experts_per_token(ModelConfig* c, int64_t k) {
+  if (c->num_experts == 0) fail("--moe-top-k: this model has no routed experts");
+  if (k < 1 || k > c->num_experts_per_tok)
+    fail("--moe-top-k " + std::to_string(k) + ": must be between 1 and the model's num_experts_per_tok (" +
+         std::to_string(c->num_experts_per_tok) + ")");
+  c->num_experts_per_tok = k;
+}
+
 }  // namespace flashmoe

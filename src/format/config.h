@@ -53,4 +53,11 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
 // Reads DIR/config.json (or a config.json path).
 ModelConfig load_model_config(const std::string& dir_or_file);
 
+// --moe-top-k K: route each token to its K most probable experts instead of
+// the num_experts_per_tok the model was trained with, by lowering that field,
+// which every router reads (the kept weights are renormalised over the K when
+// the model renormalises its own top-k). Throws Error naming the option when
+// K < 1, K exceeds the model's value, or the model has no routed experts.
+void limit_experts_per_token(ModelConfig* c, int64_t k);
+
 }  // namespace flashmoe

@@ -14,10 +14,13 @@ QwenModel::QwenModel(const std::string& dir, const ExpertOptions& experts) {
   if (is_gguf_path(dir)) {
     gguf_ = std::make_unique<GgufModel>(dir);
     cfg_ = gguf_model_config(*gguf_);
+    if (experts.experts_per_token > 0) limit_experts_per_token(&cfg_, experts.experts_per_token);
     w_ = load_gguf_weights(*gguf_, cfg_);
     store_ = open_gguf_expert_store(*gguf_, cfg_, w_, experts);
   } else {
     cfg_ = load_model_config(dir);
+    // Before the store is opened: its memory budget counts one token's experts.
+    if (experts.experts_per_token > 0) limit_experts_per_token(&cfg_, experts.experts_per_token);
     ck_.emplace(dir);
     w_ = load_weights(*ck_, cfg_, /*with_experts=*/!is_packed_dir(dir));
     store_ = open_expert_store(dir, cfg_, *ck_, w_, experts);
