@@ -443,11 +443,13 @@ TEST(CudaTiers, DiskTierMatchesTheCpu) {
   // Host slots for half the experts: 2 tokens' choices (top-4 of 16), so
   // prompts go token by token; for 3/4: chunks of 3 through the batched
   // prefill, each chunk's experts read in after its routing.
+  // (The host holds only experts outside VRAM unless its slots are fewer than
+  // those: with 3/4 of them in host slots, 1/8 in VRAM keeps the disk tier.)
   struct Case {
     QuantKind q;
-    double host;
+    double host, vram;
   };
-  for (Case cs : {Case{QuantKind::None, 0.5}, Case{QuantKind::Q4, 0.5}, Case{QuantKind::Q4, 0.75}}) {
+  for (Case cs : {Case{QuantKind::None, 0.5, 0.25}, Case{QuantKind::Q4, 0.5, 0.25}, Case{QuantKind::Q4, 0.75, 0.125}}) {
     const QuantKind q = cs.q;
     PackOptions po;
     po.experts = q;
@@ -462,12 +464,13 @@ TEST(CudaTiers, DiskTierMatchesTheCpu) {
     int64_t moe = 0;
     for (bool b : model->config().layer_is_moe) moe += b ? 1 : 0;
     CudaOptions o;
-    o.expert_cache_fraction = 0.25;
+    o.expert_cache_fraction = cs.vram;
     o.host_cache_fraction = cs.host;
     auto disk = CudaModel::upload(*model, o);
     const CudaTierStats t0 = disk->tier_stats();
     ASSERT_TRUE(t0.enabled);
-    EXPECT_EQ(t0.slots_per_layer, E / 4);
+    EXPECT_TRUE(t0.disk);
+    EXPECT_EQ(t0.slots_per_layer, int(E * cs.vram));
     EXPECT_EQ(t0.host_slots_per_layer, int(E * cs.host));
     Session c(cpu_of(*model), KvConfig{}, pool), g(gpu_view(*model, *disk), KvConfig{}, pool);
     const std::vector<float> a = c.feed_all(ids.ids), b = g.feed_all(ids.ids);
@@ -662,6 +665,13 @@ TEST(CudaTiers, SameLogitsAndCountersAtEveryCacheSize) {
       s3.greedy(24);
       const CudaTierStats t3 = cm->tier_stats();
       EXPECT_GT(double(t3.vram_hits) / double(t3.vram_hits + t3.host_hits), frac) << "cache " << frac;
+      // The promotions swapped experts between VRAM and host memory (each
+      // expert in one tier): the logits are still bitwise the all-in-VRAM ones.
+      EXPECT_FALSE(t3.disk);
+      EXPECT_EQ(t3.host_slots_per_layer, E - int(frac * E));
+      Session s4(gpu_view(*model, *cm), KvConfig{}, pool);
+      const std::vector<float> again = s4.feed_all(ids.ids);
+      EXPECT_EQ(max_abs_diff(again.data(), want.data(), again.size()), 0.0f) << "cache " << frac << " after swaps";
       std::printf("[cuda-tiers] cache %.0f%%, again: vram %llu, host %llu\n", 100 * frac,
                   (unsigned long long)t3.vram_hits, (unsigned long long)t3.host_hits);
     }
@@ -696,6 +706,19 @@ TEST(CudaCli, GpuExpertCacheRunsAndReportsTiers) {
   EXPECT_EQ(g.code, 0) << g.err;
   EXPECT_EQ(c.out, g.out);
   EXPECT_NE(g.err.find("choices served: vram"), std::string::npos) << g.err;
+  EXPECT_NE(g.err.find("memory plan (made before allocating)"), std::string::npos) << g.err;
+  EXPECT_NE(g.err.find("4 of 16 per layer"), std::string::npos) << g.err;
+  // auto (the default): coder-mini fits, so every expert is in VRAM; the plan says so.
+  CmdResult a = run_flashmoe("generate -m " + m + " --ids 1,2,3 -n 12 --device cuda --gpu-expert-cache auto --stats");
+  EXPECT_EQ(a.code, 0) << a.err;
+  EXPECT_EQ(c.out, a.out);
+  EXPECT_NE(a.err.find("16 of 16 per layer"), std::string::npos) << a.err;
+  EXPECT_NE(a.err.find("gpu expert cache: off"), std::string::npos) << a.err;
+  // A synthetic model that fits neither VRAM nor host memory: one error naming the numbers, no OOM kill.
+  CmdResult big = run_flashmoe("bench --device cuda --synthetic qwen3.5-397b-a17b -p 0 -n 1 -r 1 --gpu-expert-cache 0");
+  EXPECT_NE(big.code, 0);
+  EXPECT_NE(big.err.find("does not fit"), std::string::npos) << big.err;
+  EXPECT_NE(big.err.find("--layers"), std::string::npos) << big.err;
 }
 
 TEST(CudaCli, DiskTierRunsAndReportsTiers) {
