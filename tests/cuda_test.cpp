@@ -326,6 +326,47 @@ TEST(CudaSynthetic, BatchedPrefillMatchesTokenByTokenAt35bShapes) {
   }
 }
 
+// A synthetic model whose q4 experts do not all get VRAM (a memory plan's
+// slots): each layer's experts are generated in VRAM staging and moved to
+// their tier (VRAM slots, pinned host slots), so the model equals the
+// all-in-VRAM one built from the same seed: bitwise the same logits and
+// greedy ids, every choice counted once in one of the two tiers.
+TEST(CudaTiers, SyntheticExpertsGeneratedWhereTheyLive) {
+  REQUIRE_GPU();
+  ModelConfig c = model_preset("qwen3.5-35b-a3b");
+  c.num_layers = 4;
+  c.layer_kinds.resize(4);
+  c.layer_is_moe.resize(4);
+  CudaSyntheticOptions q4;
+  q4.experts = QuantKind::Q4;
+  auto full = cuda_synthetic_model(c, 7, {}, q4);
+  CudaOptions o;
+  o.plan_vram_slots = 100;  // of 256
+  auto tiered = cuda_synthetic_model(c, 7, o, q4);
+  const CudaTierStats t0 = tiered->tier_stats();
+  ASSERT_TRUE(t0.enabled);
+  EXPECT_FALSE(t0.disk);
+  EXPECT_EQ(t0.slots_per_layer, 100);
+  EXPECT_EQ(t0.host_slots_per_layer, 156);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back(int32_t((i * 7919 + 13) % c.vocab_size));
+  const int64_t V = c.vocab_size;
+  auto sa = full->new_state(KvConfig{});
+  auto sb = tiered->new_state(KvConfig{});
+  std::vector<float> x(static_cast<size_t>(V)), y(static_cast<size_t>(V));
+  full->forward(*sa, ids.data(), int64_t(ids.size()), LogitsMode::Last, x.data());
+  tiered->forward(*sb, ids.data(), int64_t(ids.size()), LogitsMode::Last, y.data());
+  EXPECT_EQ(max_abs_diff(x.data(), y.data(), x.size()), 0.0f);
+  std::vector<int32_t> ga(24), gb(24);
+  full->decode_greedy(*sa, ids.back(), 24, ga.data());
+  tiered->decode_greedy(*sb, ids.back(), 24, gb.data());
+  EXPECT_EQ(ga, gb);
+  const CudaTierStats t = tiered->tier_stats();
+  EXPECT_EQ(t.vram_hits + t.host_hits, uint64_t(40 + 24) * uint64_t(c.num_experts_per_tok) * 4u);
+  EXPECT_GT(t.vram_hits, 0u);
+  EXPECT_GT(t.host_hits, 0u);
+}
+
 // An MLX-style checkpoint with every linear weight quantised (embeddings,
 // lm_head, projections, shared and routed experts; q4 and q8, groups of 64)
 // runs on the GPU: the routed experts as codes, the rest dequantised to
