@@ -36,6 +36,14 @@ else
   log "bench 30 layers"
   run_bench 30 "$TG" "$PP" && echo "PASS bench 30 layers" || echo "FAIL bench 30 layers"
 fi
+# --moe-top-k (branch huge-cpu) where this build has it, time permitting.
+if ./build/flashmoe bench --help | grep -q -- "--moe-top-k"; then
+  if [ $((SECONDS-T0)) -lt 140 ]; then
+    log "bench 60 layers, --moe-top-k 4"
+    timeout 120 ./build/flashmoe bench --device cuda --synthetic qwen3.5-397b-a17b --experts q4 --stats \
+      --moe-top-k 4 -p "$PP" -n "$TG" -r 1 2>&1 | tee "$OUT/huge-gpu/bench-60-k4.txt" | grep -E "^\| |link|served" || echo "FAIL bench --moe-top-k 4"
+  else echo "SKIP --moe-top-k 4: no time left in this run"; fi
+else echo "SKIP --moe-top-k 4: this build has no --moe-top-k (branch huge-cpu)"; fi
 wait $BUILD_PID
 if [ "$(cat "$OUT/huge-gpu/build-tests.rc")" != 0 ]; then grep error "$OUT/huge-gpu/build-tests.log" | head; echo "FAIL tests build"; exit 1; fi
 log "tests built"

@@ -365,6 +365,7 @@ TEST(CudaTiers, SyntheticExpertsGeneratedWhereTheyLive) {
   EXPECT_EQ(t.vram_hits + t.host_hits, uint64_t(40 + 24) * uint64_t(c.num_experts_per_tok) * 4u);
   EXPECT_GT(t.vram_hits, 0u);
   EXPECT_GT(t.host_hits, 0u);
+  EXPECT_EQ(t.staged_layers, 4u);  // the prompt (40 x 8 choices >= 256 experts): each MoE layer once
 }
 
 // An MLX-style checkpoint with every linear weight quantised (embeddings,
@@ -692,6 +693,8 @@ TEST(CudaTiers, SameLogitsAndCountersAtEveryCacheSize) {
     const uint64_t tokens = 2 * ids.ids.size() + 24 - 1;
     EXPECT_EQ(t.vram_hits + t.host_hits, tokens * uint64_t(k) * uint64_t(moe)) << "cache " << frac;
     EXPECT_GT(t.host_hits, 0u) << "cache " << frac;
+    // The prompts chose at least E experts per layer: their host experts were copied to VRAM at once.
+    if (ids.ids.size() * size_t(k) >= size_t(E)) EXPECT_GT(t.staged_layers, 0u) << "cache " << frac;
     if (frac == 0.0) {
       EXPECT_EQ(t.vram_hits, 0u);
       EXPECT_EQ(t.promotions, 0u);

@@ -59,24 +59,27 @@ TEST(MemoryPlan, EveryExpertInVramWhenTheyFit) {
 }
 
 TEST(MemoryPlan, AutoFillsVramThenHostEachExpertInOneTier) {
-  // 512 experts: 128 GiB. VRAM room 66 GiB = 264 slots of 256 MiB, 2 of
-  // them spare: 262 experts; the other 250 (62.5 GiB) fit the host bound
-  // 100 - 10 = 90 GiB.
+  // 512 experts: 128 GiB. VRAM room 66 GiB = 67584 MiB for s slots of 256
+  // MiB, 2 spare slots and the prompt staging of one layer's 512 - s host
+  // experts of 64 MiB: (s + 2) x 256 + (512 - s) x 64 <= 67584 gives
+  // s <= 178.67: 178 (45568 + 512 + 21376 = 67456 MiB). The other 334
+  // (83.5 GiB) fit the host bound 100 - 10 = 90 GiB.
   const MemoryPlan p = plan_memory(machine(), model(512), {});
   EXPECT_TRUE(p.tiered);
   EXPECT_FALSE(p.disk);
-  EXPECT_EQ(p.vram_slots, 262);
-  EXPECT_EQ(p.host_slots, 250);
-  EXPECT_EQ(p.vram_expert_bytes(), 262 * 256 * MiB);
-  EXPECT_EQ(p.host_expert_bytes(), 250 * 256 * MiB);
+  EXPECT_EQ(p.vram_slots, 178);
+  EXPECT_EQ(p.host_slots, 334);
+  EXPECT_EQ(p.staging_bytes, 334 * 64 * MiB);
+  EXPECT_EQ(p.vram_expert_bytes(), 178 * 256 * MiB);
+  EXPECT_EQ(p.host_expert_bytes(), 334 * 256 * MiB);
   EXPECT_EQ(p.disk_expert_bytes(), 0);
   EXPECT_EQ(p.host_margin, 10 * GiB);
-  EXPECT_NE(p.describe().find("262 of 512 per layer"), std::string::npos) << p.describe();
+  EXPECT_NE(p.describe().find("178 of 512 per layer"), std::string::npos) << p.describe();
   EXPECT_NE(p.describe().find("disk: none"), std::string::npos);
 }
 
 TEST(MemoryPlan, SyntheticBeyondHostIsOneErrorNamingTheNumbers) {
-  // Host 40 GiB less an 8 GiB margin: 32 GiB = 128 slots < the 250 left.
+  // Host 40 GiB less an 8 GiB margin: 32 GiB = 128 slots < the 334 left.
   const std::string e = error_of(machine(80, 40), model(512), {});
   EXPECT_NE(e.find("does not fit"), std::string::npos) << e;
   EXPECT_NE(e.find("137.4 GB"), std::string::npos) << e;  // 128 GiB of experts
@@ -88,26 +91,32 @@ TEST(MemoryPlan, SyntheticBeyondHostIsOneErrorNamingTheNumbers) {
 TEST(MemoryPlan, RealModelBeyondHostGoesToDisk) {
   const MemoryPlan p = plan_memory(machine(80, 40), model(512, true), {});
   EXPECT_TRUE(p.disk);
-  EXPECT_EQ(p.vram_slots, 262);
+  EXPECT_EQ(p.vram_slots, 178);
   EXPECT_EQ(p.host_slots, 128);
-  EXPECT_EQ(p.disk_expert_bytes(), 122 * 256 * MiB);  // 512 - 262 - 128 per layer
+  EXPECT_EQ(p.disk_expert_bytes(), 206 * 256 * MiB);  // 512 - 178 - 128 per layer
   // Host 9 GiB less 8: 1 GiB = 4 slots, fewer than top-10.
   const std::string e = error_of(machine(80, 9), model(512, true), {});
   EXPECT_NE(e.find("4 experts per layer, fewer than the 10"), std::string::npos) << e;
 }
 
 TEST(MemoryPlan, ExplicitSizesAreHonouredOrRefused) {
+  GpuOptions third;
+  third.expert_cache_fraction = 0.25;  // 128 slots + 2 spare + 384 x 64 MiB staging = 56.5 GiB <= 66 GiB
+  // The 384 others: 96 GiB <= 120 GiB less a 12 GiB margin.
+  const MemoryPlan p = plan_memory(machine(80, 120), model(512), third);
+  EXPECT_EQ(p.vram_slots, 128);
+  EXPECT_EQ(p.host_slots, 384);
   GpuOptions half;
-  half.expert_cache_fraction = 0.5;  // 256 slots + 2 spare = 64.5 GiB <= 66 GiB
-  const MemoryPlan p = plan_memory(machine(), model(512), half);
-  EXPECT_EQ(p.vram_slots, 256);
-  EXPECT_EQ(p.host_slots, 256);
+  half.expert_cache_fraction = 0.5;  // 258 x 256 MiB + 256 x 64 MiB staging = 80.5 GiB > 66 GiB
+  EXPECT_NE(error_of(machine(), model(512), half).find("--gpu-expert-cache: 256 experts per layer in VRAM take 86.4 GB"),
+            std::string::npos)
+      << error_of(machine(), model(512), half);
   GpuOptions big;
-  big.expert_cache_gb = 80;  // 80e9 / 256 MiB = 298 slots (+ 2 spare) = 75 GiB > 66 GiB
+  big.expert_cache_gb = 80;  // 80e9 / 256 MiB = 298 slots (+ 2 spare) = 75 GiB, + 214 x 64 MiB staging
   const std::string e = error_of(machine(), model(512), big);
-  EXPECT_NE(e.find("--gpu-expert-cache: 298 experts per layer in VRAM take 80.5 GB"), std::string::npos) << e;
+  EXPECT_NE(e.find("--gpu-expert-cache: 298 experts per layer in VRAM take 94.9 GB"), std::string::npos) << e;
   GpuOptions host;
-  host.expert_cache_fraction = 0.5;
+  host.expert_cache_fraction = 0.25;
   host.host_cache_gb = 60;  // 60e9 / 256 MiB = 223 slots = 55.75 GiB > 60 - 8 = 52 GiB
   const std::string h = error_of(machine(80, 60), model(512), host);
   EXPECT_NE(h.find("--gpu-host-cache: 223 experts per layer"), std::string::npos) << h;

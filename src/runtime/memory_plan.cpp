@@ -64,11 +64,14 @@ MemoryPlan plan_memory(const MachineMemory& m, const ModelFootprint& f, const Gp
     return p;
   }
   const int64_t all = int64_t(E) * per_slot;
+  // Tiered, with more than one MoE layer: a VRAM buffer for one layer's host
+  // experts, which prompts copy in at once (ExpertTiers::stage).
+  auto staging = [&](int64_t slots) { return slots < E && f.moe_layers > 1 ? (E - slots) * f.expert_bytes : 0; };
   int64_t slots;
   if (o.expert_cache_gb >= 0 || o.expert_cache_fraction >= 0) {
     const double budget = o.expert_cache_gb >= 0 ? o.expert_cache_gb * 1e9 : o.expert_cache_fraction * double(all);
     slots = std::clamp<int64_t>(int64_t(budget / double(per_slot)), 0, E);
-    const int64_t taken = (slots < E ? slots + f.swap_spares : slots) * per_slot;
+    const int64_t taken = (slots < E ? slots + f.swap_spares : slots) * per_slot + staging(slots);
     if (taken > vram_room)
       fail("--gpu-expert-cache: " + std::to_string(slots) + " experts per layer in VRAM take " + gb(taken) +
            (slots < E ? " (with " + std::to_string(f.swap_spares) + " spare slots per layer for promotions)" : "") +
@@ -79,13 +82,16 @@ MemoryPlan plan_memory(const MachineMemory& m, const ModelFootprint& f, const Gp
     // auto, and the default: all when they fit, else what fits beside the spare slots.
     slots = std::min<int64_t>(E, vram_room / per_slot);
     if (slots < E) slots = std::max<int64_t>(0, slots - f.swap_spares);
-    if (slots < E && (slots + f.swap_spares) * per_slot > vram_room)
+    // Each slot given up frees a slot in every layer and takes one expert of staging.
+    while (slots > 0 && slots < E && (slots + f.swap_spares) * per_slot + staging(slots) > vram_room) --slots;
+    if (slots < E && (slots + f.swap_spares) * per_slot + staging(slots) > vram_room)
       fail(f.name + ": VRAM has " + gb(vram_room) + " for routed experts, less than the " +
            std::to_string(f.swap_spares) + " spare slots per layer of the tiered cache take (" +
            gb(f.swap_spares * per_slot) + ")" + (f.smaller_model_hint.empty() ? "" : "; " + f.smaller_model_hint));
   }
   p.vram_slots = int(slots);
   if (slots >= E) return p;
+  p.staging_bytes = staging(slots);
   p.tiered = true;
   const int rest = E - int(slots);
   int64_t host;
@@ -124,9 +130,11 @@ std::string MemoryPlan::describe() const {
                 double(vram_free - device_fixed - vram_margin) / 1e9, (long long)(int64_t(vram_slots) * moe_layers),
                 vram_slots, experts, total > 0 ? 100.0 * vram_slots * moe_layers / double(total) : 100.0);
   out += b;
+  const std::string extra = tiered ? " + " + std::to_string(swap_spares) + " spare slots per layer for promotions + " +
+                                        std::to_string(staging_bytes / 1000000) + " MB staging for prompts"
+                                  : "";
   std::snprintf(b, sizeof b, "  experts in VRAM: %.1f GB (%lld experts of %.2f MB)%s\n", vram_expert_bytes() / 1e9,
-                (long long)(int64_t(vram_slots) * moe_layers), expert_bytes / 1e6,
-                tiered ? (" + " + std::to_string(swap_spares) + " spare slots per layer for promotions").c_str() : "");
+                (long long)(int64_t(vram_slots) * moe_layers), expert_bytes / 1e6, extra.c_str());
   out += b;
   std::snprintf(b, sizeof b,
                 "  host: %.1f GB available (%s) - %.1f GB margin; pinned for experts: %.1f GB (%lld experts, %d per "

@@ -2,7 +2,9 @@
 // is allocated: from the free VRAM (cudaMemGetInfo), the host memory the
 // process may still take (/proc/meminfo's MemAvailable, capped by a cgroup
 // limit) and the model's sizes. The experts take what VRAM is left beside
-// everything else (less a margin); the rest go to pinned host memory up to
+// everything else (less a margin, 2 spare slots per layer for promotions and
+// a buffer for one layer's host experts, which prompts copy in at once); the
+// rest go to pinned host memory up to
 // a bound (less a margin); beyond that a real model reads them from its
 // files (the disk tier) and a synthetic one cannot run: one Error naming the
 // numbers and the option to change, never an out-of-memory kill.
@@ -50,6 +52,7 @@ struct MemoryPlan {
   int host_slots = 0;   // experts per MoE layer in pinned host memory
   int moe_layers = 0, experts = 0, swap_spares = 0;
   int64_t expert_bytes = 0, device_fixed = 0;
+  int64_t staging_bytes = 0;  // VRAM for one layer's host experts, copied in at once for prompts
   int64_t vram_free = 0, vram_margin = 0, host_available = 0, host_margin = 0;
   std::string host_source;
   int64_t vram_expert_bytes() const { return int64_t(vram_slots) * moe_layers * expert_bytes; }

@@ -72,6 +72,7 @@ struct CudaTierStats {
   int64_t expert_bytes = 0;  // one expert: gate + up + down
   bool disk = false;            // host slots are a cache over the model's files (else: the experts outside VRAM)
   double host_pin_seconds = 0;  // time taken pinning the host slots at load
+  uint64_t staged_layers = 0;   // prompt chunks' MoE layers whose host experts were staged in VRAM at once
 };
 
 // A conversation's device state copied to host memory (the server's

@@ -22,6 +22,24 @@ __global__ void set_expert_kernel(const void** gu_tab, const void** down_tab, in
   tier[e] = t;
 }
 
+// Tables of a layer read through its staging buffer: an expert in host
+// memory (tier 1) at host slot h is at stage + h * gu (gate/up) and
+// stage_down + h * down; the others as the layer's tables say.
+__global__ void staged_tables_kernel(const void* const* gu_tab, const void* const* down_tab, const int* tier, int E,
+                                     const uint8_t* host_gu, const uint8_t* stage_gu, const uint8_t* stage_down,
+                                     size_t gu, size_t down, const void** out_gu, const void** out_down) {
+  const int e = blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= E) return;
+  if (tier[e] == 1) {
+    const size_t h = size_t(static_cast<const uint8_t*>(gu_tab[e]) - host_gu) / gu;
+    out_gu[e] = stage_gu + h * gu;
+    out_down[e] = stage_down + h * down;
+  } else {
+    out_gu[e] = gu_tab[e];
+    out_down[e] = down_tab[e];
+  }
+}
+
 constexpr int kSnapshotEvery = 8;     // tokens (decode steps) between count snapshots
 constexpr int kPromotionsPerLayer = 2;  // per snapshot: bounds the link traffic spent on promotions
 }  // namespace
@@ -54,6 +72,11 @@ ExpertTiers::ExpertTiers(int layers, int E, size_t gu_bytes, size_t down_bytes, 
   for (int l = 0; l < layers; ++l)
     vram_.push_back(static_cast<uint8_t*>(
         dev_alloc(size_t(vram_per_layer_) * (gu_ + down_), "GPU expert cache (layer " + std::to_string(l) + ")")));
+  if (!disk && layers > 1) {
+    stage_ = static_cast<uint8_t*>(dev_alloc(per_layer, "prompt staging of one layer's host experts"));
+    d_stage_gu_tab_ = static_cast<const void**>(dev_alloc(size_t(E) * sizeof(void*), "expert tables"));
+    d_stage_down_tab_ = static_cast<const void**>(dev_alloc(size_t(E) * sizeof(void*), "expert tables"));
+  }
   const size_t n = size_t(layers) * E;
   d_gu_tab_ = static_cast<const void**>(dev_alloc(n * sizeof(void*), "expert tables"));
   d_down_tab_ = static_cast<const void**>(dev_alloc(n * sizeof(void*), "expert tables"));
@@ -103,7 +126,8 @@ ExpertTiers::~ExpertTiers() {
   for (auto* p : host_) cudaFreeHost(p);
   for (auto* p : vram_) cudaFree(p);
   for (void* p : {static_cast<void*>(d_gu_tab_), static_cast<void*>(d_down_tab_), static_cast<void*>(d_tier_),
-                  static_cast<void*>(d_counts_), static_cast<void*>(d_hits_)})
+                  static_cast<void*>(d_counts_), static_cast<void*>(d_hits_), static_cast<void*>(stage_),
+                  static_cast<void*>(d_stage_gu_tab_), static_cast<void*>(d_stage_down_tab_)})
     cudaFree(p);
   if (h_counts_) cudaFreeHost(h_counts_);
   if (snap_) cudaEventDestroy(snap_);
@@ -383,6 +407,23 @@ void ExpertTiers::plan_swaps(cudaStream_t main) {
   }
 }
 
+ExpertTiers::Tables ExpertTiers::stage(cudaStream_t s, int l, int T, int k) {
+  if (!stage_ || int64_t(T) * k < E_) return {};
+  // Host slots of a swap in flight may be rewritten meanwhile: no table
+  // entry points at such a slot (the swap moved them to VRAM first), so the
+  // staged copy of it is never read.
+  CK(cudaMemcpyAsync(stage_, host_gu(l), size_t(hslots_) * (gu_ + down_), cudaMemcpyHostToDevice, s));
+  void* host_dev = nullptr;
+  CK(cudaHostGetDevicePointer(&host_dev, host_gu(l), 0));
+  staged_tables_kernel<<<(E_ + 127) / 128, 128, 0, s>>>(gu_tab(l), down_tab(l), d_tier_ + size_t(l) * E_, E_,
+                                                        static_cast<const uint8_t*>(host_dev), stage_,
+                                                        stage_ + size_t(hslots_) * gu_, gu_, down_, d_stage_gu_tab_,
+                                                        d_stage_down_tab_);
+  check(cudaGetLastError(), "staged_tables_kernel");
+  ++staged_;
+  return {d_stage_gu_tab_, d_stage_down_tab_};
+}
+
 void ExpertTiers::drain(cudaStream_t main) {
   // A swap's second copy is issued when its first lands: repeat until none is left.
   while (!pending_.empty()) {
@@ -402,6 +443,7 @@ CudaTierStats ExpertTiers::stats() const {
   s.host_slots_per_layer = hslots_;
   s.disk = disk_;
   s.host_pin_seconds = pin_seconds_;
+  s.staged_layers = staged_;
   s.promotions = promotions_;
   s.promoted_bytes = promoted_bytes_;
   s.layers = layers_;
@@ -414,6 +456,7 @@ CudaTierStats ExpertTiers::stats() const {
 void ExpertTiers::reset_stats() {
   CK(cudaMemset(d_hits_, 0, 2 * sizeof(unsigned long long)));
   disk_reads_ = 0;
+  staged_ = 0;
   promotions_ = 0;
   promoted_bytes_ = 0;
 }

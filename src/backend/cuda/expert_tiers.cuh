@@ -83,6 +83,22 @@ class ExpertTiers {
   // Waits for copies in flight (before the model is destroyed or measured).
   void drain(cudaStream_t main);
 
+  // Prompts (no disk tier): before MoE layer l's grouped experts over a
+  // chunk of T tokens choosing k each, copies every expert of the layer in
+  // host memory to a VRAM staging buffer in one transfer on stream s and
+  // returns tables reading the layer through it (its VRAM experts as they
+  // are): each host expert then crosses the link once per chunk, at copy
+  // speed, instead of once per tile of tokens choosing it. Only when the
+  // chunk chooses at least E experts (T * k >= E, every expert once on
+  // average); else {null, null}: the tables as they are.
+  struct Tables {
+    const void* const* gu = nullptr;
+    const void* const* down = nullptr;
+  };
+  Tables stage(cudaStream_t s, int l, int T, int k);
+  // Bytes of the staging buffer (0: none).
+  size_t staging_bytes() const { return stage_ ? size_t(hslots_) * (gu_ + down_) : 0; }
+
   CudaTierStats stats() const;
   void reset_stats();
   // The VRAM slots include the spare ones (without the disk tier).
@@ -128,6 +144,11 @@ class ExpertTiers {
   std::vector<Pending> pending_;
   cudaStream_t copy_ = nullptr;
   uint64_t promotions_ = 0, promoted_bytes_ = 0;
+  // Staging for prompts (no disk tier, more than one MoE layer): one layer's host experts, its tables.
+  uint8_t* stage_ = nullptr;
+  const void** d_stage_gu_tab_ = nullptr;
+  const void** d_stage_down_tab_ = nullptr;
+  uint64_t staged_ = 0;  // layers staged
   // Disk tier.
   Loader loader_;
   std::vector<int> hwhere_;             // [layer][E]: host slot or -1
