@@ -36,6 +36,14 @@ else
   log "bench 30 layers"
   run_bench 30 "$TG" "$PP" && echo "PASS bench 30 layers" || echo "FAIL bench 30 layers"
 fi
+# The 15-layer point (55% of the experts in VRAM: tg 80.4, pp128 39.9
+# on the code before this branch), for prompts before/after the staging.
+if [ $((SECONDS-T0)) -lt 150 ]; then
+  log "bench 15 layers, --gpu-expert-cache 55%, pp128 tg128"
+  timeout 60 ./build/flashmoe bench --device cuda --synthetic qwen3.5-397b-a17b --experts q4 --stats --layers 15 \
+    --gpu-expert-cache 55% -p 128 -n 128 -r 2 2>&1 | tee "$OUT/huge-gpu/bench-15.txt" | grep -E "^\| |link|served|plan|VRAM|host:" \
+    || echo "FAIL bench 15 layers"
+fi
 # --moe-top-k (branch huge-cpu) where this build has it, time permitting.
 if ./build/flashmoe bench --help | grep -q -- "--moe-top-k"; then
   if [ $((SECONDS-T0)) -lt 140 ]; then
