@@ -36,6 +36,21 @@ else
   log "bench 30 layers"
   run_bench 30 "$TG" "$PP" && echo "PASS bench 30 layers" || echo "FAIL bench 30 layers"
 fi
+wait $BUILD_PID
+if [ "$(cat "$OUT/huge-gpu/build-tests.rc")" != 0 ]; then grep error "$OUT/huge-gpu/build-tests.log" | head; echo "FAIL tests build"; exit 1; fi
+log "tests built"
+timeout 90 ./build/flashmoe_tests --gtest_filter='MemoryPlan.*:CudaTiers.*:CudaCli.*' > "$OUT/huge-gpu/tests.txt" 2>&1
+rc=$?
+grep -E "^\[  (FAILED|PASSED) |\[cuda-(tiers|disk)\]|Failure|Expected|Which is" "$OUT/huge-gpu/tests.txt" | head -40
+[ $rc = 0 ] && echo "PASS tests" || echo "FAIL tests (rc $rc)"
+# --moe-top-k (branch huge-cpu) where this build has it, time permitting.
+if ./build/flashmoe bench --help | grep -q -- "--moe-top-k"; then
+  if [ $((SECONDS-T0)) -lt 150 ]; then
+    log "bench 60 layers, --moe-top-k 4"
+    timeout 120 ./build/flashmoe bench --device cuda --synthetic qwen3.5-397b-a17b --experts q4 --stats \
+      --moe-top-k 4 -p "$PP" -n "$TG" -r 1 2>&1 | tee "$OUT/huge-gpu/bench-60-k4.txt" | grep -E "^\| |link|served" || echo "FAIL bench --moe-top-k 4"
+  else echo "SKIP --moe-top-k 4: no time left in this run"; fi
+else echo "SKIP --moe-top-k 4: this build has no --moe-top-k (branch huge-cpu)"; fi
 # The issue's 15-layer point (55% of the experts in VRAM: tg 80.4, pp128 39.9
 # on the code before this branch), for prompts before/after the staging.
 if [ $((SECONDS-T0)) -lt 150 ]; then
@@ -44,19 +59,4 @@ if [ $((SECONDS-T0)) -lt 150 ]; then
     --gpu-expert-cache 55% -p 128 -n 128 -r 2 2>&1 | tee "$OUT/huge-gpu/bench-15.txt" | grep -E "^\| |link|served|plan|VRAM|host:" \
     || echo "FAIL bench 15 layers"
 fi
-# --moe-top-k (branch huge-cpu) where this build has it, time permitting.
-if ./build/flashmoe bench --help | grep -q -- "--moe-top-k"; then
-  if [ $((SECONDS-T0)) -lt 140 ]; then
-    log "bench 60 layers, --moe-top-k 4"
-    timeout 120 ./build/flashmoe bench --device cuda --synthetic qwen3.5-397b-a17b --experts q4 --stats \
-      --moe-top-k 4 -p "$PP" -n "$TG" -r 1 2>&1 | tee "$OUT/huge-gpu/bench-60-k4.txt" | grep -E "^\| |link|served" || echo "FAIL bench --moe-top-k 4"
-  else echo "SKIP --moe-top-k 4: no time left in this run"; fi
-else echo "SKIP --moe-top-k 4: this build has no --moe-top-k (branch huge-cpu)"; fi
-wait $BUILD_PID
-if [ "$(cat "$OUT/huge-gpu/build-tests.rc")" != 0 ]; then grep error "$OUT/huge-gpu/build-tests.log" | head; echo "FAIL tests build"; exit 1; fi
-log "tests built"
-timeout 90 ./build/flashmoe_tests --gtest_filter='MemoryPlan.*:CudaTiers.*:CudaCli.*' > "$OUT/huge-gpu/tests.txt" 2>&1
-rc=$?
-grep -E "^\[  (FAILED|PASSED) |\[cuda-(tiers|disk)\]|Failure|Expected|Which is" "$OUT/huge-gpu/tests.txt" | head -40
-[ $rc = 0 ] && echo "PASS tests" || echo "FAIL tests (rc $rc)"
 log "done"
