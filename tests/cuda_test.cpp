@@ -326,6 +326,48 @@ TEST(CudaSynthetic, BatchedPrefillMatchesTokenByTokenAt35bShapes) {
   }
 }
 
+// A synthetic model whose q4 experts do not all get VRAM (a memory plan's
+// slots): each layer's experts are generated in VRAM staging and moved to
+// their tier (VRAM slots, pinned host slots), so the model equals the
+// all-in-VRAM one built from the same seed: bitwise the same logits and
+// greedy ids, every choice counted once in one of the two tiers.
+TEST(CudaTiers, SyntheticExpertsGeneratedWhereTheyLive) {
+  REQUIRE_GPU();
+  ModelConfig c = model_preset("qwen3.5-35b-a3b");
+  c.num_layers = 4;
+  c.layer_kinds.resize(4);
+  c.layer_is_moe.resize(4);
+  CudaSyntheticOptions q4;
+  q4.experts = QuantKind::Q4;
+  auto full = cuda_synthetic_model(c, 7, {}, q4);
+  CudaOptions o;
+  o.plan_vram_slots = 100;  // of 256
+  auto tiered = cuda_synthetic_model(c, 7, o, q4);
+  const CudaTierStats t0 = tiered->tier_stats();
+  ASSERT_TRUE(t0.enabled);
+  EXPECT_FALSE(t0.disk);
+  EXPECT_EQ(t0.slots_per_layer, 100);
+  EXPECT_EQ(t0.host_slots_per_layer, 156);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back(int32_t((i * 7919 + 13) % c.vocab_size));
+  const int64_t V = c.vocab_size;
+  auto sa = full->new_state(KvConfig{});
+  auto sb = tiered->new_state(KvConfig{});
+  std::vector<float> x(static_cast<size_t>(V)), y(static_cast<size_t>(V));
+  full->forward(*sa, ids.data(), int64_t(ids.size()), LogitsMode::Last, x.data());
+  tiered->forward(*sb, ids.data(), int64_t(ids.size()), LogitsMode::Last, y.data());
+  EXPECT_EQ(max_abs_diff(x.data(), y.data(), x.size()), 0.0f);
+  std::vector<int32_t> ga(24), gb(24);
+  full->decode_greedy(*sa, ids.back(), 24, ga.data());
+  tiered->decode_greedy(*sb, ids.back(), 24, gb.data());
+  EXPECT_EQ(ga, gb);
+  const CudaTierStats t = tiered->tier_stats();
+  EXPECT_EQ(t.vram_hits + t.host_hits, uint64_t(40 + 24) * uint64_t(c.num_experts_per_tok) * 4u);
+  EXPECT_GT(t.vram_hits, 0u);
+  EXPECT_GT(t.host_hits, 0u);
+  EXPECT_EQ(t.staged_layers, 4u);  // the prompt (40 x 8 choices >= 256 experts): each MoE layer once
+}
+
 // An MLX-style checkpoint with every linear weight quantised (embeddings,
 // lm_head, projections, shared and routed experts; q4 and q8, groups of 64)
 // runs on the GPU: the routed experts as codes, the rest dequantised to
@@ -443,11 +485,13 @@ TEST(CudaTiers, DiskTierMatchesTheCpu) {
   // Host slots for half the experts: 2 tokens' choices (top-4 of 16), so
   // prompts go token by token; for 3/4: chunks of 3 through the batched
   // prefill, each chunk's experts read in after its routing.
+  // (The host holds only experts outside VRAM unless its slots are fewer than
+  // those: with 3/4 of them in host slots, 1/8 in VRAM keeps the disk tier.)
   struct Case {
     QuantKind q;
-    double host;
+    double host, vram;
   };
-  for (Case cs : {Case{QuantKind::None, 0.5}, Case{QuantKind::Q4, 0.5}, Case{QuantKind::Q4, 0.75}}) {
+  for (Case cs : {Case{QuantKind::None, 0.5, 0.25}, Case{QuantKind::Q4, 0.5, 0.25}, Case{QuantKind::Q4, 0.75, 0.125}}) {
     const QuantKind q = cs.q;
     PackOptions po;
     po.experts = q;
@@ -462,12 +506,13 @@ TEST(CudaTiers, DiskTierMatchesTheCpu) {
     int64_t moe = 0;
     for (bool b : model->config().layer_is_moe) moe += b ? 1 : 0;
     CudaOptions o;
-    o.expert_cache_fraction = 0.25;
+    o.expert_cache_fraction = cs.vram;
     o.host_cache_fraction = cs.host;
     auto disk = CudaModel::upload(*model, o);
     const CudaTierStats t0 = disk->tier_stats();
     ASSERT_TRUE(t0.enabled);
-    EXPECT_EQ(t0.slots_per_layer, E / 4);
+    EXPECT_TRUE(t0.disk);
+    EXPECT_EQ(t0.slots_per_layer, int(E * cs.vram));
     EXPECT_EQ(t0.host_slots_per_layer, int(E * cs.host));
     Session c(cpu_of(*model), KvConfig{}, pool), g(gpu_view(*model, *disk), KvConfig{}, pool);
     const std::vector<float> a = c.feed_all(ids.ids), b = g.feed_all(ids.ids);
@@ -648,6 +693,8 @@ TEST(CudaTiers, SameLogitsAndCountersAtEveryCacheSize) {
     const uint64_t tokens = 2 * ids.ids.size() + 24 - 1;
     EXPECT_EQ(t.vram_hits + t.host_hits, tokens * uint64_t(k) * uint64_t(moe)) << "cache " << frac;
     EXPECT_GT(t.host_hits, 0u) << "cache " << frac;
+    // The prompts chose at least E experts per layer: their host experts were copied to VRAM at once.
+    if (ids.ids.size() * size_t(k) >= size_t(E)) EXPECT_GT(t.staged_layers, 0u) << "cache " << frac;
     if (frac == 0.0) {
       EXPECT_EQ(t.vram_hits, 0u);
       EXPECT_EQ(t.promotions, 0u);
@@ -662,6 +709,13 @@ TEST(CudaTiers, SameLogitsAndCountersAtEveryCacheSize) {
       s3.greedy(24);
       const CudaTierStats t3 = cm->tier_stats();
       EXPECT_GT(double(t3.vram_hits) / double(t3.vram_hits + t3.host_hits), frac) << "cache " << frac;
+      // The promotions swapped experts between VRAM and host memory (each
+      // expert in one tier): the logits are still bitwise the all-in-VRAM ones.
+      EXPECT_FALSE(t3.disk);
+      EXPECT_EQ(t3.host_slots_per_layer, E - int(frac * E));
+      Session s4(gpu_view(*model, *cm), KvConfig{}, pool);
+      const std::vector<float> again = s4.feed_all(ids.ids);
+      EXPECT_EQ(max_abs_diff(again.data(), want.data(), again.size()), 0.0f) << "cache " << frac << " after swaps";
       std::printf("[cuda-tiers] cache %.0f%%, again: vram %llu, host %llu\n", 100 * frac,
                   (unsigned long long)t3.vram_hits, (unsigned long long)t3.host_hits);
     }
@@ -696,6 +750,19 @@ TEST(CudaCli, GpuExpertCacheRunsAndReportsTiers) {
   EXPECT_EQ(g.code, 0) << g.err;
   EXPECT_EQ(c.out, g.out);
   EXPECT_NE(g.err.find("choices served: vram"), std::string::npos) << g.err;
+  EXPECT_NE(g.err.find("memory plan (made before allocating)"), std::string::npos) << g.err;
+  EXPECT_NE(g.err.find("4 of 16 per layer"), std::string::npos) << g.err;
+  // auto (the default): coder-mini fits, so every expert is in VRAM; the plan says so.
+  CmdResult a = run_flashmoe("generate -m " + m + " --ids 1,2,3 -n 12 --device cuda --gpu-expert-cache auto --stats");
+  EXPECT_EQ(a.code, 0) << a.err;
+  EXPECT_EQ(c.out, a.out);
+  EXPECT_NE(a.err.find("16 of 16 per layer"), std::string::npos) << a.err;
+  EXPECT_NE(a.err.find("gpu expert cache: off"), std::string::npos) << a.err;
+  // A synthetic model that fits neither VRAM nor host memory: one error naming the numbers, no OOM kill.
+  CmdResult big = run_flashmoe("bench --device cuda --synthetic qwen3.5-397b-a17b -p 0 -n 1 -r 1 --gpu-expert-cache 0");
+  EXPECT_NE(big.code, 0);
+  EXPECT_NE(big.err.find("does not fit"), std::string::npos) << big.err;
+  EXPECT_NE(big.err.find("--layers"), std::string::npos) << big.err;
 }
 
 TEST(CudaCli, DiskTierRunsAndReportsTiers) {

@@ -305,9 +305,20 @@ Registrar reg_bench(40, [](CLI::App& app) {
     if (opt->model_dir.empty() == synthetic->empty())
       fail(synthetic->empty() ? "bench: give a model with -m/--model, or --synthetic, or --bandwidth"
                               : "bench: give either -m/--model or --synthetic, not both");
+    // The memory plan reserves one conversation's KV cache for what the tests feed.
+    opt->device.gpu.plan_context = std::max<int64_t>(2048, int64_t(*pp) + *depth + *tg + 16);
     if (!synthetic->empty()) {
       std::string what;
+      const auto t0 = Clock::now();
       auto b = synthetic_model(*opt, *synthetic, *layers, *experts, *group, &what);
+      // Building a model larger than VRAM pins its host tier: that time is part of starting it.
+      if (opt->stats) {
+        std::fprintf(stderr, "synthetic model built in %.1f s", seconds_since(t0));
+        int64_t fr = 0, tot = 0;
+        if (gpu_memory_info(&fr, &tot))
+          std::fprintf(stderr, "; VRAM free after it: %.1f of %.1f GB", double(fr) / 1e9, double(tot) / 1e9);
+        std::fprintf(stderr, "\n");
+      }
       run_bench(*opt, *b, what, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch);
       return;
     }

@@ -36,13 +36,15 @@ void add_model_options(CLI::App* cmd, ModelOptions* opt, bool require_model) {
                   "Memory budget of the whole process in GiB; caches are sized to stay under it")
       ->check(greater_than(0));
   cmd->add_option("--gpu-expert-cache", opt->device.gpu_expert_cache,
-                  "On the GPU (--device cuda or auto): VRAM for routed experts, in GB (e.g. 20) or as a share of all expert bytes "
-                  "(e.g. 50%); the rest stay in pinned host memory, read over the host link and promoted to VRAM "
-                  "when hot (default: all experts in VRAM)")
-      ->type_name("GB|N%");
+                  "On the GPU (--device cuda or auto): VRAM for routed experts, in GB (e.g. 20), as a share of all expert "
+                  "bytes (e.g. 50%) or auto (as many as fit beside the other weights, less a 4 GiB margin); the rest "
+                  "stay in pinned host memory, read over the host link and promoted to VRAM when hot (default: auto, "
+                  "which is every expert in VRAM when they fit; --stats prints the plan)")
+      ->type_name("GB|N%|auto");
   cmd->add_option("--gpu-host-cache", opt->device.gpu_host_cache,
                   "With --gpu-expert-cache: pinned host memory for the experts outside VRAM, in GB or as a share of "
-                  "all expert bytes (default: all of them); the others are read from the model's files when chosen "
+                  "all expert bytes (default: all of them, up to the available host memory less a margin of 8 GiB "
+                  "or 10%); the others are read from the model's files when chosen "
                   "(each step waits for them; prompts go in chunks of host slots / top-k tokens)")
       ->type_name("GB|N%");
   cmd->add_option("--moe-top-k", opt->experts.experts_per_token,
@@ -72,8 +74,10 @@ void finalize_model_options(ModelOptions* opt) {
     else *gb = d;
   };
   DeviceRequest& d = opt->device;
-  if (!d.gpu_expert_cache.empty())
+  // auto: as many experts in VRAM as fit (the memory plan), as when the flag is not given.
+  if (!d.gpu_expert_cache.empty() && d.gpu_expert_cache != "auto")
     size("--gpu-expert-cache", d.gpu_expert_cache, &d.gpu.expert_cache_gb, &d.gpu.expert_cache_fraction);
+  d.gpu.show_plan = opt->stats;
   if (!d.gpu_host_cache.empty()) {
     size("--gpu-host-cache", d.gpu_host_cache, &d.gpu.host_cache_gb, &d.gpu.host_cache_fraction);
     if (d.gpu_expert_cache.empty())

@@ -56,6 +56,8 @@ struct ExpertTierStats {
   uint64_t promotions = 0, promoted_bytes = 0;
   int layers = 0, experts_per_layer = 0, slots_per_layer = 0, host_slots_per_layer = 0;
   int64_t expert_bytes = 0;  // one expert: gate + up + down
+  bool disk = false;            // host slots cache experts read from the model's files
+  double host_pin_seconds = 0;  // time pinning the host slots took at load
 };
 
 // One sequence's part of a batched step: its state, the tokens it feeds this

@@ -9,9 +9,11 @@
 
 #include "core/error.h"
 #include "backend/cuda/cuda_bench.h"
+#include "backend/cuda/cuda_model.h"
 #include "model/synthetic_model.h"
 #include "runtime/cpu_backend.h"
 #include "runtime/cuda_backend_impl.h"
+#include "runtime/memory_plan.h"
 
 namespace flashmoe {
 
@@ -119,7 +121,8 @@ Bandwidth dram_read_bandwidth(ThreadPool& pool, int64_t bytes, int passes) {
 
 std::unique_ptr<Backend> synthetic_backend(const ModelConfig& c, QuantKind experts, int group,
                                            const GpuOptions& o) {
-  const CudaOptions co = cuda_options(o);
+  const ModelFootprint f = synthetic_footprint(c, quant_bits(experts), group, o.plan_context);
+  const CudaOptions co = cuda_options(o, &f);
   CudaSyntheticOptions so;
   so.experts = experts;
   so.group = group;
@@ -148,6 +151,10 @@ Bandwidth weight_memory_bandwidth(const Backend& b, ThreadPool& pool) {
 double host_link_gbps(const Backend& b) {
   const CudaBackend* c = as_cuda(b);
   return c ? cuda_host_link_gbps(c->device_for_bench()) : 0.0;
+}
+
+bool gpu_memory_info(int64_t* free_bytes, int64_t* total_bytes) {
+  return CudaModel::memory_info(free_bytes, total_bytes);
 }
 
 bool has_decode_graph(const Backend& b) { return as_cuda(b) != nullptr; }

@@ -40,6 +40,9 @@ Bandwidth dram_read_bandwidth(ThreadPool& pool, int64_t bytes, int passes = 5);
 // The host-to-device link from pinned memory, GB/s (0 where there is none).
 double host_link_gbps(const Backend& b);
 
+// Free and total GPU memory (cudaMemGetInfo); false without a usable GPU.
+bool gpu_memory_info(int64_t* free_bytes, int64_t* total_bytes);
+
 // Whether the decode step has a CUDA-graph form, and turning it on or off
 // (a no-op where there is none).
 bool has_decode_graph(const Backend& b);

@@ -1,6 +1,7 @@
 #include "runtime/cuda_backend.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "core/fifo_mutex.h"
 #include "kv/memory_calc.h"
 #include "runtime/cuda_backend_impl.h"
+#include "runtime/memory_plan.h"
 
 namespace flashmoe {
 
@@ -131,6 +133,8 @@ ExpertTierStats CudaBackend::tier_stats() const {
   s.layers = t.layers, s.experts_per_layer = t.experts_per_layer, s.slots_per_layer = t.slots_per_layer;
   s.host_slots_per_layer = t.host_slots_per_layer;
   s.expert_bytes = t.expert_bytes;
+  s.disk = t.disk;
+  s.host_pin_seconds = t.host_pin_seconds;
   return s;
 }
 
@@ -147,21 +151,22 @@ CudaState& CudaBackend::device_state_for_bench(State& st) { return *device_state
 std::string format_tier_stats(const ExpertTierStats& s, int64_t tokens) {
   if (!s.enabled) return "gpu expert cache: off (every expert in VRAM)";
   const double all = double(std::max<uint64_t>(1, s.vram_hits + s.host_hits + s.disk_hits));
-  const bool disk = s.host_slots_per_layer < s.experts_per_layer;
-  char buf[768], where[160];
+  const bool disk = s.disk;
+  char buf[768], where[200];
   if (disk)
     std::snprintf(where, sizeof where, "%d per layer in pinned host memory (%.2f GB), the rest read from disk",
                   s.host_slots_per_layer, double(s.host_slots_per_layer) * s.layers * s.expert_bytes / 1e9);
   else
-    std::snprintf(where, sizeof where, "the rest in pinned host memory (%.2f GB)",
-                  double(s.experts_per_layer) * s.layers * s.expert_bytes / 1e9);
+    std::snprintf(where, sizeof where, "the other %d in pinned host memory (%.2f GB, pinned in %.1f s)",
+                  s.host_slots_per_layer, double(s.host_slots_per_layer) * s.layers * s.expert_bytes / 1e9,
+                  s.host_pin_seconds);
   std::snprintf(buf, sizeof buf,
                 "gpu expert cache: %d of %d experts per layer in VRAM (%.2f GB), %s\n  choices served: vram %llu "
                 "(%.1f%%), host %llu (%.1f%%), disk %llu (%.1f%%%s); promotions %llu (%.1f MB)",
                 s.slots_per_layer, s.experts_per_layer, double(s.slots_per_layer) * s.layers * s.expert_bytes / 1e9,
                 where, (unsigned long long)s.vram_hits, 100.0 * s.vram_hits / all, (unsigned long long)s.host_hits,
                 100.0 * s.host_hits / all, (unsigned long long)s.disk_hits, 100.0 * s.disk_hits / all,
-                disk ? "" : ", every expert is held in host memory", (unsigned long long)s.promotions,
+                disk ? "" : ", each expert in one tier", (unsigned long long)s.promotions,
                 double(s.promoted_bytes) / 1e6);
   std::string out = buf;
   if (tokens > 0) {
@@ -228,18 +233,30 @@ Obstacle cuda_weight_obstacle(const QwenModel& m) {
   return {};
 }
 
-CudaOptions cuda_options(const GpuOptions& o) {
+CudaOptions cuda_options(const GpuOptions& o, const ModelFootprint* f) {
   CudaOptions c;
   c.expert_cache_gb = o.expert_cache_gb;
   c.expert_cache_fraction = o.expert_cache_fraction;
   c.host_cache_gb = o.host_cache_gb;
   c.host_cache_fraction = o.host_cache_fraction;
   c.decode.prefill_profile = o.prefill_profile;
+  MachineMemory mm;
+  if (f && CudaModel::memory_info(&mm.vram_free, &mm.vram_total)) {  // without a GPU the upload says so
+    probe_host_memory(&mm);
+    const MemoryPlan p = plan_memory(mm, *f, o);
+    if (o.show_plan) {
+      std::fprintf(stderr, "%s\n", p.describe().c_str());
+      std::fflush(stderr);
+    }
+    c.plan_vram_slots = p.vram_slots;
+    c.plan_host_slots = p.tiered ? p.host_slots : -1;
+  }
   return c;
 }
 
 std::unique_ptr<Backend> make_cuda_backend(std::shared_ptr<const QwenModel> model, const GpuOptions& o) {
-  std::unique_ptr<CudaModel> device = CudaModel::upload(*model, cuda_options(o));
+  const ModelFootprint f = model_footprint(*model, o.plan_context);
+  std::unique_ptr<CudaModel> device = CudaModel::upload(*model, cuda_options(o, &f));
   return std::make_unique<CudaBackend>(std::move(model), std::move(device));
 }
 

@@ -44,8 +44,10 @@ class CudaBackend final : public Backend {
   mutable FifoMutex lock_;
 };
 
-// The CUDA backend's options for a run's GPU options.
-CudaOptions cuda_options(const GpuOptions& o);
+struct ModelFootprint;
+// The CUDA backend's options for a run's GPU options; with a footprint, the
+// memory plan decided (and printed under show_plan) before the upload.
+CudaOptions cuda_options(const GpuOptions& o, const ModelFootprint* f = nullptr);
 
 // "gpu expert cache: 12 of 64 experts per layer in VRAM (...), ..." for --stats.
 std::string format_tier_stats(const ExpertTierStats& s, int64_t tokens = 0);

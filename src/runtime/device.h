@@ -23,11 +23,18 @@ namespace flashmoe {
 // (--gpu-expert-cache, --gpu-host-cache), and bench's prefill profile.
 struct GpuOptions {
   // VRAM for routed experts: GB (>= 0) or a fraction of all expert bytes
-  // (>= 0); neither: every expert in VRAM. The rest in pinned host memory.
+  // (>= 0); neither (also --gpu-expert-cache auto): as many as fit beside
+  // everything else (runtime/memory_plan.h), every one when they all fit.
+  // The rest in pinned host memory.
   double expert_cache_gb = -1, expert_cache_fraction = -1;
   // Pinned host memory for the experts outside VRAM, GB or fraction; neither:
-  // all of them. Experts in neither tier are read from the model's files.
+  // all of them, up to the host memory free less a margin. Experts in
+  // neither tier are read from the model's files.
   double host_cache_gb = -1, host_cache_fraction = -1;
+  // --stats: print the memory plan before the upload.
+  bool show_plan = false;
+  // The context one conversation's KV cache is planned for.
+  int64_t plan_context = 32768;
   // bench --profile: time per phase of the batched prefill, printed to stderr
   // when the model is released.
   bool prefill_profile = false;

@@ -57,6 +57,9 @@ std::unique_ptr<CudaModel> cuda_synthetic_model(const ModelConfig& cfg, uint64_t
   m.opts = o;
   if (o.host_cache_gb >= 0 || o.host_cache_fraction >= 0)
     fail("--gpu-host-cache: a synthetic model has no files to read experts from; give it a model (-m)");
+  if (o.plan_host_slots >= 0 && o.plan_vram_slots >= 0 && o.plan_host_slots < int(cfg.num_experts) - o.plan_vram_slots)
+    fail("synthetic model: the experts outside VRAM need the host to hold them all (there are no files to read "
+         "them from)");
   m.init_device();
   const ModelConfig& c = m.c;
   uint64_t salt = seed;
@@ -153,9 +156,21 @@ std::unique_ptr<CudaModel> cuda_synthetic_model(const ModelConfig& cfg, uint64_t
         check(cudaGetLastError(), "fill");
       };
       if (m.tiers) {
+        // Generated in VRAM staging, then each expert moved to where it
+        // lives: experts 0..slots-1 to their VRAM slots, the rest to the
+        // pinned host slots (no host copy of a VRAM expert).
         fill(tmp_gu, tmp_dn);
-        CK(cudaMemcpyAsync(m.tiers->host_gu(moe_index), tmp_gu, size_t(E) * gu_bytes, cudaMemcpyDeviceToHost, m.stream));
-        CK(cudaMemcpyAsync(m.tiers->host_down(moe_index), tmp_dn, size_t(E) * dn_bytes, cudaMemcpyDeviceToHost, m.stream));
+        const int vs = m.tiers->vram_slots();
+        for (int e = 0; e < vs; ++e) {
+          CK(cudaMemcpyAsync(m.tiers->vram_gu(moe_index, e), static_cast<uint8_t*>(tmp_gu) + size_t(e) * gu_bytes,
+                             gu_bytes, cudaMemcpyDeviceToDevice, m.stream));
+          CK(cudaMemcpyAsync(m.tiers->vram_down(moe_index, e), static_cast<uint8_t*>(tmp_dn) + size_t(e) * dn_bytes,
+                             dn_bytes, cudaMemcpyDeviceToDevice, m.stream));
+        }
+        CK(cudaMemcpyAsync(m.tiers->host_gu(moe_index), static_cast<uint8_t*>(tmp_gu) + size_t(vs) * gu_bytes,
+                           size_t(E - vs) * gu_bytes, cudaMemcpyDeviceToHost, m.stream));
+        CK(cudaMemcpyAsync(m.tiers->host_down(moe_index), static_cast<uint8_t*>(tmp_dn) + size_t(vs) * dn_bytes,
+                           size_t(E - vs) * dn_bytes, cudaMemcpyDeviceToHost, m.stream));
         d.gu_tab = m.tiers->gu_tab(moe_index);
         d.down_tab = m.tiers->down_tab(moe_index);
         d.tc = m.tiers->count(moe_index);

@@ -32,6 +32,10 @@ class CudaState {
   std::unique_ptr<Impl> p_;
 };
 
+// Spare VRAM slots per MoE layer the tiered cache keeps for promotions in
+// flight (swaps through them), beside its slots: a plan reserves them.
+constexpr int kTierSwapSpares = 2;
+
 // Where the routed experts live on the GPU (--gpu-expert-cache).
 struct CudaOptions {
   // VRAM for routed experts: a size in GB (expert_cache_gb >= 0) or a
@@ -49,6 +53,11 @@ struct CudaOptions {
   // outlive the CudaModel then.
   double host_cache_gb = -1;
   double host_cache_fraction = -1;
+  // A memory plan's decision (runtime/memory_plan.h), taking precedence over
+  // the sizes above when plan_vram_slots >= 0: routed experts per MoE layer
+  // in VRAM (E: no tiers) and in pinned host memory (-1: all the others;
+  // fewer than E - plan_vram_slots: the disk tier).
+  int plan_vram_slots = -1, plan_host_slots = -1;
   // Decode-step and prefill settings (tests, benchmarks); the defaults are
   // the fastest paths.
   DecodeOptions decode;
@@ -61,6 +70,9 @@ struct CudaTierStats {
   uint64_t promotions = 0, promoted_bytes = 0;
   int layers = 0, experts_per_layer = 0, slots_per_layer = 0, host_slots_per_layer = 0;
   int64_t expert_bytes = 0;  // one expert: gate + up + down
+  bool disk = false;            // host slots are a cache over the model's files (else: the experts outside VRAM)
+  double host_pin_seconds = 0;  // time taken pinning the host slots at load
+  uint64_t staged_layers = 0;   // prompt chunks' MoE layers whose host experts were staged in VRAM at once
 };
 
 // A conversation's device state copied to host memory (the server's
@@ -93,6 +105,9 @@ class CudaModel {
   // `too_old` whether that reason is a GPU older than the kernels (a GPU is
   // there, unlike a machine without one or a build without CUDA).
   static bool available(std::string* why = nullptr, bool* too_old = nullptr);
+  // Free and total memory of the GPU models are uploaded to (cudaMemGetInfo);
+  // false without a usable one.
+  static bool memory_info(int64_t* free_bytes, int64_t* total_bytes);
   // Uploads the weights of a loaded model (bf16/f16/f32 kept as stored).
   static std::unique_ptr<CudaModel> upload(const QwenModel& m, const CudaOptions& o = {});
   ~CudaModel();

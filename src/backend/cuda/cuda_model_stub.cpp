@@ -21,6 +21,7 @@ bool CudaModel::available(std::string* why, bool* too_old) {
   if (too_old) *too_old = false;
   return false;
 }
+bool CudaModel::memory_info(int64_t*, int64_t*) { return false; }
 CudaModel::CudaModel() = default;
 CudaModel::~CudaModel() = default;
 std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel&, const CudaOptions&) { no_cuda(); }

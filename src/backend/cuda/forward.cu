@@ -30,6 +30,11 @@ Prefill* CudaModel::Impl::batched() {
   pm.profile = opts.decode.prefill_profile;
   pm.batch_graph = opts.decode.batch_graph;
   int max_t = chunk;
+  if (tiers && !disk)
+    pm.stage_experts = [this](int mi, int T) {
+      const ExpertTiers::Tables t = tiers->stage(stream, mi, T, int(c.num_experts_per_tok));
+      return std::make_pair(t.gu, t.down);
+    };
   if (disk) {
     // Every expert a chunk chooses must be resident at once (host or
     // VRAM): at most T * k distinct ones, so T <= host slots / k.

@@ -411,11 +411,17 @@ void Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T) {
   route_lists_kernel<<<1, 512, 0, st>>>(ids_, T, k, E, ebm, tok_, dest_, tiles_, ntiles_);
   mark(P_ROUTE);
   const int ntiles = std::min(tiles_max_, div_up(int64_t(T) * k, ebm) + E);
+  const void* const* gu_tab = d.gu_tab;
+  const void* const* down_tab = d.down_tab;
+  if (m_.stage_experts) {
+    const auto staged = m_.stage_experts(l.moe_slot, T);
+    if (staged.first) gu_tab = staged.first, down_tab = staged.second;
+  }
   GemmArgs g;
   g.A = xn_;
   g.lda = H;
   g.arow = tok_;
-  g.wtab = d.gu_tab;
+  g.wtab = gu_tab;
   g.tiles = tiles_;
   g.ntiles = ntiles_;
   g.N = 2 * I;
@@ -435,7 +441,7 @@ void Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T) {
   g.A = hb_;
   g.lda = I;
   g.arow = nullptr;
-  g.wtab = d.down_tab;
+  g.wtab = down_tab;
   g.N = H;
   g.K = I;
   g.C = y_;

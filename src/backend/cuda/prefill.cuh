@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <functional>
+#include <utility>
 #include <map>
 #include <string>
 #include <vector>
@@ -49,6 +50,10 @@ struct PrefillModel {
   // T * k choices, on the device); returns with every chosen expert resident
   // and its table entry set on the stream. Null: all experts are resident.
   std::function<void(int mi, const int* d_ids, int n)> experts_needed;
+  // Tiers without disk: before MoE layer mi's grouped experts over a chunk
+  // of T tokens, the tables to read them through (ExpertTiers::stage), or
+  // {null, null} for the layer's own. Null: the layer's own.
+  std::function<std::pair<const void* const*, const void* const*>(int mi, int T)> stage_experts;
 };
 
 // One conversation's device state, advanced by a chunk.

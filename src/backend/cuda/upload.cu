@@ -172,13 +172,20 @@ int CudaModel::Impl::expert_slots(int64_t expert_bytes, int64_t moe, double gb, 
 // not all get VRAM.
 bool CudaModel::Impl::make_tiers(size_t gu, size_t dn, int moe) {
   const int64_t E = c.num_experts;
-  const int slots = expert_slots(int64_t(gu + dn), moe, opts.expert_cache_gb, opts.expert_cache_fraction);
+  // A memory plan (runtime/memory_plan.h) gives the slots; else the sizes.
+  const bool planned = opts.plan_vram_slots >= 0;
+  const int slots = planned ? int(std::min<int64_t>(opts.plan_vram_slots, E))
+                            : expert_slots(int64_t(gu + dn), moe, opts.expert_cache_gb, opts.expert_cache_fraction);
   if (slots >= E) return false;
-  const int host = expert_slots(int64_t(gu + dn), moe, opts.host_cache_gb, opts.host_cache_fraction);
-  if (host < int(c.num_experts_per_tok))
+  const int host = planned ? (opts.plan_host_slots >= 0 ? opts.plan_host_slots : int(E) - slots)
+                           : expert_slots(int64_t(gu + dn), moe, opts.host_cache_gb, opts.host_cache_fraction);
+  // The host holds the experts outside VRAM when it has room for them all;
+  // with less, its slots cache experts read from the model's files.
+  const bool on_disk = host < int(E) - slots;
+  if (on_disk && host < int(c.num_experts_per_tok))
     fail("--gpu-host-cache: " + std::to_string(host) + " experts per layer in host memory, fewer than the " +
          std::to_string(c.num_experts_per_tok) + " one token uses; give it more");
-  tiers = std::make_unique<ExpertTiers>(moe, int(E), gu, dn, slots, host);
+  tiers = std::make_unique<ExpertTiers>(moe, int(E), gu, dn, slots, host, on_disk);
   bytes_total += int64_t(tiers->vram_bytes());
   if (tiers->disk()) {
     // Experts come from disk between the router and the expert kernels: the
@@ -286,6 +293,18 @@ void CudaModel::Impl::fold_routers() {
     }
   }
   CK(cudaStreamSynchronize(stream));
+}
+
+bool CudaModel::memory_info(int64_t* free_bytes, int64_t* total_bytes) {
+  if (!available()) return false;
+  size_t fr = 0, tot = 0;
+  if (cudaSetDevice(0) != cudaSuccess || cudaMemGetInfo(&fr, &tot) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  *free_bytes = int64_t(fr);
+  *total_bytes = int64_t(tot);
+  return true;
 }
 
 bool CudaModel::available(std::string* why, bool* too_old) {
@@ -400,7 +419,6 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
         fail_device(DeviceFailure::Unsupported, "--gpu-expert-cache: the experts of " + p +
                                                     "have a different storage format than those of the first MoE layer");
       uint8_t *gu_dst, *dn_dst;
-      bool host_dst = tiered;
       if (tiered) {
         gu_dst = m.tiers->host_gu(moe_index);
         dn_dst = m.tiers->host_down(moe_index);
@@ -418,9 +436,12 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
       }
       // Disk tier: the host holds the first host_slots experts; the others
       // are read through the store when chosen (every MoE layer has the
-      // first one's format: checked above).
-      const int held = tiered ? m.tiers->host_slots() : E;
-      if (tiered && m.tiers->disk()) {
+      // first one's format: checked above). Tiers without disk: expert e <
+      // slots goes to VRAM slot e, the others to host slot e - slots.
+      const bool on_disk = tiered && m.tiers->disk();
+      const int held = on_disk ? m.tiers->host_slots() : E;
+      const int vslots = tiered && !on_disk ? m.tiers->vram_slots() : 0;
+      if (on_disk) {
         if (moe_index == 0) m.disk_layers.clear();
         m.disk_layers.push_back(i);
         if (moe_index == 0)
@@ -446,19 +467,26 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
         std::vector<int32_t> ids(static_cast<size_t>(n));
         std::iota(ids.begin(), ids.end(), e0);
         const ExpertBatch b = store.fetch(i, ids);
-        if (!host_dst) stage.resize(size_t(n) * std::max(gu_bytes, dn_bytes));
+        stage.resize(size_t(n) * std::max(gu_bytes, dn_bytes));
         for (int part = 0; part < 2; ++part) {
           const size_t bytes = part == 0 ? gu_bytes : dn_bytes;
-          uint8_t* dst = (part == 0 ? gu_dst : dn_dst) + size_t(e0) * bytes;
-          uint8_t* out = host_dst ? dst : stage.data();
           for (int k = 0; k < n; ++k) {
+            const int e = e0 + k;
+            // Pinned host memory is written in place; VRAM through the stage.
+            uint8_t* o = stage.data() + size_t(k) * bytes;
+            if (on_disk) o = (part == 0 ? gu_dst : dn_dst) + size_t(e) * bytes;
+            else if (tiered && e >= vslots) o = (part == 0 ? gu_dst : dn_dst) + size_t(e - vslots) * bytes;
             const FfnExpert& x = b.experts[size_t(k)];
-            uint8_t* o = out + size_t(k) * bytes;
             if (d.q.bits) Impl::write_quant(x, part, d.q, p, o);
             else if (part == 0) Impl::write_rows_host({x.gate, x.up}, dt, o);
             else Impl::write_rows_host({x.down}, dt, o);
+            if (tiered && !on_disk && e < vslots)
+              CK(cudaMemcpy(part == 0 ? m.tiers->vram_gu(moe_index, e) : m.tiers->vram_down(moe_index, e), o, bytes,
+                            cudaMemcpyHostToDevice));
           }
-          if (!host_dst) CK(cudaMemcpy(dst, stage.data(), size_t(n) * bytes, cudaMemcpyHostToDevice));
+          if (!tiered)
+            CK(cudaMemcpy((part == 0 ? gu_dst : dn_dst) + size_t(e0) * bytes, stage.data(), size_t(n) * bytes,
+                          cudaMemcpyHostToDevice));
         }
       }
       if (moe_index == 0) tier_gu = gu_bytes, tier_dn = dn_bytes;
