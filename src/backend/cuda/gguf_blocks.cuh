@@ -8,6 +8,7 @@
 // readers against the CPU's block_dequant without a GPU.
 #pragma once
 #include <cstdint>
+#include <cstring>
 
 #include "core/matrix.h"
 
@@ -45,6 +46,16 @@ FM_HD int gguf_block_bytes(int k) {
   }
 }
 
+FM_HD float gguf_bits_f32(uint32_t b) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(b);
+#else
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+#endif
+}
+
 // f16 bits -> f32, exact (as core/block_quant.cpp's half()): the exponent
 // and mantissa shifted into an f32 are the value times 2^-112.
 FM_HD float gguf_half(const uint8_t* p) {
@@ -54,9 +65,9 @@ FM_HD float gguf_half(const uint8_t* p) {
   float f;
   if (em >= 0x7c00u) {
     bits |= 0x7f800000u;
-    f = *reinterpret_cast<const float*>(&bits);
+    f = gguf_bits_f32(bits);
   } else {
-    f = *reinterpret_cast<const float*>(&bits) * 0x1p112f;
+    f = gguf_bits_f32(bits) * 0x1p112f;
   }
   return (h & 0x8000u) ? -f : f;
 }
@@ -166,5 +177,31 @@ FM_HD void gguf_weights8(int k, const uint8_t* row, int c, float* w) {
 
 // Bytes per row of kind k with cols columns.
 FM_HD size_t gguf_row_bytes(int k, int cols) { return size_t(cols / gguf_block_elems(k)) * gguf_block_bytes(k); }
+
+// The parts of a matrix in GGUF block formats, stacked row-wise (q, k, v of
+// a projection may each have their own kind: a Q4_K_M file keeps v in
+// Q6_K): part i holds rows [row0[i], row0[i + 1]) of kind kind[i] (a
+// QuantKind), starting off[i] bytes from the matrix's base. Rows of part i
+// are gguf_row_bytes(kind[i], cols) bytes each. n == 0: not a GGUF matrix.
+constexpr int kGParts = 4;
+struct GMat {
+  int n = 0;
+  int row0[kGParts + 1] = {};
+  int kind[kGParts] = {};
+  size_t off[kGParts] = {};
+};
+
+// The part of g holding row r.
+FM_HD int gmat_part(const GMat& g, int r) {
+  int i = 0;
+  while (i + 1 < g.n && r >= g.row0[i + 1]) ++i;
+  return i;
+}
+// Row r of g (base: the matrix's first byte), its kind in kind.
+FM_HD const uint8_t* gmat_row(const GMat& g, const void* base, int cols, int r, int& kind) {
+  const int i = gmat_part(g, r);
+  kind = g.kind[i];
+  return static_cast<const uint8_t*>(base) + g.off[i] + size_t(r - g.row0[i]) * gguf_row_bytes(kind, cols);
+}
 
 }  // namespace flashmoe::cuda
