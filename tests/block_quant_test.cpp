@@ -132,7 +132,7 @@ TEST_P(BlockQuant, RowsAndProductsMatchTheLayout) {
       dot += double(want) * x[c];
       mag += std::fabs(double(want) * x[c]);
     }
-    for (CpuLevel level : {CpuLevel::Portable, CpuLevel::Avx2}) {
+    for (CpuLevel level : {CpuLevel::Portable, CpuLevel::Avx2, CpuLevel::Avx512}) {
       if (level > cpu_level_supported()) continue;
       const float d = cpu::block_dot_row_at(level, W, r, x.data());
       EXPECT_NEAR(d, dot, 1e-5 * mag) << quant_name(q) << " level " << cpu_level_name(level);
