@@ -33,7 +33,8 @@ PY
 }
 for g in tests/fixtures/gguf/tiny-*.gguf gpu-gguf/*.gguf; do
   [ -f "$g" ] || continue
-  if [ -f "$g.llama-logits.safetensors" ]; then I=$(ids "$g.llama-logits.safetensors" ids)
+  if [ -f "$g.llama-logits-deq-f32.safetensors" ]; then I=$(ids "$g.llama-logits-deq-f32.safetensors" ids)
+  elif [ -f "$g.llama-logits.safetensors" ]; then I=$(ids "$g.llama-logits.safetensors" ids)
   else I=$(ids models/coder-mini/reference.safetensors ids); fi
   t0=$(date +%s.%N)
   $B/flashmoe logits -m "$g" --device cpu --ids "$I" -o $out/cpu.safetensors 2>$out/cpu.err || { echo "FAIL $g cpu: $(tail -1 $out/cpu.err)"; continue; }
@@ -53,10 +54,19 @@ ok = mad <= 1e-3 if 'tiny-' in name else kl.mean() <= 1e-4
 print(f"{'PASS' if ok else 'FAIL'} {name}: cuda vs cpu over {c.shape[0]} positions: max |dlogit| {mad:.3g}, mean KL {kl.mean():.3g}, max KL {kl.max():.3g}, top-1 {top1:.3f}")
 PY
 done
+echo "== 3b. greedy ids, cuda vs cpu (24 tokens after the first 16 reference ids)"
+P=$(ids models/coder-mini/reference.safetensors ids | cut -d, -f1-16)
+for g in gpu-gguf/*.gguf; do
+  [ -f "$g" ] || continue
+  a=$($B/flashmoe generate -m "$g" --device cpu --ids "$P" -n 24 --greedy --print-ids 2>/dev/null | tail -n1)
+  b=$($B/flashmoe generate -m "$g" --device cuda --ids "$P" -n 24 --greedy --print-ids 2>/dev/null | tail -n1)
+  if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "PASS $g greedy: cuda = cpu ($b)"; else echo "FAIL $g greedy: cpu [$a] cuda [$b]"; fi
+done
 rm -rf $out
-echo "== 4. bench (cuda)"
+echo "== 4. bench (cuda); the safetensors coder-mini (bf16) first, as the in-run reference"
+$B/flashmoe bench -m models/coder-mini/model --device cuda -p 512 -n 128 2>&1 | grep -E "pp512|tg128"
 for g in gpu-gguf/*.gguf; do
   [ -f "$g" ] || continue
   echo "-- $g"
-  $B/flashmoe bench -m "$g" --device cuda -p 512 -n 128 2>&1 | tail -8
+  $B/flashmoe bench -m "$g" --device cuda -p 512 -n 128 2>&1 | grep -E "pp512|tg128|decode reads"
 done

@@ -145,9 +145,19 @@ FM_HD void gguf_weights8(int k, const uint8_t* row, int c, float* w) {
       const float d1 = gguf_half(b) * float(sc), mm = gguf_half(b + 2) * float(mn);
       const uint8_t* q = b + (five ? 48 : 16) + 32 * j + l;
       const uint8_t* qh = b + 16 + l;
+      uint8_t qb[8];
+#ifdef __CUDA_ARCH__
+      // One 8-byte load of the 8 weights' nibble bytes where aligned (always,
+      // for rows uploaded by upload.cu: 16-byte aligned parts of 144-byte blocks).
+      if ((reinterpret_cast<uintptr_t>(q) & 7) == 0) {
+        const uint2 v = *reinterpret_cast<const uint2*>(q);
+        for (int i = 0; i < 4; ++i) qb[i] = uint8_t(v.x >> (8 * i)), qb[4 + i] = uint8_t(v.y >> (8 * i));
+      } else
+#endif
+        for (int i = 0; i < 8; ++i) qb[i] = q[i];
       for (int i = 0; i < 8; ++i) {
         const int h = five ? ((qh[i] >> is) & 1) << 4 : 0;
-        w[i] = d1 * float((l0 < 32 ? (q[i] & 0xF) : (q[i] >> 4)) + h) - mm;
+        w[i] = d1 * float((l0 < 32 ? (qb[i] & 0xF) : (qb[i] >> 4)) + h) - mm;
       }
       return;
     }
