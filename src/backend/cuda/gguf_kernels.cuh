@@ -96,12 +96,26 @@ static __global__ void __launch_bounds__(kThreads) ggate_up_kernel(MoeArgs a, GE
   load_x(a.x, a.norm_w, a.eps, a.H, xs);
   const void* B = shared ? a.s_gu : (a.sel ? a.sel[j] : a.gu_tab[a.ids[j]]);
   const GMat& g = shared ? ge.sgu : ge.gu;
+  const int P = a.H / 8;  // 8-column pieces per row
   for (int r = blockIdx.x * kWarps + warp; r < I; r += gridDim.x * kWarps) {
     int kg, ku;
     const uint8_t* gr = gmat_row(g, B, a.H, r, kg);
     const uint8_t* ur = gmat_row(g, B, a.H, I + r, ku);
-    const float gv = warp_sum(grow_dot(kg, gr, xs, a.H, lane));
-    const float uv = warp_sum(grow_dot(ku, ur, xs, a.H, lane));
+    // The gate row's pieces then the up row's, spread over the lanes together.
+    float gv = 0.f, uv = 0.f;
+    for (int idx = lane; idx < 2 * P; idx += 32) {
+      const bool up = idx >= P;
+      const int c = (up ? idx - P : idx) * 8;
+      float w[8];
+      gguf_weights8(up ? ku : kg, up ? ur : gr, c, w);
+      const float4 x0 = *reinterpret_cast<const float4*>(xs + c), x1 = *reinterpret_cast<const float4*>(xs + c + 4);
+      const float d = ((w[0] * x0.x + w[1] * x0.y) + (w[2] * x0.z + w[3] * x0.w)) +
+                      ((w[4] * x1.x + w[5] * x1.y) + (w[6] * x1.z + w[7] * x1.w));
+      if (up) uv += d;
+      else gv += d;
+    }
+    gv = warp_sum(gv);
+    uv = warp_sum(uv);
     if (lane == 0) a.hb[j * a.maxI + r] = siluf_(gv) * uv;
   }
 }
@@ -118,15 +132,27 @@ static __global__ void __launch_bounds__(kThreads) gdown_kernel(MoeArgs a, GExpe
   if (int(threadIdx.x) == k && a.has_shared) ptr[k] = a.s_down;
   if (int(threadIdx.x) < k + (a.has_shared ? 1 : 0)) wj[threadIdx.x] = a.w[threadIdx.x];
   __syncthreads();
-  const int slots = k + (a.has_shared ? 1 : 0);
+  // The routed slots' pieces (k * I / 8 of them) spread over the lanes
+  // together (an expert row of few columns would leave lanes idle), then the
+  // shared expert's row.
+  const int P = a.I / 8, n = k * P;
   for (int r = blockIdx.x * kWarps + warp; r < a.H; r += gridDim.x * kWarps) {
     float acc = 0.f;
-    for (int s = 0; s < slots; ++s) {
-      const bool shared = s == k;
-      const int I = shared ? a.Is : a.I;
+    for (int idx = lane; idx < n; idx += 32) {
+      const int s = idx / P, c = (idx - s * P) * 8;
       int kd;
-      const uint8_t* row = gmat_row(shared ? ge.sdn : ge.dn, ptr[s], I, r, kd);
-      acc += wj[s] * grow_dot(kd, row, a.hb + s * a.maxI, I, lane);
+      const uint8_t* row = gmat_row(ge.dn, ptr[s], a.I, r, kd);
+      float w[8];
+      gguf_weights8(kd, row, c, w);
+      const float* h = a.hb + s * a.maxI + c;
+      const float4 x0 = *reinterpret_cast<const float4*>(h), x1 = *reinterpret_cast<const float4*>(h + 4);
+      acc += wj[s] * (((w[0] * x0.x + w[1] * x0.y) + (w[2] * x0.z + w[3] * x0.w)) +
+                      ((w[4] * x1.x + w[5] * x1.y) + (w[6] * x1.z + w[7] * x1.w)));
+    }
+    if (a.has_shared) {
+      int kd;
+      const uint8_t* row = gmat_row(ge.sdn, ptr[k], a.Is, r, kd);
+      acc += wj[k] * grow_dot(kd, row, a.hb + k * a.maxI, a.Is, lane);
     }
     acc = warp_sum(acc);
     if (lane == 0) a.x[r] += acc;
