@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 
+#include "backend/cuda/gguf_blocks.cuh"
 #include "core/block_quant.h"
 #include "core/dtype.h"
 #include "core/matrix_rows.h"
@@ -131,7 +132,7 @@ TEST_P(BlockQuant, RowsAndProductsMatchTheLayout) {
       dot += double(want) * x[c];
       mag += std::fabs(double(want) * x[c]);
     }
-    for (CpuLevel level : {CpuLevel::Portable, CpuLevel::Avx2}) {
+    for (CpuLevel level : {CpuLevel::Portable, CpuLevel::Avx2, CpuLevel::Avx512}) {
       if (level > cpu_level_supported()) continue;
       const float d = cpu::block_dot_row_at(level, W, r, x.data());
       EXPECT_NEAR(d, dot, 1e-5 * mag) << quant_name(q) << " level " << cpu_level_name(level);
@@ -139,6 +140,27 @@ TEST_P(BlockQuant, RowsAndProductsMatchTheLayout) {
       EXPECT_NEAR(cpu::quant_dot_row_at(level, W, r, x.data()), dot, 1e-5 * mag);
     }
   }
+}
+
+// The CUDA kernels' block reader (backend/cuda/gguf_blocks.cuh, compiled
+// here for the host): every 8-weight piece of every row equals the layout.
+TEST_P(BlockQuant, DeviceReaderMatchesTheLayout) {
+  const QuantKind q = GetParam();
+  std::mt19937 rng(4321 + int(q));
+  const int64_t rows = 3, cols = 2 * 256;
+  std::vector<uint8_t> data = random_rows(q, rows, cols, rng);
+  const int64_t be = block_elems(q), rb = rows ? int64_t(data.size()) / rows : 0;
+  ASSERT_EQ(size_t(rb), cuda::gguf_row_bytes(int(q), int(cols)));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; c += 8) {
+      float w[8];
+      cuda::gguf_weights8(int(q), data.data() + r * rb, int(c), w);
+      for (int i = 0; i < 8; ++i) {
+        const uint8_t* blk = data.data() + r * rb + ((c + i) / be) * block_bytes(q);
+        const float want = ref_weight(q, blk, int((c + i) % be));
+        ASSERT_NEAR(w[i], want, 1e-6f * (1.0f + std::fabs(want))) << quant_name(q) << " row " << r << " col " << c + i;
+      }
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, BlockQuant,

@@ -185,10 +185,11 @@ Obstacle cuda_presence() {
 }
 
 Obstacle cuda_weight_obstacle(const QwenModel& m) {
-  // Routed experts in any format (checkpoint, packed bf16/q8/q4, mmapped or
-  // streamed) are read through the expert store at upload; the other
-  // weights must be floats or q8/q4 (an MLX checkpoint's, dequantised to
-  // f32 at upload; FP8 blocks likewise). FP8 routed experts have no CUDA
+  // Routed experts in any format (checkpoint, packed bf16/q8/q4, GGUF
+  // blocks, mmapped or streamed) are read through the expert store at
+  // upload; the other weights must be floats, GGUF blocks (kept as stored,
+  // backend/cuda/gguf_blocks.cuh) or q8/q4 (an MLX checkpoint's, dequantised
+  // to f32 at upload; FP8 blocks likewise). FP8 routed experts have no CUDA
   // kernels yet: such a model runs on the CPU.
   for (const LayerWeights& l : m.weights().layers)
     if (!l.ffn.experts.empty() && l.ffn.experts[0].gate.fp8())
@@ -196,9 +197,7 @@ Obstacle cuda_weight_obstacle(const QwenModel& m) {
               "routed experts stored as FP8 blocks (the CUDA backend has no FP8 expert kernels yet; "
               "`flashmoe pack --experts q8` makes a model it runs)"};
   std::optional<DType> other;
-  std::optional<QuantKind> block;  // a GGUF block format: no CUDA kernels for those yet
   auto check = [&](const Matrix& x) {
-    if (x.block_quantized() && !block) block = x.quant;
     if (x.empty() || x.quantized()) return;
     if (x.dtype != DType::F32 && x.dtype != DType::F16 && x.dtype != DType::BF16) other = x.dtype;
   };
@@ -219,14 +218,6 @@ Obstacle cuda_weight_obstacle(const QwenModel& m) {
     check_ffn(l.ffn.dense);
     for (const FfnExpert& e : l.ffn.experts) check_ffn(e);
   }
-  if (block)
-    return {ObstacleCode::WeightType, std::string("weights stored as GGUF ") + quant_name(*block) +
-                                          " (the CUDA backend reads bf16, f16 and f32, and q8/q4 experts)"};
-  for (const LayerWeights& l : w.layers)
-    if (l.lin.v_heads_tiled)
-      return {ObstacleCode::WeightType,
-              "linear-attention value heads in llama.cpp's tiled order, as Qwen3.5 GGUF files store them (the "
-              "CUDA backend reads HF's grouped order)"};
   if (other)
     return {ObstacleCode::WeightType, std::string("weights stored as ") + dtype_name(*other) +
                                           " (the CUDA backend reads bf16, f16 and f32)"};

@@ -121,6 +121,7 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
         a.S = (*seqs[b].ssm)[sl];
         a.out = o_ + size_t(b) * nv * dv;
         a.nk = nk;
+        a.tiled = d.v_tiled ? 1 : 0;
         a.nv = nv;
         a.dk = dk;
         a.dv = dv;
@@ -282,6 +283,7 @@ void Prefill::logits_rows(int n, float* const* dst) {
     g.A = xn_;
     g.lda = H;
     g.W = m_.lm_head.p;
+    g.gm = m_.lm_head.g;
     g.M = rows;
     g.N = m_.lm_head.rows;
     g.K = H;

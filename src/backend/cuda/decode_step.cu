@@ -10,6 +10,7 @@
 #include "backend/cuda/delta_cluster.cuh"
 #include "backend/cuda/down_early.cuh"
 #include "backend/cuda/embed_argmax.cuh"
+#include "backend/cuda/gguf_kernels.cuh"
 #include "backend/cuda/model_impl.cuh"
 #include "backend/cuda/quant_experts.cuh"
 #include "core/error.h"
@@ -25,6 +26,8 @@ void CudaModel::Impl::set_kernel_attributes() {
   CK(cudaFuncSetAttribute(gate_up_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(gate_up_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(gate_up_kernel<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  CK(cudaFuncSetAttribute(gmatvec_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  CK(cudaFuncSetAttribute(ggate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
 }
 
 void CudaModel::Impl::mark(int cls) {
@@ -41,6 +44,15 @@ void CudaModel::Impl::mark(int cls) {
 }
 
 void CudaModel::Impl::matvec(const DMat& W, const float* xin, const float* nw, float* y, int acc, int cls, float* xcopy) {
+  if (W.dt == DT_GGUF) {
+    const size_t smem = size_t(W.cols) * 4;
+    const int blocks = std::min((W.rows + kWarps - 1) / kWarps,
+                                prop.multiProcessorCount * per_sm(reinterpret_cast<const void*>(gmatvec_kernel), smem));
+    go(gmatvec_kernel, blocks, kThreads, smem, static_cast<const void*>(W.p), W.g, W.rows, W.cols, xin, nw,
+       c.rms_norm_eps, y, acc, xcopy);
+    mark(cls);
+    return;
+  }
   const int split = split_for(W.rows, W.cols, int(16 / dt_size(W.dt)));
   const int rpb = kWarps / split;
   const void* fn = W.dt == DT_F32   ? reinterpret_cast<const void*>(matvec_kernel<float>)
@@ -115,7 +127,7 @@ void CudaModel::Impl::outproj_router(const DLayer& d, const DMat& W) {
 void CudaModel::Impl::route(const DLayer& d) {
   const bool pick = opts.decode.pick_in_kernels;
   matvec(d.router, x, d.post_norm, rlogits, 0, K_ROUTER);
-  if (pick && !d.q.bits) return;  // gate_up does the top-k
+  if (pick && !d.q.bits && !d.gg.n) return;  // gate_up does the top-k
   const ExpertSel es{d.gu_tab, d.down_tab, pick ? sel : nullptr};
   go(topk_kernel, 1, 32, 0, rlogits, int(c.num_experts), int(c.num_experts_per_tok), c.norm_topk_prob ? 1 : 0,
      d.has_shared ? 1 : 0, eids, ew, d.tc, es);
@@ -246,6 +258,7 @@ void CudaModel::Impl::delta_net(CudaState::Impl& s, const DLayer& d, int sl) {
   a.S = s.ssm[size_t(sl)];
   a.out = lin_o;
   a.nk = nk;
+  a.tiled = d.v_tiled ? 1 : 0;
   a.nv = nv;
   a.dk = dk;
   a.dv = dv;
@@ -321,6 +334,18 @@ MoeArgs CudaModel::Impl::ffn_args(const DLayer& d) const {
 
 // The expert kernels of a feed-forward of `slots` slots, by storage type.
 void CudaModel::Impl::ffn_launch(const DLayer& d, const MoeArgs& a, int slots) {
+  if (d.gg.n || d.s_gu.dt == DT_GGUF) {
+    const GExperts ge{d.gg, d.gd, d.s_gu.g, d.s_down.g};
+    const size_t smem = size_t(a.H) * 4;
+    const int resident = per_sm(reinterpret_cast<const void*>(ggate_up_kernel), smem) * prop.multiProcessorCount;
+    const dim3 g1(std::max(1, std::min((a.maxI + kWarps - 1) / kWarps, resident / slots)), slots);
+    go(ggate_up_kernel, g1, kThreads, smem, a, ge);
+    mark(K_EXPERTS);
+    go(gdown_kernel, std::min((a.H + kWarps - 1) / kWarps, prop.multiProcessorCount * kBlocksPerSm), kThreads, 0, a,
+       ge);
+    mark(K_EXPERTS);
+    return;
+  }
   if (d.q.bits) {
     moe_launch_q(a, slots, d.q, d.edt);
     return;
@@ -351,7 +376,7 @@ void CudaModel::Impl::routed_moe(const DLayer& d, int mi) {
   a.s_down = d.s_down.p;
   a.Is = d.has_shared ? d.s_down.cols : 0;
   const int slots = a.k + a.has_shared;
-  if (pick && (!d.q.bits || d.rfold)) {
+  if (pick && !d.gg.n && (!d.q.bits || d.rfold)) {
     a.logits = rlogits;
     a.E = int(m.num_experts);
     a.norm_topk = m.norm_topk_prob ? 1 : 0;
@@ -387,6 +412,10 @@ void CudaModel::Impl::enqueue_step(CudaState::Impl& s, int kind) {
   const int H = int(m.hidden_size);
   pdl_next = false;
   switch (embed.dt) {
+    case DT_GGUF:
+      go(gembed_kernel, (H / 8 + 255) / 256, 256, 0, static_cast<const void*>(embed.p), embed.g, H, s.d_ids, s.d_pos,
+         s.d_base, kRing, x);
+      break;
     case DT_F32:
       go(embed_kernel<float>, (H + 255) / 256, 256, 0, static_cast<const float*>(embed.p), H, s.d_ids,
                                                                s.d_pos, s.d_base, kRing, x);
@@ -414,7 +443,7 @@ void CudaModel::Impl::enqueue_step(CudaState::Impl& s, int kind) {
   if (kind >= 1) matvec(lm_head, x, final_norm, logits, 0, K_LMHEAD);
   if (kind == 2) {
     go(argmax_kernel, 1, 1024, 0, logits, int(m.vocab_size), s.d_ids, s.d_pos, s.d_base, kRing, s.d_out,
-       s.d_step, static_cast<const char*>(embed.p), size_t(H) * dt_size(embed.dt));
+       s.d_step, static_cast<const char*>(embed.p), embed.row_bytes());
     mark(K_ARGMAX);
   }
   go(advance_kernel, 1, 1, 0, s.d_pos, s.d_step);

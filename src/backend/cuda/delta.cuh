@@ -67,6 +67,9 @@ struct DeltaArgs {
   float* out;           // [nv*dv]
   int nk, nv, dk, dv;
   float eps;
+  // Value head h reads key head h % nk (llama.cpp's tiled order of Qwen3.5
+  // GGUF files) instead of h / (nv / nk) (LinearAttentionWeights::v_heads_tiled).
+  int tiled = 0;
 };
 
 // One block per value head. DK > 0: SPLIT threads per value column j, each
@@ -77,7 +80,7 @@ __device__ __forceinline__ void delta_body(const DeltaArgs& a) {
   extern __shared__ float sm[];
   float* q = sm;
   float* k = sm + a.dk;
-  const int h = blockIdx.x, r = a.nv / a.nk, g = h / r, dk = a.dk, dv = a.dv;
+  const int h = blockIdx.x, r = a.nv / a.nk, g = a.tiled ? h % a.nk : h / r, dk = a.dk, dv = a.dv;
   const int j = threadIdx.x / SPLIT, part = threadIdx.x % SPLIT;
   pdl_wait();
   pdl_trigger();

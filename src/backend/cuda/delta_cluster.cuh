@@ -36,7 +36,7 @@ __device__ __forceinline__ void delta_cluster_body(const DeltaArgs& a) {
   const float nwj = a.norm_w[j], dtb = a.dt_bias[h], nea = a.neg_exp_A[h];  // weights: before the wait too
   pdl_wait();
   pdl_trigger();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = h / (a.nv / a.nk);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = a.tiled ? h % a.nk : h / (a.nv / a.nk);
   if (warp < 2) {  // warp 0: q, warp 1: k of the key group, l2-normed (q also by 1/sqrt(dk))
     const int ch0 = warp * a.nk * DK + g * DK;
     float v[DK / 32], ss = 0.f;

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <string>
 
+#include "backend/cuda/gguf_blocks.cuh"
 #include "backend/cuda/tier_count.cuh"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -13,6 +14,9 @@ namespace flashmoe::cuda {
 
 enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2 };
 enum { DT_Q4 = 3, DT_Q8 = 4 };  // quantised routed experts (QExpert), in the prefill's product dispatch only
+// GGUF block formats (ggml's Q8_0 ... IQ4_XS), kept as stored: rows of
+// self-contained blocks, the kind per part of the matrix (GMat).
+enum { DT_GGUF = 5 };
 inline int dt_of(DType t) {
   switch (t) {
     case DType::F32: return DT_F32;
@@ -24,19 +28,29 @@ inline int dt_of(DType t) {
   }
 }
 inline size_t dt_size(int dt) { return dt == DT_F32 ? 4 : 2; }
+
 // The device storage type of a host matrix: its own, or f32 for q8/q4
 // weights outside the routed experts (an MLX checkpoint's projections,
 // embeddings, shared experts), dequantised at upload: the kernels of every
 // other model then run them, on exactly the CPU's weights. (Rounded to bf16
 // instead, coder-mini's logits moved by up to 1.4 against the CPU, mean KL
 // 4e-5 for q4 and 2.5e-4 for q8: the rounding flips expert choices.)
-inline int storage_dt(const Matrix& m) { return m.quantized() ? DT_F32 : dt_of(m.dtype); }
+// GGUF block formats stay as stored (DT_GGUF).
+inline int storage_dt(const Matrix& m) {
+  return m.block_quantized() ? DT_GGUF : m.quantized() ? DT_F32 : dt_of(m.dtype);
+}
 
 struct DMat {
   int dt = DT_F32;
   void* p = nullptr;
   int rows = 0, cols = 0;
-  size_t bytes() const { return size_t(rows) * cols * dt_size(dt); }
+  GMat g;              // dt == DT_GGUF: the parts' kinds and offsets
+  size_t gbytes = 0;   // dt == DT_GGUF: bytes of all parts
+  size_t bytes() const { return dt == DT_GGUF ? gbytes : size_t(rows) * cols * dt_size(dt); }
+  // Bytes of row r (an embedding row's prefetch).
+  size_t row_bytes(int r = 0) const {
+    return dt == DT_GGUF ? gguf_row_bytes(g.kind[gmat_part(g, r)], cols) : size_t(cols) * dt_size(dt);
+  }
 };
 
 // A quantised routed expert (q8/q4: group-wise affine, the MLX layout of
@@ -78,6 +92,7 @@ struct DLayer {
   float *in_norm = nullptr, *post_norm = nullptr;
   DMat lin_in, out_proj;  // [C + nv*dv + 2nv, H] (q,k,v | z | b | a), [H, nv*dv]
   float *conv_w = nullptr, *dt_bias = nullptr, *neg_exp_A = nullptr, *gnorm = nullptr;
+  bool v_tiled = false;  // value heads in llama.cpp's tiled order (DeltaArgs::tiled)
   DMat qkv, o_proj;  // [2nh*hd + 2nkv*hd, H], [H, nh*hd]
   float *q_norm = nullptr, *k_norm = nullptr;
   DMat router;  // [E (+1: shared expert gate), H]
@@ -87,6 +102,10 @@ struct DLayer {
   const void* const* gu_tab = nullptr;  // [E] device pointers of each expert's rows (see ExpertTiers)
   const void* const* down_tab = nullptr;
   TierCount tc{};  // choice accounting (tiered cache only)
+  // GGUF routed experts (gg.n > 0), stored as in the file: an expert's
+  // gate/up block holds its gate rows then its up rows (gg: parts at rows 0
+  // and I, offsets from the block's start), its down block the down rows (gd).
+  GMat gg, gd;
   bool has_shared = false;              // shared expert (MoE) or dense MLP
   DMat s_gu, s_down;                    // [2Is, H], [H, Is]
   float* rfold = nullptr;               // folded router [router rows][H + O] (outproj_router_kernel), or null

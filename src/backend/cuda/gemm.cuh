@@ -13,7 +13,9 @@
 //
 // q8/q4 weights (T = QW<bits>, the routed experts of packed models) are
 // dequantised as their tiles are stored, w = q * scale + bias in fp32, and
-// split like f32 weights.
+// split like f32 weights. So are GGUF block weights (T = GB, parts and
+// kinds in GemmArgs::gm): each thread expands its 8 weights of a row from
+// their block (gguf_blocks.cuh) into registers on the way to shared memory.
 //
 // Rows can be gathered (A row of output row m: arow[m]) and scattered
 // (C row: crow[m]); grouped mode (the routed experts) takes its row ranges
@@ -22,6 +24,7 @@
 #include <mma.h>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/gguf_blocks.cuh"
 
 namespace flashmoe::cuda {
 
@@ -46,7 +49,12 @@ struct GemmArgs {
   // offsets qw[p], qs[p], qb[p] of the weight block (QExpert's layout).
   int qsplit = 0, qgroup = 0;
   size_t qw[2] = {}, qs[2] = {}, qb[2] = {};
+  // GGUF block weights (GB): the parts of W (grouped: of each group's block).
+  GMat gm;
 };
+
+// Weight type tag of GGUF block weights.
+struct GB {};
 
 // Weight type tag of q8/q4 weights.
 template <int B>
@@ -107,10 +115,11 @@ template <typename T, int BM>
 __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
   using namespace nvcuda;
   constexpr bool kQ = is_qw<T>::value;
+  constexpr bool kG = std::is_same_v<T, GB>;
   constexpr bool kWLo = !std::is_same_v<T, __nv_bfloat16>;  // weights need a low part
   constexpr int MF = BM / 16;                               // 16-row fragments per warp
   constexpr int kAV = BM * kGemmBK / 4 / kGemmThreads;      // float4 of A per thread and k-step
-  constexpr int kWE = kQ ? 8 : 16 / int(sizeof(T));         // weight elements per load (quantised: 8 codes)
+  constexpr int kWE = kQ || kG ? 8 : 16 / int(sizeof(T));  // weight elements per load (quantised: 8 codes)
   constexpr int kWV = kGemmBN * kGemmBK / kWE / kGemmThreads;
   struct Tiles {
     __nv_bfloat16 ah[BM][kGemmLd], al[BM][kGemmLd], wh[kGemmBN][kGemmLd], wl[kWLo ? kGemmBN : 1][kGemmLd];
@@ -148,7 +157,7 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
   }
   const uint8_t* wp[kWV];  // row starts (bytes)
   const __nv_bfloat16 *wsc[kWV], *wbi[kWV];  // quantised: the row's scales and biases
-  int wc[kWV];
+  int wc[kWV], wk[kWV];  // GGUF: the row's block kind
 #pragma unroll
   for (int u = 0; u < kWV; ++u) {
     const int f = tid + u * kGemmThreads, n = f / (kGemmBK / kWE);
@@ -158,7 +167,9 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
     const uint8_t* base = static_cast<const uint8_t*>(W);
     wp[u] = nullptr;
     if (!ok) continue;
-    if constexpr (kQ) {
+    if constexpr (kG) {
+      wp[u] = gmat_row(a.gm, W, a.K, r, wk[u]);
+    } else if constexpr (kQ) {
       const int p = r >= a.qsplit ? 1 : 0, rr = r - p * a.qsplit, gpr = a.K / a.qgroup;
       wp[u] = base + a.qw[p] + size_t(rr) * (size_t(a.K) * T::bits / 8);
       wsc[u] = reinterpret_cast<const __nv_bfloat16*>(base + a.qs[p]) + size_t(rr) * gpr;
@@ -170,6 +181,7 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
   float4 av[kAV];
   uint4 wv[kWV];
   float ws[kWV], wb[kWV];  // quantised: the group's scale and bias
+  float wf[kG ? kWV : 1][8];  // GGUF: the 8 weights, expanded
   auto load = [&](int k0) {
 #pragma unroll
     for (int u = 0; u < kAV; ++u)
@@ -181,9 +193,14 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
       wv[u] = make_uint4(0, 0, 0, 0);
       if (!wp[u] || c >= a.K) {
         ws[u] = wb[u] = 0.f;
+        if constexpr (kG)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) wf[u][i] = 0.f;
         continue;
       }
-      if constexpr (kQ) {
+      if constexpr (kG) {
+        gguf_weights8(wk[u], wp[u], c, wf[u]);
+      } else if constexpr (kQ) {
         if constexpr (T::bits == 8) {
           const uint2 t = *reinterpret_cast<const uint2*>(wp[u] + c);
           wv[u].x = t.x;
@@ -209,7 +226,10 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
 #pragma unroll
     for (int u = 0; u < kWV; ++u) {
       const int f = tid + u * kGemmThreads, n = f / (kGemmBK / kWE);
-      if constexpr (kQ) {
+      if constexpr (kG) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) split_bf16(wf[u][i], s.wh[n][wc[u] + i], s.wl[n][wc[u] + i]);
+      } else if constexpr (kQ) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           uint32_t q;

@@ -127,6 +127,14 @@ struct CudaModel::Impl : Launcher {
   QExpert quant_layout(const FfnExpert& e, const std::string& where) const;
   // Expert e's gate/up block (part 0) or down block (1) in the layout q, at dst.
   static void write_quant(const FfnExpert& e, int part, const QExpert& q, const std::string& where, uint8_t* dst);
+  // GGUF matrices: parts (each in a block format) stacked as stored (GMat).
+  DMat upload_blocks(const std::vector<Matrix>& parts, const std::string& what);
+  // The device layout of a layer's GGUF experts (all like `e`): gg, gd and
+  // the bytes of an expert's gate/up and down blocks.
+  void gguf_expert_layout(const FfnExpert& e, DLayer& d, size_t& gu_bytes, size_t& dn_bytes) const;
+  // Expert e's gate/up block (part 0) or down block (1) in layer d's GGUF layout, at dst.
+  static void write_gguf_expert(const FfnExpert& e, int part, const GMat& gg, const GMat& gd, const std::string& where,
+                                uint8_t* dst);
   // Expert pointer table of a layer whose experts are contiguous in VRAM.
   const void* const* contiguous_table(const void* base, int E, size_t stride, const std::string& what);
   // Slots per MoE layer for the routed experts in a budget of gb (or a

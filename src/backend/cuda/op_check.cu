@@ -16,6 +16,8 @@
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/delta_cluster.cuh"
 #include "backend/cuda/device_model.cuh"
+#include "backend/cuda/gemm.cuh"
+#include "backend/cuda/gguf_kernels.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/quant_experts.cuh"
 #include "backend/cuda/router.cuh"
@@ -278,6 +280,57 @@ std::vector<float> quant_experts(const std::vector<QuantExpert>& experts, const 
   else run(gate_up_q_kernel<4, __nv_bfloat16>, down_q_kernel<4, __nv_bfloat16>);
   CK(cudaDeviceSynchronize());
   return down(a.x, size_t(H));
+}
+
+namespace {
+GMat one_part(const Matrix& W) {
+  if (!W.block_quantized()) fail("op check: the GGUF kernels take a GGUF block format");
+  GMat g;
+  g.n = 1;
+  g.row0[1] = int(W.rows);
+  g.kind[0] = int(W.quant);
+  return g;
+}
+}  // namespace
+
+std::vector<float> gguf_matvec(const Matrix& W, const std::vector<float>& x) {
+  Launcher l = device();
+  const GMat g = one_part(W);
+  const int rows = int(W.rows), cols = int(W.cols);
+  Buffers b;
+  const void* dW = b.up(static_cast<const uint8_t*>(W.data), W.nbytes());
+  const float* dx = b.up(x.data(), x.size());
+  float* dy = b.zeros<float>(size_t(rows));
+  const size_t smem = size_t(cols) * 4;  // as CudaModel::Impl::matvec
+  if (smem > 48 * 1024) CK(cudaFuncSetAttribute(gmatvec_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const int blocks = std::min((rows + kWarps - 1) / kWarps,
+                              l.prop.multiProcessorCount * l.per_sm(reinterpret_cast<const void*>(gmatvec_kernel), smem));
+  l.go(gmatvec_kernel, blocks, kThreads, smem, dW, g, rows, cols, dx, static_cast<const float*>(nullptr), 0.0f, dy, 0,
+       static_cast<float*>(nullptr));
+  CK(cudaDeviceSynchronize());
+  return down(dy, size_t(rows));
+}
+
+std::vector<float> gguf_gemm(const Matrix& W, const std::vector<float>& A, int T, int bm) {
+  device();
+  GemmArgs a;
+  a.gm = one_part(W);
+  Buffers b;
+  a.W = b.up(static_cast<const uint8_t*>(W.data), W.nbytes());
+  a.A = b.up(A.data(), A.size());
+  a.lda = int(W.cols);
+  a.M = T;
+  a.N = int(W.rows);
+  a.K = int(W.cols);
+  a.C = b.zeros<float>(size_t(T) * W.rows);
+  a.ldc = int(W.rows);
+  const dim3 grid(unsigned((a.N + kGemmBN - 1) / kGemmBN), unsigned((T + bm - 1) / bm));
+  if (bm == 64) gemm_kernel<GB, 64><<<grid, kGemmThreads>>>(a);
+  else if (bm == 32) gemm_kernel<GB, 32><<<grid, kGemmThreads>>>(a);
+  else gemm_kernel<GB, 16><<<grid, kGemmThreads>>>(a);
+  check(cudaGetLastError(), "gemm_kernel<GB>");
+  CK(cudaDeviceSynchronize());
+  return down(a.C, size_t(T) * W.rows);
 }
 
 }  // namespace flashmoe::cuda_ops

@@ -59,4 +59,11 @@ struct QuantExpert {
 std::vector<float> quant_experts(const std::vector<QuantExpert>& experts, const std::vector<float>& w,
                                  const std::vector<float>& x, const std::vector<float>& norm_w, float eps);
 
+// y = W . x for W in a GGUF block format (Q8_0 ... IQ4_XS), through the
+// decode step's gmatvec_kernel (the blocks read as stored).
+std::vector<float> gguf_matvec(const Matrix& W, const std::vector<float>& x);
+// C = A . W^T (A: T rows of W.cols) for W in a GGUF block format, through
+// the batched prefill's product (gemm_kernel<GB>, bm rows per tile: 16, 32, 64).
+std::vector<float> gguf_gemm(const Matrix& W, const std::vector<float>& A, int T, int bm);
+
 }  // namespace flashmoe::cuda_ops

@@ -21,5 +21,8 @@ std::vector<float> quant_experts(const std::vector<QuantExpert>&, const std::vec
   no_cuda();
 }
 
+std::vector<float> gguf_matvec(const Matrix&, const std::vector<float>&) { no_cuda(); }
+std::vector<float> gguf_gemm(const Matrix&, const std::vector<float>&, int, int) { no_cuda(); }
+
 }  // namespace flashmoe::cuda_ops
 #endif

@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/gemm_pipe.cuh"
+#include "backend/cuda/gguf_kernels.cuh"
 #include "backend/cuda/prefill_kernels.cuh"
 
 namespace flashmoe::cuda {
@@ -215,6 +216,9 @@ void Prefill::gemm(int dt, const GemmArgs& a, int bm, int grid_y, SplitRows sp) 
     case DT_Q4 * 3 + 2: go(gemm_kernel<QW<4>, 64>); break;
     case DT_Q8 * 3 + 0: go(gemm_kernel<QW<8>, 16>); break;
     case DT_Q8 * 3 + 1: go(gemm_kernel<QW<8>, 32>); break;
+    case DT_GGUF * 3 + 0: go(gemm_kernel<GB, 16>); break;
+    case DT_GGUF * 3 + 1: go(gemm_kernel<GB, 32>); break;
+    case DT_GGUF * 3 + 2: go(gemm_kernel<GB, 64>); break;
     default: go(gemm_kernel<QW<8>, 64>); break;
   }
   check(cudaGetLastError(), "batched prefill: matrix product");
@@ -345,6 +349,7 @@ void Prefill::embed_rows(const int* d_ids, int T) {
   const int H = int(m_.c->hidden_size);
   cudaStream_t st = m_.stream;
   switch (m_.embed.dt) {
+    case DT_GGUF: gembed_rows_kernel<<<T, 256, 0, st>>>(m_.embed.p, m_.embed.g, H, d_ids, x_); break;
     case DT_F32: embed_rows_kernel<<<T, 256, 0, st>>>(static_cast<const float*>(m_.embed.p), H, d_ids, x_); break;
     case DT_F16: embed_rows_kernel<<<T, 256, 0, st>>>(static_cast<const __half*>(m_.embed.p), H, d_ids, x_); break;
     default:
@@ -380,6 +385,7 @@ void Prefill::dense_rows(const DMat& W, const float* A, int T, float* C, int ldc
   g.ldc = ldc;
   g.mode = mode;
   g.half = half;
+  g.gm = W.g;
   gemm(W.dt, g, bm, div_up(T, bm), sp);
 }
 
@@ -431,7 +437,8 @@ void Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T) {
   g.mode = GEMM_SWIGLU;
   g.half = I;
   // Quantised experts: gate rows then up rows, each with its scales and biases.
-  const int edt = d.q.bits == 8 ? DT_Q8 : d.q.bits == 4 ? DT_Q4 : d.edt;
+  const int edt = d.gg.n ? DT_GGUF : d.q.bits == 8 ? DT_Q8 : d.q.bits == 4 ? DT_Q4 : d.edt;
+  g.gm = d.gg;
   g.qsplit = I;
   g.qgroup = d.q.group;
   g.qw[0] = 0, g.qs[0] = d.q.gate_s, g.qb[0] = d.q.gate_b;
@@ -451,6 +458,7 @@ void Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T) {
   g.half = 0;
   g.qsplit = H;
   g.qw[0] = 0, g.qs[0] = d.q.dn_s, g.qb[0] = d.q.dn_b;
+  g.gm = d.gd;
   gemm(edt, g, ebm, ntiles, pipe(edt) ? split(hb_, T * k, I, false) : SplitRows{});
   mark(P_EXPERTS_DOWN);
   if (d.has_shared) {
@@ -477,6 +485,7 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
     dense_rows(W, A, T, C, ldc, mode, half, sp);
   };
   switch (m_.embed.dt) {
+    case DT_GGUF: gembed_rows_kernel<<<T, 256, 0, st>>>(m_.embed.p, m_.embed.g, H, d_ids, x_); break;
     case DT_F32: embed_rows_kernel<<<T, 256, 0, st>>>(static_cast<const float*>(m_.embed.p), H, d_ids, x_); break;
     case DT_F16: embed_rows_kernel<<<T, 256, 0, st>>>(static_cast<const __half*>(m_.embed.p), H, d_ids, x_); break;
     default:
@@ -516,6 +525,7 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
       a.S = (*s.ssm)[size_t(sl)];
       a.out = o_;
       a.nk = nk;
+      a.tiled = d.v_tiled ? 1 : 0;
       a.nv = nv;
       a.dk = dk;
       a.dv = dv;
@@ -574,6 +584,7 @@ void Prefill::logits(int t0, int n, float* dst) {
     g.A = xn_;
     g.lda = H;
     g.W = m_.lm_head.p;
+    g.gm = m_.lm_head.g;
     g.M = rows;
     g.N = m_.lm_head.rows;
     g.K = H;

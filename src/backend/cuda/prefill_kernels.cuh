@@ -76,6 +76,7 @@ struct DeltaRowsArgs {
   float* out;           // [T][nv*dv]: raw, then gated-normed
   int nk, nv, dk, dv, T;
   float eps;
+  int tiled = 0;  // value head h reads key head h % nk (DeltaArgs::tiled)
 };
 
 __global__ void delta_rows_kernel(DeltaRowsArgs a) {
@@ -111,7 +112,7 @@ __global__ void __launch_bounds__(DK * 4) delta_scan_kernel(DeltaRowsArgs a) {
   constexpr int R = 8, SPLIT = DK / R, kTB = 2048 / DK < 32 ? 2048 / DK : 32, kPad = R + 4, kRow = SPLIT * kPad;
   __shared__ __align__(16) float qs[kTB][kRow], ks[kTB][kRow];
   __shared__ float vs[kTB][32], bs[kTB], ds[kTB];
-  const int h = blockIdx.x, g = h / (a.nv / a.nk), c0 = blockIdx.y * 32;
+  const int h = blockIdx.x, g = a.tiled ? h % a.nk : h / (a.nv / a.nk), c0 = blockIdx.y * 32;
   const int col = threadIdx.x / SPLIT, part = threadIdx.x % SPLIT, j = c0 + col;
   float* S = a.S + size_t(h) * DK * a.dv + j;
   float s[R];

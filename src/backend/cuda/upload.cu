@@ -90,9 +90,13 @@ DMat CudaModel::Impl::upload_rows(const std::vector<Matrix>& parts, const std::s
   int64_t rows = 0;
   for (const Matrix& p : parts) {
     if (p.cols != m.cols) fail("CUDA backend: " + what + ": parts differ in columns");
-    if (force_dt < 0 && storage_dt(p) != dt) dt = DT_F32;
+    if ((force_dt < 0 || dt == DT_GGUF) && storage_dt(p) != dt) dt = DT_F32;
     rows += p.rows;
   }
+  // GGUF blocks as stored; mixed with float parts (or more parts than a
+  // GMat holds), all dequantised to f32 like the MLX q8/q4 projections.
+  if (dt == DT_GGUF && parts.size() <= size_t(kGParts)) return upload_blocks(parts, what);
+  if (dt == DT_GGUF) dt = DT_F32;
   m.dt = dt;
   m.rows = int(rows);
   if ((size_t(m.cols) * dt_size(dt)) % 16 != 0)
@@ -109,6 +113,63 @@ DMat CudaModel::Impl::upload_rows(const std::vector<Matrix>& parts, const std::s
   }
   bytes_total += int64_t(m.bytes());
   return m;
+}
+
+DMat CudaModel::Impl::upload_blocks(const std::vector<Matrix>& parts, const std::string& what) {
+  DMat m;
+  m.dt = DT_GGUF;
+  m.cols = int(parts.at(0).cols);
+  size_t off = 0;
+  int rows = 0;
+  for (const Matrix& p : parts) {
+    GMat& g = m.g;
+    g.row0[g.n] = rows;
+    g.kind[g.n] = int(p.quant);
+    g.off[g.n] = off;
+    ++g.n;
+    rows += int(p.rows);
+    off += (p.nbytes() + 15) / 16 * 16;
+  }
+  m.g.row0[m.g.n] = rows;
+  m.rows = rows;
+  m.gbytes = off;
+  m.p = alloc(off, what);
+  for (int i = 0; i < m.g.n; ++i)
+    CK(cudaMemcpy(static_cast<uint8_t*>(m.p) + m.g.off[i], parts[size_t(i)].data, parts[size_t(i)].nbytes(),
+                  cudaMemcpyHostToDevice));
+  bytes_total += int64_t(off);
+  return m;
+}
+
+void CudaModel::Impl::gguf_expert_layout(const FfnExpert& e, DLayer& d, size_t& gu_bytes, size_t& dn_bytes) const {
+  auto up16 = [](size_t x) { return (x + 15) / 16 * 16; };
+  const int I = int(c.moe_intermediate);
+  d.gg = GMat{};
+  d.gg.n = 2;
+  d.gg.row0[0] = 0, d.gg.row0[1] = I, d.gg.row0[2] = 2 * I;
+  d.gg.kind[0] = int(e.gate.quant), d.gg.kind[1] = int(e.up.quant);
+  d.gg.off[0] = 0, d.gg.off[1] = up16(e.gate.nbytes());
+  gu_bytes = up16(d.gg.off[1] + e.up.nbytes());
+  d.gd = GMat{};
+  d.gd.n = 1;
+  d.gd.row0[1] = int(c.hidden_size);
+  d.gd.kind[0] = int(e.down.quant);
+  dn_bytes = up16(e.down.nbytes());
+}
+
+void CudaModel::Impl::write_gguf_expert(const FfnExpert& e, int part, const GMat& gg, const GMat& gd,
+                                        const std::string& where, uint8_t* dst) {
+  auto put = [&](const Matrix& m, int kind, size_t off) {
+    if (int(m.quant) != kind)
+      fail_device(DeviceFailure::Unsupported, "CUDA backend: " + where + "experts differ in GGUF block type");
+    std::memcpy(dst + off, m.data, m.nbytes());
+  };
+  if (part == 0) {
+    put(e.gate, gg.kind[0], gg.off[0]);
+    put(e.up, gg.kind[1], gg.off[1]);
+  } else {
+    put(e.down, gd.kind[0], 0);
+  }
 }
 
 // The device layout of a layer's quantised experts (all like `e`), or an
@@ -249,7 +310,7 @@ void CudaModel::Impl::init_common() {
   // Disk tier: one token's choices, or a prefill chunk's (at most as many as host slots, so at most E).
   CK(cudaMallocHost(&pinned_eids, size_t(std::max<int64_t>(1, std::max(m.num_experts_per_tok, m.num_experts))) * 4));
   // Bytes one decoded token reads: everything but the unrouted experts.
-  bytes_per_token = int64_t(lm_head.bytes()) + int64_t(embed.cols) * int64_t(dt_size(embed.dt));
+  bytes_per_token = int64_t(lm_head.bytes()) + int64_t(embed.row_bytes());
   for (const LayerPlan& lp : plan.layers) {
     const DLayer& l = L[size_t(lp.index)];
     // The checkpoint's bytes (the roofline's numerator): a folded router
@@ -258,8 +319,11 @@ void CudaModel::Impl::init_common() {
                                l.router.bytes() + l.s_gu.bytes() + l.s_down.bytes());
     if (lp.ffn == FfnKind::RoutedMoE)
       bytes_per_token += int64_t(m.num_experts_per_tok) *
-                         (l.q.bits ? int64_t(l.q.gu_bytes + l.q.dn_bytes)
-                                   : 3 * m.moe_intermediate * m.hidden_size * int64_t(dt_size(l.edt)));
+                         (l.gg.n ? int64_t(m.moe_intermediate) * int64_t(gguf_row_bytes(l.gg.kind[0], int(H)) +
+                                                                          gguf_row_bytes(l.gg.kind[1], int(H))) +
+                                       H * int64_t(gguf_row_bytes(l.gd.kind[0], int(m.moe_intermediate)))
+                          : l.q.bits ? int64_t(l.q.gu_bytes + l.q.dn_bytes)
+                                     : 3 * m.moe_intermediate * m.hidden_size * int64_t(dt_size(l.edt)));
   }
 }
 
@@ -386,6 +450,7 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
       d.dt_bias = m.upload_vec(l.dt_bias, p + "dt_bias");
       d.neg_exp_A = m.upload_vec(l.neg_exp_A, p + "A_log");
       d.gnorm = m.upload_vec(l.norm, p + "gated norm");
+      d.v_tiled = l.v_heads_tiled;
     }
     const FfnWeights& f = lw.ffn;
     if (moe) {
@@ -401,6 +466,7 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
       const int E = int(c.num_experts), H = int(c.hidden_size), I = int(c.moe_intermediate);
       const ExpertBatch first_batch = store.fetch(i, {0});
       const FfnExpert& first = first_batch.experts.at(0);
+      const bool gguf = first.gate.block_quantized();
       int dt = first.gate.quantized() ? DT_BF16 : dt_of(first.gate.dtype);
       auto same = [&](const Matrix& x) {
         if (!x.quantized() && dt_of(x.dtype) != dt) dt = DT_F32;
@@ -411,9 +477,14 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
         same(f.shared.gate), same(f.shared.up), same(f.shared.down);
       }
       d.edt = dt;
-      if (first.gate.quantized()) d.q = m.quant_layout(first, p);
-      const size_t gu_bytes = d.q.bits ? d.q.gu_bytes : size_t(2 * I) * H * dt_size(dt);
-      const size_t dn_bytes = d.q.bits ? d.q.dn_bytes : size_t(H) * I * dt_size(dt);
+      size_t gu_bytes, dn_bytes;
+      if (gguf) {
+        m.gguf_expert_layout(first, d, gu_bytes, dn_bytes);
+      } else {
+        if (first.gate.quantized()) d.q = m.quant_layout(first, p);
+        gu_bytes = d.q.bits ? d.q.gu_bytes : size_t(2 * I) * H * dt_size(dt);
+        dn_bytes = d.q.bits ? d.q.dn_bytes : size_t(H) * I * dt_size(dt);
+      }
       if (moe_index == 0) tiered = m.make_tiers(gu_bytes, dn_bytes, m.plan.moe_layers);
       if (tiered && moe_index > 0 && (gu_bytes != tier_gu || dn_bytes != tier_dn))
         fail_device(DeviceFailure::Unsupported, "--gpu-expert-cache: the experts of " + p +
@@ -445,12 +516,15 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
         if (moe_index == 0) m.disk_layers.clear();
         m.disk_layers.push_back(i);
         if (moe_index == 0)
-          m.tiers->set_loader([&store, &m, dt, q = d.q](int l, int e, uint8_t* gu, uint8_t* dn) {
+          m.tiers->set_loader([&store, &m, dt, q = d.q, gg = d.gg, gd = d.gd](int l, int e, uint8_t* gu, uint8_t* dn) {
             const int64_t layer = m.disk_layers.at(size_t(l));
             const ExpertBatch b = store.fetch(layer, {e});
             const FfnExpert& x = b.experts.at(0);
             const std::string where = "layer " + std::to_string(layer) + " ";
-            if (q.bits) {
+            if (gg.n) {
+              Impl::write_gguf_expert(x, 0, gg, gd, where, gu);
+              Impl::write_gguf_expert(x, 1, gg, gd, where, dn);
+            } else if (q.bits) {
               Impl::write_quant(x, 0, q, where, gu);
               Impl::write_quant(x, 1, q, where, dn);
             } else {
@@ -477,7 +551,8 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
             if (on_disk) o = (part == 0 ? gu_dst : dn_dst) + size_t(e) * bytes;
             else if (tiered && e >= vslots) o = (part == 0 ? gu_dst : dn_dst) + size_t(e - vslots) * bytes;
             const FfnExpert& x = b.experts[size_t(k)];
-            if (d.q.bits) Impl::write_quant(x, part, d.q, p, o);
+            if (gguf) Impl::write_gguf_expert(x, part, d.gg, d.gd, p, o);
+            else if (d.q.bits) Impl::write_quant(x, part, d.q, p, o);
             else if (part == 0) Impl::write_rows_host({x.gate, x.up}, dt, o);
             else Impl::write_rows_host({x.down}, dt, o);
             if (tiered && !on_disk && e < vslots)
@@ -503,6 +578,12 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
       d.s_gu = m.upload_rows({f.dense.gate, f.dense.up}, p + "mlp", dt);
       d.s_down = m.upload_rows({f.dense.down}, p + "mlp", dt);
     }
+    // The GGUF expert kernels take every part of a layer's feed-forward in
+    // a block format (a file mixing float and block tensors there has none).
+    const bool gguf_ffn = d.gg.n || d.s_gu.dt == DT_GGUF || d.s_down.dt == DT_GGUF;
+    if (gguf_ffn && ((moe && !d.gg.n) || (d.has_shared && (d.s_gu.dt != DT_GGUF || d.s_down.dt != DT_GGUF))))
+      fail_device(DeviceFailure::Unsupported, "CUDA backend: " + p +
+                                                  "feed-forward mixes GGUF block types with float tensors");
     m.L.push_back(d);
   }
   if (m.tiers) m.tiers->start();

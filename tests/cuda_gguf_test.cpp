@@ -1,0 +1,167 @@
+// GGUF weights on the CUDA backend: the block kernels (decode matvec, the
+// batched prefill's product) against the CPU's block kernels on random
+// blocks of every kind, and GGUF models' logits on the GPU against the CPU
+// backend on the same file (the prompt through the batched prefill, then
+// token by token through the decode step, then greedy ids on the device).
+// Skipped where no GPU is usable.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_model.h"
+#include "backend/cuda/op_check.h"
+#include "core/argmax.h"
+#include "core/block_quant.h"
+#include "core/dtype.h"
+#include "engine/session.h"
+#include "test_util.h"
+
+using namespace flashmoe;
+using namespace flashmoe::test;
+
+namespace {
+
+// Random blocks whose f16 scales are finite and moderate (as block_quant_test.cpp).
+std::vector<uint8_t> random_blocks(QuantKind q, int64_t rows, int64_t cols, std::mt19937& rng) {
+  const int64_t be = block_elems(q), bb = block_bytes(q), nb = rows * cols / be;
+  std::vector<uint8_t> d(size_t(nb * bb));
+  for (auto& x : d) x = uint8_t(rng());
+  std::uniform_real_distribution<float> u(-0.05f, 0.05f);
+  for (int64_t k = 0; k < nb; ++k) {
+    uint8_t* b = d.data() + k * bb;
+    auto put = [&](size_t at) {
+      const uint16_t v = f32_to_f16(u(rng));
+      std::memcpy(b + at, &v, 2);
+    };
+    switch (q) {
+      case QuantKind::Q4_1: case QuantKind::Q5_1: case QuantKind::Q4_K: case QuantKind::Q5_K:
+        put(0);
+        put(2);
+        break;
+      case QuantKind::Q6_K: put(208); break;
+      default: put(0); break;
+    }
+  }
+  return d;
+}
+
+std::vector<float> normal(std::mt19937& rng, size_t n) {
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// The largest |a - b| relative to 1 + the largest |b|.
+float rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  float e = 0.f, m = 0.f;
+  for (size_t i = 0; i < b.size(); ++i) {
+    e = std::max(e, std::fabs(a[i] - b[i]));
+    m = std::max(m, std::fabs(b[i]));
+  }
+  return e / (1.f + m);
+}
+
+class CudaGgufOps : public ::testing::TestWithParam<QuantKind> {};
+
+TEST_P(CudaGgufOps, MatvecAndProductMatchCpu) {
+  REQUIRE_GPU();
+  const QuantKind q = GetParam();
+  std::mt19937 rng(99 + int(q));
+  const int64_t rows = 70, cols = 768;  // several blocks per row; rows not a multiple of a warp's
+  std::vector<uint8_t> data = random_blocks(q, rows, cols, rng);
+  Matrix W;
+  W.dtype = DType::U8;
+  W.quant = q;
+  W.data = data.data();
+  W.rows = rows;
+  W.cols = cols;
+  const std::vector<float> x = normal(rng, size_t(cols));
+  std::vector<float> want(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) want[size_t(r)] = cpu::block_dot_row(W, r, x.data());
+  EXPECT_LE(rel_err(cuda_ops::gguf_matvec(W, x), want), 1e-5f) << quant_name(q);
+  const int T = 37;
+  const std::vector<float> A = normal(rng, size_t(T) * cols);
+  std::vector<float> wantC(size_t(T) * rows);
+  for (int t = 0; t < T; ++t)
+    for (int64_t r = 0; r < rows; ++r)
+      wantC[size_t(t) * rows + size_t(r)] = cpu::block_dot_row(W, r, A.data() + size_t(t) * cols);
+  for (int bm : {16, 32, 64})
+    EXPECT_LE(rel_err(cuda_ops::gguf_gemm(W, A, T, bm), wantC), 1e-4f) << quant_name(q) << " bm " << bm;
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, CudaGgufOps,
+                         ::testing::Values(QuantKind::Q8_0, QuantKind::Q4_0, QuantKind::Q4_1, QuantKind::Q5_0,
+                                           QuantKind::Q5_1, QuantKind::IQ4_NL, QuantKind::Q4_K, QuantKind::Q5_K,
+                                           QuantKind::Q6_K, QuantKind::IQ4_XS),
+                         [](const auto& info) { return std::string(quant_name(info.param)); });
+
+class CudaGgufModel : public ::testing::TestWithParam<const char*> {};
+
+// The tiny GGUF fixtures (Q8_0, Q4_K_M mixes with Q5_0 / Q8_0 / Q4_K, BF16;
+// qwen35 dense with tiled value heads, qwen35moe, qwen3next) on the GPU
+// against the CPU on the same file: fp32 math on both, so the logits agree
+// to rounding.
+TEST_P(CudaGgufModel, LogitsMatchCpu) {
+  REQUIRE_GPU();
+  const std::string name = GetParam();
+  const std::string file = source_path("tests/fixtures/gguf/" + name + ".gguf");
+  auto model = QwenModel::load(file);
+  auto cuda = CudaModel::upload(*model);
+  const int64_t V = model->config().vocab_size;
+  // The reference ids (the quantised files' 64 are in their -deq-f32 logits file).
+  const bool deq = name.find("bf16") == std::string::npos;
+  RefTensor ref = load_ref(file + (deq ? ".llama-logits-deq-f32.safetensors" : ".llama-logits.safetensors"), "ids");
+  ASSERT_GE(ref.ids.size(), 16u) << name;
+  std::vector<int32_t> ids(ref.ids.begin(), ref.ids.begin() + std::min<size_t>(48, ref.ids.size()));
+  ThreadPool pool(2);
+  {
+    Session cpu(cpu_of(*model), KvConfig{}, pool), gpu(gpu_view(*model, *cuda), KvConfig{}, pool);
+    const std::vector<float> a = cpu.feed_all(ids), b = gpu.feed_all(ids);
+    ASSERT_EQ(a.size(), b.size());
+    const float d = max_abs_diff(a.data(), b.data(), a.size());
+    EXPECT_LE(d, 1e-3f) << name << ": prefill";
+    std::printf("[cuda-gguf] %s prefill: max |dlogit| %.3g, mean KL %.3g\n", name.c_str(), d, mean_kl(a, b, V));
+  }
+  {
+    // Token by token: the decode step's kernels.
+    Session cpu(cpu_of(*model), KvConfig{}, pool), gpu(gpu_view(*model, *cuda), KvConfig{}, pool);
+    float worst = 0.f;
+    for (size_t i = 0; i < 12; ++i) {
+      const std::vector<float> a = cpu.feed({ids[i]}), b = gpu.feed({ids[i]});
+      ASSERT_EQ(a.size(), b.size());
+      worst = std::max(worst, max_abs_diff(a.data(), b.data(), a.size()));
+    }
+    EXPECT_LE(worst, 1e-3f) << name << ": decode";
+    std::printf("[cuda-gguf] %s decode: max |dlogit| %.3g\n", name.c_str(), worst);
+  }
+  {
+    // Greedy ids on the device (embedding rows and argmax in the step).
+    Session cpu(cpu_of(*model), KvConfig{}, pool), gpu(gpu_view(*model, *cuda), KvConfig{}, pool);
+    const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 8);
+    const std::vector<float>* l = &cpu.feed(prompt);
+    std::vector<int32_t> want;
+    for (int i = 0; i < 8; ++i) {
+      want.push_back(int32_t(argmax(l->data(), V)));
+      l = &cpu.feed({want.back()});
+    }
+    gpu.feed(prompt);
+    EXPECT_EQ(gpu.greedy(8), want) << name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGgufModel,
+                         ::testing::Values("tiny-qwen35-dense-q8_0", "tiny-qwen35-dense-bf16",
+                                           "tiny-qwen35moe-text-q4_k_m", "tiny-qwen3next-q4_k_m"),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           std::replace(s.begin(), s.end(), '-', '_');
+                           return s;
+                         });
+
+}  // namespace
