@@ -114,8 +114,8 @@ void add_kv_options(CLI::App* cmd, KvConfig* cfg) {
            cfg->recent_fraction = f;
            cfg->recent_set = true;
          },
-         "h2o / tova / snapkv: fraction of the budget kept for the most recent positions (h2o, snapkv default 0.25; tova default: "
-         "only the newest)")
+         "h2o / tova / snapkv / --kv-resident: fraction of the budget kept for the most recent positions (h2o, snapkv "
+         "default 0.25; tova default: only the newest; --kv-resident default: the newest page)")
       ->check(any_number())  // the range is checked with the other KV options
       ->type_name("F")
       ->group(group);
