@@ -14,6 +14,12 @@ MODEL_ARGS="$2"
 D="${3:-4096}"; B="${4:-1024}"; N="${5:-32}"; ROUNDS="${6:-2}"
 POLICIES=("full|" "window $B|--kv-window $B" "streaming $B|--kv-streaming $B" "h2o $B|--kv-h2o $B"
           "tova $B|--kv-tova $B")
+# The CPU-only policies: the Quest store (fp8, pages of 4, B read per query, a
+# quarter of them the recent positions) and SnapKV.
+case "$MODEL_ARGS" in
+  *"--device cuda"*) ;;
+  *) POLICIES+=("quest $B|--kv-dtype fp8 --kv-fp8-scale head --kv-resident $B --kv-page 4 --kv-recent 0.25" "snapkv $B|--kv-snapkv $B") ;;
+esac
 declare -A sum cnt
 for r in $(seq 1 "$ROUNDS"); do
   for p in "${POLICIES[@]}"; do

@@ -8,6 +8,10 @@
 #
 #   bench/kv_quality.sh [BUILD_DIR] [THREADS]      (defaults: build, 2)
 # Raw JSON of each run is kept in $OUT_DIR (default /tmp/kv_quality).
+# SCORE_FROM=1024: the decode protocol instead (each window's first 1,024
+# tokens a prompt, the rest decoded one at a time and scored: `eval
+# --score-from`), without recall and bench (prompt-compression policies
+# such as snapkv only act once decoding starts).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN="${1:-build}/flashmoe"
@@ -35,6 +39,23 @@ CONFIGS=(
   "tova 256, 0 sinks|--kv-tova 256 --kv-sinks 0"
   "tova 256, recent 0.75|--kv-tova 256 --kv-recent 0.75"
   "tova 1024, recent 0.75|--kv-tova 1024 --kv-recent 0.75"
+  "quest 256|--kv-dtype fp8 --kv-fp8-scale head --kv-resident 256 --kv-page 16"
+  "quest 1024|--kv-dtype fp8 --kv-fp8-scale head --kv-resident 1024 --kv-page 16"
+  "quest 256, recent 0.5|--kv-dtype fp8 --kv-fp8-scale head --kv-resident 256 --kv-page 16 --kv-recent 0.5"
+  "quest 1024, recent 0.5|--kv-dtype fp8 --kv-fp8-scale head --kv-resident 1024 --kv-page 16 --kv-recent 0.5"
+  "quest 256, page 8|--kv-dtype fp8 --kv-fp8-scale head --kv-resident 256 --kv-page 8"
+  "quest 256, page 8, recent 0.25|--kv-dtype fp8 --kv-fp8-scale head --kv-resident 256 --kv-page 8 --kv-recent 0.25"
+  "quest 256, page 8, recent 0.5|--kv-dtype fp8 --kv-fp8-scale head --kv-resident 256 --kv-page 8 --kv-recent 0.5"
+  "quest 256, page 4, recent 0.25|--kv-dtype fp8 --kv-fp8-scale head --kv-resident 256 --kv-page 4 --kv-recent 0.25"
+  "quest 1024, page 8, recent 0.25|--kv-dtype fp8 --kv-fp8-scale head --kv-resident 1024 --kv-page 8 --kv-recent 0.25"
+  "quest 256, page 2, recent 0.25|--kv-dtype fp8 --kv-fp8-scale head --kv-resident 256 --kv-page 2 --kv-recent 0.25"
+  "quest 256, page 4, recent 0.125|--kv-dtype fp8 --kv-fp8-scale head --kv-resident 256 --kv-page 4 --kv-recent 0.125"
+  "quest 1024, page 4, recent 0.25|--kv-dtype fp8 --kv-fp8-scale head --kv-resident 1024 --kv-page 4 --kv-recent 0.25"
+  "quest 256, layer|--kv-dtype fp8 --kv-fp8-scale head --kv-resident 256 --kv-page 16 --kv-page-select layer"
+  "quest 256, f32|--kv-resident 256 --kv-page 16"
+  "snapkv 256|--kv-snapkv 256"
+  "snapkv 1024|--kv-snapkv 1024"
+  "snapkv 256, recent 0.5|--kv-snapkv 256 --kv-recent 0.5"
 )
 # ONLY=N: just the N-th configuration (0-based); NAMES="tova 256|window 256": just those.
 [ -n "${ONLY:-}" ] && CONFIGS=("${CONFIGS[@]:$ONLY:1}")
@@ -44,6 +65,20 @@ if [ -n "${NAMES:-}" ]; then
   CONFIGS=("${sel[@]}")
 fi
 
+if [ -n "${SCORE_FROM:-}" ]; then
+  echo "| config (prompt $SCORE_FROM, then decode) | mean KL vs f32 | perplexity | positions |"
+  echo "|---|---:|---:|---:|"
+  for c in "${CONFIGS[@]}"; do
+    name="${c%%|*}"; opts="${c#*|}"
+    slug=$(echo "$name" | tr -c 'a-z0-9' '_')
+    # shellcheck disable=SC2086
+    "$BIN" eval -q -m $M -t "$T" $opts --perplexity $M/eval/code_heldout.txt --window-tokens 2048 --max-windows 4 \
+        --score-from "$SCORE_FROM" --json > "$OUT_DIR/$slug.decode.json"
+    python3 -c "import json,sys; j=json.load(open(sys.argv[2])); print(f'| {sys.argv[1]} | {j[\"mean_kl\"]:.3g} | {j[\"perplexity\"]:.3f} | {j[\"scored\"]} |')" \
+        "$name" "$OUT_DIR/$slug.decode.json"
+  done
+  exit 0
+fi
 echo "| config | KV bytes @2048 | mean KL vs f32 | perplexity | recall 64 | recall 256 | recall 1024 | recall 1700 | recall all | decode tok/s (bench tg128) | decode tok/s (recall) |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for c in "${CONFIGS[@]}"; do

@@ -141,6 +141,39 @@ TEST(Eval, MeanKlZeroForReferencePositiveForFp8) {
   EXPECT_EQ(eval_perplexity(test::cpu_of(*cm.model), cm.heldout, fp8, pool, no_kl).mean_kl, 0.0);
 }
 
+// --score-from S: the first S tokens of each window are a prompt, the rest
+// are decoded one at a time and scored. The f32 full cache gives the
+// by-hand NLL of those positions; SnapKV (which compresses only when
+// decoding starts) is the full cache when the whole window is the prompt
+// (KL exactly 0) and not once it decodes with 32 of 64+ positions.
+TEST(Eval, ScoreFromDecodesTheTail) {
+  CoderMini& cm = coder_mini();
+  const int64_t W = 128, S = 64, V = cm.model->config().vocab_size;
+  ThreadPool pool(2);
+  PerplexityOptions po;
+  po.window_tokens = W;
+  po.max_windows = 1;
+  po.score_from = S;
+  const PerplexityResult r = eval_perplexity(test::cpu_of(*cm.model), cm.heldout, KvConfig{}, pool, po);
+  EXPECT_EQ(r.scored, W - 1 - S);
+  const std::vector<int32_t> win(cm.heldout.begin(), cm.heldout.begin() + W);
+  Session s(test::cpu_of(*cm.model), KvConfig{}, pool);
+  const std::vector<float> logits = s.feed_all(win);
+  double nll = 0;
+  for (int64_t i = S; i + 1 < W; ++i) nll += ref_nll(logits.data() + i * V, V, win[size_t(i + 1)]);
+  const double ppl = std::exp(nll / double(W - 1 - S));
+  EXPECT_NEAR(r.perplexity, ppl, 1e-4 * ppl);
+
+  KvConfig snap;
+  snap.snapkv_budget = 32;
+  po.score_from = 0;
+  EXPECT_EQ(eval_perplexity(test::cpu_of(*cm.model), cm.heldout, snap, pool, po).mean_kl, 0.0);
+  po.score_from = S;
+  EXPECT_GT(eval_perplexity(test::cpu_of(*cm.model), cm.heldout, snap, pool, po).mean_kl, 1e-4);
+  po.score_from = W - 1;
+  EXPECT_THROW(eval_perplexity(test::cpu_of(*cm.model), cm.heldout, KvConfig{}, pool, po), Error);
+}
+
 TEST(Eval, PerplexityErrors) {
   CoderMini& cm = coder_mini();
   ThreadPool pool(1);

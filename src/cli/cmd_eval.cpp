@@ -23,6 +23,7 @@ struct EvalArgs {
   std::string perplexity, recall;
   int64_t window_tokens = 2048;
   int64_t max_windows = 0;
+  int64_t score_from = 0;
   bool json = false;
   bool quiet = false;
 };
@@ -78,12 +79,14 @@ void run_eval(ModelOptions& mo, const EvalArgs& a) {
     po.window_tokens = a.window_tokens;
     po.max_windows = a.max_windows;
     po.reference = reference.get();
+    po.score_from = a.score_from;
     const PerplexityResult r = eval_perplexity(*backend, text_ids, mo.kv, pool, po, progress);
     if (tty) std::fprintf(stderr, "\n");
     out["perplexity"] = r.perplexity;
     out["mean_kl"] = r.mean_kl;
     out["windows"] = r.windows;
     out["window_tokens"] = a.window_tokens;
+    out["scored"] = r.scored;
     kv_bytes = std::max(kv_bytes, r.kv_bytes);
     std::snprintf(buf, sizeof buf, "perplexity: %.4f over %lld windows of %lld tokens (%lld positions)\n",
                   r.perplexity, (long long)r.windows, (long long)a.window_tokens, (long long)r.scored);
@@ -142,6 +145,12 @@ Registrar reg_eval(35, [](CLI::App& app) {
       ->capture_default_str()
       ->check(integer_between(2, int64_t(1) << 40));
   cmd->add_option("--max-windows", a->max_windows, "Evaluate at most this many windows (0: all)")
+      ->capture_default_str()
+      ->check(integer_at_least(0));
+  cmd->add_option("--score-from", a->score_from,
+                  "Feed each window's first N tokens as a prompt and the rest one token at a time (decoding), and score "
+                  "only the predictions from position N on (llama-perplexity's KL mode scores the second half: 1024 of "
+                  "2048; --kv-snapkv compresses the prompt there)")
       ->capture_default_str()
       ->check(integer_at_least(0));
   cmd->add_flag("--json", a->json, "Print one JSON object on stdout instead of the text summary");

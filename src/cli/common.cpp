@@ -61,6 +61,11 @@ void finalize_model_options(ModelOptions* opt) {
   // The CUDA attention kernels read K and V unrotated.
   if (opt->kv.dtype == KvDType::FP8 && opt->kv.fp8_scale == Fp8ScaleMode::Rotated && opt->device.cpu_only.empty())
     opt->device.cpu_only = "--kv-fp8-scale rotated";
+  // The CUDA KV layers have no page store.
+  if (opt->kv.retention() == KvRetention::Quest && opt->device.cpu_only.empty())
+    opt->device.cpu_only = "--kv-resident";
+  if (opt->kv.retention() == KvRetention::SnapKV && opt->device.cpu_only.empty())
+    opt->device.cpu_only = "--kv-snapkv";
   // "GB" or "N%" into gb or fraction.
   auto size = [](const std::string& flag, const std::string& v, double* gb, double* fraction) {
     const bool pct = v.back() == '%';

@@ -55,12 +55,57 @@ void add_kv_options(CLI::App* cmd, KvConfig* cfg) {
       ->type_name("B")
       ->group(group);
   cmd->add_option_function<int64_t>(
+         "--kv-snapkv",
+         [cfg](int64_t b) {
+           if (b <= 0) fail("--kv-snapkv must be positive (got " + std::to_string(b) + ")");
+           cfg->snapkv_budget = b;
+         },
+         "SnapKV prompt compression to B positions: the prompt is kept whole until decoding starts, then cut to "
+         "the sinks, the recent share (--kv-recent, default 0.25) and the positions the prompt's last 32 queries "
+         "attend to most; during decoding the recent share is a window (CPU only)")
+      ->check(integer_at_least(1))
+      ->type_name("B")
+      ->group(group);
+  cmd->add_option_function<int64_t>(
+         "--kv-resident",
+         [cfg](int64_t n) {
+           if (n <= 0) fail("--kv-resident must be positive (got " + std::to_string(n) + ")");
+           cfg->resident = n;
+         },
+         "Quest-style retrieval: every position stays stored (in --kv-dtype; fp8 for the bounded-memory use), in "
+         "pages with per-channel key bounds; each query attends over at most N positions: the first page, the "
+         "newest page (the last F x N positions with --kv-recent F) and the pages whose key bounds score highest for "
+         "that query (CPU only; docs/kv-quality.md measures --kv-page 4 --kv-recent 0.25 best)")
+      ->check(integer_at_least(1))
+      ->type_name("N")
+      ->group(group);
+  cmd->add_option_function<int64_t>(
+         "--kv-page",
+         [cfg](int64_t p) {
+           if (p <= 0) fail("--kv-page must be positive (got " + std::to_string(p) + ")");
+           cfg->page = p;
+           cfg->page_set = true;
+         },
+         "with --kv-resident: positions per page (default 16)")
+      ->check(integer_at_least(1))
+      ->type_name("P")
+      ->group(group);
+  cmd->add_option_function<std::string>(
+         "--kv-page-select",
+         [cfg](const std::string& s) {
+           cfg->quest_select = parse_quest_select(s);
+           cfg->page_set = true;
+         },
+         "with --kv-resident: choose pages per KV head (default) or once per layer for all heads")
+      ->type_name("head|layer")
+      ->group(group);
+  cmd->add_option_function<int64_t>(
          "--kv-sinks",
          [cfg](int64_t n) {
            cfg->sinks = n;
            cfg->sinks_set = true;
          },
-         "h2o / tova / streaming: first positions always kept (default 4)")
+         "h2o / tova / snapkv / streaming: first positions always kept (default 4)")
       ->check(integer_at_least(0))
       ->type_name("N")
       ->group(group);
@@ -70,8 +115,8 @@ void add_kv_options(CLI::App* cmd, KvConfig* cfg) {
            cfg->recent_fraction = f;
            cfg->recent_set = true;
          },
-         "h2o / tova: fraction of the budget kept for the most recent positions (h2o default 0.25; tova default: "
-         "only the newest)")
+         "h2o / tova / snapkv / --kv-resident: fraction of the budget kept for the most recent positions (h2o, snapkv "
+         "default 0.25; tova default: only the newest; --kv-resident default: the newest page)")
       ->check(any_number())  // the range is checked with the other KV options
       ->type_name("F")
       ->group(group);

@@ -49,6 +49,22 @@ double kl_of(const float* ref, const float* x, int64_t vocab) {
   return std::max(kl, 0.0);  // rounding can leave a tiny negative for identical rows
 }
 
+// The logits after every token of `win` ([W, vocab]): the whole window as one
+// prompt, or with score_from > 0 the first score_from tokens as the prompt
+// and the others fed one at a time, as decoding feeds them (rows before
+// score_from are left 0: they are not scored).
+static std::vector<float> feed_window(Session& s, const std::vector<int32_t>& win, int64_t score_from) {
+  if (score_from == 0) return s.feed_all(win);
+  const int64_t W = int64_t(win.size()), V = s.backend().config().vocab_size;
+  std::vector<float> logits(size_t(W * V), 0.0f);
+  s.feed(std::vector<int32_t>(win.begin(), win.begin() + score_from));
+  for (int64_t i = score_from; i < W; ++i) {
+    const std::vector<float>& l = s.feed({win[size_t(i)]});
+    std::copy(l.begin(), l.end(), logits.begin() + i * V);
+  }
+  return logits;
+}
+
 size_t eval_kv_bytes(const ModelConfig& cfg, const KvConfig& kv, int64_t tokens) {
   return size_t(kv_cache_bytes(cfg, kv, tokens));
 }
@@ -65,6 +81,9 @@ PerplexityResult eval_perplexity(const Backend& model, const std::vector<int32_t
   if (n_win == 0)
     fail("the text has " + std::to_string(ids.size()) + " tokens, fewer than one window of " + std::to_string(W) +
          " (lower --window-tokens)");
+  if (opt.score_from < 0 || opt.score_from >= W - 1)
+    fail("--score-from " + std::to_string(opt.score_from) + " leaves nothing to score in windows of " +
+         std::to_string(W) + " tokens (it must be below " + std::to_string(W - 1) + ")");
   if (opt.max_windows > 0) n_win = std::min(n_win, opt.max_windows);
 
   const int64_t V = model.config().vocab_size;
@@ -83,16 +102,17 @@ PerplexityResult eval_perplexity(const Backend& model, const std::vector<int32_t
     std::vector<float> logits;
     {
       Session s(model, kv, pool);
-      logits = s.feed_all(win);
+      logits = feed_window(s, win, opt.score_from);
     }
     r.kv_bytes = std::max(r.kv_bytes, eval_kv_bytes(model.config(), kv, W));
-    for (int64_t i = 0; i + 1 < W; ++i) nll += nll_of(logits.data() + i * V, V, win[size_t(i + 1)]);
+    const int64_t i0 = opt.score_from;
+    for (int64_t i = i0; i + 1 < W; ++i) nll += nll_of(logits.data() + i * V, V, win[size_t(i + 1)]);
     if (do_kl) {
       Session ref(ref_model, ref_kv, pool);
-      const std::vector<float> ref_logits = ref.feed_all(win);
-      for (int64_t i = 0; i + 1 < W; ++i) kl += kl_of(ref_logits.data() + i * V, logits.data() + i * V, V);
+      const std::vector<float> ref_logits = feed_window(ref, win, opt.score_from);
+      for (int64_t i = i0; i + 1 < W; ++i) kl += kl_of(ref_logits.data() + i * V, logits.data() + i * V, V);
     }
-    r.scored += W - 1;
+    r.scored += W - 1 - i0;
     r.windows = w + 1;
   }
   r.mean_nll = nll / double(r.scored);

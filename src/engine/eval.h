@@ -27,6 +27,12 @@ bool is_reference_kv(const KvConfig& kv);
 struct PerplexityOptions {
   int64_t window_tokens = 2048;
   int64_t max_windows = 0;  // 0: every full window of the text
+  // > 0: each window's first score_from tokens are fed as one prompt and
+  // the others one at a time (decoding), and only the predictions made at
+  // positions >= score_from are scored. llama-perplexity scores the second
+  // half of each chunk, so 1024 with windows of 2048 compares the same
+  // positions; and prompt-compression policies (snapkv) compress there.
+  int64_t score_from = 0;
   bool kl = true;           // also run the f32-full reference and measure KL
   // Where the f32-full reference runs; null: on the measured backend. Another
   // backend when the measured one changes the model itself (eval --moe-top-k:

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -23,7 +24,7 @@ KvCache::KvCache(int64_t num_kv_heads, int64_t head_dim, const KvConfig& cfg)
   if (rotated_ && (hd_ & (hd_ - 1)) != 0)
     fail("--kv-fp8-scale rotated needs a power-of-two head_dim (this model's is " + std::to_string(hd_) + ")");
   cap_ = cfg_.capacity();
-  if (cap_ > 0) {
+  if (cap_ > 0 && ret_ != KvRetention::SnapKV) {  // snapkv grows during the prompt
     // Allocated once, with the element size of this config; never grows.
     k_.assign(size_t(cap_ * row_) * el_, 0);
     v_.assign(size_t(cap_ * row_) * el_, 0);
@@ -38,20 +39,29 @@ void KvCache::clear() {
   n_ = 0;
   appended_ = 0;
   last_pos_ = -1;
-  if (cap_ == 0) {  // full: give the memory back
+  compressed_ = false;
+  obs_n_ = 0;
+  obs_last_slot_ = -1;
+  ring_ = 0;
+  if (cap_ == 0 || ret_ == KvRetention::SnapKV) {  // full, quest, snapkv: give the memory back
     k_.clear(); k_.shrink_to_fit();
     v_.clear(); v_.shrink_to_fit();
     ks_.clear(); ks_.shrink_to_fit();
     vs_.clear(); vs_.shrink_to_fit();
     pos_.clear(); pos_.shrink_to_fit();
     scratch_.probs.clear(); scratch_.probs.shrink_to_fit();
+    kmin_.clear(); kmin_.shrink_to_fit();
+    kmax_.clear(); kmax_.shrink_to_fit();
+    sel_.clear();
+    sel_all_ = true;
   } else if (!acc_.empty()) {
     std::fill(acc_.begin(), acc_.end(), 0.0f);
   }
 }
 
 size_t KvCache::bytes() const {
-  return k_.capacity() + v_.capacity() + (ks_.capacity() + vs_.capacity() + acc_.capacity()) * sizeof(float) +
+  return k_.capacity() + v_.capacity() +
+         (ks_.capacity() + vs_.capacity() + acc_.capacity() + kmin_.capacity() + kmax_.capacity()) * sizeof(float) +
          pos_.capacity() * sizeof(int64_t);
 }
 
@@ -187,6 +197,7 @@ void KvCache::append(int64_t pos, const float* k, const float* v) {
   int64_t slot = 0;
   switch (ret_) {
     case KvRetention::Full:
+    case KvRetention::Quest:
       slot = n_;
       ensure_slots(n_ + 1);
       ++n_;
@@ -201,6 +212,19 @@ void KvCache::append(int64_t pos, const float* k, const float* v) {
       n_ = std::min(n_ + 1, cap_);
       break;
     }
+    case KvRetention::SnapKV:
+      if (!compressed_) {  // the prompt: every position
+        slot = n_;
+        ensure_slots(n_ + 1);
+        ++n_;
+      } else if (n_ < cap_) {
+        slot = n_++;
+      } else {  // the window share: overwrite its oldest
+        const int64_t R = cfg_.snapkv_recent();
+        slot = cap_ - R + ring_ % R;
+        ++ring_;
+      }
+      break;
     case KvRetention::H2O:
     case KvRetention::Tova:
       if (n_ == cap_) evict_lowest_score();
@@ -214,70 +238,273 @@ void KvCache::append(int64_t pos, const float* k, const float* v) {
     case KvDType::F16: store<KvDType::F16>(slot, k, v); break;
     case KvDType::FP8: store<KvDType::FP8>(slot, k, v); break;
   }
+  if (ret_ == KvRetention::Quest) {
+    switch (cfg_.dtype) {
+      case KvDType::F32: update_page_bounds<KvDType::F32>(slot); break;
+      case KvDType::BF16: update_page_bounds<KvDType::BF16>(slot); break;
+      case KvDType::F16: update_page_bounds<KvDType::F16>(slot); break;
+      case KvDType::FP8: update_page_bounds<KvDType::FP8>(slot); break;
+    }
+  }
   pos_[size_t(slot)] = pos;
   last_pos_ = pos;
   ++appended_;
+}
+
+// ---------------------------------------------------------------- snapkv
+
+void KvCache::observe_query(const float* q, int64_t num_heads, float scale) {
+  if (!observes_queries()) return;
+  check_heads(num_heads);
+  const int64_t W = KvConfig::kSnapObserved, w = num_heads * hd_;
+  if (obs_heads_ != num_heads) {
+    obs_heads_ = num_heads;
+    obs_q_.assign(size_t(W * w), 0.0f);
+    obs_n_ = 0;
+  }
+  std::memcpy(obs_q_.data() + (obs_n_ % W) * w, q, size_t(w) * 4);
+  ++obs_n_;
+  obs_scale_ = scale;
+  obs_last_slot_ = n_ - 1;
+}
+
+void KvCache::begin_decode() {
+  if (ret_ != KvRetention::SnapKV || compressed_) return;
+  if (n_ > cap_) snapkv_compress();
+  // Bounded from here on: B slots.
+  ensure_slots(cap_);
+  k_.resize(size_t(cap_ * row_) * el_); k_.shrink_to_fit();
+  v_.resize(size_t(cap_ * row_) * el_); v_.shrink_to_fit();
+  ks_.resize(size_t(cap_ * ns_)); ks_.shrink_to_fit();
+  vs_.resize(size_t(cap_ * ns_)); vs_.shrink_to_fit();
+  pos_.resize(size_t(cap_)); pos_.shrink_to_fit();
+  obs_q_.clear(); obs_q_.shrink_to_fit();
+  compressed_ = true;
+  ring_ = 0;
+}
+
+void KvCache::snapkv_compress() {
+  const int64_t n = n_, B = cap_, R = cfg_.snapkv_recent(), S = std::min(cfg_.sinks, B - R);
+  const int64_t W = KvConfig::kSnapObserved, nh = obs_heads_, G = nh > 0 ? nh / nkv_ : 0;
+  // The observed queries belong to the last slots, the newest at obs_last_slot_.
+  const int64_t nobs = obs_last_slot_ == n - 1 ? std::min({obs_n_, W, n}) : 0;
+  std::vector<double> score(size_t(n), 0.0);
+  std::vector<float> keys(static_cast<size_t>(n * row_)), vtmp(static_cast<size_t>(row_)), logit(static_cast<size_t>(n));
+  for (int64_t s = 0; s < n; ++s) dequantize(s, keys.data() + s * row_, vtmp.data());
+  for (int64_t j = 0; j < nobs; ++j) {
+    const int64_t t = n - nobs + j;  // the query's own slot: it saw slots [0, t]
+    const float* q = obs_q_.data() + ((obs_n_ - nobs + j) % W) * nh * hd_;
+    for (int64_t h = 0; h < nh; ++h) {
+      const int64_t kvh = h / G;
+      float mx = -INFINITY;
+      for (int64_t s = 0; s <= t; ++s) {
+        logit[size_t(s)] = cpu::simd::dot_f32(q + h * hd_, keys.data() + s * row_ + kvh * hd_, hd_) * obs_scale_;
+        mx = std::max(mx, logit[size_t(s)]);
+      }
+      double z = 0;
+      for (int64_t s = 0; s <= t; ++s) z += std::exp(double(logit[size_t(s)] - mx));
+      for (int64_t s = 0; s <= t; ++s) score[size_t(s)] += std::exp(double(logit[size_t(s)] - mx)) / z;
+    }
+  }
+  const int64_t half = KvConfig::kSnapPool / 2;
+  std::vector<int64_t> cand;
+  for (int64_t s = S; s < n - R; ++s) cand.push_back(s);
+  std::vector<double> pooled(size_t(n), 0.0);
+  for (int64_t s : cand) {
+    double m = 0;
+    for (int64_t u = std::max<int64_t>(0, s - half); u <= std::min(n - 1, s + half); ++u) m = std::max(m, score[size_t(u)]);
+    pooled[size_t(s)] = m;
+  }
+  const int64_t take = B - R - S;
+  // Highest pooled score first; ties (a pool spreads one peak over its 7
+  // neighbours): the higher own score, then the newer.
+  std::partial_sort(cand.begin(), cand.begin() + take, cand.end(), [&](int64_t a, int64_t b) {
+    if (pooled[size_t(a)] != pooled[size_t(b)]) return pooled[size_t(a)] > pooled[size_t(b)];
+    if (score[size_t(a)] != score[size_t(b)]) return score[size_t(a)] > score[size_t(b)];
+    return a > b;
+  });
+  std::vector<int64_t> keep;
+  for (int64_t s = 0; s < S; ++s) keep.push_back(s);
+  std::vector<int64_t> chosen(cand.begin(), cand.begin() + take);
+  std::sort(chosen.begin(), chosen.end());
+  keep.insert(keep.end(), chosen.begin(), chosen.end());
+  for (int64_t s = n - R; s < n; ++s) keep.push_back(s);
+  // keep is ascending and keep[i] >= i: moving row keep[i] to slot i in
+  // order never overwrites a row still to be moved.
+  const size_t rb = size_t(row_) * el_;
+  for (int64_t i = 0; i < B; ++i) {
+    const int64_t from = keep[size_t(i)];
+    if (from == i) continue;
+    std::memcpy(k_.data() + size_t(i) * rb, k_.data() + size_t(from) * rb, rb);
+    std::memcpy(v_.data() + size_t(i) * rb, v_.data() + size_t(from) * rb, rb);
+    for (int64_t b = 0; b < ns_; ++b) {
+      ks_[size_t(i * ns_ + b)] = ks_[size_t(from * ns_ + b)];
+      vs_[size_t(i * ns_ + b)] = vs_[size_t(from * ns_ + b)];
+    }
+    pos_[size_t(i)] = pos_[size_t(from)];
+  }
+  n_ = B;
+}
+
+// ---------------------------------------------------------------- quest
+
+template <KvDType T>
+void KvCache::update_page_bounds(int64_t slot) {
+  const int64_t P = cfg_.page, page = slot / P;
+  if (int64_t(kmin_.size()) < (page + 1) * row_) {
+    kmin_.resize(size_t((page + 1) * row_));
+    kmax_.resize(size_t((page + 1) * row_));
+  }
+  if (scratch_.krow.size() < size_t(hd_)) scratch_.krow.resize(size_t(hd_));
+  for (int64_t kvh = 0; kvh < nkv_; ++kvh) {
+    // The key as attention will read it (decoded, stored basis).
+    const float* kr = row<T>(k_, ks_, slot, kvh, scratch_.krow.data());
+    float* mn = kmin_.data() + page * row_ + kvh * hd_;
+    float* mx = kmax_.data() + page * row_ + kvh * hd_;
+    if (slot % P == 0) {
+      std::memcpy(mn, kr, size_t(hd_) * 4);
+      std::memcpy(mx, kr, size_t(hd_) * 4);
+    } else {
+      for (int64_t c = 0; c < hd_; ++c) {
+        mn[c] = std::min(mn[c], kr[c]);
+        mx[c] = std::max(mx[c], kr[c]);
+      }
+    }
+  }
+}
+
+void KvCache::quest_select_pages(const float* q, int64_t num_heads) {
+  const int64_t P = cfg_.page, G = num_heads / nkv_;
+  // Always read: page 0 and the recent pages [recent0, ...), those holding
+  // the last max(1, R) positions, R = floor(--kv-recent F x resident) (0
+  // without --kv-recent: the newest page alone). Then whole middle pages
+  // [1, recent0) while they fit (validate() keeps resident >= R + 2P, so
+  // recent0 >= 2 when n_ > resident).
+  const int64_t R = cfg_.recent_set ? int64_t(std::floor(cfg_.recent_fraction * double(cfg_.resident))) : 0;
+  const int64_t recent0 = (n_ - std::max<int64_t>(1, R)) / P;
+  const int64_t take = std::min(recent0 - 1, (cfg_.resident - P - (n_ - recent0 * P)) / P);
+  if (rotated_) {  // the bounds are over H k: score with H q
+    rot_.assign(q, q + num_heads * hd_);
+    for (int64_t h = 0; h < num_heads; ++h) kv_kernels::hadamard_ortho(rot_.data() + h * hd_, hd_);
+    q = rot_.data();
+  }
+  const bool per_head = cfg_.quest_select == QuestSelect::Head;
+  const int64_t groups = per_head ? nkv_ : 1;
+  sel_.resize(size_t(nkv_));
+  page_bound_.assign(size_t(recent0), 0.0f);
+  for (int64_t gi = 0; gi < groups; ++gi) {
+    const int64_t h_begin = per_head ? gi * G : 0, h_end = per_head ? (gi + 1) * G : num_heads;
+    for (int64_t j = 1; j < recent0; ++j) {
+      float best = -INFINITY;
+      for (int64_t h = h_begin; h < h_end; ++h) {
+        const float* qh = q + h * hd_;
+        const float* mn = kmin_.data() + j * row_ + (h / G) * hd_;
+        const float* mx = kmax_.data() + j * row_ + (h / G) * hd_;
+        float u = 0.0f;
+        for (int64_t c = 0; c < hd_; ++c) u += std::max(qh[c] * mn[c], qh[c] * mx[c]);
+        best = std::max(best, u);
+      }
+      page_bound_[size_t(j)] = best;
+    }
+    page_order_.resize(size_t(std::max<int64_t>(0, recent0 - 1)));
+    std::iota(page_order_.begin(), page_order_.end(), int64_t(1));
+    // Highest bound first; ties: the newer page.
+    std::partial_sort(page_order_.begin(), page_order_.begin() + take, page_order_.end(), [&](int64_t a, int64_t b) {
+      const float ua = page_bound_[size_t(a)], ub = page_bound_[size_t(b)];
+      return ua != ub ? ua > ub : a > b;
+    });
+    std::sort(page_order_.begin(), page_order_.begin() + take);
+    std::vector<int64_t>& out = sel_[size_t(per_head ? gi : 0)];
+    out.clear();
+    auto add_page = [&](int64_t j) {
+      for (int64_t s = j * P; s < std::min(n_, (j + 1) * P); ++s) out.push_back(s);
+    };
+    add_page(0);
+    for (int64_t i = 0; i < take; ++i) add_page(page_order_[size_t(i)]);
+    for (int64_t j = recent0; j * P < n_; ++j) add_page(j);
+  }
+  if (!per_head)
+    for (int64_t kvh = 1; kvh < nkv_; ++kvh) sel_[size_t(kvh)] = sel_[0];
+}
+
+std::vector<int64_t> KvCache::quest_selected(int64_t kvh) const {
+  if (kvh < 0 || kvh >= nkv_) fail("KvCache::quest_selected: KV head out of range");
+  if (ret_ != KvRetention::Quest || sel_all_ || sel_.empty()) {
+    std::vector<int64_t> all(static_cast<size_t>(n_));
+    std::iota(all.begin(), all.end(), int64_t(0));
+    return all;
+  }
+  return sel_[size_t(kvh)];
 }
 
 // ---------------------------------------------------------------- attention
 
 template <KvDType T>
 void KvCache::attend_impl(const float* q, int64_t num_heads, float scale, float* out, int64_t slots,
-                          AttendScratch& sc) const {
-  const int64_t n = slots, G = num_heads / nkv_;
+                          AttendScratch& sc, const std::vector<int64_t>* sel) const {
+  const int64_t G = num_heads / nkv_;
+  // probs is [num_heads][stride]: each KV head's group reads its own n slots.
+  int64_t stride = slots;
+  if (sel) {
+    stride = 0;
+    for (int64_t kvh = 0; kvh < nkv_; ++kvh) stride = std::max(stride, int64_t(sel[kvh].size()));
+  }
   std::fill(out, out + num_heads * hd_, 0.0f);
-  if (n == 0) return;
+  if (stride == 0) return;
   if (sc.krow.size() < size_t(hd_)) sc.krow.resize(size_t(hd_));
-  if (T != KvDType::F32 && sc.vtile.size() < size_t(kTile * hd_)) sc.vtile.resize(size_t(kTile * hd_));
+  if ((T != KvDType::F32 || sel) && sc.vtile.size() < size_t(kTile * hd_)) sc.vtile.resize(size_t(kTile * hd_));
   const bool rot = T == KvDType::FP8 && rotated_;
   if (rot) {  // scores against H k need H q
     sc.rot.assign(q, q + num_heads * hd_);
     for (int64_t h = 0; h < num_heads; ++h) kv_kernels::hadamard_ortho(sc.rot.data() + h * hd_, hd_);
     q = sc.rot.data();
   }
-  if (sc.probs.size() < size_t(num_heads * n)) sc.probs.resize(size_t(num_heads * n));
+  if (sc.probs.size() < size_t(num_heads * stride)) sc.probs.resize(size_t(num_heads * stride));
   float* probs = sc.probs.data();
   for (int64_t kvh = 0; kvh < nkv_; ++kvh) {
     const int64_t h0 = kvh * G;
     const float* qg = q + h0 * hd_;
+    const int64_t* idx = sel ? sel[kvh].data() : nullptr;  // i-th slot read: idx[i], or i
+    const int64_t n = sel ? int64_t(sel[kvh].size()) : slots;
+    if (n == 0) continue;
     // Scores: each K row is decoded once and used by the G query heads of its group.
-    for (int64_t s = 0; s < n; ++s) {
-      const float* kr = row<T>(k_, ks_, s, kvh, sc.krow.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const float* kr = row<T>(k_, ks_, idx ? idx[i] : i, kvh, sc.krow.data());
       int64_t g = 0;
       for (; g + 4 <= G; g += 4) {
         float o[4];
         cpu::simd::dot4_f32(qg + g * hd_, hd_, kr, hd_, o);
-        for (int j = 0; j < 4; ++j) probs[(h0 + g + j) * n + s] = o[j] * scale;
+        for (int j = 0; j < 4; ++j) probs[(h0 + g + j) * stride + i] = o[j] * scale;
       }
-      for (; g < G; ++g) probs[(h0 + g) * n + s] = cpu::simd::dot_f32(qg + g * hd_, kr, hd_) * scale;
+      for (; g < G; ++g) probs[(h0 + g) * stride + i] = cpu::simd::dot_f32(qg + g * hd_, kr, hd_) * scale;
     }
     for (int64_t g = 0; g < G; ++g) {
-      float* p = probs + (h0 + g) * n;
+      float* p = probs + (h0 + g) * stride;
       const float mx = *std::max_element(p, p + n);
       const float inv = 1.0f / kv_kernels::exp_shifted_sum(p, n, mx);
-      for (int64_t s = 0; s < n; ++s) p[s] *= inv;
+      for (int64_t i = 0; i < n; ++i) p[i] *= inv;
     }
     // Values, a tile of rows at a time: each row is decoded once into the
-    // tile (f32 storage is read in place), and every head of the group
-    // accumulates the tile in registers.
+    // tile (f32 storage read in order is used in place), and every head of
+    // the group accumulates the tile in registers.
     for (int64_t s0 = 0; s0 < n; s0 += kTile) {
       const int64_t nt = std::min(kTile, n - s0);
       const float* tile;
       int64_t ld;
-      if constexpr (T == KvDType::F32) {
+      if (T == KvDType::F32 && !idx) {
         tile = reinterpret_cast<const float*>(v_.data()) + s0 * row_ + kvh * hd_;
         ld = row_;
       } else {
         for (int64_t r = 0; r < nt; ++r) {
           float* dst = sc.vtile.data() + r * hd_;
-          const float* src = row<T>(v_, vs_, s0 + r, kvh, dst);
+          const float* src = row<T>(v_, vs_, idx ? idx[s0 + r] : s0 + r, kvh, dst);
           if (src != dst) std::memcpy(dst, src, size_t(hd_) * 4);
         }
         tile = sc.vtile.data();
         ld = hd_;
       }
       for (int64_t g = 0; g < G; ++g)
-        kv_kernels::weighted_rows_acc(tile, ld, probs + (h0 + g) * n + s0, nt, out + (h0 + g) * hd_, hd_);
+        kv_kernels::weighted_rows_acc(tile, ld, probs + (h0 + g) * stride + s0, nt, out + (h0 + g) * hd_, hd_);
     }
   }
   if (rot)  // out = H (sum_s p_s v_s): back to the model's basis
@@ -307,11 +534,20 @@ void KvCache::attend_prefix(const float* q, int64_t num_heads, float scale, floa
 
 void KvCache::attend(const float* q, int64_t num_heads, float scale, float* out) {
   check_heads(num_heads);
+  if (observes_queries()) observe_query(q, num_heads, scale);
+  const std::vector<int64_t>* sel = nullptr;
+  if (ret_ == KvRetention::Quest) {
+    sel_all_ = n_ <= cfg_.resident;
+    if (!sel_all_) {
+      quest_select_pages(q, num_heads);
+      sel = sel_.data();
+    }
+  }
   switch (cfg_.dtype) {
-    case KvDType::F32: attend_impl<KvDType::F32>(q, num_heads, scale, out, n_, scratch_); break;
-    case KvDType::BF16: attend_impl<KvDType::BF16>(q, num_heads, scale, out, n_, scratch_); break;
-    case KvDType::F16: attend_impl<KvDType::F16>(q, num_heads, scale, out, n_, scratch_); break;
-    case KvDType::FP8: attend_impl<KvDType::FP8>(q, num_heads, scale, out, n_, scratch_); break;
+    case KvDType::F32: attend_impl<KvDType::F32>(q, num_heads, scale, out, n_, scratch_, sel); break;
+    case KvDType::BF16: attend_impl<KvDType::BF16>(q, num_heads, scale, out, n_, scratch_, sel); break;
+    case KvDType::F16: attend_impl<KvDType::F16>(q, num_heads, scale, out, n_, scratch_, sel); break;
+    case KvDType::FP8: attend_impl<KvDType::FP8>(q, num_heads, scale, out, n_, scratch_, sel); break;
   }
   if (n_ == 0) return;
   if (ret_ == KvRetention::Tova) std::fill(acc_.begin(), acc_.begin() + n_, 0.0f);

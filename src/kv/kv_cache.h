@@ -50,6 +50,42 @@
 //              h2o), so the position the latest query attended to least is
 //              the one that goes when the next token arrives (ties: the
 //              oldest). The latest query's own token can go too.
+//   quest N, P: Quest-style query-aware retrieval (Tang et al. 2024, "Quest:
+//              Query-Aware Sparsity for Efficient Long-Context LLM
+//              Inference"). Storage as `full` (every position, in the KV
+//              dtype), slot = position order, pages of P consecutive slots
+//              (page j: slots [jP, jP + P)), each with the per-channel
+//              minimum and maximum of its stored keys per KV head (as
+//              decoded: what attention reads, in the stored basis, so the
+//              bound is exact for fp8 and `rotated` too). While the cache
+//              holds <= N positions attend() is the full attention. Beyond,
+//              each attend() scores every page j by the upper bound of q.k
+//              over it, U_j(q) = sum_c max(q_c min_c, q_c max_c), takes the
+//              largest over the query heads that share the choice (the G
+//              heads of one KV head, or all heads with `layer` selection),
+//              keeps page 0 (the sinks) and the newest page (partial or not)
+//              and then the highest-U pages (ties: the newer) while whole
+//              pages fit in N, and runs an exact softmax over the chosen
+//              positions only (in slot order). Nothing is evicted.
+//   snapkv B:  SnapKV (Li et al. 2024, "SnapKV: LLM Knows What You Are
+//              Looking for Before Generation"). While the prompt runs,
+//              storage is `full` (so prompts attend as batches) and the
+//              caller hands over every prompt query (observe_query; the
+//              last kSnapObserved are kept). begin_decode() (the model
+//              calls it before the first single-token step) cuts a cache of
+//              n > B positions to B: the first `sinks`, the last R =
+//              snapkv_recent(), and of the others the B - sinks - R with the
+//              highest pooled score (ties: the higher own score, then the
+//              newer), in order. score(s) =
+//              sum over the observed queries j (each the query of slot t_j,
+//              the last slots) and all heads of softmax_{s' <= t_j}(q.k
+//              scale)[s]; pooled(s) = max of score over [s - 3, s + 3] (7
+//              neighbours, clipped), one choice for all KV heads. Then
+//              slots [0, B - R) stay and slots [B - R, B) are a circular
+//              window: each new token overwrites the oldest of them. A
+//              prompt of <= B positions is kept whole and fills up to B
+//              the same way. Chosen per layer (one slot order for the KV
+//              heads), as the eviction policies are.
 //   RoPE is applied before append(); nothing here ever re-rotates.
 #pragma once
 #include <cstdint>
@@ -81,7 +117,18 @@ class KvCache {
   // `full` retention nothing is ever evicted or overwritten, so slots
   // [0, s) hold the first s positions in order, and a prompt's keys and
   // values can all be appended before any of its tokens attends.
-  bool supports_prefix_attention() const { return ret_ == KvRetention::Full; }
+  bool supports_prefix_attention() const {
+    return ret_ == KvRetention::Full || (ret_ == KvRetention::SnapKV && !compressed_);
+  }
+  // snapkv: whether prompt queries are wanted (observe_query), i.e. not
+  // yet compressed.
+  bool observes_queries() const { return ret_ == KvRetention::SnapKV && !compressed_; }
+  // snapkv: the query ([num_heads * head_dim], as given to attend) of the
+  // token most recently appended; the last kSnapObserved are kept.
+  void observe_query(const float* q, int64_t num_heads, float scale);
+  // snapkv: the prompt is over; compress (once). No-op for the others.
+  void begin_decode();
+  bool compressed() const { return compressed_; }
   // attend() over slots [0, slots) only (the query of the token stored in
   // slot slots - 1): the same arithmetic, so the same bits. Const and
   // scratch-explicit, so the tokens of a prompt chunk can attend on several
@@ -105,20 +152,27 @@ class KvCache {
   std::vector<int64_t> positions() const;
   // The dequantised K and V rows ([num_kv_heads * head_dim] each) of a slot.
   void dequantize(int64_t slot, float* k, float* v) const;
+  // quest: the slots the last attend() read for KV head kvh (ascending); all
+  // of them while the cache holds no more than the resident budget.
+  std::vector<int64_t> quest_selected(int64_t kvh) const;
   // h2o: accumulated attention score of a slot; tova: the latest query's
   // probability summed over its heads (0 for the other policies).
   float score(int64_t slot) const { return acc_.empty() ? 0.0f : acc_[size_t(slot)]; }
 
  private:
   template <KvDType T> void store(int64_t slot, const float* k, const float* v);
+  // sel: nullptr (slots [0, slots)) or nkv_ ascending slot lists, one per KV head.
   template <KvDType T>
   void attend_impl(const float* q, int64_t num_heads, float scale, float* out, int64_t slots,
-                   AttendScratch& s) const;
+                   AttendScratch& s, const std::vector<int64_t>* sel = nullptr) const;
+  template <KvDType T> void update_page_bounds(int64_t slot);  // quest
+  void quest_select_pages(const float* q, int64_t num_heads);  // quest: fills sel_
   void check_heads(int64_t num_heads) const;
   template <KvDType T> const float* row(const std::vector<uint8_t>& data, const std::vector<float>& scales,
                                         int64_t slot, int64_t kvh, float* buf) const;
   void ensure_slots(int64_t slots);  // full: grow storage to hold `slots`
   void evict_lowest_score();  // h2o / tova
+  void snapkv_compress();
 
   int64_t nkv_, hd_, row_;
   KvConfig cfg_;
@@ -137,6 +191,20 @@ class KvCache {
   bool rotated_ = false;  // fp8 `rotated`: K and V stored as H k, H v per head
   std::vector<float> rot_;  // store(): the rotated K and V rows
   AttendScratch scratch_;   // attend()'s
+  // quest: [page][kv_head][head_dim] key minimum and maximum per channel.
+  std::vector<float> kmin_, kmax_;
+  std::vector<std::vector<int64_t>> sel_;  // slots the last attend() read, per KV head
+  bool sel_all_ = true;                    // the last attend() read every slot
+  std::vector<float> page_bound_;          // [page] bound of the current choice
+  std::vector<int64_t> page_order_;
+  // snapkv
+  bool compressed_ = false;
+  std::vector<float> obs_q_;   // [kSnapObserved][obs_heads_ * head_dim], ring
+  int64_t obs_n_ = 0;          // queries observed (the last min(obs_n_, kSnapObserved) kept)
+  int64_t obs_heads_ = 0;
+  float obs_scale_ = 1.0f;
+  int64_t obs_last_slot_ = -1; // the slot of the last observed query's token
+  int64_t ring_ = 0;           // window slots written since compression
 };
 
 }  // namespace flashmoe

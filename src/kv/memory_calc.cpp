@@ -84,6 +84,12 @@ std::string retention_name(const KvConfig& c) {
     case KvRetention::Tova:
       return "tova " + std::to_string(c.tova_budget) + " (sinks " + std::to_string(c.sinks) + ", recent " +
              std::to_string(c.evict_protected_recent()) + ")";
+    case KvRetention::SnapKV:
+      return "snapkv " + std::to_string(c.snapkv_budget) + " (sinks " + std::to_string(c.sinks) + ", window " +
+             std::to_string(c.snapkv_recent()) + "; the whole prompt until decoding starts)";
+    case KvRetention::Quest:
+      return "quest: all positions stored, " + std::to_string(c.resident) + " resident per query, pages of " +
+             std::to_string(c.page) + " (" + quest_select_name(c.quest_select) + " selection)";
   }
   return "?";
 }
@@ -114,6 +120,16 @@ std::string kv_calc_report(const ModelConfig& m, const std::string& model_name, 
              format_bytes(mem.data_bytes_per_position).c_str(), (long long)mem.scale_bytes_per_position);
   o += fmt("\n  = %lld full-attention layers x 2 (K,V) x %lld KV heads x %lld head_dim x %zu B\n",
            (long long)mem.full_layers, (long long)m.num_kv_heads, (long long)m.head_dim, kv_elem_size(cfg.dtype));
+  if (cfg.retention() == KvRetention::Quest) {
+    // Beside the stored positions: the per-page key bounds (f32 min and max
+    // per channel), and the positions one query reads.
+    const int64_t bound = mem.full_layers * m.num_kv_heads * m.head_dim * 2 * 4;
+    o += fmt("quest page key bounds: %lld B per page of %lld positions (%lld layers x %lld KV heads x %lld head_dim "
+             "x min,max x 4 B); each query reads at most %lld positions x %lld B = %s\n",
+             (long long)bound, (long long)cfg.page, (long long)mem.full_layers, (long long)m.num_kv_heads,
+             (long long)m.head_dim, (long long)cfg.resident, (long long)mem.bytes_per_position(),
+             format_bytes(cfg.resident * mem.bytes_per_position()).c_str());
+  }
   o += fmt("GatedDeltaNet state (constant): %s recurrent (%lld x %lld x %lld x %lld x 4 B) + %s conv "
            "(%lld x %lld x %lld x 4 B) = %s\n\n",
            format_bytes(mem.gdn_state_bytes).c_str(), (long long)mem.linear_layers, (long long)m.lin_num_v_heads,

@@ -1,6 +1,7 @@
 // Gated full attention (Qwen3.5 / Qwen3-Next): per-head q/k RMSNorm, partial
 // NeoX rotary, GQA softmax attention over the KV cache, output gated by
 // sigmoid of the second half of each head's q_proj rows.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -75,9 +76,14 @@ void attention_over(const ModelConfig& c, const AttentionWeights& w, const float
   for (int64_t s = 0; s < int64_t(seqs.size()); ++s) {
     const CacheRows& seq = seqs[size_t(s)];
     KvCache& cache = *seq.cache;
+    // A single-token step is decoding: snapkv compresses the prompt now.
+    if (seq.n == 1) cache.begin_decode();
     if (cache.supports_prefix_attention()) {
       for (int64_t t = seq.row0; t < seq.row0 + seq.n; ++t)
         cache.append(pos[size_t(t)], k.data() + t * kv_row, v.data() + t * kv_row);
+      if (cache.observes_queries())  // snapkv: the prompt's last queries choose what it keeps
+        for (int64_t t = std::max(seq.row0, seq.row0 + seq.n - KvConfig::kSnapObserved); t < seq.row0 + seq.n; ++t)
+          cache.observe_query(q.data() + t * nh * hd, nh, scale);
       const int64_t before = cache.size() - seq.n;
       // Longest prefixes first, so the threads that claim the last (shortest) finish together.
       for (int64_t i = seq.n - 1; i >= 0; --i) items.push_back({s, seq.row0 + i, before + i + 1});

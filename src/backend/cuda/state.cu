@@ -71,6 +71,11 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv) const {
   }
   if (kv.dtype == KvDType::FP8 && kv.fp8_scale == Fp8ScaleMode::Rotated)
     fail_device(DeviceFailure::Unsupported, "CUDA backend: --kv-fp8-scale rotated is not implemented (CPU only)");
+  if (ret == KvRetention::Quest)
+    fail_device(DeviceFailure::Unsupported,
+                "CUDA backend: --kv-resident (the Quest page store) is not implemented (CPU only)");
+  if (ret == KvRetention::SnapKV)
+    fail_device(DeviceFailure::Unsupported, "CUDA backend: --kv-snapkv (prompt compression) is not implemented (CPU only)");
   s.ns = kv.dtype != KvDType::FP8 ? 0 : kv.fp8_scale == Fp8ScaleMode::Head ? s.nkv : 1;
   if (s.ns > 64) fail_device(DeviceFailure::Unsupported, "CUDA backend: more than 64 KV heads with per-head fp8 scales is not supported");
   if (ret == KvRetention::Window) s.window = int(kv.window);
