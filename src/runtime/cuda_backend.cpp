@@ -180,16 +180,10 @@ Obstacle cuda_presence() {
 }
 
 Obstacle cuda_weight_obstacle(const QwenModel& m) {
-  // Routed experts in any format (checkpoint, packed bf16/q8/q4, mmapped or
-  // streamed) are read through the expert store at upload; the other
-  // weights must be floats or q8/q4 (an MLX checkpoint's, dequantised to
-  // f32 at upload; FP8 blocks likewise). FP8 routed experts have no CUDA
-  // kernels yet: such a model runs on the CPU.
-  for (const LayerWeights& l : m.weights().layers)
-    if (!l.ffn.experts.empty() && l.ffn.experts[0].gate.fp8())
-      return {ObstacleCode::WeightType,
-              "routed experts stored as FP8 blocks (the CUDA backend has no FP8 expert kernels yet; "
-              "`flashmoe pack --experts q8` makes a model it runs)"};
+  // Routed experts in any format (checkpoint, packed bf16/q8/q4/fp8, mmapped
+  // or streamed) are read through the expert store at upload; FP8 routed
+  // experts stay FP8 (fp8_experts.cuh). The other weights must be floats,
+  // q8/q4 (an MLX checkpoint's) or FP8 blocks.
   std::optional<DType> other;
   std::optional<QuantKind> block;  // a GGUF block format: no CUDA kernels for those yet
   auto check = [&](const Matrix& x) {

@@ -11,6 +11,7 @@
 #include "backend/cuda/down_early.cuh"
 #include "backend/cuda/embed_argmax.cuh"
 #include "backend/cuda/model_impl.cuh"
+#include "backend/cuda/fp8_experts.cuh"
 #include "backend/cuda/quant_experts.cuh"
 #include "core/error.h"
 
@@ -25,6 +26,7 @@ void CudaModel::Impl::set_kernel_attributes() {
   CK(cudaFuncSetAttribute(gate_up_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(gate_up_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(gate_up_kernel<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  CK(cudaFuncSetAttribute(matvec_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
 }
 
 void CudaModel::Impl::mark(int cls) {
@@ -41,6 +43,10 @@ void CudaModel::Impl::mark(int cls) {
 }
 
 void CudaModel::Impl::matvec(const DMat& W, const float* xin, const float* nw, float* y, int acc, int cls, float* xcopy) {
+  if (W.dt == DT_FP8) {
+    matvec_fp8(W, xin, nw, y, acc, cls, xcopy);
+    return;
+  }
   const int split = split_for(W.rows, W.cols, int(16 / dt_size(W.dt)));
   const int rpb = kWarps / split;
   const void* fn = W.dt == DT_F32   ? reinterpret_cast<const void*>(matvec_kernel<float>)
@@ -67,6 +73,23 @@ void CudaModel::Impl::matvec(const DMat& W, const float* xin, const float* nw, f
       go(matvec_kernel<__nv_bfloat16>, blocks, kThreads, smem, static_cast<const __nv_bfloat16*>(W.p), W.rows,
          W.cols, xin, nw, eps, y, acc, split, pf, rows, xcopy);
   }
+  mark(cls);
+}
+
+// matvec() for a DT_FP8 matrix (fp8_matvec.cuh): the same grid and split
+// rules; up to 4 rows per warp at a time (a row is half a bf16 row's bytes).
+void CudaModel::Impl::matvec_fp8(const DMat& W, const float* xin, const float* nw, float* y, int acc, int cls,
+                                 float* xcopy) {
+  const int split = split_for(W.rows, W.cols, 16);
+  const int rpb = kWarps / split;
+  const void* fn = reinterpret_cast<const void*>(matvec_fp8_kernel);
+  const size_t smem = nw ? size_t(W.cols) * 4 : 0;
+  const int blocks = std::min((W.rows + rpb - 1) / rpb, prop.multiProcessorCount * per_sm(fn, smem));
+  const int pf = pf_rows(size_t(W.rows) * W.cols, W.rows, blocks, rpb);
+  const int per_warp = (W.rows + blocks * rpb - 1) / (blocks * rpb);
+  const int rows = std::clamp(per_warp, 1, 4);
+  go(matvec_fp8_kernel, blocks, kThreads, smem, static_cast<const uint8_t*>(W.p), W.row_scales(), W.group, W.rows,
+     W.cols, xin, nw, c.rms_norm_eps, y, acc, split, pf, rows, xcopy);
   mark(cls);
 }
 
@@ -194,7 +217,8 @@ void CudaModel::Impl::moe_launch(const MoeArgs& a, int slots) {
   mark(K_EXPERTS);
 }
 
-// The experts of a layer of quantised experts (shared expert in storage type sdt).
+// The experts of a layer of quantised experts (shared expert in storage
+// type sdt); BITS 0: FP8 blocks (fp8_experts.cuh).
 template <int BITS>
 void CudaModel::Impl::moe_launch_q(const MoeArgs& a, int slots, const QExpert& q, int sdt) {
   const int blocks = std::min((a.H + kWarps - 1) / kWarps, prop.multiProcessorCount * kBlocksPerSm);
@@ -213,15 +237,25 @@ void CudaModel::Impl::moe_launch_q(const MoeArgs& a, int slots, const QExpert& q
     go(dn, blocks, kThreads, s2, a, q);
     mark(K_EXPERTS);
   };
-  switch (sdt) {
-    case DT_F32: run(gate_up_q_kernel<BITS, float>, down_q_kernel<BITS, float>); break;
-    case DT_F16: run(gate_up_q_kernel<BITS, __half>, down_q_kernel<BITS, __half>); break;
-    default: run(gate_up_q_kernel<BITS, __nv_bfloat16>, down_q_kernel<BITS, __nv_bfloat16>);
+  if constexpr (BITS == 0) {
+    switch (sdt) {
+      case DT_FP8: run(gate_up_fp8_kernel<F8Rows>, down_fp8_kernel<F8Rows>); break;
+      case DT_F32: run(gate_up_fp8_kernel<float>, down_fp8_kernel<float>); break;
+      case DT_F16: run(gate_up_fp8_kernel<__half>, down_fp8_kernel<__half>); break;
+      default: run(gate_up_fp8_kernel<__nv_bfloat16>, down_fp8_kernel<__nv_bfloat16>);
+    }
+  } else {
+    switch (sdt) {
+      case DT_F32: run(gate_up_q_kernel<BITS, float>, down_q_kernel<BITS, float>); break;
+      case DT_F16: run(gate_up_q_kernel<BITS, __half>, down_q_kernel<BITS, __half>); break;
+      default: run(gate_up_q_kernel<BITS, __nv_bfloat16>, down_q_kernel<BITS, __nv_bfloat16>);
+    }
   }
 }
 
 void CudaModel::Impl::moe_launch_q(const MoeArgs& a, int slots, const QExpert& q, int sdt) {
-  if (q.bits == 8) moe_launch_q<8>(a, slots, q, sdt);
+  if (q.fp8) moe_launch_q<0>(a, slots, q, sdt);
+  else if (q.bits == 8) moe_launch_q<8>(a, slots, q, sdt);
   else moe_launch_q<4>(a, slots, q, sdt);
 }
 
@@ -349,6 +383,11 @@ void CudaModel::Impl::routed_moe(const DLayer& d, int mi) {
   a.has_shared = d.has_shared ? 1 : 0;
   a.s_gu = d.s_gu.p;
   a.s_down = d.s_down.p;
+  if (d.s_gu.dt == DT_FP8) {
+    a.s_gu_sc = d.s_gu.row_scales();
+    a.s_down_sc = d.s_down.row_scales();
+    a.s_group = d.s_gu.group;
+  }
   a.Is = d.has_shared ? d.s_down.cols : 0;
   const int slots = a.k + a.has_shared;
   if (pick && (!d.q.bits || d.rfold)) {

@@ -13,7 +13,8 @@
 //
 // q8/q4 weights (T = QW<bits>, the routed experts of packed models) are
 // dequantised as their tiles are stored, w = q * scale + bias in fp32, and
-// split like f32 weights.
+// split like f32 weights. FP8 block weights (T = F8W, the routed experts of
+// an FP8 checkpoint) likewise: w = e4m3(code) * the block's fp32 scale.
 //
 // Rows can be gathered (A row of output row m: arow[m]) and scattered
 // (C row: crow[m]); grouped mode (the routed experts) takes its row ranges
@@ -46,6 +47,9 @@ struct GemmArgs {
   // offsets qw[p], qs[p], qb[p] of the weight block (QExpert's layout).
   int qsplit = 0, qgroup = 0;
   size_t qw[2] = {}, qs[2] = {}, qb[2] = {};
+  // F8W: rows per scale block; part p's fp32 scales at qs[p] are
+  // [ceil(rows / qbrows)][ceil(K / qgroup)] (qb unused).
+  int qbrows = 0;
 };
 
 // Weight type tag of q8/q4 weights.
@@ -53,8 +57,19 @@ template <int B>
 struct QW {
   static constexpr int bits = B;
 };
+// Weight type tag of FP8 block weights (8 codes per load, as QW<8>).
+struct F8W {
+  static constexpr int bits = 8;
+};
 template <typename T> struct is_qw : std::false_type {};
 template <int B> struct is_qw<QW<B>> : std::true_type {};
+template <> struct is_qw<F8W> : std::true_type {};
+
+// One E4M3 code as a float, exactly (E4M3 fits in f16).
+__device__ __forceinline__ float gemm_e4m3(uint32_t code) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code & 0xffu), __NV_E4M3);
+  return __half2float(__half(h));
+}
 
 constexpr int kGemmBN = 64, kGemmBK = 32, kGemmLd = kGemmBK + 8;  // smem row: 80 bytes (16-byte multiple)
 constexpr int kGemmThreads = 128;                                  // 4 warps, one 16-column slice of BN each
@@ -148,6 +163,7 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
   }
   const uint8_t* wp[kWV];  // row starts (bytes)
   const __nv_bfloat16 *wsc[kWV], *wbi[kWV];  // quantised: the row's scales and biases
+  const float* wfs[kWV];                     // FP8: the row's block scales
   int wc[kWV];
 #pragma unroll
   for (int u = 0; u < kWV; ++u) {
@@ -158,7 +174,11 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
     const uint8_t* base = static_cast<const uint8_t*>(W);
     wp[u] = nullptr;
     if (!ok) continue;
-    if constexpr (kQ) {
+    if constexpr (std::is_same_v<T, F8W>) {
+      const int p = r >= a.qsplit ? 1 : 0, rr = r - p * a.qsplit, nbc = (a.K + a.qgroup - 1) / a.qgroup;
+      wp[u] = base + a.qw[p] + size_t(rr) * a.K;
+      wfs[u] = reinterpret_cast<const float*>(base + a.qs[p]) + size_t(rr / a.qbrows) * nbc;
+    } else if constexpr (kQ) {
       const int p = r >= a.qsplit ? 1 : 0, rr = r - p * a.qsplit, gpr = a.K / a.qgroup;
       wp[u] = base + a.qw[p] + size_t(rr) * (size_t(a.K) * T::bits / 8);
       wsc[u] = reinterpret_cast<const __nv_bfloat16*>(base + a.qs[p]) + size_t(rr) * gpr;
@@ -183,7 +203,13 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
         ws[u] = wb[u] = 0.f;
         continue;
       }
-      if constexpr (kQ) {
+      if constexpr (std::is_same_v<T, F8W>) {
+        const uint2 t = *reinterpret_cast<const uint2*>(wp[u] + c);
+        wv[u].x = t.x;
+        wv[u].y = t.y;
+        ws[u] = wfs[u][c / a.qgroup];
+        wb[u] = 0.f;
+      } else if constexpr (kQ) {
         if constexpr (T::bits == 8) {
           const uint2 t = *reinterpret_cast<const uint2*>(wp[u] + c);
           wv[u].x = t.x;
@@ -209,7 +235,13 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
 #pragma unroll
     for (int u = 0; u < kWV; ++u) {
       const int f = tid + u * kGemmThreads, n = f / (kGemmBK / kWE);
-      if constexpr (kQ) {
+      if constexpr (std::is_same_v<T, F8W>) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const uint32_t q = ((i < 4 ? wv[u].x : wv[u].y) >> (8 * (i % 4))) & 0xffu;
+          split_bf16(gemm_e4m3(q) * ws[u], s.wh[n][wc[u] + i], s.wl[n][wc[u] + i]);
+        }
+      } else if constexpr (kQ) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           uint32_t q;
