@@ -170,8 +170,12 @@ QExpert CudaModel::Impl::quant_layout(const FfnExpert& e, const std::string& whe
 void CudaModel::Impl::write_quant(const FfnExpert& e, int part, const QExpert& q, const std::string& where, uint8_t* dst) {
   auto put = [&](const Matrix& m, size_t w, size_t sc, size_t bi) {
     if (q.fp8) {  // codes and block scales as stored
-      if (!m.fp8() || m.group != q.group || m.block_rows != q.block_rows || m.block_row0 != 0)
+      if (!m.fp8() || m.group != q.group || m.block_rows != q.block_rows)
         fail_device(DeviceFailure::Unsupported, "CUDA backend: " + where + "experts differ in FP8 blocks");
+      if (m.block_row0 != 0)  // a slice of a fused gate/up tensor whose halves share a block row
+        fail_device(DeviceFailure::Unsupported, "CUDA backend: " + where +
+                                                    "FP8 expert rows start inside a scale block (fused gate/up with an "
+                                                    "expert size not a multiple of the block rows); run with --device cpu");
       std::memcpy(dst + w, m.data, m.nbytes());
       std::memcpy(dst + sc, m.block_scales, m.block_scale_bytes());
       return;
