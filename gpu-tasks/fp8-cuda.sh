@@ -40,6 +40,28 @@ bench_round() {
 }
 bench_round 1
 
+# Is HF itself where the fixtures' references came from? The same bf16
+# model through this machine's transformers (CPU, fp32) against the logits
+# stored with the fixture (and which flashmoe matches within 1e-3).
+for fx in coder-mini tiny-qwen35moe; do
+  src=tests/fixtures/$fx; [ $fx = coder-mini ] && src=models/coder-mini
+  python3 - "$src" "$fx" <<'PY' 2>&1 | grep -v "Loading weights\|falling back\|deprecated\|Unrecognized keys"
+import sys, numpy as np, tempfile, os
+sys.path.insert(0, "scripts/fixtures")
+import safetensors_np as s, make_fp8_fixtures as m, torch, transformers
+src, fx = sys.argv[1:3]
+out = tempfile.mkdtemp() + "/ref.safetensors"
+m.hf_reference(src + "/model", src + "/reference.safetensors", out)
+now = s.read(out)["logits_long"][1]
+r = s.read(src + "/reference.safetensors")
+old = (r["logits_long"] if "logits_long" in r else r["logits"])[1][: now.shape[0]]
+d = np.abs(now - old).max(-1)
+print("%s: HF %s (torch %s, CPU fp32) vs the fixture's stored HF logits, same bf16 model: max |dlogit| %.3g at position %d, first over 1e-3 at %s"
+      % (fx, transformers.__version__, torch.__version__, d.max(), int(d.argmax()), int(np.argmax(d > 1e-3)) if (d > 1e-3).any() else "none"))
+PY
+done
+echo "HF drift check done at $(el) s"
+
 for fx in coder-mini tiny-qwen35moe tiny-qwen3next; do
   d=/tmp/fp8/$fx
   src=tests/fixtures/$fx; [ $fx = coder-mini ] && src=models/coder-mini
@@ -88,6 +110,12 @@ PY
 done
 
 bench_round 2
+for w in fp8 bf16; do
+  if [ "$(el)" -gt 270 ]; then echo "profile $w: skipped (time)"; continue; fi
+  a=""; [ $w = fp8 ] && a="--weights fp8"
+  echo "profile $w (ms per token by kernel class, 16 decode steps):"
+  ./build/flashmoe bench --synthetic qwen3.5-35b-a3b $a -p 0 -n 16 -r 1 --profile 16 --device cuda 2>&1 | grep -E "^\| " | grep -v "tg16\|test" | sed 's/^/   /'
+done
 python3 - "${TG[fp8]:-}" "${TG[bf16]:-}" "${TG[q4]:-}" "${PP[fp8]:-}" "${PP[bf16]:-}" "${PP[q4]:-}" <<'PY'
 import sys
 def mean(s):

@@ -21,9 +21,16 @@ using namespace flashmoe::test;
 
 namespace {
 
+// The python with numpy: Debian's where it has it, else the one on PATH
+// (the GPU machines carry numpy in another python).
+std::string numpy_python() {
+  const std::string deb = debian_python();
+  return std::system((deb + " -c 'import numpy' 2>/dev/null").c_str()) == 0 ? deb : "python3";
+}
+
 void make_fp8(const std::string& hf, const std::string& out) {
   const std::string cmd =
-      debian_python() + " " + source_path("scripts/fixtures/make_fp8_fixtures.py") + " " + hf + " " + out;
+      numpy_python() + " " + source_path("scripts/fixtures/make_fp8_fixtures.py") + " " + hf + " " + out;
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << " failed (needs python3 and python3-numpy)";
 }
 

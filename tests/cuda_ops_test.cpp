@@ -302,7 +302,9 @@ Matrix random_fp8(std::mt19937& rng, int block_rows, int group, int rows, int co
   }
   const int nbr = (rows + block_rows - 1) / block_rows, nbc = (cols + group - 1) / group;
   store->scales.resize(size_t(nbr) * nbc);
-  for (float& v : store->scales) v = jitter(rng) / (448.0f * std::sqrt(float(cols)));
+  // Random codes average |value| ~50: scales of ~1/(60 sqrt(cols)) give
+  // weights near 1/sqrt(cols) on average.
+  for (float& v : store->scales) v = jitter(rng) / (60.0f * std::sqrt(float(cols)));
   Matrix m;
   m.data = store->codes.data();
   m.rows = rows;
@@ -349,7 +351,7 @@ TEST(CudaOps, Fp8ExpertsMatchCpu) {
     // A wrong scale block or code decode moves the result by far more.
     EXPECT_LE(rel_err(got, want), 1e-4f) << "fp8 blocks " << c.block_rows << "x" << c.group << ", H " << c.H << ", I "
                                          << c.I << ", k " << c.k;
-    EXPECT_GT(rel_err(x, want), 1e-2f);  // the experts did move x
+    EXPECT_GT(rel_err(x, want), 1e-2f);  // the experts did move x (well past the tolerance)
   }
 }
 

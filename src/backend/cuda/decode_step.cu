@@ -138,7 +138,7 @@ void CudaModel::Impl::outproj_router(const DLayer& d, const DMat& W) {
 void CudaModel::Impl::route(const DLayer& d) {
   const bool pick = opts.decode.pick_in_kernels;
   matvec(d.router, x, d.post_norm, rlogits, 0, K_ROUTER);
-  if (pick && !d.q.bits) return;  // gate_up does the top-k
+  if (pick && (!d.q.bits || d.q.fp8)) return;  // gate_up does the top-k (bf16 and FP8 experts)
   const ExpertSel es{d.gu_tab, d.down_tab, pick ? sel : nullptr};
   go(topk_kernel, 1, 32, 0, rlogits, int(c.num_experts), int(c.num_experts_per_tok), c.norm_topk_prob ? 1 : 0,
      d.has_shared ? 1 : 0, eids, ew, d.tc, es);
@@ -390,7 +390,7 @@ void CudaModel::Impl::routed_moe(const DLayer& d, int mi) {
   }
   a.Is = d.has_shared ? d.s_down.cols : 0;
   const int slots = a.k + a.has_shared;
-  if (pick && (!d.q.bits || d.rfold)) {
+  if (pick && (!d.q.bits || d.q.fp8 || d.rfold)) {
     a.logits = rlogits;
     a.E = int(m.num_experts);
     a.norm_topk = m.norm_topk_prob ? 1 : 0;

@@ -63,7 +63,10 @@ __device__ __forceinline__ void f8load(QLoads& L, int t, const F8Row& R, int ch,
 
 // h[j][r] = silu(gate_j[r] . xn) * (up_j[r] . xn); blockIdx.y = slot j (as
 // gate_up_q_kernel, including the fold's early pick: block (0,0) then
-// computes the routing weights).
+// computes the routing weights). With logits and no early pick, each routed
+// block picks the experts itself from the router's logits (as
+// gate_up_kernel: no top-k kernel between router and experts); block (0,0)
+// publishes ids, weights and row pointers for down and does the counting.
 template <typename TS>
 __global__ void __launch_bounds__(kThreads) gate_up_fp8_kernel(MoeArgs a, QExpert q) {
   extern __shared__ __align__(16) float xs[];  // [H] x normed, [H] chunk-major, [H / 8] sums
@@ -72,9 +75,12 @@ __global__ void __launch_bounds__(kThreads) gate_up_fp8_kernel(MoeArgs a, QExper
   const int I = shared ? a.Is : a.I;
   if (int(blockIdx.x) * kWarps >= I) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const bool pick = !shared && a.logits && !a.presel;  // uniform over the block
+  if (pick && warp == 0) prefetch_tables(a.tsel, a.E);
   pdl_wait();
   pdl_trigger();
-  const uint8_t* B = shared ? nullptr : static_cast<const uint8_t*>(a.sel ? a.sel[j] : a.gu_tab[a.ids[j]]);
+  const uint8_t* B =
+      shared || pick ? nullptr : static_cast<const uint8_t*>(a.sel ? a.sel[j] : a.gu_tab[a.ids[j]]);
   const int cpr = a.H / 16, nbc = (a.H + q.group - 1) / q.group;
   auto row = [&](int part, int r) {
     return part ? f8row(B, q.up_w, q.up_s, a.H, nbc, q.block_rows, r) : f8row(B, 0, q.gate_s, a.H, nbc, q.block_rows, r);
@@ -88,7 +94,8 @@ __global__ void __launch_bounds__(kThreads) gate_up_fp8_kernel(MoeArgs a, QExper
   };
   QLoads L;
   const int r_first = blockIdx.x * kWarps + warp;
-  if (!shared && r_first < I) issue(L, r_first, lane);  // in flight while x is normed and staged
+  const bool early = !shared && !pick && r_first < I;
+  if (early) issue(L, r_first, lane);  // in flight while x is normed and staged
   const float rx = load_x(a.x, a.norm_w, a.eps, a.H, xs);
   float4* xq = reinterpret_cast<float4*>(xs + a.H);
   float* s8 = xs + 2 * a.H;
@@ -96,6 +103,31 @@ __global__ void __launch_bounds__(kThreads) gate_up_fp8_kernel(MoeArgs a, QExper
   __syncthreads();
   if (a.presel && blockIdx.x == 0 && blockIdx.y == 0 && warp == 0)
     topk_weights(a.logits, a.E, a.k, a.norm_topk, a.has_shared, a.ids, a.folded ? rx : 1.0f, a.w_out);
+  if (pick) {
+    __shared__ const void* chosen[64];
+    __shared__ int cid[32];
+    __shared__ float cw[33];
+    const bool lead = blockIdx.x == 0 && blockIdx.y == 0;
+    if (warp == 0) {
+      ExpertSel to = a.tsel;
+      to.out = chosen;
+      TierCount tc = a.tc;
+      if (!lead) tc.counts = nullptr;
+      topk_warp(a.logits, a.E, a.k, a.norm_topk, a.has_shared, cid, cw, tc, to, a.folded ? rx : 1.0f);
+      __syncwarp();
+      if (lead) {
+        if (lane < a.k) {
+          a.ids_out[lane] = cid[lane];
+          a.w_out[lane] = cw[lane];
+          a.tsel.out[lane] = chosen[lane];
+          a.tsel.out[a.k + lane] = chosen[a.k + lane];
+        }
+        if (lane == 0 && a.has_shared) a.w_out[a.k] = cw[a.k];
+      }
+    }
+    __syncthreads();
+    B = static_cast<const uint8_t*>(chosen[j]);
+  }
   for (int r = r_first; r < I; r += gridDim.x * kWarps) {
     float g = 0.f, u = 0.f;
     if (shared) {
@@ -103,7 +135,7 @@ __global__ void __launch_bounds__(kThreads) gate_up_fp8_kernel(MoeArgs a, QExper
       u = shared_row_dot<TS>(a.s_gu, a.s_gu_sc, a.s_group, I + r, xs, a.H, lane);
     } else {
       for (int i0 = lane; i0 < 2 * cpr; i0 += 32 * kQLoads) {
-        if (r != r_first || i0 != lane) issue(L, r, i0);
+        if (!early || r != r_first || i0 != lane) issue(L, r, i0);
 #pragma unroll
         for (int t = 0; t < kQLoads; ++t) {
           const int idx = i0 + 32 * t, part = idx >= cpr, ch = idx - part * cpr;

@@ -52,27 +52,46 @@ __device__ __forceinline__ float fp8_row_dot(const uint8_t* __restrict__ w, cons
 }
 
 // Up to R rows at once (row i's codes at w + i * step, its scales at sc + i
-// * sstep; n <= R valid): all the rows' loads issued before any is used.
+// * sstep; n <= R valid): all the rows' loads, two column steps of each,
+// issued before any is used (2R loads of 16 bytes in flight per lane: an
+// FP8 row is half a bf16 row's bytes, so a warp needs more rows' loads in
+// flight to keep as many bytes moving).
 template <int R>
 __device__ __forceinline__ void fp8_rows_dot(const uint8_t* __restrict__ w, size_t step, const float* __restrict__ sc,
                                              size_t sstep, int group, int col0, int n, const float* xs, int cols,
                                              int lane, float* out) {
-  float a0[R];
+  float a0[R], a1[R];
 #pragma unroll
-  for (int i = 0; i < R; ++i) a0[i] = 0.f;
-  for (int c = lane * 16; c < cols; c += 512) {
+  for (int i = 0; i < R; ++i) a0[i] = a1[i] = 0.f;
+  int c = lane * 16;
+  for (; c + 512 < cols; c += 1024) {
+    uint4 p[R], q[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+      if (i < n) {
+        p[i] = ld_stream(w + i * step + c);
+        q[i] = ld_stream(w + i * step + c + 512);
+      }
+    const int b0 = (col0 + c) / group, b1 = (col0 + c + 512) / group;
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+      if (i < n) {
+        a0[i] += __ldg(sc + i * sstep + b0) * fp8_dot16(p[i], xs + c);
+        a1[i] += __ldg(sc + i * sstep + b1) * fp8_dot16(q[i], xs + c + 512);
+      }
+  }
+  if (c < cols) {
     uint4 p[R];
 #pragma unroll
     for (int i = 0; i < R; ++i)
       if (i < n) p[i] = ld_stream(w + i * step + c);
-    const float* x = xs + c;
-    const int b = (col0 + c) / group;
+    const int b0 = (col0 + c) / group;
 #pragma unroll
     for (int i = 0; i < R; ++i)
-      if (i < n) a0[i] += __ldg(sc + i * sstep + b) * fp8_dot16(p[i], x);
+      if (i < n) a0[i] += __ldg(sc + i * sstep + b0) * fp8_dot16(p[i], xs + c);
   }
 #pragma unroll
-  for (int i = 0; i < R; ++i) out[i] = a0[i];
+  for (int i = 0; i < R; ++i) out[i] = a0[i] + a1[i];
 }
 
 // y[r] (+)= W[r,:] . xs for a DT_FP8 W (as matvec_rows: `split` warps per
