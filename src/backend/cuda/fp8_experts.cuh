@@ -5,7 +5,7 @@
 // widened in registers (Hopper's cvt.rn.f16x2.e4m3x2: exact, E4M3 fits in
 // f16), multiplied against fp32 x; a chunk's 16 columns lie in one scale
 // block (group is a multiple of 16), so its dot is scaled once. The same
-// structure as quant_experts.cuh (x staged chunk-major, kQLoads chunks in
+// structure as quant_experts.cuh (x staged chunk-major, kF8Loads chunks in
 // flight per lane); the shared expert (slot k) keeps its storage type TS,
 // or is FP8 too (TS = F8Rows: a DMat's per-row scales, fp8_matvec.cuh).
 #pragma once
@@ -55,8 +55,18 @@ __device__ __forceinline__ F8Row f8row(const uint8_t* B, size_t w, size_t s, int
                                        int r) {
   return {B + w + size_t(r) * cols, reinterpret_cast<const float*>(B + s) + size_t(r / block_rows) * nbc};
 }
+// 16-byte chunks of codes each lane has in flight at once: 8, twice the q8
+// kernels' kQLoads. The 35B's down reads 8 slots x 2048 rows x 512 codes
+// with only H / 8 = 256 blocks; at 4 chunks a lane that is 0.5 MB in flight
+// for 8.4 MB, a chain of round trips; at 8 it is one round.
+constexpr int kF8Loads = 8;
+struct F8Loads {
+  uint4 v[kF8Loads];
+  float s[kF8Loads];
+};
+
 // One lane's chunk t in flight: codes and the chunk's block scale.
-__device__ __forceinline__ void f8load(QLoads& L, int t, const F8Row& R, int ch, int group) {
+__device__ __forceinline__ void f8load(F8Loads& L, int t, const F8Row& R, int ch, int group) {
   L.v[t] = ld_stream(R.w + ch * 16);
   L.s[t] = __ldg(R.s + ch * 16 / group);
 }
@@ -85,14 +95,14 @@ __global__ void __launch_bounds__(kThreads) gate_up_fp8_kernel(MoeArgs a, QExper
   auto row = [&](int part, int r) {
     return part ? f8row(B, q.up_w, q.up_s, a.H, nbc, q.block_rows, r) : f8row(B, 0, q.gate_s, a.H, nbc, q.block_rows, r);
   };
-  auto issue = [&](QLoads& L, int r, int i0) {
+  auto issue = [&](F8Loads& L, int r, int i0) {
 #pragma unroll
-    for (int t = 0; t < kQLoads; ++t) {
+    for (int t = 0; t < kF8Loads; ++t) {
       const int idx = i0 + 32 * t, part = idx >= cpr;
       if (idx < 2 * cpr) f8load(L, t, row(part, r), idx - part * cpr, q.group);
     }
   };
-  QLoads L;
+  F8Loads L;
   const int r_first = blockIdx.x * kWarps + warp;
   const bool early = !shared && !pick && r_first < I;
   if (early) issue(L, r_first, lane);  // in flight while x is normed and staged
@@ -134,10 +144,10 @@ __global__ void __launch_bounds__(kThreads) gate_up_fp8_kernel(MoeArgs a, QExper
       g = shared_row_dot<TS>(a.s_gu, a.s_gu_sc, a.s_group, r, xs, a.H, lane);
       u = shared_row_dot<TS>(a.s_gu, a.s_gu_sc, a.s_group, I + r, xs, a.H, lane);
     } else {
-      for (int i0 = lane; i0 < 2 * cpr; i0 += 32 * kQLoads) {
+      for (int i0 = lane; i0 < 2 * cpr; i0 += 32 * kF8Loads) {
         if (!early || r != r_first || i0 != lane) issue(L, r, i0);
 #pragma unroll
-        for (int t = 0; t < kQLoads; ++t) {
+        for (int t = 0; t < kF8Loads; ++t) {
           const int idx = i0 + 32 * t, part = idx >= cpr, ch = idx - part * cpr;
           if (idx < 2 * cpr) {
             const float d = L.s[t] * fp8_chunk_dot(L.v[t], xq + ch, cpr);
@@ -169,14 +179,14 @@ __global__ void __launch_bounds__(kThreads) down_fp8_kernel(MoeArgs a, QExpert q
   if (int(threadIdx.x) < k + (a.has_shared ? 1 : 0)) wj[threadIdx.x] = a.w[threadIdx.x];
   __syncthreads();
   const int cpr = a.I / 16, n = k * cpr, nbc = (a.I + q.group - 1) / q.group;
-  auto issue = [&](QLoads& L, int r, int i0) {
+  auto issue = [&](F8Loads& L, int r, int i0) {
 #pragma unroll
-    for (int t = 0; t < kQLoads; ++t) {
+    for (int t = 0; t < kF8Loads; ++t) {
       const int idx = i0 + 32 * t, sl = idx / cpr;
       if (idx < n) f8load(L, t, f8row(ptr[sl], 0, q.dn_s, a.I, nbc, q.block_rows, r), idx - sl * cpr, q.group);
     }
   };
-  QLoads L;
+  F8Loads L;
   const int r_first = blockIdx.x * kWarps + warp;
   if (r_first < a.H) issue(L, r_first, lane);  // in flight while h is staged
   float* s8 = reinterpret_cast<float*>(hq + k * (a.I / 4));
@@ -184,10 +194,10 @@ __global__ void __launch_bounds__(kThreads) down_fp8_kernel(MoeArgs a, QExpert q
   __syncthreads();
   for (int r = r_first; r < a.H; r += gridDim.x * kWarps) {
     float acc = 0.f;
-    for (int i0 = lane; i0 < n; i0 += 32 * kQLoads) {
+    for (int i0 = lane; i0 < n; i0 += 32 * kF8Loads) {
       if (r != r_first || i0 != lane) issue(L, r, i0);
 #pragma unroll
-      for (int t = 0; t < kQLoads; ++t) {
+      for (int t = 0; t < kF8Loads; ++t) {
         const int idx = i0 + 32 * t, sl = idx / cpr, ch = idx - sl * cpr;
         if (idx < n) acc += wj[sl] * (L.s[t] * fp8_chunk_dot(L.v[t], hq + sl * (a.I / 4) + ch, cpr));
       }
