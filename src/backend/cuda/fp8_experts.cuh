@@ -55,11 +55,9 @@ __device__ __forceinline__ F8Row f8row(const uint8_t* B, size_t w, size_t s, int
                                        int r) {
   return {B + w + size_t(r) * cols, reinterpret_cast<const float*>(B + s) + size_t(r / block_rows) * nbc};
 }
-// 16-byte chunks of codes each lane has in flight at once: 8, twice the q8
-// kernels' kQLoads. The 35B's down reads 8 slots x 2048 rows x 512 codes
-// with only H / 8 = 256 blocks; at 4 chunks a lane that is 0.5 MB in flight
-// for 8.4 MB, a chain of round trips; at 8 it is one round.
-constexpr int kF8Loads = 8;
+// 16-byte chunks of codes each lane has in flight at once, as the q8
+// kernels' kQLoads (8 measured slower on the 35B: bench/NOTES-cuda.md, FP8).
+constexpr int kF8Loads = 4;
 struct F8Loads {
   uint4 v[kF8Loads];
   float s[kF8Loads];

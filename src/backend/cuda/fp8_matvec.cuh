@@ -52,46 +52,30 @@ __device__ __forceinline__ float fp8_row_dot(const uint8_t* __restrict__ w, cons
 }
 
 // Up to R rows at once (row i's codes at w + i * step, its scales at sc + i
-// * sstep; n <= R valid): all the rows' loads, two column steps of each,
-// issued before any is used (2R loads of 16 bytes in flight per lane: an
-// FP8 row is half a bf16 row's bytes, so a warp needs more rows' loads in
-// flight to keep as many bytes moving).
+// * sstep; n <= R valid): all the rows' loads issued before any is used.
+// One column step at a time: two (2R loads in flight) measured 0.53x
+// bf16's tg128 against 0.79x for this on the 35B (register spills under
+// the kernel's 64-register bound; bench/NOTES-cuda.md, FP8).
 template <int R>
 __device__ __forceinline__ void fp8_rows_dot(const uint8_t* __restrict__ w, size_t step, const float* __restrict__ sc,
                                              size_t sstep, int group, int col0, int n, const float* xs, int cols,
                                              int lane, float* out) {
-  float a0[R], a1[R];
+  float a0[R];
 #pragma unroll
-  for (int i = 0; i < R; ++i) a0[i] = a1[i] = 0.f;
-  int c = lane * 16;
-  for (; c + 512 < cols; c += 1024) {
-    uint4 p[R], q[R];
-#pragma unroll
-    for (int i = 0; i < R; ++i)
-      if (i < n) {
-        p[i] = ld_stream(w + i * step + c);
-        q[i] = ld_stream(w + i * step + c + 512);
-      }
-    const int b0 = (col0 + c) / group, b1 = (col0 + c + 512) / group;
-#pragma unroll
-    for (int i = 0; i < R; ++i)
-      if (i < n) {
-        a0[i] += __ldg(sc + i * sstep + b0) * fp8_dot16(p[i], xs + c);
-        a1[i] += __ldg(sc + i * sstep + b1) * fp8_dot16(q[i], xs + c + 512);
-      }
-  }
-  if (c < cols) {
+  for (int i = 0; i < R; ++i) a0[i] = 0.f;
+  for (int c = lane * 16; c < cols; c += 512) {
     uint4 p[R];
 #pragma unroll
     for (int i = 0; i < R; ++i)
       if (i < n) p[i] = ld_stream(w + i * step + c);
-    const int b0 = (col0 + c) / group;
+    const float* x = xs + c;
+    const int b = (col0 + c) / group;
 #pragma unroll
     for (int i = 0; i < R; ++i)
-      if (i < n) a0[i] += __ldg(sc + i * sstep + b0) * fp8_dot16(p[i], xs + c);
+      if (i < n) a0[i] += __ldg(sc + i * sstep + b) * fp8_dot16(p[i], x);
   }
 #pragma unroll
-  for (int i = 0; i < R; ++i) out[i] = a0[i] + a1[i];
+  for (int i = 0; i < R; ++i) out[i] = a0[i];
 }
 
 // y[r] (+)= W[r,:] . xs for a DT_FP8 W (as matvec_rows: `split` warps per
