@@ -48,7 +48,5 @@ done
 #   <fx>: KL(bf16 HF || fp8 HF) ~= KL(bf16 HF || fp8 flashmoe): coder-mini
 #   ~3.6e-4 (measured on the CPU here); the tiny random fixtures larger
 #   (near-flat routers flip their top-k under any rounding)
-#   the --device cuda line: "flashmoe: error: ... routed experts stored as FP8
-#   blocks (the CUDA backend has no FP8 expert kernels yet; ...)" and
-#   "<fx>: CUDA: no logits (expected ...)": step 3 (CUDA FP8 kernels, bench
-#   --weights fp8) is not done.
+#   the --device cuda lines: superseded by gpu-tasks/fp8-cuda.sh (the CUDA
+#   backend runs FP8 checkpoints since branch fp8-cuda).

@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "kv/presets.h"
 #include "model/synthetic_model.h"
 #include "runtime/cpu_backend.h"
@@ -96,6 +97,47 @@ TEST(BenchSynthetic, CpuModelCountsWhatDecodeReadsAndDecodesDeterministically) {
   }
 }
 
+// `--weights fp8`: every linear weight an FP8 release converts is FP8
+// blocks (projections, shared and routed experts), the embedding / lm_head
+// and the router bf16; `--experts fp8` converts the routed experts only.
+// Both decode to finite, distinct logits, and read fewer bytes per token.
+TEST(BenchSynthetic, Fp8WeightsAreFp8BlocksAndDecode) {
+  const ModelConfig c = tiny_config();
+  ThreadPool pool(2);
+  CpuBackend bf16(std::shared_ptr<const QwenModel>(synthetic_cpu_model(c, QuantKind::None, 0, 7, pool)));
+  CpuBackend all(std::shared_ptr<const QwenModel>(synthetic_cpu_model(c, QuantKind::Fp8Block, 0, 7, pool, true)));
+  CpuBackend experts(std::shared_ptr<const QwenModel>(synthetic_cpu_model(c, QuantKind::Fp8Block, 0, 7, pool)));
+  const LayerWeights& l = all.model().weights().layers[0];
+  EXPECT_TRUE(l.lin.in_proj.stored[0].fp8());
+  EXPECT_TRUE(l.lin.out_proj.fp8());
+  EXPECT_TRUE(l.ffn.shared.gate.fp8());
+  EXPECT_TRUE(l.ffn.experts[3].down.fp8());
+  EXPECT_TRUE(all.model().weights().layers[3].attn.q_proj.fp8());
+  EXPECT_FALSE(l.ffn.router.quantized());
+  EXPECT_FALSE(all.model().weights().lm_head.quantized());
+  EXPECT_EQ(l.ffn.experts[3].gate.group, 128);
+  EXPECT_EQ(l.ffn.experts[3].gate.block_rows, 128);
+  const LayerWeights& e = experts.model().weights().layers[0];
+  EXPECT_TRUE(e.ffn.experts[0].up.fp8());
+  EXPECT_FALSE(e.ffn.shared.gate.quantized());
+  EXPECT_FALSE(e.lin.out_proj.quantized());
+  EXPECT_LT(all.weight_bytes_per_token(), experts.weight_bytes_per_token());
+  EXPECT_LT(experts.weight_bytes_per_token(), bf16.weight_bytes_per_token());
+  for (const CpuBackend* b : {&all, &experts}) {
+    std::vector<float> logits(size_t(c.vocab_size));
+    auto s = b->new_state(KvConfig{});
+    const int32_t ids[3] = {1, 2, 3};
+    b->forward(*s, ids, 3, LogitsMode::Last, logits.data(), pool);
+    float spread = 0;
+    for (float x : logits) {
+      ASSERT_TRUE(std::isfinite(x));
+      spread = std::max(spread, std::fabs(x - logits[0]));
+    }
+    EXPECT_GT(spread, 1e-3f);
+  }
+  EXPECT_THROW(synthetic_cpu_model(c, QuantKind::Q8, 32, 7, pool, true), Error);
+}
+
 TEST(BenchSynthetic, OptionErrorsAreOneLine) {
   const std::string m = source_path("models/coder-mini");
   struct Case {
@@ -105,6 +147,11 @@ TEST(BenchSynthetic, OptionErrorsAreOneLine) {
       {"bench --synthetic qwen3.5-35b-a3b --device cpu --layers 41", "--layers 41 is more than qwen3.5-35b-a3b's 40"},
       {"bench --synthetic qwen3.5-35b-a3b --device cpu --layers x", "--layers"},
       {"bench --synthetic qwen3.5-35b-a3b --device cpu --layers 1 --experts q8 --group 48", "--group 48"},
+      {"bench -m " + m + " --weights fp8", "--experts, --weights and --group are for --synthetic"},
+      {"bench --synthetic qwen3.5-35b-a3b --device cpu --layers 1 --weights fp16", "unknown weight format 'fp16'"},
+      {"bench --synthetic qwen3.5-35b-a3b --device cpu --layers 1 --weights fp8 --experts q4",
+       "--weights fp8 makes the routed experts fp8 too"},
+      {"bench --synthetic qwen3.5-35b-a3b --device cpu --layers 1 --experts fp8 --group 32", "--group is for --experts q8|q4"},
       {"bench --bandwidth -m " + m, "--bandwidth is a run of its own"},
       {"bench --bandwidth --synthetic qwen3.5-35b-a3b", "--bandwidth is a run of its own"},
       {"bench", "or --bandwidth"},

@@ -4,7 +4,8 @@
 // and without the fused norm, 2 and 3 rows per warp; the router's top-k;
 // the gated delta-rule step, one block per head and in clusters; decode
 // attention over a KV cache (f32, bf16, f16), one block or a cluster per
-// head; the routed experts in q8/q4. Skipped where no GPU is usable.
+// head; the routed experts in q8/q4 and in FP8 blocks. Skipped where no GPU
+// is usable.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -282,6 +283,110 @@ TEST(CudaOps, QuantExpertsMatchCpu) {
     EXPECT_LE(rel_err(got, want), 1e-4f) << "q" << c.bits << " group " << c.group << ", H " << c.H << ", I " << c.I
                                          << ", k " << c.k;
   }
+}
+
+// A random FP8 block matrix (E4M3 codes, all but the NaN codes 0x7F/0xFF;
+// fp32 scales per block of block_rows x group weights, spreading the
+// weights over about [-r, r], r = 1/sqrt(cols)), its storage in `store`.
+struct F8Store {
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+};
+Matrix random_fp8(std::mt19937& rng, int block_rows, int group, int rows, int cols, F8Store* store) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> jitter(0.5f, 1.5f);
+  store->codes.resize(size_t(rows) * cols);
+  for (uint8_t& c : store->codes) {
+    c = uint8_t(byte(rng));
+    if ((c & 0x7F) == 0x7F) c &= 0xFE;
+  }
+  const int nbr = (rows + block_rows - 1) / block_rows, nbc = (cols + group - 1) / group;
+  store->scales.resize(size_t(nbr) * nbc);
+  // Random codes average |value| ~50: scales of ~1/(60 sqrt(cols)) give
+  // weights near 1/sqrt(cols) on average.
+  for (float& v : store->scales) v = jitter(rng) / (60.0f * std::sqrt(float(cols)));
+  Matrix m;
+  m.data = store->codes.data();
+  m.rows = rows;
+  m.cols = cols;
+  m.quant = QuantKind::Fp8Block;
+  m.block_scales = store->scales.data();
+  m.group = group;
+  m.block_rows = block_rows;
+  return m;
+}
+
+// The FP8 expert kernels (gate_up_fp8_kernel, down_fp8_kernel) against the
+// CPU's FP8 rows (core/fp8_rows.cpp decodes every code exactly): the 35B's
+// shapes in 128 x 128 blocks, and sizes that leave partial blocks (an
+// expert of 64 or 80 columns, blocks of 32 x 48).
+TEST(CudaOps, Fp8ExpertsMatchCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(23);
+  struct Case {
+    int block_rows, group, H, I, k;
+  };
+  for (Case c : {Case{128, 128, 2048, 512, 8}, Case{128, 128, 128, 64, 4}, Case{128, 128, 256, 80, 2},
+                 Case{32, 48, 192, 96, 3}}) {
+    std::vector<F8Store> store(size_t(3 * c.k));
+    std::vector<cuda_ops::QuantExpert> experts;
+    for (int j = 0; j < c.k; ++j)
+      experts.push_back({random_fp8(rng, c.block_rows, c.group, c.I, c.H, &store[size_t(3 * j)]),
+                         random_fp8(rng, c.block_rows, c.group, c.I, c.H, &store[size_t(3 * j + 1)]),
+                         random_fp8(rng, c.block_rows, c.group, c.H, c.I, &store[size_t(3 * j + 2)])});
+    const std::vector<float> x = normal(rng, size_t(c.H), 1.f), nw = normal(rng, size_t(c.H), 0.1f);
+    std::vector<float> w = normal(rng, size_t(c.k), 0.3f);
+    for (float& v : w) v = std::fabs(v);
+    const float eps = 1e-6f;
+    std::vector<float> xn(x.size()), want = x, h(static_cast<size_t>(c.I));
+    cpu::rmsnorm_zc(x.data(), nw.data(), c.H, eps, xn.data());
+    for (int j = 0; j < c.k; ++j) {
+      const cuda_ops::QuantExpert& e = experts[size_t(j)];
+      for (int r = 0; r < c.I; ++r)
+        h[size_t(r)] = cpu::silu(cpu::quant_dot_row(e.gate, r, xn.data())) * cpu::quant_dot_row(e.up, r, xn.data());
+      for (int r = 0; r < c.H; ++r) want[size_t(r)] += w[size_t(j)] * cpu::quant_dot_row(e.down, r, h.data());
+    }
+    const std::vector<float> got = cuda_ops::quant_experts(experts, w, x, nw, eps);
+    ASSERT_EQ(got.size(), want.size());
+    // A wrong scale block or code decode moves the result by far more.
+    EXPECT_LE(rel_err(got, want), 1e-4f) << "fp8 blocks " << c.block_rows << "x" << c.group << ", H " << c.H << ", I "
+                                         << c.I << ", k " << c.k;
+    EXPECT_GT(rel_err(x, want), 1e-2f);  // the experts did move x (well past the tolerance)
+  }
+}
+
+// The FP8 matvec (matvec_fp8_kernel) against the CPU's FP8 rows: the
+// 35B's projection shapes in 128 x 128 blocks (few rows: split over warps;
+// columns past the norm's preload), partial blocks (80 columns in blocks
+// of 48), and a slice starting 37 rows into its block row (the per-row
+// scales a stacked device matrix carries).
+TEST(CudaOps, Fp8MatvecMatchesCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(29);
+  struct Shape {
+    int rows, cols, block_rows, group;
+  };
+  for (Shape s : {Shape{4096, 2048, 128, 128}, Shape{1024, 4096, 128, 128}, Shape{37, 256, 128, 128},
+                  Shape{300, 80, 32, 48}})
+    for (bool norm : {false, true})
+      for (bool three : {false, true})
+        for (int r0 : {0, 37}) {
+          if (r0 >= s.rows) continue;
+          F8Store store;
+          const Matrix full = random_fp8(rng, s.block_rows, s.group, s.rows, s.cols, &store);
+          const Matrix W = full.slice_rows(r0, s.rows - r0);
+          const std::vector<float> x = normal(rng, size_t(s.cols), 1.0f);
+          const std::vector<float> nw = norm ? normal(rng, size_t(s.cols), 0.1f) : std::vector<float>{};
+          const float eps = 1e-6f;
+          std::vector<float> xn = x, want(static_cast<size_t>(W.rows));
+          if (norm) cpu::rmsnorm_zc(x.data(), nw.data(), s.cols, eps, xn.data());
+          for (int64_t r = 0; r < W.rows; ++r) want[size_t(r)] = cpu::quant_dot_row(W, r, xn.data());
+          const std::vector<float> got = cuda_ops::matvec(W, x, nw, eps, three);
+          ASSERT_EQ(got.size(), want.size());
+          EXPECT_LE(rel_err(got, want), 1e-5f) << s.rows << "x" << s.cols << " blocks " << s.block_rows << "x"
+                                               << s.group << " from row " << r0 << " norm " << norm << " three "
+                                               << three;
+        }
 }
 
 }  // namespace

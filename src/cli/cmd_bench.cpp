@@ -37,7 +37,7 @@ Stat stats(const std::vector<double>& v) {
 // A model of a published size with random weights, built on the device
 // (--device cpu: in host memory, for the CPU backend).
 std::unique_ptr<Backend> synthetic_model(const ModelOptions& opt, const std::string& preset, int layers,
-                                         const std::string& experts, int group, std::string* what) {
+                                         const std::string& experts, int group, bool fp8_weights, std::string* what) {
   const DeviceRequest& d = opt.device;
   ModelConfig c = model_preset(preset);
   if (layers > c.num_layers)
@@ -49,19 +49,23 @@ std::unique_ptr<Backend> synthetic_model(const ModelOptions& opt, const std::str
     c.layer_is_moe.resize(size_t(layers));
   }
   if (opt.experts.experts_per_token > 0) limit_experts_per_token(&c, opt.experts.experts_per_token);
-  const QuantKind q = parse_expert_format(experts, "bench --experts");
-  *what = "synthetic " + preset + " (random bf16 weights" +
-          (q == QuantKind::None ? std::string() : ", " + experts + " experts in groups of " + std::to_string(group)) +
+  const QuantKind q = fp8_weights ? QuantKind::Fp8Block : parse_expert_format(experts, "bench --experts");
+  const std::string ex = q == QuantKind::None       ? std::string()
+                         : q == QuantKind::Fp8Block ? ", fp8 experts in 128x128 blocks"
+                                                    : ", " + experts + " experts in groups of " + std::to_string(group);
+  *what = "synthetic " + preset +
+          (fp8_weights ? " (random FP8 weights in 128x128 blocks; embedding, lm_head and router bf16"
+                       : " (random bf16 weights" + ex) +
           ", " + std::to_string(c.num_layers) + " layers" +
           (opt.experts.experts_per_token > 0 ? ", --moe-top-k " + std::to_string(c.num_experts_per_tok) : std::string()) +
           ")";
   if (d.device == "cpu") {
     ThreadPool pool(opt.threads);
-    return synthetic_cpu_backend(c, q, group, pool);
+    return synthetic_cpu_backend(c, q, group, pool, fp8_weights);
   }
   const Obstacle gpu = gpu_presence();
   if (gpu) fail(device_words(d) + ": no usable GPU (" + gpu.message + "); " + device_advice(DeviceFailure::Unavailable));
-  return synthetic_backend(c, q, group, d.gpu);
+  return synthetic_backend(c, q, group, d.gpu, fp8_weights);
 }
 
 // "| tg128 |" or, at a context depth, "| tg128 @ d4096 |" (llama-bench's naming).
@@ -261,6 +265,7 @@ Registrar reg_bench(40, [](CLI::App& app) {
   auto profile = std::make_shared<int>(0);
   auto experts = std::make_shared<std::string>("bf16");
   auto group = std::make_shared<int>(64);
+  auto weights = std::make_shared<std::string>("bf16");
   auto bandwidth = std::make_shared<bool>(false);
   auto batch = std::make_shared<int>(1);
   add_model_options(cmd, opt.get(), /*require_model=*/false);
@@ -277,8 +282,12 @@ Registrar reg_bench(40, [](CLI::App& app) {
   auto* ly = cmd->add_option("--layers", *layers, "With --synthetic: only the first N layers (0: all)")
       ->check(integer_between(0, 2147483647));
   auto* ex = cmd->add_option("--experts", *experts,
-                              "With --synthetic: the routed experts' format, bf16 (default), q8 or q4 (as flashmoe pack "
-                              "writes them)");
+                              "With --synthetic: the routed experts' format, bf16 (default), q8, q4 (as flashmoe pack "
+                              "writes them) or fp8 (E4M3 in 128x128 blocks, as Qwen's FP8 releases store them)");
+  auto* wt = cmd->add_option("--weights", *weights,
+                             "With --synthetic: bf16 (default), or fp8: every linear weight an FP8 release converts "
+                             "(projections, shared and routed experts) in E4M3 128x128 blocks; embedding, lm_head and "
+                             "router stay bf16");
   auto* gr = cmd->add_option("--group", *group, "With --synthetic --experts q8|q4: quantisation group size (default 64)")
                       ->check(integer_between(1, 2147483647));
   auto* bw = cmd->add_flag("--bandwidth", *bandwidth,
@@ -293,7 +302,7 @@ Registrar reg_bench(40, [](CLI::App& app) {
       ->check(integer_between(0, 2147483647));
   // Every option's storage is captured: the callback runs after this function returned.
   cmd->callback([opt, pp, tg, depth, reps, synthetic, layers, no_graph, profile, experts, group, bandwidth, batch, ex, gr,
-                 bw, ly] {
+                 bw, ly, weights, wt] {
     finalize_model_options(opt.get());
     if (bw->count()) {
       if (!opt->model_dir.empty() || !synthetic->empty())
@@ -308,9 +317,16 @@ Registrar reg_bench(40, [](CLI::App& app) {
     // The memory plan reserves one conversation's KV cache for what the tests feed.
     opt->device.gpu.plan_context = std::max<int64_t>(2048, int64_t(*pp) + *depth + *tg + 16);
     if (!synthetic->empty()) {
+      if (*weights != "bf16" && *weights != "fp8")
+        fail("bench --weights: unknown weight format '" + *weights + "' (expected bf16 or fp8)");
+      const bool fp8 = *weights == "fp8";
+      if (fp8 && ex->count() && *experts != "fp8")
+        fail("bench: --weights fp8 makes the routed experts fp8 too; leave out --experts " + *experts);
+      if (gr->count() && (fp8 || *experts == "fp8"))
+        fail("bench: --group is for --experts q8|q4 (FP8 blocks are 128x128)");
       std::string what;
       const auto t0 = Clock::now();
-      auto b = synthetic_model(*opt, *synthetic, *layers, *experts, *group, &what);
+      auto b = synthetic_model(*opt, *synthetic, *layers, *experts, *group, fp8, &what);
       // Building a model larger than VRAM pins its host tier: that time is part of starting it.
       if (opt->stats) {
         std::fprintf(stderr, "synthetic model built in %.1f s", seconds_since(t0));
@@ -322,8 +338,9 @@ Registrar reg_bench(40, [](CLI::App& app) {
       run_bench(*opt, *b, what, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch);
       return;
     }
-    if (ex->count() || gr->count())
-      fail("bench: --experts and --group are for --synthetic (a model's experts are in the format it was packed in)");
+    if (ex->count() || gr->count() || wt->count())
+      fail("bench: --experts, --weights and --group are for --synthetic (a model's weights are in the format it was "
+           "stored or packed in)");
     if (ly->count()) fail("bench: --layers is for --synthetic (a model from -m runs all its layers)");
     std::unique_ptr<Backend> b = load_model(*opt);
     run_bench(*opt, *b, opt->model_dir, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch);

@@ -95,6 +95,30 @@ class Builder {
     m.biases = biases;
     return m;
   }
+  // FP8 blocks of 128 x 128: random E4M3 codes of magnitude below 2 (bit 6
+  // clear: exponents 0..7, never the NaN codes), block scales that spread
+  // them over about the same range as matrix().
+  Matrix fp8(int64_t rows, int64_t cols) {
+    constexpr int kBlock = 128;
+    Matrix m;
+    m.rows = rows;
+    m.cols = cols;
+    m.quant = QuantKind::Fp8Block;
+    m.group = kBlock;
+    m.block_rows = kBlock;
+    const size_t code_bytes = m.nbytes(), nscales = m.block_scale_bytes() / 4;
+    auto* codes = static_cast<uint8_t*>(a_.alloc((code_bytes + 3) / 4 * 4));
+    auto* scales = static_cast<float*>(a_.alloc(nscales * 4));
+    if (!codes) return m;
+    const uint64_t s = ++salt_ * 0x9E3779B97F4A7C15ULL;
+    for_chunks((code_bytes + 3) / 4, [&](size_t i0, size_t i1) {
+      for (size_t i = i0; i < i1; ++i) reinterpret_cast<uint32_t*>(codes)[i] = hash32(s + i) & 0xBFBFBFBFu;
+    });
+    for (size_t i = 0; i < nscales; ++i) scales[i] = 0.75f / std::sqrt(float(cols));
+    m.data = codes;
+    m.block_scales = scales;
+    return m;
+  }
 
  private:
   template <typename F>
@@ -126,16 +150,18 @@ uint64_t available_memory_bytes() {
 }
 
 ModelWeights build_weights(const ModelConfig& c, QuantKind experts, int group, uint64_t seed, Arena& arena,
-                           ThreadPool& pool) {
+                           ThreadPool& pool, bool fp8_weights) {
   const int64_t H = c.hidden_size, V = c.vocab_size;
   const int64_t nv = c.lin_num_v_heads, dv = c.lin_v_dim, C = c.lin_conv_dim(), K = c.conv_kernel;
   const int64_t nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
   const int64_t E = c.num_experts, I = c.moe_intermediate, Is = c.shared_intermediate;
-  if (experts != QuantKind::None &&
+  if (experts != QuantKind::None && experts != QuantKind::Fp8Block &&
       (group <= 0 || group % 8 != 0 || H % group != 0 || I % group != 0))
     fail("bench: --group " + std::to_string(group) + " must be a multiple of 8 dividing the hidden size " +
          std::to_string(H) + " and the expert width " + std::to_string(I));
   Builder b(arena, pool, seed);
+  // A linear weight an FP8 release converts.
+  auto lin = [&](int64_t rows, int64_t cols) { return fp8_weights ? b.fp8(rows, cols) : b.matrix(rows, cols); };
   ModelWeights w;
 
   w.embed = b.matrix(V, H);
@@ -147,16 +173,16 @@ ModelWeights build_weights(const ModelConfig& c, QuantKind experts, int group, u
     l.input_norm.assign(size_t(H), 0.f);
     l.post_norm.assign(size_t(H), 0.f);
     if (l.kind == LayerKind::Full) {
-      l.attn.q_proj = b.matrix(2 * nh * hd, H);
-      l.attn.k_proj = b.matrix(nkv * hd, H);
-      l.attn.v_proj = b.matrix(nkv * hd, H);
-      l.attn.o_proj = b.matrix(H, nh * hd);
+      l.attn.q_proj = lin(2 * nh * hd, H);
+      l.attn.k_proj = lin(nkv * hd, H);
+      l.attn.v_proj = lin(nkv * hd, H);
+      l.attn.o_proj = lin(H, nh * hd);
       l.attn.q_norm.assign(size_t(hd), 0.f);
       l.attn.k_norm.assign(size_t(hd), 0.f);
     } else {
       // One stored matrix already in output order: q, k, v (the conv
       // channels), z, b, a.
-      const Matrix in = b.matrix(C + nv * dv + 2 * nv, H);
+      const Matrix in = lin(C + nv * dv + 2 * nv, H);
       l.lin.in_proj.stored = {in};
       l.lin.in_proj.blocks = {{0, 0, in.rows}};
       l.lin.conv.resize(size_t(C * K));
@@ -164,7 +190,7 @@ ModelWeights build_weights(const ModelConfig& c, QuantKind experts, int group, u
       l.lin.dt_bias.assign(size_t(nv), 0.f);
       l.lin.neg_exp_A.assign(size_t(nv), -1.f);
       l.lin.norm.assign(size_t(dv), 1.f);  // a plain (not 1 + w) norm
-      l.lin.out_proj = b.matrix(H, nv * dv);
+      l.lin.out_proj = lin(H, nv * dv);
     }
     if (c.layer_is_moe[size_t(i)]) {
       l.ffn.moe = true;
@@ -175,6 +201,10 @@ ModelWeights build_weights(const ModelConfig& c, QuantKind experts, int group, u
           x.gate = b.matrix(I, H);
           x.up = b.matrix(I, H);
           x.down = b.matrix(H, I);
+        } else if (experts == QuantKind::Fp8Block) {
+          x.gate = b.fp8(I, H);
+          x.up = b.fp8(I, H);
+          x.down = b.fp8(H, I);
         } else {
           x.gate = b.quantized(I, H, experts, group);
           x.up = b.quantized(I, H, experts, group);
@@ -184,12 +214,12 @@ ModelWeights build_weights(const ModelConfig& c, QuantKind experts, int group, u
       }
       if (Is > 0) {
         l.ffn.has_shared = true;
-        l.ffn.shared = {b.matrix(Is, H), b.matrix(Is, H), b.matrix(H, Is)};
+        l.ffn.shared = {lin(Is, H), lin(Is, H), lin(H, Is)};
         l.ffn.shared_gate = b.matrix(1, H);
       }
     } else {
       const int64_t Id = c.intermediate_size;
-      l.ffn.dense = {b.matrix(Id, H), b.matrix(Id, H), b.matrix(H, Id)};
+      l.ffn.dense = {lin(Id, H), lin(Id, H), lin(H, Id)};
     }
     w.layers.push_back(std::move(l));
   }
@@ -199,19 +229,20 @@ ModelWeights build_weights(const ModelConfig& c, QuantKind experts, int group, u
 }  // namespace
 
 std::unique_ptr<QwenModel> synthetic_cpu_model(const ModelConfig& config, QuantKind experts, int group, uint64_t seed,
-                                               ThreadPool& pool) {
+                                               ThreadPool& pool, bool fp8_weights) {
+  if (fp8_weights && experts != QuantKind::Fp8Block) fail("bench: FP8 weights come with FP8 experts");
   ModelConfig c = config;
   c.tie_word_embeddings = true;
   Arena count;
   count.counting = true;
-  build_weights(c, experts, group, seed, count, pool);
+  build_weights(c, experts, group, seed, count, pool, fp8_weights);
   const uint64_t avail = available_memory_bytes();
   if (avail > 0 && count.bytes > avail)
     fail("bench --synthetic: " + std::to_string(c.num_layers) + " layers of this model need " +
          std::to_string(count.bytes >> 20) + " MiB of weights and " + std::to_string(avail >> 20) +
          " MiB of memory is available; give fewer with --layers");
   auto arena = std::make_shared<Arena>();
-  ModelWeights w = build_weights(c, experts, group, seed, *arena, pool);
+  ModelWeights w = build_weights(c, experts, group, seed, *arena, pool, fp8_weights);
   return QwenModel::from_memory(std::move(c), std::move(w), std::move(arena));
 }
 

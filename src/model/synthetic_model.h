@@ -14,10 +14,12 @@
 namespace flashmoe {
 
 // Weights of config `c` drawn uniformly from +-1/sqrt(fan-in) in bf16 (the
-// routed experts as random q8/q4 codes in groups of `group` when `experts`
-// says so); norms at their identity. The embedding is tied to the lm_head:
+// routed experts as random q8/q4 codes in groups of `group`, or FP8 blocks
+// of 128 x 128, when `experts` says so; with fp8_weights every linear
+// weight an FP8 release converts is FP8 blocks, experts included: embedding,
+// lm_head, router and shared-expert gate stay bf16); norms at their identity. The embedding is tied to the lm_head:
 // decode reads one row of it, and untied it would double the largest tensor.
 std::unique_ptr<QwenModel> synthetic_cpu_model(const ModelConfig& c, QuantKind experts, int group, uint64_t seed,
-                                               ThreadPool& pool);
+                                               ThreadPool& pool, bool fp8_weights = false);
 
 }  // namespace flashmoe

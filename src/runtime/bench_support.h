@@ -14,13 +14,17 @@
 namespace flashmoe {
 
 // A model of config `c` with random weights built on the GPU (no
-// checkpoint); routed experts in bf16 or q8/q4 in groups of `group`.
+// checkpoint); routed experts in bf16, q8/q4 in groups of `group`, or FP8
+// blocks (Fp8Block: 128 x 128). fp8_weights: every linear weight an FP8
+// release converts (projections, shared experts, experts) in FP8 blocks,
+// the embedding, lm_head and router in bf16 (experts must then be Fp8Block).
 std::unique_ptr<Backend> synthetic_backend(const ModelConfig& c, QuantKind experts, int group,
-                                           const GpuOptions& o);
+                                           const GpuOptions& o, bool fp8_weights = false);
 
 // The same model built in host memory for the CPU backend, its weights
 // filled by `pool`'s threads.
-std::unique_ptr<Backend> synthetic_cpu_backend(const ModelConfig& c, QuantKind experts, int group, ThreadPool& pool);
+std::unique_ptr<Backend> synthetic_cpu_backend(const ModelConfig& c, QuantKind experts, int group, ThreadPool& pool,
+                                               bool fp8_weights = false);
 
 struct Bandwidth {
   double gbps = 0;   // bytes read + written per second / 1e9

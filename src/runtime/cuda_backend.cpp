@@ -185,17 +185,12 @@ Obstacle cuda_presence() {
 }
 
 Obstacle cuda_weight_obstacle(const QwenModel& m) {
-  // Routed experts in any format (checkpoint, packed bf16/q8/q4, GGUF
+  // Routed experts in any format (checkpoint, packed bf16/q8/q4/fp8, GGUF
   // blocks, mmapped or streamed) are read through the expert store at
-  // upload; the other weights must be floats, GGUF blocks (kept as stored,
-  // backend/cuda/gguf_blocks.cuh) or q8/q4 (an MLX checkpoint's, dequantised
-  // to f32 at upload; FP8 blocks likewise). FP8 routed experts have no CUDA
-  // kernels yet: such a model runs on the CPU.
-  for (const LayerWeights& l : m.weights().layers)
-    if (!l.ffn.experts.empty() && l.ffn.experts[0].gate.fp8())
-      return {ObstacleCode::WeightType,
-              "routed experts stored as FP8 blocks (the CUDA backend has no FP8 expert kernels yet; "
-              "`flashmoe pack --experts q8` makes a model it runs)"};
+  // upload; FP8 routed experts stay FP8 (fp8_experts.cuh), GGUF blocks as
+  // stored (gguf_blocks.cuh). The other weights must be floats, GGUF or FP8
+  // blocks (kept as stored) or q8/q4 (an MLX checkpoint's, dequantised to f32
+  // at upload).
   std::optional<DType> other;
   auto check = [&](const Matrix& x) {
     if (x.empty() || x.quantized()) return;

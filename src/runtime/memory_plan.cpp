@@ -263,10 +263,15 @@ ModelFootprint model_footprint(const QwenModel& m, int64_t context) {
     if (!c.layer_is_moe.at(size_t(i))) continue;
     // The first expert through the store (checkpoint views or packed files), as the upload reads it.
     const ExpertBatch b = m.expert_store().fetch(i, {0});
-    const Matrix& g = b.experts.at(0).gate;
-    expert = g.affine() ? device_expert_bytes(quant_bits(g.quant), g.group, c.hidden_size, c.moe_intermediate)
-                        : device_expert_bytes(0, 0, c.hidden_size, c.moe_intermediate,
-                                              g.quantized() ? 4 : int(dtype_size(g.dtype)));
+    const FfnExpert& x = b.experts.at(0);
+    const Matrix& g = x.gate;
+    // FP8 and GGUF block experts stay as stored on the device (FP8 adds its
+    // per-row block scales: 4 bytes per 128 weights at most).
+    const int64_t stored = int64_t(x.gate.nbytes() + x.up.nbytes() + x.down.nbytes());
+    expert = g.affine()      ? device_expert_bytes(quant_bits(g.quant), g.group, c.hidden_size, c.moe_intermediate)
+             : g.fp8()       ? stored + stored / 32 + 64
+             : g.quantized() ? stored + 64
+                             : device_expert_bytes(0, 0, c.hidden_size, c.moe_intermediate, int(dtype_size(g.dtype)));
     break;
   }
   ModelFootprint f = footprint_of(c, expert);

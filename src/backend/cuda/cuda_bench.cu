@@ -42,6 +42,17 @@ static __global__ void fill_bf16_parts_kernel(uint8_t* base, size_t stride, int 
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < size_t(E) * n; i += size_t(gridDim.x) * blockDim.x)
     reinterpret_cast<__nv_bfloat16*>(base + (i / n) * stride + off)[i % n] = __float2bfloat16_rn(v);
 }
+// n fp32 values v at byte offset off of each of E blocks of `stride` bytes.
+static __global__ void fill_f32_parts_kernel(uint8_t* base, size_t stride, int E, size_t off, size_t n, float v) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < size_t(E) * n; i += size_t(gridDim.x) * blockDim.x)
+    reinterpret_cast<float*>(base + (i / n) * stride + off)[i % n] = v;
+}
+// Random E4M3 codes of magnitude below 2 (bit 6 of each byte clear:
+// exponents 0..7, never the NaN codes), 4 per word.
+static __global__ void fill_fp8_codes_kernel(uint32_t* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = hash32(seed * 0x9E3779B97F4A7C15ULL + i) & 0xBFBFBFBFu;
+}
 static __global__ void fill_const_kernel(float* p, size_t n, float v) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) p[i] = v;
 }
@@ -81,6 +92,25 @@ std::unique_ptr<CudaModel> cuda_synthetic_model(const ModelConfig& cfg, uint64_t
     fill_const_kernel<<<64, 256, 0, m.stream>>>(p, n, v);
     return p;
   };
+  if (so.fp8_weights && so.experts != QuantKind::Fp8Block) fail("bench: FP8 weights come with FP8 experts");
+  // A linear weight an FP8 release converts: DT_FP8 (128-column blocks,
+  // per-row scales) with fp8_weights, else bf16.
+  auto lin = [&](int rows, int cols, const std::string& what) {
+    if (!so.fp8_weights) return rnd(rows, cols, what);
+    if (cols % 16 != 0) fail("bench: FP8 weights need columns in multiples of 16 (" + what + ")");
+    DMat d;
+    d.dt = DT_FP8;
+    d.rows = rows;
+    d.cols = cols;
+    d.group = 128;
+    d.p = m.alloc(d.bytes(), what);
+    fill_fp8_codes_kernel<<<4096, 256, 0, m.stream>>>(static_cast<uint32_t*>(d.p), d.scale_offset() / 4, ++salt);
+    fill_const_kernel<<<64, 256, 0, m.stream>>>(const_cast<float*>(d.row_scales()), size_t(rows) * d.blocks_per_row(),
+                                                0.75f / std::sqrt(float(cols)));
+    check(cudaGetLastError(), "fill");
+    m.bytes_total += int64_t(d.bytes());
+    return d;
+  };
   auto rndf = [&](size_t n, float scale, const std::string& what) {
     float* p = m.alloc_f(n, what);
     fill_random_kernel<float><<<64, 256, 0, m.stream>>>(p, n, ++salt, scale);
@@ -100,13 +130,13 @@ std::unique_ptr<CudaModel> cuda_synthetic_model(const ModelConfig& cfg, uint64_t
     d.in_norm = cst(size_t(H), 0.f, "norm");
     d.post_norm = cst(size_t(H), 0.f, "norm");
     if (l.mixer == MixerKind::GatedAttention) {
-      d.qkv = rnd(2 * nh * hd + 2 * nkv * hd, H, "qkv");
-      d.o_proj = rnd(H, nh * hd, "o_proj");
+      d.qkv = lin(2 * nh * hd + 2 * nkv * hd, H, "qkv");
+      d.o_proj = lin(H, nh * hd, "o_proj");
       d.q_norm = cst(size_t(hd), 0.f, "q_norm");
       d.k_norm = cst(size_t(hd), 0.f, "k_norm");
     } else {
-      d.lin_in = rnd(C + nv * dv + 2 * nv, H, "linear in");
-      d.out_proj = rnd(H, nv * dv, "linear out");
+      d.lin_in = lin(C + nv * dv + 2 * nv, H, "linear in");
+      d.out_proj = lin(H, nv * dv, "linear out");
       d.conv_w = rndf(size_t(C) * K, 0.5f, "conv");
       d.dt_bias = cst(size_t(nv), 0.f, "dt_bias");
       d.neg_exp_A = cst(size_t(nv), -1.f, "A");
@@ -116,7 +146,12 @@ std::unique_ptr<CudaModel> cuda_synthetic_model(const ModelConfig& cfg, uint64_t
       const int moe_index = l.moe_slot;
       d.router = rnd(E + (Is > 0 ? 1 : 0), H, "router");
       d.edt = DT_BF16;
-      if (so.experts != QuantKind::None) {
+      if (so.experts == QuantKind::Fp8Block) {
+        if (H % 16 != 0 || I % 16 != 0)
+          fail("bench: FP8 experts need the hidden size " + std::to_string(H) + " and the expert size " +
+               std::to_string(I) + " in multiples of 16");
+        d.q = make_fp8expert(128, 128, H, I);
+      } else if (so.experts != QuantKind::None) {
         const int bits = quant_bits(so.experts), g = so.group;
         if (g <= 0 || g % 8 != 0 || H % g != 0 || I % g != 0 || H % (128 / bits) != 0 || I % (128 / bits) != 0)
           fail("bench: --group " + std::to_string(g) + " must be a multiple of 8 dividing the hidden size " +
@@ -138,6 +173,18 @@ std::unique_ptr<CudaModel> cuda_synthetic_model(const ModelConfig& cfg, uint64_t
               static_cast<__nv_bfloat16*>(gu), size_t(E) * 2 * I * H, ++salt, 1.0f / std::sqrt(float(H)));
           fill_random_kernel<__nv_bfloat16><<<4096, 256, 0, m.stream>>>(
               static_cast<__nv_bfloat16*>(dn), size_t(E) * H * I, ++salt, 1.0f / std::sqrt(float(I)));
+        } else if (d.q.fp8) {
+          const QExpert& q = d.q;
+          fill_fp8_codes_kernel<<<4096, 256, 0, m.stream>>>(static_cast<uint32_t*>(gu), size_t(E) * q.gu_bytes / 4, ++salt);
+          fill_fp8_codes_kernel<<<4096, 256, 0, m.stream>>>(static_cast<uint32_t*>(dn), size_t(E) * q.dn_bytes / 4, ++salt);
+          auto scales = [&](void* base, size_t stride, size_t s_off, int rows, int cols) {
+            const size_t n = size_t((rows + 127) / 128) * ((cols + 127) / 128);
+            fill_f32_parts_kernel<<<1024, 256, 0, m.stream>>>(static_cast<uint8_t*>(base), stride, E, s_off, n,
+                                                              0.75f / std::sqrt(float(cols)));
+          };
+          scales(gu, q.gu_bytes, q.gate_s, I, H);
+          scales(gu, q.gu_bytes, q.up_s, I, H);
+          scales(dn, q.dn_bytes, q.dn_s, H, I);
         } else {
           const QExpert& q = d.q;
           fill_bytes_kernel<<<4096, 256, 0, m.stream>>>(static_cast<uint32_t*>(gu), size_t(E) * q.gu_bytes / 4, ++salt);
@@ -184,8 +231,9 @@ std::unique_ptr<CudaModel> cuda_synthetic_model(const ModelConfig& cfg, uint64_t
       }
       if (Is > 0) {
         d.has_shared = true;
-        d.s_gu = rnd(2 * Is, H, "shared expert");
-        d.s_down = rnd(H, Is, "shared expert");
+        d.s_gu = lin(2 * Is, H, "shared expert");
+        d.s_down = lin(H, Is, "shared expert");
+        d.edt = d.s_gu.dt;  // the shared expert's storage type (the routed experts': d.q)
       }
     } else {
       const int Id = int(c.intermediate_size);

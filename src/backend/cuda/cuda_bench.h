@@ -21,11 +21,15 @@ struct CudaKernelTime {
   int launches = 0;  // kernel launches of this class over the profiled steps
 };
 
-// The routed experts of a synthetic model: bf16 (None), or q8/q4 in groups
-// of `group` columns (the layout flashmoe pack writes).
+// The routed experts of a synthetic model: bf16 (None), q8/q4 in groups
+// of `group` columns (the layout flashmoe pack writes), or FP8 blocks
+// (Fp8Block, 128 x 128). fp8_weights: the projections and the shared
+// expert in FP8 blocks too (as an FP8 release stores them; the embedding,
+// lm_head and router stay bf16); needs FP8 experts.
 struct CudaSyntheticOptions {
   QuantKind experts = QuantKind::None;
   int group = 64;
+  bool fp8_weights = false;
 };
 
 // Random weights of the given dimensions, built on the device (no

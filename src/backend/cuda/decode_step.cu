@@ -12,6 +12,7 @@
 #include "backend/cuda/embed_argmax.cuh"
 #include "backend/cuda/gguf_kernels.cuh"
 #include "backend/cuda/model_impl.cuh"
+#include "backend/cuda/fp8_experts.cuh"
 #include "backend/cuda/quant_experts.cuh"
 #include "core/error.h"
 
@@ -28,6 +29,7 @@ void CudaModel::Impl::set_kernel_attributes() {
   CK(cudaFuncSetAttribute(gate_up_kernel<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(gmatvec_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(ggate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  CK(cudaFuncSetAttribute(matvec_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
 }
 
 void CudaModel::Impl::mark(int cls) {
@@ -51,6 +53,10 @@ void CudaModel::Impl::matvec(const DMat& W, const float* xin, const float* nw, f
     go(gmatvec_kernel, blocks, kThreads, smem, static_cast<const void*>(W.p), W.g, W.rows, W.cols, xin, nw,
        c.rms_norm_eps, y, acc, xcopy);
     mark(cls);
+    return;
+  }
+  if (W.dt == DT_FP8) {
+    matvec_fp8(W, xin, nw, y, acc, cls, xcopy);
     return;
   }
   const int split = split_for(W.rows, W.cols, int(16 / dt_size(W.dt)));
@@ -79,6 +85,23 @@ void CudaModel::Impl::matvec(const DMat& W, const float* xin, const float* nw, f
       go(matvec_kernel<__nv_bfloat16>, blocks, kThreads, smem, static_cast<const __nv_bfloat16*>(W.p), W.rows,
          W.cols, xin, nw, eps, y, acc, split, pf, rows, xcopy);
   }
+  mark(cls);
+}
+
+// matvec() for a DT_FP8 matrix (fp8_matvec.cuh): the same grid and split
+// rules; up to 4 rows per warp at a time (a row is half a bf16 row's bytes).
+void CudaModel::Impl::matvec_fp8(const DMat& W, const float* xin, const float* nw, float* y, int acc, int cls,
+                                 float* xcopy) {
+  const int split = split_for(W.rows, W.cols, 16);
+  const int rpb = kWarps / split;
+  const void* fn = reinterpret_cast<const void*>(matvec_fp8_kernel);
+  const size_t smem = nw ? size_t(W.cols) * 4 : 0;
+  const int blocks = std::min((W.rows + rpb - 1) / rpb, prop.multiProcessorCount * per_sm(fn, smem));
+  const int pf = pf_rows(size_t(W.rows) * W.cols, W.rows, blocks, rpb);
+  const int per_warp = (W.rows + blocks * rpb - 1) / (blocks * rpb);
+  const int rows = std::clamp(per_warp, 1, 4);
+  go(matvec_fp8_kernel, blocks, kThreads, smem, static_cast<const uint8_t*>(W.p), W.row_scales(), W.group, W.rows,
+     W.cols, xin, nw, c.rms_norm_eps, y, acc, split, pf, rows, xcopy);
   mark(cls);
 }
 
@@ -127,7 +150,7 @@ void CudaModel::Impl::outproj_router(const DLayer& d, const DMat& W) {
 void CudaModel::Impl::route(const DLayer& d) {
   const bool pick = opts.decode.pick_in_kernels;
   matvec(d.router, x, d.post_norm, rlogits, 0, K_ROUTER);
-  if (pick && !d.q.bits && !d.gg.n) return;  // gate_up does the top-k
+  if (pick && !d.gg.n && (!d.q.bits || d.q.fp8)) return;  // gate_up does the top-k (bf16 and FP8 experts)
   const ExpertSel es{d.gu_tab, d.down_tab, pick ? sel : nullptr};
   go(topk_kernel, 1, 32, 0, rlogits, int(c.num_experts), int(c.num_experts_per_tok), c.norm_topk_prob ? 1 : 0,
      d.has_shared ? 1 : 0, eids, ew, d.tc, es);
@@ -206,7 +229,8 @@ void CudaModel::Impl::moe_launch(const MoeArgs& a, int slots) {
   mark(K_EXPERTS);
 }
 
-// The experts of a layer of quantised experts (shared expert in storage type sdt).
+// The experts of a layer of quantised experts (shared expert in storage
+// type sdt); BITS 0: FP8 blocks (fp8_experts.cuh).
 template <int BITS>
 void CudaModel::Impl::moe_launch_q(const MoeArgs& a, int slots, const QExpert& q, int sdt) {
   const int blocks = std::min((a.H + kWarps - 1) / kWarps, prop.multiProcessorCount * kBlocksPerSm);
@@ -225,15 +249,25 @@ void CudaModel::Impl::moe_launch_q(const MoeArgs& a, int slots, const QExpert& q
     go(dn, blocks, kThreads, s2, a, q);
     mark(K_EXPERTS);
   };
-  switch (sdt) {
-    case DT_F32: run(gate_up_q_kernel<BITS, float>, down_q_kernel<BITS, float>); break;
-    case DT_F16: run(gate_up_q_kernel<BITS, __half>, down_q_kernel<BITS, __half>); break;
-    default: run(gate_up_q_kernel<BITS, __nv_bfloat16>, down_q_kernel<BITS, __nv_bfloat16>);
+  if constexpr (BITS == 0) {
+    switch (sdt) {
+      case DT_FP8: run(gate_up_fp8_kernel<F8Rows>, down_fp8_kernel<F8Rows>); break;
+      case DT_F32: run(gate_up_fp8_kernel<float>, down_fp8_kernel<float>); break;
+      case DT_F16: run(gate_up_fp8_kernel<__half>, down_fp8_kernel<__half>); break;
+      default: run(gate_up_fp8_kernel<__nv_bfloat16>, down_fp8_kernel<__nv_bfloat16>);
+    }
+  } else {
+    switch (sdt) {
+      case DT_F32: run(gate_up_q_kernel<BITS, float>, down_q_kernel<BITS, float>); break;
+      case DT_F16: run(gate_up_q_kernel<BITS, __half>, down_q_kernel<BITS, __half>); break;
+      default: run(gate_up_q_kernel<BITS, __nv_bfloat16>, down_q_kernel<BITS, __nv_bfloat16>);
+    }
   }
 }
 
 void CudaModel::Impl::moe_launch_q(const MoeArgs& a, int slots, const QExpert& q, int sdt) {
-  if (q.bits == 8) moe_launch_q<8>(a, slots, q, sdt);
+  if (q.fp8) moe_launch_q<0>(a, slots, q, sdt);
+  else if (q.bits == 8) moe_launch_q<8>(a, slots, q, sdt);
   else moe_launch_q<4>(a, slots, q, sdt);
 }
 
@@ -374,9 +408,14 @@ void CudaModel::Impl::routed_moe(const DLayer& d, int mi) {
   a.has_shared = d.has_shared ? 1 : 0;
   a.s_gu = d.s_gu.p;
   a.s_down = d.s_down.p;
+  if (d.s_gu.dt == DT_FP8) {
+    a.s_gu_sc = d.s_gu.row_scales();
+    a.s_down_sc = d.s_down.row_scales();
+    a.s_group = d.s_gu.group;
+  }
   a.Is = d.has_shared ? d.s_down.cols : 0;
   const int slots = a.k + a.has_shared;
-  if (pick && !d.gg.n && (!d.q.bits || d.rfold)) {
+  if (pick && !d.gg.n && (!d.q.bits || d.q.fp8 || d.rfold)) {
     a.logits = rlogits;
     a.E = int(m.num_experts);
     a.norm_topk = m.norm_topk_prob ? 1 : 0;

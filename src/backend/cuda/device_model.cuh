@@ -17,6 +17,9 @@ enum { DT_Q4 = 3, DT_Q8 = 4 };  // quantised routed experts (QExpert), in the pr
 // GGUF block formats (ggml's Q8_0 ... IQ4_XS), kept as stored: rows of
 // self-contained blocks, the kind per part of the matrix (GMat).
 enum { DT_GGUF = 5 };
+// FP8 blocks (E4M3 codes and fp32 block scales): a DMat's storage type, and
+// in the prefill's product dispatch also the routed experts' (QExpert fp8).
+enum { DT_FP8 = 6 };
 inline int dt_of(DType t) {
   switch (t) {
     case DType::F32: return DT_F32;
@@ -27,7 +30,7 @@ inline int dt_of(DType t) {
                   std::string("CUDA backend: weights of type ") + dtype_name(t) + " are not supported");
   }
 }
-inline size_t dt_size(int dt) { return dt == DT_F32 ? 4 : 2; }
+inline size_t dt_size(int dt) { return dt == DT_F32 ? 4 : dt == DT_FP8 ? 1 : 2; }
 
 // The device storage type of a host matrix: its own, or f32 for q8/q4
 // weights outside the routed experts (an MLX checkpoint's projections,
@@ -40,13 +43,27 @@ inline int storage_dt(const Matrix& m) {
   return m.block_quantized() ? DT_GGUF : m.quantized() ? DT_F32 : dt_of(m.dtype);
 }
 
+// A device matrix [rows][cols] in storage type dt. DT_FP8: the E4M3 codes
+// [rows][cols], then at scale_offset() each row's fp32 block scales
+// [rows][ceil(cols / group)] (per row, not per block row: a DMat may stack
+// several checkpoint matrices whose block rows start at their own row 0).
 struct DMat {
   int dt = DT_F32;
   void* p = nullptr;
   int rows = 0, cols = 0;
   GMat g;              // dt == DT_GGUF: the parts' kinds and offsets
   size_t gbytes = 0;   // dt == DT_GGUF: bytes of all parts
-  size_t bytes() const { return dt == DT_GGUF ? gbytes : size_t(rows) * cols * dt_size(dt); }
+  int group = 0;       // dt == DT_FP8: columns per scale block
+  int blocks_per_row() const { return dt == DT_FP8 ? (cols + group - 1) / group : 0; }
+  size_t scale_offset() const { return (size_t(rows) * cols + 15) / 16 * 16; }
+  const float* row_scales() const {
+    return reinterpret_cast<const float*>(static_cast<const uint8_t*>(p) + scale_offset());
+  }
+  size_t bytes() const {
+    if (dt == DT_GGUF) return gbytes;
+    if (dt == DT_FP8) return scale_offset() + size_t(rows) * blocks_per_row() * 4;
+    return size_t(rows) * cols * dt_size(dt);
+  }
   // Bytes of row r (an embedding row's prefetch).
   size_t row_bytes(int r = 0) const {
     return dt == DT_GGUF ? gguf_row_bytes(g.kind[gmat_part(g, r)], cols) : size_t(cols) * dt_size(dt);
@@ -58,8 +75,15 @@ struct DMat {
 // point at: gate/up = gate rows, gate scales, gate biases, up rows, up
 // scales, up biases; down = down rows, scales, biases. Offsets in bytes from
 // the block's start, each 16-byte aligned (the kernels' vector loads).
+//
+// FP8 block experts (fp8 set; fp8_experts.cuh): the checkpoint's records as
+// they are: gate codes [I][H] (one E4M3 byte each), gate scales fp32
+// [ceil(I / block_rows)][ceil(H / group)], up codes, up scales; down codes
+// [H][I], down scales. gate_b / up_b / dn_b are unused (no biases).
 struct QExpert {
   int bits = 0, group = 0;  // bits 0: the experts are not quantised
+  bool fp8 = false;         // FP8 blocks (bits 8, group: block columns)
+  int block_rows = 0;       // fp8: rows per scale block
   int gu_row = 0, dn_row = 0;  // bytes per row of gate/up and of down
   size_t gate_s = 0, gate_b = 0, up_w = 0, up_s = 0, up_b = 0, gu_bytes = 0;
   size_t dn_s = 0, dn_b = 0, dn_bytes = 0;
@@ -82,6 +106,29 @@ inline QExpert make_qexpert(int bits, int group, int H, int I) {
   q.dn_s = up16(dw);
   q.dn_b = up16(q.dn_s + ds);
   q.dn_bytes = up16(q.dn_b + ds);
+  return q;
+}
+
+inline QExpert make_fp8expert(int group, int block_rows, int H, int I) {
+  auto up16 = [](size_t x) { return (x + 15) / 16 * 16; };
+  auto nb = [](int n, int b) { return size_t((n + b - 1) / b); };
+  QExpert q;
+  q.bits = 8;
+  q.fp8 = true;
+  q.group = group;
+  q.block_rows = block_rows;
+  q.gu_row = H;
+  q.dn_row = I;
+  const size_t gw = size_t(I) * H, gs = nb(I, block_rows) * nb(H, group) * 4;
+  q.gate_s = up16(gw);
+  q.up_w = up16(q.gate_s + gs);
+  q.up_s = up16(q.up_w + gw);
+  q.gu_bytes = up16(q.up_s + gs);
+  q.gate_b = q.up_b = 0;
+  const size_t dw = size_t(H) * I, ds = nb(H, block_rows) * nb(I, group) * 4;
+  q.dn_s = up16(dw);
+  q.dn_bytes = up16(q.dn_s + ds);
+  q.dn_b = 0;
   return q;
 }
 

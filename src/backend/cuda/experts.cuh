@@ -12,6 +12,8 @@ struct MoeArgs {
   const void* const* down_tab;  // [E] routed expert e's down rows [H][I]
   const void* s_gu;    // shared / dense [2Is][H]
   const void* s_down;  // [H][Is]
+  const float *s_gu_sc = nullptr, *s_down_sc = nullptr;  // FP8 shared expert (DT_FP8): per-row block scales
+  int s_group = 0;                                       // and the block width
   const int* ids;      // [k]
   const void* const* sel;  // [2k] chosen experts' rows written by the top-k (null: look up ids in the tables)
   const float* w;      // [k (+1)]

@@ -16,6 +16,8 @@
 // split like f32 weights. So are GGUF block weights (T = GB, parts and
 // kinds in GemmArgs::gm): each thread expands its 8 weights of a row from
 // their block (gguf_blocks.cuh) into registers on the way to shared memory.
+// FP8 block weights (T = F8W, the routed experts of an FP8 checkpoint)
+// likewise: w = e4m3(code) * the block's fp32 scale.
 //
 // Rows can be gathered (A row of output row m: arow[m]) and scattered
 // (C row: crow[m]); grouped mode (the routed experts) takes its row ranges
@@ -51,6 +53,9 @@ struct GemmArgs {
   size_t qw[2] = {}, qs[2] = {}, qb[2] = {};
   // GGUF block weights (GB): the parts of W (grouped: of each group's block).
   GMat gm;
+  // F8W: rows per scale block; part p's fp32 scales at qs[p] are
+  // [ceil(rows / qbrows)][ceil(K / qgroup)] (qb unused).
+  int qbrows = 0;
 };
 
 // Weight type tag of GGUF block weights.
@@ -61,8 +66,19 @@ template <int B>
 struct QW {
   static constexpr int bits = B;
 };
+// Weight type tag of FP8 block weights (8 codes per load, as QW<8>).
+struct F8W {
+  static constexpr int bits = 8;
+};
 template <typename T> struct is_qw : std::false_type {};
 template <int B> struct is_qw<QW<B>> : std::true_type {};
+template <> struct is_qw<F8W> : std::true_type {};
+
+// One E4M3 code as a float, exactly (E4M3 fits in f16).
+__device__ __forceinline__ float gemm_e4m3(uint32_t code) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code & 0xffu), __NV_E4M3);
+  return __half2float(__half(h));
+}
 
 constexpr int kGemmBN = 64, kGemmBK = 32, kGemmLd = kGemmBK + 8;  // smem row: 80 bytes (16-byte multiple)
 constexpr int kGemmThreads = 128;                                  // 4 warps, one 16-column slice of BN each
@@ -157,6 +173,7 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
   }
   const uint8_t* wp[kWV];  // row starts (bytes)
   const __nv_bfloat16 *wsc[kWV], *wbi[kWV];  // quantised: the row's scales and biases
+  const float* wfs[kWV];  // FP8: the row's block scales
   int wc[kWV], wk[kWV];  // GGUF: the row's block kind
 #pragma unroll
   for (int u = 0; u < kWV; ++u) {
@@ -169,6 +186,10 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
     if (!ok) continue;
     if constexpr (kG) {
       wp[u] = gmat_row(a.gm, W, a.K, r, wk[u]);
+    } else if constexpr (std::is_same_v<T, F8W>) {
+      const int p = r >= a.qsplit ? 1 : 0, rr = r - p * a.qsplit, nbc = (a.K + a.qgroup - 1) / a.qgroup;
+      wp[u] = base + a.qw[p] + size_t(rr) * a.K;
+      wfs[u] = reinterpret_cast<const float*>(base + a.qs[p]) + size_t(rr / a.qbrows) * nbc;
     } else if constexpr (kQ) {
       const int p = r >= a.qsplit ? 1 : 0, rr = r - p * a.qsplit, gpr = a.K / a.qgroup;
       wp[u] = base + a.qw[p] + size_t(rr) * (size_t(a.K) * T::bits / 8);
@@ -200,6 +221,12 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
       }
       if constexpr (kG) {
         gguf_weights8(wk[u], wp[u], c, wf[u]);
+      } else if constexpr (std::is_same_v<T, F8W>) {
+        const uint2 t = *reinterpret_cast<const uint2*>(wp[u] + c);
+        wv[u].x = t.x;
+        wv[u].y = t.y;
+        ws[u] = wfs[u][c / a.qgroup];
+        wb[u] = 0.f;
       } else if constexpr (kQ) {
         if constexpr (T::bits == 8) {
           const uint2 t = *reinterpret_cast<const uint2*>(wp[u] + c);
@@ -229,6 +256,12 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
       if constexpr (kG) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) split_bf16(wf[u][i], s.wh[n][wc[u] + i], s.wl[n][wc[u] + i]);
+      } else if constexpr (std::is_same_v<T, F8W>) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const uint32_t q = ((i < 4 ? wv[u].x : wv[u].y) >> (8 * (i % 4))) & 0xffu;
+          split_bf16(gemm_e4m3(q) * ws[u], s.wh[n][wc[u] + i], s.wl[n][wc[u] + i]);
+        }
       } else if constexpr (kQ) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {

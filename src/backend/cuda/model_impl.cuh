@@ -121,7 +121,9 @@ struct CudaModel::Impl : Launcher {
   static size_t write_rows_host(const std::vector<Matrix>& parts, int dt, uint8_t* dst);
   // Rows of several host matrices (same cols) stacked into one device matrix,
   // in the common storage type (f32 when they differ or when forced).
-  DMat upload_rows(const std::vector<Matrix>& parts, const std::string& what, int force_dt = -1);
+  // fp8: parts that are all FP8 blocks of one block width stay FP8 (DT_FP8).
+  DMat upload_rows(const std::vector<Matrix>& parts, const std::string& what, int force_dt = -1, bool fp8 = false);
+  DMat upload_fp8_rows(const std::vector<Matrix>& parts, const std::string& what);
   // The device layout of a layer's quantised experts (all like `e`), or an
   // Error naming the layer where the kernels cannot take them.
   QExpert quant_layout(const FfnExpert& e, const std::string& where) const;
@@ -157,6 +159,7 @@ struct CudaModel::Impl : Launcher {
   void set_kernel_attributes();
   void mark(int cls);
   void matvec(const DMat& W, const float* xin, const float* nw, float* y, int acc, int cls, float* xcopy = nullptr);
+  void matvec_fp8(const DMat& W, const float* xin, const float* nw, float* y, int acc, int cls, float* xcopy);
   // x += W_out . o and the folded router's logits, one launch (outproj_router_kernel).
   void outproj_router(const DLayer& d, const DMat& W);
   // Router logits, then the top-k kernel unless gate_up picks (pick_in_kernels, bf16 experts).

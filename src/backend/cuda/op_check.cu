@@ -19,6 +19,8 @@
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/gguf_kernels.cuh"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/fp8_experts.cuh"
+#include "backend/cuda/fp8_matvec.cuh"
 #include "backend/cuda/quant_experts.cuh"
 #include "backend/cuda/router.cuh"
 #include "core/dtype.h"
@@ -68,12 +70,48 @@ Launcher device() {
   return l;
 }
 
+// The FP8 matvec (matvec_fp8_kernel) as CudaModel::Impl::matvec_fp8 runs
+// it, on W laid out as upload_fp8_rows writes a DT_FP8 matrix; `per` rows
+// per warp at a time.
+std::vector<float> matvec_fp8(Launcher& l, const Matrix& W, const std::vector<float>& x,
+                              const std::vector<float>& norm_w, float eps, int per) {
+  if (W.cols % 16 || W.group % 16) fail("op check: FP8 matvec needs columns and block width in multiples of 16");
+  DMat m;
+  m.dt = DT_FP8;
+  m.rows = int(W.rows);
+  m.cols = int(W.cols);
+  m.group = W.group;
+  const int nbc = m.blocks_per_row(), rows = m.rows, cols = m.cols;
+  std::vector<uint8_t> host(m.bytes(), 0);
+  std::memcpy(host.data(), W.data, W.nbytes());
+  float* sc = reinterpret_cast<float*>(host.data() + m.scale_offset());
+  for (int r = 0; r < rows; ++r)
+    for (int b = 0; b < nbc; ++b) sc[size_t(r) * nbc + b] = W.block_scale(r, b);
+  Buffers b;
+  const uint8_t* dW = b.up(host.data(), host.size());
+  const float* dx = b.up(x.data(), x.size());
+  const float* dn = norm_w.empty() ? nullptr : b.up(norm_w.data(), norm_w.size());
+  float* dy = b.zeros<float>(size_t(rows));
+  const int split = l.split_for(rows, cols, 16);
+  const int rpb = kWarps / split;
+  const size_t smem = dn ? size_t(cols) * 4 : 0;
+  if (smem > 48 * 1024) CK(cudaFuncSetAttribute(matvec_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const int blocks = std::min((rows + rpb - 1) / rpb,
+                              l.prop.multiProcessorCount * l.per_sm(reinterpret_cast<const void*>(matvec_fp8_kernel), smem));
+  const int pf = l.pf_rows(size_t(rows) * cols, rows, blocks, rpb);
+  l.go(matvec_fp8_kernel, blocks, kThreads, smem, dW, reinterpret_cast<const float*>(dW + m.scale_offset()), m.group,
+       rows, cols, dx, dn, eps, dy, 0, split, pf, per, static_cast<float*>(nullptr));
+  CK(cudaDeviceSynchronize());
+  return down(dy, size_t(rows));
+}
+
 }  // namespace
 
 std::vector<float> matvec(const Matrix& W, const std::vector<float>& x, const std::vector<float>& norm_w, float eps,
                           bool three_rows) {
   Launcher l = device();
-  if (W.quantized()) fail("op check: matvec takes bf16, f16 or f32 weights");
+  if (W.fp8()) return matvec_fp8(l, W, x, norm_w, eps, three_rows ? 3 : 4);
+  if (W.quantized()) fail("op check: matvec takes bf16, f16, f32 or FP8 block weights");
   const int dt = dt_of(W.dtype), rows = int(W.rows), cols = int(W.cols);
   Buffers b;
   const void* dW = b.up(static_cast<const uint8_t*>(W.data), W.nbytes());
@@ -229,14 +267,20 @@ std::vector<float> quant_experts(const std::vector<QuantExpert>& experts, const 
   if (k < 1 || k > 32) fail("op check: 1 to 32 experts");
   const Matrix& g0 = experts[0].gate;
   const int bits = quant_bits(g0.quant), group = g0.group, I = int(g0.rows);
-  if (!bits || H % (128 / bits) || I % (128 / bits) || group % 8)
-    fail("op check: q8/q4 experts with sizes a multiple of 128 / bits, groups a multiple of 8");
-  const QExpert q = make_qexpert(bits, group, H, I);
+  if (g0.fp8() ? H % 16 || I % 16 || group % 16 || g0.block_row0
+               : !bits || H % (128 / bits) || I % (128 / bits) || group % 8)
+    fail("op check: q8/q4 experts with sizes a multiple of 128 / bits, groups a multiple of 8; fp8 experts with "
+         "sizes and block columns a multiple of 16");
+  const QExpert q = g0.fp8() ? make_fp8expert(group, g0.block_rows, H, I) : make_qexpert(bits, group, H, I);
   // Each expert's gate/up and down blocks in the device layout (as the upload writes them).
   Buffers b;
   std::vector<const void*> gu_tab, dn_tab;
   auto put = [](std::vector<uint8_t>& blk, const Matrix& m, size_t wo, size_t so, size_t bo) {
     std::memcpy(blk.data() + wo, m.data, m.nbytes());
+    if (m.fp8()) {
+      std::memcpy(blk.data() + so, m.block_scales, m.block_scale_bytes());
+      return;
+    }
     std::memcpy(blk.data() + so, m.scales, m.scale_bytes());
     std::memcpy(blk.data() + bo, m.biases, m.scale_bytes());
   };
@@ -276,7 +320,8 @@ std::vector<float> quant_experts(const std::vector<QuantExpert>& experts, const 
     l.go(gu, g1, kThreads, s1, a, q);
     l.go(dn, blocks, kThreads, s2, a, q);
   };
-  if (bits == 8) run(gate_up_q_kernel<8, __nv_bfloat16>, down_q_kernel<8, __nv_bfloat16>);
+  if (q.fp8) run(gate_up_fp8_kernel<__nv_bfloat16>, down_fp8_kernel<__nv_bfloat16>);
+  else if (bits == 8) run(gate_up_q_kernel<8, __nv_bfloat16>, down_q_kernel<8, __nv_bfloat16>);
   else run(gate_up_q_kernel<4, __nv_bfloat16>, down_q_kernel<4, __nv_bfloat16>);
   CK(cudaDeviceSynchronize());
   return down(a.x, size_t(H));

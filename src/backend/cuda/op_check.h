@@ -14,6 +14,9 @@ namespace flashmoe::cuda_ops {
 // y = W . x, or W . rmsnorm_zc(x, norm_w, eps) when norm_w is not empty,
 // through the decode step's matvec_kernel (W bf16, f16 or f32; its rows a
 // multiple of 16 bytes). three_rows: 3 rows per warp at a time (else 2).
+// W in FP8 blocks (columns and block width multiples of 16): through
+// matvec_fp8_kernel on W as a DT_FP8 matrix (per-row scales), 3 rows per
+// warp at a time, else 4.
 std::vector<float> matvec(const Matrix& W, const std::vector<float>& x, const std::vector<float>& norm_w, float eps,
                           bool three_rows);
 
@@ -50,9 +53,10 @@ struct AttnDecode {
 std::vector<float> attention(const AttnDecode& a, int split, bool prefetch);
 
 // The routed experts of a MoE layer in q8/q4 (gate_up_q_kernel then
-// down_q_kernel, no shared expert): x + sum_j w[j] * down_j(silu(gate_j xn)
+// down_q_kernel, no shared expert) or FP8 blocks (gate_up_fp8_kernel,
+// down_fp8_kernel; block_row0 0): x + sum_j w[j] * down_j(silu(gate_j xn)
 // * up_j xn), xn = rmsnorm_zc(x, norm_w, eps). Every matrix quantised alike
-// (bits, group); gate and up [I][H], down [H][I].
+// (kind, group, block rows); gate and up [I][H], down [H][I].
 struct QuantExpert {
   Matrix gate, up, down;
 };

@@ -219,7 +219,10 @@ void Prefill::gemm(int dt, const GemmArgs& a, int bm, int grid_y, SplitRows sp) 
     case DT_GGUF * 3 + 0: go(gemm_kernel<GB, 16>); break;
     case DT_GGUF * 3 + 1: go(gemm_kernel<GB, 32>); break;
     case DT_GGUF * 3 + 2: go(gemm_kernel<GB, 64>); break;
-    default: go(gemm_kernel<QW<8>, 64>); break;
+    case DT_FP8 * 3 + 0: go(gemm_kernel<F8W, 16>); break;
+    case DT_FP8 * 3 + 1: go(gemm_kernel<F8W, 32>); break;
+    case DT_FP8 * 3 + 2: go(gemm_kernel<F8W, 64>); break;
+    default: go(gemm_kernel<QW<8>, 64>); break;  // DT_Q8 * 3 + 2
   }
   check(cudaGetLastError(), "batched prefill: matrix product");
 }
@@ -386,6 +389,12 @@ void Prefill::dense_rows(const DMat& W, const float* A, int T, float* C, int ldc
   g.mode = mode;
   g.half = half;
   g.gm = W.g;
+  if (W.dt == DT_FP8) {  // one part: the codes, then per-row block scales (F8W with 1-row blocks)
+    g.qsplit = W.rows;
+    g.qgroup = W.group;
+    g.qbrows = 1;
+    g.qs[0] = W.scale_offset();
+  }
   gemm(W.dt, g, bm, div_up(T, bm), sp);
 }
 
@@ -437,10 +446,11 @@ void Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T) {
   g.mode = GEMM_SWIGLU;
   g.half = I;
   // Quantised experts: gate rows then up rows, each with its scales and biases.
-  const int edt = d.gg.n ? DT_GGUF : d.q.bits == 8 ? DT_Q8 : d.q.bits == 4 ? DT_Q4 : d.edt;
+  const int edt = d.gg.n ? DT_GGUF : d.q.fp8 ? DT_FP8 : d.q.bits == 8 ? DT_Q8 : d.q.bits == 4 ? DT_Q4 : d.edt;
   g.gm = d.gg;
   g.qsplit = I;
   g.qgroup = d.q.group;
+  g.qbrows = d.q.block_rows;
   g.qw[0] = 0, g.qs[0] = d.q.gate_s, g.qb[0] = d.q.gate_b;
   g.qw[1] = d.q.up_w, g.qs[1] = d.q.up_s, g.qb[1] = d.q.up_b;
   gemm(edt, g, ebm, ntiles, fs);

@@ -83,7 +83,11 @@ size_t CudaModel::Impl::write_rows_host(const std::vector<Matrix>& parts, int dt
 
 // Rows of several host matrices (same cols) stacked into one device matrix,
 // in the common storage type (f32 when they differ or when forced).
-DMat CudaModel::Impl::upload_rows(const std::vector<Matrix>& parts, const std::string& what, int force_dt) {
+DMat CudaModel::Impl::upload_rows(const std::vector<Matrix>& parts, const std::string& what, int force_dt, bool fp8) {
+  if (fp8 && force_dt < 0 && std::all_of(parts.begin(), parts.end(), [&](const Matrix& x) {
+        return x.fp8() && x.group == parts[0].group && x.group % 16 == 0 && x.cols % 16 == 0;
+      }))
+    return upload_fp8_rows(parts, what);
   DMat m;
   m.cols = int(parts.at(0).cols);
   int dt = force_dt >= 0 ? force_dt : storage_dt(parts[0]);
@@ -172,14 +176,47 @@ void CudaModel::Impl::write_gguf_expert(const FfnExpert& e, int part, const GMat
   }
 }
 
+// FP8 block matrices (same cols and block width) stacked as one DT_FP8
+// matrix: the codes as stored, each row's block scales written out per row.
+DMat CudaModel::Impl::upload_fp8_rows(const std::vector<Matrix>& parts, const std::string& what) {
+  DMat m;
+  m.dt = DT_FP8;
+  m.cols = int(parts.at(0).cols);
+  m.group = parts[0].group;
+  int64_t rows = 0;
+  for (const Matrix& p : parts) rows += p.rows;
+  m.rows = int(rows);
+  m.p = alloc(m.bytes(), what);
+  const int nbc = m.blocks_per_row();
+  std::vector<float> scales(size_t(rows) * nbc);
+  uint8_t* dst = static_cast<uint8_t*>(m.p);
+  int64_t r0 = 0;
+  for (const Matrix& p : parts) {
+    CK(cudaMemcpy(dst, p.data, p.nbytes(), cudaMemcpyHostToDevice));
+    dst += p.nbytes();
+    for (int64_t r = 0; r < p.rows; ++r)
+      for (int b = 0; b < nbc; ++b) scales[size_t(r0 + r) * nbc + b] = p.block_scale(r, b);
+    r0 += p.rows;
+  }
+  CK(cudaMemcpy(static_cast<uint8_t*>(m.p) + m.scale_offset(), scales.data(), scales.size() * 4,
+                cudaMemcpyHostToDevice));
+  bytes_total += int64_t(m.bytes());
+  return m;
+}
+
 // The device layout of a layer's quantised experts (all like `e`), or an
 // Error naming the layer where the kernels cannot take them.
 QExpert CudaModel::Impl::quant_layout(const FfnExpert& e, const std::string& where) const {
   const Matrix& g = e.gate;
-  if (g.fp8())
-    fail_device(DeviceFailure::Unsupported, "CUDA backend: " + where +
-                                                "experts in FP8 blocks are not supported on the GPU yet (run with --device cpu, "
-                                                "or `flashmoe pack --experts q8|q4|bf16` first)");
+  if (g.fp8()) {  // fp8_experts.cuh: 16 codes per load, within one scale block
+    const int H = int(c.hidden_size), I = int(c.moe_intermediate);
+    if (H % 16 != 0 || I % 16 != 0 || g.group % 16 != 0 || g.block_rows <= 0)
+      fail_device(DeviceFailure::Unsupported, "CUDA backend: " + where + "FP8 experts with hidden size " +
+                                                  std::to_string(H) + ", expert size " + std::to_string(I) +
+                                                  " and blocks of " + std::to_string(g.block_rows) + " x " +
+                                                  std::to_string(g.group) + " (need multiples of 16)");
+    return make_fp8expert(g.group, g.block_rows, H, I);
+  }
   const int bits = quant_bits(g.quant), H = int(c.hidden_size), I = int(c.moe_intermediate);
   const int epc = 128 / bits;  // columns per 16-byte load (quant_experts.cuh)
   if (H % epc != 0 || I % epc != 0 || g.group % 8 != 0)
@@ -193,7 +230,18 @@ QExpert CudaModel::Impl::quant_layout(const FfnExpert& e, const std::string& whe
 // Expert e's gate/up block (part 0) or down block (1) in the layout q, at dst.
 void CudaModel::Impl::write_quant(const FfnExpert& e, int part, const QExpert& q, const std::string& where, uint8_t* dst) {
   auto put = [&](const Matrix& m, size_t w, size_t sc, size_t bi) {
-    if (quant_bits(m.quant) != q.bits || m.group != q.group)
+    if (q.fp8) {  // codes and block scales as stored
+      if (!m.fp8() || m.group != q.group || m.block_rows != q.block_rows)
+        fail_device(DeviceFailure::Unsupported, "CUDA backend: " + where + "experts differ in FP8 blocks");
+      if (m.block_row0 != 0)  // a slice of a fused gate/up tensor whose halves share a block row
+        fail_device(DeviceFailure::Unsupported, "CUDA backend: " + where +
+                                                    "FP8 expert rows start inside a scale block (fused gate/up with an "
+                                                    "expert size not a multiple of the block rows); run with --device cpu");
+      std::memcpy(dst + w, m.data, m.nbytes());
+      std::memcpy(dst + sc, m.block_scales, m.block_scale_bytes());
+      return;
+    }
+    if (quant_bits(m.quant) != q.bits || m.group != q.group || m.fp8())
       fail_device(DeviceFailure::Unsupported, "CUDA backend: " + where + "experts differ in quantisation");
     std::memcpy(dst + w, m.data, m.nbytes());
     std::memcpy(dst + sc, m.scales, m.scale_bytes());
@@ -438,14 +486,14 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
     d.post_norm = m.upload_vec(lw.post_norm, p + "norm");
     if (attention) {
       const AttentionWeights& a = lw.attn;
-      d.qkv = m.upload_rows({a.q_proj, a.k_proj, a.v_proj}, p + "q/k/v projection");
-      d.o_proj = m.upload_rows({a.o_proj}, p + "o_proj");
+      d.qkv = m.upload_rows({a.q_proj, a.k_proj, a.v_proj}, p + "q/k/v projection", -1, true);
+      d.o_proj = m.upload_rows({a.o_proj}, p + "o_proj", -1, true);
       d.q_norm = m.upload_vec(a.q_norm, p + "q_norm");
       d.k_norm = m.upload_vec(a.k_norm, p + "k_norm");
     } else {
       const LinearAttentionWeights& l = lw.lin;
-      d.lin_in = m.upload_rows(l.in_proj.block_views(), p + "linear-attention projections");
-      d.out_proj = m.upload_rows({l.out_proj}, p + "out_proj");
+      d.lin_in = m.upload_rows(l.in_proj.block_views(), p + "linear-attention projections", -1, true);
+      d.out_proj = m.upload_rows({l.out_proj}, p + "out_proj", -1, true);
       d.conv_w = m.upload_vec(l.conv, p + "conv1d");
       d.dt_bias = m.upload_vec(l.dt_bias, p + "dt_bias");
       d.neg_exp_A = m.upload_vec(l.neg_exp_A, p + "A_log");
@@ -567,8 +615,13 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
       if (moe_index == 0) tier_gu = gu_bytes, tier_dn = dn_bytes;
       if (f.has_shared) {
         d.has_shared = true;
-        d.s_gu = m.upload_rows({f.shared.gate, f.shared.up}, p + "shared expert", dt);
-        d.s_down = m.upload_rows({f.shared.down}, p + "shared expert", dt);
+        // FP8 beside FP8 routed experts (their kernels read it: fp8_experts.cuh).
+        const bool f8 = d.q.fp8 && f.shared.gate.fp8() && f.shared.up.fp8() && f.shared.down.fp8();
+        d.s_gu = m.upload_rows({f.shared.gate, f.shared.up}, p + "shared expert", f8 ? -1 : dt, f8);
+        d.s_down = m.upload_rows({f.shared.down}, p + "shared expert", f8 ? -1 : dt, f8);
+        if (d.s_gu.dt != d.s_down.dt)
+          fail_device(DeviceFailure::Unsupported, "CUDA backend: " + p + "shared expert: gate/up and down differ in FP8 blocks");
+        if (d.s_gu.dt == DT_FP8) d.edt = DT_FP8;
       }
     } else {
       int dt = storage_dt(f.dense.gate);

@@ -1,0 +1,144 @@
+// Products over FP8 block weights in the decode step (DT_FP8 matrices:
+// E4M3 codes, per-row fp32 block scales; device_model.cuh): the codes read
+// as stored, 16 per 16-byte load, widened in registers (Hopper's
+// cvt.rn.f16x2.e4m3x2: exact, E4M3 fits in f16) and multiplied against
+// fp32 x; a load's 16 columns lie in one scale block (the block width is a
+// multiple of 16), so each load's dot is scaled once.
+#pragma once
+#include "backend/cuda/matvec.cuh"
+
+namespace flashmoe::cuda {
+
+// Storage tag of a DT_FP8 matrix where a kernel is templated on the type.
+struct F8Rows {};
+
+// Two E4M3 codes (low byte first) as two floats, exactly.
+__device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+
+// The unscaled dot of 16 codes with xs[0..16) (16-byte aligned).
+__device__ __forceinline__ float fp8_dot16(const uint4& v, const float* xs) {
+  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+  float d = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float4 x = *reinterpret_cast<const float4*>(xs + 4 * i);
+    const float2 a = e4m3x2_to_float2(u[i]), b = e4m3x2_to_float2(u[i] >> 16);
+    d = fmaf(a.x, x.x, d);
+    d = fmaf(a.y, x.y, d);
+    d = fmaf(b.x, x.z, d);
+    d = fmaf(b.y, x.w, d);
+  }
+  return d;
+}
+
+// One warp's partial dot of the codes w[0, cols) (columns col0.. of a row
+// whose block scales are sc) with xs.
+__device__ __forceinline__ float fp8_row_dot(const uint8_t* __restrict__ w, const float* __restrict__ sc, int group,
+                                             int col0, const float* xs, int cols, int lane) {
+  float acc0 = 0.f, acc1 = 0.f;
+  int c = lane * 16;
+#pragma unroll 2
+  for (; c + 512 < cols; c += 1024) {
+    const uint4 a = ld_stream(w + c), b = ld_stream(w + c + 512);
+    const float sa = __ldg(sc + (col0 + c) / group), sb = __ldg(sc + (col0 + c + 512) / group);
+    acc0 += sa * fp8_dot16(a, xs + c);
+    acc1 += sb * fp8_dot16(b, xs + c + 512);
+  }
+  if (c < cols) acc0 += __ldg(sc + (col0 + c) / group) * fp8_dot16(ld_stream(w + c), xs + c);
+  return acc0 + acc1;
+}
+
+// Up to R rows at once (row i's codes at w + i * step, its scales at sc + i
+// * sstep; n <= R valid): all the rows' loads issued before any is used.
+// One column step at a time: two (2R loads in flight) measured 0.53x
+// bf16's tg128 against 0.79x for this on the 35B (register spills under
+// the kernel's 64-register bound; bench/NOTES-cuda.md, FP8).
+template <int R>
+__device__ __forceinline__ void fp8_rows_dot(const uint8_t* __restrict__ w, size_t step, const float* __restrict__ sc,
+                                             size_t sstep, int group, int col0, int n, const float* xs, int cols,
+                                             int lane, float* out) {
+  float a0[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) a0[i] = 0.f;
+  for (int c = lane * 16; c < cols; c += 512) {
+    uint4 p[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+      if (i < n) p[i] = ld_stream(w + i * step + c);
+    const float* x = xs + c;
+    const int b = (col0 + c) / group;
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+      if (i < n) a0[i] += __ldg(sc + i * sstep + b) * fp8_dot16(p[i], x);
+  }
+#pragma unroll
+  for (int i = 0; i < R; ++i) out[i] = a0[i];
+}
+
+// y[r] (+)= W[r,:] . xs for a DT_FP8 W (as matvec_rows: `split` warps per
+// row, blocks grid-stride over rows, `per` rows per warp at a time).
+__device__ __forceinline__ void fp8_matvec_rows(const uint8_t* __restrict__ W, const float* __restrict__ S, int group,
+                                                int rows, int cols, const float* xs, float* __restrict__ y,
+                                                int accumulate, int split, int per) {
+  __shared__ float part[4][kWarps];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int rpb = kWarps / split, sub = warp % split, lr = warp / split, chunk = cols / split;
+  const int stride = gridDim.x * rpb, nbc = (cols + group - 1) / group;
+  for (int r0 = blockIdx.x * rpb; r0 < rows; r0 += per * stride) {
+    const int r = r0 + lr;
+    int n = 0;
+    while (n < per && r + n * stride < rows) ++n;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    if (n > 0)
+      fp8_rows_dot<4>(W + size_t(r) * cols + sub * chunk, size_t(stride) * cols, S + size_t(r) * nbc,
+                      size_t(stride) * nbc, group, sub * chunk, n, xs + sub * chunk, chunk, lane, acc);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i] = warp_sum(acc[i]);
+    if (split == 1) {
+      if (lane == 0)
+        for (int i = 0; i < n; ++i) {
+          const int ri = r + i * stride;
+          y[ri] = accumulate ? y[ri] + acc[i] : acc[i];
+        }
+      continue;
+    }
+    if (lane == 0)
+      for (int i = 0; i < 4; ++i) part[i][warp] = acc[i];
+    __syncthreads();
+    if (sub == 0 && lane == 0)
+      for (int i = 0; i < n; ++i) {
+        float t = 0.f;
+        for (int k = 0; k < split; ++k) t += part[i][lr * split + k];
+        const int ri = r + i * stride;
+        y[ri] = accumulate ? y[ri] + t : t;
+      }
+    __syncthreads();
+  }
+}
+
+// y[r] (+)= W[r,:] . norm(x) for a DT_FP8 W (norm skipped when nw is null);
+// as matvec_kernel. per: rows per warp at a time (1 to 4).
+static __global__ void __launch_bounds__(kThreads, 4)
+    matvec_fp8_kernel(const uint8_t* __restrict__ W, const float* __restrict__ S, int group, int rows, int cols,
+                      const float* __restrict__ x, const float* __restrict__ nw, float eps, float* __restrict__ y,
+                      int accumulate, int split, int pf_rows, int per, float* __restrict__ xcopy) {
+  extern __shared__ __align__(16) float xs[];
+  prefetch_rows(W, rows, cols, split, pf_rows);
+  NormPre pre;
+  norm_preload(nw, cols, true, pre);
+  pdl_wait();
+  pdl_trigger();
+  if (xcopy && blockIdx.x == gridDim.x - 1)
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) xcopy[i] = x[i];
+  if (!nw) {
+    fp8_matvec_rows(W, S, group, rows, cols, x, y, accumulate, split, per);
+    return;
+  }
+  load_x(x, nw, eps, cols, xs, &pre);
+  fp8_matvec_rows(W, S, group, rows, cols, xs, y, accumulate, split, per);
+}
+
+}  // namespace flashmoe::cuda
