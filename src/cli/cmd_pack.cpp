@@ -39,7 +39,7 @@ void catch_stop_signals() {
   ::sigprocmask(SIG_UNBLOCK, &set, nullptr);
 }
 
-Registrar reg_pack(20, [](CLI::App& app) {
+Registrar reg_pack(19, [](CLI::App& app) {
   auto* cmd = app.add_subcommand("pack", "Pack an HF checkpoint for expert streaming (per-layer expert files + manifest)");
   auto in = std::make_shared<std::string>();
   auto out = std::make_shared<std::string>();

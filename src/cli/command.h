@@ -11,6 +11,9 @@ namespace flashmoe::cli {
 // setup() adds the subcommand (its options and callback) to the app.
 using CommandSetup = std::function<void(CLI::App& app)>;
 
+// `order` places the command in --help and must differ between commands:
+// equal orders would follow static initialisation order, which the unity
+// build of src/cli (CMakeLists.txt) does not keep.
 struct Registrar {
   Registrar(int order, CommandSetup setup);
 };
