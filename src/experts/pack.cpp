@@ -88,28 +88,38 @@ void check_stop(const PackOptions& opt) {
 
 void write_expert_layer(const std::string& path, const std::vector<FfnExpert>& experts, const ExpertLayout& layout,
                         const PackOptions& opt, PackedLayer* pl) {
+  write_expert_records(path, layout, int64_t(experts.size()), opt, pl, [&](int64_t i, uint8_t* rec) {
+    const FfnExpert& e = experts[size_t(i)];
+    std::fill(rec, rec + layout.bytes, uint8_t(0));
+    const std::pair<const Matrix*, const ExpertPart*> parts[3] = {{&e.gate, &layout.gate}, {&e.up, &layout.up}, {&e.down, &layout.down}};
+    for (const auto& [m, part] : parts) {
+      if (layout.quant == QuantKind::Fp8Block) {  // codes and block scales as stored
+        std::memcpy(rec + part->offset, m->data, part->bytes);
+        std::memcpy(rec + part->scales, m->block_scales, m->block_scale_bytes());
+        continue;
+      }
+      QuantizedMatrix q = quantize_matrix(*m, opt.experts, opt.group);
+      std::memcpy(rec + part->offset, q.data.data(), part->bytes);
+      if (opt.experts != QuantKind::None) {
+        std::memcpy(rec + part->scales, q.scales.data(), q.scales.size() * 2);
+        std::memcpy(rec + part->biases, q.biases.data(), q.biases.size() * 2);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void write_expert_records(const std::string& path, const ExpertLayout& layout, int64_t count, const PackOptions& opt,
+                          PackedLayer* pl, const std::function<void(int64_t i, uint8_t* rec)>& fill) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail("cannot write " + path + ": " + errno_text(errno));
   std::vector<uint8_t> rec(layout.bytes);
   uint64_t at = 0;
   try {
-    for (const FfnExpert& e : experts) {
+    for (int64_t i = 0; i < count; ++i) {
       check_stop(opt);
-      std::fill(rec.begin(), rec.end(), uint8_t(0));
-      const std::pair<const Matrix*, const ExpertPart*> parts[3] = {{&e.gate, &layout.gate}, {&e.up, &layout.up}, {&e.down, &layout.down}};
-      for (const auto& [m, part] : parts) {
-        if (layout.quant == QuantKind::Fp8Block) {  // codes and block scales as stored
-          std::memcpy(rec.data() + part->offset, m->data, part->bytes);
-          std::memcpy(rec.data() + part->scales, m->block_scales, m->block_scale_bytes());
-          continue;
-        }
-        QuantizedMatrix q = quantize_matrix(*m, opt.experts, opt.group);
-        std::memcpy(rec.data() + part->offset, q.data.data(), part->bytes);
-        if (opt.experts != QuantKind::None) {
-          std::memcpy(rec.data() + part->scales, q.scales.data(), q.scales.size() * 2);
-          std::memcpy(rec.data() + part->biases, q.biases.data(), q.biases.size() * 2);
-        }
-      }
+      fill(i, rec.data());
       write_all(fd, rec.data(), rec.size(), at, path);
       pl->experts.push_back(PackedExpert{at, layout.bytes, xxhash64(rec.data(), rec.size())});
       at = align_up(at + layout.bytes, kExpertAlign);
@@ -124,8 +134,6 @@ void write_expert_layer(const std::string& path, const std::vector<FfnExpert>& e
   if (::close(fd) != 0) fail("cannot write " + path + ": " + errno_text(errno));
   pl->file_bytes = at;
 }
-
-}  // namespace
 
 void write_packed_model(const std::string& in, const Checkpoint& ck, const ModelConfig& cfg,
                         const LayerExperts& experts, const std::string& out, const PackOptions& opt,

@@ -35,6 +35,14 @@ void write_text(const std::string& path, const std::string& text);
 // Removes `dir` and everything under it (a failed pack's temporary directory).
 void remove_tree(const std::string& dir);
 
+struct ExpertLayout;
+struct PackedLayer;
+// Writes `count` expert records of `layout` to the layer file `path` (each
+// filled by fill(i, record) and aligned as the manifest expects), recording
+// offsets and hashes in *pl; stops at opt.stop. pack and pack --synthetic.
+void write_expert_records(const std::string& path, const ExpertLayout& layout, int64_t count, const PackOptions& opt,
+                          PackedLayer* pl, const std::function<void(int64_t i, uint8_t* rec)>& fill);
+
 // progress(done, total) is called after each expert layer.
 using PackProgress = std::function<void(int64_t done, int64_t total)>;
 

@@ -142,26 +142,7 @@ ExpertLayout layout_of(const ModelConfig& c, const PackOptions& opt) {
 
 void write_expert_file(const std::string& path, const ExpertLayout& layout, int64_t E, uint64_t seed,
                        const PackOptions& opt, PackedLayer* pl) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("cannot write " + path + ": " + errno_text(errno));
-  std::vector<uint8_t> rec(layout.bytes);
-  uint64_t at = 0;
-  try {
-    for (int64_t e = 0; e < E; ++e) {
-      if (opt.stop && *opt.stop) fail("interrupted by a signal");
-      fill_record(layout, rec.data(), seed);
-      write_all(fd, rec.data(), rec.size(), at, path);
-      pl->experts.push_back(PackedExpert{at, layout.bytes, xxhash64(rec.data(), rec.size())});
-      at = align_up(at + layout.bytes, kExpertAlign);
-    }
-    if (::ftruncate(fd, off_t(at)) != 0) fail("cannot write " + path + ": " + errno_text(errno));
-    if (::fsync(fd) != 0) fail("cannot write " + path + ": " + errno_text(errno));
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  if (::close(fd) != 0) fail("cannot write " + path + ": " + errno_text(errno));
-  pl->file_bytes = at;
+  write_expert_records(path, layout, E, opt, pl, [&](int64_t, uint8_t* rec) { fill_record(layout, rec, seed); });
 }
 
 }  // namespace
