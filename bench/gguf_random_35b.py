@@ -87,6 +87,13 @@ def main():
             v = [11, 11, 10, 0]
         elif k == 'general.name':
             v = 'random 35B-A3B-shaped Q4_K_M'
+        elif k in ('tokenizer.ggml.tokens', 'tokenizer.ggml.token_type', 'tokenizer.ggml.scores') and len(v) < V:
+            # llama.cpp takes the vocabulary size from the token list and checks
+            # token_embd / output against it: pad the template's list to V with
+            # unused tokens (type 5) so both engines see a V-token vocabulary.
+            pad = V - len(v)
+            v = v + ([f'<|random_pad_{i}|>' for i in range(pad)] if k.endswith('tokens')
+                     else [5] * pad if k.endswith('token_type') else [0.0] * pad)
         kv.append((k, t, v, et))
 
     def more_bits(i):  # llama.cpp's use_more_bits for Q4_K_M
