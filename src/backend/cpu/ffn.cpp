@@ -14,6 +14,10 @@ namespace flashmoe::cpu {
 
 namespace {
 
+// Tokens per claim of the per-token loops (silu * u, routing, the weighted
+// sums): fewer than this many stay on the calling thread.
+constexpr int64_t kTokenGrain = 16;
+
 // g = silu(g) * u over m rows of I, row by row: the vector kernel's tail is
 // scalar code, so a row's bits must not depend on how many rows share the
 // call (a token batched with others gives the same result as alone).
@@ -24,7 +28,7 @@ void silu_mul_rows(float* g, const float* u, int64_t m, int64_t I) {
 // The same over n rows spread over the threads (between the parallel
 // products of a prompt chunk, so the threads do not wait on it).
 void silu_mul_rows(ThreadPool& pool, float* g, const float* u, int64_t n, int64_t I) {
-  pool.parallel_for(n, [&](int64_t t0, int64_t t1) { silu_mul_rows(g + t0 * I, u + t0 * I, t1 - t0, I); }, 16);
+  pool.parallel_for(n, [&](int64_t t0, int64_t t1) { silu_mul_rows(g + t0 * I, u + t0 * I, t1 - t0, I); }, kTokenGrain);
 }
 
 // y[m, H] = down(silu(gate x) * up x) for m token rows, on the calling thread.
@@ -38,10 +42,6 @@ void swiglu_serial(const FfnExpert& e, const float* x, int64_t m, float* y, std:
   silu_mul_rows(g.data(), u.data(), m, I);
   matmul_serial(e.down, g.data(), m, I, y, H);
 }
-
-// Tokens per claim of the per-token loops (routing, the weighted sums): a
-// token is a few thousand multiply-adds, so fewer stay on the calling thread.
-constexpr int64_t kTokenGrain = 16;
 
 // One unit of expert work: an expert and the tokens routed to it.
 struct ExpertTask {

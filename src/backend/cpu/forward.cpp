@@ -23,8 +23,6 @@ namespace {
 // memory.
 constexpr int64_t kPrefillChunk = 256;
 
-// One sequence's tokens in a step and where its logits go: `logit_rows`
-// rows (0, 1, or n) wanted from its last rows, written to `logits`.
 // Rows per claim of the per-row loops (norms, residual adds): a row is a few
 // hundred multiply-adds, so fewer than this many stay on the calling thread.
 constexpr int64_t kRowGrain = 16;
@@ -44,6 +42,8 @@ void add_and_norm(ThreadPool& pool, float* x, const float* add, const float* w, 
   }, kRowGrain);
 }
 
+// One sequence's tokens in a step and where its logits go: `logit_rows`
+// rows (0, 1, or n) wanted from its last rows, written to `logits`.
 struct StepPart {
   SequenceRows rows;
   const int32_t* ids;
