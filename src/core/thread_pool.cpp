@@ -19,17 +19,28 @@ namespace {
 constexpr auto kSpin = std::chrono::microseconds(100);
 
 // Spins until pred() holds or the spin budget is spent; returns pred().
+// `yield`: give the core away between polls. Only when the pool has more
+// threads than the machine has: there a spinning thread may hold the core
+// the awaited one needs. Otherwise a yield on a machine shared with other
+// programs hands the core to one of them for a whole time slice
+// (milliseconds) while the awaited loop is microseconds from done.
 template <class Pred>
-bool spin_until(Pred pred) {
+bool spin_until(Pred pred, bool yield) {
   auto until = std::chrono::steady_clock::now() + kSpin;
   for (int i = 1;; ++i) {
     if (pred()) return true;
     cpu_relax();
     if (i % 64 == 0) {
-      std::this_thread::yield();
+      if (yield) std::this_thread::yield();
       if (std::chrono::steady_clock::now() > until) return pred();
     }
   }
+}
+
+// More threads in the pool than the machine has.
+bool oversubscribed(int threads) {
+  static const int hardware = ThreadPool::hardware_threads();
+  return threads > hardware;
 }
 }  // namespace
 
@@ -69,7 +80,7 @@ void ThreadPool::worker_loop() {
   uint64_t seen = 0;
   for (;;) {
     auto changed = [&] { return stop_.load(std::memory_order_relaxed) || generation_.load(std::memory_order_acquire) != seen; };
-    if (!spin_until(changed)) {
+    if (!spin_until(changed, oversubscribed(size()))) {
       std::unique_lock<std::mutex> lk(mu_);
       wake_cv_.wait(lk, changed);
     }
@@ -120,7 +131,7 @@ void ThreadPool::run_job(int64_t n, int64_t chunk, const std::function<void(int6
   wake_cv_.notify_all();
   job->run(*this);
   auto finished = [&] { return job->done.load(std::memory_order_acquire) == job->chunks; };
-  if (!spin_until(finished)) {
+  if (!spin_until(finished, oversubscribed(size()))) {
     std::unique_lock<std::mutex> lk(mu_);
     done_cv_.wait(lk, finished);
   }

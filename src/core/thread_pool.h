@@ -1,8 +1,11 @@
 // A fixed pool of worker threads for data-parallel loops. The calling thread
 // takes part in every loop, so a pool of N threads uses N cores in total.
 // Decoding one token issues dozens of small loops, so workers spin briefly
-// between loops (microsecond wake-up) before sleeping; spinning yields the
-// core, so an oversubscribed machine still makes progress.
+// between loops (microsecond wake-up) before sleeping. A spinning thread
+// yields the core only when the pool has more threads than the machine has
+// cores (there it may hold the core the awaited thread needs); on a machine
+// shared with other programs a yield would hand the core away for a whole
+// time slice while the loop it waits for is microseconds from done.
 #pragma once
 #include <atomic>
 #include <condition_variable>

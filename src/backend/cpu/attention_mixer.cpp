@@ -24,8 +24,17 @@ void attention_over(const ModelConfig& c, const AttentionWeights& w, const float
                     const std::vector<CacheRows>& seqs, const float* x, int64_t rows, float* out, ThreadPool& pool) {
   const int64_t nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim, rd = c.rotary_dim;
   const int64_t qg_row = 2 * nh * hd, kv_row = nkv * hd;
-  std::vector<float> qg(size_t(rows * qg_row)), k(size_t(rows * kv_row)), v(size_t(rows * kv_row));
-  std::vector<float> attn(size_t(rows * nh * hd)), q(size_t(rows * nh * hd));
+  // Kept on this thread across calls (each element is written before it is
+  // read): a prompt chunk's buffers are megabytes, and clearing fresh ones
+  // (page faults included) was serial time between the parallel loops. The
+  // names are references so that the loops' workers use this thread's.
+  thread_local std::vector<float> kept[5];
+  std::vector<float>&qg = kept[0], &k = kept[1], &v = kept[2], &attn = kept[3], &q = kept[4];
+  qg.resize(size_t(rows * qg_row));
+  k.resize(size_t(rows * kv_row));
+  v.resize(size_t(rows * kv_row));
+  attn.resize(size_t(rows * nh * hd));
+  q.resize(size_t(rows * nh * hd));
   matmul(pool, w.q_proj, x, rows, qg.data());
   matmul(pool, w.k_proj, x, rows, k.data());
   matmul(pool, w.v_proj, x, rows, v.data());

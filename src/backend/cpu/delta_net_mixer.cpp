@@ -15,63 +15,107 @@
 
 namespace flashmoe::cpu {
 
+namespace {
+// Rows per claim of the per-row loops (the projections' split, the q/k
+// norms): fewer than this many stay on the calling thread.
+constexpr int64_t kRowGrain = 16;
+}  // namespace
+
 void gated_delta_net_mixer(const ModelConfig& c, const LinearAttentionWeights& w, int slot,
                            const std::vector<SequenceRows>& seqs, const float* x, int64_t rows, float* out,
                            ThreadPool& pool) {
   const int64_t nk = c.lin_num_k_heads, nv = c.lin_num_v_heads, dk = c.lin_k_dim, dv = c.lin_v_dim;
   const int64_t C = c.lin_conv_dim(), K = c.conv_kernel, r = nv / nk;
   const int64_t S = int64_t(seqs.size());
-  std::vector<float> qkv(size_t(rows * C)), z(size_t(rows * nv * dv)), b(size_t(rows * nv)), a(size_t(rows * nv));
+  // Kept on this thread across calls (each element is written before it is
+  // read): a prompt chunk's buffers are megabytes, and clearing fresh ones
+  // (page faults included) was serial time between the parallel loops. The
+  // names are references so that the loops' workers use this thread's.
+  thread_local std::vector<float> kept[6];
+  thread_local std::vector<std::vector<float>> kept_outs;
+  std::vector<float>&qkv = kept[0], &z = kept[1], &b = kept[2], &a = kept[3], &conv_out = kept[4], &o = kept[5];
+  std::vector<std::vector<float>>& outs = kept_outs;
+  qkv.resize(size_t(rows * C));
+  z.resize(size_t(rows * nv * dv));
+  b.resize(size_t(rows * nv));
+  a.resize(size_t(rows * nv));
 
   // The stored projections (one product each), then each token's outputs
   // in the order q, k, v, z, b, a (SplitProjection resolves the layout).
   const SplitProjection& in = w.in_proj;
-  std::vector<std::vector<float>> outs(in.stored.size());
+  outs.resize(in.stored.size());
   for (size_t i = 0; i < in.stored.size(); ++i) {
     outs[i].resize(size_t(rows * in.stored[i].rows));
     matmul(pool, in.stored[i], x, rows, outs[i].data());
   }
   const int64_t P = in.rows();
-  std::vector<float> row(static_cast<size_t>(P));
-  std::vector<const float*> at(outs.size());
-  for (int64_t t = 0; t < rows; ++t) {
-    for (size_t i = 0; i < outs.size(); ++i) at[i] = outs[i].data() + t * in.stored[i].rows;
-    in.gather(at.data(), row.data());
-    const float* y = row.data();
-    std::copy(y, y + C, qkv.data() + t * C);
-    std::copy(y + C, y + C + nv * dv, z.data() + t * nv * dv);
-    std::copy(y + C + nv * dv, y + C + nv * dv + nv, b.data() + t * nv);
-    std::copy(y + C + nv * dv + nv, y + P, a.data() + t * nv);
-  }
-
-  // Causal depthwise conv over time, state = the last K-1 inputs per channel.
-  std::vector<float> conv_out(size_t(rows * C));
-  pool.parallel_for(S * C, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const SequenceRows& seq = seqs[size_t(i / C)];
-      const int64_t ch = i % C;
-      float* st = seq.state->conv[size_t(slot)].data() + ch * (K - 1);
-      const float* taps = w.conv.data() + ch * K;
-      for (int64_t t = seq.row0; t < seq.row0 + seq.n; ++t) {
-        float u = qkv[t * C + ch];
-        float acc = taps[K - 1] * u;
-        for (int64_t j = 0; j < K - 1; ++j) acc += taps[j] * st[j];
-        for (int64_t j = 0; j + 1 < K - 1; ++j) st[j] = st[j + 1];
-        if (K > 1) st[K - 2] = u;
-        conv_out[t * C + ch] = silu(acc);
-      }
+  pool.parallel_for(rows, [&](int64_t t0, int64_t t1) {
+    std::vector<float> row(static_cast<size_t>(P));
+    std::vector<const float*> at(outs.size());
+    for (int64_t t = t0; t < t1; ++t) {
+      for (size_t i = 0; i < outs.size(); ++i) at[i] = outs[i].data() + t * in.stored[i].rows;
+      in.gather(at.data(), row.data());
+      const float* y = row.data();
+      std::copy(y, y + C, qkv.data() + t * C);
+      std::copy(y + C, y + C + nv * dv, z.data() + t * nv * dv);
+      std::copy(y + C + nv * dv, y + C + nv * dv + nv, b.data() + t * nv);
+      std::copy(y + C + nv * dv + nv, y + P, a.data() + t * nv);
     }
-  }, 64);
+  }, kRowGrain);
+
+  // Causal depthwise conv over time, state = the last K-1 inputs per
+  // channel. Work items: (sequence, block of channels). Within one, time
+  // runs outer and the block's channels inner, contiguous in qkv and
+  // conv_out, with the block's taps and state copied to [tap][channel] so
+  // the inner loops are plain vector loops (one channel at a time strode
+  // through memory a row apart). Each channel's sum is formed in the same
+  // order as before: taps[K-1] * u, then + taps[j] * state[j], j ascending.
+  conv_out.resize(size_t(rows * C));
+  constexpr int64_t kConvBlock = 64;
+  const int64_t blocks = (C + kConvBlock - 1) / kConvBlock;
+  pool.parallel_for(S * blocks, [&](int64_t i0, int64_t i1) {
+    std::vector<float> tap(size_t(K * kConvBlock)), win(size_t(std::max<int64_t>(K - 1, 1) * kConvBlock));
+    float acc[kConvBlock];
+    for (int64_t i = i0; i < i1; ++i) {
+      const SequenceRows& seq = seqs[size_t(i / blocks)];
+      const int64_t c0 = (i % blocks) * kConvBlock, nc = std::min(kConvBlock, C - c0);
+      float* st = seq.state->conv[size_t(slot)].data() + c0 * (K - 1);
+      const float* taps = w.conv.data() + c0 * K;
+      for (int64_t ch = 0; ch < nc; ++ch) {
+        for (int64_t j = 0; j < K; ++j) tap[size_t(j * kConvBlock + ch)] = taps[ch * K + j];
+        for (int64_t j = 0; j < K - 1; ++j) win[size_t(j * kConvBlock + ch)] = st[ch * (K - 1) + j];
+      }
+      for (int64_t t = seq.row0; t < seq.row0 + seq.n; ++t) {
+        const float* u = qkv.data() + t * C + c0;
+        const float* last = tap.data() + (K - 1) * kConvBlock;
+        for (int64_t ch = 0; ch < nc; ++ch) acc[ch] = last[ch] * u[ch];
+        for (int64_t j = 0; j < K - 1; ++j) {
+          const float* tj = tap.data() + j * kConvBlock;
+          const float* sj = win.data() + j * kConvBlock;
+          for (int64_t ch = 0; ch < nc; ++ch) acc[ch] += tj[ch] * sj[ch];
+        }
+        for (int64_t j = 0; j + 1 < K - 1; ++j)
+          std::copy_n(win.data() + (j + 1) * kConvBlock, nc, win.data() + j * kConvBlock);
+        if (K > 1) std::copy_n(u, nc, win.data() + (K - 2) * kConvBlock);
+        float* y = conv_out.data() + t * C + c0;
+        for (int64_t ch = 0; ch < nc; ++ch) y[ch] = silu(acc[ch]);
+      }
+      for (int64_t ch = 0; ch < nc; ++ch)
+        for (int64_t j = 0; j < K - 1; ++j) st[ch * (K - 1) + j] = win[size_t(j * kConvBlock + ch)];
+    }
+  });
 
   // q, k: L2-normalised per key head (q also scaled by 1/sqrt(dk)).
   const float qscale = 1.0f / std::sqrt(float(dk));
-  for (int64_t t = 0; t < rows; ++t)
-    for (int64_t g = 0; g < nk; ++g) {
-      l2norm(conv_out.data() + t * C + g * dk, dk, 1e-6f, qscale);
-      l2norm(conv_out.data() + t * C + nk * dk + g * dk, dk, 1e-6f, 1.0f);
-    }
+  pool.parallel_for(rows, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t g = 0; g < nk; ++g) {
+        l2norm(conv_out.data() + t * C + g * dk, dk, 1e-6f, qscale);
+        l2norm(conv_out.data() + t * C + nk * dk + g * dk, dk, 1e-6f, 1.0f);
+      }
+  }, kRowGrain);
 
-  std::vector<float> o(size_t(rows * nv * dv));
+  o.resize(size_t(rows * nv * dv));
   pool.parallel_for(S * nv, [&](int64_t i0, int64_t i1) {
     std::vector<float> scratch(static_cast<size_t>(dv)), oh(static_cast<size_t>(dv));
     for (int64_t i = i0; i < i1; ++i) {

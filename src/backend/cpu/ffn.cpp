@@ -14,11 +14,21 @@ namespace flashmoe::cpu {
 
 namespace {
 
+// Tokens per claim of the per-token loops (silu * u, routing, the weighted
+// sums): fewer than this many stay on the calling thread.
+constexpr int64_t kTokenGrain = 16;
+
 // g = silu(g) * u over m rows of I, row by row: the vector kernel's tail is
 // scalar code, so a row's bits must not depend on how many rows share the
 // call (a token batched with others gives the same result as alone).
 void silu_mul_rows(float* g, const float* u, int64_t m, int64_t I) {
   for (int64_t t = 0; t < m; ++t) simd::silu_mul(g + t * I, u + t * I, I);
+}
+
+// The same over n rows spread over the threads (between the parallel
+// products of a prompt chunk, so the threads do not wait on it).
+void silu_mul_rows(ThreadPool& pool, float* g, const float* u, int64_t n, int64_t I) {
+  pool.parallel_for(n, [&](int64_t t0, int64_t t1) { silu_mul_rows(g + t0 * I, u + t0 * I, t1 - t0, I); }, kTokenGrain);
 }
 
 // y[m, H] = down(silu(gate x) * up x) for m token rows, on the calling thread.
@@ -48,7 +58,7 @@ void dense_swiglu_ffn(const FfnExpert& e, const float* x, int64_t n, float* out,
   std::vector<float> g(size_t(n * I)), u(size_t(n * I));
   matmul(pool, e.gate, x, n, g.data());
   matmul(pool, e.up, x, n, u.data());
-  silu_mul_rows(g.data(), u.data(), n, I);
+  silu_mul_rows(pool, g.data(), u.data(), n, I);
   matmul(pool, e.down, g.data(), n, out);
 }
 
@@ -56,39 +66,55 @@ void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_exper
                     int64_t layer, const float* x, int64_t n, float* out, ThreadPool& pool) {
   const int64_t H = c.hidden_size;
   const int64_t E = c.num_experts, k = c.num_experts_per_tok;
-  std::vector<float> probs(size_t(n * E));
+  // Kept on this thread across calls (each element is written before it is
+  // read): clearing fresh buffers of a prompt chunk was serial time between
+  // the parallel loops. The names are references so that the loops' workers
+  // use this thread's.
+  thread_local std::vector<float> kept[4];
+  std::vector<float>&probs = kept[0], &shared_g = kept[1], &shared_u = kept[2], &shared_out = kept[3];
+  probs.resize(size_t(n * E));
   matmul(pool, w.router, x, n, probs.data());
-  std::vector<ExpertTask> tasks(static_cast<size_t>(E));
-  std::vector<int64_t> order(static_cast<size_t>(E));
-  for (int64_t t = 0; t < n; ++t) {
-    float* p = probs.data() + t * E;
-    softmax(p, E);
-    std::iota(order.begin(), order.end(), 0);
-    // Highest probability first; the lower index wins ties, as torch.topk does in practice.
-    std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [&](int64_t a, int64_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
-    float sum = 0;
-    for (int64_t j = 0; j < k; ++j) sum += p[order[j]];
-    for (int64_t j = 0; j < k; ++j) {
-      ExpertTask& task = tasks[order[j]];
-      task.tokens.push_back(t);
-      task.weights.push_back(c.norm_topk_prob ? p[order[j]] / sum : p[order[j]]);
+  // Each token's top k (expert, weight), tokens spread over the threads;
+  // then the experts' token lists, in token order, on this thread.
+  std::vector<int64_t> chosen(size_t(n * k));
+  std::vector<float> chosen_w(size_t(n * k));
+  pool.parallel_for(n, [&](int64_t t0, int64_t t1) {
+    std::vector<int64_t> order(static_cast<size_t>(E));
+    for (int64_t t = t0; t < t1; ++t) {
+      float* p = probs.data() + t * E;
+      softmax(p, E);
+      std::iota(order.begin(), order.end(), 0);
+      // Highest probability first; the lower index wins ties, as torch.topk does in practice.
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](int64_t a, int64_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+      float sum = 0;
+      for (int64_t j = 0; j < k; ++j) sum += p[order[j]];
+      for (int64_t j = 0; j < k; ++j) {
+        chosen[size_t(t * k + j)] = order[j];
+        chosen_w[size_t(t * k + j)] = c.norm_topk_prob ? p[order[j]] / sum : p[order[j]];
+      }
     }
-  }
+  }, kTokenGrain);
+  std::vector<ExpertTask> tasks(static_cast<size_t>(E));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      ExpertTask& task = tasks[size_t(chosen[size_t(t * k + j)])];
+      task.tokens.push_back(t);
+      task.weights.push_back(chosen_w[size_t(t * k + j)]);
+    }
   // The shared expert does not depend on the routing, so it is computed
   // (row-parallel) while a streaming store reads this layer's misses.
-  std::vector<float> shared_out, shared_w;
   auto run_shared_expert = [&] {
     if (!shared_expert) return;
     const FfnExpert& e = w.shared;
     const int64_t I = e.gate.rows;
-    std::vector<float> g(size_t(n * I)), u(size_t(n * I));
-    matmul(pool, e.gate, x, n, g.data());
-    matmul(pool, e.up, x, n, u.data());
-    silu_mul_rows(g.data(), u.data(), n, I);
+    shared_g.resize(size_t(n * I));
+    shared_u.resize(size_t(n * I));
+    matmul(pool, e.gate, x, n, shared_g.data());
+    matmul(pool, e.up, x, n, shared_u.data());
+    silu_mul_rows(pool, shared_g.data(), shared_u.data(), n, I);
     shared_out.resize(size_t(n * H));
-    matmul(pool, e.down, g.data(), n, shared_out.data());
-    for (int64_t t = 0; t < n; ++t) shared_w.push_back(sigmoid(simd_dot_row(w.shared_gate, 0, x + t * H)));
+    matmul(pool, e.down, shared_g.data(), n, shared_out.data());
   };
 
   // One fetch per layer: a streaming store reads all its misses in parallel.
@@ -123,12 +149,31 @@ void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_exper
       swiglu_serial(*task.expert, xin.data(), m, task.result.data(), g, u);
     }
   });
-  std::fill(out, out + n * H, 0.0f);
-  for (const ExpertTask& task : work)
-    for (size_t j = 0; j < task.tokens.size(); ++j)
-      simd::axpy(task.weights[j], task.result.data() + j * H, out + task.tokens[j] * H, H);
-  if (shared_expert)
-    for (int64_t t = 0; t < n; ++t) simd::axpy(shared_w[t], shared_out.data() + t * H, out + t * H, H);
+  // Each token's sum, tokens spread over the threads: its experts' rows in
+  // expert order (work is in ascending expert id), then the gated shared
+  // expert, so a token's bits do not depend on the split or on the other
+  // tokens of the step. from[t * k + c]: (task, row in that task's result).
+  std::vector<std::pair<int32_t, int32_t>> from(size_t(n * k));
+  std::vector<int32_t> filled(static_cast<size_t>(n), 0);
+  for (size_t i = 0; i < work.size(); ++i)
+    for (size_t j = 0; j < work[i].tokens.size(); ++j) {
+      const int64_t t = work[i].tokens[j];
+      from[size_t(t * k + filled[size_t(t)]++)] = {int32_t(i), int32_t(j)};
+    }
+  pool.parallel_for(n, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* o = out + t * H;
+      std::fill(o, o + H, 0.0f);
+      for (int64_t c = 0; c < k; ++c) {
+        const auto [i, j] = from[size_t(t * k + c)];
+        simd::axpy(work[size_t(i)].weights[size_t(j)], work[size_t(i)].result.data() + int64_t(j) * H, o, H);
+      }
+      if (shared_expert) {
+        const float gate = sigmoid(simd_dot_row(w.shared_gate, 0, x + t * H));
+        simd::axpy(gate, shared_out.data() + t * H, o, H);
+      }
+    }
+  }, kTokenGrain);
 }
 
 }  // namespace flashmoe::cpu

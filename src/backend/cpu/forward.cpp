@@ -23,6 +23,25 @@ namespace {
 // memory.
 constexpr int64_t kPrefillChunk = 256;
 
+// Rows per claim of the per-row loops (norms, residual adds): a row is a few
+// hundred multiply-adds, so fewer than this many stay on the calling thread.
+constexpr int64_t kRowGrain = 16;
+
+// x[t] += add[t] (when add is given), then xn[t] = RMSNorm(x[t]) (when w is
+// given), for the n rows, spread over the threads. A row's bits do not
+// depend on the split: the same element-wise adds and the same norm.
+void add_and_norm(ThreadPool& pool, float* x, const float* add, const float* w, int64_t n, int64_t H, float eps,
+                  float* xn) {
+  pool.parallel_for(n, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* xt = x + t * H;
+      if (add)
+        for (int64_t i = 0; i < H; ++i) xt[i] += add[t * H + i];
+      if (w) rmsnorm_zc(xt, w, H, eps, xn + t * H);
+    }
+  }, kRowGrain);
+}
+
 // One sequence's tokens in a step and where its logits go: `logit_rows`
 // rows (0, 1, or n) wanted from its last rows, written to `logits`.
 struct StepPart {
@@ -45,9 +64,19 @@ void forward_step(const QwenModel& m, const std::vector<StepPart>& parts, Thread
     seqs.push_back(p.rows);
     n += p.rows.n;
   }
-  std::vector<float> x(size_t(n * H)), xn(size_t(n * H)), out(size_t(n * H));
+  // The residual stream and the layers' inputs and updates, kept on this
+  // thread across steps (every element is written before it is read):
+  // clearing fresh ones was serial time between the parallel loops. The
+  // names are references so that the loops' workers use this thread's.
+  thread_local std::vector<float> kept[3];
+  std::vector<float>&x = kept[0], &xn = kept[1], &out = kept[2];
+  x.resize(size_t(n * H));
+  xn.resize(size_t(n * H));
+  out.resize(size_t(n * H));
   for (const StepPart& p : parts)
-    for (int64_t t = 0; t < p.rows.n; ++t) load_row(w.embed, p.ids[t], x.data() + (p.rows.row0 + t) * H);
+    pool.parallel_for(p.rows.n, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) load_row(w.embed, p.ids[t], x.data() + (p.rows.row0 + t) * H);
+    }, kRowGrain);
   auto capture = [&](int64_t layer) {
     if (hidden) (*hidden)[size_t(layer)].insert((*hidden)[size_t(layer)].end(), x.begin(), x.end());
   };
@@ -55,8 +84,7 @@ void forward_step(const QwenModel& m, const std::vector<StepPart>& parts, Thread
 
   for (const LayerPlan& l : plan.layers) {
     const LayerWeights& lw = w.layers[size_t(l.index)];
-    for (int64_t t = 0; t < n; ++t)
-      rmsnorm_zc(x.data() + t * H, lw.input_norm.data(), H, c.rms_norm_eps, xn.data() + t * H);
+    add_and_norm(pool, x.data(), nullptr, lw.input_norm.data(), n, H, c.rms_norm_eps, xn.data());
     switch (l.mixer) {
       case MixerKind::GatedAttention:
         gated_attention_mixer(c, lw.attn, plan.rope_inv_freq.data(), l.state_slot, seqs, xn.data(), n, out.data(),
@@ -66,9 +94,7 @@ void forward_step(const QwenModel& m, const std::vector<StepPart>& parts, Thread
         gated_delta_net_mixer(c, lw.lin, l.state_slot, seqs, xn.data(), n, out.data(), pool);
         break;
     }
-    for (size_t i = 0; i < x.size(); ++i) x[i] += out[i];
-    for (int64_t t = 0; t < n; ++t)
-      rmsnorm_zc(x.data() + t * H, lw.post_norm.data(), H, c.rms_norm_eps, xn.data() + t * H);
+    add_and_norm(pool, x.data(), out.data(), lw.post_norm.data(), n, H, c.rms_norm_eps, xn.data());
     switch (l.ffn) {
       case FfnKind::DenseSwiGLU:
         dense_swiglu_ffn(lw.ffn.dense, xn.data(), n, out.data(), pool);
@@ -77,7 +103,7 @@ void forward_step(const QwenModel& m, const std::vector<StepPart>& parts, Thread
         routed_moe_ffn(c, lw.ffn, l.shared_expert, store, l.index, xn.data(), n, out.data(), pool);
         break;
     }
-    for (size_t i = 0; i < x.size(); ++i) x[i] += out[i];
+    add_and_norm(pool, x.data(), out.data(), nullptr, n, H, c.rms_norm_eps, nullptr);
     capture(l.index + 1);
   }
   for (const StepPart& p : parts) {
