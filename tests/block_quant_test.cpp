@@ -3,13 +3,17 @@
 // products, at every CPU level this machine has.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 
+#include "backend/cpu/matmul.h"
 #include "backend/cuda/gguf_blocks.cuh"
 #include "core/block_quant.h"
+#include "core/block_quant_i16.h"
 #include "core/dtype.h"
+#include "core/error.h"
 #include "core/matrix_rows.h"
 
 using namespace flashmoe;
@@ -161,6 +165,103 @@ TEST_P(BlockQuant, DeviceReaderMatchesTheLayout) {
         ASSERT_NEAR(w[i], want, 1e-6f * (1.0f + std::fabs(want))) << quant_name(q) << " row " << r << " col " << c + i;
       }
     }
+}
+
+// The int16-activation products (core/block_quant_i16.h): the codes are
+// lrint(x * 32767 / max|x|) per block of 32; a row's dot equals the same
+// formula in double over those codes (the kernel's own arithmetic: the
+// integer sums are exact), and the exact fp32 dot within the bound the
+// rounding allows. Every block's largest value is 300, its others sit 0.45
+// of a code step off a code, on the side of row 0's weight: row 0's rounding
+// errors all add up, far beyond the tolerance of the first check.
+TEST_P(BlockQuant, Int16ActivationProducts) {
+  const QuantKind q = GetParam();
+  const bool kind_has_i16 = q == QuantKind::Q4_K || q == QuantKind::Q6_K || q == QuantKind::Q8_0;
+  std::mt19937 rng(777 + int(q));
+  const int64_t rows = 5, cols = 3 * 256, be = block_elems(q), bb = block_bytes(q);
+  std::vector<uint8_t> data = random_rows(q, rows, cols, rng);
+  Matrix W;
+  W.dtype = DType::U8;
+  W.quant = q;
+  W.data = data.data();
+  W.rows = rows;
+  W.cols = cols;
+  // Weight (r, c) and, for Q4_K, the min term dmin * m of its sub-block.
+  auto weight = [&](int64_t r, int64_t c, double* minterm) {
+    const uint8_t* blk = data.data() + size_t(r) * W.row_bytes() + size_t(c / be) * size_t(bb);
+    *minterm = 0;
+    if (q == QuantKind::Q4_K) {
+      int sc, mn;
+      k_scale(blk + 4, int(c % be) / 32, &sc, &mn);
+      *minterm = double(h(blk + 2)) * mn;
+    }
+    return double(ref_weight(q, blk, int(c % be)));
+  };
+  const float step = 300.0f / 32767.0f;
+  std::vector<float> x(static_cast<size_t>(cols));
+  std::uniform_int_distribution<int> code(-300, 300);
+  for (int64_t c = 0; c < cols; ++c) {
+    double mt;
+    const double w = weight(0, c, &mt);
+    x[size_t(c)] = c % 32 == (c / 32) % 32 ? 300.0f * ((c / 32) % 2 ? -1.0f : 1.0f)
+                                           : (float(code(rng)) + (w + mt >= 0 ? 0.45f : -0.45f)) * step;
+  }
+  std::fill(x.begin() + 64, x.begin() + 96, 0.0f);  // an all-zero block: scale 0
+  cpu::Int16Activations xq;
+  cpu::quantize_activations_i16(x.data(), cols, xq);
+  for (int64_t c = 0; c < cols; ++c) {
+    const float amax = c / 32 == 2 ? 0.0f : 300.0f;
+    ASSERT_EQ(cpu::i16_code_at(xq, c), amax > 0 ? std::lrint(x[size_t(c)] * (32767.0f / amax)) : 0) << "col " << c;
+  }
+  EXPECT_FLOAT_EQ(xq.scale[0], step);
+  EXPECT_EQ(xq.scale[2], 0.0f);
+  double s0 = 0;
+  for (int i = 0; i < 32; ++i) s0 += x[size_t(i)];
+  EXPECT_NEAR(xq.sum[0], s0, 1e-3);
+
+  std::vector<double> exact_of(static_cast<size_t>(rows)), mag_of(static_cast<size_t>(rows));
+  for (CpuLevel level : {CpuLevel::Portable, CpuLevel::Avx2, CpuLevel::Avx512, CpuLevel::Avx512Vnni}) {
+    if (level > cpu_level_supported()) continue;
+    SCOPED_TRACE(std::string(quant_name(q)) + " level " + cpu_level_name(level));
+    const bool supported = kind_has_i16 && level >= CpuLevel::Avx2;
+    ASSERT_EQ(cpu::block_dot_i16_supported(level, q), supported);
+    if (!supported) {
+      EXPECT_THROW(cpu::block_dot_row_i16_at(level, W, 0, xq), Error);
+      continue;
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      double same_codes = 0, exact = 0, bound = 0, mag = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        double mt;  // Q4_K's min term meets the exact sum of x
+        const double w = weight(r, c, &mt), a = xq.scale[size_t(c / 32)];
+        same_codes += (w + mt) * a * cpu::i16_code_at(xq, c) - mt * x[size_t(c)];
+        exact += w * x[size_t(c)];
+        bound += std::fabs(w + mt) * a / 2;
+        mag += std::fabs(w * x[size_t(c)]) + std::fabs(mt * x[size_t(c)]);
+      }
+      exact_of[size_t(r)] = exact;
+      mag_of[size_t(r)] = mag;
+      const float got = cpu::block_dot_row_i16_at(level, W, r, xq);
+      EXPECT_NEAR(got, same_codes, 2e-6 * mag) << "row " << r;
+      EXPECT_NEAR(got, exact, bound + 2e-6 * mag) << "row " << r;
+      if (r == 0) EXPECT_GT(std::fabs(got - exact), 1e-4 * mag) << "the activations were not rounded";
+    }
+  }
+  // The CPU backend's one-token product takes this path at the CPU's level;
+  // two tokens stay in fp32.
+  if (cpu::block_dot_i16_supported(cpu_level(), q)) {
+    std::vector<float> y(static_cast<size_t>(rows)), y2(static_cast<size_t>(2 * rows)), x2(x);
+    x2.insert(x2.end(), x.begin(), x.end());
+    cpu::matmul_serial(W, x.data(), 1, cols, y.data(), rows);
+    cpu::matmul_serial(W, x2.data(), 2, cols, y2.data(), rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      EXPECT_EQ(y[size_t(r)], cpu::block_dot_row_i16_at(cpu_level(), W, r, xq)) << "row " << r;
+      EXPECT_NEAR(y2[size_t(r)], exact_of[size_t(r)], 2e-6 * mag_of[size_t(r)]) << "row " << r;
+      EXPECT_EQ(y2[size_t(rows + r)], y2[size_t(r)]) << "row " << r;
+    }
+  }
+  std::vector<float> odd(48);
+  EXPECT_THROW(cpu::quantize_activations_i16(odd.data(), 48, xq), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, BlockQuant,
