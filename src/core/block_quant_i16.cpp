@@ -18,6 +18,7 @@ namespace flashmoe::cpu {
 namespace {
 
 constexpr float kCodeMax = 32767.0f;
+constexpr float kLoSteps = 65536.0f;  // low codes per high code step
 
 void quantize_scalar(const float* x, int64_t cols, Int16Activations& out) {
   for (int64_t b = 0; b < cols / 32; ++b) {
@@ -28,8 +29,13 @@ void quantize_scalar(const float* x, int64_t cols, Int16Activations& out) {
       sum += xb[i];
     }
     const float inv = amax > 0 ? kCodeMax / amax : 0.0f;
-    int16_t* c = out.code.data() + 32 * b;
-    for (int i = 0; i < 32; ++i) c[(i % 2) * 16 + i / 2] = int16_t(std::lrint(xb[i] * inv));
+    int16_t* c = out.code.data() + 64 * b;
+    for (int i = 0; i < 32; ++i) {
+      const float hi = float(std::lrint(xb[i] * inv));
+      c[(i % 2) * 16 + i / 2] = int16_t(hi);
+      const long lo = std::lrint(std::fma(xb[i], inv, -hi) * kLoSteps);
+      c[32 + (i % 2) * 16 + i / 2] = int16_t(std::clamp(lo, -32767L, 32767L));
+    }
     out.scale[size_t(b)] = amax / kCodeMax;
     out.sum[size_t(b)] = sum;
   }
@@ -57,6 +63,16 @@ AVX2_FN inline __m256i pick(__m256i a, __m256i c) {
   return _mm256_castps_si256(_mm256_shuffle_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(c), Sel));
 }
 
+// 32 int32 codes (4 vectors of 8 columns) as int16, even columns then odd
+// (packs saturates a low code of exactly +-32768 to +-32767).
+AVX2_FN inline void store_deinterleaved(const __m256i i[4], int16_t* c, __m256i order) {
+  constexpr int even = _MM_SHUFFLE(2, 0, 2, 0), odd = _MM_SHUFFLE(3, 1, 3, 1);
+  const __m256i ev = _mm256_packs_epi32(pick<even>(i[0], i[1]), pick<even>(i[2], i[3]));
+  const __m256i od = _mm256_packs_epi32(pick<odd>(i[0], i[1]), pick<odd>(i[2], i[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(c), _mm256_permutevar8x32_epi32(ev, order));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + 16), _mm256_permutevar8x32_epi32(od, order));
+}
+
 // As quantize_scalar, 8 columns per instruction: cvtps rounds to nearest
 // even like lrint. The even (odd) columns of a block's 4 int32 vectors are
 // gathered by shuffle_ps and packs into 64-bit chunks out of order, put back
@@ -72,14 +88,16 @@ AVX2_FN void quantize_avx2(const float* x, int64_t cols, Int16Activations& out) 
                                    _mm256_max_ps(_mm256_andnot_ps(sign, f2), _mm256_andnot_ps(sign, f3)));
     const float amax = hmax(m);
     const __m256 inv = _mm256_set1_ps(amax > 0 ? kCodeMax / amax : 0.0f);
-    const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(f0, inv)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(f1, inv)),
-                  i2 = _mm256_cvtps_epi32(_mm256_mul_ps(f2, inv)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(f3, inv));
-    constexpr int even = _MM_SHUFFLE(2, 0, 2, 0), odd = _MM_SHUFFLE(3, 1, 3, 1);
-    const __m256i ev = _mm256_packs_epi32(pick<even>(i0, i1), pick<even>(i2, i3));
-    const __m256i od = _mm256_packs_epi32(pick<odd>(i0, i1), pick<odd>(i2, i3));
-    int16_t* c = out.code.data() + 32 * b;
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(c), _mm256_permutevar8x32_epi32(ev, order));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + 16), _mm256_permutevar8x32_epi32(od, order));
+    int16_t* c = out.code.data() + 64 * b;
+    const __m256 f[4] = {f0, f1, f2, f3};
+    __m256i hi[4], lo[4];
+    for (int k = 0; k < 4; ++k) {
+      hi[k] = _mm256_cvtps_epi32(_mm256_mul_ps(f[k], inv));
+      const __m256 rest = _mm256_fmsub_ps(f[k], inv, _mm256_cvtepi32_ps(hi[k]));
+      lo[k] = _mm256_cvtps_epi32(_mm256_mul_ps(rest, _mm256_set1_ps(kLoSteps)));
+    }
+    store_deinterleaved(hi, c, order);
+    store_deinterleaved(lo, c + 32, order);
     out.scale[size_t(b)] = amax / kCodeMax;
     out.sum[size_t(b)] = hsum(_mm256_add_ps(_mm256_add_ps(f0, f1), _mm256_add_ps(f2, f3)));
   }
@@ -91,11 +109,16 @@ AVX2_FN inline float half(const uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
-// Sum of w * code over one block of 32 (as 8 int32 lanes): w's 32 values
-// given as the 16-bit lanes `even` (columns 0, 2, ..., 30) and `odd`.
-AVX2_FN inline __m256i dot32(__m256i even, __m256i odd, const int16_t* code) {
+// Sum of w * (high code + low code / 65536) over one block of 32 (8 lanes
+// of partial sums, each sum of integers exact): w's 32 values given as the
+// 16-bit lanes `even` (columns 0, 2, ..., 30) and `odd`.
+AVX2_FN inline __m256i idot32(__m256i even, __m256i odd, const int16_t* code) {
   return _mm256_add_epi32(_mm256_madd_epi16(even, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(code))),
                           _mm256_madd_epi16(odd, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(code + 16))));
+}
+AVX2_FN inline __m256 dot32(__m256i even, __m256i odd, const int16_t* code) {
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(idot32(even, odd, code + 32)), _mm256_set1_ps(1.0f / kLoSteps),
+                         _mm256_cvtepi32_ps(idot32(even, odd, code)));
 }
 
 // Q8_0: a block's 32 int8 as 16-bit lanes, sign-extended by shifts.
@@ -104,11 +127,43 @@ AVX2_FN inline float dot_q8_0(const uint8_t* row, int64_t nb, const Int16Activat
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = row + 34 * b;
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-    const __m256i p = dot32(_mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8), _mm256_srai_epi16(v, 8),
-                            x.code.data() + 32 * b);
+    const __m256 p = dot32(_mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8), _mm256_srai_epi16(v, 8),
+                           x.code.data() + 64 * b);
     const __m256 f = _mm256_set1_ps(half(blk) * x.scale[size_t(b)]);
-    if (b % 2) a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), f, a1);
-    else a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), f, a0);
+    if (b % 2) a1 = _mm256_fmadd_ps(p, f, a1);
+    else a0 = _mm256_fmadd_ps(p, f, a0);
+  }
+  return hsum(_mm256_add_ps(a0, a1));
+}
+
+// Q5_0: 16 bytes of nibbles (byte j: weight j low, j + 16 high) as 16-bit
+// lanes with the high nibbles' copy in the upper half: lane i of the
+// masked low byte is weight 2i of the block's even columns in order, the
+// high byte weight 2i + 1. The fifth bit of weight k is bit k of qh: lane i
+// tests bit 2(i % 8) (+1 for odd columns) of qh's low 16 bits (lanes 0-7)
+// or high 16 bits (lanes 8-15).
+AVX2_FN inline float dot_q5_0(const uint8_t* row, int64_t nb, const Int16Activations& x) {
+  const __m256i m4 = _mm256_set1_epi16(0x000F), sixteen = _mm256_set1_epi16(16);
+  const __m256i bit_even = _mm256_setr_epi16(1, 4, 16, 64, 256, 1024, 4096, 16384, 1, 4, 16, 64, 256, 1024, 4096, 16384);
+  const __m256i bit_odd = _mm256_slli_epi16(bit_even, 1);
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + 22 * b;
+    uint32_t qh;
+    std::memcpy(&qh, blk + 2, 4);
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 6));
+    const __m256i q = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
+    const __m256i h = _mm256_set_m128i(_mm_set1_epi16(short(qh >> 16)), _mm_set1_epi16(short(qh & 0xFFFF)));
+    // (q | bit << 4) - 16 = q - 16 + 16 * bit, bit from the compare's 0 / -1.
+    const __m256i ev = _mm256_sub_epi16(_mm256_sub_epi16(_mm256_and_si256(q, m4), sixteen),
+                                        _mm256_slli_epi16(_mm256_cmpeq_epi16(_mm256_and_si256(h, bit_even), bit_even), 4));
+    const __m256i od =
+        _mm256_sub_epi16(_mm256_sub_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 8), m4), sixteen),
+                         _mm256_slli_epi16(_mm256_cmpeq_epi16(_mm256_and_si256(h, bit_odd), bit_odd), 4));
+    const __m256 p = dot32(ev, od, x.code.data() + 64 * b);
+    const __m256 f = _mm256_set1_ps(half(blk) * x.scale[size_t(b)]);
+    if (b % 2) a1 = _mm256_fmadd_ps(p, f, a1);
+    else a0 = _mm256_fmadd_ps(p, f, a0);
   }
   return hsum(_mm256_add_ps(a0, a1));
 }
@@ -143,14 +198,14 @@ AVX2_FN inline float dot_q4_k(const uint8_t* row, int64_t nb, const Int16Activat
     const __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(smv, 8)));
     amin = _mm256_fmadd_ps(_mm256_set1_ps(half(blk + 2)), _mm256_mul_ps(mins, _mm256_loadu_ps(x.sum.data() + 8 * b)),
                            amin);
-    const int16_t* code = x.code.data() + 256 * b;
+    const int16_t* code = x.code.data() + 512 * b;
     for (int p = 0; p < 4; ++p) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * p));
-      const __m256i lo = dot32(_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 8), m4), code + 64 * p);
-      const __m256i hi =
-          dot32(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), _mm256_srli_epi16(v, 12), code + 64 * p + 32);
-      a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_permutevar8x32_ps(sf, _mm256_set1_epi32(2 * p)), a0);
-      a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_permutevar8x32_ps(sf, _mm256_set1_epi32(2 * p + 1)), a1);
+      const __m256 lo = dot32(_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 8), m4), code + 128 * p);
+      const __m256 hi =
+          dot32(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), _mm256_srli_epi16(v, 12), code + 128 * p + 64);
+      a0 = _mm256_fmadd_ps(lo, _mm256_permutevar8x32_ps(sf, _mm256_set1_epi32(2 * p)), a0);
+      a1 = _mm256_fmadd_ps(hi, _mm256_permutevar8x32_ps(sf, _mm256_set1_epi32(2 * p + 1)), a1);
     }
   }
   return hsum(_mm256_add_ps(a0, a1)) - hsum(amin);
@@ -177,7 +232,7 @@ AVX2_FN inline float dot_q6_k(const uint8_t* row, int64_t nb, const Int16Activat
     const uint8_t* blk = row + 210 * b;
     // Per run (activation block) of this block: d * that block's scale.
     const __m256 da = _mm256_mul_ps(_mm256_set1_ps(half(blk + 208)), _mm256_loadu_ps(x.scale.data() + 8 * b));
-    const int16_t* code = x.code.data() + 256 * b;
+    const int16_t* code = x.code.data() + 512 * b;
     for (int n = 0; n < 2; ++n) {
       const __m256 sc = _mm256_cvtepi32_ps(
           _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 192 + 8 * n))));
@@ -193,11 +248,11 @@ AVX2_FN inline float dot_q6_k(const uint8_t* row, int64_t nb, const Int16Activat
           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), q6_high<6>(h, m2)),
       };
       for (int k = 0; k < 4; ++k) {
-        const __m256i p = dot32(_mm256_sub_epi16(_mm256_and_si256(q[k], lo8), off),
-                                _mm256_sub_epi16(_mm256_srli_epi16(q[k], 8), off), code + 128 * n + 32 * k);
+        const __m256 p = dot32(_mm256_sub_epi16(_mm256_and_si256(q[k], lo8), off),
+                               _mm256_sub_epi16(_mm256_srli_epi16(q[k], 8), off), code + 256 * n + 64 * k);
         const __m256 f = _mm256_permutevar8x32_ps(g, pair[k]);
-        if (k % 2) a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), f, a1);
-        else a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), f, a0);
+        if (k % 2) a1 = _mm256_fmadd_ps(p, f, a1);
+        else a0 = _mm256_fmadd_ps(p, f, a0);
       }
     }
   }
@@ -211,7 +266,7 @@ void quantize_activations_i16(const float* x, int64_t cols, Int16Activations& ou
   if (cols <= 0 || cols % 32 != 0)
     fail("quantize_activations_i16: " + std::to_string(cols) + " columns is not a whole number of blocks of 32");
   out.cols = cols;
-  out.code.resize(size_t(cols));
+  out.code.resize(size_t(2 * cols));
   out.scale.resize(size_t(cols / 32));
   out.sum.resize(size_t(cols / 32));
 #ifdef FLASHMOE_X86
@@ -222,7 +277,8 @@ void quantize_activations_i16(const float* x, int64_t cols, Int16Activations& ou
 
 bool block_dot_i16_supported(CpuLevel level, QuantKind q) {
 #ifdef FLASHMOE_X86
-  return level >= CpuLevel::Avx2 && (q == QuantKind::Q4_K || q == QuantKind::Q6_K || q == QuantKind::Q8_0);
+  return level >= CpuLevel::Avx2 && (q == QuantKind::Q4_K || q == QuantKind::Q6_K || q == QuantKind::Q8_0 ||
+                                   q == QuantKind::Q5_0);
 #else
   (void)level;
   (void)q;
@@ -260,6 +316,7 @@ void block_dot_rows_i16_at(CpuLevel level, const Matrix& W, int64_t r0, int64_t 
   switch (W.quant) {
     case QuantKind::Q8_0: return rows<dot_q8_0>(W, r0, r1, x, y);
     case QuantKind::Q4_K: return rows<dot_q4_k>(W, r0, r1, x, y);
+    case QuantKind::Q5_0: return rows<dot_q5_0>(W, r0, r1, x, y);
     default: return rows<dot_q6_k>(W, r0, r1, x, y);
   }
 #else
