@@ -122,7 +122,7 @@ AVX2_FN inline __m256 dot32(__m256i even, __m256i odd, const int16_t* code) {
 }
 
 // Q8_0: a block's 32 int8 as 16-bit lanes, sign-extended by shifts.
-AVX2_FN inline float dot_q8_0(const uint8_t* row, int64_t nb, const Int16Activations& x) {
+AVX2_FN inline __m256 dot_q8_0(const uint8_t* row, int64_t nb, const Int16Activations& x) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = row + 34 * b;
@@ -133,7 +133,7 @@ AVX2_FN inline float dot_q8_0(const uint8_t* row, int64_t nb, const Int16Activat
     if (b % 2) a1 = _mm256_fmadd_ps(p, f, a1);
     else a0 = _mm256_fmadd_ps(p, f, a0);
   }
-  return hsum(_mm256_add_ps(a0, a1));
+  return _mm256_add_ps(a0, a1);
 }
 
 // Q5_0: 16 bytes of nibbles (byte j: weight j low, j + 16 high) as 16-bit
@@ -142,7 +142,7 @@ AVX2_FN inline float dot_q8_0(const uint8_t* row, int64_t nb, const Int16Activat
 // high byte weight 2i + 1. The fifth bit of weight k is bit k of qh: lane i
 // tests bit 2(i % 8) (+1 for odd columns) of qh's low 16 bits (lanes 0-7)
 // or high 16 bits (lanes 8-15).
-AVX2_FN inline float dot_q5_0(const uint8_t* row, int64_t nb, const Int16Activations& x) {
+AVX2_FN inline __m256 dot_q5_0(const uint8_t* row, int64_t nb, const Int16Activations& x) {
   const __m256i m4 = _mm256_set1_epi16(0x000F), sixteen = _mm256_set1_epi16(16);
   const __m256i bit_even = _mm256_setr_epi16(1, 4, 16, 64, 256, 1024, 4096, 16384, 1, 4, 16, 64, 256, 1024, 4096, 16384);
   const __m256i bit_odd = _mm256_slli_epi16(bit_even, 1);
@@ -165,7 +165,7 @@ AVX2_FN inline float dot_q5_0(const uint8_t* row, int64_t nb, const Int16Activat
     if (b % 2) a1 = _mm256_fmadd_ps(p, f, a1);
     else a0 = _mm256_fmadd_ps(p, f, a0);
   }
-  return hsum(_mm256_add_ps(a0, a1));
+  return _mm256_add_ps(a0, a1);
 }
 
 // Q4_K: the 12 bytes of 6-bit (scale, min) pairs unpacked to 8 scales
@@ -184,7 +184,7 @@ inline void k_scales_mins(const uint8_t* s, uint8_t out[16]) {
 // Q4_K: d * sum_j s_j * (q . x)_j - dmin * sum_j m_j * sum(x)_j over the 8
 // sub-blocks j; a 16-bit lane of nibble bytes holds 4 weights, split by
 // masks and shifts (low nibbles: sub-block j, high: j + 1).
-AVX2_FN inline float dot_q4_k(const uint8_t* row, int64_t nb, const Int16Activations& x) {
+AVX2_FN inline __m256 dot_q4_k(const uint8_t* row, int64_t nb, const Int16Activations& x) {
   const __m256i m4 = _mm256_set1_epi16(0x000F);
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, amin = a0;
   for (int64_t b = 0; b < nb; ++b) {
@@ -208,7 +208,7 @@ AVX2_FN inline float dot_q4_k(const uint8_t* row, int64_t nb, const Int16Activat
       a1 = _mm256_fmadd_ps(hi, _mm256_permutevar8x32_ps(sf, _mm256_set1_epi32(2 * p + 1)), a1);
     }
   }
-  return hsum(_mm256_add_ps(a0, a1)) - hsum(amin);
+  return _mm256_sub_ps(_mm256_add_ps(a0, a1), amin);
 }
 
 // Bits S..S+1 of each byte of qh, moved to bits 4..5.
@@ -221,7 +221,7 @@ AVX2_FN inline __m256i q6_high(__m256i h, __m256i m2) {
 // block_quant.cpp's dot_q6_k_avx2), each one activation block; int32 lanes
 // 0-3 of a run's sum hold its first 16 columns (scale 2k), lanes 4-7 the
 // next 16 (scale 2k + 1).
-AVX2_FN inline float dot_q6_k(const uint8_t* row, int64_t nb, const Int16Activations& x) {
+AVX2_FN inline __m256 dot_q6_k(const uint8_t* row, int64_t nb, const Int16Activations& x) {
   const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
   const __m256i lo8 = _mm256_set1_epi16(0x00FF), off = _mm256_set1_epi16(32);
   const __m256i spread[2] = {_mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)};
@@ -256,7 +256,7 @@ AVX2_FN inline float dot_q6_k(const uint8_t* row, int64_t nb, const Int16Activat
       }
     }
   }
-  return hsum(_mm256_add_ps(a0, a1));
+  return _mm256_add_ps(a0, a1);
 }
 #endif
 
@@ -298,12 +298,31 @@ void check_i16(CpuLevel level, const Matrix& W, const Int16Activations& x) {
 #ifdef FLASHMOE_X86
 // The row loop inlined around one kind's kernel (rows of coder-mini's
 // experts are a single block: per-row calls cost as much as the block).
-template <float (*Dot)(const uint8_t*, int64_t, const Int16Activations&)>
+// The sums of four rows' 8 partial sums, ((0+1)+(2+3))+((4+5)+(6+7)) each:
+// 3 hadds instead of 4 horizontal sums.
+AVX2_FN inline __m128 sum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+// The row loop inlined around one kind's kernel (rows of coder-mini's
+// experts are a single block: per-row calls cost as much as the block). A
+// leftover row is summed in the same order, so a row's value does not
+// depend on which rows share the call (threads split rows anywhere).
+template <__m256 (*Dot)(const uint8_t*, int64_t, const Int16Activations&)>
 AVX2_FN void rows(const Matrix& W, int64_t r0, int64_t r1, const Int16Activations& x, float* y) {
   const size_t rb = W.row_bytes();
   const int64_t nb = W.cols / block_elems(W.quant);
   const uint8_t* base = static_cast<const uint8_t*>(W.data);
-  for (int64_t r = r0; r < r1; ++r) y[r] = Dot(base + size_t(r) * rb, nb, x);
+  int64_t r = r0;
+  for (; r + 4 <= r1; r += 4) {
+    const uint8_t* p = base + size_t(r) * rb;
+    _mm_storeu_ps(y + r, sum4(Dot(p, nb, x), Dot(p + rb, nb, x), Dot(p + 2 * rb, nb, x), Dot(p + 3 * rb, nb, x)));
+  }
+  for (; r < r1; ++r) {
+    const __m256 a = Dot(base + size_t(r) * rb, nb, x);
+    y[r] = _mm_cvtss_f32(sum4(a, a, a, a));
+  }
 }
 #endif
 
