@@ -271,6 +271,12 @@ TEST_P(BlockQuant, Int16ActivationProducts) {
       EXPECT_EQ(y2[size_t(rows + r)], y2[size_t(r)]) << "row " << r;
     }
   }
+  // The portable rounding gives the same codes and scales.
+  cpu::Int16Activations xp;
+  cpu::quantize_activations_i16_at(CpuLevel::Portable, x.data(), cols, xp);
+  EXPECT_EQ(xp.code, xq.code);
+  EXPECT_EQ(xp.scale, xq.scale);
+  for (size_t b = 0; b < xp.sum.size(); ++b) EXPECT_NEAR(xp.sum[b], xq.sum[b], 1e-3) << "block " << b;
   std::vector<float> odd(48);
   EXPECT_THROW(cpu::quantize_activations_i16(odd.data(), 48, xq), Error);
 }

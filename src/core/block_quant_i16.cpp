@@ -36,11 +36,12 @@ void quantize_scalar(const float* x, int64_t cols, Int16Activations& out) {
     }
     const float inv = amax > 0 ? kCodeMax / amax : 0.0f;
     int16_t* c = out.code.data() + 64 * b;
+    // Clamped as packs saturates (only a NaN or an infinity gets there).
     for (int i = 0; i < 32; ++i) {
-      const float hi = float(std::lrint(xb[i] * inv));
+      const long hi = std::clamp(std::lrint(xb[i] * inv), -32768L, 32767L);
       c[(i % 2) * 16 + i / 2] = int16_t(hi);
-      const long lo = std::lrint(std::fma(xb[i], inv, -hi) * kLoSteps);
-      c[32 + (i % 2) * 16 + i / 2] = int16_t(std::clamp(lo, -32767L, 32767L));
+      const long lo = std::lrint(std::fma(xb[i], inv, -float(hi)) * kLoSteps);
+      c[32 + (i % 2) * 16 + i / 2] = int16_t(std::clamp(lo, -32768L, 32767L));
     }
     out.scale[size_t(b)] = amax / kCodeMax;
     out.sum[size_t(b)] = sum;
@@ -148,6 +149,10 @@ namespace vnni {
 }  // namespace
 
 void quantize_activations_i16(const float* x, int64_t cols, Int16Activations& out) {
+  quantize_activations_i16_at(cpu_level(), x, cols, out);
+}
+
+void quantize_activations_i16_at(CpuLevel level, const float* x, int64_t cols, Int16Activations& out) {
   if (cols <= 0 || cols % 32 != 0)
     fail("quantize_activations_i16: " + std::to_string(cols) + " columns is not a whole number of blocks of 32");
   out.cols = cols;
@@ -155,8 +160,9 @@ void quantize_activations_i16(const float* x, int64_t cols, Int16Activations& ou
   out.scale.resize(size_t(cols / 32));
   out.sum.resize(size_t(cols / 32));
 #ifdef FLASHMOE_X86
-  if (cpu_level() >= CpuLevel::Avx2) return quantize_avx2(x, cols, out);
+  if (level >= CpuLevel::Avx2) return quantize_avx2(x, cols, out);
 #endif
+  (void)level;
   quantize_scalar(x, cols, out);
 }
 

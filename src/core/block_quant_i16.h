@@ -37,6 +37,9 @@ struct Int16Activations {
 };
 // cols must be a multiple of 32 (throws Error otherwise).
 void quantize_activations_i16(const float* x, int64_t cols, Int16Activations& out);
+// The same with the code of `level` (portable below Avx2): the same codes
+// and scales at every level, the sums equal up to the order of the adds.
+void quantize_activations_i16_at(CpuLevel level, const float* x, int64_t cols, Int16Activations& out);
 // The high (low) code of column c (undoing the layout).
 inline int16_t i16_code_at(const Int16Activations& a, int64_t c, bool low = false) {
   const int64_t i = c % 32;
