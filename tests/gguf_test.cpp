@@ -335,14 +335,17 @@ TEST_P(GgufLogits, MatchLlamaCpp) {
   // Token by token: the decode products (Q4_K / Q6_K / Q8_0 / Q5_0 rows
   // against activations rounded to two int16 codes, core/block_quant_i16.h)
   // stay within the same bounds (one int16 code alone gave 1.7e-3 to 0.73).
+  // (The first 16 positions under the sanitizers.)
+  const size_t steps = sanitizer_build() ? std::min<size_t>(16, ref.ids.size()) : ref.ids.size();
   Session one(cpu_of(*model), KvConfig{}, pool);
   std::vector<float> dec;
-  for (int32_t id : ref.ids) {
-    const std::vector<float>& l = one.feed({id});
+  for (size_t i = 0; i < steps; ++i) {
+    const std::vector<float>& l = one.feed({ref.ids[i]});
     dec.insert(dec.end(), l.begin(), l.end());
   }
-  const float dd = max_abs_diff(dec.data(), ref.logits.data(), dec.size());
-  const double dkl = mean_kl(ref.logits, dec, V);
+  const std::vector<float> ref_steps(ref.logits.begin(), ref.logits.begin() + std::ptrdiff_t(dec.size()));
+  const float dd = max_abs_diff(dec.data(), ref_steps.data(), dec.size());
+  const double dkl = mean_kl(ref_steps, dec, V);
   std::printf("%s token by token: max|dlogit| %.3g, mean KL %.3g\n", name.c_str(), dd, dkl);
   if (ref_kind == "llama-logits-deq-f32") {
     EXPECT_LE(dd, 1e-4f);
