@@ -3,13 +3,17 @@
 // products, at every CPU level this machine has.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 
+#include "backend/cpu/matmul.h"
 #include "backend/cuda/gguf_blocks.cuh"
 #include "core/block_quant.h"
+#include "core/block_quant_i16.h"
 #include "core/dtype.h"
+#include "core/error.h"
 #include "core/matrix_rows.h"
 
 using namespace flashmoe;
@@ -161,6 +165,120 @@ TEST_P(BlockQuant, DeviceReaderMatchesTheLayout) {
         ASSERT_NEAR(w[i], want, 1e-6f * (1.0f + std::fabs(want))) << quant_name(q) << " row " << r << " col " << c + i;
       }
     }
+}
+
+// The int16-activation products (core/block_quant_i16.h): per block of 32,
+// high codes lrint(x * 32767 / max|x|) and low codes of the rest in steps
+// of 1/65536; a row's dot equals the same formula in double over those
+// codes (the kernel's own arithmetic: the integer sums are exact), and the
+// exact fp32 dot within the bound the rounding allows. Every block's largest
+// value is 300, its others sit 0.45 of a high-code step off a code, on the
+// side of row 0's weight: row 0's dot from the high codes alone is off by
+// far more than that bound (the low codes are needed to pass).
+TEST_P(BlockQuant, Int16ActivationProducts) {
+  const QuantKind q = GetParam();
+  const bool kind_has_i16 = q == QuantKind::Q4_K || q == QuantKind::Q6_K || q == QuantKind::Q8_0 || q == QuantKind::Q5_0;
+  std::mt19937 rng(777 + int(q));
+  const int64_t rows = 5, cols = 3 * 256, be = block_elems(q), bb = block_bytes(q);
+  std::vector<uint8_t> data = random_rows(q, rows, cols, rng);
+  Matrix W;
+  W.dtype = DType::U8;
+  W.quant = q;
+  W.data = data.data();
+  W.rows = rows;
+  W.cols = cols;
+  // Weight (r, c) and, for Q4_K, the min term dmin * m of its sub-block.
+  auto weight = [&](int64_t r, int64_t c, double* minterm) {
+    const uint8_t* blk = data.data() + size_t(r) * W.row_bytes() + size_t(c / be) * size_t(bb);
+    *minterm = 0;
+    if (q == QuantKind::Q4_K) {
+      int sc, mn;
+      k_scale(blk + 4, int(c % be) / 32, &sc, &mn);
+      *minterm = double(h(blk + 2)) * mn;
+    }
+    return double(ref_weight(q, blk, int(c % be)));
+  };
+  const float step = 300.0f / 32767.0f;
+  std::vector<float> x(static_cast<size_t>(cols));
+  std::uniform_int_distribution<int> code(-300, 300);
+  for (int64_t c = 0; c < cols; ++c) {
+    double mt;
+    const double w = weight(0, c, &mt);
+    x[size_t(c)] = c % 32 == (c / 32) % 32 ? 300.0f * ((c / 32) % 2 ? -1.0f : 1.0f)
+                                           : (float(code(rng)) + (w + mt >= 0 ? 0.45f : -0.45f)) * step;
+  }
+  std::fill(x.begin() + 64, x.begin() + 96, 0.0f);  // an all-zero block: scale 0
+  cpu::Int16Activations xq;
+  cpu::quantize_activations_i16(x.data(), cols, xq);
+  for (int64_t c = 0; c < cols; ++c) {
+    const float amax = c / 32 == 2 ? 0.0f : 300.0f;
+    const float inv = amax > 0 ? 32767.0f / amax : 0.0f;
+    const float hi = float(std::lrint(x[size_t(c)] * inv));
+    ASSERT_EQ(cpu::i16_code_at(xq, c), hi) << "col " << c;
+    const long lo = std::clamp(std::lrint(std::fma(x[size_t(c)], inv, -hi) * 65536.0f), -32767L, 32767L);
+    ASSERT_EQ(cpu::i16_code_at(xq, c, true), lo) << "col " << c;
+  }
+  EXPECT_FLOAT_EQ(xq.scale[0], step);
+  EXPECT_EQ(xq.scale[2], 0.0f);
+  double s0 = 0;
+  for (int i = 0; i < 32; ++i) s0 += x[size_t(i)];
+  EXPECT_NEAR(xq.sum[0], s0, 1e-3);
+
+  std::vector<double> exact_of(static_cast<size_t>(rows)), mag_of(static_cast<size_t>(rows));
+  for (CpuLevel level : {CpuLevel::Portable, CpuLevel::Avx2, CpuLevel::Avx512, CpuLevel::Avx512Vnni}) {
+    if (level > cpu_level_supported()) continue;
+    SCOPED_TRACE(std::string(quant_name(q)) + " level " + cpu_level_name(level));
+    const bool supported = kind_has_i16 && level >= CpuLevel::Avx2;
+    ASSERT_EQ(cpu::block_dot_i16_supported(level, q), supported);
+    if (!supported) {
+      EXPECT_THROW(cpu::block_dot_row_i16_at(level, W, 0, xq), Error);
+      continue;
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      double same_codes = 0, high_only = 0, exact = 0, bound = 0, mag = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        double mt;  // Q4_K's min term meets the exact sum of x
+        const double w = weight(r, c, &mt), a = xq.scale[size_t(c / 32)];
+        const double hi = cpu::i16_code_at(xq, c), lo = cpu::i16_code_at(xq, c, true);
+        same_codes += (w + mt) * a * (hi + lo / 65536.0) - mt * x[size_t(c)];
+        high_only += (w + mt) * a * hi - mt * x[size_t(c)];
+        exact += w * x[size_t(c)];
+        bound += std::fabs(w + mt) * a / 131072.0;
+        mag += std::fabs(w * x[size_t(c)]) + std::fabs(mt * x[size_t(c)]);
+      }
+      exact_of[size_t(r)] = exact;
+      mag_of[size_t(r)] = mag;
+      const float got = cpu::block_dot_row_i16_at(level, W, r, xq);
+      // Every level's integer sums are exact: the same bits as AVX2's.
+      EXPECT_EQ(got, cpu::block_dot_row_i16_at(CpuLevel::Avx2, W, r, xq)) << "row " << r;
+      EXPECT_NEAR(got, same_codes, 2e-6 * mag) << "row " << r;
+      EXPECT_NEAR(got, exact, bound + 2e-6 * mag) << "row " << r;
+      if (r == 0) {
+        EXPECT_GT(std::fabs(high_only - exact), 100 * (bound + 2e-6 * mag));
+      }
+    }
+  }
+  // The CPU backend's one-token product takes this path at the CPU's level;
+  // two tokens stay in fp32.
+  if (cpu::block_dot_i16_supported(cpu_level(), q)) {
+    std::vector<float> y(static_cast<size_t>(rows)), y2(static_cast<size_t>(2 * rows)), x2(x);
+    x2.insert(x2.end(), x.begin(), x.end());
+    cpu::matmul_serial(W, x.data(), 1, cols, y.data(), rows);
+    cpu::matmul_serial(W, x2.data(), 2, cols, y2.data(), rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      EXPECT_EQ(y[size_t(r)], cpu::block_dot_row_i16_at(cpu_level(), W, r, xq)) << "row " << r;
+      EXPECT_NEAR(y2[size_t(r)], exact_of[size_t(r)], 2e-6 * mag_of[size_t(r)]) << "row " << r;
+      EXPECT_EQ(y2[size_t(rows + r)], y2[size_t(r)]) << "row " << r;
+    }
+  }
+  // The portable rounding gives the same codes and scales.
+  cpu::Int16Activations xp;
+  cpu::quantize_activations_i16_at(CpuLevel::Portable, x.data(), cols, xp);
+  EXPECT_EQ(xp.code, xq.code);
+  EXPECT_EQ(xp.scale, xq.scale);
+  for (size_t b = 0; b < xp.sum.size(); ++b) EXPECT_NEAR(xp.sum[b], xq.sum[b], 1e-3) << "block " << b;
+  std::vector<float> odd(48);
+  EXPECT_THROW(cpu::quantize_activations_i16(odd.data(), 48, xq), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, BlockQuant,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/block_quant_i16.h"
 #include "core/error.h"
 #include "core/matrix_rows.h"
 #include "core/simd.h"
@@ -15,7 +16,13 @@ namespace {
 // straight from its storage type; for several, blocks of rows are widened
 // once to fp32 and reused across the tokens.
 void rows_kernel(const Matrix& W, int64_t r0, int64_t r1, const float* x, int64_t n, int64_t ldx,
-                 float* y, int64_t ldy, std::vector<float>& buf) {
+                 float* y, int64_t ldy, std::vector<float>& buf, const Int16Activations* xq) {
+  if (xq) {
+    // One token against Q4_K / Q6_K / Q8_0 rows: integer products with the
+    // activations rounded to int16 once per call (core/block_quant_i16.h).
+    block_dot_rows_i16_at(cpu_level(), W, r0, r1, *xq, y);
+    return;
+  }
   if (n == 1 && W.quantized()) {
     // fp32 activations against the stored codes, also at the avx512vnni
     // level: its int8 products (quant_dot_row_int8_at) gained 0-8% on the
@@ -68,11 +75,20 @@ void rows_kernel(const Matrix& W, int64_t r0, int64_t r1, const float* x, int64_
   }
 }
 
+// x's int16 codes in `store` when W is one token's product that has an
+// int16 kernel at this CPU level, else nullptr.
+const Int16Activations* int16_activations(const Matrix& W, const float* x, int64_t n, Int16Activations& store) {
+  if (n != 1 || !block_dot_i16_supported(cpu_level(), W.quant)) return nullptr;
+  quantize_activations_i16(x, W.cols, store);
+  return &store;
+}
+
 }  // namespace
 
 void matmul_serial(const Matrix& W, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy) {
   thread_local std::vector<float> buf;
-  rows_kernel(W, 0, W.rows, x, n, ldx, y, ldy, buf);
+  thread_local Int16Activations xq;
+  rows_kernel(W, 0, W.rows, x, n, ldx, y, ldy, buf, int16_activations(W, x, n, xq));
 }
 
 void matmul(ThreadPool& pool, const Matrix& W, const float* x, int64_t n, int64_t ldx, float* y,
@@ -86,9 +102,11 @@ void matmul(ThreadPool& pool, const Matrix& W, const float* x, int64_t n, int64_
   }
   int64_t grain = std::max<int64_t>(4, (1 << 14) / std::max<int64_t>(1, W.cols * n));
   grain = (grain + 3) / 4 * 4;
+  thread_local Int16Activations xq_store;
+  const Int16Activations* xq = int16_activations(W, x, n, xq_store);
   pool.parallel_for(W.rows, [&](int64_t r0, int64_t r1) {
     thread_local std::vector<float> buf;
-    rows_kernel(W, r0, r1, x, n, ldx, y, ldy, buf);
+    rows_kernel(W, r0, r1, x, n, ldx, y, ldy, buf, xq);
   }, grain);
 }
 
