@@ -269,15 +269,19 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
   CK(cudaGraphLaunch(it->second, st));
 }
 
-void Prefill::logits_rows(int n, float* const* dst) {
+void Prefill::logits_rows(int n, float* const* dst, int32_t* const* best) {
   const ModelConfig& c = *m_.c;
   const int H = int(c.hidden_size);
   const size_t V = size_t(c.vocab_size);
   for (int b = 0; b < n; b += lrows_) {
     const int rows = std::min(lrows_, n - b);
-    bool any = false;
-    for (int r = 0; r < rows; ++r) any = any || dst[b + r];
-    if (!any) continue;
+    int first = rows, end = 0;  // the rows whose logits go to the host
+    bool ids = false;
+    for (int r = 0; r < rows; ++r) {
+      if (dst[b + r]) first = std::min(first, r), end = r + 1;
+      ids = ids || best[b + r];
+    }
+    if (first == rows && !ids) continue;
     norm_rows(x_ + size_t(b) * H, m_.final_norm, rows, xn_);
     GemmArgs g;
     g.A = xn_;
@@ -291,10 +295,24 @@ void Prefill::logits_rows(int n, float* const* dst) {
     g.ldc = int(V);
     const int bm = rows >= 48 ? 64 : rows >= 20 ? 32 : 16;  // prefill.cu's tile_rows
     gemm(m_.lm_head.dt, g, bm, div_up(rows, bm));
-    for (int r = 0; r < rows; ++r)
-      if (dst[b + r])
-        CK(cudaMemcpyAsync(dst[b + r], logits_ + size_t(r) * V, V * 4, cudaMemcpyDeviceToHost, m_.stream));
+    if (ids) {
+      if (!best_host_) CK(cudaMallocHost(&best_host_, size_t(lrows_) * sizeof(int)));
+      argmax_rows_kernel<<<rows, 1024, 0, m_.stream>>>(logits_, int(V), best_dev_);
+      check(cudaGetLastError(), "batched step: argmax");
+      CK(cudaMemcpyAsync(best_host_, best_dev_, size_t(rows) * sizeof(int), cudaMemcpyDeviceToHost, m_.stream));
+    }
+    // One copy of the rows wanted, into pinned memory (a copy per row into
+    // the callers' pageable buffers went at a fraction of the link's speed).
+    if (first < end) {
+      if (!logits_host_) CK(cudaMallocHost(&logits_host_, size_t(lrows_) * V * 4));
+      CK(cudaMemcpyAsync(logits_host_ + size_t(first) * V, logits_ + size_t(first) * V, size_t(end - first) * V * 4,
+                         cudaMemcpyDeviceToHost, m_.stream));
+    }
     CK(cudaStreamSynchronize(m_.stream));
+    for (int r = 0; r < rows; ++r) {
+      if (dst[b + r]) std::memcpy(dst[b + r], logits_host_ + size_t(r) * V, V * 4);
+      if (best[b + r]) *best[b + r] = best_host_[r];
+    }
   }
 }
 

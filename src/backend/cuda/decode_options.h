@@ -47,6 +47,13 @@ struct DecodeOptions {
   // H200 (bench/NOTES-cuda.md, batched decode).
   bool batch_graph = false;
 
+  // The routed experts of the batched step and prefill: Auto picks per
+  // step by the rows per picked expert (few_rows_kernel at a few, the tiled
+  // tensor-core product above; the crossover measured on the H200); the
+  // others force one path (tests, and the bench that measures both).
+  enum class BatchExperts { Auto = 0, Tiled = 1, FewRows = 2 };
+  BatchExperts batch_experts = BatchExperts::Auto;
+
   // Benchmarks: time per batched-prefill phase, printed to stderr when the
   // model is destroyed (events between phases; slows the prefill a little).
   bool prefill_profile = false;

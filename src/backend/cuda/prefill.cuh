@@ -46,6 +46,7 @@ struct PrefillModel {
   cudaStream_t stream = nullptr;
   bool profile = false;  // DecodeOptions::prefill_profile
   bool batch_graph = false;  // DecodeOptions::batch_graph
+  int batch_experts = 0;     // DecodeOptions::batch_experts
   // Disk tier: called after the routing of MoE layer mi (d_ids: the chunk's
   // T * k choices, on the device); returns with every chosen expert resident
   // and its table entry set on the stream. Null: all experts are resident.
@@ -84,6 +85,12 @@ class Prefill {
   int max_tokens() const { return tmax_; }
   // step_batch through CUDA graphs (DecodeOptions::batch_graph) or plain launches.
   void set_batch_graph(bool on) { batch_graph_ = on; }
+  // The routed experts' product: chosen per step by the rows per picked
+  // expert (few_rows_experts), or one path forced (DecodeOptions::batch_experts).
+  void set_expert_path(int path) {
+    expert_path_ = path;
+    drop_batch_graphs();  // captured with the other path
+  }
   // Tokens d_ids[0..T) (device) at positions pos..pos+T-1 through every
   // layer, T <= max_tokens(); *d_pos becomes pos + T. Enqueued on the stream.
   // A chunk that makes an h2o cache evict runs its attention token by token.
@@ -103,8 +110,10 @@ class Prefill {
   // on the stream (batch_step.cu).
   void step_batch(const PrefillState* seqs, int B, const int32_t* ids);
   // Logits of the last step's (or chunk's) rows [0, n): row r into host
-  // memory dst[r] ([V]), rows with a null dst skipped; synchronizes.
-  void logits_rows(int n, float* const* dst);
+  // memory dst[r] ([V]) through one copy to pinned memory, and the argmax of
+  // row r (ties: the lower id) picked on the device into *best[r]; rows with
+  // a null dst / best skipped; synchronizes.
+  void logits_rows(int n, float* const* dst, int32_t* const* best);
 
  private:
   void gemm(int dt, const GemmArgs& a, int bm, int grid_y, SplitRows sp = {});
@@ -115,6 +124,9 @@ class Prefill {
   void norm_rows(const float* x, const float* w, int T, float* y);
   // The feed-forward of layer l (dense or routed) over the T rows of x_.
   void feed_forward(const LayerPlan& l, const DLayer& d, int T);
+  // Whether T rows' routed experts stored as edt take few_rows_kernel
+  // (few_rows_experts.cuh) instead of the tiled product.
+  bool few_rows_experts(int T, int edt) const;
   // step_batch's per-sequence kernel arguments for the whole step, written
   // to pinned host memory and copied to the device in one transfer.
   void* batch_args(size_t bytes);
@@ -135,6 +147,8 @@ class Prefill {
   // chunks, printed to stderr when the prefill is destroyed.
   bool profile_ = false;
   bool batch_graph_ = false;
+  int expert_path_ = 0;  // DecodeOptions::BatchExperts
+  int max_smem_ = 48 * 1024;  // opt-in shared memory per block
   std::vector<cudaEvent_t> events_;
   std::vector<int> event_phase_;
   std::vector<double> phase_ms_;
@@ -153,6 +167,10 @@ class Prefill {
   size_t h2o_part_n_ = 0;
   KvLayer stage_{};  // a windowed cache's K/V of the chunk until its queries ran
   int proj_stride_ = 0, o_stride_ = 0;
+  // logits_rows' pinned host rows [lrows_][V] and argmax ids (allocated at first use).
+  float* logits_host_ = nullptr;
+  int* best_host_ = nullptr;
+  int* best_dev_ = nullptr;
   void* args_host_ = nullptr;  // pinned
   void* args_dev_ = nullptr;
   size_t args_n_ = 0;
