@@ -296,7 +296,7 @@ Registrar reg_bench(40, [](CLI::App& app) {
                   "aggregate and per-sequence tokens/s, and the roofline of the bytes a step reads (default 1)")
       ->check(integer_between(1, 4096));
   cmd->add_flag("--no-graph", *no_graph, "On the GPU: plain kernel launches instead of a CUDA graph");
-  cmd->add_option("--profile", *profile, "On the GPU: time each kernel class over N decode steps, and each phase of the batched prefill (printed when the model is released)")
+  cmd->add_option("--profile", *profile, "On the GPU: time each kernel class over N decode steps, and each phase of the batched prefill and of the batched decode steps of --batch (printed when the model is released)")
       ->check(integer_between(0, 2147483647));
   // Every option's storage is captured: the callback runs after this function returned.
   cmd->callback([opt, pp, tg, depth, reps, synthetic, layers, no_graph, profile, experts, group, bandwidth, batch, ex, gr,

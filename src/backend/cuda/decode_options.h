@@ -54,8 +54,9 @@ struct DecodeOptions {
   enum class BatchExperts { Auto = 0, Tiled = 1, FewRows = 2 };
   BatchExperts batch_experts = BatchExperts::Auto;
 
-  // Benchmarks: time per batched-prefill phase, printed to stderr when the
-  // model is destroyed (events between phases; slows the prefill a little).
+  // Benchmarks: time per phase of the batched prefill and of the batched
+  // decode steps (forward_batch), printed to stderr when the model is
+  // destroyed (events between phases; slows them a little; no graphs).
   bool prefill_profile = false;
 };
 

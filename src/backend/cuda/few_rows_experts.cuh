@@ -38,6 +38,45 @@ struct FewRowsArgs {
 // else four rows; the loads of all of them in flight together.
 constexpr int kFewRowsPerWarp = 4;
 
+// The 16 bytes w as V = 16 / sizeof(T) floats.
+template <typename T>
+__device__ __forceinline__ void unpack16(const uint4& w, float* f) {
+  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (sizeof(T) == 4) {
+      f[i] = __uint_as_float(u[i]);
+    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      f[2 * i] = __uint_as_float(u[i] << 16);
+      f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+    } else {
+      const float2 h = __half22float2(*reinterpret_cast<const __half2*>(&u[i]));
+      f[2 * i] = h.x;
+      f[2 * i + 1] = h.y;
+    }
+  }
+}
+
+// acc[s] += w . xs[s][c..c+V) for the n <= kFewRows rows held (w unpacked once).
+template <typename T>
+__device__ __forceinline__ void dot_rows(const uint4& w, const float* xs, int K, int c, int n, float* acc) {
+  constexpr int V = 16 / sizeof(T);
+  float f[V];
+  unpack16<T>(w, f);
+#pragma unroll
+  for (int s = 0; s < kFewRows; ++s)
+    if (s < n) {
+      const float* x = xs + s * K + c;
+      float t = 0.f;
+#pragma unroll
+      for (int q = 0; q < V; q += 4) {
+        const float4 v = *reinterpret_cast<const float4*>(x + q);
+        t += f[q] * v.x + f[q + 1] * v.y + f[q + 2] * v.z + f[q + 3] * v.w;
+      }
+      acc[s] += t;
+    }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kFewWarps * 32) few_rows_kernel(FewRowsArgs a) {
   extern __shared__ __align__(16) float xs[];  // [n][K]
@@ -85,10 +124,10 @@ __global__ void __launch_bounds__(kFewWarps * 32) few_rows_kernel(FewRowsArgs a)
         }
 #pragma unroll
       for (int i = 0; i < R; ++i)
-        if (ok[i])
-#pragma unroll
-          for (int s = 0; s < kFewRows; ++s)
-            if (s < n) acc[i][s] += dot16<T>(p[i], xs + s * K + c) + dot16<T>(q[i], xs + s * K + c + 32 * V);
+        if (ok[i]) {
+          dot_rows<T>(p[i], xs, K, c, n, acc[i]);
+          dot_rows<T>(q[i], xs, K, c + 32 * V, n, acc[i]);
+        }
     }
     if (c < K) {
       uint4 p[R];
@@ -97,10 +136,7 @@ __global__ void __launch_bounds__(kFewWarps * 32) few_rows_kernel(FewRowsArgs a)
         if (ok[i]) p[i] = ld_stream(w[i] + c);
 #pragma unroll
       for (int i = 0; i < R; ++i)
-        if (ok[i])
-#pragma unroll
-          for (int s = 0; s < kFewRows; ++s)
-            if (s < n) acc[i][s] += dot16<T>(p[i], xs + s * K + c);
+        if (ok[i]) dot_rows<T>(p[i], xs, K, c, n, acc[i]);
     }
 #pragma unroll
     for (int s = 0; s < kFewRows; ++s) {

@@ -20,9 +20,15 @@ void CudaModel::forward_batch(const CudaBatchItem* items, int64_t count) const {
     if (!seen.insert(items[i].state).second) fail("forward_batch: one state appears twice in a batch");
     check_token_ids(m.c, items[i].ids, items[i].n);
   }
-  // forward() on one item: its logits to the host, the argmax taken there.
+  // One item on its own: a single token wanting only its argmax through the
+  // decode step's on-device argmax (one id copied back), else forward()
+  // with its logits to the host and the argmax taken there.
   std::vector<float> scratch;
   auto alone = [&](const CudaBatchItem& it) {
+    if (it.n == 1 && it.argmax && !it.logits) {
+      decode_greedy(*it.state, it.ids[0], 1, it.argmax);
+      return;
+    }
     float* logits = it.logits;
     if (it.argmax && !logits) {
       scratch.resize(size_t(m.c.vocab_size));

@@ -16,10 +16,6 @@
 namespace flashmoe::cuda {
 
 namespace {
-enum Phase {
-  P_NORM, P_INPROJ, P_CONV, P_DELTA_PRE, P_DELTA_SCAN, P_GATED_NORM, P_OUTPROJ, P_ATTN_PREP, P_ATTN, P_ROUTER,
-  P_ROUTE, P_EXPERTS_GU, P_EXPERTS_DOWN, P_SHARED, P_COMBINE, P_OTHER, P_N
-};
 const char* kPhase[P_N] = {"norms", "in-proj / qkv", "conv1d", "delta prep (q/k norms, gates)", "delta scan",
                            "gated norm", "out-proj / o_proj", "attn prep (rope, KV write)", "attention",
                            "router", "top-k + expert lists", "experts gate/up", "experts down",
@@ -67,6 +63,7 @@ Prefill::Prefill(const PrefillModel& m, int max_tokens) : m_(m), tmax_(max_token
   batch_graph_ = m.batch_graph;
   expert_path_ = m.batch_experts;
   phase_ms_.assign(P_N, 0.0);
+  step_ms_.assign(P_N, 0.0);
   auto smem = [](auto kern, size_t bytes) {
     CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
   };
@@ -169,15 +166,34 @@ void Prefill::mark(int phase) {
   event_phase_.push_back(phase);
 }
 
+void Prefill::collect(std::vector<double>& ms) {
+  CK(cudaStreamSynchronize(m_.stream));
+  for (size_t i = 1; i < event_phase_.size(); ++i) {
+    float t = 0;
+    CK(cudaEventElapsedTime(&t, events_[i - 1], events_[i]));
+    ms[size_t(event_phase_[i])] += t;
+  }
+}
+
 void Prefill::report() {
-  double total = 0;
+  auto table = [](const std::vector<double>& ms, double total) {
+    for (int p = 0; p < P_N; ++p)
+      if (ms[size_t(p)] > 0)
+        std::fprintf(stderr, "  %-32s %9.3f ms  %5.1f%%\n", kPhase[p], ms[size_t(p)], 100 * ms[size_t(p)] / total);
+  };
+  double total = 0, steps = 0;
   for (double v : phase_ms_) total += v;
-  std::fprintf(stderr, "batched prefill profile: %d chunks, %d tokens, %.2f ms (%.0f tokens/s in the kernels)\n",
-               chunks_, tokens_, total, total > 0 ? tokens_ / total * 1e3 : 0.0);
-  for (int p = 0; p < P_N; ++p)
-    if (phase_ms_[size_t(p)] > 0)
-      std::fprintf(stderr, "  %-32s %9.3f ms  %5.1f%%\n", kPhase[p], phase_ms_[size_t(p)],
-                   100 * phase_ms_[size_t(p)] / total);
+  for (double v : step_ms_) steps += v;
+  if (chunks_ > 0) {
+    std::fprintf(stderr, "batched prefill profile: %d chunks, %d tokens, %.2f ms (%.0f tokens/s in the kernels)\n",
+                 chunks_, tokens_, total, total > 0 ? tokens_ / total * 1e3 : 0.0);
+    table(phase_ms_, total);
+  }
+  if (steps_ > 0) {
+    std::fprintf(stderr, "batched decode profile: %d steps, %d tokens, %.3f ms per step (%.0f tokens/s in the kernels)\n",
+                 steps_, step_tokens_, steps / steps_, steps > 0 ? step_tokens_ / steps * 1e3 : 0.0);
+    table(step_ms_, steps);
+  }
 }
 
 const float* Prefill::hidden(int t) const { return x_ + size_t(t) * m_.c->hidden_size; }
@@ -412,12 +428,13 @@ bool Prefill::few_rows_experts(int T, int edt) const {
   const int H = int(c.hidden_size), I = int(c.moe_intermediate);
   if (!few_rows_supported(edt, H, max_smem_) || !few_rows_supported(edt, I, max_smem_)) return false;
   if (expert_path_ != 0) return expert_path_ == 2;
-  // Rows per picked expert, T * k spread over E: few_rows_kernel reads each
-  // picked expert once per tile of kFewRows rows; the tiled product once per
-  // 16 to 64 rows but on the tensor cores. The crossover measured on the
-  // H200 (bench/NOTES-cuda.md, batched decode): up to kFewRowsMean rows on
-  // average per expert.
-  constexpr double kFewRowsMean = 2.0;
+  // Rows per expert, T * k spread over E: few_rows_kernel reads each picked
+  // expert once per tile of kFewRows rows; the tiled product once per 16 to
+  // 64 rows but on the tensor cores. Measured on the H200 (35B synthetic,
+  // bench/NOTES-cuda.md, batch-step): few_rows_kernel faster at T * k / E =
+  // 0.25 (B = 8: 592 vs 558 tokens/s), slower from 1 (B = 32: 1,237 vs
+  // 1,364) up; the crossover between them was not measured.
+  constexpr double kFewRowsMean = 0.25;
   return double(T) * double(c.num_experts_per_tok) <= kFewRowsMean * double(std::max<int64_t>(1, c.num_experts));
 }
 
@@ -624,12 +641,7 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
   set_int_kernel<<<1, 1, 0, st>>>(s.d_pos, p0 + T);
   check(cudaGetLastError(), "batched prefill");
   if (!profile_) return;
-  CK(cudaStreamSynchronize(st));
-  for (size_t i = 1; i < event_phase_.size(); ++i) {
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]));
-    phase_ms_[size_t(event_phase_[i])] += ms;
-  }
+  collect(phase_ms_);
   ++chunks_;
   tokens_ += T;
 }

@@ -29,6 +29,12 @@ namespace flashmoe::cuda {
 
 struct GemmArgs;
 
+// Phases of the profile (DecodeOptions::prefill_profile): kPhase in prefill.cu names them.
+enum PrefillPhase {
+  P_NORM, P_INPROJ, P_CONV, P_DELTA_PRE, P_DELTA_SCAN, P_GATED_NORM, P_OUTPROJ, P_ATTN_PREP, P_ATTN, P_ROUTER,
+  P_ROUTE, P_EXPERTS_GU, P_EXPERTS_DOWN, P_SHARED, P_COMBINE, P_OTHER, P_N
+};
+
 // Activations split into hi/lo bf16 rows for gemm_pipe_kernel (null: none).
 struct SplitRows {
   const __nv_bfloat16* hi = nullptr;
@@ -140,7 +146,7 @@ class Prefill {
   void attend_in_order(const PrefillState& s, const DLayer& d, const KvLayer& kv, int T);
   // h2o: room for the chunk's partial score sums (grows with the context).
   float* h2o_part(size_t floats);
-  void mark(int phase);  // with the profile: an event after a phase's kernels
+  void mark(int phase);  // with the profile: an event after a phase's kernels (the first: the start)
   void report();
 
   // Profile (DecodeOptions::prefill_profile): time per phase summed over
@@ -151,8 +157,10 @@ class Prefill {
   int max_smem_ = 48 * 1024;  // opt-in shared memory per block
   std::vector<cudaEvent_t> events_;
   std::vector<int> event_phase_;
-  std::vector<double> phase_ms_;
-  int chunks_ = 0, tokens_ = 0;
+  std::vector<double> phase_ms_, step_ms_;  // run()'s chunks, step_batch's steps
+  int chunks_ = 0, tokens_ = 0, steps_ = 0, step_tokens_ = 0;
+  // The profiled time between the events recorded since the last clear, per phase, into ms.
+  void collect(std::vector<double>& ms);
 
   PrefillModel m_;
   int tmax_ = 0, lrows_ = 0, tiles_max_ = 0, sms_ = 1;
