@@ -18,6 +18,8 @@ void CudaModel::forward_batch(const CudaBatchItem* items, int64_t count) const {
   for (int64_t i = 0; i < count; ++i) {
     if (!items[i].state) fail("forward_batch: item " + std::to_string(i) + " has no state");
     if (!seen.insert(items[i].state).second) fail("forward_batch: one state appears twice in a batch");
+    if (items[i].argmax && items[i].mode != LogitsMode::Last)
+      fail("forward_batch: item " + std::to_string(i) + " asks for an argmax without LogitsMode::Last");
     check_token_ids(m.c, items[i].ids, items[i].n);
   }
   // One item on its own: a single token wanting only its argmax through the
@@ -40,8 +42,6 @@ void CudaModel::forward_batch(const CudaBatchItem* items, int64_t count) const {
   std::vector<const CudaBatchItem*> single;
   for (int64_t i = 0; i < count; ++i) {
     const CudaBatchItem& it = items[i];
-    if (it.argmax && it.mode != LogitsMode::Last)
-      fail("forward_batch: item " + std::to_string(i) + " asks for an argmax without LogitsMode::Last");
     if (it.n == 1) single.push_back(&it);
     else alone(it);
   }
