@@ -17,17 +17,18 @@ if [ ! -x build/flashmoe ] || [ ! -x build/flashmoe_tests ]; then
    cmake --build build -j 6 --target flashmoe flashmoe_tests >> $D/build.log 2>&1) || { echo "FAIL build"; tail -40 $D/build.log; exit 1; }
   echo "== build ok at $((SECONDS-T0)) s"
 fi
-F='CudaBatch.*:CudaOps.FewRowsExpertsMatchCpu'
-[ -d tests/fixtures/tiny-qwen35moe-fused ] || F="$F:-CudaBatch.GoldenFixturesMatchEachSequenceAlone"
-timeout 35 ./build/flashmoe_tests --gtest_filter="$F" > $D/tests.log 2>&1
+# Within the 90 s of the round: the golden fixtures and the graphs variant
+# (code paths this branch did not change) are left to the full suite.
+F='CudaBatch.*:CudaOps.FewRowsExpertsMatchCpu:-CudaBatch.GoldenFixturesMatchEachSequenceAlone:CudaBatch.CoderMiniThroughGraphsMatchesEachSequenceAlone'
+timeout 32 stdbuf -oL ./build/flashmoe_tests --gtest_filter="$F" > $D/tests.log 2>&1
 rc=$?
 grep -E "^\[cuda-batch\]|^\[  (PASSED|FAILED)|FAILED  \]|Failure|Expected|Which is|rel_err|what\(\)" $D/tests.log | head -40
 [ $rc = 0 ] && echo "PASS tests" || echo "FAIL tests (rc $rc)"
 echo "== tests at $((SECONDS-T0)) s"
-timeout 38 ./build/flashmoe_tests --gtest_also_run_disabled_tests \
+timeout 36 stdbuf -oL ./build/flashmoe_tests --gtest_also_run_disabled_tests \
   --gtest_filter='CudaBatchBench.DISABLED_DecodeThroughputAt35b' > $D/bench.log 2>&1
 echo "== bench rc $? at $((SECONDS-T0)) s"
 grep -E "^\[batch-bench\]|FAILED|rror" $D/bench.log | sed -E 's/; experts touched.*roofline/; roofline/'
-timeout 14 ./build/flashmoe bench --device cuda --synthetic qwen3.5-35b-a3b --batch 32 -p 0 -n 16 -r 1 --profile 2 > $D/profile.txt 2>&1
+timeout 18 stdbuf -oL ./build/flashmoe bench --device cuda --synthetic qwen3.5-35b-a3b --batch 32 -p 0 -n 8 -r 1 --profile 2 > $D/profile.txt 2>&1
 grep -A17 "batched decode profile" $D/profile.txt; grep -E "x32 \(aggregate\)" $D/profile.txt
 echo "== done at $((SECONDS-T0)) s"
