@@ -200,4 +200,36 @@ TEST(BatchForwardErrors, RefusesABadIdAndARepeatedStateBeforeTouchingAnyState) {
   EXPECT_EQ(s1->position(), 0);
 }
 
+// BatchItem::argmax: the id of the largest logit, beside the logits or
+// alone (no logits buffer), in a step that also holds a prompt chunk and a
+// sequence wanting nothing; with a mode other than Last it is an Error
+// before any state is touched.
+TEST(BatchForwardErrors, ArgmaxAloneOrBesideTheLogitsIsTheLogitsArgmax) {
+  auto model = QwenModel::load(fixture_dir("tiny-qwen35moe") + "/model");
+  const Backend& b = cpu_of(*model);
+  const int64_t V = model->config().vocab_size;
+  ThreadPool pool(1);
+  const int32_t prompt[3] = {5, 17, 3}, one[1] = {9};
+  // The reference: each alone through forward().
+  std::vector<float> want_a(static_cast<size_t>(V)), want_b(static_cast<size_t>(V));
+  auto ra = b.new_state(KvConfig{}), rb = b.new_state(KvConfig{});
+  b.forward(*ra, prompt, 3, LogitsMode::Last, want_a.data(), pool);
+  b.forward(*rb, one, 1, LogitsMode::Last, want_b.data(), pool);
+  auto sa = b.new_state(KvConfig{}), sb = b.new_state(KvConfig{}), sc = b.new_state(KvConfig{});
+  std::vector<float> la(static_cast<size_t>(V));
+  int32_t ia = -1, ib = -1;
+  BatchItem items[3] = {{sa.get(), prompt, 3, LogitsMode::Last, la.data(), &ia},
+                        {sb.get(), one, 1, LogitsMode::Last, nullptr, &ib},
+                        {sc.get(), one, 1, LogitsMode::None, nullptr, nullptr}};
+  b.forward_batch(items, 3, pool);
+  EXPECT_EQ(ia, argmax(want_a.data(), V));
+  EXPECT_EQ(ib, argmax(want_b.data(), V));
+  EXPECT_EQ(max_abs_diff(la.data(), want_a.data(), size_t(V)), 0.0f);
+  EXPECT_EQ(sc->position(), 1);
+  auto sd = b.new_state(KvConfig{});
+  items[0] = {sd.get(), one, 1, LogitsMode::None, nullptr, &ia};
+  EXPECT_THROW(b.forward_batch(items, 1, pool), Error);
+  EXPECT_EQ(sd->position(), 0);
+}
+
 }  // namespace

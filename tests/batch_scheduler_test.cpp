@@ -11,6 +11,7 @@
 #include <random>
 #include <thread>
 
+#include "core/argmax.h"
 #include "engine/batch_scheduler.h"
 #include "engine/generator.h"
 #include "test_util.h"
@@ -56,7 +57,21 @@ TEST(BatchScheduler, ConcurrentGenerationsEqualTheirRunsAlone) {
     ThreadPool pool(2);
     for (int i = 0; i < n; ++i) {
       Session s(b, KvConfig{}, pool);
-      alone[size_t(i)] = generate(s, tok, tok.encode(prompts[i]), opts[size_t(i)], [](const std::string&) { return true; }).text;
+      const GenerateResult g =
+          generate(s, tok, tok.encode(prompts[i]), opts[size_t(i)], [](const std::string&) { return true; });
+      alone[size_t(i)] = g.text;
+      if (opts[size_t(i)].sampling.temperature > 0) continue;
+      // Greedy feeds ask for the argmax alone (Session::feed_argmax): the
+      // same ids as the argmax of each step's logits.
+      Session r(b, KvConfig{}, pool);
+      const int64_t V = b.config().vocab_size;
+      const std::vector<float>* l = &r.feed(tok.encode(prompts[i]));
+      std::vector<int32_t> want;
+      for (int t = 0; t < opts[size_t(i)].max_new_tokens; ++t) {
+        want.push_back(argmax(l->data(), V));
+        if (t + 1 < opts[size_t(i)].max_new_tokens) l = &r.feed({want.back()});
+      }
+      EXPECT_EQ(g.ids, want) << "request " << i;
     }
   }
   ThreadPool pool(2);

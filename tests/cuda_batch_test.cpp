@@ -61,14 +61,17 @@ Outcome run_alone(const Backend& b, const KvConfig& kv, const std::vector<Seq>& 
 // All of them through forward_batch: from its join step on, a sequence feeds
 // its prompt in chunks of up to `chunk` tokens (logits only with the last
 // one), then its greedy tokens one per step, in the same steps as the others.
-// Returns the largest batch of single tokens seen, in *widest.
+// Every sequence asks for the argmax too (checked against its logits'); with
+// odd_ids_only the odd ones ask for the argmax alone (no logits: their
+// Outcome logits stay empty). Returns the largest batch of single tokens
+// seen, in *widest.
 Outcome run_batched(const Backend& b, const KvConfig& kv, const std::vector<Seq>& seqs, int chunk, ThreadPool& pool,
-                    int* widest) {
+                    int* widest, bool odd_ids_only = false) {
   const int64_t V = b.config().vocab_size;
   const size_t n = seqs.size();
   std::vector<std::unique_ptr<State>> st(n);
   std::vector<size_t> fed(n, 0);
-  std::vector<int32_t> next(n, 0);
+  std::vector<int32_t> next(n, 0), picked(n, -1);
   std::vector<std::vector<float>> buf(n, std::vector<float>(static_cast<size_t>(V)));
   Outcome o;
   o.ids.resize(n);
@@ -97,6 +100,10 @@ Outcome run_batched(const Backend& b, const KvConfig& kv, const std::vector<Seq>
         it.n = 1;
         it.mode = LogitsMode::Last;
       }
+      if (it.mode == LogitsMode::Last) {
+        it.argmax = &picked[i];
+        if (odd_ids_only && i % 2 == 1) it.logits = nullptr;
+      }
       items.push_back(it);
       who.push_back(i);
     }
@@ -108,8 +115,11 @@ Outcome run_batched(const Backend& b, const KvConfig& kv, const std::vector<Seq>
     for (size_t j = 0; j < items.size(); ++j) {
       if (items[j].mode != LogitsMode::Last) continue;
       const size_t i = who[j];
-      o.logits[i].insert(o.logits[i].end(), buf[i].begin(), buf[i].end());
-      next[i] = argmax_of(buf[i].data(), V);
+      if (items[j].logits) {
+        o.logits[i].insert(o.logits[i].end(), buf[i].begin(), buf[i].end());
+        EXPECT_EQ(picked[i], argmax_of(buf[i].data(), V)) << "sequence " << i << ": the argmax beside the logits";
+      }
+      next[i] = picked[i];
       o.ids[i].push_back(next[i]);
     }
   }
@@ -138,11 +148,11 @@ std::vector<Seq> schedule(const std::vector<int32_t>& ids) {
 // max_dlogit: bf16 / f16 KV elements may round the other way when K or V
 // differ in the last fp32 bits; fp8 is held to its KL only).
 void expect_batch_matches_alone(const Backend& b, const KvConfig& kv, const std::vector<Seq>& seqs,
-                                const std::string& label, ThreadPool& pool) {
+                                const std::string& label, ThreadPool& pool, bool odd_ids_only = false) {
   const int64_t V = b.config().vocab_size;
   const Outcome alone = run_alone(b, kv, seqs, pool);
   int widest = 0;
-  const Outcome batch = run_batched(b, kv, seqs, 4, pool, &widest);
+  const Outcome batch = run_batched(b, kv, seqs, 4, pool, &widest, odd_ids_only);
   EXPECT_GE(widest, 4) << label << ": the schedule never batched 4 decode tokens";
   const bool fp8 = kv.dtype == KvDType::FP8;
   const float tol = kv.dtype == KvDType::F32 ? 2e-3f : 1e-2f;
@@ -150,7 +160,7 @@ void expect_batch_matches_alone(const Backend& b, const KvConfig& kv, const std:
   float worst_mad = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     EXPECT_EQ(batch.ids[i], alone.ids[i]) << label << " sequence " << i;
-    if (batch.ids[i] != alone.ids[i]) continue;
+    if (batch.ids[i] != alone.ids[i] || batch.logits[i].empty()) continue;
     const double kl = mean_kl(alone.logits[i], batch.logits[i], V);
     const float mad = max_abs_diff(alone.logits[i].data(), batch.logits[i].data(), alone.logits[i].size());
     worst_kl = std::max(worst_kl, kl);
@@ -262,6 +272,30 @@ TEST(CudaBatch, MatchesEachSequenceAloneAt35bShapes) {
       expect_batch_matches_alone(*b, kv, seqs, "35b-shapes " + name, pool);
 }
 
+// The routed experts forced through each product (the tiled one and
+// few_rows_kernel: the default picks by rows per expert, so a schedule of
+// 8 sequences alone would reach only one of them), the odd sequences
+// taking only their argmax (picked on the device, no logits copied).
+TEST(CudaBatch, EachExpertProductMatchesEachSequenceAlone) {
+  REQUIRE_GPU();
+  ModelConfig c = model_preset("qwen3.5-35b-a3b");
+  c.num_layers = 4;
+  c.layer_kinds.resize(4);
+  c.layer_is_moe.resize(4);
+  auto b = synthetic_backend(c, QuantKind::None, 64, GpuOptions{});
+  CudaModel& dev = dynamic_cast<const CudaBackend&>(*b).device_for_bench();
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 64; ++i) ids.push_back(int32_t((i * 104729 + 7) % c.vocab_size));
+  const std::vector<Seq> seqs = schedule(ids);
+  ThreadPool pool(2);
+  using Path = DecodeOptions::BatchExperts;
+  for (const auto& [path, name] : {std::pair{Path::Tiled, "tiled"}, std::pair{Path::FewRows, "few-rows"}}) {
+    cuda_set_batch_experts(dev, path);
+    expect_batch_matches_alone(*b, KvConfig{}, seqs, std::string("35b-shapes experts ") + name, pool, true);
+  }
+  cuda_set_batch_experts(dev, Path::Auto);
+}
+
 // Misuse: one state twice in a batch is an Error before anything runs.
 TEST(CudaBatch, OneStateTwiceIsAnError) {
   REQUIRE_GPU();
@@ -279,8 +313,11 @@ TEST(CudaBatch, OneStateTwiceIsAnError) {
 }
 
 // Throughput of batched decode on the 35B synthetic (all 40 layers) at
-// B = 1, 8, 32, 64: aggregate tokens/s, against the bytes-touched roofline
-// of each B. A bench, not a test (nothing to pass or fail): run by
+// B = 1, 8, 32, 64: aggregate tokens/s with the argmax picked on the
+// device (also with every row's logits copied to the host, and with none),
+// the routed experts through the tiled product and through few_rows_kernel
+// (the crossover that sets the default), against the bytes-touched
+// roofline of each B. A bench, not a test (nothing to pass or fail): run by
 // gpu-tasks/batch-cuda.sh with --gtest_also_run_disabled_tests.
 //
 // Bytes one step over B sequences must move (bench/NOTES.md, batched decode):
@@ -308,16 +345,27 @@ TEST(CudaBatchBench, DISABLED_DecodeThroughputAt35b) {
   std::printf("[batch-bench] qwen3.5-35b-a3b synthetic, bf16, KV f32; bandwidth %.0f GB/s (device copy); "
               "non-expert %.2f GB, expert %.2f MB, %lld MoE layers of %lld experts, top-%lld\n",
               gbps, non_expert / 1e9, expert / 1e6, (long long)moe, (long long)E, (long long)k);
-  double tps1 = 0;
   CudaModel& dev = dynamic_cast<const CudaBackend&>(*b).device_for_bench();
-  for (bool graph : {false, true}) {
-    cuda_set_batch_graph(dev, graph);
-    std::printf("[batch-bench] batched step %s\n", graph ? "through CUDA graphs (one per batch shape)" : "plain launches");
+  using Path = DecodeOptions::BatchExperts;
+  struct Run {
+    Path path;
+    bool graph;
+    const char* name;
+  };
+  // The routed experts through the tiled product (main's path) and through
+  // few_rows_kernel, then the default choice with graphs.
+  double tps1 = 0;
+  for (const Run run : {Run{Path::Tiled, false, "tiled experts"}, Run{Path::FewRows, false, "few-rows experts"},
+                        Run{Path::Auto, true, "auto + graphs"}}) {
+    cuda_set_batch_experts(dev, run.path);
+    cuda_set_batch_graph(dev, run.graph);
+    std::printf("[batch-bench] %s\n", run.name);
     for (int B : {1, 8, 32, 64}) {
-      if (graph && B == 1) continue;  // the single-sequence step (its own graph) either way
+      if (B == 1 && run.path != Path::Tiled) continue;  // the single-sequence step either way
       std::vector<std::unique_ptr<State>> st;
       std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B));
       std::vector<std::vector<float>> out(size_t(B), std::vector<float>(static_cast<size_t>(V)));
+      std::vector<int32_t> best(static_cast<size_t>(B));
       std::vector<BatchItem> items(static_cast<size_t>(B));
       for (int i = 0; i < B; ++i) {
         st.push_back(b->new_state(kv));
@@ -326,50 +374,45 @@ TEST(CudaBatchBench, DISABLED_DecodeThroughputAt35b) {
       }
       b->forward_batch(items.data(), B, pool);  // the prompts (batched prefill, one sequence at a time)
       std::vector<int32_t> tok(static_cast<size_t>(B));
-      auto step = [&](int s, LogitsMode mode) {
-        for (int i = 0; i < B; ++i) {
-          // Pseudo-random tokens (routing as random as the union formula assumes).
-          tok[size_t(i)] = int32_t((int64_t(s) * 7919 + int64_t(i) * 104729 + 17) % V);
-          items[size_t(i)] = BatchItem{st[size_t(i)].get(), &tok[size_t(i)], 1, mode, out[size_t(i)].data()};
+      // Logits: every row to the host (what a sampled sequence needs), only
+      // the argmax picked on the device (a greedy one), or none.
+      enum Out { LOGITS, ARGMAX, NONE };
+      int s_next = 0;
+      auto timed = [&](Out o, int n) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int s = 0; s < n; ++s, ++s_next) {
+          for (int i = 0; i < B; ++i) {
+            // Pseudo-random tokens (routing as random as the union formula assumes).
+            tok[size_t(i)] = int32_t((int64_t(s_next) * 7919 + int64_t(i) * 104729 + 17) % V);
+            items[size_t(i)] = BatchItem{st[size_t(i)].get(), &tok[size_t(i)], 1,
+                                         o == NONE ? LogitsMode::None : LogitsMode::Last,
+                                         o == LOGITS ? out[size_t(i)].data() : nullptr,
+                                         o == ARGMAX ? &best[size_t(i)] : nullptr};
+          }
+          b->forward_batch(items.data(), B, pool);
         }
-        b->forward_batch(items.data(), B, pool);
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       };
-      for (int s = 0; s < warm; ++s) step(s, LogitsMode::Last);
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int s = 0; s < steps; ++s) step(warm + s, LogitsMode::Last);
-      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      // The same without the logits (what the step costs apart from copying
-      // B rows of V logits to the host, which the scheduler's sampler needs).
-      const auto t2 = std::chrono::steady_clock::now();
-      for (int s = 0; s < steps; ++s) step(warm + steps + s, LogitsMode::None);
-      const double sec_none = std::chrono::duration<double>(std::chrono::steady_clock::now() - t2).count();
-      std::printf("[batch-bench] B=%-3d %s without logits to the host: %8.1f tokens/s (%.2f ms/step)\n", B,
-                  graph ? "graph" : "plain", double(B) * steps / sec_none, sec_none / steps * 1e3);
-      if (B == 1) {
-        // The same steps through forward() (today's single-sequence path), side by side.
-        const auto t1 = std::chrono::steady_clock::now();
-        for (int s = 0; s < steps; ++s) {
-          tok[0] = int32_t((int64_t(warm + 2 * steps + s) * 7919 + 17) % V);
-          b->forward(*st[0], &tok[0], 1, LogitsMode::Last, out[0].data(), pool);
-        }
-        const double sec1 = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
-        std::printf("[batch-bench] B=1 through forward_batch %.1f tokens/s, through forward() %.1f tokens/s (%.2fx)\n",
-                    steps / sec, steps / sec1, sec1 / sec);
-      }
-      const double tps = double(B) * steps / sec;
+      timed(LOGITS, warm);
+      const double sec = timed(LOGITS, steps), sec_id = timed(ARGMAX, steps), sec_none = timed(NONE, steps);
+      const double tps = double(B) * steps / sec_id;
       if (B == 1) tps1 = tps;
-      const double ctx = prompt + warm + steps / 2.0;  // mean context over the steps timed with logits
+      const double ctx = prompt + warm + steps;  // mean context over the steps timed
       const double union_frac = 1.0 - std::pow(1.0 - double(k) / double(E), double(B));
       const double w = non_expert + double(moe) * double(E) * union_frac * expert;
       const double kvb = double(B) * double(attn) * ctx * 2.0 * double(c.num_kv_heads * c.head_dim) * 4;
       const double sb = double(B) * double(lin) * 2.0 * double(c.lin_num_v_heads * c.lin_k_dim * c.lin_v_dim) * 4;
       const double roof = double(B) / ((w + kvb) / (gbps * 1e9));
       const double roof_s = double(B) / ((w + kvb + sb) / (gbps * 1e9));
-      std::printf("[batch-bench] B=%-3d %s %8.1f tokens/s aggregate (%6.1f per sequence, %.2f ms/step), %.2fx B=1; "
-                  "experts touched %.1f%%; bytes/step %.2f GB weights + %.3f GB KV (+ %.2f GB delta states); "
-                  "roofline %.0f tokens/s -> %.1f%% (with states: %.0f -> %.1f%%)\n",
-                  B, graph ? "graph" : "plain", tps, tps / B, sec / steps * 1e3, tps1 > 0 ? tps / tps1 : 0.0, 100 * union_frac, w / 1e9, kvb / 1e9,
-                  sb / 1e9, roof, 100 * tps / roof, roof_s, 100 * tps / roof_s);
+      std::printf("[batch-bench] B=%-3d %-16s argmax on device %8.1f tokens/s (%.2f ms/step), %.2fx B=1; "
+                  "logits to the host %8.1f; no logits %8.1f; experts touched %.1f%%; bytes/step %.2f GB weights + "
+                  "%.3f GB KV (+ %.2f GB delta states); roofline %.0f tokens/s -> %.1f%% (with states: %.0f -> "
+                  "%.1f%%)\n",
+                  B, run.name, tps, sec_id / steps * 1e3, tps1 > 0 ? tps / tps1 : 0.0, double(B) * steps / sec,
+                  double(B) * steps / sec_none, 100 * union_frac, w / 1e9, kvb / 1e9, sb / 1e9, roof, 100 * tps / roof,
+                  roof_s, 100 * tps / roof_s);
     }
   }
+  cuda_set_batch_experts(dev, Path::Auto);
+  cuda_set_batch_graph(dev, false);
 }

@@ -4,13 +4,14 @@
 // and without the fused norm, 2 and 3 rows per warp; the router's top-k;
 // the gated delta-rule step, one block per head and in clusters; decode
 // attention over a KV cache (f32, bf16, f16), one block or a cluster per
-// head; the routed experts in q8/q4 and in FP8 blocks. Skipped where no GPU
-// is usable.
+// head; the routed experts in q8/q4 and in FP8 blocks, and the batched
+// step's experts over few rows per expert. Skipped where no GPU is usable.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -390,3 +391,76 @@ TEST(CudaOps, Fp8MatvecMatchesCpu) {
 }
 
 }  // namespace
+
+// The batched step's routed experts at a few rows per picked expert
+// (few_rows_kernel) against plain double sums over the CPU's rows
+// (core/matrix_rows load_row): the 35B's expert shape and small ones, in
+// bf16, f16 and f32; experts picked by no row, by one, and by more rows
+// than one tile holds (every row picks expert 0).
+TEST(CudaOps, FewRowsExpertsMatchCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(29);
+  struct Case {
+    DType dt;
+    int H, I, E, k, T;
+  };
+  for (Case c : {Case{DType::BF16, 2048, 512, 16, 8, 6}, Case{DType::BF16, 256, 128, 8, 2, 1},
+                 Case{DType::BF16, 256, 128, 8, 3, 11}, Case{DType::F16, 256, 64, 6, 2, 5},
+                 Case{DType::F32, 128, 96, 4, 2, 3}}) {
+    const size_t es = dtype_size(c.dt);
+    std::vector<std::vector<uint8_t>> store;
+    auto matrix = [&](int rows, int cols) {
+      const std::vector<float> v = normal(rng, size_t(rows) * cols, 1.f / std::sqrt(float(cols)));
+      store.emplace_back(v.size() * es);
+      uint8_t* d = store.back().data();
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (c.dt == DType::F32) std::memcpy(d + 4 * i, &v[i], 4);
+        else {
+          const uint16_t h = c.dt == DType::BF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
+          std::memcpy(d + 2 * i, &h, 2);
+        }
+      }
+      Matrix m;
+      m.dtype = c.dt;
+      m.data = d;
+      m.rows = rows;
+      m.cols = cols;
+      return m;
+    };
+    store.reserve(size_t(2 * c.E));
+    std::vector<cuda_ops::DenseExpert> experts;
+    for (int e = 0; e < c.E; ++e) experts.push_back({matrix(2 * c.I, c.H), matrix(c.H, c.I)});
+    // Each row picks expert 0 and k - 1 others of 1..E-2: E-1 is never picked.
+    std::vector<int> ids;
+    for (int t = 0; t < c.T; ++t) {
+      std::vector<int> others(size_t(c.E - 2));
+      std::iota(others.begin(), others.end(), 1);
+      std::shuffle(others.begin(), others.end(), rng);
+      ids.push_back(0);
+      for (int j = 1; j < c.k; ++j) ids.push_back(others[size_t(j - 1)]);
+      std::shuffle(ids.end() - c.k, ids.end(), rng);
+    }
+    const std::vector<float> x = normal(rng, size_t(c.T) * c.H, 1.f);
+    std::vector<float> want(size_t(c.T) * c.k * c.H), row(static_cast<size_t>(std::max(c.H, c.I)));
+    std::vector<double> h(static_cast<size_t>(c.I));
+    for (int i = 0; i < c.T * c.k; ++i) {
+      const cuda_ops::DenseExpert& e = experts[size_t(ids[size_t(i)])];
+      const float* xt = x.data() + size_t(i / c.k) * c.H;
+      auto dot = [&](const Matrix& W, int r, const double* xd, const float* xf) {
+        cpu::load_row(W, r, row.data());
+        double s = 0;
+        for (int64_t j = 0; j < W.cols; ++j) s += double(row[size_t(j)]) * (xd ? xd[j] : double(xf[j]));
+        return s;
+      };
+      for (int r = 0; r < c.I; ++r) {
+        const double g = dot(e.gate_up, r, nullptr, xt), u = dot(e.gate_up, c.I + r, nullptr, xt);
+        h[size_t(r)] = g / (1.0 + std::exp(-g)) * u;
+      }
+      for (int r = 0; r < c.H; ++r) want[size_t(i) * c.H + r] = float(dot(e.down, r, h.data(), nullptr));
+    }
+    const std::vector<float> got = cuda_ops::few_rows_experts(experts, x, c.T, ids, c.k);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_LE(rel_err(got, want), 1e-5f) << dtype_name(c.dt) << " H " << c.H << ", I " << c.I << ", E " << c.E
+                                         << ", k " << c.k << ", T " << c.T;
+  }
+}

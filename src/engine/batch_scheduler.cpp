@@ -37,12 +37,14 @@ BatchScheduler::Membership::~Membership() {
   s_.work_cv_.notify_all();  // a step may be waiting for this session
 }
 
-void BatchScheduler::forward(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits) {
+void BatchScheduler::forward(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits,
+                             int32_t* argmax) {
   // Checked here, on the caller's thread: a bad id fails its own request,
   // never the step it would have shared with others.
   check_token_ids(backend_.config(), ids, n);
+  if (argmax && mode != LogitsMode::Last) fail("an argmax needs LogitsMode::Last");
   if (n <= 0) return;
-  Request r{&st, ids, n, 0, mode, logits, backend_.config().vocab_size, false, nullptr};
+  Request r{&st, ids, n, 0, mode, logits, argmax, backend_.config().vocab_size, false, nullptr};
   std::unique_lock<std::mutex> lock(mu_);
   if (stopping_) fail("the batch scheduler has stopped");
   // A lone session with at most one step's tokens runs its step on its own
@@ -55,7 +57,12 @@ void BatchScheduler::forward(State& st, const int32_t* ids, int64_t n, LogitsMod
     lock.unlock();
     std::exception_ptr error;
     try {
-      backend_.forward(st, ids, n, mode, logits, pool_);
+      if (argmax) {
+        const BatchItem it{&st, ids, n, mode, logits, argmax};
+        backend_.forward_batch(&it, 1, pool_);
+      } else {
+        backend_.forward(st, ids, n, mode, logits, pool_);
+      }
     } catch (...) {
       error = std::current_exception();
     }
@@ -147,6 +154,7 @@ void BatchScheduler::loop() {
       const bool last = r.done + take[i] == r.n;
       it.mode = r.mode == LogitsMode::All ? LogitsMode::All : (last ? r.mode : LogitsMode::None);
       it.logits = r.mode == LogitsMode::All ? r.logits + r.done * r.vocab : r.logits;
+      it.argmax = last ? r.argmax : nullptr;
       info.tokens += it.n;
       info.prompt_tokens += r.n > 1 ? it.n : 0;  // a prompt's last token counts too
       info.states.push_back(r.state);

@@ -69,7 +69,9 @@ class BatchScheduler {
   // Backend::forward through the steps: blocks until all n tokens went
   // through (a prompt may take several steps); rethrows what its step
   // threw (ids outside the vocabulary: Error before any state is touched).
-  void forward(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits);
+  // argmax (mode Last): receives the argmax of the last logits, which a GPU
+  // picks on the device (BatchItem::argmax); logits may then be null.
+  void forward(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits, int32_t* argmax = nullptr);
 
   const Backend& backend() const { return backend_; }
 
@@ -89,6 +91,7 @@ class BatchScheduler {
     int64_t n, done = 0;
     LogitsMode mode;
     float* logits;
+    int32_t* argmax;
     int64_t vocab;
     bool finished = false;
     std::exception_ptr error;

@@ -57,6 +57,14 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
   int64_t ahead = 0;
   const int64_t V = session.backend().config().vocab_size;
   std::vector<float> row;  // a queued token's logits
+  // Plain greedy (no bias, penalty, constraint, log-probabilities or
+  // drafts): the sampler would take the argmax of the logits, so each
+  // token is fed asking for that id alone (picked on a GPU: no logits
+  // copied to the host). `picked`: the id after the last token fed.
+  const SamplingParams& sp = opt.sampling;
+  const bool argmax_only = sp.temperature <= 0.0f && sp.logit_bias.empty() && !sp.uses_history() &&
+                           !opt.constraint && opt.top_logprobs < 0 && !speculate;
+  std::optional<int32_t> picked;
   auto t1 = Clock::now();
   for (int i = 0; i < opt.max_new_tokens; ++i) {
     if (opt.cancel && opt.cancel->load()) {
@@ -86,6 +94,8 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
         break;
       }
       next = sampler.sample(masked, session.tokens());
+    } else if (picked) {
+      next = *picked;
     } else {
       next = sampler.sample(*logits, session.tokens());
     }
@@ -153,7 +163,8 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
       ahead = queued.accepted;
       continue;
     }
-    logits = &session.feed({next});
+    if (argmax_only) picked = session.feed_argmax({next});
+    else logits = &session.feed({next});
   }
   // Text held back as a possible stop string's start is released unless a
   // stop string completed (after an EOS too: the end of a JSON value such

@@ -42,7 +42,7 @@ std::vector<int32_t> Session::greedy(int64_t n) {
   if (n <= 0) return out;
   if (position() == 0) fail("greedy: feed a prompt first");
   const int64_t V = backend_.config().vocab_size;
-  if (logits_.size() != size_t(V)) fail("greedy: no logits of the last token (feed with feed(), not feed_all())");
+  if (logits_.size() != size_t(V)) fail("greedy: no logits of the last token (feed with feed(), not feed_all() or feed_argmax())");
   out.push_back(argmax(logits_.data(), V));
   if (n == 1) return out;
   out.resize(size_t(n));
@@ -75,10 +75,16 @@ void Session::restore(const SessionSnapshot& snap) {
 // that state would continue from a corrupted context and produce plausible
 // but wrong text, so the session starts over instead: the next feed reads
 // the conversation again from the start.
-void Session::run_forward(const std::vector<int32_t>& ids, LogitsMode mode, float* out) {
+void Session::run_forward(const std::vector<int32_t>& ids, LogitsMode mode, float* out, int32_t* argmax) {
   try {
-    if (scheduler_) scheduler_->forward(*state_, ids.data(), int64_t(ids.size()), mode, out);
-    else backend_.forward(*state_, ids.data(), int64_t(ids.size()), mode, out, *pool_);
+    if (scheduler_) {
+      scheduler_->forward(*state_, ids.data(), int64_t(ids.size()), mode, out, argmax);
+    } else if (argmax) {
+      const BatchItem it{state_.get(), ids.data(), int64_t(ids.size()), mode, out, argmax};
+      backend_.forward_batch(&it, 1, *pool_);
+    } else {
+      backend_.forward(*state_, ids.data(), int64_t(ids.size()), mode, out, *pool_);
+    }
   } catch (...) {
     try {
       reset();
@@ -94,6 +100,15 @@ const std::vector<float>& Session::feed(const std::vector<int32_t>& ids) {
   run_forward(ids, LogitsMode::Last, logits_.data());
   if (record_tokens_) tokens_.insert(tokens_.end(), ids.begin(), ids.end());
   return logits_;
+}
+
+int32_t Session::feed_argmax(const std::vector<int32_t>& ids) {
+  if (ids.empty()) fail("nothing to feed: the token list is empty");
+  logits_.clear();
+  int32_t best = 0;
+  run_forward(ids, LogitsMode::Last, nullptr, &best);
+  if (record_tokens_) tokens_.insert(tokens_.end(), ids.begin(), ids.end());
+  return best;
 }
 
 std::vector<float> Session::feed_all(const std::vector<int32_t>& ids) {

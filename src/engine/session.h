@@ -39,6 +39,11 @@ class Session {
   const std::vector<float>& feed(const std::vector<int32_t>& ids);
   // Feeds tokens and returns the logits after every one of them ([n, vocab]).
   std::vector<float> feed_all(const std::vector<int32_t>& ids);
+  // Feeds tokens and returns the argmax of the logits after the last one
+  // (ties: the lower id), picked on a GPU without copying the logits
+  // (BatchItem::argmax): greedy decoding's feed. The logits are not kept
+  // (greedy() then needs a feed() first).
+  int32_t feed_argmax(const std::vector<int32_t>& ids);
 
   // Greedy continuation: the argmax after the tokens fed so far, then n-1
   // more, each fed in turn (the last one is not fed). On a GPU without host
@@ -73,7 +78,7 @@ class Session {
   void restore(const SessionSnapshot& snap);
 
  private:
-  void run_forward(const std::vector<int32_t>& ids, LogitsMode mode, float* out);
+  void run_forward(const std::vector<int32_t>& ids, LogitsMode mode, float* out, int32_t* argmax = nullptr);
 
   const Backend& backend_;
   KvConfig kv_;

@@ -1,5 +1,8 @@
 #include "runtime/backend.h"
 
+#include <algorithm>
+
+#include "core/argmax.h"
 #include "core/error.h"
 
 namespace flashmoe {
@@ -19,13 +22,37 @@ void Backend::draft(State&, int32_t, int64_t, const DraftPicker&, int32_t*, Thre
        label() + ")");
 }
 
+BatchArgmax::BatchArgmax(const BatchItem* items, int64_t count, int64_t vocab)
+    : items_(items, items + std::max<int64_t>(count, 0)), vocab_(vocab) {
+  size_t rows = 0;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    const BatchItem& it = items_[i];
+    if (it.argmax && it.mode != LogitsMode::Last)
+      fail("forward_batch: item " + std::to_string(i) + " asks for an argmax without LogitsMode::Last");
+    if (it.argmax && !it.logits) ++rows;
+  }
+  scratch_.resize(rows * size_t(vocab));
+  size_t r = 0;
+  for (BatchItem& it : items_)
+    if (it.argmax && !it.logits) it.logits = scratch_.data() + r++ * size_t(vocab);
+}
+
+void BatchArgmax::finish() const {
+  for (const BatchItem& it : items_)
+    if (it.argmax) *it.argmax = argmax(it.logits, vocab_);
+}
+
 void Backend::forward_batch(const BatchItem* items, int64_t count, ThreadPool& pool) const {
   for (int64_t i = 0; i < count; ++i) {
     for (int64_t j = 0; j < i; ++j)
       if (items[j].state == items[i].state) fail("forward_batch: one state appears twice in a batch");
   }
-  for (int64_t i = 0; i < count; ++i)
-    forward(*items[i].state, items[i].ids, items[i].n, items[i].mode, items[i].logits, pool);
+  const BatchArgmax am(items, count, config().vocab_size);
+  for (int64_t i = 0; i < count; ++i) {
+    const BatchItem& it = am.items()[i];
+    forward(*it.state, it.ids, it.n, it.mode, it.logits, pool);
+  }
+  am.finish();
 }
 
 }  // namespace flashmoe

@@ -63,12 +63,33 @@ struct ExpertTierStats {
 // One sequence's part of a batched step: its state, the tokens it feeds this
 // step (one for a decoding sequence, a chunk of its prompt for one being
 // admitted), which logits it wants and where they go (as forward()).
+// argmax (mode Last only): receives the id of the largest of the last
+// token's logits (ties: the lower id, as core/argmax.h); `logits` may then
+// be null, and a backend that keeps the logits on a device picks the id
+// there and copies only it back (a greedy sequence needs nothing else).
 struct BatchItem {
   State* state = nullptr;
   const int32_t* ids = nullptr;
   int64_t n = 0;
   LogitsMode mode = LogitsMode::Last;
   float* logits = nullptr;
+  int32_t* argmax = nullptr;
+};
+
+// For backends that produce logits on the host: the items with an argmax
+// and no logits buffer get a row of `scratch` ([count][vocab] as needed);
+// finish() then writes every item's argmax from its logits.
+class BatchArgmax {
+ public:
+  // Checks each item's argmax request (Error: argmax without mode Last).
+  BatchArgmax(const BatchItem* items, int64_t count, int64_t vocab);
+  const BatchItem* items() const { return items_.data(); }
+  void finish() const;
+
+ private:
+  std::vector<BatchItem> items_;
+  std::vector<float> scratch_;
+  int64_t vocab_;
 };
 
 // Picks draft token `step` (0-based) from the MTP head's logits [vocab].

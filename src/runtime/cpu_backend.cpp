@@ -78,12 +78,14 @@ void CpuBackend::forward(State& st, const int32_t* ids, int64_t n, LogitsMode mo
 
 void CpuBackend::forward_batch(const BatchItem* items, int64_t count, ThreadPool& pool) const {
   std::vector<cpu::SequenceInput> inputs(static_cast<size_t>(std::max<int64_t>(count, 0)));
+  const BatchArgmax am(items, count, config().vocab_size);
   for (int64_t i = 0; i < count; ++i) {
-    const BatchItem& it = items[i];
+    const BatchItem& it = am.items()[i];
     if (!it.state) fail("forward_batch: item " + std::to_string(i) + " has no state");
     inputs[size_t(i)] = {&cpu_state(*it.state).state, it.ids, it.n, it.mode, it.logits};
   }
   cpu::forward_batch(*model_, inputs.data(), count, pool);
+  am.finish();
 }
 
 void CpuBackend::forward_capturing(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits,

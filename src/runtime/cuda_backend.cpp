@@ -108,7 +108,9 @@ void CudaBackend::forward_batch(const BatchItem* items, int64_t count, ThreadPoo
   for (int64_t i = 0; i < count; ++i) {
     const BatchItem& b = items[i];
     if (!b.state) fail("forward_batch: item " + std::to_string(i) + " has no state");
-    v[size_t(i)] = CudaBatchItem{device_state(*b.state).st.get(), b.ids, b.n, b.mode, b.logits};
+    if (b.argmax && b.mode != LogitsMode::Last)
+      fail("forward_batch: item " + std::to_string(i) + " asks for an argmax without LogitsMode::Last");
+    v[size_t(i)] = CudaBatchItem{device_state(*b.state).st.get(), b.ids, b.n, b.mode, b.logits, b.argmax};
   }
   CallGuard g(lock_);
   device_->forward_batch(v.data(), count);

@@ -175,9 +175,11 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
   auto dev = [&](size_t off) { return db + off; };
   const int* d_ids = reinterpret_cast<const int*>(dev(o_ids));
 
-  event_phase_.clear();  // the profile covers run()'s chunks only
+  event_phase_.clear();
+  mark(P_OTHER);  // the start
   auto enqueue = [&] {
     embed_rows(d_ids, B);
+    mark(P_OTHER);
     const int groups_att = std::max(8, 256 / std::max(hd, 1));  // attn_kernel's partials, as the decode step
     const size_t attn_smem = size_t(2 * hd + groups_att * hd) * 4;
     const size_t prep_smem = size_t(std::max(hd, 2 * nkv * hd)) * 4;
@@ -186,11 +188,14 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
       const size_t sl = size_t(l.state_slot);
       norm_rows(x_, d.in_norm, B, xn_);
       const SplitRows xs = split(xn_, B, H, true);
+      mark(P_NORM);
       if (l.mixer == MixerKind::GatedDeltaNet) {
         dense_rows(d.lin_in, xn_, B, proj_, proj_stride_, GEMM_STORE, 0, xs);
+        mark(P_INPROJ);
         launch(st, conv_batch_kernel, dim3(unsigned(div_up(C, 256)), unsigned(B)), 256, 0, 1,
                static_cast<const float*>(proj_), proj_stride_, C, K, static_cast<const float*>(d.conv_w),
                reinterpret_cast<float* const*>(dev(o_conv + sl * B * sizeof(float*))), cv_);
+        mark(P_CONV);
         const DeltaArgs* da = reinterpret_cast<const DeltaArgs*>(dev(o_delta + sl * B * sizeof(DeltaArgs)));
         // As the decode step: a cluster of blocks per head (32 value columns
         // each) where the shapes allow, else one block per head.
@@ -211,11 +216,15 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
           else if (dk == 32) kern = delta_batch_kernel<32, 1>;
           launch(st, kern, dim3(unsigned(nv), unsigned(B)), threads, smem, 1, da);
         }
+        mark(P_DELTA_SCAN);
         dense_rows(d.out_proj, o_, B, x_, H, GEMM_ADD);
+        mark(P_OUTPROJ);
       } else {
         dense_rows(d.qkv, xn_, B, proj_, proj_stride_, GEMM_STORE, 0, xs);
+        mark(P_INPROJ);
         launch(st, attn_prep_batch_kernel, dim3(unsigned(nh + 1), unsigned(B)), 128, prep_smem, 1,
                reinterpret_cast<const AttnPrepArgs*>(dev(o_prep + sl * B * sizeof(AttnPrepArgs))));
+        mark(P_ATTN_PREP);
         for (const Group& g : groups) {
           const AttnArgs* aa = reinterpret_cast<const AttnArgs*>(dev(o_attn + (sl * B + g.first) * sizeof(AttnArgs)));
           const dim3 grid(unsigned(nh * g.split), unsigned(g.end - g.first));
@@ -229,19 +238,27 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
         if (nh2o)
           launch(st, h2o_acc_batch_kernel, dim3(unsigned(div_up(max_cap, 128)), unsigned(nh2o)), 128, 0, 1,
                  reinterpret_cast<const H2oAccArgs*>(dev(o_h2o + sl * nh2o * sizeof(H2oAccArgs))), nh);
+        mark(P_ATTN);
         dense_rows(d.o_proj, o_, B, x_, H, GEMM_ADD);
+        mark(P_OUTPROJ);
       }
       check(cudaGetLastError(), "batched decode step: mixer");
       feed_forward(l, d, B);
     }
     advance_positions_kernel<<<div_up(B, 128), 128, 0, st>>>(reinterpret_cast<int* const*>(dev(o_pos)), B);
     check(cudaGetLastError(), "batched decode step");
+    mark(P_OTHER);
   };
   // A graph reads every per-sequence value from the arguments copied above,
   // so one serves every batch of the same shape. Not with the disk tier
   // (the host reads the routing between kernels) or the profile.
   if (!batch_graph_ || m_.experts_needed || profile_) {
     enqueue();
+    if (profile_) {
+      collect(step_ms_);
+      ++steps_;
+      step_tokens_ += B;
+    }
     return;
   }
   std::string key = std::to_string(B) + "/" + std::to_string(nh2o) + "/" + std::to_string(div_up(max_cap, 128));
@@ -269,15 +286,19 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
   CK(cudaGraphLaunch(it->second, st));
 }
 
-void Prefill::logits_rows(int n, float* const* dst) {
+void Prefill::logits_rows(int n, float* const* dst, int32_t* const* best) {
   const ModelConfig& c = *m_.c;
   const int H = int(c.hidden_size);
   const size_t V = size_t(c.vocab_size);
   for (int b = 0; b < n; b += lrows_) {
     const int rows = std::min(lrows_, n - b);
-    bool any = false;
-    for (int r = 0; r < rows; ++r) any = any || dst[b + r];
-    if (!any) continue;
+    int first = rows, end = 0;  // the rows whose logits go to the host
+    bool ids = false;
+    for (int r = 0; r < rows; ++r) {
+      if (dst[b + r]) first = std::min(first, r), end = r + 1;
+      ids = ids || best[b + r];
+    }
+    if (first == rows && !ids) continue;
     norm_rows(x_ + size_t(b) * H, m_.final_norm, rows, xn_);
     GemmArgs g;
     g.A = xn_;
@@ -291,10 +312,24 @@ void Prefill::logits_rows(int n, float* const* dst) {
     g.ldc = int(V);
     const int bm = rows >= 48 ? 64 : rows >= 20 ? 32 : 16;  // prefill.cu's tile_rows
     gemm(m_.lm_head.dt, g, bm, div_up(rows, bm));
-    for (int r = 0; r < rows; ++r)
-      if (dst[b + r])
-        CK(cudaMemcpyAsync(dst[b + r], logits_ + size_t(r) * V, V * 4, cudaMemcpyDeviceToHost, m_.stream));
+    if (ids) {
+      if (!best_host_) CK(cudaMallocHost(&best_host_, size_t(lrows_) * sizeof(int)));
+      argmax_rows_kernel<<<rows, 1024, 0, m_.stream>>>(logits_, int(V), best_dev_);
+      check(cudaGetLastError(), "batched step: argmax");
+      CK(cudaMemcpyAsync(best_host_, best_dev_, size_t(rows) * sizeof(int), cudaMemcpyDeviceToHost, m_.stream));
+    }
+    // One copy of the rows wanted, into pinned memory (a copy per row into
+    // the callers' pageable buffers went at a fraction of the link's speed).
+    if (first < end) {
+      if (!logits_host_) CK(cudaMallocHost(&logits_host_, size_t(lrows_) * V * 4));
+      CK(cudaMemcpyAsync(logits_host_ + size_t(first) * V, logits_ + size_t(first) * V, size_t(end - first) * V * 4,
+                         cudaMemcpyDeviceToHost, m_.stream));
+    }
     CK(cudaStreamSynchronize(m_.stream));
+    for (int r = 0; r < rows; ++r) {
+      if (dst[b + r]) std::memcpy(dst[b + r], logits_host_ + size_t(r) * V, V * 4);
+      if (best[b + r]) *best[b + r] = best_host_[r];
+    }
   }
 }
 

@@ -281,6 +281,12 @@ void cuda_set_batch_graph(CudaModel& model, bool on) {
   if (m.prefill) m.prefill->set_batch_graph(on);
 }
 
+void cuda_set_batch_experts(CudaModel& model, DecodeOptions::BatchExperts path) {
+  CudaModel::Impl& m = CudaModelAccess::impl(model);
+  m.opts.decode.batch_experts = path;
+  if (m.prefill) m.prefill->set_expert_path(int(path));
+}
+
 double cuda_copy_bandwidth_gbps(const CudaModel& model) {
   CudaModel::Impl& m = CudaModelAccess::impl(model);
   CK(cudaSetDevice(m.dev));

@@ -41,6 +41,9 @@ std::unique_ptr<CudaModel> cuda_synthetic_model(const ModelConfig& c, uint64_t s
 // (DecodeOptions::batch_graph), switched on a loaded model (bench: both
 // measured on one model).
 void cuda_set_batch_graph(CudaModel& m, bool on);
+// The batched step's routed-expert product (DecodeOptions::batch_experts),
+// switched on a loaded model (bench: both paths measured on one model).
+void cuda_set_batch_experts(CudaModel& m, DecodeOptions::BatchExperts path);
 // Device-to-device cudaMemcpy bandwidth, bytes read + written per second / 1e9.
 double cuda_copy_bandwidth_gbps(const CudaModel& m);
 // Host-to-device cudaMemcpy bandwidth from pinned memory, GB/s.

@@ -90,13 +90,16 @@ struct CudaStateImage {
 };
 
 // One sequence's part of CudaModel::forward_batch (runtime/backend.h's
-// BatchItem): its state, the tokens it feeds, which logits go where.
+// BatchItem): its state, the tokens it feeds, which logits go where, and
+// where the argmax of its last logits goes (mode Last; logits may then be
+// null: the batched step picks it on the device).
 struct CudaBatchItem {
   CudaState* state = nullptr;
   const int32_t* ids = nullptr;
   int64_t n = 0;
   LogitsMode mode = LogitsMode::Last;
   float* logits = nullptr;
+  int32_t* argmax = nullptr;
 };
 
 class CudaModel {

@@ -47,8 +47,16 @@ struct DecodeOptions {
   // H200 (bench/NOTES-cuda.md, batched decode).
   bool batch_graph = false;
 
-  // Benchmarks: time per batched-prefill phase, printed to stderr when the
-  // model is destroyed (events between phases; slows the prefill a little).
+  // The routed experts of the batched step and prefill: Auto picks per
+  // step by the rows per picked expert (few_rows_kernel at a few, the tiled
+  // tensor-core product above; the crossover measured on the H200); the
+  // others force one path (tests, and the bench that measures both).
+  enum class BatchExperts { Auto = 0, Tiled = 1, FewRows = 2 };
+  BatchExperts batch_experts = BatchExperts::Auto;
+
+  // Benchmarks: time per phase of the batched prefill and of the batched
+  // decode steps (forward_batch), printed to stderr when the model is
+  // destroyed (events between phases; slows them a little; no graphs).
   bool prefill_profile = false;
 };
 

@@ -29,6 +29,7 @@ Prefill* CudaModel::Impl::batched() {
   pm.stream = stream;
   pm.profile = opts.decode.prefill_profile;
   pm.batch_graph = opts.decode.batch_graph;
+  pm.batch_experts = int(opts.decode.batch_experts);
   int max_t = chunk;
   if (tiers && !disk)
     pm.stage_experts = [this](int mi, int T) {

@@ -7,6 +7,7 @@
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/model_impl.cuh"
+#include "core/argmax.h"
 #include "core/error.h"
 
 namespace flashmoe {
@@ -17,19 +18,38 @@ void CudaModel::forward_batch(const CudaBatchItem* items, int64_t count) const {
   for (int64_t i = 0; i < count; ++i) {
     if (!items[i].state) fail("forward_batch: item " + std::to_string(i) + " has no state");
     if (!seen.insert(items[i].state).second) fail("forward_batch: one state appears twice in a batch");
+    if (items[i].argmax && items[i].mode != LogitsMode::Last)
+      fail("forward_batch: item " + std::to_string(i) + " asks for an argmax without LogitsMode::Last");
     check_token_ids(m.c, items[i].ids, items[i].n);
   }
+  // One item on its own: a single token wanting only its argmax through the
+  // decode step's on-device argmax (one id copied back), else forward()
+  // with its logits to the host and the argmax taken there.
+  std::vector<float> scratch;
+  auto alone = [&](const CudaBatchItem& it) {
+    if (it.n == 1 && it.argmax && !it.logits) {
+      decode_greedy(*it.state, it.ids[0], 1, it.argmax);
+      return;
+    }
+    float* logits = it.logits;
+    if (it.argmax && !logits) {
+      scratch.resize(size_t(m.c.vocab_size));
+      logits = scratch.data();
+    }
+    forward(*it.state, it.ids, it.n, it.mode, logits);
+    if (it.argmax) *it.argmax = argmax(logits, m.c.vocab_size);
+  };
   std::vector<const CudaBatchItem*> single;
   for (int64_t i = 0; i < count; ++i) {
     const CudaBatchItem& it = items[i];
     if (it.n == 1) single.push_back(&it);
-    else forward(*it.state, it.ids, it.n, it.mode, it.logits);
+    else alone(it);
   }
   if (single.empty()) return;
   CK(cudaSetDevice(m.dev));
   Prefill* pf = single.size() > 1 ? m.batched() : nullptr;
   if (!pf) {  // one sequence (the graph-captured decode step keeps its speed), or no batched path
-    for (const CudaBatchItem* it : single) forward(*it->state, it->ids, 1, it->mode, it->logits);
+    for (const CudaBatchItem* it : single) alone(*it);
     return;
   }
   for (size_t g0 = 0; g0 < single.size(); g0 += size_t(pf->max_tokens())) {
@@ -37,6 +57,7 @@ void CudaModel::forward_batch(const CudaBatchItem* items, int64_t count) const {
     std::vector<PrefillState> seqs(static_cast<size_t>(B));
     std::vector<int32_t> ids(static_cast<size_t>(B));
     std::vector<float*> dst(static_cast<size_t>(B));
+    std::vector<int32_t*> best(static_cast<size_t>(B));
     for (int b = 0; b < B; ++b) {
       const CudaBatchItem& it = *single[g0 + size_t(b)];
       CudaState::Impl& s = *it.state->p_;
@@ -44,6 +65,7 @@ void CudaModel::forward_batch(const CudaBatchItem* items, int64_t count) const {
       seqs[size_t(b)] = m.prefill_state(s);
       ids[size_t(b)] = it.ids[0];
       dst[size_t(b)] = it.mode == LogitsMode::None ? nullptr : it.logits;
+      best[size_t(b)] = it.argmax;
     }
     pf->step_batch(seqs.data(), B, ids.data());
     for (int b = 0; b < B; ++b) {
@@ -51,7 +73,7 @@ void CudaModel::forward_batch(const CudaBatchItem* items, int64_t count) const {
       ++s.pos;
     }
     if (m.tiers) m.tiers->maintain(m.stream, B);
-    pf->logits_rows(B, dst.data());
+    pf->logits_rows(B, dst.data(), best.data());
     CK(cudaStreamSynchronize(m.stream));
   }
 }

@@ -15,6 +15,7 @@
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/cuda_model.h"
 #include "backend/cuda/delta_cluster.cuh"
+#include "backend/cuda/few_rows_experts.cuh"
 #include "backend/cuda/device_model.cuh"
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/gguf_kernels.cuh"
@@ -376,6 +377,65 @@ std::vector<float> gguf_gemm(const Matrix& W, const std::vector<float>& A, int T
   check(cudaGetLastError(), "gemm_kernel<GB>");
   CK(cudaDeviceSynchronize());
   return down(a.C, size_t(T) * W.rows);
+}
+
+std::vector<float> few_rows_experts(const std::vector<DenseExpert>& experts, const std::vector<float>& x, int T,
+                                    const std::vector<int>& ids, int k) {
+  Launcher l = device();
+  const int E = int(experts.size());
+  if (E < 1 || k < 1 || T < 1 || ids.size() != size_t(T) * k) fail("op check: few-rows experts: sizes");
+  const Matrix& g0 = experts[0].gate_up;
+  const int H = int(g0.cols), I = int(g0.rows / 2);
+  const int dt = g0.dtype == DType::F32 ? DT_F32 : g0.dtype == DType::F16 ? DT_F16 : DT_BF16;
+  if (!few_rows_supported(dt, H, int(l.prop.sharedMemPerBlockOptin)) ||
+      !few_rows_supported(dt, I, int(l.prop.sharedMemPerBlockOptin)))
+    fail("op check: few-rows experts: a storage type or size few_rows_kernel does not take");
+  Buffers b;
+  std::vector<const void*> gu_tab, dn_tab;
+  for (const DenseExpert& e : experts) {
+    gu_tab.push_back(b.up(static_cast<const uint8_t*>(e.gate_up.data), e.gate_up.nbytes()));
+    dn_tab.push_back(b.up(static_cast<const uint8_t*>(e.down.data), e.down.nbytes()));
+  }
+  // The list as route_lists_kernel orders it: by expert, each expert's
+  // entries cut into tiles of kFewRows.
+  std::vector<int> tok, dest, tiles;
+  for (int e = 0; e < E; ++e) {
+    const int first = int(tok.size());
+    for (int i = 0; i < T * k; ++i)
+      if (ids[size_t(i)] == e) tok.push_back(i / k), dest.push_back(i);
+    for (int m = first; m < int(tok.size()); m += kFewRows)
+      tiles.insert(tiles.end(), {e, m, std::min(int(tok.size()), m + kFewRows)});
+  }
+  if (int(tok.size()) != T * k) fail("op check: few-rows experts: an id outside the experts");
+  const int ntiles = int(tiles.size() / 3);
+  FewRowsArgs a;
+  a.A = b.up(x.data(), x.size());
+  a.lda = H;
+  a.arow = b.up(tok.data(), tok.size());
+  a.wtab = b.up(gu_tab.data(), gu_tab.size());
+  a.tiles = b.up(tiles.data(), tiles.size());
+  a.ntiles = b.up(&ntiles, 1);
+  a.K = H;
+  a.N = I;
+  float* hb = b.zeros<float>(size_t(T) * k * I);
+  a.C = hb;
+  a.ldc = I;
+  a.swiglu = 1;
+  // Two more blocks than tiles along y: those must return without writing.
+  check(launch_few_rows(dt, a, ntiles + 2, nullptr), "few_rows_kernel (gate/up)");
+  a.A = hb;
+  a.lda = I;
+  a.arow = nullptr;
+  a.wtab = b.up(dn_tab.data(), dn_tab.size());
+  a.K = I;
+  a.N = H;
+  a.C = b.zeros<float>(size_t(T) * k * H);
+  a.ldc = H;
+  a.crow = b.up(dest.data(), dest.size());
+  a.swiglu = 0;
+  check(launch_few_rows(dt, a, ntiles + 2, nullptr), "few_rows_kernel (down)");
+  CK(cudaDeviceSynchronize());
+  return down(a.C, size_t(T) * k * H);
 }
 
 }  // namespace flashmoe::cuda_ops

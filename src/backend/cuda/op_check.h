@@ -70,4 +70,18 @@ std::vector<float> gguf_matvec(const Matrix& W, const std::vector<float>& x);
 // the batched prefill's product (gemm_kernel<GB>, bm rows per tile: 16, 32, 64).
 std::vector<float> gguf_gemm(const Matrix& W, const std::vector<float>& A, int T, int bm);
 
+// The routed experts of a batched step with few rows per picked expert
+// (few_rows_kernel: gate/up with SiLU, then down) over the tile list of
+// `ids` (row t's k picks at ids[t*k .. t*k+k), built here, up to kFewRows
+// rows per tile as route_lists_kernel builds it; an expert may be picked by
+// no row or by many). Returns y [T*k][H]: y[t*k + j] = down_e(silu(gate_e .
+// x_t) * (up_e . x_t)), e = ids[t*k + j], x [T][H]. Every expert's gate_up
+// [2I][H] (gate rows, then up rows) and down [H][I] stored alike: bf16,
+// f16 or f32.
+struct DenseExpert {
+  Matrix gate_up, down;
+};
+std::vector<float> few_rows_experts(const std::vector<DenseExpert>& experts, const std::vector<float>& x, int T,
+                                    const std::vector<int>& ids, int k);
+
 }  // namespace flashmoe::cuda_ops

@@ -23,6 +23,10 @@ std::vector<float> quant_experts(const std::vector<QuantExpert>&, const std::vec
 
 std::vector<float> gguf_matvec(const Matrix&, const std::vector<float>&) { no_cuda(); }
 std::vector<float> gguf_gemm(const Matrix&, const std::vector<float>&, int, int) { no_cuda(); }
+std::vector<float> few_rows_experts(const std::vector<DenseExpert>&, const std::vector<float>&, int,
+                                    const std::vector<int>&, int) {
+  no_cuda();
+}
 
 }  // namespace flashmoe::cuda_ops
 #endif

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/few_rows_experts.cuh"
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/gemm_pipe.cuh"
 #include "backend/cuda/gguf_kernels.cuh"
@@ -15,10 +16,6 @@
 namespace flashmoe::cuda {
 
 namespace {
-enum Phase {
-  P_NORM, P_INPROJ, P_CONV, P_DELTA_PRE, P_DELTA_SCAN, P_GATED_NORM, P_OUTPROJ, P_ATTN_PREP, P_ATTN, P_ROUTER,
-  P_ROUTE, P_EXPERTS_GU, P_EXPERTS_DOWN, P_SHARED, P_COMBINE, P_OTHER, P_N
-};
 const char* kPhase[P_N] = {"norms", "in-proj / qkv", "conv1d", "delta prep (q/k norms, gates)", "delta scan",
                            "gated norm", "out-proj / o_proj", "attn prep (rope, KV write)", "attention",
                            "router", "top-k + expert lists", "experts gate/up", "experts down",
@@ -64,7 +61,9 @@ void* Prefill::alloc(size_t bytes) {
 Prefill::Prefill(const PrefillModel& m, int max_tokens) : m_(m), tmax_(max_tokens) {
   profile_ = m.profile;
   batch_graph_ = m.batch_graph;
+  expert_path_ = m.batch_experts;
   phase_ms_.assign(P_N, 0.0);
+  step_ms_.assign(P_N, 0.0);
   auto smem = [](auto kern, size_t bytes) {
     CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
   };
@@ -74,6 +73,7 @@ Prefill::Prefill(const PrefillModel& m, int max_tokens) : m_(m), tmax_(max_token
   int dev = 0;
   CK(cudaGetDevice(&dev));
   CK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
+  CK(cudaDeviceGetAttribute(&max_smem_, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   try {
     allocate();
   } catch (...) {  // out of device memory: nothing kept
@@ -114,7 +114,8 @@ void Prefill::allocate() {
   ids_ = i(T * k);
   tok_ = i(T * k);
   dest_ = i(T * k);
-  tiles_max_ = int(T * k / 16 + size_t(std::max<int64_t>(1, c.num_experts)) + 1);
+  // Tiles of 16 rows (the tiled product) or of kFewRows (few_rows_kernel).
+  tiles_max_ = int(T * k / kFewRows + size_t(std::max<int64_t>(1, c.num_experts)) + 1);
   tiles_ = i(size_t(3) * tiles_max_);
   ntiles_ = i(1);
   hb_ = f(T * k * I);
@@ -137,6 +138,7 @@ void Prefill::allocate() {
   stage_.cap = tmax_;
   lse_ = f(T * size_t(std::max<int64_t>(1, c.num_heads)));
   seq_ = i(T);
+  best_dev_ = i(size_t(lrows_));
 }
 
 Prefill::~Prefill() {
@@ -148,6 +150,8 @@ Prefill::~Prefill() {
   drop_batch_graphs();
   cudaFree(args_dev_);
   cudaFreeHost(args_host_);
+  cudaFreeHost(logits_host_);
+  cudaFreeHost(best_host_);
 }
 
 void Prefill::mark(int phase) {
@@ -162,15 +166,34 @@ void Prefill::mark(int phase) {
   event_phase_.push_back(phase);
 }
 
+void Prefill::collect(std::vector<double>& ms) {
+  CK(cudaStreamSynchronize(m_.stream));
+  for (size_t i = 1; i < event_phase_.size(); ++i) {
+    float t = 0;
+    CK(cudaEventElapsedTime(&t, events_[i - 1], events_[i]));
+    ms[size_t(event_phase_[i])] += t;
+  }
+}
+
 void Prefill::report() {
-  double total = 0;
+  auto table = [](const std::vector<double>& ms, double total) {
+    for (int p = 0; p < P_N; ++p)
+      if (ms[size_t(p)] > 0)
+        std::fprintf(stderr, "  %-32s %9.3f ms  %5.1f%%\n", kPhase[p], ms[size_t(p)], 100 * ms[size_t(p)] / total);
+  };
+  double total = 0, steps = 0;
   for (double v : phase_ms_) total += v;
-  std::fprintf(stderr, "batched prefill profile: %d chunks, %d tokens, %.2f ms (%.0f tokens/s in the kernels)\n",
-               chunks_, tokens_, total, total > 0 ? tokens_ / total * 1e3 : 0.0);
-  for (int p = 0; p < P_N; ++p)
-    if (phase_ms_[size_t(p)] > 0)
-      std::fprintf(stderr, "  %-32s %9.3f ms  %5.1f%%\n", kPhase[p], phase_ms_[size_t(p)],
-                   100 * phase_ms_[size_t(p)] / total);
+  for (double v : step_ms_) steps += v;
+  if (chunks_ > 0) {
+    std::fprintf(stderr, "batched prefill profile: %d chunks, %d tokens, %.2f ms (%.0f tokens/s in the kernels)\n",
+                 chunks_, tokens_, total, total > 0 ? tokens_ / total * 1e3 : 0.0);
+    table(phase_ms_, total);
+  }
+  if (steps_ > 0) {
+    std::fprintf(stderr, "batched decode profile: %d steps, %d tokens, %.3f ms per step (%.0f tokens/s in the kernels)\n",
+                 steps_, step_tokens_, steps / steps_, steps > 0 ? step_tokens_ / steps * 1e3 : 0.0);
+    table(step_ms_, steps);
+  }
 }
 
 const float* Prefill::hidden(int t) const { return x_ + size_t(t) * m_.c->hidden_size; }
@@ -400,6 +423,21 @@ void Prefill::dense_rows(const DMat& W, const float* A, int T, float* C, int ldc
 
 // The feed-forward of layer l over the T rows of x_ (each row a token of
 // its own: the routing and the experts do not look across rows).
+bool Prefill::few_rows_experts(int T, int edt) const {
+  const ModelConfig& c = *m_.c;
+  const int H = int(c.hidden_size), I = int(c.moe_intermediate);
+  if (!few_rows_supported(edt, H, max_smem_) || !few_rows_supported(edt, I, max_smem_)) return false;
+  if (expert_path_ != 0) return expert_path_ == 2;
+  // Rows per expert, T * k spread over E: few_rows_kernel reads each picked
+  // expert once per tile of kFewRows rows; the tiled product once per 16 to
+  // 64 rows but on the tensor cores. Measured on the H200 (35B synthetic,
+  // bench/NOTES-cuda.md, batch-step): few_rows_kernel faster at T * k / E =
+  // 0.25 (B = 8: 592 vs 558 tokens/s), slower from 1 (B = 32: 1,237 vs
+  // 1,364) up; the crossover between them was not measured.
+  constexpr double kFewRowsMean = 0.25;
+  return double(T) * double(c.num_experts_per_tok) <= kFewRowsMean * double(std::max<int64_t>(1, c.num_experts));
+}
+
 void Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T) {
   const ModelConfig& c = *m_.c;
   cudaStream_t st = m_.stream;
@@ -422,7 +460,9 @@ void Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T) {
   topk_rows_kernel<<<T, 32, 0, st>>>(rl_, d.router.rows, E, k, c.norm_topk_prob ? 1 : 0, d.has_shared ? 1 : 0, ids_,
                                      w_, d.tc);
   if (m_.experts_needed) m_.experts_needed(l.moe_slot, ids_, T * k);
-  const int ebm = tile_rows(double(T) * k / std::max(E, 1));
+  const int edt = d.gg.n ? DT_GGUF : d.q.fp8 ? DT_FP8 : d.q.bits == 8 ? DT_Q8 : d.q.bits == 4 ? DT_Q4 : d.edt;
+  const bool few = few_rows_experts(T, edt);
+  const int ebm = few ? kFewRows : tile_rows(double(T) * k / std::max(E, 1));
   route_lists_kernel<<<1, 512, 0, st>>>(ids_, T, k, E, ebm, tok_, dest_, tiles_, ntiles_);
   mark(P_ROUTE);
   const int ntiles = std::min(tiles_max_, div_up(int64_t(T) * k, ebm) + E);
@@ -432,45 +472,73 @@ void Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T) {
     const auto staged = m_.stage_experts(l.moe_slot, T);
     if (staged.first) gu_tab = staged.first, down_tab = staged.second;
   }
-  GemmArgs g;
-  g.A = xn_;
-  g.lda = H;
-  g.arow = tok_;
-  g.wtab = gu_tab;
-  g.tiles = tiles_;
-  g.ntiles = ntiles_;
-  g.N = 2 * I;
-  g.K = H;
-  g.C = hb_;
-  g.ldc = I;
-  g.mode = GEMM_SWIGLU;
-  g.half = I;
-  // Quantised experts: gate rows then up rows, each with its scales and biases.
-  const int edt = d.gg.n ? DT_GGUF : d.q.fp8 ? DT_FP8 : d.q.bits == 8 ? DT_Q8 : d.q.bits == 4 ? DT_Q4 : d.edt;
-  g.gm = d.gg;
-  g.qsplit = I;
-  g.qgroup = d.q.group;
-  g.qbrows = d.q.block_rows;
-  g.qw[0] = 0, g.qs[0] = d.q.gate_s, g.qb[0] = d.q.gate_b;
-  g.qw[1] = d.q.up_w, g.qs[1] = d.q.up_s, g.qb[1] = d.q.up_b;
-  gemm(edt, g, ebm, ntiles, fs);
-  mark(P_EXPERTS_GU);
-  g.A = hb_;
-  g.lda = I;
-  g.arow = nullptr;
-  g.wtab = down_tab;
-  g.N = H;
-  g.K = I;
-  g.C = y_;
-  g.ldc = H;
-  g.crow = dest_;
-  g.mode = GEMM_STORE;
-  g.half = 0;
-  g.qsplit = H;
-  g.qw[0] = 0, g.qs[0] = d.q.dn_s, g.qb[0] = d.q.dn_b;
-  g.gm = d.gd;
-  gemm(edt, g, ebm, ntiles, pipe(edt) ? split(hb_, T * k, I, false) : SplitRows{});
-  mark(P_EXPERTS_DOWN);
+  if (few) {
+    FewRowsArgs f;
+    f.A = xn_;
+    f.lda = H;
+    f.arow = tok_;
+    f.wtab = gu_tab;
+    f.tiles = tiles_;
+    f.ntiles = ntiles_;
+    f.K = H;
+    f.N = I;
+    f.C = hb_;
+    f.ldc = I;
+    f.swiglu = 1;
+    check(launch_few_rows(edt, f, ntiles, st), "batched step: experts gate/up (few rows)");
+    mark(P_EXPERTS_GU);
+    f.A = hb_;
+    f.lda = I;
+    f.arow = nullptr;
+    f.wtab = down_tab;
+    f.K = I;
+    f.N = H;
+    f.C = y_;
+    f.ldc = H;
+    f.crow = dest_;
+    f.swiglu = 0;
+    check(launch_few_rows(edt, f, ntiles, st), "batched step: experts down (few rows)");
+    mark(P_EXPERTS_DOWN);
+  } else {
+    GemmArgs g;
+    g.A = xn_;
+    g.lda = H;
+    g.arow = tok_;
+    g.wtab = gu_tab;
+    g.tiles = tiles_;
+    g.ntiles = ntiles_;
+    g.N = 2 * I;
+    g.K = H;
+    g.C = hb_;
+    g.ldc = I;
+    g.mode = GEMM_SWIGLU;
+    g.half = I;
+    // Quantised experts: gate rows then up rows, each with its scales and biases.
+    g.gm = d.gg;
+    g.qsplit = I;
+    g.qgroup = d.q.group;
+    g.qbrows = d.q.block_rows;
+    g.qw[0] = 0, g.qs[0] = d.q.gate_s, g.qb[0] = d.q.gate_b;
+    g.qw[1] = d.q.up_w, g.qs[1] = d.q.up_s, g.qb[1] = d.q.up_b;
+    gemm(edt, g, ebm, ntiles, fs);
+    mark(P_EXPERTS_GU);
+    g.A = hb_;
+    g.lda = I;
+    g.arow = nullptr;
+    g.wtab = down_tab;
+    g.N = H;
+    g.K = I;
+    g.C = y_;
+    g.ldc = H;
+    g.crow = dest_;
+    g.mode = GEMM_STORE;
+    g.half = 0;
+    g.qsplit = H;
+    g.qw[0] = 0, g.qs[0] = d.q.dn_s, g.qb[0] = d.q.dn_b;
+    g.gm = d.gd;
+    gemm(edt, g, ebm, ntiles, pipe(edt) ? split(hb_, T * k, I, false) : SplitRows{});
+    mark(P_EXPERTS_DOWN);
+  }
   if (d.has_shared) {
     dense(d.s_gu, xn_, hs_, d.s_down.cols, GEMM_SWIGLU, d.s_down.cols, fs);
     dense(d.s_down, hs_, ysh_, H, GEMM_STORE);
@@ -573,12 +641,7 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
   set_int_kernel<<<1, 1, 0, st>>>(s.d_pos, p0 + T);
   check(cudaGetLastError(), "batched prefill");
   if (!profile_) return;
-  CK(cudaStreamSynchronize(st));
-  for (size_t i = 1; i < event_phase_.size(); ++i) {
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]));
-    phase_ms_[size_t(event_phase_[i])] += ms;
-  }
+  collect(phase_ms_);
   ++chunks_;
   tokens_ += T;
 }

@@ -29,6 +29,12 @@ namespace flashmoe::cuda {
 
 struct GemmArgs;
 
+// Phases of the profile (DecodeOptions::prefill_profile): kPhase in prefill.cu names them.
+enum PrefillPhase {
+  P_NORM, P_INPROJ, P_CONV, P_DELTA_PRE, P_DELTA_SCAN, P_GATED_NORM, P_OUTPROJ, P_ATTN_PREP, P_ATTN, P_ROUTER,
+  P_ROUTE, P_EXPERTS_GU, P_EXPERTS_DOWN, P_SHARED, P_COMBINE, P_OTHER, P_N
+};
+
 // Activations split into hi/lo bf16 rows for gemm_pipe_kernel (null: none).
 struct SplitRows {
   const __nv_bfloat16* hi = nullptr;
@@ -46,6 +52,7 @@ struct PrefillModel {
   cudaStream_t stream = nullptr;
   bool profile = false;  // DecodeOptions::prefill_profile
   bool batch_graph = false;  // DecodeOptions::batch_graph
+  int batch_experts = 0;     // DecodeOptions::batch_experts
   // Disk tier: called after the routing of MoE layer mi (d_ids: the chunk's
   // T * k choices, on the device); returns with every chosen expert resident
   // and its table entry set on the stream. Null: all experts are resident.
@@ -84,6 +91,12 @@ class Prefill {
   int max_tokens() const { return tmax_; }
   // step_batch through CUDA graphs (DecodeOptions::batch_graph) or plain launches.
   void set_batch_graph(bool on) { batch_graph_ = on; }
+  // The routed experts' product: chosen per step by the rows per picked
+  // expert (few_rows_experts), or one path forced (DecodeOptions::batch_experts).
+  void set_expert_path(int path) {
+    expert_path_ = path;
+    drop_batch_graphs();  // captured with the other path
+  }
   // Tokens d_ids[0..T) (device) at positions pos..pos+T-1 through every
   // layer, T <= max_tokens(); *d_pos becomes pos + T. Enqueued on the stream.
   // A chunk that makes an h2o cache evict runs its attention token by token.
@@ -103,8 +116,10 @@ class Prefill {
   // on the stream (batch_step.cu).
   void step_batch(const PrefillState* seqs, int B, const int32_t* ids);
   // Logits of the last step's (or chunk's) rows [0, n): row r into host
-  // memory dst[r] ([V]), rows with a null dst skipped; synchronizes.
-  void logits_rows(int n, float* const* dst);
+  // memory dst[r] ([V]) through one copy to pinned memory, and the argmax of
+  // row r (ties: the lower id) picked on the device into *best[r]; rows with
+  // a null dst / best skipped; synchronizes.
+  void logits_rows(int n, float* const* dst, int32_t* const* best);
 
  private:
   void gemm(int dt, const GemmArgs& a, int bm, int grid_y, SplitRows sp = {});
@@ -115,6 +130,9 @@ class Prefill {
   void norm_rows(const float* x, const float* w, int T, float* y);
   // The feed-forward of layer l (dense or routed) over the T rows of x_.
   void feed_forward(const LayerPlan& l, const DLayer& d, int T);
+  // Whether T rows' routed experts stored as edt take few_rows_kernel
+  // (few_rows_experts.cuh) instead of the tiled product.
+  bool few_rows_experts(int T, int edt) const;
   // step_batch's per-sequence kernel arguments for the whole step, written
   // to pinned host memory and copied to the device in one transfer.
   void* batch_args(size_t bytes);
@@ -128,17 +146,21 @@ class Prefill {
   void attend_in_order(const PrefillState& s, const DLayer& d, const KvLayer& kv, int T);
   // h2o: room for the chunk's partial score sums (grows with the context).
   float* h2o_part(size_t floats);
-  void mark(int phase);  // with the profile: an event after a phase's kernels
+  void mark(int phase);  // with the profile: an event after a phase's kernels (the first: the start)
   void report();
 
   // Profile (DecodeOptions::prefill_profile): time per phase summed over
   // chunks, printed to stderr when the prefill is destroyed.
   bool profile_ = false;
   bool batch_graph_ = false;
+  int expert_path_ = 0;  // DecodeOptions::BatchExperts
+  int max_smem_ = 48 * 1024;  // opt-in shared memory per block
   std::vector<cudaEvent_t> events_;
   std::vector<int> event_phase_;
-  std::vector<double> phase_ms_;
-  int chunks_ = 0, tokens_ = 0;
+  std::vector<double> phase_ms_, step_ms_;  // run()'s chunks, step_batch's steps
+  int chunks_ = 0, tokens_ = 0, steps_ = 0, step_tokens_ = 0;
+  // The profiled time between the events recorded since the last clear, per phase, into ms.
+  void collect(std::vector<double>& ms);
 
   PrefillModel m_;
   int tmax_ = 0, lrows_ = 0, tiles_max_ = 0, sms_ = 1;
@@ -153,6 +175,10 @@ class Prefill {
   size_t h2o_part_n_ = 0;
   KvLayer stage_{};  // a windowed cache's K/V of the chunk until its queries ran
   int proj_stride_ = 0, o_stride_ = 0;
+  // logits_rows' pinned host rows [lrows_][V] and argmax ids (allocated at first use).
+  float* logits_host_ = nullptr;
+  int* best_host_ = nullptr;
+  int* best_dev_ = nullptr;
   void* args_host_ = nullptr;  // pinned
   void* args_dev_ = nullptr;
   size_t args_n_ = 0;
