@@ -12,8 +12,9 @@
 #pragma once
 #include "backend/cuda/gguf_blocks.cuh"
 
-// Loop unrolling for nvcc; nothing for the host compiler (the tests).
-#ifdef __CUDACC__
+// Loop unrolling in device code; nothing in host code (the tests, nvcc's
+// host pass), whose compiler does not know the pragma.
+#ifdef __CUDA_ARCH__
 #define FM_UNROLL _Pragma("unroll")
 #define FM_UNROLL4 _Pragma("unroll 4")
 #else
