@@ -13,10 +13,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 F=/tmp/gguf35b/q4_k_m.gguf
 for b in build/flashmoe build/flashmoe_tests; do [ -x $b ] || { echo "FAIL: $b not built"; exit 1; }; done
-if timeout 40 ./build/flashmoe_tests --gtest_brief=1 --gtest_filter='CudaGgufOps.*:CudaGgufModel.*:BlockQuant.*' 2>&1 | tail -25; then
+# The suites are parameterised (Kinds/CudaGgufOps.*): match them with *...*.
+T=$(timeout 40 ./build/flashmoe_tests --gtest_brief=1 --gtest_filter='*CudaGgufOps*:*CudaGgufModel*:*BlockQuant*' 2>&1)
+rc=$?
+echo "$T" | tail -25
+if [ $rc -eq 0 ] && echo "$T" | grep -qE "PASSED.* [1-9][0-9]* test" && ! echo "$T" | grep -q "SKIPPED"; then
   echo "PASS: CudaGgufOps / CudaGgufModel / BlockQuant"
 else
-  echo "FAIL: CudaGgufOps / CudaGgufModel / BlockQuant (see above)"
+  echo "FAIL: CudaGgufOps / CudaGgufModel / BlockQuant (rc $rc, see above; skipped = no GPU or fixtures)"
 fi
 [ -f $F ] || { echo "FAIL: $F missing (gpu-tasks/gguf-35b.sh writes it)"; exit 1; }
 echo "== flashmoe bench -m $F --device cuda -p 512 -n 128 -r 2"
