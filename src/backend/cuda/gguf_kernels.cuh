@@ -1,26 +1,24 @@
 // The decode step's kernels for weights in GGUF block formats (GMat,
 // gguf_blocks.cuh): the matrix-vector product, the embedding row, and the
 // routed experts (each expert's gate/up and down blocks as the file stores
-// them). A lane takes 8 columns at a time: it reads the bytes of those 8
-// weights and their block's scales, expands them in registers and
-// multiplies with x staged in shared memory. The kind of a row is looked up
-// per row (a uniform branch: all lanes of a warp share the row).
+// them). A warp takes a row: Q4_K / Q6_K rows a whole block per warp
+// iteration with coalesced loads (gguf_warp_dot.cuh), the other kinds 8
+// columns a lane. The kind of a row is looked up per row (a uniform branch:
+// all lanes of a warp share the row).
 #pragma once
 #include "backend/cuda/experts.cuh"
 #include "backend/cuda/gguf_blocks.cuh"
+#include "backend/cuda/gguf_warp_dot.cuh"
 
 namespace flashmoe::cuda {
 
-// One warp's partial dot of a GGUF row (cols columns, kind k) with xs.
-__device__ __forceinline__ float grow_dot(int k, const uint8_t* row, const float* xs, int cols, int lane) {
-  float acc = 0.f;
-  for (int c = lane * 8; c < cols; c += 32 * 8) {
-    float w[8];
-    gguf_weights8(k, row, c, w);
-    const float4 a = *reinterpret_cast<const float4*>(xs + c), b = *reinterpret_cast<const float4*>(xs + c + 4);
-    acc += ((w[0] * a.x + w[1] * a.y) + (w[2] * a.z + w[3] * a.w)) + ((w[4] * b.x + w[5] * b.y) + (w[6] * b.z + w[7] * b.w));
-  }
-  return acc;
+// Whether every part of g is of a kind read a block per warp iteration
+// (Q4_K, Q6_K); the expert kernels then give each row's blocks to the whole
+// warp instead of spreading 8-column pieces of several rows over the lanes.
+__device__ __forceinline__ bool gmat_blockwise(const GMat& g) {
+  for (int i = 0; i < g.n; ++i)
+    if (g.kind[i] != GQ_Q4_K && g.kind[i] != GQ_Q6_K) return false;
+  return g.n > 0;
 }
 
 // y[r] (+)= W[r,:] . norm(x) (norm skipped when nw is null): one warp per
@@ -40,7 +38,7 @@ static __global__ void __launch_bounds__(kThreads) gmatvec_kernel(const void* __
   for (int r = blockIdx.x * kWarps + warp; r < rows; r += gridDim.x * kWarps) {
     int k;
     const uint8_t* row = gmat_row(g, W, cols, r, k);
-    const float d = warp_sum(grow_dot(k, row, xs, cols, lane));
+    const float d = warp_sum(gguf_lane_row_dot(k, row, xs, cols, lane));
     if (lane == 0) y[r] = accumulate ? y[r] + d : d;
   }
 }
@@ -97,10 +95,17 @@ static __global__ void __launch_bounds__(kThreads) ggate_up_kernel(MoeArgs a, GE
   const void* B = shared ? a.s_gu : (a.sel ? a.sel[j] : a.gu_tab[a.ids[j]]);
   const GMat& g = shared ? ge.sgu : ge.gu;
   const int P = a.H / 8;  // 8-column pieces per row
+  const bool blockwise = gmat_blockwise(g);
   for (int r = blockIdx.x * kWarps + warp; r < I; r += gridDim.x * kWarps) {
     int kg, ku;
     const uint8_t* gr = gmat_row(g, B, a.H, r, kg);
     const uint8_t* ur = gmat_row(g, B, a.H, I + r, ku);
+    if (blockwise) {
+      const float gv = warp_sum(gguf_lane_row_dot(kg, gr, xs, a.H, lane));
+      const float uv = warp_sum(gguf_lane_row_dot(ku, ur, xs, a.H, lane));
+      if (lane == 0) a.hb[j * a.maxI + r] = siluf_(gv) * uv;
+      continue;
+    }
     // The gate row's pieces then the up row's, spread over the lanes together.
     float gv = 0.f, uv = 0.f;
     for (int idx = lane; idx < 2 * P; idx += 32) {
@@ -132,27 +137,36 @@ static __global__ void __launch_bounds__(kThreads) gdown_kernel(MoeArgs a, GExpe
   if (int(threadIdx.x) == k && a.has_shared) ptr[k] = a.s_down;
   if (int(threadIdx.x) < k + (a.has_shared ? 1 : 0)) wj[threadIdx.x] = a.w[threadIdx.x];
   __syncthreads();
-  // The routed slots' pieces (k * I / 8 of them) spread over the lanes
-  // together (an expert row of few columns would leave lanes idle), then the
-  // shared expert's row.
+  // Q4_K / Q6_K: each routed slot's row a block per warp iteration.
+  // Otherwise the routed slots' pieces (k * I / 8 of them) spread over the
+  // lanes together (an expert row of few columns would leave lanes idle).
+  // Then the shared expert's row.
   const int P = a.I / 8, n = k * P;
+  const bool blockwise = gmat_blockwise(ge.dn);
   for (int r = blockIdx.x * kWarps + warp; r < a.H; r += gridDim.x * kWarps) {
     float acc = 0.f;
-    for (int idx = lane; idx < n; idx += 32) {
-      const int s = idx / P, c = (idx - s * P) * 8;
-      int kd;
-      const uint8_t* row = gmat_row(ge.dn, ptr[s], a.I, r, kd);
-      float w[8];
-      gguf_weights8(kd, row, c, w);
-      const float* h = a.hb + s * a.maxI + c;
-      const float4 x0 = *reinterpret_cast<const float4*>(h), x1 = *reinterpret_cast<const float4*>(h + 4);
-      acc += wj[s] * (((w[0] * x0.x + w[1] * x0.y) + (w[2] * x0.z + w[3] * x0.w)) +
-                      ((w[4] * x1.x + w[5] * x1.y) + (w[6] * x1.z + w[7] * x1.w)));
-    }
+    if (blockwise)
+      for (int s = 0; s < k; ++s) {
+        int kd;
+        const uint8_t* row = gmat_row(ge.dn, ptr[s], a.I, r, kd);
+        acc += wj[s] * gguf_lane_row_dot(kd, row, a.hb + s * a.maxI, a.I, lane);
+      }
+    else
+      for (int idx = lane; idx < n; idx += 32) {
+        const int s = idx / P, c = (idx - s * P) * 8;
+        int kd;
+        const uint8_t* row = gmat_row(ge.dn, ptr[s], a.I, r, kd);
+        float w[8];
+        gguf_weights8(kd, row, c, w);
+        const float* h = a.hb + s * a.maxI + c;
+        const float4 x0 = *reinterpret_cast<const float4*>(h), x1 = *reinterpret_cast<const float4*>(h + 4);
+        acc += wj[s] * (((w[0] * x0.x + w[1] * x0.y) + (w[2] * x0.z + w[3] * x0.w)) +
+                        ((w[4] * x1.x + w[5] * x1.y) + (w[6] * x1.z + w[7] * x1.w)));
+      }
     if (a.has_shared) {
       int kd;
       const uint8_t* row = gmat_row(ge.sdn, ptr[k], a.Is, r, kd);
-      acc += wj[k] * grow_dot(kd, row, a.hb + k * a.maxI, a.Is, lane);
+      acc += wj[k] * gguf_lane_row_dot(kd, row, a.hb + k * a.maxI, a.Is, lane);
     }
     acc = warp_sum(acc);
     if (lane == 0) a.x[r] += acc;

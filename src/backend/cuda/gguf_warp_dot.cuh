@@ -1,0 +1,177 @@
+// A warp's dot product of one GGUF row with x, one whole block per warp
+// iteration for the kinds that dominate a Q4_K_M file (Q4_K, Q6_K), so each
+// load instruction of the warp reads one contiguous run of the block
+// (Q4_K: the 128 nibble bytes in one 128-byte load, 4 bytes a lane; Q6_K:
+// ql/qh in 64-byte runs, 2 bytes a lane) and each lane decodes its scales
+// once per block. The 8-column reader (gguf_weights8: a lane reads 8
+// consecutive weights, lanes of a warp scattered over the row's blocks) is
+// kept for the other kinds and for rows not aligned for these loads.
+// Weights are exactly gguf_weights8's values (same arithmetic); only the
+// summation order differs. Host-callable: tests/gguf_blocks_test.cpp runs
+// the 32 lanes on the CPU against the block kernels' row products.
+#pragma once
+#include "backend/cuda/gguf_blocks.cuh"
+
+// Loop unrolling in device code; nothing in host code (the tests, nvcc's
+// host pass), whose compiler does not know the pragma.
+#ifdef __CUDA_ARCH__
+#define FM_UNROLL _Pragma("unroll")
+#define FM_UNROLL4 _Pragma("unroll 4")
+#else
+#define FM_UNROLL
+#define FM_UNROLL4
+#endif
+
+namespace flashmoe::cuda {
+
+FM_HD uint32_t gguf_load_u32(const uint8_t* p) {  // p 4-byte aligned
+#ifdef __CUDA_ARCH__
+  return *reinterpret_cast<const uint32_t*>(p);
+#else
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+#endif
+}
+FM_HD uint32_t gguf_load_u16(const uint8_t* p) {  // p 2-byte aligned
+#ifdef __CUDA_ARCH__
+  return *reinterpret_cast<const uint16_t*>(p);
+#else
+  return uint32_t(p[0]) | (uint32_t(p[1]) << 8);
+#endif
+}
+
+// gguf_k_scale_min from the 12 scale bytes as three little-endian words
+// s0 = bytes 0..3, s1 = 4..7, s2 = 8..11 (shifts, no byte indexing: the
+// words stay in registers).
+FM_HD void gguf_k_scale_min_words(int j, uint32_t s0, uint32_t s1, uint32_t s2, int& sc, int& mn) {
+  const int sh = 8 * (j & 3);
+  if (j < 4) {
+    sc = int((s0 >> sh) & 63);
+    mn = int((s1 >> sh) & 63);
+  } else {
+    sc = int(((s2 >> sh) & 0xF) | (((s0 >> sh) >> 6 & 3) << 4));
+    mn = int(((s2 >> sh) >> 4 & 0xF) | (((s1 >> sh) >> 6 & 3) << 4));
+  }
+}
+
+// f16 bits (low 16 bits of h) -> f32, as gguf_half.
+FM_HD float gguf_half_bits(uint32_t h) {
+  const uint8_t p[2] = {uint8_t(h), uint8_t(h >> 8)};
+  return gguf_half(p);
+}
+
+// Lane `lane`'s share of the dot of one Q4_K block b (256 weights, x at the
+// block's first column): its 4 nibble bytes at 16 + 32g + j (g = lane / 8,
+// j = 4 * (lane % 8)) hold weights 64g + j .. +3 (low nibbles, sub-block
+// 2g) and 64g + 32 + j .. +3 (high nibbles, sub-block 2g + 1). Lanes 8g ..
+// 8g + 7 read x at 8 consecutive float4s: no shared-memory bank conflicts.
+FM_HD float gguf_q4k_lane_dot(const uint8_t* b, const float* x, int lane) {
+  const int g = lane >> 3, j = (lane & 7) * 4;
+  // The block's first 16 bytes (d, dmin, the 12 scale/min bytes) in one
+  // load (the same address for all lanes), its nibbles in another.
+  uint32_t hd[4];
+#ifdef __CUDA_ARCH__
+  const uint4 v = *reinterpret_cast<const uint4*>(b);
+  hd[0] = v.x, hd[1] = v.y, hd[2] = v.z, hd[3] = v.w;
+#else
+  std::memcpy(hd, b, 16);
+#endif
+  const uint32_t q = gguf_load_u32(b + 16 + 32 * g + j);
+  int sc0, mn0, sc1, mn1;
+  gguf_k_scale_min_words(2 * g, hd[1], hd[2], hd[3], sc0, mn0);
+  gguf_k_scale_min_words(2 * g + 1, hd[1], hd[2], hd[3], sc1, mn1);
+  const float d = gguf_half_bits(hd[0] & 0xFFFF), dm = gguf_half_bits(hd[0] >> 16);
+  const float d0 = d * float(sc0), m0 = dm * float(mn0), d1 = d * float(sc1), m1 = dm * float(mn1);
+  const float* x0 = x + 64 * g + j;
+  const float* x1 = x0 + 32;
+  float acc = 0.f;
+#ifdef __CUDA_ARCH__
+  const float4 a = *reinterpret_cast<const float4*>(x0), c = *reinterpret_cast<const float4*>(x1);
+  const float xa[4] = {a.x, a.y, a.z, a.w}, xc[4] = {c.x, c.y, c.z, c.w};
+#else
+  const float* xa = x0;
+  const float* xc = x1;
+#endif
+FM_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t byte = (q >> (8 * i)) & 0xFF;
+    acc += (d0 * float(byte & 0xF) - m0) * xa[i];
+    acc += (d1 * float(byte >> 4) - m1) * xc[i];
+  }
+  return acc;
+}
+
+// Lane `lane`'s share of the dot of one Q6_K block b (210 bytes: ql 128, qh
+// 64, 16 int8 scales, d): half h = lane / 16 (128 weights), positions l =
+// 2 * (lane % 16) .. +1, each giving the 4 weights l, l + 32, l + 64, l + 96
+// of the half from ql[l], ql[l + 32] and qh[l] (2-byte loads: a block is
+// only 2-byte aligned).
+FM_HD float gguf_q6k_lane_dot(const uint8_t* b, const float* x, int lane) {
+  const int h = lane >> 4, l = (lane & 15) * 2;
+  const uint32_t lo = gguf_load_u16(b + 64 * h + l), hi = gguf_load_u16(b + 64 * h + 32 + l);
+  const uint32_t qh = gguf_load_u16(b + 128 + 32 * h + l);
+  const float d = gguf_half(b + 208);
+  const uint8_t* sc = b + 192 + 8 * h + l / 16;
+  const float s[4] = {d * float(int8_t(sc[0])), d * float(int8_t(sc[2])), d * float(int8_t(sc[4])),
+                      d * float(int8_t(sc[6]))};
+  const float* xh = x + 128 * h + l;
+  float xv[2][4];  // xv[i][u] = x at l + i + 32u of the half
+FM_UNROLL
+  for (int u = 0; u < 4; ++u) {
+#ifdef __CUDA_ARCH__
+    const float2 t = *reinterpret_cast<const float2*>(xh + 32 * u);
+    xv[0][u] = t.x, xv[1][u] = t.y;
+#else
+    xv[0][u] = xh[32 * u], xv[1][u] = xh[32 * u + 1];
+#endif
+  }
+  float acc = 0.f;
+FM_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t a = (lo >> (8 * i)) & 0xFF, c = (hi >> (8 * i)) & 0xFF, e = (qh >> (8 * i)) & 0xFF;
+    const int q[4] = {int((a & 0xF) | ((e & 3) << 4)) - 32, int((c & 0xF) | (((e >> 2) & 3) << 4)) - 32,
+                      int((a >> 4) | (((e >> 4) & 3) << 4)) - 32, int((c >> 4) | (((e >> 6) & 3) << 4)) - 32};
+FM_UNROLL
+    for (int u = 0; u < 4; ++u) acc += (s[u] * float(q[u])) * xv[i][u];
+  }
+  return acc;
+}
+
+// Whether gguf_lane_row_dot reads rows of kind k at row a block per warp
+// iteration (the kind has a block reader and row is aligned for its loads:
+// Q4_K 16 bytes, as upload.cu places every part; Q6_K 2 bytes).
+FM_HD bool gguf_block_per_warp(int k, const uint8_t* row) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(row);
+  return (k == GQ_Q4_K && (a & 15) == 0) || (k == GQ_Q6_K && (a & 1) == 0);
+}
+
+// Lane `lane`'s share of row . x (cols columns, kind k); the warp's shares
+// sum to the dot. x: cols floats, 16-byte aligned.
+FM_HD float gguf_lane_row_dot(int k, const uint8_t* row, const float* x, int cols, int lane) {
+  float acc = 0.f;
+  if (gguf_block_per_warp(k, row)) {
+    const int nb = cols / 256;
+    if (k == GQ_Q4_K) {
+FM_UNROLL4
+      for (int i = 0; i < nb; ++i) acc += gguf_q4k_lane_dot(row + size_t(i) * 144, x + 256 * i, lane);
+    } else {
+FM_UNROLL4
+      for (int i = 0; i < nb; ++i) acc += gguf_q6k_lane_dot(row + size_t(i) * 210, x + 256 * i, lane);
+    }
+    return acc;
+  }
+  for (int c = lane * 8; c < cols; c += 32 * 8) {
+    float w[8];
+    gguf_weights8(k, row, c, w);
+#ifdef __CUDA_ARCH__
+    const float4 a = *reinterpret_cast<const float4*>(x + c), b = *reinterpret_cast<const float4*>(x + c + 4);
+    acc += ((w[0] * a.x + w[1] * a.y) + (w[2] * a.z + w[3] * a.w)) + ((w[4] * b.x + w[5] * b.y) + (w[6] * b.z + w[7] * b.w));
+#else
+    for (int i = 0; i < 8; ++i) acc += w[i] * x[c + i];
+#endif
+  }
+  return acc;
+}
+
+}  // namespace flashmoe::cuda
