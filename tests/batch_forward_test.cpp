@@ -13,6 +13,8 @@
 #include "engine/session.h"
 #include "test_util.h"
 
+namespace batch_forward_test {
+
 using namespace flashmoe;
 using namespace flashmoe::test;
 
@@ -201,3 +203,5 @@ TEST(BatchForwardErrors, RefusesABadIdAndARepeatedStateBeforeTouchingAnyState) {
 }
 
 }  // namespace
+
+}  // namespace batch_forward_test

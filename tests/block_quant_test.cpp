@@ -12,6 +12,8 @@
 #include "core/dtype.h"
 #include "core/matrix_rows.h"
 
+namespace block_quant_test {
+
 using namespace flashmoe;
 
 namespace {
@@ -170,3 +172,5 @@ INSTANTIATE_TEST_SUITE_P(Kinds, BlockQuant,
                          [](const auto& info) { return std::string(quant_name(info.param)); });
 
 }  // namespace
+
+}  // namespace block_quant_test

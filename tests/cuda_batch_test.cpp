@@ -17,6 +17,8 @@
 #include "backend/cuda/cuda_model.h"
 #include "runtime/cuda_backend_impl.h"
 
+namespace cuda_batch_test {
+
 using namespace flashmoe;
 using namespace flashmoe::test;
 
@@ -373,3 +375,5 @@ TEST(CudaBatchBench, DISABLED_DecodeThroughputAt35b) {
     }
   }
 }
+
+}  // namespace cuda_batch_test

@@ -25,6 +25,8 @@
 #include "core/dtype.h"
 #include "test_util.h"
 
+namespace cuda_ops_test {
+
 using namespace flashmoe;
 
 namespace {
@@ -390,3 +392,5 @@ TEST(CudaOps, Fp8MatvecMatchesCpu) {
 }
 
 }  // namespace
+
+}  // namespace cuda_ops_test

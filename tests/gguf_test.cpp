@@ -18,6 +18,8 @@
 #include "test_util.h"
 #include "tokenizer/gguf_tokenizer.h"
 
+namespace gguf_test {
+
 using namespace flashmoe;
 using namespace flashmoe::test;
 
@@ -359,3 +361,5 @@ TEST(GgufGreedy, Bf16MatchesLlamaCpp) {
 }
 
 }  // namespace
+
+}  // namespace gguf_test
