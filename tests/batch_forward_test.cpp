@@ -13,6 +13,8 @@
 #include "engine/session.h"
 #include "test_util.h"
 
+namespace batch_forward_test {
+
 using namespace flashmoe;
 using namespace flashmoe::test;
 
@@ -233,3 +235,5 @@ TEST(BatchForwardErrors, ArgmaxAloneOrBesideTheLogitsIsTheLogitsArgmax) {
 }
 
 }  // namespace
+
+}  // namespace batch_forward_test

@@ -17,6 +17,8 @@
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
+namespace batch_scheduler_test {
+
 using namespace flashmoe;
 using namespace flashmoe::test;
 using Clock = std::chrono::steady_clock;
@@ -185,3 +187,5 @@ TEST(BatchScheduler, BadIdFailsOnlyItsOwnRequest) {
 }
 
 }  // namespace
+
+}  // namespace batch_scheduler_test

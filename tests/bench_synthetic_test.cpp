@@ -13,6 +13,8 @@
 #include "runtime/cpu_backend.h"
 #include "test_util.h"
 
+namespace bench_synthetic_test {
+
 using namespace flashmoe;
 using namespace flashmoe::test;
 
@@ -179,3 +181,5 @@ TEST(BenchSynthetic, BandwidthRunReportsDramReadSpeed) {
 }
 
 }  // namespace
+
+}  // namespace bench_synthetic_test

@@ -17,6 +17,8 @@
 #include "core/error.h"
 #include "core/matrix_rows.h"
 
+namespace block_quant_test {
+
 using namespace flashmoe;
 
 namespace {
@@ -324,3 +326,5 @@ INSTANTIATE_TEST_SUITE_P(Kinds, BlockQuant,
                          [](const auto& info) { return std::string(quant_name(info.param)); });
 
 }  // namespace
+
+}  // namespace block_quant_test

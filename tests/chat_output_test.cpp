@@ -12,6 +12,8 @@
 #include "server/chat_output.h"
 #include "tokenizer/chat_template.h"
 
+namespace chat_output_test {
+
 using namespace flashmoe;
 using namespace flashmoe::server;
 using ojson = nlohmann::ordered_json;
@@ -190,3 +192,5 @@ TEST(ChatOutput, TemplatesRenderToolTurnsAndCallsParseBack) {
   EXPECT_EQ(rows, 16);
   EXPECT_EQ(calls_checked, 12);
 }
+
+}  // namespace chat_output_test

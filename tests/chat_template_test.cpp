@@ -9,6 +9,8 @@
 #include "core/error.h"
 #include "tokenizer/chat_template.h"
 
+namespace chat_template_test {
+
 using namespace flashmoe;
 using ojson = nlohmann::ordered_json;
 
@@ -142,3 +144,5 @@ TEST(ChatTemplate, Qwen3WithToolsMatchesJinja2) {
   const ojson want = ojson::parse(R"("<|im_start|>system\nS\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get\", \"description\": \"Get it\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")");
   EXPECT_EQ(tmpl.render(msgs, true, false, tools), want.get<std::string>());
 }
+
+}  // namespace chat_template_test

@@ -9,6 +9,8 @@
 #include "format/safetensors.h"
 #include "test_util.h"
 
+namespace cli_errors_test {
+
 using namespace flashmoe;
 using namespace flashmoe::test;
 
@@ -318,3 +320,5 @@ TEST(Cli, GeneratePrintsGreedyIds) {
 }
 
 }  // namespace
+
+}  // namespace cli_errors_test

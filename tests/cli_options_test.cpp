@@ -14,6 +14,8 @@
 
 #include "test_util.h"
 
+namespace cli_options_test {
+
 using namespace flashmoe::test;
 
 namespace {
@@ -257,3 +259,5 @@ TEST(CliOptions, BenchPeakMemoryIsTheModelsNotTheBandwidthProbes) {
 }
 
 }  // namespace
+
+}  // namespace cli_options_test

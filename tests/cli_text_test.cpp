@@ -6,6 +6,8 @@
 
 #include "test_util.h"
 
+namespace cli_text_test {
+
 using namespace flashmoe::test;
 
 namespace {
@@ -136,3 +138,5 @@ TEST(CliChat, ResetStartsOver) {
 }
 
 }  // namespace
+
+}  // namespace cli_text_test

@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+namespace cli_tokenize_test {
+
 using ojson = nlohmann::ordered_json;
 
 namespace {
@@ -128,3 +130,5 @@ TEST(CliTokenize, UnknownFlagAndMissingModelFail) {
   EXPECT_EQ(c.rc, 1);
   EXPECT_NE(c.err.find("line 1"), std::string::npos) << c.err;
 }
+
+}  // namespace cli_tokenize_test

@@ -10,6 +10,8 @@
 
 #include "test_util.h"
 
+namespace cpu_threads_test {
+
 using namespace flashmoe;
 using namespace flashmoe::test;
 
@@ -45,3 +47,5 @@ TEST(CpuThreads, PromptAndDecodeLogitsBitIdenticalAtOneTwoAndThreeThreads) {
         << "decode logits at " << threads << " threads differ from 1 thread";
   }
 }
+
+}  // namespace cpu_threads_test

@@ -17,6 +17,8 @@
 #include "backend/cuda/cuda_model.h"
 #include "runtime/cuda_backend_impl.h"
 
+namespace cuda_batch_test {
+
 using namespace flashmoe;
 using namespace flashmoe::test;
 
@@ -416,3 +418,5 @@ TEST(CudaBatchBench, DISABLED_DecodeThroughputAt35b) {
   cuda_set_batch_experts(dev, Path::Auto);
   cuda_set_batch_graph(dev, false);
 }
+
+}  // namespace cuda_batch_test

@@ -14,6 +14,8 @@
 #include "format/model_files.h"
 #include "test_util.h"
 
+namespace cuda_device_test {
+
 using namespace flashmoe;
 using namespace flashmoe::test;
 
@@ -152,3 +154,5 @@ TEST(CudaEval, CliOnTheGpuMatchesTheCpu) {
 }
 
 }  // namespace
+
+}  // namespace cuda_device_test

@@ -16,6 +16,8 @@
 #include "model/pack_model.h"
 #include "test_util.h"
 
+namespace cuda_fp8_test {
+
 using namespace flashmoe;
 using namespace flashmoe::test;
 
@@ -120,3 +122,5 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFp8,
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
+
+}  // namespace cuda_fp8_test

@@ -21,6 +21,8 @@
 #include "engine/session.h"
 #include "test_util.h"
 
+namespace cuda_gguf_test {
+
 using namespace flashmoe;
 using namespace flashmoe::test;
 
@@ -165,3 +167,5 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGgufModel,
                          });
 
 }  // namespace
+
+}  // namespace cuda_gguf_test

@@ -9,6 +9,8 @@
 #include "model/pack_model.h"
 #include "test_util.h"
 
+namespace cuda_moe_top_k_test {
+
 using namespace flashmoe;
 using namespace flashmoe::test;
 
@@ -57,3 +59,5 @@ TEST(CudaMoeTopK, Q4ExpertsAtFewerExpertsMatchCpu) {
 }
 
 }  // namespace
+
+}  // namespace cuda_moe_top_k_test

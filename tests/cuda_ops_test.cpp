@@ -26,6 +26,8 @@
 #include "core/dtype.h"
 #include "test_util.h"
 
+namespace cuda_ops_test {
+
 using namespace flashmoe;
 
 namespace {
@@ -464,3 +466,5 @@ TEST(CudaOps, FewRowsExpertsMatchCpu) {
                                          << ", k " << c.k << ", T " << c.T;
   }
 }
+
+}  // namespace cuda_ops_test

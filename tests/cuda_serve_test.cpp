@@ -7,6 +7,8 @@
 #include "server_process.h"
 #include "test_util.h"
 
+namespace cuda_serve_test {
+
 using namespace flashmoe::test::serve;
 using flashmoe::CudaModel;
 using flashmoe::test::ScopedEnv;
@@ -123,3 +125,5 @@ TEST(CudaServe, AutoServesOnTheGpu) {
 }
 
 }  // namespace
+
+}  // namespace cuda_serve_test

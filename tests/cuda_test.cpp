@@ -13,6 +13,8 @@
 #include "mlx_checkpoint.h"
 #include "test_util.h"
 
+namespace cuda_test {
+
 using namespace flashmoe;
 using namespace flashmoe::test;
 
@@ -694,7 +696,9 @@ TEST(CudaTiers, SameLogitsAndCountersAtEveryCacheSize) {
     EXPECT_EQ(t.vram_hits + t.host_hits, tokens * uint64_t(k) * uint64_t(moe)) << "cache " << frac;
     EXPECT_GT(t.host_hits, 0u) << "cache " << frac;
     // The prompts chose at least E experts per layer: their host experts were copied to VRAM at once.
-    if (ids.ids.size() * size_t(k) >= size_t(E)) EXPECT_GT(t.staged_layers, 0u) << "cache " << frac;
+    if (ids.ids.size() * size_t(k) >= size_t(E)) {
+      EXPECT_GT(t.staged_layers, 0u) << "cache " << frac;
+    }
     if (frac == 0.0) {
       EXPECT_EQ(t.vram_hits, 0u);
       EXPECT_EQ(t.promotions, 0u);
@@ -786,3 +790,5 @@ TEST(CudaCli, UnknownDeviceIsAnError) {
 }
 
 }  // namespace
+
+}  // namespace cuda_test

@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <thread>
 
+namespace device_cli_test {
+
 using namespace flashmoe;
 using namespace flashmoe::test;
 
@@ -177,3 +179,5 @@ TEST(FifoMutex, ExcludesAndServesEveryone) {
 }
 
 }  // namespace
+
+}  // namespace device_cli_test

@@ -4,6 +4,8 @@
 
 #include "core/dtype.h"
 
+namespace dtype_test {
+
 using namespace flashmoe;
 
 TEST(DType, Bf16RoundTripAndRounding) {
@@ -28,3 +30,5 @@ TEST(DType, F16AllCodesRoundTrip) {
   EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -25)), 0x0000);  // tie to even: zero
   EXPECT_EQ(f32_to_f16(std::ldexp(1.5f, -25)), 0x0001);
 }
+
+}  // namespace dtype_test

@@ -13,7 +13,7 @@
 #include "kv/memory_calc.h"
 #include "test_util.h"
 
-namespace flashmoe {
+namespace flashmoe::eval_test {
 namespace {
 
 using test::source_path;
@@ -305,4 +305,4 @@ TEST(EvalCli, Errors) {
 }
 
 }  // namespace
-}  // namespace flashmoe
+}  // namespace flashmoe::eval_test

@@ -7,7 +7,9 @@
 
 #include "experts_test_util.h"
 
-using namespace flashmoe::testing;
+namespace experts_cli_test {
+
+using namespace flashmoe::test;
 
 namespace {
 
@@ -46,3 +48,5 @@ TEST(ExpertsCli, PackThenStreamWithStats) {
   EXPECT_EQ(run(bin + " generate -m " + packed + " --ids 1 --max-memory 0.001", &out), 1);
   EXPECT_NE(out.find("cannot fit"), std::string::npos) << out;
 }
+
+}  // namespace experts_cli_test

@@ -2,6 +2,8 @@
 // quantised formats stay close, and MLX-layout checkpoints load directly.
 #include <gtest/gtest.h>
 
+#include <dirent.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -17,11 +19,10 @@
 #include "model/pack_model.h"
 #include "test_util.h"
 
+namespace experts_pack_test {
+
 using namespace flashmoe;
-using namespace flashmoe::testing;
-using flashmoe::test::mean_kl;
-using flashmoe::test::mlx_all_linear;
-using flashmoe::test::write_mlx;
+using namespace flashmoe::test;
 
 namespace {
 
@@ -58,7 +59,7 @@ TEST(ExpertsPack, PackIsAtomicAndRefusesExistingOutput) {
   EXPECT_TRUE(is_packed_dir(out));
   // Nothing but the finished directory is left next to it.
   int entries = 0;
-  if (DIR* d = ::opendir(tmp.path().c_str())) {
+  if (DIR* d = ::opendir(tmp.path.c_str())) {
     while (dirent* e = ::readdir(d)) entries += std::string(e->d_name)[0] != '.';
     ::closedir(d);
   }
@@ -169,3 +170,5 @@ TEST(ExpertsPack, MlxAllLinearQuantisedCoderMiniStaysClose) {
   // And it packs like any other checkpoint.
   EXPECT_NO_THROW(pack_model(tmp / "mlx-all", tmp / "mlx-all-packed", PackOptions{}));
 }
+
+}  // namespace experts_pack_test

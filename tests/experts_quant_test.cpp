@@ -13,6 +13,8 @@
 #include "experts/quantize.h"
 #include "experts_test_util.h"
 
+namespace experts_quant_test {
+
 using namespace flashmoe;
 
 namespace {
@@ -123,3 +125,5 @@ TEST(ExpertsQuant, RejectsGroupThatDoesNotDivide) {
   std::vector<float> w(100, 1.0f);
   EXPECT_THROW(quantize_matrix(f32_view(w, 1, 100), QuantKind::Q4, 64), flashmoe::Error);
 }
+
+}  // namespace experts_quant_test

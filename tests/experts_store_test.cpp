@@ -13,8 +13,10 @@
 #include "experts_test_util.h"
 #include "model/pack_model.h"
 
+namespace experts_store_test {
+
 using namespace flashmoe;
-using namespace flashmoe::testing;
+using namespace flashmoe::test;
 
 namespace {
 
@@ -230,3 +232,5 @@ TEST(ExpertsStore, StreamingAnUnpackedModelIsRefused) {
   std::string err = error_of([&] { QwenModel::load(source_path(std::string(kTiny) + "/model"), o); });
   EXPECT_NE(err.find("flashmoe pack"), std::string::npos) << err;
 }
+
+}  // namespace experts_store_test

@@ -1,9 +1,5 @@
-// Shared helpers of the experts_* tests: unique temp dirs and running a model.
+// Shared helpers of the experts_* tests: reference ids and running a model.
 #pragma once
-#include <dirent.h>
-#include <stdlib.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <string>
 #include <vector>
@@ -14,39 +10,7 @@
 #include "model/qwen_model.h"
 #include "test_util.h"
 
-namespace flashmoe::testing {
-
-inline std::string source_path(const std::string& rel) { return std::string(FLASHMOE_SOURCE_DIR) + "/" + rel; }
-
-// A fresh directory under /tmp, removed (recursively) on destruction.
-class TempDir {
- public:
-  TempDir() {
-    char t[] = "/tmp/flashmoe-test-XXXXXX";
-    path_ = ::mkdtemp(t);
-  }
-  ~TempDir() { remove(path_); }
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
-  static void remove(const std::string& p) {
-    if (DIR* d = ::opendir(p.c_str())) {
-      while (dirent* e = ::readdir(d)) {
-        std::string n = e->d_name;
-        if (n == "." || n == "..") continue;
-        struct stat st;
-        std::string c = p + "/" + n;
-        if (::lstat(c.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) remove(c);
-        else ::unlink(c.c_str());
-      }
-      ::closedir(d);
-    }
-    ::rmdir(p.c_str());
-  }
-
- private:
-  std::string path_;
-};
+namespace flashmoe::test {
 
 inline std::vector<int32_t> reference_ids(const std::string& ref_file, const std::string& tensor, size_t max_n = 0) {
   SafetensorsFile f(ref_file);
@@ -62,8 +26,8 @@ inline std::vector<float> run_logits(const std::string& dir, const std::vector<i
                                      const ExpertOptions& opt = {}) {
   auto model = QwenModel::load(dir, opt);
   ThreadPool pool(2);
-  Session s(test::cpu_of(*model), KvConfig{}, pool);
+  Session s(cpu_of(*model), KvConfig{}, pool);
   return s.feed_all(ids);
 }
 
-}  // namespace flashmoe::testing
+}  // namespace flashmoe::test

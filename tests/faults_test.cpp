@@ -28,6 +28,8 @@
 #include "server_process.h"
 #include "test_util.h"
 
+namespace faults_test {
+
 using namespace flashmoe;
 using namespace flashmoe::test;
 namespace fs = std::filesystem;
@@ -481,3 +483,5 @@ TEST(Faults, LogitsOutputUnwritable) {
   expect_clean_failure(ch.wait(), ch.err(), {"cannot write " + t.path + "/l.safetensors", "File too large"});
   EXPECT_TRUE(fs::is_empty(t.path));
 }
+
+}  // namespace faults_test

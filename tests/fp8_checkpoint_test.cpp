@@ -16,11 +16,13 @@
 #include "kv/fp8_e4m3.h"
 #include "model/pack_model.h"
 
+namespace fp8_checkpoint_test {
+
 using namespace flashmoe;
-using flashmoe::testing::reference_ids;
-using flashmoe::testing::run_logits;
-using flashmoe::testing::source_path;
-using flashmoe::testing::TempDir;
+using flashmoe::test::reference_ids;
+using flashmoe::test::run_logits;
+using flashmoe::test::source_path;
+using flashmoe::test::TempDir;
 
 TEST(Fp8Rows, ValueOfEveryCodeMatchesTheKvCodec) {
   for (int c = 0; c < 256; ++c) {
@@ -103,7 +105,7 @@ std::string load_error(const std::string& dir) {
 // the sums differs.
 TEST(Fp8Checkpoint, LogitsMatchTheDequantisedF32Model) {
   TempDir tmp;
-  make_fp8_fixtures(source_path("tests/fixtures/tiny-qwen35moe/model"), tmp.path());
+  make_fp8_fixtures(source_path("tests/fixtures/tiny-qwen35moe/model"), tmp.path);
   if (HasFatalFailure()) return;
   Checkpoint ck(tmp / "fp8");
   const Matrix m = ck.matrix("layers.0.mlp.experts.0.gate_proj.weight", 64, 128);
@@ -156,3 +158,5 @@ TEST(Fp8Checkpoint, LogitsMatchTheDequantisedF32Model) {
             std::string::npos)
       << e;
 }
+
+}  // namespace fp8_checkpoint_test

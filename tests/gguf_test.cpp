@@ -18,6 +18,8 @@
 #include "test_util.h"
 #include "tokenizer/gguf_tokenizer.h"
 
+namespace gguf_test {
+
 using namespace flashmoe;
 using namespace flashmoe::test;
 
@@ -381,3 +383,5 @@ TEST(GgufGreedy, Bf16MatchesLlamaCpp) {
 }
 
 }  // namespace
+
+}  // namespace gguf_test

@@ -6,6 +6,8 @@
 #include "engine/session.h"
 #include "test_util.h"
 
+namespace golden_test {
+
 using namespace flashmoe;
 using namespace flashmoe::test;
 
@@ -128,3 +130,5 @@ TEST(GoldenCoderMini, PrefillThenContinueEqualsOnePrefill) {
 }
 
 }  // namespace
+
+}  // namespace golden_test

@@ -17,6 +17,8 @@
 #include "engine/token_constraint.h"
 #include "test_util.h"
 
+namespace json_output_test {
+
 using namespace flashmoe;
 using namespace flashmoe::test;
 using json = nlohmann::ordered_json;
@@ -272,3 +274,5 @@ TEST(JsonOutput, EosReleasesTextHeldForAStopString) {
   ASSERT_NO_THROW(v = json::parse(r.text)) << r.text;
   EXPECT_TRUE(v.is_object());
 }
+
+}  // namespace json_output_test

@@ -6,6 +6,8 @@
 
 #include "engine/json_schema_grammar.h"
 
+namespace json_schema_grammar_test {
+
 using namespace flashmoe;
 using json = nlohmann::ordered_json;
 
@@ -220,3 +222,5 @@ TEST(JsonSchemaGrammar, ErrorsNameTheKeyword) {
   has(schema_error(R"({"enum": []})"), "'enum' must be a non-empty array");
   has(schema_error(R"({"type": "integer", "enum": ["a"]})"), "no value of 'enum'/'const' has the schema's 'type'");
 }
+
+}  // namespace json_schema_grammar_test

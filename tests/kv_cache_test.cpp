@@ -10,6 +10,8 @@
 #include "core/error.h"
 #include "kv/kv_cache.h"
 
+namespace kv_cache_test {
+
 using namespace flashmoe;
 
 namespace {
@@ -497,3 +499,5 @@ TEST(KvConfig, RecentCountAndCapacity) {
   EXPECT_EQ(w.capacity(), 256);
   EXPECT_EQ(KvConfig{}.capacity(), 0);
 }
+
+}  // namespace kv_cache_test

@@ -9,6 +9,8 @@
 #include "kv/memory_calc.h"
 #include "kv/presets.h"
 
+namespace kv_calc_test {
+
 using namespace flashmoe;
 
 namespace {
@@ -192,7 +194,7 @@ TEST(KvCalcCli, BadOptionsGiveClearErrors) {
 // --device cuda (the CUDA kernels read K and V unrotated), before any upload.
 TEST(KvFp8RotatedCli, RunsOnTheCpuAndIsRefusedOnCuda) {
   const std::string m = std::string(FLASHMOE_SOURCE_DIR) + "/tests/fixtures/tiny-qwen35moe/model";
-  const std::string o = testing::TempDir() + "kv_fp8_rotated_logits.safetensors";
+  const std::string o = ::testing::TempDir() + "kv_fp8_rotated_logits.safetensors";
   RunResult r = run_cli("logits -m " + m + " --device cpu --kv-dtype fp8 --kv-fp8-scale rotated --ids 1,2,3 -o " + o);
   EXPECT_EQ(r.status, 0) << r.out;
   std::remove(o.c_str());
@@ -209,7 +211,7 @@ TEST(KvFp8RotatedCli, RunsOnTheCpuAndIsRefusedOnCuda) {
 // budget, then decoding) and are refused by name with --device cuda.
 TEST(KvQuestSnapKvCli, RunOnTheCpuAndAreRefusedOnCuda) {
   const std::string m = std::string(FLASHMOE_SOURCE_DIR) + "/tests/fixtures/tiny-qwen35moe/model";
-  const std::string o = testing::TempDir() + "kv_quest_logits.safetensors";
+  const std::string o = ::testing::TempDir() + "kv_quest_logits.safetensors";
   std::string ids = "1";
   for (int i = 2; i <= 40; ++i) ids += "," + std::to_string(i);
   RunResult r = run_cli("logits -m " + m + " --device cpu --kv-dtype fp8 --kv-resident 16 --kv-page 8 --ids " + ids +
@@ -231,3 +233,5 @@ TEST(KvQuestSnapKvCli, RunOnTheCpuAndAreRefusedOnCuda) {
   EXPECT_NE(r.status, 0);
   EXPECT_TRUE(has(r.out, "--kv-resident is exclusive with --kv-window")) << r.out;
 }
+
+}  // namespace kv_calc_test

@@ -16,6 +16,8 @@
 #include "kv/kv_cache.h"
 #include "kv/kv_kernels.h"
 
+namespace kv_fp8_rotated_test {
+
 using namespace flashmoe;
 
 namespace {
@@ -138,3 +140,5 @@ TEST(KvFp8Rotated, ConfigurationAndErrors) {
     EXPECT_NE(std::string(e.what()).find("position, head, rotated"), std::string::npos) << e.what();
   }
 }
+
+}  // namespace kv_fp8_rotated_test

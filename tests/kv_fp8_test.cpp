@@ -9,6 +9,8 @@
 #include "kv/kv_kernels.h"
 #include "kv/fp8_e4m3.h"
 
+namespace kv_fp8_test {
+
 using namespace flashmoe;
 using fp8::e4m3_decode;
 using fp8::e4m3_encode;
@@ -163,3 +165,5 @@ TEST(Fp8E4M3, BlockScale) {
   EXPECT_EQ(out[1], 0xf7);  // -240 = -1.875 * 2^7: sign, exponent 14, mantissa 7
   EXPECT_EQ(e4m3_decode(out[1]) * 2.0f, -480.0f);
 }
+
+}  // namespace kv_fp8_test

@@ -6,6 +6,8 @@
 #include "engine/session.h"
 #include "test_util.h"
 
+namespace kv_golden_test {
+
 using namespace flashmoe;
 using namespace flashmoe::test;
 
@@ -136,3 +138,5 @@ TEST(KvPolicies, BytesConstantOverLongGeneration) {
 }
 
 }  // namespace
+
+}  // namespace kv_golden_test

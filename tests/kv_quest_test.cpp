@@ -14,6 +14,8 @@
 #include "core/error.h"
 #include "kv/kv_cache.h"
 
+namespace kv_quest_test {
+
 using namespace flashmoe;
 
 namespace {
@@ -39,11 +41,6 @@ KvConfig quest(int64_t resident, int64_t page, QuestSelect sel = QuestSelect::He
 Slots range(int64_t a, int64_t b) {
   Slots s;
   for (int64_t i = a; i < b; ++i) s.push_back(i);
-  return s;
-}
-Slots cat(std::initializer_list<Slots> parts) {
-  Slots s;
-  for (const Slots& p : parts) s.insert(s.end(), p.begin(), p.end());
   return s;
 }
 
@@ -286,3 +283,5 @@ TEST(KvQuest, RejectsImpossibleConfigurations) {
   EXPECT_EQ(quest(256, 16).retained(4096), 4096);  // every position stays stored
   EXPECT_EQ(quest(256, 16).resident_positions(4096), 256);
 }
+
+}  // namespace kv_quest_test

@@ -11,6 +11,8 @@
 #include "core/error.h"
 #include "kv/kv_cache.h"
 
+namespace kv_snapkv_test {
+
 using namespace flashmoe;
 
 namespace {
@@ -140,3 +142,5 @@ TEST(KvSnapKv, RejectsImpossibleConfigurations) {
   EXPECT_EQ(ok.snapkv_recent(), 64);
   EXPECT_EQ(ok.retained(4096), 256);
 }
+
+}  // namespace kv_snapkv_test

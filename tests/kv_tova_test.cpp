@@ -10,6 +10,8 @@
 #include "core/error.h"
 #include "kv/kv_cache.h"
 
+namespace kv_tova_test {
+
 using namespace flashmoe;
 
 namespace {
@@ -169,3 +171,5 @@ TEST(KvTova, ConfigurationErrorsAndDescription) {
   EXPECT_EQ(c.retained(1000), 64);
   EXPECT_EQ(c.describe(), "dtype=f32 tova=64 sinks=0");
 }
+
+}  // namespace kv_tova_test

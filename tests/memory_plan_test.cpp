@@ -9,7 +9,7 @@
 #include "kv/presets.h"
 #include "runtime/memory_plan.h"
 
-namespace flashmoe {
+namespace flashmoe::memory_plan_test {
 namespace {
 
 constexpr int64_t GiB = int64_t(1) << 30, MiB = int64_t(1) << 20;
@@ -168,4 +168,4 @@ TEST(MemoryPlan, Qwen35_397bPresetIsThePublishedConfig) {
 }
 
 }  // namespace
-}  // namespace flashmoe
+}  // namespace flashmoe::memory_plan_test

@@ -17,11 +17,13 @@
 #include "model/pack_model.h"
 #include "model/weights.h"
 
+namespace mlx_layout_test {
+
 using namespace flashmoe;
-using flashmoe::testing::reference_ids;
-using flashmoe::testing::run_logits;
-using flashmoe::testing::source_path;
-using flashmoe::testing::TempDir;
+using flashmoe::test::reference_ids;
+using flashmoe::test::run_logits;
+using flashmoe::test::source_path;
+using flashmoe::test::TempDir;
 using flashmoe::test::write_mlx_modules;
 
 namespace {
@@ -135,3 +137,5 @@ TEST(MlxLayout, Qwen3NextSameCodesAndLogitsAsOurNamingAndClearErrors) {
   e = with(router + "8\n    }", "\"model.layers.0.mlp.gate\": false");
   EXPECT_NE(e.find("module 'model.layers.0.mlp.gate' is not quantised"), std::string::npos) << e;
 }
+
+}  // namespace mlx_layout_test

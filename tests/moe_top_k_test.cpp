@@ -17,6 +17,8 @@
 #include "engine/session.h"
 #include "test_util.h"
 
+namespace moe_top_k_test {
+
 using namespace flashmoe;
 using namespace flashmoe::test;
 
@@ -163,3 +165,5 @@ TEST(MoeTopK, CliRefusesMoreExpertsThanTheModelHas) {
 }
 
 }  // namespace
+
+}  // namespace moe_top_k_test

@@ -15,7 +15,10 @@
 #include "engine/generator.h"
 #include "engine/speculative.h"
 #include "tokenizer/tokenizer.h"
+#include "server/metrics.h"
 #include "test_util.h"
+
+namespace mtp_test {
 
 using namespace flashmoe;
 using namespace flashmoe::test;
@@ -375,8 +378,6 @@ TEST(Mtp, CommandLineErrors) {
 
 }  // namespace
 
-#include "server/metrics.h"
-
 namespace {
 
 TEST(Mtp, MetricsCountSpeculation) {
@@ -414,3 +415,5 @@ TEST(Mtp, RunCommandMatchesPlain) {
 }
 
 }  // namespace
+
+}  // namespace mtp_test

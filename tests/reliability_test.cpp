@@ -12,6 +12,8 @@
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
+namespace reliability_test {
+
 namespace {
 
 using flashmoe::ChatTemplate;
@@ -77,3 +79,4 @@ TEST(FuzzRegression, TokenizerIdsOutsideInt32AreAnError) {
   EXPECT_NO_THROW(load_with([](nlohmann::json&) {}));
 }
 
+}  // namespace reliability_test

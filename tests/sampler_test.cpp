@@ -10,6 +10,8 @@
 #include "engine/sampler.h"
 #include "engine/stop.h"
 
+namespace sampler_test {
+
 using namespace flashmoe;
 
 namespace {
@@ -231,3 +233,5 @@ TEST(StopMatcher, StopSpanningManySmallChunks) {
   EXPECT_TRUE(stopped);
   EXPECT_EQ(emitted, "answer\n\nUse it");
 }
+
+}  // namespace sampler_test

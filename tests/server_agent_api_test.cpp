@@ -14,6 +14,8 @@
 #include "server/chat_prompt.h"
 #include "server/openai_api.h"
 
+namespace server_agent_api_test {
+
 using namespace flashmoe;
 using namespace flashmoe::server;
 using ojson = nlohmann::ordered_json;
@@ -303,3 +305,5 @@ TEST(ServerAgentApi, LogitBiasSteersTheSampler) {
   p.logit_bias = {{1, 100.0f}};
   EXPECT_EQ(Sampler(p).sample(l), 1);
 }
+
+}  // namespace server_agent_api_test

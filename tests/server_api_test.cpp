@@ -7,6 +7,8 @@
 #include "server/request_guard.h"
 #include "server/state_cache.h"
 
+namespace server_api_test {
+
 using namespace flashmoe;
 using namespace flashmoe::server;
 
@@ -198,3 +200,5 @@ TEST(ServerApi, IntegerRangesHoldForEveryJsonNumberKind) {
   EXPECT_EQ(*parse_completion_request(R"({"prompt":"x","max_tokens":1})", false).max_tokens, 1);
   EXPECT_EQ(*parse_completion_request(R"({"prompt":"x","max_tokens":2.0})", false).max_tokens, 2);
 }
+
+}  // namespace server_api_test

@@ -18,6 +18,8 @@
 #include "server_process.h"
 #include "test_util.h"
 
+namespace server_e2e_test {
+
 using json = nlohmann::json;
 using namespace std::chrono_literals;
 using namespace flashmoe::test::serve;
@@ -406,3 +408,4 @@ TEST(ServerE2E, EightConcurrentClients) {
   }
 }
 
+}  // namespace server_e2e_test

@@ -27,6 +27,8 @@
 #include "server_process.h"
 #include "test_util.h"
 
+namespace server_hardening_test {
+
 using json = nlohmann::json;
 using namespace std::chrono_literals;
 using namespace flashmoe::test::serve;
@@ -501,3 +503,5 @@ TEST(ServerHardening, TokenizeMatchesReference) {
   post_json(c, "/tokenize", {{"text", "x"}}, &st);
   EXPECT_EQ(st, 400);
 }
+
+}  // namespace server_hardening_test

@@ -4,6 +4,8 @@
 // serving.
 #include "server_process.h"
 
+namespace server_json_test {
+
 using namespace flashmoe::test::serve;
 
 namespace {
@@ -81,3 +83,5 @@ TEST(ServerJson, UnsupportedSchemaIs400NamingTheKeyword) {
   r = post_json(c, "/v1/chat/completions", body, &status);
   EXPECT_EQ(status, 200) << r.dump();
 }
+
+}  // namespace server_json_test

@@ -13,6 +13,8 @@
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
+namespace server_logprobs_e2e_test {
+
 using json = nlohmann::json;
 using namespace flashmoe;
 using namespace flashmoe::test;
@@ -153,3 +155,5 @@ TEST(ServerLogprobs, StreamedChatEqualLogSoftmaxOfFlashmoeLogits) {
   const json msgs = json::array({{{"role", "user"}, {"content", "Write a function that reverses a list."}}});
   expect_matches(reference(tok.encode(tmpl.render(nlohmann::ordered_json::parse(msgs.dump()), true)), gen, 4), got, got_top);
 }
+
+}  // namespace server_logprobs_e2e_test

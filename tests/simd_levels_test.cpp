@@ -19,6 +19,8 @@
 #include "core/matrix_rows.h"
 #include "core/simd.h"
 
+namespace simd_levels_test {
+
 using namespace flashmoe;
 namespace simd = flashmoe::cpu::simd;
 
@@ -280,3 +282,5 @@ TEST(SimdLevels, SiluMulEveryLevel) {
     }
   }
 }
+
+}  // namespace simd_levels_test

@@ -14,6 +14,8 @@
 #include "model/synthetic_pack.h"
 #include "test_util.h"
 
+namespace synthetic_pack_test {
+
 using namespace flashmoe;
 using namespace flashmoe::test;
 
@@ -114,3 +116,5 @@ TEST(SyntheticPack, CliErrorsNameWhatIsWrong) {
 }
 
 }  // namespace
+
+}  // namespace synthetic_pack_test

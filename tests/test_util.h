@@ -73,10 +73,11 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
-// A fresh directory under /tmp, removed by the destructor.
+// A fresh directory under /tmp, removed (recursively) by the destructor.
 struct TempDir {
   TempDir();
   ~TempDir();
+  std::string operator/(const std::string& name) const { return path + "/" + name; }
   std::string path;
 };
 void copy_file(const std::string& from, const std::string& to);

@@ -8,6 +8,8 @@
 
 #include "core/thread_pool.h"
 
+namespace thread_pool_test {
+
 using namespace flashmoe;
 
 // Every item is handed out exactly once and alone, and while one thread is
@@ -57,3 +59,5 @@ TEST(ThreadPool, ParallelForCoversTheRangeOnce) {
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(calls[size_t(i)].load(), 1) << "n " << n << " item " << i;
   }
 }
+
+}  // namespace thread_pool_test

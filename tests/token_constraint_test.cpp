@@ -12,6 +12,8 @@
 #include "engine/json_schema_grammar.h"
 #include "engine/token_constraint.h"
 
+namespace token_constraint_test {
+
 using namespace flashmoe;
 using json = nlohmann::ordered_json;
 
@@ -190,3 +192,5 @@ TEST(TokenConstraint, ResponseFormatShapes) {
             "response_format schema: the keyword 'pattern' is not supported (at #)");
   EXPECT_EQ(error(R"([1])"), "'response_format' must be an object");
 }
+
+}  // namespace token_constraint_test

@@ -12,6 +12,8 @@
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
 
+namespace tokenizer_test {
+
 using namespace flashmoe;
 using json = nlohmann::json;
 
@@ -202,3 +204,5 @@ TEST(Utf8, RepairUsesMaximalSubparts) {
   EXPECT_EQ(utf8::complete_prefix_length("ab\xE2\x82"), 2u);
   EXPECT_EQ(utf8::complete_prefix_length("ab\xFF"), 3u);
 }
+
+}  // namespace tokenizer_test
