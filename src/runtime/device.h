@@ -38,6 +38,9 @@ struct GpuOptions {
   // bench --profile: time per phase of the batched prefill, printed to stderr
   // when the model is released.
   bool prefill_profile = false;
+  // bench --no-copy-ahead: tiered experts without the copy of a predicted
+  // host-tier expert during each MoE layer's mixer (the A/B).
+  bool copy_ahead = true;
 };
 
 // Why a backend cannot run a model: a code to decide on, and a message for

@@ -47,6 +47,14 @@ struct DecodeOptions {
   // H200 (bench/NOTES-cuda.md, batched decode).
   bool batch_graph = false;
 
+  // Tiered q4/q8 experts (pinned host memory, no disk tier): during each
+  // MoE layer's mixer a second stream ranks the experts by the layer's
+  // router applied to the layer's input and copies the host-tier expert it
+  // ranks highest to VRAM, where the expert kernels read it if it is chosen
+  // (expert_prefetch.cuh): link time the mixer would leave idle. false:
+  // benchmarks' A/B (bench --no-copy-ahead).
+  bool copy_ahead = true;
+
   // Benchmarks: time per batched-prefill phase, printed to stderr when the
   // model is destroyed (events between phases; slows the prefill a little).
   bool prefill_profile = false;

@@ -11,4 +11,16 @@ struct TierCount {
   unsigned long long* hits;  // [2] choices served per tier (all layers)
 };
 
+// The host-tier expert the decode step copied to VRAM ahead of a MoE
+// layer's expert kernels (expert_prefetch.cuh), in device memory: the
+// expert kernels read a chosen expert whose host rows are src_gu / src_dn
+// from gu / dn instead (the same bytes, so the same results).
+struct ExpertCopy {
+  const void* src_gu;  // the copied expert's table entries (host rows), or null: none copied this layer
+  const void* src_dn;
+  const void* gu;  // its copy in VRAM
+  const void* dn;
+  unsigned long long copied, used;  // experts copied, and copies the expert kernels read (all layers)
+};
+
 }  // namespace flashmoe::cuda

@@ -28,6 +28,10 @@ CudaModel::Impl::~Impl() {
   if (pinned_logits) cudaFreeHost(pinned_logits);
   if (pinned_ids) cudaFreeHost(pinned_ids);
   if (pinned_eids) cudaFreeHost(pinned_eids);
+  if (ahead) cudaStreamSynchronize(ahead);
+  for (cudaEvent_t e : {ahead_fork, ahead_join})
+    if (e) cudaEventDestroy(e);
+  if (ahead) cudaStreamDestroy(ahead);
   if (stream) cudaStreamDestroy(stream);
 }
 
@@ -304,8 +308,23 @@ bool CudaModel::Impl::make_tiers(size_t gu, size_t dn, int moe) {
     disk = true;
     use_graph = false;
     opts.decode.pick_in_kernels = false;
+  } else if (opts.decode.copy_ahead && gu % 16 == 0 && dn % 16 == 0) {
+    init_copy_ahead(gu, dn);
   }
   return true;
+}
+
+void CudaModel::Impl::init_copy_ahead(size_t gu, size_t dn) {
+  int least = 0;
+  CK(cudaDeviceGetStreamPriorityRange(&least, &ahead_priority));
+  CK(cudaStreamCreateWithPriority(&ahead, cudaStreamNonBlocking, ahead_priority));
+  CK(cudaEventCreateWithFlags(&ahead_fork, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&ahead_join, cudaEventDisableTiming));
+  copy_buf = static_cast<uint8_t*>(alloc(gu + dn, "expert copied ahead"));
+  pred_logits = alloc_f(size_t(c.num_experts), "predicted router logits");
+  copy = static_cast<ExpertCopy*>(alloc(sizeof(ExpertCopy), "expert copied ahead"));
+  const ExpertCopy h{nullptr, nullptr, copy_buf, copy_buf + gu, 0, 0};
+  CK(cudaMemcpy(copy, &h, sizeof h, cudaMemcpyHostToDevice));
 }
 
 void CudaModel::Impl::init_device() {
@@ -650,7 +669,14 @@ CudaTierStats CudaModel::tier_stats() const {
   if (!m.tiers) return {};
   CK(cudaSetDevice(m.dev));
   CK(cudaStreamSynchronize(m.stream));
-  return m.tiers->stats();
+  CudaTierStats s = m.tiers->stats();
+  if (m.copy) {
+    ExpertCopy h;
+    CK(cudaMemcpy(&h, m.copy, sizeof h, cudaMemcpyDeviceToHost));
+    s.copied_ahead = h.copied;
+    s.copies_used = h.used;
+  }
+  return s;
 }
 
 void CudaModel::reset_tier_stats() {
@@ -659,6 +685,7 @@ void CudaModel::reset_tier_stats() {
   CK(cudaSetDevice(m.dev));
   CK(cudaStreamSynchronize(m.stream));
   m.tiers->reset_stats();
+  if (m.copy) CK(cudaMemset(&m.copy->copied, 0, 2 * sizeof(unsigned long long)));
 }
 
 }  // namespace flashmoe
