@@ -2,12 +2,14 @@
 # Issue 22, the H200 link bound (branch huge-overlap): Qwen3.5-397B-A17B
 # synthetic, q4 experts tiered by the memory plan (VRAM, then pinned host
 # memory), with and without the copy of a predicted host-tier expert to VRAM
-# during each MoE layer's mixer (DecodeOptions::copy_ahead; base:
-# bench --no-copy-ahead). Everything inside the 5-minute limit, build included.
+# during each MoE layer's mixer (DecodeOptions::copy_ahead_blocks; base:
+# bench --copy-ahead-blocks 0). Everything inside the 5-minute limit, build included.
 #   1. build flashmoe (the tests build in the background meanwhile),
-#   2. A/B on 15 layers with the 60-layer model's VRAM share (274 of 512
-#      experts per layer: --gpu-expert-cache 53.5%): new, base, new, base,
-#      tg64; the first pair also with --profile 4 (kernel classes),
+#   2. A/B on 15 layers with the 60-layer model's VRAM share (273 of 512
+#      experts per layer: --gpu-expert-cache 53.5%), tg64: base
+#      (--copy-ahead-blocks 0) and 16 blocks (the default) with --profile 4
+#      (kernel classes), 16 with --copy-ahead-wait, later 8, 32, base, 16
+#      as time allows,
 #   3. the 60-layer model if ~110 s are left: ROUND=1: --moe-top-k 4,
 #      tg128 pp512; ROUND=2: K = 10, tg128 pp512 (the final numbers),
 #   4. the tier tests (bitwise logits with the copies, their counters), as
@@ -50,8 +52,9 @@ ab() {  # name extra-args
   [ $rc = 0 ] || { tail -5 "$f"; echo "FAIL ab $1 (rc $rc)"; return 1; }
 }
 tg_of() { grep -E "^\| tg" "$1" | head -1 | awk -F'|' '{print $3}' | awk '{print $1}'; }
-ab new1 "--profile 4"
-ab base1 "--no-copy-ahead --profile 4"
+ab base1 "--copy-ahead-blocks 0 --profile 4"
+ab c16a "--copy-ahead-blocks 16 --profile 4"
+ab c16wait "--copy-ahead-blocks 16 --copy-ahead-wait"
 big() {  # name extra-args: the 60-layer model (~100 s: pinning ~100 GB, then pp512 and tg128)
   if [ "$(left)" -lt 110 ]; then echo "SKIP 60 layers $1: $(left) s left"; return 1; fi
   log "60 layers, $1, tg128 pp512"
@@ -59,12 +62,15 @@ big() {  # name extra-args: the 60-layer model (~100 s: pinning ~100 GB, then pp
   summary "$D/$1.txt"; grep -E "decode reads|link" "$D/$1.txt"
 }
 if [ "$ROUND" = 2 ]; then big k10 ""; else big k4 "--moe-top-k 4"; fi
-ab new2 ""
-ab base2 "--no-copy-ahead"
-n1=$(tg_of "$D/ab-new1.txt"); b1=$(tg_of "$D/ab-base1.txt"); n2=$(tg_of "$D/ab-new2.txt"); b2=$(tg_of "$D/ab-base2.txt")
-echo "A/B tg64, 15 layers: new $n1 $n2 | base $b1 $b2 (tokens/s; the --profile runs are pair 1)"
+ab c8 "--copy-ahead-blocks 8"
+ab c32 "--copy-ahead-blocks 32"
+ab base2 "--copy-ahead-blocks 0"
+ab c16b "--copy-ahead-blocks 16"
+echo "A/B tg64, 15 layers, tokens/s (copy-ahead blocks; 0 = base):"
+for v in base1 c16a c16wait c8 c32 base2 c16b; do [ -f "$D/ab-$v.txt" ] && echo "  $v: $(tg_of "$D/ab-$v.txt")"; done
+b1=$(tg_of "$D/ab-base1.txt"); n1=$(tg_of "$D/ab-c16a.txt")
 if [ -n "$n1" ] && [ -n "$b1" ]; then
-  awk -v n="$n1" -v b="$b1" 'BEGIN { r = n / b; printf "ratio new/base (pair 1): %.3f\n", r; if (r > 1.0) print "PASS ab"; else print "FAIL ab (no gain)" }'
+  awk -v n="$n1" -v b="$b1" 'BEGIN { r = n / b; printf "ratio 16 blocks / base (pair 1): %.3f\n", r; if (r > 1.0) print "PASS ab"; else print "FAIL ab (no gain)" }'
 fi
 if [ "$(left)" -gt 25 ]; then
   while [ ! -f "$D/build-tests.rc" ] && [ "$(left)" -gt 25 ]; do sleep 2; done

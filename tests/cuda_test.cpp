@@ -332,7 +332,7 @@ TEST(CudaSynthetic, BatchedPrefillMatchesTokenByTokenAt35bShapes) {
 // all-in-VRAM one built from the same seed: bitwise the same logits and
 // greedy ids, every choice counted once in one of the two tiers. Each
 // decode step copies one predicted host expert per MoE layer to VRAM during
-// the mixer (DecodeOptions::copy_ahead); without that copy, the same ids.
+// the mixer (DecodeOptions::copy_ahead_blocks); without that copy, the same ids.
 TEST(CudaTiers, SyntheticExpertsGeneratedWhereTheyLive) {
   REQUIRE_GPU();
   ModelConfig c = model_preset("qwen3.5-35b-a3b");
@@ -375,7 +375,7 @@ TEST(CudaTiers, SyntheticExpertsGeneratedWhereTheyLive) {
   std::printf("[cuda-tiers] synthetic 35B, 4 layers: %llu of %llu experts copied ahead were chosen\n",
               (unsigned long long)t.copies_used, (unsigned long long)t.copied_ahead);
   CudaOptions off = o;
-  off.decode.copy_ahead = false;
+  off.decode.copy_ahead_blocks = 0;
   auto plain = cuda_synthetic_model(c, 7, off, q4);
   auto sc = plain->new_state(KvConfig{});
   plain->forward(*sc, ids.data(), int64_t(ids.size()), LogitsMode::Last, y.data());

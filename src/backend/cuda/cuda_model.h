@@ -74,7 +74,7 @@ struct CudaTierStats {
   double host_pin_seconds = 0;  // time taken pinning the host slots at load
   uint64_t staged_layers = 0;   // prompt chunks' MoE layers whose host experts were staged in VRAM at once
   // Host-tier experts copied to VRAM during a MoE layer's mixer (one per
-  // layer and decode step, DecodeOptions::copy_ahead), and how many of those
+  // layer and decode step, DecodeOptions::copy_ahead_blocks), and how many of those
   // the layer then chose (read from the copy).
   uint64_t copied_ahead = 0, copies_used = 0;
 };

@@ -51,9 +51,13 @@ struct DecodeOptions {
   // MoE layer's mixer a second stream ranks the experts by the layer's
   // router applied to the layer's input and copies the host-tier expert it
   // ranks highest to VRAM, where the expert kernels read it if it is chosen
-  // (expert_prefetch.cuh): link time the mixer would leave idle. false:
-  // benchmarks' A/B (bench --no-copy-ahead).
-  bool copy_ahead = true;
+  // (expert_prefetch.cuh): link time the mixer would leave idle. The copy
+  // takes this many blocks (SMs) from the mixer's kernels; 16: 512 KB of
+  // loads in flight. 0: no copy (benchmarks' A/B, bench --copy-ahead-blocks).
+  int copy_ahead_blocks = 16;
+  // Benchmarks' A/B: the expert kernels wait for the copy (a join before
+  // them) instead of reading it only if it is complete when they start.
+  bool copy_ahead_wait = false;
 
   // Benchmarks: time per batched-prefill phase, printed to stderr when the
   // model is destroyed (events between phases; slows the prefill a little).

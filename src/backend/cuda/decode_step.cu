@@ -394,7 +394,7 @@ void CudaModel::Impl::ffn_launch(const DLayer& d, const MoeArgs& a, int slots) {
 
 // A routed MoE (MoE layer mi): routing (unless folded into the output
 // projection), the disk tier's reads, the top-k experts + shared expert.
-void CudaModel::Impl::routed_moe(const DLayer& d, int mi, bool joined) {
+void CudaModel::Impl::routed_moe(const DLayer& d, int mi, bool copied) {
   const ModelConfig& m = c;
   const bool pick = opts.decode.pick_in_kernels;
   MoeArgs a = ffn_args(d);
@@ -428,10 +428,14 @@ void CudaModel::Impl::routed_moe(const DLayer& d, int mi, bool joined) {
     a.folded = d.rfold ? 1 : 0;
     a.presel = d.rfold ? 1 : 0;
   }
-  if (joined) {
-    CK(cudaStreamWaitEvent(stream, ahead_join, 0));
-    pdl_next = false;  // gate_up starts after the copy as after the output projection: a full dependency
+  if (copied) {
     a.copy = copy;
+    if (opts.decode.copy_ahead_wait) {
+      CK(cudaStreamWaitEvent(stream, ahead_join, 0));
+      pdl_next = false;  // gate_up starts after the copy as after the output projection: a full dependency
+    } else {
+      a.copy_ready = copy_ready + mi;
+    }
   }
   ffn_launch(d, a, slots);
 }
@@ -460,7 +464,7 @@ void launch_ahead(cudaStream_t s, int priority, void (*kern)(K...), dim3 grid, d
 }
 }  // namespace
 
-void CudaModel::Impl::copy_ahead(const DLayer& d) {
+void CudaModel::Impl::copy_ahead(const DLayer& d, int mi) {
   const int E = int(c.num_experts), H = int(c.hidden_size);
   CK(cudaEventRecord(ahead_fork, stream));
   CK(cudaStreamWaitEvent(ahead, ahead_fork, 0));
@@ -493,8 +497,10 @@ void CudaModel::Impl::copy_ahead(const DLayer& d) {
   a.gu = copy_buf;
   a.dn = copy_buf + d.q.gu_bytes;
   a.copy = copy;
-  launch_ahead(ahead, ahead_priority, copy_ahead_kernel, dim3(kCopyAheadBlocks), dim3(256), 0, a);
+  a.ready = opts.decode.copy_ahead_wait ? nullptr : copy_ready + mi;
+  launch_ahead(ahead, ahead_priority, copy_ahead_kernel, dim3(opts.decode.copy_ahead_blocks), dim3(256), 0, a);
   CK(cudaEventRecord(ahead_join, ahead));
+  copied_this_step = true;
 }
 
 // A dense SwiGLU MLP: the expert kernels with one slot (weight 1).
@@ -538,7 +544,7 @@ void CudaModel::Impl::enqueue_step(CudaState::Impl& s, int kind) {
   for (const LayerPlan& l : plan.layers) {
     const DLayer& d = L[size_t(l.index)];
     const bool ahead_on = l.ffn == FfnKind::RoutedMoE && copies_ahead(d);
-    if (ahead_on) copy_ahead(d);  // during the mixer
+    if (ahead_on) copy_ahead(d, l.moe_slot);  // during the mixer
     switch (l.mixer) {
       case MixerKind::GatedDeltaNet: delta_net(s, d, l.state_slot); break;
       case MixerKind::GatedAttention: attention(s, d, l.state_slot); break;
@@ -553,6 +559,14 @@ void CudaModel::Impl::enqueue_step(CudaState::Impl& s, int kind) {
     go(argmax_kernel, 1, 1024, 0, logits, int(m.vocab_size), s.d_ids, s.d_pos, s.d_base, kRing, s.d_out,
        s.d_step, static_cast<const char*>(embed.p), embed.row_bytes());
     mark(K_ARGMAX);
+  }
+  if (copied_this_step) {
+    // The second stream joins back (a captured graph must end on one
+    // stream); then the copies' flags are cleared for the next step.
+    copied_this_step = false;
+    CK(cudaStreamWaitEvent(stream, ahead_join, 0));
+    CK(cudaMemsetAsync(copy_ready, 0, size_t(plan.moe_layers) * 4, stream));
+    pdl_next = false;
   }
   go(advance_kernel, 1, 1, 0, s.d_pos, s.d_step);
   check(cudaGetLastError(), "advance");

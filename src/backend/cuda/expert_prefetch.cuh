@@ -1,5 +1,5 @@
 // Copying a host-tier expert to VRAM during a MoE layer's mixer (tiered
-// q4/q8 experts, DecodeOptions::prefetch_host_experts).
+// q4/q8 experts, DecodeOptions::copy_ahead_blocks).
 //
 // Why: with experts in pinned host memory the decode step is bound by the
 // host link, and the link idles while each layer's mixer (projections,
@@ -8,13 +8,21 @@
 // The router's input is the layer's input residual plus the mixer's
 // output, so the router applied to the input residual alone ranks the
 // experts nearly as the real pick will. At the start of each MoE layer a
-// second stream (forked from the step, joined before the layer's expert
-// kernels, so it is part of the captured graph) computes those predicted
-// logits (predict_logits_kernel) and copies the host-tier expert they rank
-// highest into a VRAM buffer (copy_ahead_kernel), while the mixer runs on
-// the main stream. If the pick then chooses it, the expert kernels read the
-// VRAM copy (the same bytes: the results are bitwise unchanged); if not,
-// the copy only used link time the mixer left idle (and a few SMs).
+// second stream (forked from the step, joined back at the step's end, so it
+// is part of the captured graph) computes those predicted logits
+// (predict_logits_kernel) and copies the host-tier expert they rank highest
+// into a VRAM buffer (copy_ahead_kernel), while the mixer runs on the main
+// stream. The copy's last block sets the layer's flag (release); the expert
+// kernels read the flag (acquire) and, if the copy is complete and its
+// expert was chosen, read the VRAM copy (the same bytes: the results are
+// bitwise unchanged, whichever copy a block reads). Otherwise they read
+// host memory as without it: a late or wrong copy costs link time the mixer
+// left idle (and a few SMs), never a wait. The buffer is free again when
+// the next layer's copy starts: that copy follows this layer's expert
+// kernels (the fork) and this copy (the same stream). The flags are cleared
+// at the step's end, after the join, so a flag is never one left from an
+// earlier step. (DecodeOptions::copy_ahead_wait: the expert kernels wait
+// for the copy instead, a join before them; the A/B of the two.)
 //
 // The prediction reads the residual x while the main stream's mixer runs;
 // the mixer's output projection adds into x only after its in-projection,
@@ -28,10 +36,8 @@
 
 namespace flashmoe::cuda {
 
-// Blocks of copy_ahead_kernel: enough 16-byte loads in flight to fill the
-// link (16 x 256 threads x 8 loads = 512 KB), few enough SMs taken from the
-// mixer's kernels.
-constexpr int kCopyAheadBlocks = 16;
+// 16-byte loads in flight per thread of copy_ahead_kernel (256 threads per
+// block, DecodeOptions::copy_ahead_blocks blocks).
 constexpr int kCopyAheadLoads = 8;
 
 // logits[e] = router row e . (x normed with the layer's post-attention norm
@@ -59,6 +65,7 @@ struct CopyAheadArgs {
   size_t gu_bytes, dn_bytes;  // multiples of 16
   uint8_t *gu, *dn;           // the VRAM copy
   ExpertCopy* copy;
+  unsigned* ready;  // the layer's flag, set by the last block to finish (null: the expert kernels wait for the copy)
 };
 
 // The host-tier expert with the highest predicted logit (ties: the lower
@@ -98,6 +105,16 @@ static __global__ void __launch_bounds__(256) copy_ahead_kernel(CopyAheadArgs a)
     for (int u = 0; u < kCopyAheadLoads; ++u) {
       const size_t i = i0 + u * stride;
       if (i < n) (i < n1 ? d1[i] : d2[i - n1]) = v[u];
+    }
+  }
+  if (!a.ready) return;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&a.copy->done_blocks, 1u) == gridDim.x - 1) {
+      a.copy->done_blocks = 0;
+      __threadfence();
+      st_release(a.ready, 1u);
     }
   }
 }

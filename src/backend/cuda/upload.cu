@@ -308,13 +308,13 @@ bool CudaModel::Impl::make_tiers(size_t gu, size_t dn, int moe) {
     disk = true;
     use_graph = false;
     opts.decode.pick_in_kernels = false;
-  } else if (opts.decode.copy_ahead && gu % 16 == 0 && dn % 16 == 0) {
-    init_copy_ahead(gu, dn);
+  } else if (opts.decode.copy_ahead_blocks > 0 && gu % 16 == 0 && dn % 16 == 0) {
+    init_copy_ahead(gu, dn, moe);
   }
   return true;
 }
 
-void CudaModel::Impl::init_copy_ahead(size_t gu, size_t dn) {
+void CudaModel::Impl::init_copy_ahead(size_t gu, size_t dn, int moe) {
   int least = 0;
   CK(cudaDeviceGetStreamPriorityRange(&least, &ahead_priority));
   CK(cudaStreamCreateWithPriority(&ahead, cudaStreamNonBlocking, ahead_priority));
@@ -323,8 +323,10 @@ void CudaModel::Impl::init_copy_ahead(size_t gu, size_t dn) {
   copy_buf = static_cast<uint8_t*>(alloc(gu + dn, "expert copied ahead"));
   pred_logits = alloc_f(size_t(c.num_experts), "predicted router logits");
   copy = static_cast<ExpertCopy*>(alloc(sizeof(ExpertCopy), "expert copied ahead"));
-  const ExpertCopy h{nullptr, nullptr, copy_buf, copy_buf + gu, 0, 0};
+  const ExpertCopy h{nullptr, nullptr, copy_buf, copy_buf + gu, 0, 0, 0};
   CK(cudaMemcpy(copy, &h, sizeof h, cudaMemcpyHostToDevice));
+  copy_ready = static_cast<unsigned*>(alloc(size_t(moe) * 4, "copy-ahead flags"));
+  CK(cudaMemset(copy_ready, 0, size_t(moe) * 4));
 }
 
 void CudaModel::Impl::init_device() {
