@@ -330,9 +330,10 @@ TEST(CudaSynthetic, BatchedPrefillMatchesTokenByTokenAt35bShapes) {
 // slots): each layer's experts are generated in VRAM staging and moved to
 // their tier (VRAM slots, pinned host slots), so the model equals the
 // all-in-VRAM one built from the same seed: bitwise the same logits and
-// greedy ids, every choice counted once in one of the two tiers. Each
-// decode step copies one predicted host expert per MoE layer to VRAM during
-// the mixer (DecodeOptions::copy_ahead_blocks); without that copy, the same ids.
+// greedy ids, every choice counted once in one of the two tiers. With
+// DecodeOptions::copy_ahead_blocks each decode step copies one predicted
+// host expert per MoE layer to VRAM during the mixer (here the expert
+// kernels wait for it); without that copy, the same ids.
 TEST(CudaTiers, SyntheticExpertsGeneratedWhereTheyLive) {
   REQUIRE_GPU();
   ModelConfig c = model_preset("qwen3.5-35b-a3b");
@@ -344,6 +345,8 @@ TEST(CudaTiers, SyntheticExpertsGeneratedWhereTheyLive) {
   auto full = cuda_synthetic_model(c, 7, {}, q4);
   CudaOptions o;
   o.plan_vram_slots = 100;  // of 256
+  o.decode.copy_ahead_blocks = 16;
+  o.decode.copy_ahead_wait = true;
   auto tiered = cuda_synthetic_model(c, 7, o, q4);
   const CudaTierStats t0 = tiered->tier_stats();
   ASSERT_TRUE(t0.enabled);
@@ -456,6 +459,7 @@ TEST(CudaPacked, EveryExpertFormatMatchesTheCpu) {
       auto gpu = CudaModel::upload(*model);
       CudaOptions quarter;
       quarter.expert_cache_fraction = 0.25;
+      quarter.decode.copy_ahead_blocks = 16;  // the copies read only once complete (no wait)
       auto tiered = CudaModel::upload(*model, quarter);
       ASSERT_TRUE(tiered->tier_stats().enabled);
       // Prompt chunks of 7 tokens (16-row expert tiles).

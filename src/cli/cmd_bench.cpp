@@ -268,7 +268,7 @@ Registrar reg_bench(40, [](CLI::App& app) {
   auto weights = std::make_shared<std::string>("bf16");
   auto bandwidth = std::make_shared<bool>(false);
   auto batch = std::make_shared<int>(1);
-  auto copy_ahead = std::make_shared<int>(16);
+  auto copy_ahead = std::make_shared<int>(0);
   auto copy_wait = std::make_shared<bool>(false);
   add_model_options(cmd, opt.get(), /*require_model=*/false);
   cmd->add_option("-p,--n-prompt", *pp, "Prompt tokens for the pp test (0: skip)")->check(integer_between(0, 1000000));
@@ -302,7 +302,8 @@ Registrar reg_bench(40, [](CLI::App& app) {
   cmd->add_flag("--no-graph", *no_graph, "On the GPU: plain kernel launches instead of a CUDA graph");
   cmd->add_option("--copy-ahead-blocks", *copy_ahead,
                   "On the GPU with q4/q8 experts in pinned host memory: blocks copying the host-tier expert the "
-                  "layer's input predicts to VRAM during each MoE layer's mixer (default 16; 0: no copy, the A/B)")
+                  "layer's input predicts to VRAM during each MoE layer's mixer (default 0: no copy; an experiment, see "
+                  "bench/NOTES-cuda.md)")
       ->check(integer_between(0, 1024));
   cmd->add_flag("--copy-ahead-wait", *copy_wait,
                 "With --copy-ahead-blocks: each MoE layer's expert kernels wait for the copy instead of reading it "

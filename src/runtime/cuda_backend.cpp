@@ -135,7 +135,7 @@ ExpertTierStats CudaBackend::tier_stats() const {
   s.expert_bytes = t.expert_bytes;
   s.disk = t.disk;
   s.host_pin_seconds = t.host_pin_seconds;
-  s.copied_ahead = t.copied_ahead, s.copies_used = t.copies_used;
+  s.copied_ahead = t.copied_ahead, s.copies_used = t.copies_used, s.copies_in_time = t.copies_in_time;
   return s;
 }
 
@@ -177,15 +177,17 @@ std::string format_tier_stats(const ExpertTierStats& s, int64_t tokens) {
   }
   if (s.copied_ahead > 0) {
     std::snprintf(buf, sizeof buf,
-                  "\n  copied ahead during the mixers: %llu host experts, %llu of them chosen (%.1f%%, %.1f%% of the "
-                  "host choices)",
-                  (unsigned long long)s.copied_ahead, (unsigned long long)s.copies_used,
+                  "\n  copied ahead during the mixers: %llu host experts, %llu complete in time, %llu of them chosen "
+                  "(%.1f%%, %.1f%% of the host choices)",
+                  (unsigned long long)s.copied_ahead, (unsigned long long)s.copies_in_time,
+                  (unsigned long long)s.copies_used,
                   100.0 * double(s.copies_used) / double(s.copied_ahead),
                   100.0 * double(s.copies_used) / double(std::max<uint64_t>(1, s.host_hits)));
     out += buf;
     if (tokens > 0) {
-      // The wrong guesses cross the link too (while the link would idle).
-      std::snprintf(buf, sizeof buf, "; %.1f MB per token crossed the link in all",
+      // The wrong guesses cross the link too (while the link would idle); a
+      // cancelled copy stops early, so this is an upper bound.
+      std::snprintf(buf, sizeof buf, "; at most %.1f MB per token crossed the link in all",
                     double(s.host_hits - s.copies_used + s.copied_ahead) * double(s.expert_bytes) / double(tokens) / 1e6);
       out += buf;
     }

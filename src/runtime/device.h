@@ -40,7 +40,7 @@ struct GpuOptions {
   bool prefill_profile = false;
   // bench --copy-ahead-blocks: blocks copying a predicted host-tier expert
   // to VRAM during each MoE layer's mixer (DecodeOptions; 0: none, the A/B).
-  int copy_ahead_blocks = 16;
+  int copy_ahead_blocks = 0;
   bool copy_ahead_wait = false;  // bench --copy-ahead-wait (DecodeOptions)
 };
 

@@ -77,6 +77,7 @@ struct CudaTierStats {
   // layer and decode step, DecodeOptions::copy_ahead_blocks), and how many of those
   // the layer then chose (read from the copy).
   uint64_t copied_ahead = 0, copies_used = 0;
+  uint64_t copies_in_time = 0;  // complete before the layer's expert kernels started (all, when they wait)
 };
 
 // A conversation's device state copied to host memory (the server's

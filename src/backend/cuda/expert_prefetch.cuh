@@ -12,12 +12,14 @@
 // is part of the captured graph) computes those predicted logits
 // (predict_logits_kernel) and copies the host-tier expert they rank highest
 // into a VRAM buffer (copy_ahead_kernel), while the mixer runs on the main
-// stream. The copy's last block sets the layer's flag (release); the expert
-// kernels read the flag (acquire) and, if the copy is complete and its
-// expert was chosen, read the VRAM copy (the same bytes: the results are
-// bitwise unchanged, whichever copy a block reads). Otherwise they read
-// host memory as without it: a late or wrong copy costs link time the mixer
-// left idle (and a few SMs), never a wait. The buffer is free again when
+// stream. The copy's last block sets the layer's flag to done; each block
+// of gate_up, as it starts, sets a flag still busy to cancelled (the copy
+// then stops: it would only compete with the expert reads for the link).
+// A block that finds it done reads the chosen expert from the VRAM copy if
+// it is the copied one (the same bytes: the results are bitwise unchanged,
+// whichever copy a block reads); down reads it where the flag is done.
+// Otherwise host memory is read as without the copy: a late or wrong copy
+// costs link time the mixer left idle (and a few SMs), never a wait. The buffer is free again when
 // the next layer's copy starts: that copy follows this layer's expert
 // kernels (the fork) and this copy (the same stream). The flags are cleared
 // at the step's end, after the join, so a flag is never one left from an
@@ -95,6 +97,7 @@ static __global__ void __launch_bounds__(256) copy_ahead_kernel(CopyAheadArgs a)
   uint4* d2 = reinterpret_cast<uint4*>(a.dn);
   const size_t n1 = a.gu_bytes / 16, n = n1 + a.dn_bytes / 16, stride = size_t(gridDim.x) * blockDim.x;
   for (size_t i0 = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i0 < n; i0 += stride * kCopyAheadLoads) {
+    if (a.ready && *static_cast<volatile unsigned*>(a.ready) == kCopyCancelled) break;  // gate_up started: too late
     uint4 v[kCopyAheadLoads];
 #pragma unroll
     for (int u = 0; u < kCopyAheadLoads; ++u) {
@@ -114,7 +117,7 @@ static __global__ void __launch_bounds__(256) copy_ahead_kernel(CopyAheadArgs a)
     if (atomicAdd(&a.copy->done_blocks, 1u) == gridDim.x - 1) {
       a.copy->done_blocks = 0;
       __threadfence();
-      st_release(a.ready, 1u);
+      if (atomicCAS(a.ready, kCopyBusy, kCopyDone) == kCopyBusy) a.copy->in_time += 1;  // unless gate_up cancelled it
     }
   }
 }

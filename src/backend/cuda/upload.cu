@@ -323,7 +323,7 @@ void CudaModel::Impl::init_copy_ahead(size_t gu, size_t dn, int moe) {
   copy_buf = static_cast<uint8_t*>(alloc(gu + dn, "expert copied ahead"));
   pred_logits = alloc_f(size_t(c.num_experts), "predicted router logits");
   copy = static_cast<ExpertCopy*>(alloc(sizeof(ExpertCopy), "expert copied ahead"));
-  const ExpertCopy h{nullptr, nullptr, copy_buf, copy_buf + gu, 0, 0, 0};
+  const ExpertCopy h{nullptr, nullptr, copy_buf, copy_buf + gu, 0, 0, 0, 0};
   CK(cudaMemcpy(copy, &h, sizeof h, cudaMemcpyHostToDevice));
   copy_ready = static_cast<unsigned*>(alloc(size_t(moe) * 4, "copy-ahead flags"));
   CK(cudaMemset(copy_ready, 0, size_t(moe) * 4));
@@ -677,6 +677,7 @@ CudaTierStats CudaModel::tier_stats() const {
     CK(cudaMemcpy(&h, m.copy, sizeof h, cudaMemcpyDeviceToHost));
     s.copied_ahead = h.copied;
     s.copies_used = h.used;
+    s.copies_in_time = opts.decode.copy_ahead_wait ? h.copied : h.in_time;
   }
   return s;
 }
@@ -687,7 +688,7 @@ void CudaModel::reset_tier_stats() {
   CK(cudaSetDevice(m.dev));
   CK(cudaStreamSynchronize(m.stream));
   m.tiers->reset_stats();
-  if (m.copy) CK(cudaMemset(&m.copy->copied, 0, 2 * sizeof(unsigned long long)));
+  if (m.copy) CK(cudaMemset(&m.copy->copied, 0, 3 * sizeof(unsigned long long)));
 }
 
 }  // namespace flashmoe
