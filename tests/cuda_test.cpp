@@ -387,6 +387,24 @@ TEST(CudaTiers, SyntheticExpertsGeneratedWhereTheyLive) {
   plain->decode_greedy(*sc, ids.back(), 24, gc.data());
   EXPECT_EQ(gc, ga);
   EXPECT_EQ(plain->tier_stats().copied_ahead, 0u);
+  // Without the wait: a copy is read only where it completed before the
+  // layer's gate_up started (timing: any share of them); the same ids.
+  CudaOptions nowait = o;
+  nowait.decode.copy_ahead_wait = false;
+  auto racing = cuda_synthetic_model(c, 7, nowait, q4);
+  auto sd = racing->new_state(KvConfig{});
+  racing->forward(*sd, ids.data(), int64_t(ids.size()), LogitsMode::Last, y.data());
+  EXPECT_EQ(max_abs_diff(x.data(), y.data(), x.size()), 0.0f);
+  std::vector<int32_t> gd(24);
+  racing->decode_greedy(*sd, ids.back(), 24, gd.data());
+  EXPECT_EQ(gd, ga);
+  const CudaTierStats tn = racing->tier_stats();
+  EXPECT_EQ(tn.copied_ahead, 24u * 4u);
+  EXPECT_LE(tn.copies_in_time, tn.copied_ahead);
+  EXPECT_LE(tn.copies_used, tn.copies_in_time);
+  std::printf("[cuda-tiers] no wait: %llu of %llu copies complete in time, %llu chosen\n",
+              (unsigned long long)tn.copies_in_time, (unsigned long long)tn.copied_ahead,
+              (unsigned long long)tn.copies_used);
 }
 
 // An MLX-style checkpoint with every linear weight quantised (embeddings,
@@ -459,7 +477,8 @@ TEST(CudaPacked, EveryExpertFormatMatchesTheCpu) {
       auto gpu = CudaModel::upload(*model);
       CudaOptions quarter;
       quarter.expert_cache_fraction = 0.25;
-      quarter.decode.copy_ahead_blocks = 16;  // the copies read only once complete (no wait)
+      quarter.decode.copy_ahead_blocks = 16;  // the expert kernels wait for each copy
+      quarter.decode.copy_ahead_wait = true;
       auto tiered = CudaModel::upload(*model, quarter);
       ASSERT_TRUE(tiered->tier_stats().enabled);
       // Prompt chunks of 7 tokens (16-row expert tiles).

@@ -677,7 +677,7 @@ CudaTierStats CudaModel::tier_stats() const {
     CK(cudaMemcpy(&h, m.copy, sizeof h, cudaMemcpyDeviceToHost));
     s.copied_ahead = h.copied;
     s.copies_used = h.used;
-    s.copies_in_time = opts.decode.copy_ahead_wait ? h.copied : h.in_time;
+    s.copies_in_time = m.opts.decode.copy_ahead_wait ? h.copied : h.in_time;
   }
   return s;
 }
