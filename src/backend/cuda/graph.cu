@@ -22,7 +22,9 @@ void CudaModel::Impl::run_step(CudaState::Impl& s, int kind) {
       throw;
     }
     CK(cudaStreamEndCapture(stream, &g));
-    cudaError_t e = cudaGraphInstantiate(&s.graphs[kind], g, 0);
+    // Node priorities: the kernels copying a host expert ahead go first
+    // where they and the mixer's wait for the same SMs (expert_prefetch.cuh).
+    cudaError_t e = cudaGraphInstantiate(&s.graphs[kind], g, cudaGraphInstantiateFlagUseNodePriority);
     cudaGraphDestroy(g);
     check(e, "cudaGraphInstantiate");
   }
