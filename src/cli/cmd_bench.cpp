@@ -266,8 +266,6 @@ Registrar reg_bench(40, [](CLI::App& app) {
   auto weights = std::make_shared<std::string>("bf16");
   auto bandwidth = std::make_shared<bool>(false);
   auto batch = std::make_shared<int>(1);
-  auto copy_ahead = std::make_shared<int>(0);
-  auto copy_wait = std::make_shared<bool>(false);
   add_model_options(cmd, opt.get(), /*require_model=*/false);
   cmd->add_option("-p,--n-prompt", *pp, "Prompt tokens for the pp test (0: skip)")->check(integer_between(0, 1000000));
   cmd->add_option("-n,--n-gen", *tg, "Generated tokens for the tg test (0: skip)")->check(integer_between(0, 1000000));
@@ -298,19 +296,11 @@ Registrar reg_bench(40, [](CLI::App& app) {
                   "aggregate and per-sequence tokens/s, and the roofline of the bytes a step reads (default 1)")
       ->check(integer_between(1, 4096));
   cmd->add_flag("--no-graph", *no_graph, "On the GPU: plain kernel launches instead of a CUDA graph");
-  cmd->add_option("--copy-ahead-blocks", *copy_ahead,
-                  "On the GPU with q4/q8 experts in pinned host memory: blocks copying the host-tier expert the "
-                  "layer's input predicts to VRAM during each MoE layer's mixer (default 0: no copy; an experiment, see "
-                  "bench/NOTES-cuda.md)")
-      ->check(integer_between(0, 1024));
-  cmd->add_flag("--copy-ahead-wait", *copy_wait,
-                "With --copy-ahead-blocks: each MoE layer's expert kernels wait for the copy instead of reading it "
-                "only when it is complete (the A/B of the two)");
   cmd->add_option("--profile", *profile, "On the GPU: time each kernel class over N decode steps, and each phase of the batched prefill and of the batched decode steps of --batch (printed when the model is released)")
       ->check(integer_between(0, 2147483647));
   // Every option's storage is captured: the callback runs after this function returned.
   cmd->callback([opt, pp, tg, depth, reps, synthetic, layers, no_graph, profile, experts, group, bandwidth, batch, ex, gr,
-                 bw, ly, weights, wt, copy_ahead, copy_wait] {
+                 bw, ly, weights, wt] {
     finalize_model_options(opt.get());
     if (bw->count()) {
       if (!opt->model_dir.empty() || !synthetic->empty())
@@ -319,8 +309,6 @@ Registrar reg_bench(40, [](CLI::App& app) {
       return;
     }
     opt->device.gpu.prefill_profile = *profile > 0;
-    opt->device.gpu.copy_ahead_blocks = *copy_ahead;
-    opt->device.gpu.copy_ahead_wait = *copy_wait;
     if (opt->model_dir.empty() == synthetic->empty())
       fail(synthetic->empty() ? "bench: give a model with -m/--model, or --synthetic, or --bandwidth"
                               : "bench: give either -m/--model or --synthetic, not both");

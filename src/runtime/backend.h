@@ -58,9 +58,6 @@ struct ExpertTierStats {
   int64_t expert_bytes = 0;  // one expert: gate + up + down
   bool disk = false;            // host slots cache experts read from the model's files
   double host_pin_seconds = 0;  // time pinning the host slots took at load
-  // Host-tier experts copied to VRAM during a layer's mixer (a prediction),
-  // and how many of them the layer chose (CudaTierStats).
-  uint64_t copied_ahead = 0, copies_used = 0, copies_in_time = 0;
 };
 
 // One sequence's part of a batched step: its state, the tokens it feeds this

@@ -137,7 +137,6 @@ ExpertTierStats CudaBackend::tier_stats() const {
   s.expert_bytes = t.expert_bytes;
   s.disk = t.disk;
   s.host_pin_seconds = t.host_pin_seconds;
-  s.copied_ahead = t.copied_ahead, s.copies_used = t.copies_used, s.copies_in_time = t.copies_in_time;
   return s;
 }
 
@@ -176,23 +175,6 @@ std::string format_tier_stats(const ExpertTierStats& s, int64_t tokens) {
     std::snprintf(buf, sizeof buf, "; %.1f MB per token over the host link",
                   double(s.host_hits + s.disk_hits) * double(s.expert_bytes) / double(tokens) / 1e6);
     out += buf;
-  }
-  if (s.copied_ahead > 0) {
-    std::snprintf(buf, sizeof buf,
-                  "\n  copied ahead during the mixers: %llu host experts, %llu complete in time, %llu of them chosen "
-                  "(%.1f%%, %.1f%% of the host choices)",
-                  (unsigned long long)s.copied_ahead, (unsigned long long)s.copies_in_time,
-                  (unsigned long long)s.copies_used,
-                  100.0 * double(s.copies_used) / double(s.copied_ahead),
-                  100.0 * double(s.copies_used) / double(std::max<uint64_t>(1, s.host_hits)));
-    out += buf;
-    if (tokens > 0) {
-      // The wrong guesses cross the link too (while the link would idle); a
-      // cancelled copy stops early, so this is an upper bound.
-      std::snprintf(buf, sizeof buf, "; at most %.1f MB per token crossed the link in all",
-                    double(s.host_hits - s.copies_used + s.copied_ahead) * double(s.expert_bytes) / double(tokens) / 1e6);
-      out += buf;
-    }
   }
   return out;
 }
@@ -246,8 +228,6 @@ CudaOptions cuda_options(const GpuOptions& o, const ModelFootprint* f) {
   c.host_cache_gb = o.host_cache_gb;
   c.host_cache_fraction = o.host_cache_fraction;
   c.decode.prefill_profile = o.prefill_profile;
-  c.decode.copy_ahead_blocks = o.copy_ahead_blocks;
-  c.decode.copy_ahead_wait = o.copy_ahead_wait;
   MachineMemory mm;
   if (f && CudaModel::memory_info(&mm.vram_free, &mm.vram_total)) {  // without a GPU the upload says so
     probe_host_memory(&mm);

@@ -38,10 +38,6 @@ struct GpuOptions {
   // bench --profile: time per phase of the batched prefill, printed to stderr
   // when the model is released.
   bool prefill_profile = false;
-  // bench --copy-ahead-blocks: blocks copying a predicted host-tier expert
-  // to VRAM during each MoE layer's mixer (DecodeOptions; 0: none, the A/B).
-  int copy_ahead_blocks = 0;
-  bool copy_ahead_wait = false;  // bench --copy-ahead-wait (DecodeOptions)
 };
 
 // Why a backend cannot run a model: a code to decide on, and a message for

@@ -73,11 +73,6 @@ struct CudaTierStats {
   bool disk = false;            // host slots are a cache over the model's files (else: the experts outside VRAM)
   double host_pin_seconds = 0;  // time taken pinning the host slots at load
   uint64_t staged_layers = 0;   // prompt chunks' MoE layers whose host experts were staged in VRAM at once
-  // Host-tier experts copied to VRAM during a MoE layer's mixer (one per
-  // layer and decode step, DecodeOptions::copy_ahead_blocks), and how many of those
-  // the layer then chose (read from the copy).
-  uint64_t copied_ahead = 0, copies_used = 0;
-  uint64_t copies_in_time = 0;  // complete before the layer's expert kernels started (all, when they wait)
 };
 
 // A conversation's device state copied to host memory (the server's

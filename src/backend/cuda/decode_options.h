@@ -54,20 +54,6 @@ struct DecodeOptions {
   enum class BatchExperts { Auto = 0, Tiled = 1, FewRows = 2 };
   BatchExperts batch_experts = BatchExperts::Auto;
 
-  // Tiered q4/q8 experts (pinned host memory, no disk tier): during each
-  // MoE layer's mixer a second stream ranks the experts by the layer's
-  // router applied to the layer's input and copies the host-tier expert it
-  // ranks highest to VRAM, where the expert kernels read it if it is chosen
-  // (expert_prefetch.cuh): link time the mixer would leave idle. The copy
-  // takes this many blocks (SMs) from the mixer's kernels. 0 (the default):
-  // no copy. Off until a variant measures faster: with 16 blocks, waiting
-  // for the copy, the 397B's tg was 5.7% slower (bench/NOTES-cuda.md);
-  // bench --copy-ahead-blocks N [--copy-ahead-wait] measures it.
-  int copy_ahead_blocks = 0;
-  // Benchmarks' A/B: the expert kernels wait for the copy (a join before
-  // them) instead of reading it only if it is complete when they start.
-  bool copy_ahead_wait = false;
-
   // Benchmarks: time per phase of the batched prefill and of the batched
   // decode steps (forward_batch), printed to stderr when the model is
   // destroyed (events between phases; slows them a little; no graphs).

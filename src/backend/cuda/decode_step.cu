@@ -10,7 +10,6 @@
 #include "backend/cuda/delta_cluster.cuh"
 #include "backend/cuda/down_early.cuh"
 #include "backend/cuda/embed_argmax.cuh"
-#include "backend/cuda/expert_prefetch.cuh"
 #include "backend/cuda/gguf_kernels.cuh"
 #include "backend/cuda/model_impl.cuh"
 #include "backend/cuda/fp8_experts.cuh"
@@ -394,7 +393,7 @@ void CudaModel::Impl::ffn_launch(const DLayer& d, const MoeArgs& a, int slots) {
 
 // A routed MoE (MoE layer mi): routing (unless folded into the output
 // projection), the disk tier's reads, the top-k experts + shared expert.
-void CudaModel::Impl::routed_moe(const DLayer& d, int mi, bool copied) {
+void CudaModel::Impl::routed_moe(const DLayer& d, int mi) {
   const ModelConfig& m = c;
   const bool pick = opts.decode.pick_in_kernels;
   MoeArgs a = ffn_args(d);
@@ -428,79 +427,7 @@ void CudaModel::Impl::routed_moe(const DLayer& d, int mi, bool copied) {
     a.folded = d.rfold ? 1 : 0;
     a.presel = d.rfold ? 1 : 0;
   }
-  if (copied) {
-    a.copy = copy;
-    if (opts.decode.copy_ahead_wait) {
-      CK(cudaStreamWaitEvent(stream, ahead_join, 0));
-      pdl_next = false;  // gate_up starts after the copy as after the output projection: a full dependency
-    } else {
-      a.copy_ready = copy_ready + mi;
-    }
-  }
   ffn_launch(d, a, slots);
-}
-
-bool CudaModel::Impl::copies_ahead(const DLayer& d) const {
-  return copy && !disk && d.q.bits && !d.q.fp8 && !d.gg.n && d.router.p && d.router.cols == int(c.hidden_size) &&
-         (d.router.dt == DT_BF16 || d.router.dt == DT_F16 || d.router.dt == DT_F32) && c.hidden_size <= 12288;
-}
-
-// Launches on the second stream, its kernels ahead of the main stream's
-// where both wait for SMs (the graph keeps the priority: graph.cu).
-namespace {
-template <typename... K, typename... A>
-void launch_ahead(cudaStream_t s, int priority, void (*kern)(K...), dim3 grid, dim3 block, size_t smem, A... args) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributePriority;
-  at[0].val.priority = priority;
-  cfg.attrs = at;
-  cfg.numAttrs = 1;
-  check(cudaLaunchKernelEx(&cfg, kern, args...), "cudaLaunchKernelEx (copy ahead)");
-}
-}  // namespace
-
-void CudaModel::Impl::copy_ahead(const DLayer& d, int mi) {
-  const int E = int(c.num_experts), H = int(c.hidden_size);
-  CK(cudaEventRecord(ahead_fork, stream));
-  CK(cudaStreamWaitEvent(ahead, ahead_fork, 0));
-  const dim3 g((E + kWarps - 1) / kWarps);
-  const size_t smem = size_t(H) * 4;
-  switch (d.router.dt) {
-    case DT_F32:
-      launch_ahead(ahead, ahead_priority, predict_logits_kernel<float>, g, kThreads, smem,
-                   static_cast<const float*>(d.router.p), E, H, static_cast<const float*>(x), d.post_norm,
-                   c.rms_norm_eps, pred_logits);
-      break;
-    case DT_F16:
-      launch_ahead(ahead, ahead_priority, predict_logits_kernel<__half>, g, kThreads, smem,
-                   static_cast<const __half*>(d.router.p), E, H, static_cast<const float*>(x), d.post_norm,
-                   c.rms_norm_eps, pred_logits);
-      break;
-    default:
-      launch_ahead(ahead, ahead_priority, predict_logits_kernel<__nv_bfloat16>, g, kThreads, smem,
-                   static_cast<const __nv_bfloat16*>(d.router.p), E, H, static_cast<const float*>(x), d.post_norm,
-                   c.rms_norm_eps, pred_logits);
-  }
-  CopyAheadArgs a;
-  a.logits = pred_logits;
-  a.E = E;
-  a.tier = d.tc.tier;
-  a.gu_tab = d.gu_tab;
-  a.down_tab = d.down_tab;
-  a.gu_bytes = d.q.gu_bytes;
-  a.dn_bytes = d.q.dn_bytes;
-  a.gu = copy_buf;
-  a.dn = copy_buf + d.q.gu_bytes;
-  a.copy = copy;
-  a.ready = opts.decode.copy_ahead_wait ? nullptr : copy_ready + mi;
-  launch_ahead(ahead, ahead_priority, copy_ahead_kernel, dim3(opts.decode.copy_ahead_blocks), dim3(256), 0, a);
-  CK(cudaEventRecord(ahead_join, ahead));
-  copied_this_step = true;
 }
 
 // A dense SwiGLU MLP: the expert kernels with one slot (weight 1).
@@ -543,14 +470,12 @@ void CudaModel::Impl::enqueue_step(CudaState::Impl& s, int kind) {
   mark(K_EMBED);
   for (const LayerPlan& l : plan.layers) {
     const DLayer& d = L[size_t(l.index)];
-    const bool ahead_on = l.ffn == FfnKind::RoutedMoE && copies_ahead(d);
-    if (ahead_on) copy_ahead(d, l.moe_slot);  // during the mixer
     switch (l.mixer) {
       case MixerKind::GatedDeltaNet: delta_net(s, d, l.state_slot); break;
       case MixerKind::GatedAttention: attention(s, d, l.state_slot); break;
     }
     switch (l.ffn) {
-      case FfnKind::RoutedMoE: routed_moe(d, l.moe_slot, ahead_on); break;
+      case FfnKind::RoutedMoE: routed_moe(d, l.moe_slot); break;
       case FfnKind::DenseSwiGLU: dense_mlp(d); break;
     }
   }
@@ -559,14 +484,6 @@ void CudaModel::Impl::enqueue_step(CudaState::Impl& s, int kind) {
     go(argmax_kernel, 1, 1024, 0, logits, int(m.vocab_size), s.d_ids, s.d_pos, s.d_base, kRing, s.d_out,
        s.d_step, static_cast<const char*>(embed.p), embed.row_bytes());
     mark(K_ARGMAX);
-  }
-  if (copied_this_step) {
-    // The second stream joins back (a captured graph must end on one
-    // stream); then the copies' flags are cleared for the next step.
-    copied_this_step = false;
-    CK(cudaStreamWaitEvent(stream, ahead_join, 0));
-    CK(cudaMemsetAsync(copy_ready, 0, size_t(plan.moe_layers) * 4, stream));
-    pdl_next = false;
   }
   go(advance_kernel, 1, 1, 0, s.d_pos, s.d_step);
   check(cudaGetLastError(), "advance");

@@ -37,12 +37,6 @@ struct MoeArgs {
   ExpertSel tsel;  // tables; .out: where block (0,0) publishes the row pointers
   int* ids_out;
   float* w_out;
-  // Tiered q4/q8 experts: the host-tier expert copied to VRAM during the
-  // layer's mixer (expert_prefetch.cuh), read there when chosen; or null.
-  // copy_ready: the layer's flag (kCopyBusy, kCopyDone, kCopyCancelled;
-  // null: the kernels run after the copy, DecodeOptions::copy_ahead_wait).
-  ExpertCopy* copy = nullptr;
-  unsigned* copy_ready = nullptr;
 };
 
 // h[j][r] = silu(gate_j[r] . xn) * (up_j[r] . xn); blockIdx.y = slot j.

@@ -22,9 +22,7 @@ void CudaModel::Impl::run_step(CudaState::Impl& s, int kind) {
       throw;
     }
     CK(cudaStreamEndCapture(stream, &g));
-    // Node priorities: the kernels copying a host expert ahead go first
-    // where they and the mixer's wait for the same SMs (expert_prefetch.cuh).
-    cudaError_t e = cudaGraphInstantiate(&s.graphs[kind], g, cudaGraphInstantiateFlagUseNodePriority);
+    cudaError_t e = cudaGraphInstantiate(&s.graphs[kind], g, 0);
     cudaGraphDestroy(g);
     check(e, "cudaGraphInstantiate");
   }

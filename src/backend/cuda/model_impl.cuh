@@ -109,16 +109,6 @@ struct CudaModel::Impl : Launcher {
   bool profiling = false;
   std::vector<cudaEvent_t> events;
   std::vector<int> event_class;
-  // Tiered q4/q8 experts: a host-tier expert copied to VRAM during each MoE
-  // layer's mixer on a second stream (expert_prefetch.cuh; null: off).
-  cudaStream_t ahead = nullptr;
-  int ahead_priority = 0;  // the second stream's kernels go first where both streams wait for SMs
-  cudaEvent_t ahead_fork = nullptr, ahead_join = nullptr;
-  ExpertCopy* copy = nullptr;  // device
-  uint8_t* copy_buf = nullptr;  // gu + down bytes of one expert
-  float* pred_logits = nullptr;
-  unsigned* copy_ready = nullptr;  // [MoE layers]: the layer's copy is complete (cleared at the step's end)
-  bool copied_this_step = false;   // enqueue_step: the second stream has work to join
 
   ~Impl();
 
@@ -201,17 +191,8 @@ struct CudaModel::Impl : Launcher {
   // The expert kernels of a feed-forward of `slots` slots, by storage type.
   void ffn_launch(const DLayer& d, const MoeArgs& a, int slots);
   // A routed MoE (MoE layer mi): routing (unless folded into the output
-  // projection), the disk tier's reads, the top-k experts + shared expert;
-  // copied: copy_ahead ran for it (its copy read where complete and chosen).
-  void routed_moe(const DLayer& d, int mi, bool copied = false);
-  // Whether MoE layer d's host-tier expert is copied ahead (expert_prefetch.cuh).
-  bool copies_ahead(const DLayer& d) const;
-  // Before MoE layer d's (MoE layer mi's) mixer: forks the second stream,
-  // which predicts the layer's logits from its input and copies the
-  // host-tier expert they rank highest to VRAM (expert_prefetch.cuh).
-  void copy_ahead(const DLayer& d, int mi);
-  // The stream, events and buffers of copy_ahead, with the tiers (no disk tier).
-  void init_copy_ahead(size_t gu, size_t dn, int moe);
+  // projection), the disk tier's reads, the top-k experts + shared expert.
+  void routed_moe(const DLayer& d, int mi);
   // A dense SwiGLU MLP: the expert kernels with one slot (weight 1).
   void dense_mlp(const DLayer& d);
   // One token through the model. kind 0: no logits; 1: logits; 2: logits + argmax.

@@ -113,15 +113,6 @@ __global__ void __launch_bounds__(kThreads) gate_up_q_kernel(MoeArgs a, QExpert 
   pdl_wait();
   pdl_trigger();
   const uint8_t* B = shared ? nullptr : static_cast<const uint8_t*>(a.sel ? a.sel[j] : a.gu_tab[a.ids[j]]);
-  if (a.copy) {  // the expert copied during the mixer (expert_prefetch.cuh), if complete: else the copy stops
-    __shared__ unsigned copy_state;
-    if (threadIdx.x == 0) {  // without a flag the kernel runs after the copy
-      copy_state = a.copy_ready ? atomicCAS(a.copy_ready, kCopyBusy, kCopyCancelled) : kCopyDone;
-      __threadfence();  // acquire: the copy's bytes were written before kCopyDone
-    }
-    __syncthreads();
-    if (B && copy_state == kCopyDone && B == a.copy->src_gu) B = static_cast<const uint8_t*>(a.copy->gu);
-  }
   const int cpr = q.gu_row / 16, gpr = a.H / q.group;
   const bool one = q.group % EPC == 0;
   // Row r of gate (part 0) or up (1).
@@ -187,14 +178,8 @@ __global__ void __launch_bounds__(kThreads) down_q_kernel(MoeArgs a, QExpert q) 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, k = a.k;
   pdl_wait();
   pdl_trigger();
-  if (int(threadIdx.x) < k) {
-    const uint8_t* p = static_cast<const uint8_t*>(a.sel ? a.sel[k + threadIdx.x] : a.down_tab[a.ids[threadIdx.x]]);
-    if (a.copy && (!a.copy_ready || ld_acquire(a.copy_ready) == kCopyDone) && p == a.copy->src_dn) {  // copied ahead
-      p = static_cast<const uint8_t*>(a.copy->dn);
-      if (blockIdx.x == 0) atomicAdd(&a.copy->used, 1ull);
-    }
-    ptr[threadIdx.x] = p;
-  }
+  if (int(threadIdx.x) < k) ptr[threadIdx.x] = static_cast<const uint8_t*>(
+      a.sel ? a.sel[k + threadIdx.x] : a.down_tab[a.ids[threadIdx.x]]);
   if (int(threadIdx.x) < k + (a.has_shared ? 1 : 0)) wj[threadIdx.x] = a.w[threadIdx.x];
   __syncthreads();
   const int cpr = q.dn_row / 16, n = k * cpr, gpr = a.I / q.group;

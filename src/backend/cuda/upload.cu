@@ -28,10 +28,6 @@ CudaModel::Impl::~Impl() {
   if (pinned_logits) cudaFreeHost(pinned_logits);
   if (pinned_ids) cudaFreeHost(pinned_ids);
   if (pinned_eids) cudaFreeHost(pinned_eids);
-  if (ahead) cudaStreamSynchronize(ahead);
-  for (cudaEvent_t e : {ahead_fork, ahead_join})
-    if (e) cudaEventDestroy(e);
-  if (ahead) cudaStreamDestroy(ahead);
   if (stream) cudaStreamDestroy(stream);
 }
 
@@ -308,25 +304,8 @@ bool CudaModel::Impl::make_tiers(size_t gu, size_t dn, int moe) {
     disk = true;
     use_graph = false;
     opts.decode.pick_in_kernels = false;
-  } else if (opts.decode.copy_ahead_blocks > 0 && gu % 16 == 0 && dn % 16 == 0) {
-    init_copy_ahead(gu, dn, moe);
   }
   return true;
-}
-
-void CudaModel::Impl::init_copy_ahead(size_t gu, size_t dn, int moe) {
-  int least = 0;
-  CK(cudaDeviceGetStreamPriorityRange(&least, &ahead_priority));
-  CK(cudaStreamCreateWithPriority(&ahead, cudaStreamNonBlocking, ahead_priority));
-  CK(cudaEventCreateWithFlags(&ahead_fork, cudaEventDisableTiming));
-  CK(cudaEventCreateWithFlags(&ahead_join, cudaEventDisableTiming));
-  copy_buf = static_cast<uint8_t*>(alloc(gu + dn, "expert copied ahead"));
-  pred_logits = alloc_f(size_t(c.num_experts), "predicted router logits");
-  copy = static_cast<ExpertCopy*>(alloc(sizeof(ExpertCopy), "expert copied ahead"));
-  const ExpertCopy h{nullptr, nullptr, copy_buf, copy_buf + gu, 0, 0, 0, 0};
-  CK(cudaMemcpy(copy, &h, sizeof h, cudaMemcpyHostToDevice));
-  copy_ready = static_cast<unsigned*>(alloc(size_t(moe) * 4, "copy-ahead flags"));
-  CK(cudaMemset(copy_ready, 0, size_t(moe) * 4));
 }
 
 void CudaModel::Impl::init_device() {
@@ -671,15 +650,7 @@ CudaTierStats CudaModel::tier_stats() const {
   if (!m.tiers) return {};
   CK(cudaSetDevice(m.dev));
   CK(cudaStreamSynchronize(m.stream));
-  CudaTierStats s = m.tiers->stats();
-  if (m.copy) {
-    ExpertCopy h;
-    CK(cudaMemcpy(&h, m.copy, sizeof h, cudaMemcpyDeviceToHost));
-    s.copied_ahead = h.copied;
-    s.copies_used = h.used;
-    s.copies_in_time = m.opts.decode.copy_ahead_wait ? h.copied : h.in_time;
-  }
-  return s;
+  return m.tiers->stats();
 }
 
 void CudaModel::reset_tier_stats() {
@@ -688,7 +659,6 @@ void CudaModel::reset_tier_stats() {
   CK(cudaSetDevice(m.dev));
   CK(cudaStreamSynchronize(m.stream));
   m.tiers->reset_stats();
-  if (m.copy) CK(cudaMemset(&m.copy->copied, 0, 3 * sizeof(unsigned long long)));
 }
 
 }  // namespace flashmoe
