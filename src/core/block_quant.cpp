@@ -12,6 +12,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 #include <immintrin.h>
+
+#include "core/x86_hsum.h"
 #define FLASHMOE_X86 1
 #define AVX2_FN __attribute__((target("avx2,fma,f16c")))
 #define AVX512_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
@@ -239,14 +241,6 @@ float dot_generic(const Matrix& W, int64_t r, const float* x) {
 }
 
 #ifdef FLASHMOE_X86
-AVX2_FN inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
-  return _mm_cvtss_f32(lo);
-}
-
 // Q8_0: the 32 int8 of a block widened 8 at a time, times d, against x.
 AVX2_FN float dot_q8_0_avx2(const Matrix& W, int64_t r, const float* x) {
   const int64_t nb = W.cols / 32;
@@ -268,7 +262,7 @@ AVX2_FN float dot_q8_0_avx2(const Matrix& W, int64_t r, const float* x) {
       a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + k + 8), a1);
     }
   }
-  return hsum(_mm256_add_ps(a0, a1));
+  return hsum8(_mm256_add_ps(a0, a1));
 }
 
 AVX2_FN inline float half_f16c(const uint8_t* p) {
@@ -338,7 +332,7 @@ AVX2_FN float dot_q6_k_avx2(const Matrix& W, int64_t r, const float* x) {
       }
     }
   }
-  return hsum(_mm256_add_ps(a0, a1));
+  return hsum8(_mm256_add_ps(a0, a1));
 }
 
 // acc += (t * scale) . x over 32 signed bytes t.
@@ -369,7 +363,7 @@ AVX2_FN float dot_iq4_nl_avx2(const Matrix& W, int64_t r, const float* x) {
     const uint8_t* blk = row + b * 18;
     mul_i8x32(iq4_values(blk + 2), _mm256_set1_ps(half_f16c(blk)), x + b * 32, a0, a1);
   }
-  return hsum(_mm256_add_ps(a0, a1));
+  return hsum8(_mm256_add_ps(a0, a1));
 }
 
 AVX2_FN float dot_iq4_xs_avx2(const Matrix& W, int64_t r, const float* x) {
@@ -386,7 +380,7 @@ AVX2_FN float dot_iq4_xs_avx2(const Matrix& W, int64_t r, const float* x) {
       mul_i8x32(iq4_values(blk + 8 + 16 * ib), _mm256_set1_ps(d * float(ls - 32)), x + b * 256 + 32 * ib, a0, a1);
     }
   }
-  return hsum(_mm256_add_ps(a0, a1));
+  return hsum8(_mm256_add_ps(a0, a1));
 }
 
 // Q4_0: 16 bytes -> 32 nibbles (low halves are weights 0-15, high 16-31);
@@ -403,7 +397,7 @@ AVX2_FN float dot_q4_0_avx2(const Matrix& W, int64_t r, const float* x) {
     const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), mask), _mm_and_si128(v, mask));
     fma_u8x32(q, _mm256_set1_ps(d), _mm256_set1_ps(-8.0f * d), x + b * 32, a0, a1);
   }
-  return hsum(_mm256_add_ps(a0, a1));
+  return hsum8(_mm256_add_ps(a0, a1));
 }
 
 // The 32 bits of qh as 32 bytes, byte j = 0x10 when bit j is set, else 0.
@@ -433,7 +427,7 @@ AVX2_FN float dot_q5_0_avx2(const Matrix& W, int64_t r, const float* x) {
     fma_u8x32(_mm256_or_si256(lo4, bits_to_0x10(qh)), _mm256_set1_ps(d), _mm256_set1_ps(-16.0f * d), x + b * 32, a0,
               a1);
   }
-  return hsum(_mm256_add_ps(a0, a1));
+  return hsum8(_mm256_add_ps(a0, a1));
 }
 
 // Q4_K: per pair of sub-blocks, 32 bytes whose low nibbles are sub-block j
@@ -459,7 +453,7 @@ AVX2_FN float dot_q4_k_avx2(const Matrix& W, int64_t r, const float* x) {
                 _mm256_set1_ps(-(dmin * float(m1))), xb + 32 * j + 32, a0, a1);
     }
   }
-  return hsum(_mm256_add_ps(a0, a1));
+  return hsum8(_mm256_add_ps(a0, a1));
 }
 
 // Other kinds: a block is expanded into registers-sized chunks of a stack
@@ -480,7 +474,7 @@ AVX2_FN float dot_block_avx2(const Matrix& W, int64_t r, const float* x) {
       a1 = _mm256_fmadd_ps(_mm256_load_ps(tmp + j + 8), _mm256_loadu_ps(xb + j + 8), a1);
     }
   }
-  return hsum(_mm256_add_ps(a0, a1));
+  return hsum8(_mm256_add_ps(a0, a1));
 }
 
 // AVX-512: the kinds of a Q4_K_M file's largest tensors (Q4_K, Q6_K, and

@@ -9,6 +9,8 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+
+#include "core/x86_hsum.h"
 #define FLASHMOE_X86 1
 // GCC 12's AVX-512 intrinsics trip -Wuninitialized (see simd_avx512.cpp).
 #if defined(__GNUC__) && !defined(__clang__)
@@ -49,14 +51,6 @@ void quantize_scalar(const float* x, int64_t cols, Int16Activations& out) {
 }
 
 #ifdef FLASHMOE_X86
-AVX2_FN inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
-  return _mm_cvtss_f32(lo);
-}
-
 AVX2_FN inline float hmax(__m256 v) {
   __m128 lo = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   lo = _mm_max_ps(lo, _mm_movehl_ps(lo, lo));
@@ -106,7 +100,7 @@ AVX2_FN void quantize_avx2(const float* x, int64_t cols, Int16Activations& out) 
     store_deinterleaved(hi, c, order);
     store_deinterleaved(lo, c + 32, order);
     out.scale[size_t(b)] = amax / kCodeMax;
-    out.sum[size_t(b)] = hsum(_mm256_add_ps(_mm256_add_ps(f0, f1), _mm256_add_ps(f2, f3)));
+    out.sum[size_t(b)] = hsum8(_mm256_add_ps(_mm256_add_ps(f0, f1), _mm256_add_ps(f2, f3)));
   }
 }
 

@@ -6,6 +6,8 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+
+#include "core/x86_hsum.h"
 #define FLASHMOE_X86 1
 #define AVX2_FN __attribute__((target("avx2,fma")))
 #endif
@@ -56,13 +58,6 @@ AVX2_FN inline __m256 decode8(const uint8_t* q) {
   return _mm256_or_ps(v, _mm256_castsi256_ps(sign));
 }
 
-AVX2_FN inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
-  return _mm_cvtss_f32(lo);
-}
 }  // namespace
 
 AVX2_FN void dequant_avx2(const Matrix& W, int64_t r, float* out) {
@@ -96,7 +91,7 @@ AVX2_FN float dot_avx2(const Matrix& W, int64_t r, const float* x) {
     acc = _mm256_fmadd_ps(_mm256_add_ps(p0, p1), _mm256_set1_ps(s), acc);
     tail += t * s;
   }
-  return hsum(acc) + tail;
+  return hsum8(acc) + tail;
 }
 #else
 void dequant_avx2(const Matrix& W, int64_t r, float* out) { dequant_portable(W, r, out); }

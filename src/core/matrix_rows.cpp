@@ -12,6 +12,8 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+
+#include "core/x86_hsum.h"
 #define FLASHMOE_X86 1
 #define AVX2_FN __attribute__((target("avx2,fma")))
 #endif
@@ -68,14 +70,6 @@ AVX2_FN inline __m256 load_q8x8(QuantKind k, const uint8_t* row, int64_t c) {
   return _mm256_cvtepi32_ps(q);
 }
 
-AVX2_FN inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
-  return _mm_cvtss_f32(lo);
-}
-
 AVX2_FN void dequant_avx2(const Matrix& W, int64_t r, float* out) {
   const uint8_t* row = row_ptr(W, r);
   const int64_t G = W.groups_per_row();
@@ -103,7 +97,7 @@ AVX2_FN float dot_avx2(const Matrix& W, int64_t r, const float* x) {
     for (; c < end; c += 8)
       a0 = _mm256_fmadd_ps(_mm256_fmadd_ps(load_q8x8(W.quant, row, c), s, b), _mm256_loadu_ps(x + c), a0);
   }
-  return hsum(_mm256_add_ps(a0, a1));
+  return hsum8(_mm256_add_ps(a0, a1));
 }
 #endif
 

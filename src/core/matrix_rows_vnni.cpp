@@ -14,6 +14,8 @@
 #endif
 #include <immintrin.h>
 
+#include "core/x86_hsum.h"
+
 #include "core/dtype.h"
 
 #define VNNI_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
@@ -21,14 +23,6 @@
 namespace flashmoe::cpu::vnni {
 
 namespace {
-
-VNNI_FN inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
-  return _mm_cvtss_f32(lo);
-}
 
 // Thirty-two q4 codes from 16 bytes (low nibble = the even column) as bytes
 // in column order.
@@ -104,7 +98,7 @@ VNNI_FN float quant_dot_row_int8(const Matrix& W, int64_t r, const int8_t* code,
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(bf16_to_f32(s[g]) * scale[g]), acc);
     bias += bf16_to_f32(b[g]) * sum[g];
   }
-  return hsum(acc) + bias;
+  return hsum8(acc) + bias;
 }
 
 }  // namespace flashmoe::cpu::vnni
