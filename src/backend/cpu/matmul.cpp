@@ -43,35 +43,17 @@ void rows_kernel(const Matrix& W, int64_t r0, int64_t r1, const float* x, int64_
     }
     return;
   }
-  // Several tokens: a blocked product. A block of up to 16 rows is widened to
-  // fp32 once (it stays in L2), then every group of 4 tokens meets each 4-row
-  // slice of it in the 4 x 4 register tile (simd::dot4x4_f32): the 4 token
-  // rows stay in L1 across the block's slices.
+  // Several tokens: a blocked product. A block of rows is widened to fp32
+  // once (it stays in L1), then the panel kernel (simd::dot_panel_f32) meets
+  // it with every token in 4 x 4 register tiles, each output written in
+  // place.
   const int64_t K = W.cols;
   constexpr int64_t kBlockRows = 16;
   buf.resize(size_t(K) * kBlockRows);
   for (int64_t rb = r0; rb < r1; rb += kBlockRows) {
     const int64_t re = std::min(r1, rb + kBlockRows);
     for (int64_t r = rb; r < re; ++r) load_row(W, r, buf.data() + (r - rb) * K);
-    const int64_t quads_end = rb + (re - rb) / 4 * 4;
-    int64_t t = 0;
-    for (; t + 4 <= n; t += 4) {
-      const float* xt = x + t * ldx;
-      for (int64_t r = rb; r < quads_end; r += 4) {
-        float out[16];
-        simd::dot4x4_f32(buf.data() + (r - rb) * K, K, xt, ldx, K, out);
-        for (int k = 0; k < 4; ++k)
-          for (int j = 0; j < 4; ++j) y[(t + j) * ldy + r + k] = out[4 * k + j];
-      }
-    }
-    for (; t < n; ++t)
-      for (int64_t r = rb; r < quads_end; r += 4) {
-        float out[4];
-        simd::dot4_f32(buf.data() + (r - rb) * K, K, x + t * ldx, K, out);
-        for (int k = 0; k < 4; ++k) y[t * ldy + r + k] = out[k];
-      }
-    for (int64_t r = quads_end; r < re; ++r)
-      for (int64_t tt = 0; tt < n; ++tt) y[tt * ldy + r] = simd::dot_f32(buf.data() + (r - rb) * K, x + tt * ldx, K);
+    simd::dot_panel_f32(buf.data(), K, re - rb, x, ldx, n, K, y + rb, ldy);
   }
 }
 
