@@ -48,7 +48,7 @@ struct ExpertTask {
   const FfnExpert* expert;
   std::vector<int64_t> tokens;
   std::vector<float> weights;  // per token
-  std::vector<float> result;   // [tokens, H]
+  float* result = nullptr;     // [tokens, H], in the step's kept results buffer
 };
 
 }  // namespace
@@ -70,8 +70,9 @@ void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_exper
   // read): clearing fresh buffers of a prompt chunk was serial time between
   // the parallel loops. The names are references so that the loops' workers
   // use this thread's.
-  thread_local std::vector<float> kept[4];
-  std::vector<float>&probs = kept[0], &shared_g = kept[1], &shared_u = kept[2], &shared_out = kept[3];
+  thread_local std::vector<float> kept[5];
+  std::vector<float>&probs = kept[0], &shared_g = kept[1], &shared_u = kept[2], &shared_out = kept[3],
+                     &results = kept[4];
   probs.resize(size_t(n * E));
   matmul(pool, w.router, x, n, probs.data());
   // Each token's top k (expert, weight), tokens spread over the threads;
@@ -122,9 +123,15 @@ void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_exper
   for (int64_t e = 0; e < E; ++e)
     if (!tasks[e].tokens.empty()) ids.push_back(int32_t(e));
   ExpertBatch batch = store.fetch(layer, ids, run_shared_expert);
+  // The experts' outputs side by side in one buffer of n * k rows (a fresh
+  // one per expert was allocated, zeroed and page-faulted on every layer).
+  results.resize(size_t(n * k * H));
   std::vector<ExpertTask> work;
+  int64_t row = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
     tasks[ids[i]].expert = &batch.experts[i];
+    tasks[ids[i]].result = results.data() + row * H;
+    row += int64_t(tasks[ids[i]].tokens.size());
     work.push_back(std::move(tasks[ids[i]]));
   }
 
@@ -145,8 +152,7 @@ void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_exper
       const int64_t m = int64_t(task.tokens.size());
       xin.resize(size_t(m * H));
       for (int64_t j = 0; j < m; ++j) std::copy(x + task.tokens[j] * H, x + (task.tokens[j] + 1) * H, xin.data() + j * H);
-      task.result.resize(size_t(m * H));
-      swiglu_serial(*task.expert, xin.data(), m, task.result.data(), g, u);
+      swiglu_serial(*task.expert, xin.data(), m, task.result, g, u);
     }
   });
   // Each token's sum, tokens spread over the threads: its experts' rows in
@@ -166,7 +172,7 @@ void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_exper
       std::fill(o, o + H, 0.0f);
       for (int64_t c = 0; c < k; ++c) {
         const auto [i, j] = from[size_t(t * k + c)];
-        simd::axpy(work[size_t(i)].weights[size_t(j)], work[size_t(i)].result.data() + int64_t(j) * H, o, H);
+        simd::axpy(work[size_t(i)].weights[size_t(j)], work[size_t(i)].result + int64_t(j) * H, o, H);
       }
       if (shared_expert) {
         const float gate = sigmoid(simd_dot_row(w.shared_gate, 0, x + t * H));

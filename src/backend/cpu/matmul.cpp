@@ -53,6 +53,15 @@ void rows_kernel(const Matrix& W, int64_t r0, int64_t r1, const float* x, int64_
   for (int64_t rb = r0; rb < r1; rb += kBlockRows) {
     const int64_t re = std::min(r1, rb + kBlockRows);
     for (int64_t r = rb; r < re; ++r) load_row(W, r, buf.data() + (r - rb) * K);
+    // The next block's stored rows are asked for now, so that they arrive
+    // while this block's panel runs (widening waited on memory: the experts'
+    // weights are read once per prompt chunk).
+    const int64_t next_end = std::min(r1, re + kBlockRows);
+    if (re < next_end) {
+      const char* from = static_cast<const char*>(W.data) + size_t(re) * W.row_bytes();
+      const size_t bytes = size_t(next_end - re) * W.row_bytes();
+      for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(from + off);
+    }
     simd::dot_panel_f32(buf.data(), K, re - rb, x, ldx, n, K, y + rb, ldy);
   }
 }
