@@ -8,6 +8,7 @@
 #include "backend/cpu/layers.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
+#include "core/aligned.h"
 #include "core/simd.h"
 
 namespace flashmoe::cpu {
@@ -32,8 +33,8 @@ void silu_mul_rows(ThreadPool& pool, float* g, const float* u, int64_t n, int64_
 }
 
 // y[m, H] = down(silu(gate x) * up x) for m token rows, on the calling thread.
-void swiglu_serial(const FfnExpert& e, const float* x, int64_t m, float* y, std::vector<float>& g,
-                   std::vector<float>& u) {
+void swiglu_serial(const FfnExpert& e, const float* x, int64_t m, float* y, AlignedFloats& g,
+                   AlignedFloats& u) {
   const int64_t H = e.gate.cols, I = e.gate.rows;
   g.resize(size_t(m * I));
   u.resize(size_t(m * I));
@@ -55,7 +56,7 @@ struct ExpertTask {
 
 void dense_swiglu_ffn(const FfnExpert& e, const float* x, int64_t n, float* out, ThreadPool& pool) {
   const int64_t I = e.gate.rows;
-  std::vector<float> g(size_t(n * I)), u(size_t(n * I));
+  AlignedFloats g(size_t(n * I)), u(size_t(n * I));
   matmul(pool, e.gate, x, n, g.data());
   matmul(pool, e.up, x, n, u.data());
   silu_mul_rows(pool, g.data(), u.data(), n, I);
@@ -70,8 +71,8 @@ void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_exper
   // read): clearing fresh buffers of a prompt chunk was serial time between
   // the parallel loops. The names are references so that the loops' workers
   // use this thread's.
-  thread_local std::vector<float> kept[5];
-  std::vector<float>&probs = kept[0], &shared_g = kept[1], &shared_u = kept[2], &shared_out = kept[3],
+  thread_local AlignedFloats kept[5];
+  AlignedFloats &probs = kept[0], &shared_g = kept[1], &shared_u = kept[2], &shared_out = kept[3],
                      &results = kept[4];
   probs.resize(size_t(n * E));
   matmul(pool, w.router, x, n, probs.data());
@@ -146,7 +147,7 @@ void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_exper
   std::stable_sort(busiest.begin(), busiest.end(),
                    [&](size_t a, size_t b) { return work[a].tokens.size() > work[b].tokens.size(); });
   pool.parallel_for_items(int64_t(work.size()), [&](int64_t b, int64_t e) {
-    thread_local std::vector<float> xin, g, u;  // kept across layers: no page faults per call
+    thread_local AlignedFloats xin, g, u;  // kept across layers: no page faults per call
     for (int64_t i = b; i < e; ++i) {
       ExpertTask& task = work[busiest[size_t(i)]];
       const int64_t m = int64_t(task.tokens.size());

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/block_quant_i16.h"
+#include "core/aligned.h"
 #include "core/error.h"
 #include "core/matrix_rows.h"
 #include "core/simd.h"
@@ -16,7 +17,7 @@ namespace {
 // straight from its storage type; for several, blocks of rows are widened
 // once to fp32 and reused across the tokens.
 void rows_kernel(const Matrix& W, int64_t r0, int64_t r1, const float* x, int64_t n, int64_t ldx,
-                 float* y, int64_t ldy, std::vector<float>& buf, const Int16Activations* xq) {
+                 float* y, int64_t ldy, AlignedFloats& buf, const Int16Activations* xq) {
   if (xq) {
     // One token against Q4_K / Q6_K / Q8_0 rows: integer products with the
     // activations rounded to int16 once per call (core/block_quant_i16.h).
@@ -44,7 +45,7 @@ void rows_kernel(const Matrix& W, int64_t r0, int64_t r1, const float* x, int64_
     return;
   }
   // Several tokens: a blocked product. A block of rows is widened to fp32
-  // once (it stays in L1), then the panel kernel (simd::dot_panel_f32) meets
+  // once (it stays in L1; cache-line aligned, as the callers' token rows are), then the panel kernel (simd::dot_panel_f32) meets
   // it with every token in 4 x 4 register tiles, each output written in
   // place.
   const int64_t K = W.cols;
@@ -77,7 +78,7 @@ const Int16Activations* int16_activations(const Matrix& W, const float* x, int64
 }  // namespace
 
 void matmul_serial(const Matrix& W, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy) {
-  thread_local std::vector<float> buf;
+  thread_local AlignedFloats buf;
   thread_local Int16Activations xq;
   rows_kernel(W, 0, W.rows, x, n, ldx, y, ldy, buf, int16_activations(W, x, n, xq));
 }
@@ -96,7 +97,7 @@ void matmul(ThreadPool& pool, const Matrix& W, const float* x, int64_t n, int64_
   thread_local Int16Activations xq_store;
   const Int16Activations* xq = int16_activations(W, x, n, xq_store);
   pool.parallel_for(W.rows, [&](int64_t r0, int64_t r1) {
-    thread_local std::vector<float> buf;
+    thread_local AlignedFloats buf;
     rows_kernel(W, r0, r1, x, n, ldx, y, ldy, buf, xq);
   }, grain);
 }
