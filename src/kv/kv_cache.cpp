@@ -466,27 +466,32 @@ void KvCache::attend_impl(const float* q, int64_t num_heads, float scale, float*
     const int64_t* idx = sel ? sel[kvh].data() : nullptr;  // i-th slot read: idx[i], or i
     const int64_t n = sel ? int64_t(sel[kvh].size()) : slots;
     if (n == 0) continue;
-    // Scores: each K row is decoded once (f32 storage read in order is used
-    // in place) and meets the G query heads of its group in the panel
-    // kernel's 4 x 4 tiles (keys x heads): every score has the bits of
-    // dot_f32(q head, K row), whichever way it is tiled.
+    // Rows [s0, s0 + nt) of K or V for this KV head as fp32, ld apart: f32
+    // storage read in order is used in place (all n rows as one tile), the
+    // other formats are decoded kTile rows at a time into the scratch tile.
     const bool in_place = T == KvDType::F32 && !idx;
-    for (int64_t s0 = 0; s0 < n; s0 += in_place ? n : kTile) {
-      const int64_t nt = in_place ? n : std::min(kTile, n - s0);
-      const float* tile;
-      int64_t ld;
+    const int64_t step = in_place ? n : kTile;
+    auto rows_at = [&](const std::vector<uint8_t>& data, const std::vector<float>& scales, int64_t s0, int64_t nt,
+                       int64_t& ld) -> const float* {
       if (in_place) {
-        tile = reinterpret_cast<const float*>(k_.data()) + kvh * hd_;
         ld = row_;
-      } else {
-        for (int64_t r = 0; r < nt; ++r) {
-          float* dst = sc.vtile.data() + r * hd_;
-          const float* src = row<T>(k_, ks_, idx ? idx[s0 + r] : s0 + r, kvh, dst);
-          if (src != dst) std::memcpy(dst, src, size_t(hd_) * 4);
-        }
-        tile = sc.vtile.data();
-        ld = hd_;
+        return reinterpret_cast<const float*>(data.data()) + s0 * row_ + kvh * hd_;
       }
+      for (int64_t r = 0; r < nt; ++r) {
+        float* dst = sc.vtile.data() + r * hd_;
+        const float* src = row<T>(data, scales, idx ? idx[s0 + r] : s0 + r, kvh, dst);
+        if (src != dst) std::memcpy(dst, src, size_t(hd_) * 4);
+      }
+      ld = hd_;
+      return sc.vtile.data();
+    };
+    // Scores: each K row meets the G query heads of its group in the panel
+    // kernel's 4 x 4 tiles (keys x heads): every score has the bits of
+    // dot_f32(q head, K row), whichever way it is tiled; then the scale.
+    for (int64_t s0 = 0; s0 < n; s0 += step) {
+      const int64_t nt = std::min(step, n - s0);
+      int64_t ld;
+      const float* tile = rows_at(k_, ks_, s0, nt, ld);
       cpu::simd::dot_panel_f32(tile, ld, nt, qg, hd_, G, hd_, probs + h0 * stride + s0, stride);
     }
     for (int64_t g = 0; g < G; ++g) {
@@ -496,26 +501,12 @@ void KvCache::attend_impl(const float* q, int64_t num_heads, float scale, float*
       const float inv = 1.0f / kv_kernels::exp_shifted_sum(p, n, mx);
       for (int64_t i = 0; i < n; ++i) p[i] *= inv;
     }
-    // Values, a tile of rows at a time: each row is decoded once into the
-    // tile (f32 storage read in order is used in place, all of it as one
-    // tile), and the G heads of the group accumulate it together in
-    // registers.
-    for (int64_t s0 = 0; s0 < n; s0 += in_place ? n : kTile) {
-      const int64_t nt = in_place ? n : std::min(kTile, n - s0);
-      const float* tile;
+    // Values: the G heads of the group accumulate each tile together in
+    // registers (each value row loaded once for all of them).
+    for (int64_t s0 = 0; s0 < n; s0 += step) {
+      const int64_t nt = std::min(step, n - s0);
       int64_t ld;
-      if (in_place) {
-        tile = reinterpret_cast<const float*>(v_.data()) + kvh * hd_;
-        ld = row_;
-      } else {
-        for (int64_t r = 0; r < nt; ++r) {
-          float* dst = sc.vtile.data() + r * hd_;
-          const float* src = row<T>(v_, vs_, idx ? idx[s0 + r] : s0 + r, kvh, dst);
-          if (src != dst) std::memcpy(dst, src, size_t(hd_) * 4);
-        }
-        tile = sc.vtile.data();
-        ld = hd_;
-      }
+      const float* tile = rows_at(v_, vs_, s0, nt, ld);
       kv_kernels::weighted_rows_acc_heads(tile, ld, probs + h0 * stride + s0, stride, G, nt, out + h0 * hd_, hd_);
     }
   }

@@ -45,9 +45,9 @@ void rows_kernel(const Matrix& W, int64_t r0, int64_t r1, const float* x, int64_
     return;
   }
   // Several tokens: a blocked product. A block of rows is widened to fp32
-  // once (it stays in L1; cache-line aligned, as the callers' token rows are), then the panel kernel (simd::dot_panel_f32) meets
-  // it with every token in 4 x 4 register tiles, each output written in
-  // place.
+  // once (it stays in L1, and starts a cache line as the callers' token
+  // rows do), then the panel kernel (simd::dot_panel_f32) meets it with
+  // every token in 4 x 4 register tiles, each output written in place.
   const int64_t K = W.cols;
   constexpr int64_t kBlockRows = 16;
   buf.resize(size_t(K) * kBlockRows);
