@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "kv/kv_cache.h"
+#include "kv/kv_kernels.h"
 
 namespace kv_cache_test {
 
@@ -163,6 +164,26 @@ TEST(KvCache, PrefixAttentionEqualsTokenByToken) {
   EXPECT_THROW(w.attend_prefix(q.data(), 4, 1.0f, out.data(), 1, scratch), Error);
   full.append(0, kv.data(), kv.data());
   EXPECT_THROW(full.attend_prefix(q.data(), 4, 1.0f, out.data(), 2, scratch), Error);
+}
+
+// The values' weighted sum for a KV head's query group at once (each value
+// row loaded once for all the heads) is, per head, the same bits as that
+// head alone, for group sizes around the 4-head register block and head
+// sizes that take the AVX-512 path (multiples of 16) and that do not.
+TEST(KvCache, GroupedValueSumEqualsPerHeadBits) {
+  std::mt19937 rng(9);
+  for (int64_t n : {16, 24, 64, 80, 128})
+    for (int64_t heads : {1, 2, 3, 4, 5, 8})
+      for (int64_t nrows : {1, 16, 37}) {
+        const int64_t ld = n + 16, wstride = nrows + 3;
+        const Vec rows = randn(rng, size_t(nrows * ld)), w = randn(rng, size_t(heads * wstride));
+        const Vec start = randn(rng, size_t(heads * n));
+        Vec together = start, alone = start;
+        kv_kernels::weighted_rows_acc_heads(rows.data(), ld, w.data(), wstride, heads, nrows, together.data(), n);
+        for (int64_t h = 0; h < heads; ++h)
+          kv_kernels::weighted_rows_acc(rows.data(), ld, w.data() + h * wstride, nrows, alone.data() + h * n, n);
+        ASSERT_EQ(together, alone) << "n " << n << " heads " << heads << " rows " << nrows;
+      }
 }
 
 TEST(KvCache, F32StorageIsLossless) {

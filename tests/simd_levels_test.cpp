@@ -3,7 +3,7 @@
 // computed here: each level must give the same function, and within a level
 // a row's dot product must be the same bits alone, four rows at a time, in
 // the 4 x 4 prefill tile and from its fp32 widening (prefill and decode agree
-// exactly; FP8 KV needs it).
+// exactly; FP8 KV needs it), and in the prefill's panel of rows x tokens.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -115,6 +115,35 @@ TEST(SimdLevels, EveryLevelComputesTheSameFunction) {
       k.axpy(0.5f, w.f32.data(), y.data(), n);
       for (int64_t i = 0; i < n; ++i) ASSERT_FLOAT_EQ(y[i], x.f32[i] + 0.5f * w.f32[i]);
     }
+  }
+}
+
+// The prefill's panel kernel (a block of fp32 rows against every token, in
+// 4 x 4 register tiles, then the leftover tokens and rows) gives each output
+// the bits of that row's and token's dot product alone, whatever the block's
+// shape: the prefill (panels) and decode (one row at a time) agree exactly.
+// Strides wider than n, and cells outside the panel must stay untouched.
+TEST(SimdLevels, PanelKernelGivesEveryOutputItsDotProductBits) {
+  std::mt19937 rng(5);
+  for (CpuLevel level : runnable_levels()) {
+    SCOPED_TRACE(cpu_level_name(level));
+    const simd::Kernels& k = simd::kernels(level);
+    for (int64_t n : {7, 16, 40, 64})
+      for (int64_t rows : {1, 3, 4, 6, 16})
+        for (int64_t tokens : {1, 2, 4, 5, 9}) {
+          SCOPED_TRACE(testing::Message() << "n " << n << " rows " << rows << " tokens " << tokens);
+          const int64_t lda = n + 3, ldx = n + 5, ldy = rows + 2;
+          Rows a = random_rows(rows, lda, rng), x = random_rows(tokens, ldx, rng);
+          std::vector<float> y(size_t(tokens * ldy), -7.0f);
+          k.dot_panel_f32(a.f32.data(), lda, rows, x.f32.data(), ldx, tokens, n, y.data(), ldy);
+          for (int64_t t = 0; t < tokens; ++t) {
+            for (int64_t r = 0; r < rows; ++r) {
+              const float one = k.dot_mixed(DType::F32, a.f32.data() + r * lda, x.f32.data() + t * ldx, n);
+              ASSERT_EQ(y[size_t(t * ldy + r)], one) << "row " << r << " token " << t;
+            }
+            for (int64_t r = rows; r < ldy; ++r) ASSERT_EQ(y[size_t(t * ldy + r)], -7.0f);
+          }
+        }
   }
 }
 

@@ -77,8 +77,9 @@ namespace {
 
 }  // namespace
 
-const Kernels kPortableKernels = {to_f32_generic, dot_mixed_generic, dot4_mixed_generic, dot4x4_f32_generic,
-                                  axpy_generic, silu_mul_scalar};
+const Kernels kPortableKernels = {
+    to_f32_generic, dot_mixed_generic, dot4_mixed_generic, dot4x4_f32_generic,
+    dot_panel_by_tiles<dot4x4_f32_generic, dot4_mixed_generic, dot_mixed_generic>, axpy_generic, silu_mul_scalar};
 
 #ifdef FLASHMOE_X86
 namespace {
@@ -169,7 +170,12 @@ AVX2_FN void axpy_avx2(float alpha, const float* x, float* y, int64_t n) {
 
 }  // namespace
 
-const Kernels kAvx2Kernels = {to_f32_avx2, dot_mixed_avx2, dot4_mixed_avx2, dot4x4_f32_avx2, axpy_avx2,
+const Kernels kAvx2Kernels = {to_f32_avx2,
+                              dot_mixed_avx2,
+                              dot4_mixed_avx2,
+                              dot4x4_f32_avx2,
+                              dot_panel_by_tiles<dot4x4_f32_avx2, dot4_mixed_avx2, dot_mixed_avx2>,
+                              axpy_avx2,
                               silu_mul_scalar};
 #endif
 
@@ -213,6 +219,11 @@ void dot4_f32(const float* a, int64_t lda, const float* x, int64_t n, float out[
 
 void dot4x4_f32(const float* a, int64_t lda, const float* x, int64_t ldx, int64_t n, float out[16]) {
   active().dot4x4_f32(a, lda, x, ldx, n, out);
+}
+
+void dot_panel_f32(const float* a, int64_t lda, int64_t rows, const float* x, int64_t ldx, int64_t tokens, int64_t n,
+                   float* y, int64_t ldy) {
+  active().dot_panel_f32(a, lda, rows, x, ldx, tokens, n, y, ldy);
 }
 
 void axpy(float alpha, const float* x, float* y, int64_t n) { active().axpy(alpha, x, y, n); }

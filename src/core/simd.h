@@ -28,6 +28,12 @@ struct Kernels {
   // out[4*k + j] = dot(a + k*lda, x + j*ldx) for rows k and tokens j in
   // 0..3: the prefill micro-kernel (fp32 rows, 4 x 4 tile).
   void (*dot4x4_f32)(const float* a, int64_t lda, const float* x, int64_t ldx, int64_t n, float out[16]);
+  // y[t * ldy + r] = dot(a + r*lda, x + t*ldx) for rows r < rows and tokens
+  // t < tokens: the prefill's whole block of fp32 rows against every token,
+  // tiled 4 x 4 inside (no call, spill or scatter per tile). Every output
+  // has the bits of dot_mixed(F32, ...) of its row and token.
+  void (*dot_panel_f32)(const float* a, int64_t lda, int64_t rows, const float* x, int64_t ldx, int64_t tokens,
+                        int64_t n, float* y, int64_t ldy);
   // y += alpha * x
   void (*axpy)(float alpha, const float* x, float* y, int64_t n);
   // g[i] = silu(g[i]) * u[i], silu(x) = x / (1 + exp(-x)): the SwiGLU
@@ -48,6 +54,8 @@ float dot_f32(const float* a, const float* b, int64_t n);
 void dot4_mixed(DType t, const void* w, size_t stride, const float* x, int64_t n, float out[4]);
 void dot4_f32(const float* a, int64_t lda, const float* x, int64_t n, float out[4]);
 void dot4x4_f32(const float* a, int64_t lda, const float* x, int64_t ldx, int64_t n, float out[16]);
+void dot_panel_f32(const float* a, int64_t lda, int64_t rows, const float* x, int64_t ldx, int64_t tokens, int64_t n,
+                   float* y, int64_t ldy);
 void axpy(float alpha, const float* x, float* y, int64_t n);
 void silu_mul(float* g, const float* u, int64_t n);
 

@@ -162,6 +162,80 @@ AVX512_FN void dot4x4_f32_avx512(const float* a, int64_t lda, const float* x, in
   reduce16(v, out);
 }
 
+// AVX512_FN, always inlined.
+#define AVX512_INLINE_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"), always_inline)) inline
+// One 16-column step of the panel's tile: 8 loads, 16 multiply-adds.
+AVX512_INLINE_FN void panel_step(const float* a0, const float* a1, const float* a2, const float* a3, const float* x0,
+                                 const float* x1, const float* x2, const float* x3, int64_t i, __mmask16 m,
+                                 __m512 (&v)[16]) {
+  const __m512 w0 = loadx(a0, i, m), w1 = loadx(a1, i, m), w2 = loadx(a2, i, m), w3 = loadx(a3, i, m);
+  const __m512 t0 = loadx(x0, i, m);
+  v[0] = _mm512_fmadd_ps(w0, t0, v[0]);
+  v[4] = _mm512_fmadd_ps(w1, t0, v[4]);
+  v[8] = _mm512_fmadd_ps(w2, t0, v[8]);
+  v[12] = _mm512_fmadd_ps(w3, t0, v[12]);
+  const __m512 t1 = loadx(x1, i, m);
+  v[1] = _mm512_fmadd_ps(w0, t1, v[1]);
+  v[5] = _mm512_fmadd_ps(w1, t1, v[5]);
+  v[9] = _mm512_fmadd_ps(w2, t1, v[9]);
+  v[13] = _mm512_fmadd_ps(w3, t1, v[13]);
+  const __m512 t2 = loadx(x2, i, m);
+  v[2] = _mm512_fmadd_ps(w0, t2, v[2]);
+  v[6] = _mm512_fmadd_ps(w1, t2, v[6]);
+  v[10] = _mm512_fmadd_ps(w2, t2, v[10]);
+  v[14] = _mm512_fmadd_ps(w3, t2, v[14]);
+  const __m512 t3 = loadx(x3, i, m);
+  v[3] = _mm512_fmadd_ps(w0, t3, v[3]);
+  v[7] = _mm512_fmadd_ps(w1, t3, v[7]);
+  v[11] = _mm512_fmadd_ps(w2, t3, v[11]);
+  v[15] = _mm512_fmadd_ps(w3, t3, v[15]);
+}
+
+// The 4 x 4 tile of dot_panel_f32: rows a0..a3 against tokens x0..x3 over n
+// columns (n16 of them in whole 16-lane steps, then a masked step), the same
+// multiply-adds per accumulator as dot_mixed_avx512. The accumulators are
+// passed to the reduction in the order that leaves token j's four rows in
+// quarter j, which is stored straight to y (the tree per accumulator does
+// not depend on its place). Always inlined into the panel's loops, so the
+// 16 accumulators live in registers (as a called function they were zeroed
+// and spilled through the stack on every tile).
+AVX512_INLINE_FN void panel_tile(const float* a, int64_t lda, const float* x, int64_t ldx, int64_t n, int64_t n16,
+                                 float* y, int64_t ldy) {
+  const float *a0 = a, *a1 = a + lda, *a2 = a + 2 * lda, *a3 = a + 3 * lda;
+  const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
+  // v[4k + j]: row k, token j.
+  __m512 v[16];
+  for (int i = 0; i < 16; ++i) v[i] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n16; i += 16) panel_step(a0, a1, a2, a3, x0, x1, x2, x3, i, kAll, v);
+  if (n16 < n) panel_step(a0, a1, a2, a3, x0, x1, x2, x3, n16, lanes(n16, n), v);
+  // reduce16's tree: element 4r + m of the result is accumulator 4m + r, so
+  // with v[4k + j] = (row k, token j), element 4j + k is (row k, token j).
+  const __m512 u0 = level2(level1(v[0], v[1]), level1(v[2], v[3]));
+  const __m512 u1 = level2(level1(v[4], v[5]), level1(v[6], v[7]));
+  const __m512 u2 = level2(level1(v[8], v[9]), level1(v[10], v[11]));
+  const __m512 u3 = level2(level1(v[12], v[13]), level1(v[14], v[15]));
+  const __m512 s = level4(level3(u0, u1), level3(u2, u3));
+  _mm_storeu_ps(y, _mm512_castps512_ps128(s));
+  _mm_storeu_ps(y + ldy, _mm512_extractf32x4_ps(s, 1));
+  _mm_storeu_ps(y + 2 * ldy, _mm512_extractf32x4_ps(s, 2));
+  _mm_storeu_ps(y + 3 * ldy, _mm512_extractf32x4_ps(s, 3));
+}
+
+AVX512_FN void dot_panel_f32_avx512(const float* a, int64_t lda, int64_t rows, const float* x, int64_t ldx,
+                                    int64_t tokens, int64_t n, float* y, int64_t ldy) {
+  const int64_t rq = rows / 4 * 4, tq = tokens / 4 * 4, n16 = n / 16 * 16;
+  for (int64_t t = 0; t < tq; t += 4)
+    for (int64_t r = 0; r < rq; r += 4) panel_tile(a + r * lda, lda, x + t * ldx, ldx, n, n16, y + t * ldy + r, ldy);
+  for (int64_t t = tq; t < tokens; ++t)
+    for (int64_t r = 0; r < rq; r += 4) {
+      float out[4];
+      dot4_mixed_avx512(DType::F32, a + r * lda, size_t(lda) * sizeof(float), x + t * ldx, n, out);
+      for (int k = 0; k < 4; ++k) y[t * ldy + r + k] = out[k];
+    }
+  for (int64_t r = rq; r < rows; ++r)
+    for (int64_t t = 0; t < tokens; ++t) y[t * ldy + r] = dot_mixed_avx512(DType::F32, a + r * lda, x + t * ldx, n);
+}
+
 AVX512_FN void axpy_avx512(float alpha, const float* x, float* y, int64_t n) {
   const __m512 av = _mm512_set1_ps(alpha);
   int64_t i = 0;
@@ -205,8 +279,8 @@ AVX512_FN void silu_mul_avx512(float* g, const float* u, int64_t n) {
 
 }  // namespace
 
-const Kernels kAvx512Kernels = {to_f32_avx512, dot_mixed_avx512, dot4_mixed_avx512, dot4x4_f32_avx512, axpy_avx512,
-                                silu_mul_avx512};
+const Kernels kAvx512Kernels = {to_f32_avx512,        dot_mixed_avx512, dot4_mixed_avx512, dot4x4_f32_avx512,
+                                dot_panel_f32_avx512, axpy_avx512,      silu_mul_avx512};
 
 }  // namespace flashmoe::cpu::simd
 #endif

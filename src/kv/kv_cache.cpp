@@ -451,7 +451,6 @@ void KvCache::attend_impl(const float* q, int64_t num_heads, float scale, float*
   }
   std::fill(out, out + num_heads * hd_, 0.0f);
   if (stride == 0) return;
-  if (sc.krow.size() < size_t(hd_)) sc.krow.resize(size_t(hd_));
   if ((T != KvDType::F32 || sel) && sc.vtile.size() < size_t(kTile * hd_)) sc.vtile.resize(size_t(kTile * hd_));
   const bool rot = T == KvDType::FP8 && rotated_;
   if (rot) {  // scores against H k need H q
@@ -467,44 +466,48 @@ void KvCache::attend_impl(const float* q, int64_t num_heads, float scale, float*
     const int64_t* idx = sel ? sel[kvh].data() : nullptr;  // i-th slot read: idx[i], or i
     const int64_t n = sel ? int64_t(sel[kvh].size()) : slots;
     if (n == 0) continue;
-    // Scores: each K row is decoded once and used by the G query heads of its group.
-    for (int64_t i = 0; i < n; ++i) {
-      const float* kr = row<T>(k_, ks_, idx ? idx[i] : i, kvh, sc.krow.data());
-      int64_t g = 0;
-      for (; g + 4 <= G; g += 4) {
-        float o[4];
-        cpu::simd::dot4_f32(qg + g * hd_, hd_, kr, hd_, o);
-        for (int j = 0; j < 4; ++j) probs[(h0 + g + j) * stride + i] = o[j] * scale;
+    // Rows [s0, s0 + nt) of K or V for this KV head as fp32, ld apart: f32
+    // storage read in order is used in place (all n rows as one tile), the
+    // other formats are decoded kTile rows at a time into the scratch tile.
+    const bool in_place = T == KvDType::F32 && !idx;
+    const int64_t step = in_place ? n : kTile;
+    auto rows_at = [&](const std::vector<uint8_t>& data, const std::vector<float>& scales, int64_t s0, int64_t nt,
+                       int64_t& ld) -> const float* {
+      if (in_place) {
+        ld = row_;
+        return reinterpret_cast<const float*>(data.data()) + s0 * row_ + kvh * hd_;
       }
-      for (; g < G; ++g) probs[(h0 + g) * stride + i] = cpu::simd::dot_f32(qg + g * hd_, kr, hd_) * scale;
+      for (int64_t r = 0; r < nt; ++r) {
+        float* dst = sc.vtile.data() + r * hd_;
+        const float* src = row<T>(data, scales, idx ? idx[s0 + r] : s0 + r, kvh, dst);
+        if (src != dst) std::memcpy(dst, src, size_t(hd_) * 4);
+      }
+      ld = hd_;
+      return sc.vtile.data();
+    };
+    // Scores: each K row meets the G query heads of its group in the panel
+    // kernel's 4 x 4 tiles (keys x heads): every score has the bits of
+    // dot_f32(q head, K row), whichever way it is tiled; then the scale.
+    for (int64_t s0 = 0; s0 < n; s0 += step) {
+      const int64_t nt = std::min(step, n - s0);
+      int64_t ld;
+      const float* tile = rows_at(k_, ks_, s0, nt, ld);
+      cpu::simd::dot_panel_f32(tile, ld, nt, qg, hd_, G, hd_, probs + h0 * stride + s0, stride);
     }
     for (int64_t g = 0; g < G; ++g) {
       float* p = probs + (h0 + g) * stride;
+      for (int64_t i = 0; i < n; ++i) p[i] *= scale;
       const float mx = *std::max_element(p, p + n);
       const float inv = 1.0f / kv_kernels::exp_shifted_sum(p, n, mx);
       for (int64_t i = 0; i < n; ++i) p[i] *= inv;
     }
-    // Values, a tile of rows at a time: each row is decoded once into the
-    // tile (f32 storage read in order is used in place), and every head of
-    // the group accumulates the tile in registers.
-    for (int64_t s0 = 0; s0 < n; s0 += kTile) {
-      const int64_t nt = std::min(kTile, n - s0);
-      const float* tile;
+    // Values: the G heads of the group accumulate each tile together in
+    // registers (each value row loaded once for all of them).
+    for (int64_t s0 = 0; s0 < n; s0 += step) {
+      const int64_t nt = std::min(step, n - s0);
       int64_t ld;
-      if (T == KvDType::F32 && !idx) {
-        tile = reinterpret_cast<const float*>(v_.data()) + s0 * row_ + kvh * hd_;
-        ld = row_;
-      } else {
-        for (int64_t r = 0; r < nt; ++r) {
-          float* dst = sc.vtile.data() + r * hd_;
-          const float* src = row<T>(v_, vs_, idx ? idx[s0 + r] : s0 + r, kvh, dst);
-          if (src != dst) std::memcpy(dst, src, size_t(hd_) * 4);
-        }
-        tile = sc.vtile.data();
-        ld = hd_;
-      }
-      for (int64_t g = 0; g < G; ++g)
-        kv_kernels::weighted_rows_acc(tile, ld, probs + (h0 + g) * stride + s0, nt, out + (h0 + g) * hd_, hd_);
+      const float* tile = rows_at(v_, vs_, s0, nt, ld);
+      kv_kernels::weighted_rows_acc_heads(tile, ld, probs + h0 * stride + s0, stride, G, nt, out + h0 * hd_, hd_);
     }
   }
   if (rot)  // out = H (sum_s p_s v_s): back to the model's basis

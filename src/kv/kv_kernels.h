@@ -18,6 +18,14 @@ float exp_shifted_sum(float* x, int64_t n, float max);
 // of a tile of value rows, kept in registers across the rows.
 void weighted_rows_acc(const float* rows, int64_t ld, const float* w, int64_t nrows, float* out, int64_t n);
 
+// weighted_rows_acc for `heads` query heads reading the same rows at once:
+// out[h * n + i] += sum_r w[h * wstride + r] * rows[r * ld + i]. Each row is
+// loaded once for all the heads; every element gets the same multiply-adds
+// in the same order as weighted_rows_acc of its head alone (AVX-512 when the
+// level allows and n is a multiple of 16, one lane per element either way).
+void weighted_rows_acc_heads(const float* rows, int64_t ld, const float* w, int64_t wstride, int64_t heads,
+                             int64_t nrows, float* out, int64_t n);
+
 // In place: x = H x / sqrt(n), H the Sylvester Hadamard matrix of order n
 // (a power of two). Orthonormal and its own inverse.
 void hadamard_ortho(float* x, int64_t n);

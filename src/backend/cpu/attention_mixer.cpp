@@ -8,6 +8,7 @@
 #include "backend/cpu/layers.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
+#include "core/aligned.h"
 
 namespace flashmoe::cpu {
 
@@ -28,8 +29,8 @@ void attention_over(const ModelConfig& c, const AttentionWeights& w, const float
   // read): a prompt chunk's buffers are megabytes, and clearing fresh ones
   // (page faults included) was serial time between the parallel loops. The
   // names are references so that the loops' workers use this thread's.
-  thread_local std::vector<float> kept[5];
-  std::vector<float>&qg = kept[0], &k = kept[1], &v = kept[2], &attn = kept[3], &q = kept[4];
+  thread_local AlignedFloats kept[5];
+  AlignedFloats &qg = kept[0], &k = kept[1], &v = kept[2], &attn = kept[3], &q = kept[4];
   qg.resize(size_t(rows * qg_row));
   k.resize(size_t(rows * kv_row));
   v.resize(size_t(rows * kv_row));

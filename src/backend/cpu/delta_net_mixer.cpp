@@ -12,6 +12,7 @@
 #include "backend/cpu/layers.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
+#include "core/aligned.h"
 
 namespace flashmoe::cpu {
 
@@ -31,9 +32,9 @@ void gated_delta_net_mixer(const ModelConfig& c, const LinearAttentionWeights& w
   // read): a prompt chunk's buffers are megabytes, and clearing fresh ones
   // (page faults included) was serial time between the parallel loops. The
   // names are references so that the loops' workers use this thread's.
-  thread_local std::vector<float> kept[6];
+  thread_local AlignedFloats kept[6];
   thread_local std::vector<std::vector<float>> kept_outs;
-  std::vector<float>&qkv = kept[0], &z = kept[1], &b = kept[2], &a = kept[3], &conv_out = kept[4], &o = kept[5];
+  AlignedFloats &qkv = kept[0], &z = kept[1], &b = kept[2], &a = kept[3], &conv_out = kept[4], &o = kept[5];
   std::vector<std::vector<float>>& outs = kept_outs;
   qkv.resize(size_t(rows * C));
   z.resize(size_t(rows * nv * dv));

@@ -8,6 +8,7 @@
 #include "backend/cpu/layers.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
+#include "core/aligned.h"
 #include "core/simd.h"
 
 namespace flashmoe::cpu {
@@ -32,8 +33,8 @@ void silu_mul_rows(ThreadPool& pool, float* g, const float* u, int64_t n, int64_
 }
 
 // y[m, H] = down(silu(gate x) * up x) for m token rows, on the calling thread.
-void swiglu_serial(const FfnExpert& e, const float* x, int64_t m, float* y, std::vector<float>& g,
-                   std::vector<float>& u) {
+void swiglu_serial(const FfnExpert& e, const float* x, int64_t m, float* y, AlignedFloats& g,
+                   AlignedFloats& u) {
   const int64_t H = e.gate.cols, I = e.gate.rows;
   g.resize(size_t(m * I));
   u.resize(size_t(m * I));
@@ -48,14 +49,14 @@ struct ExpertTask {
   const FfnExpert* expert;
   std::vector<int64_t> tokens;
   std::vector<float> weights;  // per token
-  std::vector<float> result;   // [tokens, H]
+  float* result = nullptr;     // [tokens, H], in the step's kept results buffer
 };
 
 }  // namespace
 
 void dense_swiglu_ffn(const FfnExpert& e, const float* x, int64_t n, float* out, ThreadPool& pool) {
   const int64_t I = e.gate.rows;
-  std::vector<float> g(size_t(n * I)), u(size_t(n * I));
+  AlignedFloats g(size_t(n * I)), u(size_t(n * I));
   matmul(pool, e.gate, x, n, g.data());
   matmul(pool, e.up, x, n, u.data());
   silu_mul_rows(pool, g.data(), u.data(), n, I);
@@ -70,8 +71,9 @@ void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_exper
   // read): clearing fresh buffers of a prompt chunk was serial time between
   // the parallel loops. The names are references so that the loops' workers
   // use this thread's.
-  thread_local std::vector<float> kept[4];
-  std::vector<float>&probs = kept[0], &shared_g = kept[1], &shared_u = kept[2], &shared_out = kept[3];
+  thread_local AlignedFloats kept[5];
+  AlignedFloats &probs = kept[0], &shared_g = kept[1], &shared_u = kept[2], &shared_out = kept[3],
+                     &results = kept[4];
   probs.resize(size_t(n * E));
   matmul(pool, w.router, x, n, probs.data());
   // Each token's top k (expert, weight), tokens spread over the threads;
@@ -122,9 +124,15 @@ void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_exper
   for (int64_t e = 0; e < E; ++e)
     if (!tasks[e].tokens.empty()) ids.push_back(int32_t(e));
   ExpertBatch batch = store.fetch(layer, ids, run_shared_expert);
+  // The experts' outputs side by side in one buffer of n * k rows (a fresh
+  // one per expert was allocated, zeroed and page-faulted on every layer).
+  results.resize(size_t(n * k * H));
   std::vector<ExpertTask> work;
+  int64_t row = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
     tasks[ids[i]].expert = &batch.experts[i];
+    tasks[ids[i]].result = results.data() + row * H;
+    row += int64_t(tasks[ids[i]].tokens.size());
     work.push_back(std::move(tasks[ids[i]]));
   }
 
@@ -139,14 +147,13 @@ void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_exper
   std::stable_sort(busiest.begin(), busiest.end(),
                    [&](size_t a, size_t b) { return work[a].tokens.size() > work[b].tokens.size(); });
   pool.parallel_for_items(int64_t(work.size()), [&](int64_t b, int64_t e) {
-    thread_local std::vector<float> xin, g, u;  // kept across layers: no page faults per call
+    thread_local AlignedFloats xin, g, u;  // kept across layers: no page faults per call
     for (int64_t i = b; i < e; ++i) {
       ExpertTask& task = work[busiest[size_t(i)]];
       const int64_t m = int64_t(task.tokens.size());
       xin.resize(size_t(m * H));
       for (int64_t j = 0; j < m; ++j) std::copy(x + task.tokens[j] * H, x + (task.tokens[j] + 1) * H, xin.data() + j * H);
-      task.result.resize(size_t(m * H));
-      swiglu_serial(*task.expert, xin.data(), m, task.result.data(), g, u);
+      swiglu_serial(*task.expert, xin.data(), m, task.result, g, u);
     }
   });
   // Each token's sum, tokens spread over the threads: its experts' rows in
@@ -166,7 +173,7 @@ void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_exper
       std::fill(o, o + H, 0.0f);
       for (int64_t c = 0; c < k; ++c) {
         const auto [i, j] = from[size_t(t * k + c)];
-        simd::axpy(work[size_t(i)].weights[size_t(j)], work[size_t(i)].result.data() + int64_t(j) * H, o, H);
+        simd::axpy(work[size_t(i)].weights[size_t(j)], work[size_t(i)].result + int64_t(j) * H, o, H);
       }
       if (shared_expert) {
         const float gate = sigmoid(simd_dot_row(w.shared_gate, 0, x + t * H));

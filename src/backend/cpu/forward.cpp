@@ -11,6 +11,7 @@
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/mtp.h"
 #include "backend/cpu/ops.h"
+#include "core/aligned.h"
 #include "core/error.h"
 #include "model/plan.h"
 
@@ -68,8 +69,8 @@ void forward_step(const QwenModel& m, const std::vector<StepPart>& parts, Thread
   // thread across steps (every element is written before it is read):
   // clearing fresh ones was serial time between the parallel loops. The
   // names are references so that the loops' workers use this thread's.
-  thread_local std::vector<float> kept[3];
-  std::vector<float>&x = kept[0], &xn = kept[1], &out = kept[2];
+  thread_local AlignedFloats kept[3];
+  AlignedFloats &x = kept[0], &xn = kept[1], &out = kept[2];
   x.resize(size_t(n * H));
   xn.resize(size_t(n * H));
   out.resize(size_t(n * H));

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/block_quant_i16.h"
+#include "core/aligned.h"
 #include "core/error.h"
 #include "core/matrix_rows.h"
 #include "core/simd.h"
@@ -16,7 +17,7 @@ namespace {
 // straight from its storage type; for several, blocks of rows are widened
 // once to fp32 and reused across the tokens.
 void rows_kernel(const Matrix& W, int64_t r0, int64_t r1, const float* x, int64_t n, int64_t ldx,
-                 float* y, int64_t ldy, std::vector<float>& buf, const Int16Activations* xq) {
+                 float* y, int64_t ldy, AlignedFloats& buf, const Int16Activations* xq) {
   if (xq) {
     // One token against Q4_K / Q6_K / Q8_0 rows: integer products with the
     // activations rounded to int16 once per call (core/block_quant_i16.h).
@@ -43,35 +44,26 @@ void rows_kernel(const Matrix& W, int64_t r0, int64_t r1, const float* x, int64_
     }
     return;
   }
-  // Several tokens: a blocked product. A block of up to 16 rows is widened to
-  // fp32 once (it stays in L2), then every group of 4 tokens meets each 4-row
-  // slice of it in the 4 x 4 register tile (simd::dot4x4_f32): the 4 token
-  // rows stay in L1 across the block's slices.
+  // Several tokens: a blocked product. A block of rows is widened to fp32
+  // once (it stays in L1, and starts a cache line as the callers' token
+  // rows do), then the panel kernel (simd::dot_panel_f32) meets it with
+  // every token in 4 x 4 register tiles, each output written in place.
   const int64_t K = W.cols;
   constexpr int64_t kBlockRows = 16;
   buf.resize(size_t(K) * kBlockRows);
   for (int64_t rb = r0; rb < r1; rb += kBlockRows) {
     const int64_t re = std::min(r1, rb + kBlockRows);
     for (int64_t r = rb; r < re; ++r) load_row(W, r, buf.data() + (r - rb) * K);
-    const int64_t quads_end = rb + (re - rb) / 4 * 4;
-    int64_t t = 0;
-    for (; t + 4 <= n; t += 4) {
-      const float* xt = x + t * ldx;
-      for (int64_t r = rb; r < quads_end; r += 4) {
-        float out[16];
-        simd::dot4x4_f32(buf.data() + (r - rb) * K, K, xt, ldx, K, out);
-        for (int k = 0; k < 4; ++k)
-          for (int j = 0; j < 4; ++j) y[(t + j) * ldy + r + k] = out[4 * k + j];
-      }
+    // The next block's stored rows are asked for now, so that they arrive
+    // while this block's panel runs (widening waited on memory: the experts'
+    // weights are read once per prompt chunk).
+    const int64_t next_end = std::min(r1, re + kBlockRows);
+    if (re < next_end) {
+      const char* from = static_cast<const char*>(W.data) + size_t(re) * W.row_bytes();
+      const size_t bytes = size_t(next_end - re) * W.row_bytes();
+      for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(from + off);
     }
-    for (; t < n; ++t)
-      for (int64_t r = rb; r < quads_end; r += 4) {
-        float out[4];
-        simd::dot4_f32(buf.data() + (r - rb) * K, K, x + t * ldx, K, out);
-        for (int k = 0; k < 4; ++k) y[t * ldy + r + k] = out[k];
-      }
-    for (int64_t r = quads_end; r < re; ++r)
-      for (int64_t tt = 0; tt < n; ++tt) y[tt * ldy + r] = simd::dot_f32(buf.data() + (r - rb) * K, x + tt * ldx, K);
+    simd::dot_panel_f32(buf.data(), K, re - rb, x, ldx, n, K, y + rb, ldy);
   }
 }
 
@@ -86,7 +78,7 @@ const Int16Activations* int16_activations(const Matrix& W, const float* x, int64
 }  // namespace
 
 void matmul_serial(const Matrix& W, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy) {
-  thread_local std::vector<float> buf;
+  thread_local AlignedFloats buf;
   thread_local Int16Activations xq;
   rows_kernel(W, 0, W.rows, x, n, ldx, y, ldy, buf, int16_activations(W, x, n, xq));
 }
@@ -105,7 +97,7 @@ void matmul(ThreadPool& pool, const Matrix& W, const float* x, int64_t n, int64_
   thread_local Int16Activations xq_store;
   const Int16Activations* xq = int16_activations(W, x, n, xq_store);
   pool.parallel_for(W.rows, [&](int64_t r0, int64_t r1) {
-    thread_local std::vector<float> buf;
+    thread_local AlignedFloats buf;
     rows_kernel(W, r0, r1, x, n, ldx, y, ldy, buf, xq);
   }, grain);
 }
