@@ -86,18 +86,19 @@ RunResult run_cli(const std::string& args) {
 
 }  // namespace
 
-// The scale search by hand: the absmax lands on one of 224, 240, 256, 288,
-// ..., 448 (all E4M3 values), the others as near as that makes them.
+// The scale search by hand: the candidates are absmax / 240, then absmax /
+// (224 x 2^(j/16)), j = 0..15; only 240 and 224 (j = 0) store the absmax 1
+// exactly (the others are irrational multiples of it).
 TEST(Fp8MseScale, HandDerivedChoices) {
   // {1, 0.6}: with 240, 0.6 x 240 = 144 is an E4M3 value: no error, and 240
-  // wins the tie with any other exact choice.
+  // comes first.
   const float a[] = {1.0f, 0.6f};
   EXPECT_EQ(fp8::e4m3_mse_scale(a, 2), 1.0f / 240.0f);
-  // {1, -0.55}: 0.55 x T for T = 240, 224, 256, 288 is 132, 123.2, 140.8,
-  // 158.4 (nearest codes 128, 120, 144, 160: errors); T = 320 gives 176,
-  // an E4M3 value.
-  const float b[] = {1.0f, -0.55f};
-  EXPECT_EQ(fp8::e4m3_mse_scale(b, 2), 1.0f / 320.0f);
+  // {1, -120/224}: with 224 both are E4M3 values (224, 120); with 240 the
+  // second is 128.57 (error 0.57/240), every other candidate misses the
+  // absmax itself by ~1e-3 or more.
+  const float b[] = {1.0f, -120.0f / 224.0f};
+  EXPECT_EQ(fp8::e4m3_mse_scale(b, 2), 1.0f / 224.0f);
   const float z[] = {0.0f, -0.0f};
   EXPECT_EQ(fp8::e4m3_mse_scale(z, 2), 1.0f);
   // Never worse than the block scale (absmax / 240 is one of the nine).
