@@ -13,7 +13,6 @@
 
 namespace flashmoe {
 
-
 KvCache::KvCache(int64_t num_kv_heads, int64_t head_dim, const KvConfig& cfg)
     : nkv_(num_kv_heads), hd_(head_dim), row_(num_kv_heads * head_dim), cfg_(cfg) {
   if (nkv_ <= 0 || hd_ <= 0) fail("KvCache: num_kv_heads and head_dim must be positive");
@@ -109,7 +108,7 @@ void KvCache::store(int64_t slot, const float* k, const float* v) {
       }
     }
   } else {
-    if (rotated_) {  // H k, H v per head, then quantised as `head`
+    if (rotated_) {  // H k, H v per head, then quantised as `head` (channel: keys offset first)
       rot_.assign(k, k + row_);
       rot_.insert(rot_.end(), v, v + row_);
       for (int64_t b = 0; b < 2 * nkv_; ++b) kv_kernels::hadamard_ortho(rot_.data() + b * hd_, hd_);
@@ -139,7 +138,7 @@ void KvCache::store(int64_t slot, const float* k, const float* v) {
     for (int64_t b = 0; b < ns_; ++b) {
       const float* kb = k + b * block;
       const float* vb = v + b * block;
-      // channel: the least-squares scale of the nine that store the absmax exactly.
+      // channel: the least-squares scale of 17 (fp8::e4m3_mse_scale).
       const float sk = channel_ ? fp8::e4m3_mse_scale(kb, block) : fp8::e4m3_block_scale(kb, block);
       const float sv = channel_ ? fp8::e4m3_mse_scale(vb, block) : fp8::e4m3_block_scale(vb, block);
       ks_[size_t(slot * ns_ + b)] = sk;
