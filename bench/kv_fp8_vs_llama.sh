@@ -7,7 +7,7 @@
 # same). Each engine's KL is against its own f32-KV run of the same weights.
 #
 #   bench/kv_fp8_vs_llama.sh [BUILD_DIR] [THREADS] [CHUNKS]   (defaults: build, 2, 4)
-# Env: LLAMA_BIN (default /work/aside/llama.cpp/build/bin), GGUF (default
+# Env: ONLY (run only the flashmoe rows whose name contains it), LLAMA_BIN (default /work/aside/llama.cpp/build/bin), GGUF (default
 # /work/shared/fixtures/gguf/coder-mini-q8_0.gguf), OUT_DIR (default /tmp/kv_fp8_vs_llama).
 # Prints one line per configuration: engine, KV format, mean KL, perplexity.
 set -euo pipefail
@@ -35,9 +35,12 @@ for kv in f16 q8_0; do
   echo "llama.cpp  KV $kv: mean KL $kl  ppl $ppl"
 done
 
+# ONLY=channel (a substring of the names) runs the matching flashmoe rows alone.
 for cfg in "fp8 position|--kv-dtype fp8 --kv-fp8-scale position" "fp8 head|--kv-dtype fp8 --kv-fp8-scale head" \
-           "fp8 rotated|--kv-dtype fp8 --kv-fp8-scale rotated" "bf16|--kv-dtype bf16"; do
+           "fp8 rotated|--kv-dtype fp8 --kv-fp8-scale rotated" "fp8 channel|--kv-dtype fp8 --kv-fp8-scale channel" \
+           "bf16|--kv-dtype bf16"; do
   name="${cfg%%|*}"; opts="${cfg#*|}"
+  [[ -z "${ONLY:-}" || "$name" == *"$ONLY"* ]] || continue
   slug=$(echo "$name" | tr ' ' '_')
   # shellcheck disable=SC2086
   "$BIN" eval -q -m "$G" -t "$T" --device cpu $opts --perplexity "$TXT" --window-tokens 2048 --max-windows "$CHUNKS" \

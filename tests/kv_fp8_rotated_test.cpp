@@ -134,10 +134,10 @@ TEST(KvFp8Rotated, ConfigurationAndErrors) {
     EXPECT_NE(std::string(e.what()).find("power-of-two head_dim (this model's is 48)"), std::string::npos) << e.what();
   }
   try {
-    parse_fp8_scale_mode("channel");
+    parse_fp8_scale_mode("token");
     ADD_FAILURE();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("position, head, rotated"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("position, head, rotated, channel"), std::string::npos) << e.what();
   }
 }
 

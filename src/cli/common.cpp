@@ -58,9 +58,11 @@ void add_model_options(CLI::App* cmd, ModelOptions* opt, bool require_model) {
 
 void finalize_model_options(ModelOptions* opt) {
   finalize_kv_options(&opt->kv);
-  // The CUDA attention kernels read K and V unrotated.
-  if (opt->kv.dtype == KvDType::FP8 && opt->kv.fp8_scale == Fp8ScaleMode::Rotated && opt->device.cpu_only.empty())
-    opt->device.cpu_only = "--kv-fp8-scale rotated";
+  // The CUDA attention kernels read K and V unrotated and without offsets.
+  if (opt->kv.dtype == KvDType::FP8 &&
+      (opt->kv.fp8_scale == Fp8ScaleMode::Rotated || opt->kv.fp8_scale == Fp8ScaleMode::Channel) &&
+      opt->device.cpu_only.empty())
+    opt->device.cpu_only = std::string("--kv-fp8-scale ") + fp8_scale_mode_name(opt->kv.fp8_scale);
   // The CUDA KV layers have no page store.
   if (opt->kv.retention() == KvRetention::Quest && opt->device.cpu_only.empty())
     opt->device.cpu_only = "--kv-resident";

@@ -18,9 +18,11 @@ void add_kv_options(CLI::App* cmd, KvConfig* cfg) {
            cfg->fp8_scale = parse_fp8_scale_mode(s);
            cfg->fp8_scale_set = true;
          },
-         "fp8 scales: one per position shared by the KV heads (default), one per position and KV head, or per "
-         "position and KV head after a Hadamard rotation of each head (rotated: lower error, CPU only)")
-      ->type_name("position|head|rotated")
+         "fp8 scales: one per position shared by the KV heads (default), one per position and KV head, per "
+         "position and KV head after a Hadamard rotation of each head (rotated: lower error, CPU only), or "
+         "rotated with per-channel key offsets per page of 256 positions and least-squares scales (channel: "
+         "lowest error; full cache or --kv-resident; CPU only)")
+      ->type_name("position|head|rotated|channel")
       ->group(group);
   cmd->add_option_function<int64_t>(
          "--kv-window",

@@ -23,4 +23,12 @@ void e4m3_encode_scaled(const float* x, int64_t n, float scale, uint8_t* out);
 // The per-block scale used by the KV cache: absmax / 240, or 1 when absmax is 0.
 float e4m3_block_scale(const float* x, int64_t n);
 
+// The scale of fp8 `channel` rows: of the 17 scales absmax / 240 (the
+// block scale) and absmax / (224 x 2^(j/16)), j = 0..15 (the absmax landing
+// anywhere in the octave [224, 448) of E4M3's range: every alignment of the
+// other elements' mantissas, in steps of 2^(1/16)), the one with the least
+// squared error sum_i (x_i - s decode(code(x_i / s)))^2; ties go to the
+// earlier (the block scale first). 1 when the absmax is 0.
+float e4m3_mse_scale(const float* x, int64_t n);
+
 }  // namespace flashmoe::fp8

@@ -20,9 +20,13 @@ KvCache::KvCache(int64_t num_kv_heads, int64_t head_dim, const KvConfig& cfg)
   ret_ = cfg_.retention();
   el_ = kv_elem_size(cfg_.dtype);
   ns_ = cfg_.dtype != KvDType::FP8 ? 0 : cfg_.fp8_scale == Fp8ScaleMode::Position ? 1 : nkv_;
-  rotated_ = cfg_.dtype == KvDType::FP8 && cfg_.fp8_scale == Fp8ScaleMode::Rotated;
+  const bool fp8 = cfg_.dtype == KvDType::FP8;
+  const Fp8ScaleMode m = cfg_.fp8_scale;
+  channel_ = fp8 && m == Fp8ScaleMode::Channel;
+  rotated_ = fp8 && (m == Fp8ScaleMode::Rotated || channel_);
   if (rotated_ && (hd_ & (hd_ - 1)) != 0)
-    fail("--kv-fp8-scale rotated needs a power-of-two head_dim (this model's is " + std::to_string(hd_) + ")");
+    fail(std::string("--kv-fp8-scale ") + fp8_scale_mode_name(m) + " needs a power-of-two head_dim (this model's is " +
+         std::to_string(hd_) + ")");
   cap_ = cfg_.capacity();
   if (cap_ > 0 && ret_ != KvRetention::SnapKV) {  // snapkv grows during the prompt
     // Allocated once, with the element size of this config; never grows.
@@ -52,6 +56,8 @@ void KvCache::clear() {
     scratch_.probs.clear(); scratch_.probs.shrink_to_fit();
     kmin_.clear(); kmin_.shrink_to_fit();
     kmax_.clear(); kmax_.shrink_to_fit();
+    kz_.clear(); kz_.shrink_to_fit();
+    kacc_.clear(); kacc_.shrink_to_fit();
     sel_.clear();
     sel_all_ = true;
   } else if (!acc_.empty()) {
@@ -61,7 +67,8 @@ void KvCache::clear() {
 
 size_t KvCache::bytes() const {
   return k_.capacity() + v_.capacity() +
-         (ks_.capacity() + vs_.capacity() + acc_.capacity() + kmin_.capacity() + kmax_.capacity()) * sizeof(float) +
+         (ks_.capacity() + vs_.capacity() + acc_.capacity() + kmin_.capacity() + kmax_.capacity() + kz_.capacity() +
+          kacc_.capacity()) * sizeof(float) +
          pos_.capacity() * sizeof(int64_t);
 }
 
@@ -101,18 +108,39 @@ void KvCache::store(int64_t slot, const float* k, const float* v) {
       }
     }
   } else {
-    if (rotated_) {  // H k, H v per head, then quantised as `head`
+    if (rotated_) {  // H k, H v per head, then quantised as `head` (channel: keys offset first)
       rot_.assign(k, k + row_);
       rot_.insert(rot_.end(), v, v + row_);
       for (int64_t b = 0; b < 2 * nkv_; ++b) kv_kernels::hadamard_ortho(rot_.data() + b * hd_, hd_);
       k = rot_.data();
       v = rot_.data() + row_;
     }
+    if (channel_) {
+      // Minus the page's offsets, the mean of the previous page's rotated
+      // keys (0 for page 0): the channels a key keeps nearly constant leave
+      // only their variation to E4M3's relative precision.
+      const int64_t P = kFp8OffsetPage, page = slot / P;
+      if (slot % P == 0) {
+        kz_.resize(size_t((page + 1) * row_), 0.0f);
+        if (page > 0)
+          for (int64_t i = 0; i < row_; ++i) kz_[size_t(page * row_ + i)] = kacc_[size_t(i)] / float(P);
+        kacc_.assign(size_t(row_), 0.0f);
+      }
+      ctr_.resize(size_t(row_));
+      const float* z = kz_.data() + page * row_;
+      for (int64_t i = 0; i < row_; ++i) {
+        ctr_[size_t(i)] = k[i] - z[i];
+        kacc_[size_t(i)] += k[i];
+      }
+      k = ctr_.data();
+    }
     const int64_t block = row_ / ns_;  // whole row (position) or one head
     for (int64_t b = 0; b < ns_; ++b) {
       const float* kb = k + b * block;
       const float* vb = v + b * block;
-      const float sk = fp8::e4m3_block_scale(kb, block), sv = fp8::e4m3_block_scale(vb, block);
+      // channel: the least-squares scale of 17 (fp8::e4m3_mse_scale).
+      const float sk = channel_ ? fp8::e4m3_mse_scale(kb, block) : fp8::e4m3_block_scale(kb, block);
+      const float sv = channel_ ? fp8::e4m3_mse_scale(vb, block) : fp8::e4m3_block_scale(vb, block);
       ks_[size_t(slot * ns_ + b)] = sk;
       vs_[size_t(slot * ns_ + b)] = sv;
       fp8::e4m3_encode_scaled(kb, block, sk, k_.data() + off + size_t(b * block));
@@ -122,8 +150,9 @@ void KvCache::store(int64_t slot, const float* k, const float* v) {
 }
 
 template <KvDType T>
-const float* KvCache::row(const std::vector<uint8_t>& data, const std::vector<float>& scales, int64_t slot,
-                          int64_t kvh, float* buf) const {
+const float* KvCache::row(bool key, int64_t slot, int64_t kvh, float* buf) const {
+  const std::vector<uint8_t>& data = key ? k_ : v_;
+  const std::vector<float>& scales = key ? ks_ : vs_;
   const size_t off = size_t(slot * row_ + kvh * hd_);
   if constexpr (T == KvDType::F32) {
     return reinterpret_cast<const float*>(data.data()) + off;
@@ -135,7 +164,11 @@ const float* KvCache::row(const std::vector<uint8_t>& data, const std::vector<fl
     return buf;
   } else {
     const float s = scales[size_t(slot * ns_ + (ns_ == 1 ? 0 : kvh))];
-    kv_kernels::fp8_e4m3_to_f32(data.data() + off, hd_, s, buf);
+    if (key && channel_)
+      kv_kernels::fp8_e4m3_to_f32_offset(data.data() + off, hd_, s,
+                                         kz_.data() + (slot / kFp8OffsetPage) * row_ + kvh * hd_, buf);
+    else
+      kv_kernels::fp8_e4m3_to_f32(data.data() + off, hd_, s, buf);
     return buf;
   }
 }
@@ -146,17 +179,17 @@ void KvCache::dequantize(int64_t slot, float* k, float* v) const {
   for (int64_t h = 0; h < nkv_; ++h) {
     const float *kr = nullptr, *vr = nullptr;
     switch (cfg_.dtype) {
-      case KvDType::F32: kr = row<KvDType::F32>(k_, ks_, slot, h, buf.data()); break;
-      case KvDType::BF16: kr = row<KvDType::BF16>(k_, ks_, slot, h, buf.data()); break;
-      case KvDType::F16: kr = row<KvDType::F16>(k_, ks_, slot, h, buf.data()); break;
-      case KvDType::FP8: kr = row<KvDType::FP8>(k_, ks_, slot, h, buf.data()); break;
+      case KvDType::F32: kr = row<KvDType::F32>(true, slot, h, buf.data()); break;
+      case KvDType::BF16: kr = row<KvDType::BF16>(true, slot, h, buf.data()); break;
+      case KvDType::F16: kr = row<KvDType::F16>(true, slot, h, buf.data()); break;
+      case KvDType::FP8: kr = row<KvDType::FP8>(true, slot, h, buf.data()); break;
     }
     std::memcpy(k + h * hd_, kr, size_t(hd_) * 4);
     switch (cfg_.dtype) {
-      case KvDType::F32: vr = row<KvDType::F32>(v_, vs_, slot, h, buf.data()); break;
-      case KvDType::BF16: vr = row<KvDType::BF16>(v_, vs_, slot, h, buf.data()); break;
-      case KvDType::F16: vr = row<KvDType::F16>(v_, vs_, slot, h, buf.data()); break;
-      case KvDType::FP8: vr = row<KvDType::FP8>(v_, vs_, slot, h, buf.data()); break;
+      case KvDType::F32: vr = row<KvDType::F32>(false, slot, h, buf.data()); break;
+      case KvDType::BF16: vr = row<KvDType::BF16>(false, slot, h, buf.data()); break;
+      case KvDType::F16: vr = row<KvDType::F16>(false, slot, h, buf.data()); break;
+      case KvDType::FP8: vr = row<KvDType::FP8>(false, slot, h, buf.data()); break;
     }
     std::memcpy(v + h * hd_, vr, size_t(hd_) * 4);
     if (rotated_) {  // stored as H k, H v: H is its own inverse
@@ -358,7 +391,7 @@ void KvCache::update_page_bounds(int64_t slot) {
   if (scratch_.krow.size() < size_t(hd_)) scratch_.krow.resize(size_t(hd_));
   for (int64_t kvh = 0; kvh < nkv_; ++kvh) {
     // The key as attention will read it (decoded, stored basis).
-    const float* kr = row<T>(k_, ks_, slot, kvh, scratch_.krow.data());
+    const float* kr = row<T>(true, slot, kvh, scratch_.krow.data());
     float* mn = kmin_.data() + page * row_ + kvh * hd_;
     float* mx = kmax_.data() + page * row_ + kvh * hd_;
     if (slot % P == 0) {
@@ -471,15 +504,14 @@ void KvCache::attend_impl(const float* q, int64_t num_heads, float scale, float*
     // other formats are decoded kTile rows at a time into the scratch tile.
     const bool in_place = T == KvDType::F32 && !idx;
     const int64_t step = in_place ? n : kTile;
-    auto rows_at = [&](const std::vector<uint8_t>& data, const std::vector<float>& scales, int64_t s0, int64_t nt,
-                       int64_t& ld) -> const float* {
+    auto rows_at = [&](bool key, int64_t s0, int64_t nt, int64_t& ld) -> const float* {
       if (in_place) {
         ld = row_;
-        return reinterpret_cast<const float*>(data.data()) + s0 * row_ + kvh * hd_;
+        return reinterpret_cast<const float*>((key ? k_ : v_).data()) + s0 * row_ + kvh * hd_;
       }
       for (int64_t r = 0; r < nt; ++r) {
         float* dst = sc.vtile.data() + r * hd_;
-        const float* src = row<T>(data, scales, idx ? idx[s0 + r] : s0 + r, kvh, dst);
+        const float* src = row<T>(key, idx ? idx[s0 + r] : s0 + r, kvh, dst);
         if (src != dst) std::memcpy(dst, src, size_t(hd_) * 4);
       }
       ld = hd_;
@@ -491,7 +523,7 @@ void KvCache::attend_impl(const float* q, int64_t num_heads, float scale, float*
     for (int64_t s0 = 0; s0 < n; s0 += step) {
       const int64_t nt = std::min(step, n - s0);
       int64_t ld;
-      const float* tile = rows_at(k_, ks_, s0, nt, ld);
+      const float* tile = rows_at(true, s0, nt, ld);
       cpu::simd::dot_panel_f32(tile, ld, nt, qg, hd_, G, hd_, probs + h0 * stride + s0, stride);
     }
     for (int64_t g = 0; g < G; ++g) {
@@ -506,7 +538,7 @@ void KvCache::attend_impl(const float* q, int64_t num_heads, float scale, float*
     for (int64_t s0 = 0; s0 < n; s0 += step) {
       const int64_t nt = std::min(step, n - s0);
       int64_t ld;
-      const float* tile = rows_at(v_, vs_, s0, nt, ld);
+      const float* tile = rows_at(false, s0, nt, ld);
       kv_kernels::weighted_rows_acc_heads(tile, ld, probs + h0 * stride + s0, stride, G, nt, out + h0 * hd_, hd_);
     }
   }

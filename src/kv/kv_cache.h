@@ -14,7 +14,13 @@
 //   and sum_s p_s (H v_s) = H sum_s p_s v_s, so the output is rotated back
 //   once (H is its own inverse). E4M3 rounds each element to ~2^-4 of its
 //   own size, so a key channel with outliers dominates the score's error;
-//   the rotation spreads it over the head.
+//   the rotation spreads it over the head. `channel`: as `rotated`, with
+//   each rotated key stored minus a per-channel offset z_page (one row per
+//   page of kFp8OffsetPage slots: the mean of the previous page's rotated
+//   keys, 0 for page 0; full retention and quest only, whose slots never
+//   move), decoded as z + scale * value, and the per-head scales of K and V
+//   chosen by least squares (fp8::e4m3_mse_scale). Keys of partially
+//   RoPE'd heads keep most channels near a constant; less is left to round.
 // attend() decodes inline with one kernel instantiation per storage type.
 //
 // Retention (the model calls append(pos) then attend() for each token, in
@@ -168,8 +174,9 @@ class KvCache {
   template <KvDType T> void update_page_bounds(int64_t slot);  // quest
   void quest_select_pages(const float* q, int64_t num_heads);  // quest: fills sel_
   void check_heads(int64_t num_heads) const;
-  template <KvDType T> const float* row(const std::vector<uint8_t>& data, const std::vector<float>& scales,
-                                        int64_t slot, int64_t kvh, float* buf) const;
+  // The decoded K (key) or V row of a slot's KV head: a pointer into the
+  // storage (f32) or to buf.
+  template <KvDType T> const float* row(bool key, int64_t slot, int64_t kvh, float* buf) const;
   void ensure_slots(int64_t slots);  // full: grow storage to hold `slots`
   void evict_lowest_score();  // h2o / tova
   void snapkv_compress();
@@ -190,6 +197,14 @@ class KvCache {
   static constexpr int64_t kTile = 16;      // value rows decoded per tile in attend()
   bool rotated_ = false;  // fp8 `rotated`: K and V stored as H k, H v per head
   std::vector<float> rot_;  // store(): the rotated K and V rows
+  // fp8 `channel`: `rotated`, with each key stored minus a per-channel
+  // offset, one row [kv_head][head_dim] per page of kFp8OffsetPage slots
+  // (the mean of the previous page's rotated keys; 0 for page 0), and
+  // per-head scales chosen by least squares (fp8::e4m3_mse_scale).
+  bool channel_ = false;
+  std::vector<float> kz_;    // [page][row_] key offsets
+  std::vector<float> kacc_;  // [row_]: sum of the current page's rotated keys
+  std::vector<float> ctr_;   // store(): the centered key row
   AttendScratch scratch_;   // attend()'s
   // quest: [page][kv_head][head_dim] key minimum and maximum per channel.
   std::vector<float> kmin_, kmax_;

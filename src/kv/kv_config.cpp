@@ -20,7 +20,13 @@ const char* kv_dtype_name(KvDType t) {
 }
 
 const char* fp8_scale_mode_name(Fp8ScaleMode m) {
-  return m == Fp8ScaleMode::Head ? "head" : m == Fp8ScaleMode::Rotated ? "rotated" : "position";
+  switch (m) {
+    case Fp8ScaleMode::Position: return "position";
+    case Fp8ScaleMode::Head: return "head";
+    case Fp8ScaleMode::Rotated: return "rotated";
+    case Fp8ScaleMode::Channel: return "channel";
+  }
+  return "?";
 }
 
 size_t kv_elem_size(KvDType t) {
@@ -52,7 +58,8 @@ Fp8ScaleMode parse_fp8_scale_mode(const std::string& s) {
   if (l == "position") return Fp8ScaleMode::Position;
   if (l == "head") return Fp8ScaleMode::Head;
   if (l == "rotated") return Fp8ScaleMode::Rotated;
-  fail("unknown FP8 scale mode '" + s + "' (--kv-fp8-scale accepts position, head, rotated)");
+  if (l == "channel") return Fp8ScaleMode::Channel;
+  fail("unknown FP8 scale mode '" + s + "' (--kv-fp8-scale accepts position, head, rotated, channel)");
 }
 
 QuestSelect parse_quest_select(const std::string& s) {
@@ -157,6 +164,10 @@ void KvConfig::validate() const {
          " positions and two pages of " + std::to_string(page) + " must fit, at least " +
          std::to_string(quest_recent + 2 * page));
   const KvRetention r = retention();
+  if (dtype == KvDType::FP8 && fp8_scale == Fp8ScaleMode::Channel && r != KvRetention::Full && r != KvRetention::Quest)
+    fail(std::string("--kv-fp8-scale ") + fp8_scale_mode_name(fp8_scale) +
+         " needs the full cache or --kv-resident (its per-channel offsets belong to pages of consecutive "
+         "positions, which a window, an eviction policy or --kv-snapkv reorders)");
   if (recent_set && r != KvRetention::H2O && r != KvRetention::Tova && r != KvRetention::SnapKV &&
       r != KvRetention::Quest)
     fail("--kv-recent only applies to --kv-h2o, --kv-tova, --kv-snapkv or --kv-resident");

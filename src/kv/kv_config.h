@@ -12,7 +12,12 @@ enum class KvDType { F32, BF16, F16, FP8 };
 // Rotated: per-head scales over each head's K and V rows after an
 // orthonormal Hadamard rotation (outlier channels spread over the head;
 // CPU only).
-enum class Fp8ScaleMode { Position, Head, Rotated };
+// Channel: `rotated`, with each rotated key stored minus a per-channel
+// offset (the mean of the previous page of kFp8OffsetPage positions), so the
+// channels a key keeps nearly constant leave only their variation to
+// E4M3's 3 mantissa bits, and per-head scales chosen by least squares
+// (full retention or --kv-resident; CPU only).
+enum class Fp8ScaleMode { Position, Head, Rotated, Channel };
 // Quest: every position stored, attention over the top pages per query
 // (--kv-resident N --kv-page P).
 // SnapKV: the prompt stored whole, compressed to B positions when decoding
@@ -87,12 +92,14 @@ struct KvConfig {
 
 const char* kv_dtype_name(KvDType t);
 const char* fp8_scale_mode_name(Fp8ScaleMode m);
+// fp8 `channel`: positions per page of per-channel offsets.
+constexpr int64_t kFp8OffsetPage = 256;
 // Bytes per stored element (scales not included).
 size_t kv_elem_size(KvDType t);
 // "f32" | "bf16" | "f16" | "fp8" (also "fp32", "float32", "bfloat16", "float16",
 // "e4m3", "fp8_e4m3"); throws Error naming the accepted values otherwise.
 KvDType parse_kv_dtype(const std::string& s);
-// "position" | "head" | "rotated"; throws Error otherwise.
+// "position" | "head" | "rotated" | "channel"; throws Error otherwise.
 Fp8ScaleMode parse_fp8_scale_mode(const std::string& s);
 // "head" | "layer"; throws Error otherwise.
 QuestSelect parse_quest_select(const std::string& s);

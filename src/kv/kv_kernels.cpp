@@ -39,6 +39,15 @@ AVX2_FN void fp8_to_f32_avx2(const uint8_t* src, int64_t n, float scale, float* 
   for (; i < n; ++i) out[i] = table[src[i]] * scale;
 }
 
+AVX2_FN void fp8_to_f32_offset_avx2(const uint8_t* src, int64_t n, float scale, const float* offset, float* out) {
+  const __m256 k256 = _mm256_set1_ps(256.0f), s = _mm256_set1_ps(scale);
+  const float* table = fp8::e4m3_table();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_mul_ps(fp8x8_to_f32(src + i, k256), s), _mm256_loadu_ps(offset + i)));
+  for (; i < n; ++i) out[i] = table[src[i]] * scale + offset[i];
+}
+
 // exp(x) for x <= 0 (Cephes-style range reduction + degree-6 polynomial).
 AVX2_FN inline __m256 exp_avx2(__m256 x) {
   x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
@@ -188,6 +197,14 @@ void fp8_e4m3_to_f32(const uint8_t* src, int64_t n, float scale, float* out) {
 #endif
   const float* table = fp8::e4m3_table();
   for (int64_t i = 0; i < n; ++i) out[i] = table[src[i]] * scale;
+}
+
+void fp8_e4m3_to_f32_offset(const uint8_t* src, int64_t n, float scale, const float* offset, float* out) {
+#ifdef FLASHMOE_X86
+  if (avx2_available()) return fp8_to_f32_offset_avx2(src, n, scale, offset, out);
+#endif
+  const float* table = fp8::e4m3_table();
+  for (int64_t i = 0; i < n; ++i) out[i] = table[src[i]] * scale + offset[i];
 }
 
 float exp_shifted_sum(float* x, int64_t n, float max) {

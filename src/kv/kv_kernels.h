@@ -10,6 +10,11 @@ namespace flashmoe::kv_kernels {
 // stay NaN). The product is rounded once, as decode(c) * scale in fp32.
 void fp8_e4m3_to_f32(const uint8_t* src, int64_t n, float scale, float* out);
 
+// out[i] = value(src[i]) * scale + offset[i] (fp8 `channel` rows: a
+// per-channel offset); the AVX2 path rounds the product, then the sum, and
+// the portable one may fuse them: the two agree to 1 ulp of the product.
+void fp8_e4m3_to_f32_offset(const uint8_t* src, int64_t n, float scale, const float* offset, float* out);
+
 // In place: x[i] = exp(x[i] - max) for i < n; returns the sum. Accurate to a
 // few ulp (AVX2 polynomial) so softmax stays within 1e-6 relative.
 float exp_shifted_sum(float* x, int64_t n, float max);

@@ -16,13 +16,19 @@ KvMemory kv_memory(const ModelConfig& m, const KvConfig& cfg) {
   if (cfg.dtype == KvDType::FP8)
     r.scale_bytes_per_position =
         r.full_layers * 2 * 4 * (cfg.fp8_scale != Fp8ScaleMode::Position ? m.num_kv_heads : 1);
+  if (cfg.dtype == KvDType::FP8 && cfg.fp8_scale == Fp8ScaleMode::Channel)
+    r.offset_bytes_per_page = r.full_layers * m.num_kv_heads * m.head_dim * 4;
   r.gdn_state_bytes = r.linear_layers * m.lin_num_v_heads * m.lin_k_dim * m.lin_v_dim * 4;
   r.conv_state_bytes = r.linear_layers * m.lin_conv_dim() * (m.conv_kernel - 1) * 4;
   return r;
 }
 
+int64_t KvMemory::cache_bytes(int64_t positions) const {
+  return bytes_per_position() * positions + (positions + kFp8OffsetPage - 1) / kFp8OffsetPage * offset_bytes_per_page;
+}
+
 int64_t kv_cache_bytes(const ModelConfig& m, const KvConfig& cfg, int64_t context) {
-  return kv_memory(m, cfg).bytes_per_position() * cfg.retained(context);
+  return kv_memory(m, cfg).cache_bytes(cfg.retained(context));
 }
 
 std::string format_bytes(int64_t bytes) {
@@ -118,6 +124,9 @@ std::string kv_calc_report(const ModelConfig& m, const std::string& model_name, 
   if (mem.scale_bytes_per_position > 0)
     o += fmt(" = %lld B K/V data (%s) + %lld B fp8 scales", (long long)mem.data_bytes_per_position,
              format_bytes(mem.data_bytes_per_position).c_str(), (long long)mem.scale_bytes_per_position);
+  if (mem.offset_bytes_per_page > 0)
+    o += fmt(" + %lld B key offsets per page of %lld positions", (long long)mem.offset_bytes_per_page,
+             (long long)kFp8OffsetPage);
   o += fmt("\n  = %lld full-attention layers x 2 (K,V) x %lld KV heads x %lld head_dim x %zu B\n",
            (long long)mem.full_layers, (long long)m.num_kv_heads, (long long)m.head_dim, kv_elem_size(cfg.dtype));
   if (cfg.retention() == KvRetention::Quest) {
@@ -139,7 +148,7 @@ std::string kv_calc_report(const ModelConfig& m, const std::string& model_name, 
 
   o += fmt("%10s %10s %14s %14s %14s\n", "context", "positions", "KV cache", "GDN state", "total");
   for (int64_t ctx : contexts) {
-    const int64_t kv = mem.bytes_per_position() * cfg.retained(ctx);
+    const int64_t kv = mem.cache_bytes(cfg.retained(ctx));
     o += fmt("%10lld %10lld %14s %14s %14s\n", (long long)ctx, (long long)cfg.retained(ctx), format_bytes(kv).c_str(),
              format_bytes(mem.constant_bytes()).c_str(), format_bytes(kv + mem.constant_bytes()).c_str());
   }
@@ -153,14 +162,18 @@ std::string kv_calc_report(const ModelConfig& m, const std::string& model_name, 
                                                          {KvDType::F16, Fp8ScaleMode::Position},
                                                          {KvDType::FP8, Fp8ScaleMode::Position},
                                                          {KvDType::FP8, Fp8ScaleMode::Head},
-                                                         {KvDType::FP8, Fp8ScaleMode::Rotated}};
+                                                         {KvDType::FP8, Fp8ScaleMode::Rotated},
+                                                         {KvDType::FP8, Fp8ScaleMode::Channel}};
   for (const auto& r : rows) {
+    // channel offsets belong to pages of consecutive positions: full or quest only.
+    if (r.s == Fp8ScaleMode::Channel && cfg.retention() != KvRetention::Full && cfg.retention() != KvRetention::Quest)
+      continue;
     KvConfig c = cfg;
     c.dtype = r.t;
     c.fp8_scale = r.s;
     const KvMemory cm = kv_memory(m, c);
     o += fmt("%-14s %14s", config_label(c).c_str(), format_bytes(cm.bytes_per_position()).c_str());
-    for (int64_t ctx : contexts) o += fmt(" %12s", format_bytes(cm.bytes_per_position() * c.retained(ctx)).c_str());
+    for (int64_t ctx : contexts) o += fmt(" %12s", format_bytes(cm.cache_bytes(c.retained(ctx))).c_str());
     o += "\n";
   }
   return o;

@@ -18,6 +18,11 @@ struct KvMemory {
   int64_t data_bytes_per_position = 0;   // layers x 2 x kv_heads x head_dim x element size
   int64_t scale_bytes_per_position = 0;  // fp8: layers x 2 x 4 B (x kv_heads for `head` scales)
   int64_t bytes_per_position() const { return data_bytes_per_position + scale_bytes_per_position; }
+  // fp8 `channel`: the per-channel key offsets, layers x kv_heads x head_dim
+  // x 4 B per page of kFp8OffsetPage positions (a started page counts whole).
+  int64_t offset_bytes_per_page = 0;
+  // K/V bytes of `positions` retained positions, offsets included.
+  int64_t cache_bytes(int64_t positions) const;
   // Constant per conversation:
   int64_t gdn_state_bytes = 0;  // linear layers x nv x dk x dv x 4 B
   int64_t conv_state_bytes = 0; // linear layers x conv_dim x (K - 1) x 4 B
@@ -25,7 +30,7 @@ struct KvMemory {
 };
 
 KvMemory kv_memory(const ModelConfig& m, const KvConfig& cfg);
-// KV bytes after `context` tokens: bytes_per_position x min(context, W or B).
+// KV bytes after `context` tokens: cache_bytes(min(context, W or B)).
 int64_t kv_cache_bytes(const ModelConfig& m, const KvConfig& cfg, int64_t context);
 
 // "512 B", "40.00 KiB", "60.00 MiB", "1.25 GiB".

@@ -69,8 +69,9 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv) const {
     case KvDType::F16: s.kvt = KV_F16; s.el = 2; break;
     case KvDType::FP8: s.kvt = KV_FP8; s.el = 1; break;
   }
-  if (kv.dtype == KvDType::FP8 && kv.fp8_scale == Fp8ScaleMode::Rotated)
-    fail_device(DeviceFailure::Unsupported, "CUDA backend: --kv-fp8-scale rotated is not implemented (CPU only)");
+  if (kv.dtype == KvDType::FP8 && (kv.fp8_scale == Fp8ScaleMode::Rotated || kv.fp8_scale == Fp8ScaleMode::Channel))
+    fail_device(DeviceFailure::Unsupported, std::string("CUDA backend: --kv-fp8-scale ") +
+                                                fp8_scale_mode_name(kv.fp8_scale) + " is not implemented (CPU only)");
   if (ret == KvRetention::Quest)
     fail_device(DeviceFailure::Unsupported,
                 "CUDA backend: --kv-resident (the Quest page store) is not implemented (CPU only)");
