@@ -278,8 +278,29 @@ void CudaModel::Impl::moe_launch_q(const MoeArgs& a, int slots, const QExpert& q
     mark(K_EXPERTS);
   };
   if constexpr (BITS == 0) {
+    // On the tensor cores (fp8_experts.cuh) where the blocks are a multiple
+    // of 64 columns wide: gate_up in tiles of 8 h rows (kGuSplit warps
+    // each), down in tiles of 16 x rows (a block of kDnWarps warps each).
     if (q.group % kF8Step == 0 && (sdt != DT_FP8 || !a.has_shared || a.s_group % kF8Step == 0)) {
-      moe_launch_fp8_mma(a, slots, q, sdt);
+      const bool f8s = sdt == DT_FP8 && a.has_shared;
+      const size_t m1 = f8_mma_gate_up_smem(a.H), m2 = f8_mma_down_smem(a.k, a.I, a.Is, f8s);
+      auto mma = [&](auto gu, auto dn) {
+        if (m1 > 48 * 1024) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m1)));
+        if (m2 > 48 * 1024) CK(cudaFuncSetAttribute(dn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m2)));
+        const int resident = per_sm(reinterpret_cast<const void*>(gu), m1) * prop.multiProcessorCount;
+        const int tpb = kWarps / kGuSplit, need = ((a.maxI + 7) / 8 + tpb - 1) / tpb;
+        go(gu, dim3(std::max(1, std::min(need, resident / slots)), slots), kThreads, m1, a, q);
+        mark(K_EXPERTS);
+        const int dres = per_sm(reinterpret_cast<const void*>(dn), m2, kDnWarps * 32) * prop.multiProcessorCount;
+        go(dn, std::min((a.H + 15) / 16, dres), kDnWarps * 32, m2, a, q);
+        mark(K_EXPERTS);
+      };
+      switch (sdt) {
+        case DT_FP8: mma(gate_up_fp8_mma_kernel<F8Rows>, down_fp8_mma_kernel<F8Rows>); break;
+        case DT_F32: mma(gate_up_fp8_mma_kernel<float>, down_fp8_mma_kernel<float>); break;
+        case DT_F16: mma(gate_up_fp8_mma_kernel<__half>, down_fp8_mma_kernel<__half>); break;
+        default: mma(gate_up_fp8_mma_kernel<__nv_bfloat16>, down_fp8_mma_kernel<__nv_bfloat16>);
+      }
       return;
     }
     switch (sdt) {
@@ -294,32 +315,6 @@ void CudaModel::Impl::moe_launch_q(const MoeArgs& a, int slots, const QExpert& q
       case DT_F16: run(gate_up_q_kernel<BITS, __half>, down_q_kernel<BITS, __half>); break;
       default: run(gate_up_q_kernel<BITS, __nv_bfloat16>, down_q_kernel<BITS, __nv_bfloat16>);
     }
-  }
-}
-
-// The FP8 experts on the tensor cores (fp8_experts.cuh, blocks a multiple
-// of 64 columns wide): gate_up in tiles of 8 h rows (kGuSplit warps each),
-// down in tiles of 16 x rows (a block of kDnWarps warps each).
-void CudaModel::Impl::moe_launch_fp8_mma(const MoeArgs& a, int slots, const QExpert& q, int sdt) {
-  const bool f8s = sdt == DT_FP8 && a.has_shared;
-  const size_t s1 = f8_mma_gate_up_smem(a.H), s2 = f8_mma_down_smem(a.k, a.I, a.Is, f8s);
-  auto run = [&](auto gu, auto dn) {
-    if (s1 > 48 * 1024) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, int(s1)));
-    if (s2 > 48 * 1024) CK(cudaFuncSetAttribute(dn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(s2)));
-    const int resident = per_sm(reinterpret_cast<const void*>(gu), s1) * prop.multiProcessorCount;
-    const int tpb = kWarps / kGuSplit, need = ((a.maxI + 7) / 8 + tpb - 1) / tpb;
-    const dim3 g1(std::max(1, std::min(need, resident / slots)), slots);
-    go(gu, g1, kThreads, s1, a, q);
-    mark(K_EXPERTS);
-    const int dres = per_sm(reinterpret_cast<const void*>(dn), s2, kDnWarps * 32) * prop.multiProcessorCount;
-    go(dn, std::min((a.H + 15) / 16, dres), kDnWarps * 32, s2, a, q);
-    mark(K_EXPERTS);
-  };
-  switch (sdt) {
-    case DT_FP8: run(gate_up_fp8_mma_kernel<F8Rows>, down_fp8_mma_kernel<F8Rows>); break;
-    case DT_F32: run(gate_up_fp8_mma_kernel<float>, down_fp8_mma_kernel<float>); break;
-    case DT_F16: run(gate_up_fp8_mma_kernel<__half>, down_fp8_mma_kernel<__half>); break;
-    default: run(gate_up_fp8_mma_kernel<__nv_bfloat16>, down_fp8_mma_kernel<__nv_bfloat16>);
   }
 }
 

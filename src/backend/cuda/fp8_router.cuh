@@ -33,7 +33,7 @@ __global__ void fold_router_fp8_kernel(const T* __restrict__ Wr, int rows, const
   }
 }
 
-// Blocks [0, nbR): the folded router (folded_router_blocks); the others:
+// Blocks [0, nbR): the folded router (as outproj_router_kernel's); the others:
 // x += W_out . o for an FP8 W_out [H][O] (block width a multiple of 64),
 // o = cat + H split into shared memory (f8_split_bytes(O)) by each block.
 // splitA: warps per tile (f8_mma_split).
@@ -45,8 +45,19 @@ static __global__ void __launch_bounds__(kThreads, 3)
   if (a.sel.out && blockIdx.x == 0 && threadIdx.x < 32) prefetch_tables(a.sel, a.E);
   pdl_wait();
   pdl_trigger();
-  if (bid < 0) {
-    folded_router_blocks(a);
+  if (bid < 0) {  // as outproj_router_kernel's router blocks
+    matvec_rows<float>(a.R, a.rowsR, a.H + a.O, a.cat, a.logits, 0, a.splitR, a.per, blockIdx.x, a.nbR);
+    if (!a.sel.out) return;
+    // The last router block picks the experts (why: outproj_router_kernel).
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(a.done, 1u) == unsigned(a.nbR - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x < 32) topk_warp(a.logits, a.E, a.k, 0, 0, a.ids, a.wscratch, a.tc, a.sel, 1.0f);
+    if (threadIdx.x == 0) *a.done = 0;
     return;
   }
   const F8Split X = f8_split_block(a.cat + a.H, a.O, os);

@@ -179,8 +179,6 @@ struct CudaModel::Impl : Launcher {
   template <int BITS>
   void moe_launch_q(const MoeArgs& a, int slots, const QExpert& q, int sdt);
   void moe_launch_q(const MoeArgs& a, int slots, const QExpert& q, int sdt);
-  // FP8 experts in blocks a multiple of 64 columns wide, on the tensor cores.
-  void moe_launch_fp8_mma(const MoeArgs& a, int slots, const QExpert& q, int sdt);
   // A GatedDeltaNet layer's mixer (state slot sl): in-proj (input norm
   // fused), conv1d, the delta-rule step, out-proj (+ the folded router).
   void delta_net(CudaState::Impl& s, const DLayer& d, int sl);

@@ -335,7 +335,7 @@ std::vector<float> quant_experts(const std::vector<QuantExpert>& experts, const 
     l.go(gu, g1, kThreads, s1, a, q);
     l.go(dn, blocks, kThreads, s2, a, q);
   };
-  if (q.fp8 && q.group % kF8Step == 0) {  // the tensor cores, as CudaModel::Impl::moe_launch_fp8_mma
+  if (q.fp8 && q.group % kF8Step == 0) {  // the tensor cores, as CudaModel::Impl::moe_launch_q<0>
     const size_t m1 = f8_mma_gate_up_smem(H), m2 = f8_mma_down_smem(k, I, 0, false);
     auto gu = gate_up_fp8_mma_kernel<__nv_bfloat16>;
     auto dn = down_fp8_mma_kernel<__nv_bfloat16>;
