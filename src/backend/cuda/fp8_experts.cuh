@@ -357,29 +357,40 @@ __global__ void __launch_bounds__(kDnWarps * 32, 1) down_fp8_mma_kernel(MoeArgs 
   if (int(threadIdx.x) < k) ptr[threadIdx.x] = static_cast<const uint8_t*>(
       a.sel ? a.sel[k + threadIdx.x] : a.down_tab[a.ids[threadIdx.x]]);
   if (int(threadIdx.x) < k + (a.has_shared ? 1 : 0)) wj[threadIdx.x] = a.w[threadIdx.x];
+  const int nbcI = (a.I + q.group - 1) / q.group, nbcS = ns > k ? (a.Is + a.s_group - 1) / a.s_group : 0;
+  // Slot s's rows g and g + 8 of a tile.
+  auto unit_rows = [&](int s, int tile) {
+    const int r0 = tile * 16 + g, r1 = r0 + 8;
+    F8TileRows R{nullptr, nullptr, nullptr, nullptr};
+    if (s < k) {
+      const uint8_t* D = ptr[s];
+      const float* sc = reinterpret_cast<const float*>(D + q.dn_s);
+      if (r0 < a.H) R.w0 = D + size_t(r0) * a.I, R.s0 = sc + size_t(r0 / q.block_rows) * nbcI;
+      if (r1 < a.H) R.w1 = D + size_t(r1) * a.I, R.s1 = sc + size_t(r1 / q.block_rows) * nbcI;
+    } else {
+      const uint8_t* D = static_cast<const uint8_t*>(a.s_down);
+      if (r0 < a.H) R.w0 = D + size_t(r0) * a.Is, R.s0 = a.s_down_sc + size_t(r0) * nbcS;
+      if (r1 < a.H) R.w1 = D + size_t(r1) * a.Is, R.s1 = a.s_down_sc + size_t(r1) * nbcS;
+    }
+    return R;
+  };
+  __syncthreads();
+  // The first tile's rows into L2 while h is split.
+  for (int u = warp; u < ns * npiece; u += kDnWarps) {
+    const int s = u / npiece, len = s < k ? a.I : a.Is, c0 = (u % npiece) * kDnPiece;
+    if (c0 < len) f8_tile_prefetch(unit_rows(s, blockIdx.x), c0, min(len, c0 + kDnPiece), lane);
+  }
   for (int s = warp; s < ns; s += kDnWarps) {
     const F8Split X = f8_split_warp(a.hb + s * a.maxI, s < k ? a.I : a.Is, reinterpret_cast<__half*>(hs + s * sb), lane);
     if (lane == 0) inv[s] = X.inv;
   }
   __syncthreads();
-  const int nbcI = (a.I + q.group - 1) / q.group, nbcS = ns > k ? (a.Is + a.s_group - 1) / a.s_group : 0;
   for (int tile = blockIdx.x; tile * 16 < a.H; tile += gridDim.x) {
-    const int r0 = tile * 16 + g, r1 = r0 + 8;
     float acc0 = 0.f, acc1 = 0.f;
     for (int u = warp; u < ns * npiece; u += kDnWarps) {
       const int s = u / npiece, len = s < k ? a.I : a.Is, c0 = (u % npiece) * kDnPiece;
       if (c0 >= len) continue;
-      F8TileRows R{nullptr, nullptr, nullptr, nullptr};
-      if (s < k) {
-        const uint8_t* D = ptr[s];
-        const float* sc = reinterpret_cast<const float*>(D + q.dn_s);
-        if (r0 < a.H) R.w0 = D + size_t(r0) * a.I, R.s0 = sc + size_t(r0 / q.block_rows) * nbcI;
-        if (r1 < a.H) R.w1 = D + size_t(r1) * a.I, R.s1 = sc + size_t(r1 / q.block_rows) * nbcI;
-      } else {
-        const uint8_t* D = static_cast<const uint8_t*>(a.s_down);
-        if (r0 < a.H) R.w0 = D + size_t(r0) * a.Is, R.s0 = a.s_down_sc + size_t(r0) * nbcS;
-        if (r1 < a.H) R.w1 = D + size_t(r1) * a.Is, R.s1 = a.s_down_sc + size_t(r1) * nbcS;
-      }
+      const F8TileRows R = unit_rows(s, tile);
       const F8Split X{reinterpret_cast<const __half*>(hs + s * sb), f8_padded(len) + 8, inv[s]};
       float d0, d1;
       f8_tile_dot(R, X, c0, min(len, c0 + kDnPiece), s < k ? q.group : a.s_group, lane, d0, d1);
