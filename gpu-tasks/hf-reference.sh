@@ -10,14 +10,16 @@
 #      flashmoe cpu/cuda vs HF on the dequantised weights (<= 1e-3);
 #   3. --moe-top-k: coder-mini at K = 2 and 1 of its 4 (<= 1e-3 cpu, 2e-3 cuda).
 # usage (repository root, on the GPU machine, flashmoe built in build/):
-#   bash gpu-tasks/hf-reference.sh
+#   bash gpu-tasks/hf-reference.sh [drift] [fp8] [topk]   (the parts to run; all by default)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/hf-reference"
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 quiet() { grep -v "Loading weights\|falling back\|deprecated\|Unrecognized keys\|attention implementations"; }
 [ -x build/flashmoe ] || { echo "FAIL: build/flashmoe missing"; exit 1; }
+PARTS=" ${*:-drift fp8 topk} "
+want() { [[ "$PARTS" == *" $1 "* ]]; }
 
-for fx in coder-mini tiny-qwen35moe; do
+want drift && for fx in coder-mini tiny-qwen35moe; do
   src=tests/fixtures/$fx; [ $fx = coder-mini ] && src=models/coder-mini
   python3 - "$src" "$fx" <<'PY' 2>&1 | quiet
 import sys, numpy as np, tempfile
@@ -43,7 +45,7 @@ PY
 done
 echo "drift done at $(el) s"
 
-for fx in coder-mini tiny-qwen35moe tiny-qwen3next; do
+want fp8 && for fx in coder-mini tiny-qwen35moe tiny-qwen3next; do
   d=/tmp/fp8/$fx
   src=tests/fixtures/$fx; [ $fx = coder-mini ] && src=models/coder-mini
   rm -rf "$d"
@@ -80,7 +82,7 @@ echo "fp8 done at $(el) s"
 
 M=models/coder-mini/model
 IDS=$(python3 -c "import sys; sys.path.insert(0,'scripts/fixtures'); import safetensors_np as s; r=s.read('models/coder-mini/reference.safetensors'); print(','.join(map(str, (r['ids_long'] if 'ids_long' in r else r['ids'])[1][:64])))")
-for K in 2 1; do
+want topk && for K in 2 1; do
   python3 scripts/fixtures/top_k_reference.py $M $K $IDS $OUT/hf-reference/hf_k$K.safetensors 2>&1 | quiet | tail -2
   for dev in cpu cuda; do
     tol=1e-3; [ $dev = cuda ] && tol=2e-3

@@ -319,10 +319,12 @@ Matrix random_fp8(std::mt19937& rng, int block_rows, int group, int rows, int co
   return m;
 }
 
-// The FP8 expert kernels (gate_up_fp8_kernel, down_fp8_kernel) against the
-// CPU's FP8 rows (core/fp8_rows.cpp decodes every code exactly): the 35B's
-// shapes in 128 x 128 blocks, and sizes that leave partial blocks (an
-// expert of 64 or 80 columns, blocks of 32 x 48).
+// The FP8 expert kernels against the CPU's FP8 rows (core/fp8_rows.cpp
+// decodes every code exactly): the 35B's shapes in 128 x 128 blocks, and
+// sizes that leave partial blocks and steps (an expert of 64, 80 or 112
+// columns, a hidden size of 208 in blocks of 64) on the tensor cores
+// (gate_up_fp8_mma_kernel, down_fp8_mma_kernel); blocks of 32 x 48 on the
+// FFMA kernels (gate_up_fp8_kernel, down_fp8_kernel).
 TEST(CudaOps, Fp8ExpertsMatchCpu) {
   REQUIRE_GPU();
   std::mt19937 rng(23);
@@ -330,7 +332,7 @@ TEST(CudaOps, Fp8ExpertsMatchCpu) {
     int block_rows, group, H, I, k;
   };
   for (Case c : {Case{128, 128, 2048, 512, 8}, Case{128, 128, 128, 64, 4}, Case{128, 128, 256, 80, 2},
-                 Case{32, 48, 192, 96, 3}}) {
+                 Case{64, 64, 208, 112, 3}, Case{32, 48, 192, 96, 3}}) {
     std::vector<F8Store> store(size_t(3 * c.k));
     std::vector<cuda_ops::QuantExpert> experts;
     for (int j = 0; j < c.k; ++j)
@@ -358,11 +360,13 @@ TEST(CudaOps, Fp8ExpertsMatchCpu) {
   }
 }
 
-// The FP8 matvec (matvec_fp8_kernel) against the CPU's FP8 rows: the
-// 35B's projection shapes in 128 x 128 blocks (few rows: split over warps;
-// columns past the norm's preload), partial blocks (80 columns in blocks
-// of 48), and a slice starting 37 rows into its block row (the per-row
-// scales a stacked device matrix carries).
+// The FP8 matvec against the CPU's FP8 rows: on the tensor cores
+// (matvec_fp8_mma_kernel) the 35B's projection shapes in 128 x 128 blocks
+// (few rows: split over warps; columns past the norm's preload), rows not
+// a multiple of the 16-row tile and columns not of the block (208: a
+// partial block and a partial step); on the FFMA kernel (matvec_fp8_kernel)
+// partial blocks of 48 columns; and a slice starting 37 rows into its
+// block row (the per-row scales a stacked device matrix carries).
 TEST(CudaOps, Fp8MatvecMatchesCpu) {
   REQUIRE_GPU();
   std::mt19937 rng(29);
@@ -370,7 +374,7 @@ TEST(CudaOps, Fp8MatvecMatchesCpu) {
     int rows, cols, block_rows, group;
   };
   for (Shape s : {Shape{4096, 2048, 128, 128}, Shape{1024, 4096, 128, 128}, Shape{37, 256, 128, 128},
-                  Shape{300, 80, 32, 48}})
+                  Shape{100, 208, 128, 128}, Shape{300, 80, 32, 48}})
     for (bool norm : {false, true})
       for (bool three : {false, true})
         for (int r0 : {0, 37}) {

@@ -8,6 +8,9 @@
 // structure as quant_experts.cuh (x staged chunk-major, kF8Loads chunks in
 // flight per lane); the shared expert (slot k) keeps its storage type TS,
 // or is FP8 too (TS = F8Rows: a DMat's per-row scales, fp8_matvec.cuh).
+// Blocks a multiple of 64 columns wide (the releases' 128) take the tensor
+// core kernels at the end of this file (fp8_mma.cuh); the FFMA kernels
+// here serve the other block widths.
 #pragma once
 #include "backend/cuda/fp8_matvec.cuh"
 #include "backend/cuda/quant_experts.cuh"
@@ -204,6 +207,218 @@ __global__ void __launch_bounds__(kThreads) down_fp8_kernel(MoeArgs a, QExpert q
       acc += wj[k] * shared_row_dot<TS>(a.s_down, a.s_down_sc, a.s_group, r, a.hb + k * a.maxI, a.Is, lane);
     acc = warp_sum(acc);
     if (lane == 0) a.x[r] += acc;
+  }
+}
+
+// ------------------------------------------------ tensor cores (fp8_mma.cuh)
+// For blocks a multiple of 64 columns wide (routed experts' q.group, and
+// an FP8 shared expert's s_group).
+
+constexpr int kGuSplit = 4;  // gate_up: warps per tile (each a quarter of the columns)
+
+// Its dynamic shared memory: x normed (fp32), then x split for the mma.
+inline size_t f8_mma_gate_up_smem(int H) { return size_t(H) * 4 + f8_split_bytes(H); }
+
+// h[j][r] = silu(gate_j[r] . xn) * (up_j[r] . xn); blockIdx.y = slot j (as
+// gate_up_fp8_kernel, the same pick and presel duties of block (0,0)). A
+// tile is 8 rows of gate (mma rows 0-7) and the same 8 rows of up (8-15),
+// so a lane with t = 0 ends with both sums of one h row; kGuSplit warps
+// share a tile's columns. The shared expert in FP8 (TS = F8Rows) is
+// tiled the same way; in a float type it keeps row_dot, a warp per row.
+template <typename TS>
+__global__ void __launch_bounds__(kThreads, 3) gate_up_fp8_mma_kernel(MoeArgs a, QExpert q) {
+  extern __shared__ __align__(16) float xs[];  // [H] x normed, then its split
+  __shared__ float part[kWarps][16];
+  constexpr bool f8s = std::is_same_v<TS, F8Rows>;
+  const int j = blockIdx.y;
+  const bool shared = j == a.k;
+  const int I = shared ? a.Is : a.I;
+  const int tpb = kWarps / kGuSplit, ngroups = (I + 7) / 8;
+  if (shared && !f8s ? int(blockIdx.x) * kWarps >= I : int(blockIdx.x) * tpb >= ngroups) return;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+  const int sub = warp % kGuSplit, lt = warp / kGuSplit;
+  const int slice = f8_padded((a.H + kGuSplit - 1) / kGuSplit), k0 = min(a.H, sub * slice),
+            k1 = min(a.H, k0 + slice);
+  const bool pick = !shared && a.logits && !a.presel;  // uniform over the block
+  const int group = shared ? (f8s ? a.s_group : kF8Step) : q.group, nbc = (a.H + group - 1) / group;
+  const uint8_t* B = nullptr;
+  // Tile rg's rows: gate row rg * 8 + g and up row rg * 8 + g.
+  auto tile_rows = [&](int rg) {
+    const int r = rg * 8 + g;
+    F8TileRows R{nullptr, nullptr, nullptr, nullptr};
+    if (r >= I) return R;
+    if (shared) {
+      const uint8_t* W = static_cast<const uint8_t*>(a.s_gu);
+      R.w0 = W + size_t(r) * a.H;
+      R.w1 = W + size_t(I + r) * a.H;
+      R.s0 = a.s_gu_sc + size_t(r) * nbc;
+      R.s1 = a.s_gu_sc + size_t(I + r) * nbc;
+    } else {
+      R.w0 = B + size_t(r) * a.H;
+      R.w1 = B + q.up_w + size_t(r) * a.H;
+      R.s0 = reinterpret_cast<const float*>(B + q.gate_s) + size_t(r / q.block_rows) * nbc;
+      R.s1 = reinterpret_cast<const float*>(B + q.up_s) + size_t(r / q.block_rows) * nbc;
+    }
+    return R;
+  };
+  if (f8s && shared) f8_tile_prefetch(tile_rows(blockIdx.x * tpb + lt), k0, k1, lane);  // known before the wait
+  if (pick && warp == 0) prefetch_tables(a.tsel, a.E);
+  pdl_wait();
+  pdl_trigger();
+  if (!shared && !pick) {
+    B = static_cast<const uint8_t*>(a.sel ? a.sel[j] : a.gu_tab[a.ids[j]]);
+    f8_tile_prefetch(tile_rows(blockIdx.x * tpb + lt), k0, k1, lane);  // fetched while x is normed and split
+  }
+  const float rx = load_x(a.x, a.norm_w, a.eps, a.H, xs);
+  const F8Split X = f8_split_block(xs, a.H, reinterpret_cast<__half*>(xs + a.H));
+  if (a.presel && blockIdx.x == 0 && blockIdx.y == 0 && warp == 0)
+    topk_weights(a.logits, a.E, a.k, a.norm_topk, a.has_shared, a.ids, a.folded ? rx : 1.0f, a.w_out);
+  if (pick) {
+    __shared__ const void* chosen[64];
+    __shared__ int cid[32];
+    __shared__ float cw[33];
+    const bool lead = blockIdx.x == 0 && blockIdx.y == 0;
+    if (warp == 0) {
+      ExpertSel to = a.tsel;
+      to.out = chosen;
+      TierCount tc = a.tc;
+      if (!lead) tc.counts = nullptr;
+      topk_warp(a.logits, a.E, a.k, a.norm_topk, a.has_shared, cid, cw, tc, to, a.folded ? rx : 1.0f);
+      __syncwarp();
+      if (lead) {
+        if (lane < a.k) {
+          a.ids_out[lane] = cid[lane];
+          a.w_out[lane] = cw[lane];
+          a.tsel.out[lane] = chosen[lane];
+          a.tsel.out[a.k + lane] = chosen[a.k + lane];
+        }
+        if (lane == 0 && a.has_shared) a.w_out[a.k] = cw[a.k];
+      }
+    }
+    __syncthreads();
+    B = static_cast<const uint8_t*>(chosen[j]);
+  }
+  if constexpr (!f8s) {
+    if (shared) {
+      for (int r = blockIdx.x * kWarps + warp; r < I; r += gridDim.x * kWarps) {
+        const float gs = warp_sum(row_dot<TS>(static_cast<const TS*>(a.s_gu) + size_t(r) * a.H, xs, a.H, lane));
+        const float us = warp_sum(row_dot<TS>(static_cast<const TS*>(a.s_gu) + size_t(I + r) * a.H, xs, a.H, lane));
+        if (lane == 0) a.hb[j * a.maxI + r] = siluf_(gs) * us;
+      }
+      return;
+    }
+  }
+  for (int rg0 = blockIdx.x * tpb; rg0 < ngroups; rg0 += gridDim.x * tpb) {
+    const int rg = rg0 + lt;
+    float d0 = 0.f, d1 = 0.f;
+    if (rg < ngroups && k0 < k1) f8_tile_dot(tile_rows(rg), X, k0, k1, group, lane, d0, d1);
+    if ((lane & 3) == 0) part[warp][g] = d0, part[warp][g + 8] = d1;
+    __syncthreads();
+    if (int(threadIdx.x) < tpb * 8) {
+      const int l2 = threadIdx.x / 8, i = threadIdx.x % 8, r = (rg0 + l2) * 8 + i;
+      if (r < I) {
+        float gs = 0.f, us = 0.f;
+        for (int k = 0; k < kGuSplit; ++k) gs += part[l2 * kGuSplit + k][i], us += part[l2 * kGuSplit + k][8 + i];
+        a.hb[j * a.maxI + r] = siluf_(gs * X.inv) * (us * X.inv);
+      }
+    }
+    __syncthreads();
+  }
+}
+
+constexpr int kDnWarps = 16;  // down: warps per block (one 16-row tile per block)
+constexpr int kDnPiece = 256;  // down: columns of one slot a warp takes at a time
+
+// Its dynamic shared memory: each slot's h split for the mma (the routed
+// slots', and an FP8 shared expert's).
+inline size_t f8_mma_down_smem(int k, int I, int Is, bool f8_shared) {
+  return size_t(k + (f8_shared ? 1 : 0)) * f8_split_bytes(std::max(I, f8_shared ? Is : 0));
+}
+
+// x[r] += sum_j w_j * down_j[r] . h_j (as down_fp8_kernel): a block takes
+// 16 rows of x; each slot's h is split for the mma (a warp per slot), the
+// slots' columns go out in pieces of kDnPiece to the block's kDnWarps
+// warps, whose sums (each weighted by its slot's w) are added in a fixed
+// order. The shared expert is one more slot in FP8 (TS = F8Rows), else
+// row_dot by a warp per row.
+template <typename TS>
+__global__ void __launch_bounds__(kDnWarps * 32, 1) down_fp8_mma_kernel(MoeArgs a, QExpert q) {
+  extern __shared__ __align__(16) uint8_t hs[];  // [slots] h split (f8_split_bytes of the widest)
+  __shared__ const uint8_t* ptr[32];
+  __shared__ float wj[33], inv[33], extra[16];
+  __shared__ float part[kDnWarps][16];
+  constexpr bool f8s = std::is_same_v<TS, F8Rows>;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, k = a.k;
+  const int ns = k + (f8s && a.has_shared ? 1 : 0);
+  const int widest = max(a.I, ns > k ? a.Is : 0), npiece = (widest + kDnPiece - 1) / kDnPiece;
+  const size_t sb = f8_split_bytes(widest);
+  pdl_wait();
+  pdl_trigger();
+  if (int(threadIdx.x) < k) ptr[threadIdx.x] = static_cast<const uint8_t*>(
+      a.sel ? a.sel[k + threadIdx.x] : a.down_tab[a.ids[threadIdx.x]]);
+  if (int(threadIdx.x) < k + (a.has_shared ? 1 : 0)) wj[threadIdx.x] = a.w[threadIdx.x];
+  const int nbcI = (a.I + q.group - 1) / q.group, nbcS = ns > k ? (a.Is + a.s_group - 1) / a.s_group : 0;
+  // Slot s's rows g and g + 8 of a tile.
+  auto unit_rows = [&](int s, int tile) {
+    const int r0 = tile * 16 + g, r1 = r0 + 8;
+    F8TileRows R{nullptr, nullptr, nullptr, nullptr};
+    if (s < k) {
+      const uint8_t* D = ptr[s];
+      const float* sc = reinterpret_cast<const float*>(D + q.dn_s);
+      if (r0 < a.H) R.w0 = D + size_t(r0) * a.I, R.s0 = sc + size_t(r0 / q.block_rows) * nbcI;
+      if (r1 < a.H) R.w1 = D + size_t(r1) * a.I, R.s1 = sc + size_t(r1 / q.block_rows) * nbcI;
+    } else {
+      const uint8_t* D = static_cast<const uint8_t*>(a.s_down);
+      if (r0 < a.H) R.w0 = D + size_t(r0) * a.Is, R.s0 = a.s_down_sc + size_t(r0) * nbcS;
+      if (r1 < a.H) R.w1 = D + size_t(r1) * a.Is, R.s1 = a.s_down_sc + size_t(r1) * nbcS;
+    }
+    return R;
+  };
+  __syncthreads();
+  // The first tile's rows into L2 while h is split.
+  for (int u = warp; u < ns * npiece; u += kDnWarps) {
+    const int s = u / npiece, len = s < k ? a.I : a.Is, c0 = (u % npiece) * kDnPiece;
+    if (c0 < len) f8_tile_prefetch(unit_rows(s, blockIdx.x), c0, min(len, c0 + kDnPiece), lane);
+  }
+  for (int s = warp; s < ns; s += kDnWarps) {
+    const F8Split X = f8_split_warp(a.hb + s * a.maxI, s < k ? a.I : a.Is, reinterpret_cast<__half*>(hs + s * sb), lane);
+    if (lane == 0) inv[s] = X.inv;
+  }
+  __syncthreads();
+  for (int tile = blockIdx.x; tile * 16 < a.H; tile += gridDim.x) {
+    float acc0 = 0.f, acc1 = 0.f;
+    for (int u = warp; u < ns * npiece; u += kDnWarps) {
+      const int s = u / npiece, len = s < k ? a.I : a.Is, c0 = (u % npiece) * kDnPiece;
+      if (c0 >= len) continue;
+      const F8TileRows R = unit_rows(s, tile);
+      const F8Split X{reinterpret_cast<const __half*>(hs + s * sb), f8_padded(len) + 8, inv[s]};
+      float d0, d1;
+      f8_tile_dot(R, X, c0, min(len, c0 + kDnPiece), s < k ? q.group : a.s_group, lane, d0, d1);
+      const float f = wj[s] * X.inv;
+      acc0 = fmaf(d0, f, acc0);
+      acc1 = fmaf(d1, f, acc1);
+    }
+    if constexpr (!f8s) {
+      if (a.has_shared && warp < 16) {
+        const int r = tile * 16 + warp;
+        float v = 0.f;
+        if (r < a.H) v = row_dot<TS>(static_cast<const TS*>(a.s_down) + size_t(r) * a.Is, a.hb + k * a.maxI, a.Is, lane);
+        v = warp_sum(v);
+        if (lane == 0) extra[warp] = wj[k] * v;
+      }
+    }
+    if ((lane & 3) == 0) part[warp][g] = acc0, part[warp][g + 8] = acc1;
+    __syncthreads();
+    if (threadIdx.x < 16) {
+      const int r = tile * 16 + threadIdx.x;
+      if (r < a.H) {
+        float t = 0.f;
+        for (int w = 0; w < kDnWarps; ++w) t += part[w][threadIdx.x];
+        if (!f8s && a.has_shared) t += extra[threadIdx.x];
+        a.x[r] += t;
+      }
+    }
+    __syncthreads();
   }
 }
 

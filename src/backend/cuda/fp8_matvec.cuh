@@ -1,10 +1,13 @@
 // Products over FP8 block weights in the decode step (DT_FP8 matrices:
-// E4M3 codes, per-row fp32 block scales; device_model.cuh): the codes read
-// as stored, 16 per 16-byte load, widened in registers (Hopper's
-// cvt.rn.f16x2.e4m3x2: exact, E4M3 fits in f16) and multiplied against
-// fp32 x; a load's 16 columns lie in one scale block (the block width is a
-// multiple of 16), so each load's dot is scaled once.
+// E4M3 codes, per-row fp32 block scales; device_model.cuh). Blocks a
+// multiple of 64 columns wide (Qwen's and DeepSeek's releases: 128) go to
+// the tensor cores (matvec_fp8_mma_kernel, fp8_mma.cuh). Other block widths
+// (a multiple of 16) take the FFMA kernel below: the codes read as stored,
+// 16 per 16-byte load, widened in registers (cvt.rn.f16x2.e4m3x2: exact)
+// and multiplied against fp32 x; a load's 16 columns lie in one scale
+// block, so each load's dot is scaled once.
 #pragma once
+#include "backend/cuda/fp8_mma.cuh"
 #include "backend/cuda/matvec.cuh"
 
 namespace flashmoe::cuda {
@@ -139,6 +142,100 @@ static __global__ void __launch_bounds__(kThreads, 4)
   }
   load_x(x, nw, eps, cols, xs, &pre);
   fp8_matvec_rows(W, S, group, rows, cols, xs, y, accumulate, split, per);
+}
+
+// Warps per 16-row tile in matvec_fp8_mma_kernel: doubled while the tiles
+// give fewer than 16 warps per SM (the loads in flight that HBM speed
+// needs) and each warp keeps at least two steps of every row.
+inline int f8_mma_split(int rows, int cols, int sms) {
+  const int tiles = (rows + 15) / 16;
+  int s = 1;
+  while (s < kWarps && tiles * s < 16 * sms && cols / (2 * s) >= 2 * kF8Step) s *= 2;
+  return s;
+}
+// Its dynamic shared memory: x normed (fp32), then x split for the mma.
+inline size_t f8_mma_matvec_smem(int cols) { return size_t(cols) * 4 + f8_split_bytes(cols); }
+
+// The tiles' rows of W for lane g of a warp: rows tile * 16 + g and + 8.
+__device__ __forceinline__ F8TileRows f8_dmat_rows(const uint8_t* W, const float* S, int rows, int cols, int nbc,
+                                                   int tile, int g) {
+  const int r0 = tile * 16 + g, r1 = r0 + 8;
+  F8TileRows R;
+  R.w0 = r0 < rows ? W + size_t(r0) * cols : nullptr;
+  R.w1 = r1 < rows ? W + size_t(r1) * cols : nullptr;
+  R.s0 = S + size_t(r0 < rows ? r0 : 0) * nbc;
+  R.s1 = S + size_t(r1 < rows ? r1 : 0) * nbc;
+  return R;
+}
+
+// y[r] (+)= W[r,:] . X for a DT_FP8 W whose block width is a multiple of
+// 64, by this block (bid of the nb blocks doing W): a warp takes a tile of
+// 16 rows times a slice of the columns (`split` warps per tile, partial
+// sums added in a fixed order), blocks stride over the tiles.
+__device__ __forceinline__ void f8_matvec_tiles(const uint8_t* __restrict__ W, const float* __restrict__ S, int group,
+                                                int rows, int cols, const F8Split& X, float* __restrict__ y,
+                                                int accumulate, int split, int bid, int nb) {
+  __shared__ float part[kWarps][16];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+  const int tpb = kWarps / split, sub = warp % split, lt = warp / split;
+  const int ntiles = (rows + 15) / 16, nbc = (cols + group - 1) / group;
+  const int slice = f8_padded((cols + split - 1) / split), k0 = min(cols, sub * slice), k1 = min(cols, k0 + slice);
+  for (int t0 = bid * tpb; t0 < ntiles; t0 += nb * tpb) {
+    const int tile = t0 + lt;
+    float d0 = 0.f, d1 = 0.f;
+    if (tile < ntiles && k0 < k1) f8_tile_dot(f8_dmat_rows(W, S, rows, cols, nbc, tile, g), X, k0, k1, group, lane, d0, d1);
+    if (split == 1) {
+      if ((lane & 3) == 0 && tile < ntiles) {
+        const int r0 = tile * 16 + g, r1 = r0 + 8;
+        if (r0 < rows) y[r0] = accumulate ? y[r0] + d0 * X.inv : d0 * X.inv;
+        if (r1 < rows) y[r1] = accumulate ? y[r1] + d1 * X.inv : d1 * X.inv;
+      }
+      continue;
+    }
+    if ((lane & 3) == 0) part[warp][g] = d0, part[warp][g + 8] = d1;
+    __syncthreads();
+    if (int(threadIdx.x) < tpb * 16) {
+      const int l2 = threadIdx.x / 16, i = threadIdx.x % 16, r = (t0 + l2) * 16 + i;
+      if (r < rows) {
+        float s = 0.f;
+        for (int k = 0; k < split; ++k) s += part[l2 * split + k][i];
+        s *= X.inv;
+        y[r] = accumulate ? y[r] + s : s;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// The first tile of this warp (as f8_matvec_tiles) into L2.
+__device__ __forceinline__ void f8_matvec_prefetch(const uint8_t* W, const float* S, int group, int rows, int cols,
+                                                   int split, int bid) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int tpb = kWarps / split, sub = warp % split, lt = warp / split, tile = bid * tpb + lt;
+  const int slice = f8_padded((cols + split - 1) / split), k0 = min(cols, sub * slice), k1 = min(cols, k0 + slice);
+  if (tile < (rows + 15) / 16)
+    f8_tile_prefetch(f8_dmat_rows(W, S, rows, cols, (cols + group - 1) / group, tile, lane >> 2), k0, k1, lane);
+}
+
+// y[r] (+)= W[r,:] . norm(x) (norm skipped when nw is null) for a DT_FP8 W
+// whose block width is a multiple of 64, on the tensor cores
+// (f8_matvec_tiles). pf: prefetch the first tile's rows into L2 before the
+// PDL wait.
+static __global__ void __launch_bounds__(kThreads, 3)
+    matvec_fp8_mma_kernel(const uint8_t* __restrict__ W, const float* __restrict__ S, int group, int rows, int cols,
+                          const float* __restrict__ x, const float* __restrict__ nw, float eps, float* __restrict__ y,
+                          int accumulate, int split, int pf, float* __restrict__ xcopy) {
+  extern __shared__ __align__(16) float xs[];  // [cols] x normed, then its split (f8_split_bytes)
+  if (pf) f8_matvec_prefetch(W, S, group, rows, cols, split, blockIdx.x);
+  NormPre pre;
+  norm_preload(nw, cols, true, pre);
+  pdl_wait();
+  pdl_trigger();
+  if (xcopy && blockIdx.x == gridDim.x - 1)
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) xcopy[i] = x[i];
+  load_x(x, nw, eps, cols, xs, &pre);
+  const F8Split X = f8_split_block(xs, cols, reinterpret_cast<__half*>(xs + cols));
+  f8_matvec_tiles(W, S, group, rows, cols, X, y, accumulate, split, blockIdx.x, gridDim.x);
 }
 
 }  // namespace flashmoe::cuda

@@ -16,8 +16,13 @@
 // split like f32 weights. So are GGUF block weights (T = GB, parts and
 // kinds in GemmArgs::gm): each thread expands its 8 weights of a row from
 // their block (gguf_blocks.cuh) into registers on the way to shared memory.
-// FP8 block weights (T = F8W, the routed experts of an FP8 checkpoint)
-// likewise: w = e4m3(code) * the block's fp32 scale.
+// FP8 block weights (T = F8W) likewise, w = e4m3(code) * the block's fp32
+// scale, where a warp's 16 weight rows have different scales (per-row
+// scales of a DT_FP8 projection). Where they share one per block of
+// columns (the routed experts: blocks of a multiple of 16 rows, a multiple
+// of kGemmBK columns), the codes themselves are the bf16 weights (E4M3 is
+// exact in bf16: no low part), each block's products go to their own
+// accumulators, and the block's scale multiplies those fp32 sums.
 //
 // Rows can be gathered (A row of output row m: arow[m]) and scattered
 // (C row: crow[m]); grouped mode (the routed experts) takes its row ranges
@@ -199,6 +204,20 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
       wp[u] = base + size_t(r) * a.K * sizeof(T);
     }
   }
+  // F8W: codes as the weights, one scale per warp and block of columns
+  // (see the head of this file); the warp's scales row, null past N.
+  bool exact = false;
+  const float* wscale = nullptr;
+  if constexpr (std::is_same_v<T, F8W>) {
+    exact = a.qbrows % 16 == 0 && a.qgroup % kGemmBK == 0 && a.qsplit % 16 == 0 &&
+            (a.mode != GEMM_SWIGLU || a.half % 16 == 0);
+    bool ok;
+    const int r = gemm_wrow(a, warp * 16, ok);
+    if (exact && ok) {
+      const int p = r >= a.qsplit ? 1 : 0, rr = r - p * a.qsplit, nbc = (a.K + a.qgroup - 1) / a.qgroup;
+      wscale = reinterpret_cast<const float*>(static_cast<const uint8_t*>(W) + a.qs[p]) + size_t(rr / a.qbrows) * nbc;
+    }
+  }
   float4 av[kAV];
   uint4 wv[kWV];
   float ws[kWV], wb[kWV];  // quantised: the group's scale and bias
@@ -260,7 +279,11 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const uint32_t q = ((i < 4 ? wv[u].x : wv[u].y) >> (8 * (i % 4))) & 0xffu;
-          split_bf16(gemm_e4m3(q) * ws[u], s.wh[n][wc[u] + i], s.wl[n][wc[u] + i]);
+          if (exact) {
+            s.wh[n][wc[u] + i] = __float2bfloat16_rn(gemm_e4m3(q));  // exact; no low part read
+          } else {
+            split_bf16(gemm_e4m3(q) * ws[u], s.wh[n][wc[u] + i], s.wl[n][wc[u] + i]);
+          }
         }
       } else if constexpr (kQ) {
 #pragma unroll
@@ -280,27 +303,56 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
     }
   };
 
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[MF];
+  constexpr bool kF8 = std::is_same_v<T, F8W>;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[MF], blk[kF8 ? MF : 1];
 #pragma unroll
   for (int i = 0; i < MF; ++i) wmma::fill_fragment(acc[i], 0.0f);
+  if constexpr (kF8)
+#pragma unroll
+    for (int i = 0; i < MF; ++i) wmma::fill_fragment(blk[i], 0.0f);
   load(0);
   for (int k0 = 0; k0 < a.K; k0 += kGemmBK) {
     store();
     __syncthreads();
     if (k0 + kGemmBK < a.K) load(k0 + kGemmBK);  // in flight while this tile is multiplied
+    if (kF8 && exact) {  // codes times activations into the block's sums
 #pragma unroll
-    for (int kk = 0; kk < kGemmBK; kk += 16) {
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> bh, bl;
-      wmma::load_matrix_sync(bh, &s.wh[warp * 16][kk], kGemmLd);
-      if constexpr (kWLo) wmma::load_matrix_sync(bl, &s.wl[warp * 16][kk], kGemmLd);
+      for (int kk = 0; kk < kGemmBK; kk += 16) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> bh;
+        wmma::load_matrix_sync(bh, &s.wh[warp * 16][kk], kGemmLd);
 #pragma unroll
-      for (int i = 0; i < MF; ++i) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> ah, al;
-        wmma::load_matrix_sync(ah, &s.ah[i * 16][kk], kGemmLd);
-        wmma::load_matrix_sync(al, &s.al[i * 16][kk], kGemmLd);
-        wmma::mma_sync(acc[i], al, bh, acc[i]);  // the small terms first
-        if constexpr (kWLo) wmma::mma_sync(acc[i], ah, bl, acc[i]);
-        wmma::mma_sync(acc[i], ah, bh, acc[i]);
+        for (int i = 0; i < MF; ++i) {
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> ah, al;
+          wmma::load_matrix_sync(ah, &s.ah[i * 16][kk], kGemmLd);
+          wmma::load_matrix_sync(al, &s.al[i * 16][kk], kGemmLd);
+          wmma::mma_sync(blk[kF8 ? i : 0], al, bh, blk[kF8 ? i : 0]);
+          wmma::mma_sync(blk[kF8 ? i : 0], ah, bh, blk[kF8 ? i : 0]);
+        }
+      }
+      if ((k0 + kGemmBK) % a.qgroup == 0 || k0 + kGemmBK >= a.K) {  // the block ends: its scale on its sums
+        const float sc = wscale ? __ldg(wscale + k0 / a.qgroup) : 0.f;
+#pragma unroll
+        for (int i = 0; i < MF; ++i) {
+#pragma unroll
+          for (int e = 0; e < acc[i].num_elements; ++e) acc[i].x[e] = fmaf(sc, blk[kF8 ? i : 0].x[e], acc[i].x[e]);
+          wmma::fill_fragment(blk[kF8 ? i : 0], 0.0f);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kGemmBK; kk += 16) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> bh, bl;
+        wmma::load_matrix_sync(bh, &s.wh[warp * 16][kk], kGemmLd);
+        if constexpr (kWLo) wmma::load_matrix_sync(bl, &s.wl[warp * 16][kk], kGemmLd);
+#pragma unroll
+        for (int i = 0; i < MF; ++i) {
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> ah, al;
+          wmma::load_matrix_sync(ah, &s.ah[i * 16][kk], kGemmLd);
+          wmma::load_matrix_sync(al, &s.al[i * 16][kk], kGemmLd);
+          wmma::mma_sync(acc[i], al, bh, acc[i]);  // the small terms first
+          if constexpr (kWLo) wmma::mma_sync(acc[i], ah, bl, acc[i]);
+          wmma::mma_sync(acc[i], ah, bh, acc[i]);
+        }
       }
     }
     __syncthreads();

@@ -93,6 +93,20 @@ std::vector<float> matvec_fp8(Launcher& l, const Matrix& W, const std::vector<fl
   const float* dx = b.up(x.data(), x.size());
   const float* dn = norm_w.empty() ? nullptr : b.up(norm_w.data(), norm_w.size());
   float* dy = b.zeros<float>(size_t(rows));
+  if (m.group % kF8Step == 0) {  // the tensor cores, as CudaModel::Impl::matvec_fp8
+    const int split = f8_mma_split(rows, cols, l.prop.multiProcessorCount), tpb = kWarps / split;
+    const size_t smem = f8_mma_matvec_smem(cols);
+    if (smem > 48 * 1024)
+      CK(cudaFuncSetAttribute(matvec_fp8_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    const int tiles = (rows + 15) / 16;
+    const int blocks = std::min((tiles + tpb - 1) / tpb,
+                                l.prop.multiProcessorCount *
+                                    l.per_sm(reinterpret_cast<const void*>(matvec_fp8_mma_kernel), smem));
+    l.go(matvec_fp8_mma_kernel, blocks, kThreads, smem, dW, reinterpret_cast<const float*>(dW + m.scale_offset()),
+         m.group, rows, cols, dx, dn, eps, dy, 0, split, 1, static_cast<float*>(nullptr));
+    CK(cudaDeviceSynchronize());
+    return down(dy, size_t(rows));
+  }
   const int split = l.split_for(rows, cols, 16);
   const int rpb = kWarps / split;
   const size_t smem = dn ? size_t(cols) * 4 : 0;
@@ -321,7 +335,18 @@ std::vector<float> quant_experts(const std::vector<QuantExpert>& experts, const 
     l.go(gu, g1, kThreads, s1, a, q);
     l.go(dn, blocks, kThreads, s2, a, q);
   };
-  if (q.fp8) run(gate_up_fp8_kernel<__nv_bfloat16>, down_fp8_kernel<__nv_bfloat16>);
+  if (q.fp8 && q.group % kF8Step == 0) {  // the tensor cores, as CudaModel::Impl::moe_launch_q<0>
+    const size_t m1 = f8_mma_gate_up_smem(H), m2 = f8_mma_down_smem(k, I, 0, false);
+    auto gu = gate_up_fp8_mma_kernel<__nv_bfloat16>;
+    auto dn = down_fp8_mma_kernel<__nv_bfloat16>;
+    if (m1 > 48 * 1024) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m1)));
+    if (m2 > 48 * 1024) CK(cudaFuncSetAttribute(dn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m2)));
+    const int resident = l.per_sm(reinterpret_cast<const void*>(gu), m1) * l.prop.multiProcessorCount;
+    const int tpb = kWarps / kGuSplit, need = ((I + 7) / 8 + tpb - 1) / tpb;
+    l.go(gu, dim3(std::max(1, std::min(need, resident / k)), k), kThreads, m1, a, q);
+    const int dres = l.per_sm(reinterpret_cast<const void*>(dn), m2, kDnWarps * 32) * l.prop.multiProcessorCount;
+    l.go(dn, std::min((H + 15) / 16, dres), kDnWarps * 32, m2, a, q);
+  } else if (q.fp8) run(gate_up_fp8_kernel<__nv_bfloat16>, down_fp8_kernel<__nv_bfloat16>);
   else if (bits == 8) run(gate_up_q_kernel<8, __nv_bfloat16>, down_q_kernel<8, __nv_bfloat16>);
   else run(gate_up_q_kernel<4, __nv_bfloat16>, down_q_kernel<4, __nv_bfloat16>);
   CK(cudaDeviceSynchronize());

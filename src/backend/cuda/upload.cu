@@ -12,6 +12,7 @@
 #include "core/matrix_rows.h"
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/model_impl.cuh"
+#include "backend/cuda/fp8_router.cuh"
 #include "backend/cuda/router.cuh"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -383,6 +384,13 @@ void CudaModel::Impl::fold_router(DLayer& d, const DMat& out) {
   d.rfold = static_cast<float*>(alloc(size_t(rows) * (H + O) * 4, "folded router"));
   bytes_total += int64_t(rows) * (H + O) * 4;
   const dim3 grid(std::max(1, std::min(64, (H + O + 255) / 256)), rows);
+  if (out.dt == DT_FP8) {  // the projection's codes times its block scales (fp8_router.cuh)
+    fold_router_fp8_kernel<T><<<grid, 256, 0, stream>>>(static_cast<const T*>(d.router.p), rows, d.post_norm,
+                                                       static_cast<const uint8_t*>(out.p), out.row_scales(),
+                                                       out.group, H, O, d.rfold);
+    check(cudaGetLastError(), "fold_router_fp8_kernel");
+    return;
+  }
   fold_router_kernel<T><<<grid, 256, 0, stream>>>(static_cast<const T*>(d.router.p), rows, d.post_norm,
                                                  static_cast<const T*>(out.p), H, O, d.rfold);
   check(cudaGetLastError(), "fold_router_kernel");
@@ -396,9 +404,15 @@ void CudaModel::Impl::fold_routers() {
     // Quantised experts' gate_up cannot pick (quant_experts.cuh); with the
     // fold the pick is the output projection's (outproj_router_kernel).
     if (l.ffn != FfnKind::RoutedMoE || !d.router.p || !d.post_norm || !out.p || out.rows != H || d.router.cols != H ||
-        out.dt != d.router.dt || H % 4 != 0 || out.cols % 4 != 0)
+        H % 4 != 0 || out.cols % 4 != 0)
       continue;
-    switch (out.dt) {
+    // A float projection folds with a router of its type; an FP8 one (on
+    // the tensor cores: blocks a multiple of 64 wide) with a float router.
+    if (out.dt == DT_FP8 ? out.group % kF8Step != 0 || !(d.router.dt == DT_F32 || d.router.dt == DT_F16 ||
+                                                         d.router.dt == DT_BF16)
+                         : out.dt != d.router.dt)
+      continue;
+    switch (d.router.dt) {
       case DT_F32: fold_router<float>(d, out); break;
       case DT_F16: fold_router<__half>(d, out); break;
       default: fold_router<__nv_bfloat16>(d, out);

@@ -1,0 +1,67 @@
+// The MoE router folded into an FP8 output projection's launch (as
+// outproj_router_kernel, router.cuh, for float projections): the fold
+// R = [ Wr (1 + w) | Wr (1 + w) W_out ] made from the dequantised W_out
+// (codes times block scales, in double, once at upload), the projection on
+// the tensor cores (f8_matvec_tiles, fp8_matvec.cuh).
+#pragma once
+#include "backend/cuda/fp8_matvec.cuh"
+#include "backend/cuda/router.cuh"
+
+namespace flashmoe::cuda {
+
+// fold_router_kernel for an FP8 W_out [H][O] (codes, per-row block scales S
+// of `group` columns each).
+template <typename T>
+__global__ void fold_router_fp8_kernel(const T* __restrict__ Wr, int rows, const float* __restrict__ w,
+                                       const uint8_t* __restrict__ Wout, const float* __restrict__ S, int group,
+                                       int H, int O, float* __restrict__ R) {
+  const int e = blockIdx.y, nbc = (O + group - 1) / group;
+  const T* wr = Wr + size_t(e) * H;
+  for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < H + O; c += gridDim.x * blockDim.x) {
+    double v = 0.0;
+    if (c < H) {
+      v = double(to_f<T>(wr[c])) * (1.0 + double(w[c]));
+    } else {
+      const int o = c - H;
+      for (int h = 0; h < H; ++h) {
+        const __half_raw q = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(Wout[size_t(h) * O + o]), __NV_E4M3);
+        const double wo = double(__half2float(__half(q))) * double(S[size_t(h) * nbc + o / group]);
+        v += double(to_f<T>(wr[h])) * (1.0 + double(w[h])) * wo;
+      }
+    }
+    R[size_t(e) * (H + O) + c] = float(v);
+  }
+}
+
+// Blocks [0, nbR): the folded router (as outproj_router_kernel's); the others:
+// x += W_out . o for an FP8 W_out [H][O] (block width a multiple of 64),
+// o = cat + H split into shared memory (f8_split_bytes(O)) by each block.
+// splitA: warps per tile (f8_mma_split).
+static __global__ void __launch_bounds__(kThreads, 3)
+    outproj_router_fp8_kernel(const uint8_t* __restrict__ W, const float* __restrict__ S, int group, OutRouterArgs a) {
+  extern __shared__ __align__(16) __half os[];
+  const int bid = int(blockIdx.x) - a.nbR;
+  if (bid >= 0) f8_matvec_prefetch(W, S, group, a.H, a.O, a.splitA, bid);
+  if (a.sel.out && blockIdx.x == 0 && threadIdx.x < 32) prefetch_tables(a.sel, a.E);
+  pdl_wait();
+  pdl_trigger();
+  if (bid < 0) {  // as outproj_router_kernel's router blocks
+    matvec_rows<float>(a.R, a.rowsR, a.H + a.O, a.cat, a.logits, 0, a.splitR, a.per, blockIdx.x, a.nbR);
+    if (!a.sel.out) return;
+    // The last router block picks the experts (why: outproj_router_kernel).
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(a.done, 1u) == unsigned(a.nbR - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x < 32) topk_warp(a.logits, a.E, a.k, 0, 0, a.ids, a.wscratch, a.tc, a.sel, 1.0f);
+    if (threadIdx.x == 0) *a.done = 0;
+    return;
+  }
+  const F8Split X = f8_split_block(a.cat + a.H, a.O, os);
+  f8_matvec_tiles(W, S, group, a.H, a.O, X, a.x, 1, a.splitA, bid, a.nbA);
+}
+
+}  // namespace flashmoe::cuda
