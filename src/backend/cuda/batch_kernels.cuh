@@ -26,10 +26,19 @@ __global__ void delta_batch_kernel(const DeltaArgs* as) {
   delta_body<DK, SPLIT>(a);
 }
 
+// Sequences [y * per, y * per + per) of B, one after another, the next
+// one's state read while this one's is updated and written (a block's
+// loads and stores overlap instead of alternating).
 template <int DK, int CPB, int PARTS>
-__global__ void __launch_bounds__(CPB * PARTS) delta_cluster_batch_kernel(const DeltaArgs* as) {
-  const DeltaArgs a = as[blockIdx.y];
-  delta_cluster_body<DK, CPB, PARTS>(a);
+__global__ void __launch_bounds__(CPB * PARTS) delta_cluster_batch_kernel(const DeltaArgs* as, int B, int per) {
+  const int b0 = int(blockIdx.y) * per, b1 = min(B, b0 + per);
+  DeltaColumn<DK, PARTS> c, n;
+  delta_cluster_load<DK, CPB, PARTS>(as[b0], c);
+  for (int b = b0; b < b1; ++b) {
+    if (b + 1 < b1) delta_cluster_load<DK, CPB, PARTS>(as[b + 1], n);
+    delta_cluster_update<DK, CPB, PARTS>(as[b], c);
+    c = n;
+  }
 }
 
 static __global__ void attn_prep_batch_kernel(const AttnPrepArgs* as) { attn_prep_body(as[blockIdx.y], 0); }
@@ -55,26 +64,8 @@ static __global__ void h2o_acc_batch_kernel(const H2oAccArgs* as, int nh) {
 // out[r] = the argmax of logits row r ([V], ties: the lower id, all NaN: 0,
 // as argmax_kernel and core/argmax.h); grid: one block per row.
 static __global__ void argmax_rows_kernel(const float* __restrict__ logits, int V, int* __restrict__ out) {
-  const float* row = logits + size_t(blockIdx.x) * V;
-  float bv = -INFINITY;
-  int bi = 0x7fffffff;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) {
-    const float v = row[i];
-    if (v > bv) bv = v, bi = i;
-  }
-  __shared__ float sv[32];
-  __shared__ int si[32];
-  warp_argmax(bv, bi);
-  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-  if (l == 0) sv[w] = bv, si[w] = bi;
-  __syncthreads();
-  if (w == 0) {
-    const int nw = blockDim.x >> 5;
-    bv = l < nw ? sv[l] : -INFINITY;
-    bi = l < nw ? si[l] : 0x7fffffff;
-    warp_argmax(bv, bi);
-    if (l == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
-  }
+  const int bi = block_argmax(logits + size_t(blockIdx.x) * V, V);
+  if (threadIdx.x == 0) out[blockIdx.x] = bi;
 }
 
 // Every sequence's position one further (the decode step's advance_kernel).
