@@ -32,11 +32,16 @@ __global__ void delta_batch_kernel(const DeltaArgs* as) {
 template <int DK, int CPB, int PARTS>
 __global__ void __launch_bounds__(CPB * PARTS) delta_cluster_batch_kernel(const DeltaArgs* as, int B, int per) {
   const int b0 = int(blockIdx.y) * per, b1 = min(B, b0 + per);
-  DeltaColumn<DK, PARTS> c, n;
-  delta_cluster_load<DK, CPB, PARTS>(as[b0], c);
+  DeltaArgs a = as[b0], an = a;
+  DeltaColumn<DK, PARTS> c, n{};
+  delta_cluster_load<DK, CPB, PARTS>(a, c);
   for (int b = b0; b < b1; ++b) {
-    if (b + 1 < b1) delta_cluster_load<DK, CPB, PARTS>(as[b + 1], n);
-    delta_cluster_update<DK, CPB, PARTS>(as[b], c);
+    if (b + 1 < b1) {
+      an = as[b + 1];
+      delta_cluster_load<DK, CPB, PARTS>(an, n);
+    }
+    delta_cluster_update<DK, CPB, PARTS>(a, c);
+    a = an;
     c = n;
   }
 }
