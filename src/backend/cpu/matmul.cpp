@@ -32,20 +32,14 @@ void rows_kernel(const Matrix& W, int64_t r0, int64_t r1, const float* x, int64_
     for (int64_t r = r0; r < r1; ++r) y[r] = quant_dot_row(W, r, x);
     return;
   }
-  // One to three tokens over bf16/f16/f32 rows: each token against the rows
-  // as stored (4 rows at a time, in L1 for the next token). Widening a
-  // block to fp32 first cost as much as the products at 2 tokens (the
-  // routed experts of a batched step: ~2 tokens per picked expert at 8
-  // sequences on coder-mini; bench/NOTES.md, "8 clients").
-  if (n <= 3 && !W.quantized()) {
+  if (n == 1) {
     const size_t rb = W.row_bytes();
-    for (int64_t t = 0; t < n; ++t) {
-      const float* xt = x + t * ldx;
-      float* yt = y + t * ldy;
-      int64_t r = r0;
-      for (; r + 4 <= r1; r += 4)
-        simd::dot4_mixed(W.dtype, static_cast<const uint8_t*>(W.data) + size_t(r) * rb, rb, xt, W.cols, yt + r);
-      for (; r < r1; ++r) yt[r] = simd::dot_mixed(W.dtype, static_cast<const uint8_t*>(W.data) + size_t(r) * rb, xt, W.cols);
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4)
+      simd::dot4_mixed(W.dtype, static_cast<const uint8_t*>(W.data) + size_t(r) * rb, rb, x, W.cols, y + r);
+    for (; r < r1; ++r) {
+      const uint8_t* row = static_cast<const uint8_t*>(W.data) + size_t(r) * W.row_bytes();
+      y[r] = simd::dot_mixed(W.dtype, row, x, W.cols);
     }
     return;
   }
