@@ -26,24 +26,10 @@ __global__ void delta_batch_kernel(const DeltaArgs* as) {
   delta_body<DK, SPLIT>(a);
 }
 
-// Sequences [y * per, y * per + per) of B, one after another, the next
-// one's state read while this one's is updated and written (a block's
-// loads and stores overlap instead of alternating).
 template <int DK, int CPB, int PARTS>
-__global__ void __launch_bounds__(CPB * PARTS) delta_cluster_batch_kernel(const DeltaArgs* as, int B, int per) {
-  const int b0 = int(blockIdx.y) * per, b1 = min(B, b0 + per);
-  DeltaArgs a = as[b0], an = a;
-  DeltaColumn<DK, PARTS> c, n{};
-  delta_cluster_load<DK, CPB, PARTS>(a, c);
-  for (int b = b0; b < b1; ++b) {
-    if (b + 1 < b1) {
-      an = as[b + 1];
-      delta_cluster_load<DK, CPB, PARTS>(an, n);
-    }
-    delta_cluster_update<DK, CPB, PARTS>(a, c);
-    a = an;
-    c = n;
-  }
+__global__ void __launch_bounds__(CPB * PARTS) delta_cluster_batch_kernel(const DeltaArgs* as) {
+  const DeltaArgs a = as[blockIdx.y];
+  delta_cluster_body<DK, CPB, PARTS>(a);
 }
 
 static __global__ void attn_prep_batch_kernel(const AttnPrepArgs* as) { attn_prep_body(as[blockIdx.y], 0); }

@@ -18,33 +18,8 @@
 
 namespace flashmoe::cuda {
 
-// What a thread reads before the step's inputs are ready: its rows of its
-// state column (the previous step's) and the per-head weights.
-template <int DK, int PARTS>
-struct DeltaColumn {
-  float s[DK / PARTS];
-  float nwj, dtb, nea;
-};
-
 template <int DK, int CPB, int PARTS>
-__device__ __forceinline__ void delta_cluster_load(const DeltaArgs& a, DeltaColumn<DK, PARTS>& c) {
-  constexpr int R = DK / PARTS;
-  const int dv = a.dv, CL = dv / CPB;
-  const int h = blockIdx.x / CL, rank = blockIdx.x % CL;
-  const int col = threadIdx.x % CPB, part = threadIdx.x / CPB;
-  const int j = rank * CPB + col;  // value column
-  const float* S = a.S + (size_t(h) * DK + size_t(part) * R) * dv + j;
-#pragma unroll
-  for (int i = 0; i < R; ++i) c.s[i] = S[size_t(i) * dv];
-  c.nwj = a.norm_w[j];
-  c.dtb = a.dt_bias[h];
-  c.nea = a.neg_exp_A[h];
-}
-
-// The step on the loaded column c (its state rows updated in place and
-// written back).
-template <int DK, int CPB, int PARTS>
-__device__ __forceinline__ void delta_cluster_update(const DeltaArgs& a, DeltaColumn<DK, PARTS>& c) {
+__device__ __forceinline__ void delta_cluster_body(const DeltaArgs& a) {
   static_assert(DK % PARTS == 0 && DK % 32 == 0 && CPB * PARTS >= 64 && CPB <= 32, "delta_cluster_kernel shape");
   constexpr int R = DK / PARTS;  // state rows per thread
   __shared__ float q[DK], k[DK];
@@ -55,8 +30,12 @@ __device__ __forceinline__ void delta_cluster_update(const DeltaArgs& a, DeltaCo
   const int col = threadIdx.x % CPB, part = threadIdx.x / CPB;
   const int j = rank * CPB + col;  // value column
   float* S = a.S + (size_t(h) * DK + size_t(part) * R) * dv + j;
-  float* s = c.s;
-  const float nwj = c.nwj, dtb = c.dtb, nea = c.nea;
+  float s[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) s[i] = S[size_t(i) * dv];
+  const float nwj = a.norm_w[j], dtb = a.dt_bias[h], nea = a.neg_exp_A[h];  // weights: before the wait too
+  pdl_wait();
+  pdl_trigger();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = a.tiled ? h % a.nk : h / (a.nv / a.nk);
   if (warp < 2) {  // warp 0: q, warp 1: k of the key group, l2-normed (q also by 1/sqrt(dk))
     const int ch0 = warp * a.nk * DK + g * DK;
@@ -129,15 +108,6 @@ __device__ __forceinline__ void delta_cluster_update(const DeltaArgs& a, DeltaCo
     a.out[h * dv + j] = o * rn * nwj * siluf_(a.proj[a.zoff + h * dv + j]);
   }
 }
-template <int DK, int CPB, int PARTS>
-__device__ __forceinline__ void delta_cluster_body(const DeltaArgs& a) {
-  DeltaColumn<DK, PARTS> c;
-  delta_cluster_load<DK, CPB, PARTS>(a, c);  // before the wait: the previous step's state, weights
-  pdl_wait();
-  pdl_trigger();
-  delta_cluster_update<DK, CPB, PARTS>(a, c);
-}
-
 template <int DK, int CPB, int PARTS>
 __global__ void __launch_bounds__(CPB * PARTS) delta_cluster_kernel(DeltaArgs a) {
   delta_cluster_body<DK, CPB, PARTS>(a);

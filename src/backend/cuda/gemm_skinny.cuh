@@ -33,7 +33,7 @@ constexpr int kSkinnyMaxRows = 64;              // tokens (8 tiles of 8)
 // (route_lists_kernel's BM), and the mean rows per picked expert, T * k / E,
 // up to which the default takes this kernel for them.
 constexpr int kSkinnyExpertRows = 16;
-constexpr double kSkinnyExpertMean = 2.0;
+constexpr double kSkinnyExpertMean = 0.25;
 
 // hi = bf16(x), lo = bf16(x - hi) of two floats, packed as an mma operand (first value in the low half).
 __device__ __forceinline__ void skinny_split2(float x0, float x1, uint32_t& hi, uint32_t& lo) {

@@ -388,9 +388,23 @@ void Prefill::norm_rows(const float* x, const float* w, int T, float* y) {
   norm_rows_kernel<<<T, 256, 0, m_.stream>>>(x, w, int(m_.c->hidden_size), m_.c->rms_norm_eps, y);
 }
 
-bool Prefill::skinny(const DMat& W, const float* A, int T) {
+bool Prefill::skinny_fits(const DMat& W, const float* A, int T) {
   return W.dt == DT_BF16 && T <= kSkinnyMaxRows && W.cols % 8 == 0 && reinterpret_cast<uintptr_t>(A) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(W.p) % 16 == 0;
+}
+
+bool Prefill::skinny(const DMat& W, const float* A, int T, int mode) const {
+  if (!skinny_fits(W, A, T)) return false;
+  // Measured on the H200 (35B synthetic, bench/NOTES-cuda.md, batch-fixed):
+  // skinny_gemm_kernel's cost grows with the rows (it re-reads and splits
+  // the activations per 32 weight rows), the tiled product's does not
+  // until its tiles fill. Up to 16 rows it won everywhere (B = 8: 614 ->
+  // 796 tokens/s); at 32 only on matrices whose 128-row tiles leave most
+  // SMs idle (out-proj 2.13 -> 1.26 ms, router, shared expert), while the
+  // in-proj (97 tiles) took 1.73 -> 2.08 ms; at 64 rows it lost.
+  if (T <= 16) return true;
+  const int tiles = mode == GEMM_SWIGLU ? div_up(W.rows / 2, kPipeBN / 2) : div_up(W.rows, kPipeBN);
+  return T <= 32 && tiles < sms_ / 2;
 }
 
 void Prefill::skinny_gemm(const GemmArgs& a) {
@@ -402,7 +416,7 @@ void Prefill::skinny_gemm(const GemmArgs& a) {
 // the tallest tiles that still fill the GPU with blocks. sp: A already
 // split (xn_); else split here when the pipelined product runs.
 void Prefill::dense_rows(const DMat& W, const float* A, int T, float* C, int ldc, int mode, int half, SplitRows sp) {
-  if (skinny(W, A, T)) {
+  if (skinny(W, A, T, mode)) {
     GemmArgs g;
     g.A = A;
     g.lda = W.cols;
@@ -468,8 +482,10 @@ bool Prefill::skinny_experts(int T, int edt) const {
   const ModelConfig& c = *m_.c;
   if (edt != DT_BF16 || c.hidden_size % 8 != 0 || c.moe_intermediate % 8 != 0) return false;
   if (expert_path_ != 0) return expert_path_ == 3;
-  // Up to kSkinnyExpertMean rows per picked expert on average (B <= 64 on
-  // the 35B, the batches measured); the tiled product above.
+  // Up to kSkinnyExpertMean rows per picked expert on average (B <= 8 on
+  // the 35B): measured there faster than few_rows_kernel and the tiled
+  // product (760.6 vs 735.5 and 687.0 tokens/s); from B = 32 the tiled
+  // product (1,429.7 vs 1,413.0; B = 64 1,889.8 vs 1,876.6).
   return double(T) * double(c.num_experts_per_tok) <=
          kSkinnyExpertMean * double(std::max<int64_t>(1, c.num_experts));
 }

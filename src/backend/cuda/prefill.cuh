@@ -142,9 +142,11 @@ class Prefill {
   // step_batch's per-sequence kernel arguments for the whole step, written
   // to pinned host memory and copied to the device in one transfer.
   void* batch_args(size_t bytes);
-  // Whether A[T][K] . W^T takes skinny_gemm_kernel (gemm_skinny.cuh: a
-  // few rows over bf16 weights).
-  static bool skinny(const DMat& W, const float* A, int T);
+  // Whether skinny_gemm_kernel (gemm_skinny.cuh: a few rows over bf16
+  // weights) can run A[T][K] . W^T, and whether the dense product in
+  // `mode` takes it (where measured faster than the tiled product).
+  static bool skinny_fits(const DMat& W, const float* A, int T);
+  bool skinny(const DMat& W, const float* A, int T, int mode) const;
   void skinny_gemm(const GemmArgs& a);
   // bf16 weights take the pipelined product (gemm_pipe_kernel), the others gemm_kernel.
   static bool pipe(int dt) { return dt == DT_BF16; }
