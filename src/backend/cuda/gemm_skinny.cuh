@@ -3,10 +3,13 @@
 //
 // At T = 32 the tiled products (gemm_pipe_kernel: 128 weight rows by T
 // tokens per block, the whole K) gave the 35B's out-proj (2,048 rows) 16
-// blocks on 132 SMs: ~0.3 TB/s. A few rows are bound by the weights' bytes
-// alone, so here every block streams its weight rows once, straight from
-// global memory into registers (16-byte loads, the next 64 columns in flight
-// while these are multiplied), with no shared-memory staging:
+// blocks on 132 SMs: ~0.3 TB/s. Here every block streams its weight rows
+// once, straight from global memory into registers (16-byte loads, the next
+// 64 columns in flight while these are multiplied), with no shared-memory
+// staging. Each warp reads and splits the activations of all T tokens for
+// its 32 weight rows, so the cost grows with T: on the H200 it beat the
+// tiled product everywhere at 8 rows and lost at 64 (Prefill::skinny picks
+// by the measurements, bench/NOTES-cuda.md, batch-fixed).
 //  - the tensor cores with the weights as the 16-row operand and the tokens
 //    as the 8-column one (mma m16n8k16, one 8-token tile per 8 rows of T);
 //  - a lane's 16-byte load (8 consecutive columns of one weight row) feeds
