@@ -274,10 +274,11 @@ TEST(CudaBatch, MatchesEachSequenceAloneAt35bShapes) {
       expect_batch_matches_alone(*b, kv, seqs, "35b-shapes " + name, pool);
 }
 
-// The routed experts forced through each product (the tiled one and
-// few_rows_kernel: the default picks by rows per expert, so a schedule of
-// 8 sequences alone would reach only one of them), the odd sequences
-// taking only their argmax (picked on the device, no logits copied).
+// The routed experts forced through each product (the tiled one,
+// few_rows_kernel and skinny_gemm_kernel: the default picks by rows per
+// expert, so a schedule of 8 sequences alone would reach only one of
+// them), the odd sequences taking only their argmax (picked on the
+// device, no logits copied).
 TEST(CudaBatch, EachExpertProductMatchesEachSequenceAlone) {
   REQUIRE_GPU();
   ModelConfig c = model_preset("qwen3.5-35b-a3b");
@@ -291,7 +292,8 @@ TEST(CudaBatch, EachExpertProductMatchesEachSequenceAlone) {
   const std::vector<Seq> seqs = schedule(ids);
   ThreadPool pool(2);
   using Path = DecodeOptions::BatchExperts;
-  for (const auto& [path, name] : {std::pair{Path::Tiled, "tiled"}, std::pair{Path::FewRows, "few-rows"}}) {
+  for (const auto& [path, name] : {std::pair{Path::Tiled, "tiled"}, std::pair{Path::FewRows, "few-rows"},
+                                    std::pair{Path::Skinny, "skinny"}}) {
     cuda_set_batch_experts(dev, path);
     expect_batch_matches_alone(*b, KvConfig{}, seqs, std::string("35b-shapes experts ") + name, pool, true);
   }
@@ -317,8 +319,8 @@ TEST(CudaBatch, OneStateTwiceIsAnError) {
 // Throughput of batched decode on the 35B synthetic (all 40 layers) at
 // B = 1, 8, 32, 64: aggregate tokens/s with the argmax picked on the
 // device (also with every row's logits copied to the host, and with none),
-// the routed experts through the tiled product and through few_rows_kernel
-// (the crossover that sets the default), against the bytes-touched
+// the routed experts through the tiled product, few_rows_kernel and
+// skinny_gemm_kernel (what sets the default), against the bytes-touched
 // roofline of each B. A bench, not a test (nothing to pass or fail): run by
 // gpu-tasks/batch-cuda.sh with --gtest_also_run_disabled_tests.
 //
@@ -354,11 +356,12 @@ TEST(CudaBatchBench, DISABLED_DecodeThroughputAt35b) {
     bool graph;
     const char* name;
   };
-  // The routed experts through the tiled product (main's path) and through
-  // few_rows_kernel, then the default choice with graphs.
+  // The routed experts through the tiled product (main's path), through
+  // few_rows_kernel and through skinny_gemm_kernel, then the default
+  // choice with graphs.
   double tps1 = 0;
   for (const Run run : {Run{Path::Tiled, false, "tiled experts"}, Run{Path::FewRows, false, "few-rows experts"},
-                        Run{Path::Auto, true, "auto + graphs"}}) {
+                        Run{Path::Skinny, false, "skinny experts"}, Run{Path::Auto, true, "auto + graphs"}}) {
     cuda_set_batch_experts(dev, run.path);
     cuda_set_batch_graph(dev, run.graph);
     std::printf("[batch-bench] %s\n", run.name);

@@ -471,4 +471,68 @@ TEST(CudaOps, FewRowsExpertsMatchCpu) {
   }
 }
 
+// The batched step's dense product of a few rows (skinny_gemm_kernel)
+// against a double-precision product of the same bf16 weights, element by
+// element within the split-bf16 activations' bound (2^-15 of the sum of
+// |a_k w_k| per product): every row count's token tiles (1, 5, 17, 32, 33,
+// 64 rows), K split over clusters of 2 to 8 blocks (some with no columns
+// left) and not split at all, rows and K not multiples of the tiles, and
+// the three modes (store, add onto C, swiglu of gate/up row pairs).
+TEST(CudaOps, SkinnyProductMatchesCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(31);
+  struct Case {
+    int T, N, K, mode;
+  };
+  for (Case c : {Case{1, 300, 520, 0}, Case{5, 2048, 4096, 1}, Case{17, 1000, 2048, 2}, Case{32, 257, 2048, 0},
+                 Case{33, 128, 64, 1}, Case{64, 130, 8, 0}, Case{3, 17000, 64, 0}, Case{64, 1024, 512, 2}}) {
+    const std::vector<float> wf = normal(rng, size_t(c.N) * c.K, 1.f / std::sqrt(float(c.K)));
+    std::vector<uint16_t> wb(wf.size());
+    for (size_t i = 0; i < wf.size(); ++i) wb[i] = f32_to_bf16(wf[i]);
+    Matrix W;
+    W.dtype = DType::BF16;
+    W.data = wb.data();
+    W.rows = c.N;
+    W.cols = c.K;
+    const std::vector<float> A = normal(rng, size_t(c.T) * c.K, 1.f);
+    const int ldc = c.mode == 2 ? c.N / 2 : c.N;
+    const std::vector<float> C0 = normal(rng, size_t(c.T) * ldc, 1.f);
+    // dot[t][r] and its bound sum |a w|.
+    auto dot = [&](int t, int r, double& mag) {
+      double s = 0;
+      mag = 0;
+      for (int k = 0; k < c.K; ++k) {
+        const double p = double(A[size_t(t) * c.K + k]) * double(bf16_to_f32(wb[size_t(r) * c.K + k]));
+        s += p;
+        mag += std::fabs(p);
+      }
+      return s;
+    };
+    const std::vector<float> got = cuda_ops::skinny_gemm(W, A, c.T, c.mode, C0);
+    ASSERT_EQ(got.size(), C0.size());
+    int bad = 0;
+    for (int t = 0; t < c.T; ++t)
+      for (int j = 0; j < ldc; ++j) {
+        double want, tol;
+        if (c.mode == 2) {
+          double mg, mu;
+          const double g = dot(t, j, mg), u = dot(t, ldc + j, mu), sg = 1.0 / (1.0 + std::exp(-g));
+          want = g * sg * u;
+          // |d silu(g)| <= 1.1 |dg|: the error of each factor times the other's size.
+          tol = 3e-5 * (1.1 * mg * std::fabs(u) + std::fabs(g * sg) * mu) + 1e-6;
+        } else {
+          double m;
+          want = dot(t, j, m) + (c.mode == 1 ? double(C0[size_t(t) * ldc + j]) : 0.0);
+          tol = 3e-5 * m + 1e-6 * (1 + std::fabs(want));
+        }
+        const double e = std::fabs(double(got[size_t(t) * ldc + j]) - want);
+        if (!(e <= tol) && bad++ < 5)
+          ADD_FAILURE() << "T " << c.T << ", N " << c.N << ", K " << c.K << ", mode " << c.mode << ": C[" << t
+                        << "][" << j << "] = " << got[size_t(t) * ldc + j] << ", want " << want << " (tol " << tol
+                        << ")";
+      }
+    EXPECT_EQ(bad, 0) << "T " << c.T << ", N " << c.N << ", K " << c.K << ", mode " << c.mode;
+  }
+}
+
 }  // namespace cuda_ops_test

@@ -50,6 +50,40 @@ TEST(Sampler, GreedyIsArgmax) {
   EXPECT_EQ(s.sample(std::vector<float>{1, 5, 5, 2}), 1);  // first index on ties
 }
 
+// is_plain_greedy: true exactly when a draw is the argmax of the logits as
+// they come; each setting that changes the pick (temperature, a bias, a
+// penalty over a history) turns it off, and with it on the sampler's pick
+// over a history is still the bare argmax.
+TEST(Sampler, PlainGreedyMeansTheArgmaxOfTheLogitsAsTheyCome) {
+  SamplingParams p;
+  p.temperature = 0;
+  EXPECT_TRUE(p.is_plain_greedy());
+  const auto l = random_logits(300, 5);
+  const int32_t best = int32_t(std::max_element(l.begin(), l.end()) - l.begin());
+  const std::vector<int32_t> history = {best, best, 3};
+  EXPECT_EQ(Sampler(p).sample(l, history), best);
+  SamplingParams q = p;
+  q.temperature = 0.7f;
+  EXPECT_FALSE(q.is_plain_greedy());
+  q = p;
+  q.logit_bias = {{best, -100.0f}};
+  EXPECT_FALSE(q.is_plain_greedy());
+  EXPECT_NE(Sampler(q).sample(l), best);  // the bias moves the pick: an argmax of the raw logits would be wrong
+  q = p;
+  q.repetition_penalty = 100.0f;
+  EXPECT_FALSE(q.is_plain_greedy());
+  q = p;
+  q.presence_penalty = 1.0f;
+  EXPECT_FALSE(q.is_plain_greedy());
+  q = p;
+  q.frequency_penalty = 1.0f;
+  EXPECT_FALSE(q.is_plain_greedy());
+  q = p;
+  q.top_k = 5, q.top_p = 0.5f, q.min_p = 0.1f, q.seed = 9;  // no effect on a greedy pick
+  EXPECT_TRUE(q.is_plain_greedy());
+  EXPECT_EQ(Sampler(q).sample(l, history), best);
+}
+
 TEST(Sampler, SameSeedSameSequenceDifferentSeedDiffers) {
   SamplingParams p;
   p.temperature = 1.0f;

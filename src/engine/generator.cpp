@@ -62,8 +62,7 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
   // token is fed asking for that id alone (picked on a GPU: no logits
   // copied to the host). `picked`: the id after the last token fed.
   const SamplingParams& sp = opt.sampling;
-  const bool argmax_only = sp.temperature <= 0.0f && sp.logit_bias.empty() && !sp.uses_history() &&
-                           !opt.constraint && opt.top_logprobs < 0 && !speculate;
+  const bool argmax_only = sp.is_plain_greedy() && !opt.constraint && opt.top_logprobs < 0 && !speculate;
   std::optional<int32_t> picked;
   auto t1 = Clock::now();
   for (int i = 0; i < opt.max_new_tokens; ++i) {

@@ -31,6 +31,9 @@ struct SamplingParams {
   bool uses_history() const {
     return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
   }
+  // Whether a draw is the argmax of the logits as they come (greedy, no
+  // bias, no penalty): a backend can then pick the id without the logits.
+  bool is_plain_greedy() const { return temperature <= 0.0f && logit_bias.empty() && !uses_history(); }
 };
 
 // Defaults from <dir>/generation_config.json (or that file given directly)

@@ -55,26 +55,8 @@ static __global__ void h2o_acc_batch_kernel(const H2oAccArgs* as, int nh) {
 // out[r] = the argmax of logits row r ([V], ties: the lower id, all NaN: 0,
 // as argmax_kernel and core/argmax.h); grid: one block per row.
 static __global__ void argmax_rows_kernel(const float* __restrict__ logits, int V, int* __restrict__ out) {
-  const float* row = logits + size_t(blockIdx.x) * V;
-  float bv = -INFINITY;
-  int bi = 0x7fffffff;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) {
-    const float v = row[i];
-    if (v > bv) bv = v, bi = i;
-  }
-  __shared__ float sv[32];
-  __shared__ int si[32];
-  warp_argmax(bv, bi);
-  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-  if (l == 0) sv[w] = bv, si[w] = bi;
-  __syncthreads();
-  if (w == 0) {
-    const int nw = blockDim.x >> 5;
-    bv = l < nw ? sv[l] : -INFINITY;
-    bi = l < nw ? si[l] : 0x7fffffff;
-    warp_argmax(bv, bi);
-    if (l == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
-  }
+  const int bi = block_argmax(logits + size_t(blockIdx.x) * V, V);
+  if (threadIdx.x == 0) out[blockIdx.x] = bi;
 }
 
 // Every sequence's position one further (the decode step's advance_kernel).

@@ -78,6 +78,47 @@ __device__ __forceinline__ float block_max(float v) {
   __syncthreads();
   return total;
 }
+// The index of the largest of v[0, n) over the block (ties: the lower
+// index, as core/argmax.h; all NaN: 0), left in every lane of warp 0.
+// 16-byte loads, eight in flight per thread (one thread per element was a
+// chain of n / blockDim dependent rounds); indices still rise per thread.
+__device__ __forceinline__ int block_argmax(const float* __restrict__ v, int n) {
+  float bv = -INFINITY;
+  int bi = 0x7fffffff;
+  auto take = [&](float x, int i) {
+    if (x > bv) {
+      bv = x;
+      bi = i;
+    }
+  };
+  const int n4 = (reinterpret_cast<uintptr_t>(v) % 16 == 0) ? n / 4 : 0;
+  const float4* v4 = reinterpret_cast<const float4*>(v);
+#pragma unroll 8
+  for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+    const float4 x = v4[i];
+    take(x.x, 4 * i);
+    take(x.y, 4 * i + 1);
+    take(x.z, 4 * i + 2);
+    take(x.w, 4 * i + 3);
+  }
+  for (int i = 4 * n4 + threadIdx.x; i < n; i += blockDim.x) take(v[i], i);
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  warp_argmax(bv, bi);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  if (l == 0) {
+    sv[w] = bv;
+    si[w] = bi;
+  }
+  __syncthreads();
+  if (w == 0) {
+    const int nw = (blockDim.x + 31) >> 5;
+    bv = l < nw ? sv[l] : -INFINITY;
+    bi = l < nw ? si[l] : 0x7fffffff;
+    warp_argmax(bv, bi);
+  }
+  return bi == 0x7fffffff ? 0 : bi;
+}
 
 // Programmatic dependent launch (Hopper): a kernel may start while the one
 // before it drains; it waits here before touching anything that kernel

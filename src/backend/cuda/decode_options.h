@@ -48,10 +48,12 @@ struct DecodeOptions {
   bool batch_graph = false;
 
   // The routed experts of the batched step and prefill: Auto picks per
-  // step by the rows per picked expert (few_rows_kernel at a few, the tiled
-  // tensor-core product above; the crossover measured on the H200); the
-  // others force one path (tests, and the bench that measures both).
-  enum class BatchExperts { Auto = 0, Tiled = 1, FewRows = 2 };
+  // step by the rows per picked expert (at up to 1/4 row per picked
+  // expert on average, skinny_gemm_kernel for bf16 experts and
+  // few_rows_kernel for f16/f32 ones; the tiled tensor-core product
+  // above; measured on the H200); the others force one path
+  // (tests, and the bench that measures them side by side).
+  enum class BatchExperts { Auto = 0, Tiled = 1, FewRows = 2, Skinny = 3 };
   BatchExperts batch_experts = BatchExperts::Auto;
 
   // Benchmarks: time per phase of the batched prefill and of the batched

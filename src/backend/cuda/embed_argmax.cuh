@@ -23,42 +23,9 @@ static __global__ void argmax_kernel(const float* __restrict__ logits, int V, in
                               int ring, int* out, const int* step, const char* E, size_t erow) {
   pdl_wait();
   pdl_trigger();
-  float bv = -INFINITY;
-  int bi = 0x7fffffff;
-  auto take = [&](float v, int i) {
-    if (v > bv) {
-      bv = v;
-      bi = i;
-    }
-  };
-  // 16-byte loads, eight in flight per thread (one thread per element was
-  // a chain of V / blockDim dependent rounds); indices still rise per thread.
-  const int V4 = (reinterpret_cast<uintptr_t>(logits) % 16 == 0) ? V / 4 : 0;
-  const float4* l4 = reinterpret_cast<const float4*>(logits);
-#pragma unroll 8
-  for (int i = threadIdx.x; i < V4; i += blockDim.x) {
-    const float4 v = l4[i];
-    take(v.x, 4 * i);
-    take(v.y, 4 * i + 1);
-    take(v.z, 4 * i + 2);
-    take(v.w, 4 * i + 3);
-  }
-  for (int i = 4 * V4 + threadIdx.x; i < V; i += blockDim.x) take(logits[i], i);
-  __shared__ float sv[32];
-  __shared__ int si[32];
-  warp_argmax(bv, bi);
-  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-  if (l == 0) {
-    sv[w] = bv;
-    si[w] = bi;
-  }
-  __syncthreads();
-  if (w == 0) {
-    const int nw = blockDim.x >> 5;
-    bv = l < nw ? sv[l] : -INFINITY;
-    bi = l < nw ? si[l] : 0x7fffffff;
-    warp_argmax(bv, bi);
-    if (bi == 0x7fffffff) bi = 0;  // all NaN: still a valid id
+  const int bi = block_argmax(logits, V);
+  if (threadIdx.x < 32) {
+    const int l = threadIdx.x;
     if (l == 0) {
       ids[(*pos + 1 - *base) % ring] = bi;
       out[*step] = bi;

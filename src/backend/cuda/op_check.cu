@@ -18,6 +18,7 @@
 #include "backend/cuda/few_rows_experts.cuh"
 #include "backend/cuda/device_model.cuh"
 #include "backend/cuda/gemm.cuh"
+#include "backend/cuda/gemm_skinny.cuh"
 #include "backend/cuda/gguf_kernels.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/fp8_experts.cuh"
@@ -461,6 +462,31 @@ std::vector<float> few_rows_experts(const std::vector<DenseExpert>& experts, con
   check(launch_few_rows(dt, a, ntiles + 2, nullptr), "few_rows_kernel (down)");
   CK(cudaDeviceSynchronize());
   return down(a.C, size_t(T) * k * H);
+}
+
+std::vector<float> skinny_gemm(const Matrix& W, const std::vector<float>& A, int T, int mode,
+                               const std::vector<float>& C0) {
+  Launcher l = device();
+  if (W.dtype != DType::BF16 || W.cols % 8 != 0 || T < 1 || T > kSkinnyMaxRows ||
+      A.size() != size_t(T) * W.cols || (mode == GEMM_SWIGLU && W.rows % 2 != 0))
+    fail("op check: skinny product: a shape or storage type skinny_gemm_kernel does not take");
+  const int ldc = int(mode == GEMM_SWIGLU ? W.rows / 2 : W.rows);
+  if (C0.size() != size_t(T) * ldc) fail("op check: skinny product: C0 is not [T][ldc]");
+  Buffers b;
+  GemmArgs a;
+  a.W = b.up(static_cast<const uint8_t*>(W.data), W.nbytes());
+  a.A = b.up(A.data(), A.size());
+  a.lda = int(W.cols);
+  a.M = T;
+  a.N = int(W.rows);
+  a.K = int(W.cols);
+  a.C = b.up(C0.data(), C0.size());
+  a.ldc = ldc;
+  a.mode = mode;
+  a.half = mode == GEMM_SWIGLU ? ldc : 0;
+  check(launch_skinny_gemm(a, l.prop.multiProcessorCount, nullptr), "skinny_gemm_kernel");
+  CK(cudaDeviceSynchronize());
+  return down(a.C, C0.size());
 }
 
 }  // namespace flashmoe::cuda_ops

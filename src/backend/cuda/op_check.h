@@ -84,4 +84,13 @@ struct DenseExpert {
 std::vector<float> few_rows_experts(const std::vector<DenseExpert>& experts, const std::vector<float>& x, int T,
                                     const std::vector<int>& ids, int k);
 
+// The batched step's dense product of a few rows (skinny_gemm_kernel, K
+// split over a cluster as the step splits it on this device): A [T][K]
+// (T <= 64) times bf16 W [N][K] (K % 8 == 0) transposed. mode 0: C = A .
+// W^T; 1: C = C0 + A . W^T; 2 (swiglu): C[t][j] = silu(gate_j . a_t) *
+// (up_j . a_t), gate rows [0, N/2), up rows [N/2, N). C and C0: [T][ldc],
+// ldc = N (swiglu: N / 2).
+std::vector<float> skinny_gemm(const Matrix& W, const std::vector<float>& A, int T, int mode,
+                               const std::vector<float>& C0);
+
 }  // namespace flashmoe::cuda_ops

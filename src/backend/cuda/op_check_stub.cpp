@@ -28,5 +28,9 @@ std::vector<float> few_rows_experts(const std::vector<DenseExpert>&, const std::
   no_cuda();
 }
 
+std::vector<float> skinny_gemm(const Matrix&, const std::vector<float>&, int, int, const std::vector<float>&) {
+  no_cuda();
+}
+
 }  // namespace flashmoe::cuda_ops
 #endif

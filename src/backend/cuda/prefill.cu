@@ -10,6 +10,7 @@
 #include "backend/cuda/few_rows_experts.cuh"
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/gemm_pipe.cuh"
+#include "backend/cuda/gemm_skinny.cuh"
 #include "backend/cuda/gguf_kernels.cuh"
 #include "backend/cuda/prefill_kernels.cuh"
 
@@ -387,10 +388,49 @@ void Prefill::norm_rows(const float* x, const float* w, int T, float* y) {
   norm_rows_kernel<<<T, 256, 0, m_.stream>>>(x, w, int(m_.c->hidden_size), m_.c->rms_norm_eps, y);
 }
 
-// Dense product: C[T][..] (=, +=, swiglu) = A[T][K] . W^T, in the tallest
-// tiles that still fill the GPU with blocks. sp: A already split (xn_);
-// else split here when the pipelined product runs.
+bool Prefill::skinny_fits(const DMat& W, const float* A, int T) {
+  return W.dt == DT_BF16 && T <= kSkinnyMaxRows && W.cols % 8 == 0 && reinterpret_cast<uintptr_t>(A) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(W.p) % 16 == 0;
+}
+
+bool Prefill::skinny(const DMat& W, const float* A, int T, int mode) const {
+  if (!skinny_fits(W, A, T)) return false;
+  // Measured on the H200 (35B synthetic, bench/NOTES-cuda.md, batch-fixed):
+  // skinny_gemm_kernel's cost grows with the rows (it re-reads and splits
+  // the activations per 32 weight rows), the tiled product's does not
+  // until its tiles fill. Up to 16 rows it won everywhere (B = 8: 614 ->
+  // 796 tokens/s); at 32 only on matrices whose 128-row tiles leave most
+  // SMs idle (out-proj 2.13 -> 1.26 ms, router, shared expert), while the
+  // in-proj (97 tiles) took 1.73 -> 2.08 ms; at 64 rows it lost.
+  if (T <= 16) return true;
+  const int tiles = mode == GEMM_SWIGLU ? div_up(W.rows / 2, kPipeBN / 2) : div_up(W.rows, kPipeBN);
+  return T <= 32 && tiles < sms_ / 2;
+}
+
+void Prefill::skinny_gemm(const GemmArgs& a) {
+  check(launch_skinny_gemm(a, sms_, m_.stream), "batched product of few rows");
+}
+
+// Dense product: C[T][..] (=, +=, swiglu) = A[T][K] . W^T. A few rows of
+// bf16 weights: skinny_gemm_kernel (bound by the weights' bytes); else in
+// the tallest tiles that still fill the GPU with blocks. sp: A already
+// split (xn_); else split here when the pipelined product runs.
 void Prefill::dense_rows(const DMat& W, const float* A, int T, float* C, int ldc, int mode, int half, SplitRows sp) {
+  if (skinny(W, A, T, mode)) {
+    GemmArgs g;
+    g.A = A;
+    g.lda = W.cols;
+    g.W = W.p;
+    g.M = T;
+    g.N = W.rows;
+    g.K = W.cols;
+    g.C = C;
+    g.ldc = ldc;
+    g.mode = mode;
+    g.half = half;
+    skinny_gemm(g);
+    return;
+  }
   if (pipe(W.dt) && !sp.hi) sp = split(A, T, W.cols, false);
   const int bn = pipe(W.dt) ? kPipeBN : kGemmBN;
   const int nt = mode == GEMM_SWIGLU ? div_up(W.rows / 2, bn / 2) : div_up(W.rows, bn);
@@ -438,7 +478,19 @@ bool Prefill::few_rows_experts(int T, int edt) const {
   return double(T) * double(c.num_experts_per_tok) <= kFewRowsMean * double(std::max<int64_t>(1, c.num_experts));
 }
 
-void Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T) {
+bool Prefill::skinny_experts(int T, int edt) const {
+  const ModelConfig& c = *m_.c;
+  if (edt != DT_BF16 || c.hidden_size % 8 != 0 || c.moe_intermediate % 8 != 0) return false;
+  if (expert_path_ != 0) return expert_path_ == 3;
+  // Up to kSkinnyExpertMean rows per picked expert on average (B <= 8 on
+  // the 35B): measured there faster than few_rows_kernel and the tiled
+  // product (760.6 vs 735.5 and 687.0 tokens/s); from B = 32 the tiled
+  // product (1,429.7 vs 1,413.0; B = 64 1,889.8 vs 1,876.6).
+  return double(T) * double(c.num_experts_per_tok) <=
+         kSkinnyExpertMean * double(std::max<int64_t>(1, c.num_experts));
+}
+
+bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const float* next_norm) {
   const ModelConfig& c = *m_.c;
   cudaStream_t st = m_.stream;
   const int H = int(c.hidden_size);
@@ -446,14 +498,14 @@ void Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T) {
   auto dense = [&](const DMat& W, const float* A, float* C, int ldc, int mode, int half = 0, SplitRows sp = {}) {
     dense_rows(W, A, T, C, ldc, mode, half, sp);
   };
-  norm_rows_kernel<<<T, 256, 0, st>>>(x_, d.post_norm, H, c.rms_norm_eps, xn_);
-  const SplitRows fs = split(xn_, T, H, true);
+  norm_split_rows_kernel<<<T, 256, 0, st>>>(x_, d.post_norm, H, c.rms_norm_eps, xn_, xhi_, xlo_);
+  const SplitRows fs{xhi_, xlo_};
   mark(P_NORM);
   if (l.ffn == FfnKind::DenseSwiGLU) {
     dense(d.s_gu, xn_, hs_, d.s_down.cols, GEMM_SWIGLU, d.s_down.cols, fs);
     dense(d.s_down, hs_, x_, H, GEMM_ADD);
     mark(P_SHARED);
-    return;
+    return false;
   }
   dense(d.router, xn_, rl_, d.router.rows, GEMM_STORE, 0, fs);
   mark(P_ROUTER);
@@ -461,8 +513,8 @@ void Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T) {
                                      w_, d.tc);
   if (m_.experts_needed) m_.experts_needed(l.moe_slot, ids_, T * k);
   const int edt = d.gg.n ? DT_GGUF : d.q.fp8 ? DT_FP8 : d.q.bits == 8 ? DT_Q8 : d.q.bits == 4 ? DT_Q4 : d.edt;
-  const bool few = few_rows_experts(T, edt);
-  const int ebm = few ? kFewRows : tile_rows(double(T) * k / std::max(E, 1));
+  const bool skinny = skinny_experts(T, edt), few = !skinny && few_rows_experts(T, edt);
+  const int ebm = skinny ? kSkinnyExpertRows : few ? kFewRows : tile_rows(double(T) * k / std::max(E, 1));
   route_lists_kernel<<<1, 512, 0, st>>>(ids_, T, k, E, ebm, tok_, dest_, tiles_, ntiles_);
   mark(P_ROUTE);
   const int ntiles = std::min(tiles_max_, div_up(int64_t(T) * k, ebm) + E);
@@ -472,7 +524,36 @@ void Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T) {
     const auto staged = m_.stage_experts(l.moe_slot, T);
     if (staged.first) gu_tab = staged.first, down_tab = staged.second;
   }
-  if (few) {
+  if (skinny) {
+    GemmArgs g;
+    g.A = xn_;
+    g.lda = H;
+    g.arow = tok_;
+    g.wtab = gu_tab;
+    g.tiles = tiles_;
+    g.ntiles = ntiles_;
+    g.N = 2 * I;
+    g.K = H;
+    g.C = hb_;
+    g.ldc = I;
+    g.mode = GEMM_SWIGLU;
+    g.half = I;
+    check(launch_skinny_gemm(g, sms_, st, ntiles, ebm), "batched step: experts gate/up (skinny)");
+    mark(P_EXPERTS_GU);
+    g.A = hb_;
+    g.lda = I;
+    g.arow = nullptr;
+    g.wtab = down_tab;
+    g.N = H;
+    g.K = I;
+    g.C = y_;
+    g.ldc = H;
+    g.crow = dest_;
+    g.mode = GEMM_STORE;
+    g.half = 0;
+    check(launch_skinny_gemm(g, sms_, st, ntiles, ebm), "batched step: experts down (skinny)");
+    mark(P_EXPERTS_DOWN);
+  } else if (few) {
     FewRowsArgs f;
     f.A = xn_;
     f.lda = H;
@@ -544,9 +625,14 @@ void Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T) {
     dense(d.s_down, hs_, ysh_, H, GEMM_STORE);
     mark(P_SHARED);
   }
-  moe_combine_kernel<<<T, 256, 0, st>>>(x_, H, y_, d.has_shared ? ysh_ : nullptr, w_, k);
+  if (next_norm)
+    moe_combine_norm_kernel<<<T, 256, 0, st>>>(x_, H, y_, d.has_shared ? ysh_ : nullptr, w_, k, next_norm,
+                                               c.rms_norm_eps, xn_);
+  else
+    moe_combine_kernel<<<T, 256, 0, st>>>(x_, H, y_, d.has_shared ? ysh_ : nullptr, w_, k);
   mark(P_COMBINE);
   check(cudaGetLastError(), "batched prefill: experts");
+  return next_norm != nullptr;
 }
 
 void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {

@@ -129,13 +129,25 @@ class Prefill {
   void embed_rows(const int* d_ids, int T);
   void norm_rows(const float* x, const float* w, int T, float* y);
   // The feed-forward of layer l (dense or routed) over the T rows of x_.
-  void feed_forward(const LayerPlan& l, const DLayer& d, int T);
+  // next_norm (null: none): the next layer's input norm weights; a routed
+  // feed-forward then also leaves rms_norm(x_) * (1 + next_norm) in xn_ and
+  // returns true.
+  bool feed_forward(const LayerPlan& l, const DLayer& d, int T, const float* next_norm = nullptr);
   // Whether T rows' routed experts stored as edt take few_rows_kernel
   // (few_rows_experts.cuh) instead of the tiled product.
   bool few_rows_experts(int T, int edt) const;
+  // Whether T rows' routed experts stored as edt take skinny_gemm_kernel
+  // (grouped, tiles of kSkinnyExpertRows rows); checked before few_rows_experts.
+  bool skinny_experts(int T, int edt) const;
   // step_batch's per-sequence kernel arguments for the whole step, written
   // to pinned host memory and copied to the device in one transfer.
   void* batch_args(size_t bytes);
+  // Whether skinny_gemm_kernel (gemm_skinny.cuh: a few rows over bf16
+  // weights) can run A[T][K] . W^T, and whether the dense product in
+  // `mode` takes it (where measured faster than the tiled product).
+  static bool skinny_fits(const DMat& W, const float* A, int T);
+  bool skinny(const DMat& W, const float* A, int T, int mode) const;
+  void skinny_gemm(const GemmArgs& a);
   // bf16 weights take the pipelined product (gemm_pipe_kernel), the others gemm_kernel.
   static bool pipe(int dt) { return dt == DT_BF16; }
   // A [rows][cols] into the hi/lo pair x (xn_: reused by several products) or y.

@@ -247,6 +247,28 @@ __global__ void moe_combine_kernel(float* __restrict__ x, int H, const float* __
   }
 }
 
+// moe_combine_kernel, then the next layer's input norm of the row (as
+// norm_rows_kernel: xn = rms_norm(x) * (1 + nw)) in the same block.
+__global__ void moe_combine_norm_kernel(float* __restrict__ x, int H, const float* __restrict__ y,
+                                        const float* __restrict__ ysh, const float* __restrict__ w, int k,
+                                        const float* __restrict__ nw, float eps, float* __restrict__ xn) {
+  const int t = blockIdx.x;
+  const float* wt = w + size_t(t) * (k + 1);
+  float* xr = x + size_t(t) * H;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < H; i += blockDim.x) {
+    float acc = 0.f;
+    for (int j = 0; j < k; ++j) acc += wt[j] * y[(size_t(t) * k + j) * H + i];
+    if (ysh) acc += wt[k] * ysh[size_t(t) * H + i];
+    const float v = xr[i] + acc;
+    xr[i] = v;
+    ss += v * v;
+  }
+  ss = block_sum(ss);
+  const float r = 1.0f / sqrtf(ss / float(H) + eps);
+  for (int i = threadIdx.x; i < H; i += blockDim.x) xn[size_t(t) * H + i] = xr[i] * r * (1.0f + nw[i]);
+}
+
 // Attention of a chunk's queries (grid: nh / hpb x T; 256 threads), position
 // p0 + t over the positions its cache policy keeps visible: all before it
 // (full), the last W (window), or the sinks and the last W - sinks

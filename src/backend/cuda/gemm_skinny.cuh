@@ -1,0 +1,231 @@
+// The dense products of a few rows (a batched decode step: T <= 64 tokens)
+// over bf16 weights: C[T][N] (=, +=, swiglu) = A[T][K] . W^T.
+//
+// At T = 32 the tiled products (gemm_pipe_kernel: 128 weight rows by T
+// tokens per block, the whole K) gave the 35B's out-proj (2,048 rows) 16
+// blocks on 132 SMs: ~0.3 TB/s. Here every block streams its weight rows
+// once, straight from global memory into registers (16-byte loads, the next
+// 64 columns in flight while these are multiplied), with no shared-memory
+// staging. Each warp reads and splits the activations of all T tokens for
+// its 32 weight rows, so the cost grows with T: on the H200 it beat the
+// tiled product everywhere at 8 rows and lost at 64 (Prefill::skinny picks
+// by the measurements, bench/NOTES-cuda.md, batch-fixed).
+//  - the tensor cores with the weights as the 16-row operand and the tokens
+//    as the 8-column one (mma m16n8k16, one 8-token tile per 8 rows of T);
+//  - a lane's 16-byte load (8 consecutive columns of one weight row) feeds
+//    two mma k-steps: the order of k inside the dot products is permuted,
+//    the same way for the weights and the activations, so the activation
+//    operand is also 8 consecutive columns of one token (two float4 loads,
+//    split into hi/lo bf16 in registers, as gemm.cuh's precision scheme);
+//  - K is split over a cluster of up to 8 blocks so that even 2,048 rows fill
+//    the GPU; the blocks' partial tiles are summed through distributed shared
+//    memory in rank order (deterministic), each block writing a share of the
+//    outputs (store, add or swiglu as gemm_epilogue).
+#pragma once
+#include <cooperative_groups.h>
+
+#include "backend/cuda/gemm.cuh"
+
+namespace flashmoe::cuda {
+
+constexpr int kSkinnyWarps = 4, kSkinnyThreads = 32 * kSkinnyWarps;
+constexpr int kSkinnyRows = 32 * kSkinnyWarps;  // weight rows per block: 32 per warp (two 16-row mma tiles)
+constexpr int kSkinnyMaxSplit = 8;              // blocks per cluster along K (the portable cluster size)
+constexpr int kSkinnyMaxRows = 64;              // tokens (8 tiles of 8)
+// The routed experts (grouped): rows per tile of an expert's token list
+// (route_lists_kernel's BM), and the mean rows per picked expert, T * k / E,
+// up to which the default takes this kernel for them.
+constexpr int kSkinnyExpertRows = 16;
+constexpr double kSkinnyExpertMean = 0.25;
+
+// hi = bf16(x), lo = bf16(x - hi) of two floats, packed as an mma operand (first value in the low half).
+__device__ __forceinline__ void skinny_split2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+  const float2 hf = __bfloat1622float2(h);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(x0 - hf.x, x1 - hf.y);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
+__device__ __forceinline__ void skinny_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                           uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t skinny_word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// Dense: a.M <= 8 * NT rows of a.A (fp32, row stride a.lda), K % 8 == 0,
+// 16-byte aligned rows. Grid: x = the K split (one cluster), y = blocks of
+// kSkinnyRows weight rows (swiglu: half gate rows, half the up rows that
+// pair with them); kslice: columns per block, a multiple of 32.
+// Grouped (a.tiles: the routed experts): z = the tile, rows [first, end)
+// (at most 8 * NT) of the expert's weights a.wtab[group], A rows gathered
+// through a.arow, C rows scattered through a.crow (each where not null).
+template <int NT>
+__global__ void __launch_bounds__(kSkinnyThreads) skinny_gemm_kernel(GemmArgs a, int kslice) {
+  constexpr int TP = 8 * NT, LD = kSkinnyRows + 4, HB = kSkinnyRows / 2;
+  __shared__ __align__(16) float part[TP][LD];  // this block's partial sums [token][local weight row]
+  const int split = int(gridDim.x), rank = int(blockIdx.x);
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const bool swiglu = a.mode == GEMM_SWIGLU;
+  const __nv_bfloat16* W;
+  int m0 = 0, rows = a.M;
+  if (a.tiles) {
+    if (int(blockIdx.z) >= *a.ntiles) return;
+    const int* tl = a.tiles + 3 * blockIdx.z;
+    W = static_cast<const __nv_bfloat16*>(a.wtab[tl[0]]);
+    m0 = tl[1];
+    rows = tl[2] - tl[1];
+  } else {
+    W = static_cast<const __nv_bfloat16*>(a.W);
+  }
+  // This lane's weight rows: local rows warp * 32 + g + 8 * i (tile i / 2, row g or g + 8).
+  const __nv_bfloat16* wr[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int n = warp * 32 + g + 8 * i;
+    int r;
+    bool ok;
+    if (swiglu) {
+      const int j = int(blockIdx.y) * HB + n % HB;
+      ok = j < a.half;
+      r = n < HB ? j : a.half + j;
+    } else {
+      r = int(blockIdx.y) * kSkinnyRows + n;
+      ok = r < a.N;
+    }
+    wr[i] = ok ? W + size_t(r) * a.K : nullptr;
+  }
+  // This lane's tokens: 8 * j + g of tile j.
+  const float* xr[NT];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int m = 8 * j + g;
+    xr[j] = m < rows ? a.A + size_t(a.arow ? a.arow[m0 + m] : m0 + m) * a.lda : nullptr;
+  }
+  const int k0 = rank * kslice, k1 = min(a.K, k0 + kslice);
+  float acc[2][NT][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+  // Weights of columns [k, k + 64): chunk c of 32, this lane's 8 at k + 32 c + 8 t.
+  auto load_w = [&](uint4 (&w)[2][4], int k) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int col = k + 32 * c + 8 * t;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) w[c][i] = wr[i] && col < k1 ? ld_stream(wr[i] + col) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  uint4 w[2][4];
+  load_w(w, k0);
+  for (int k = k0; k < k1; k += 64) {
+    uint4 wn[2][4];
+    load_w(wn, k + 64);  // in flight while these 64 columns are multiplied
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int col = k + 32 * c + 8 * t;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+        if (xr[j] && col < k1) {
+          x0 = *reinterpret_cast<const float4*>(xr[j] + col);
+          x1 = *reinterpret_cast<const float4*>(xr[j] + col + 4);
+        }
+        uint32_t hi[4], lo[4];
+        skinny_split2(x0.x, x0.y, hi[0], lo[0]);
+        skinny_split2(x0.z, x0.w, hi[1], lo[1]);
+        skinny_split2(x1.x, x1.y, hi[2], lo[2]);
+        skinny_split2(x1.z, x1.w, hi[3], lo[3]);
+        // k-step s: columns 8t + 4s .. + 3 of the chunk stand for the
+        // mma's k = 2t, 2t + 1 (words 2s) and 2t + 8, 2t + 9 (words 2s + 1).
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            const uint32_t a0 = skinny_word(w[c][2 * mt], 2 * s), a1 = skinny_word(w[c][2 * mt + 1], 2 * s);
+            const uint32_t a2 = skinny_word(w[c][2 * mt], 2 * s + 1), a3 = skinny_word(w[c][2 * mt + 1], 2 * s + 1);
+            skinny_mma(acc[mt][j], a0, a1, a2, a3, lo[2 * s], lo[2 * s + 1]);  // the small terms first
+            skinny_mma(acc[mt][j], a0, a1, a2, a3, hi[2 * s], hi[2 * s + 1]);
+          }
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) w[c][i] = wn[c][i];
+  }
+  // Accumulator e of tile (mt, j): weight row g (+8 for e >= 2), token 2t (+1 for odd e).
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) part[8 * j + 2 * t + (e & 1)][warp * 32 + mt * 16 + g + 8 * (e >> 1)] = acc[mt][j][e];
+  namespace cg = cooperative_groups;
+  cg::cluster_group cl = cg::this_cluster();
+  if (split > 1) cl.sync();
+  else __syncthreads();
+  auto sum = [&](int m, int n) {
+    if (split == 1) return part[m][n];
+    float v = 0.f;
+    for (int q = 0; q < split; ++q) v += *cl.map_shared_rank(&part[m][n], q);
+    return v;
+  };
+  const int per = swiglu ? HB : kSkinnyRows, total = rows * per;
+  for (int e = rank * kSkinnyThreads + tid; e < total; e += split * kSkinnyThreads) {
+    const int m = e / per, n = e % per;
+    float* crow = a.C + size_t(a.crow ? a.crow[m0 + m] : m0 + m) * a.ldc;
+    if (swiglu) {
+      const int col = int(blockIdx.y) * HB + n;
+      if (col < a.half) crow[col] = siluf_(sum(m, n)) * sum(m, HB + n);
+      continue;
+    }
+    const int col = int(blockIdx.y) * kSkinnyRows + n;
+    if (col >= a.N) continue;
+    float* c = crow + col;
+    const float v = sum(m, n);
+    if (a.mode == GEMM_ADD) *c += v;
+    else *c = v;
+  }
+  if (split > 1) cl.sync();  // no block leaves while another still reads its partial sums
+}
+
+// skinny_gemm_kernel over a (see the kernel; dense: a.M <= kSkinnyMaxRows;
+// grouped: up to `ntiles` tiles of at most `tile_rows` <= kSkinnyMaxRows
+// rows), on a device of `sms` SMs: K split over a cluster until the blocks
+// fill the SMs twice over, each block keeping at least 64 columns.
+inline cudaError_t launch_skinny_gemm(const GemmArgs& a, int sms, cudaStream_t st, int ntiles = 1,
+                                      int tile_rows = 0) {
+  const int blocks = a.mode == GEMM_SWIGLU ? (a.half + kSkinnyRows / 2 - 1) / (kSkinnyRows / 2)
+                                           : (a.N + kSkinnyRows - 1) / kSkinnyRows;
+  const int M = a.tiles ? tile_rows : a.M;
+  int split = 1;
+  while (split < kSkinnyMaxSplit && int64_t(blocks) * ntiles * split < 2 * int64_t(sms) && a.K >= 2 * 64 * split)
+    split *= 2;
+  const int kslice = ((a.K + 31) / 32 + split - 1) / split * 32;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(split), unsigned(blocks), unsigned(a.tiles ? ntiles : 1));
+  cfg.blockDim = dim3(unsigned(kSkinnyThreads));
+  cfg.stream = st;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim = {unsigned(split), 1, 1};
+  cfg.attrs = at;
+  cfg.numAttrs = split > 1 ? 1 : 0;
+  if (M <= 8) return cudaLaunchKernelEx(&cfg, skinny_gemm_kernel<1>, a, kslice);
+  if (M <= 16) return cudaLaunchKernelEx(&cfg, skinny_gemm_kernel<2>, a, kslice);
+  if (M <= 32) return cudaLaunchKernelEx(&cfg, skinny_gemm_kernel<4>, a, kslice);
+  return cudaLaunchKernelEx(&cfg, skinny_gemm_kernel<8>, a, kslice);
+}
+
+}  // namespace flashmoe::cuda
