@@ -26,7 +26,11 @@ async function chat(body) {
       if (!ev.startsWith("data: ") || ev === "data: [DONE]") continue;
       const j = JSON.parse(ev.slice(6));
       if (j.usage) usage = j.usage;
-      const c = j.choices[0]?.delta?.content;
+      // A token shows as content, reasoning (after <think>) or a tool call's
+      // delta; an answer that is only the end token shows as the finish.
+      const ch = j.choices[0], d = ch?.delta ?? {};
+      const c = d.content || d.reasoning_content || (d.tool_calls ? JSON.stringify(d.tool_calls) : "");
+      if (ttft === null && !c && ch?.finish_reason) ttft = (performance.now() - t0) / 1000;
       if (c) {
         const now = performance.now();
         if (ttft === null) ttft = (now - t0) / 1000; else gaps.push((now - last) / 1000);
