@@ -31,6 +31,9 @@ void CudaModel::Impl::set_kernel_attributes() {
   CK(cudaFuncSetAttribute(ggate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(gmatvec_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(ggate_up_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  CK(cudaFuncSetAttribute(gdown_staged_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  CK(cudaFuncSetAttribute(gdown_staged_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  CK(cudaFuncSetAttribute(gdown_staged_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(gdown_staged_kernel<kDownRun>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(matvec_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
 }
@@ -51,7 +54,7 @@ void CudaModel::Impl::mark(int cls) {
 void CudaModel::Impl::matvec(const DMat& W, const float* xin, const float* nw, float* y, int acc, int cls, float* xcopy) {
   if (W.dt == DT_GGUF) {
     // Staged through shared memory (gguf_staged.cuh) where two buffers a warp fit.
-    const GStage st = gstage_plan(W.g, W.cols);
+    const GStage st = gstage_plan(W.g, W.cols, prop.multiProcessorCount * kBlocksPerSm * kWarps);
     const size_t ssm = gmatvec_staged_smem(st, W.cols);
     if (ssm <= size_t(prop.sharedMemPerBlockOptin) - 4096) {
       int runs = 0;
@@ -419,7 +422,19 @@ void CudaModel::Impl::ffn_launch(const DLayer& d, const MoeArgs& a, int slots) {
       const dim3 g1(std::max(1, std::min((a.maxI + kWarps - 1) / kWarps, resident / slots)), slots);
       go(ggate_up_staged_kernel, g1, kThreads, s1, a, ge, S1);
       mark(K_EXPERTS);
-      go(gdown_staged_kernel<kDownRun>, (a.H + kDownRun - 1) / kDownRun, slots * 32, size_t(S2) * slots, a, ge, S2);
+      const size_t s2 = size_t(S2) * slots;
+      auto fn = [](int R) {
+        return R == 1   ? reinterpret_cast<const void*>(gdown_staged_kernel<1>)
+               : R == 2 ? reinterpret_cast<const void*>(gdown_staged_kernel<2>)
+               : R == 4 ? reinterpret_cast<const void*>(gdown_staged_kernel<4>)
+                        : reinterpret_cast<const void*>(gdown_staged_kernel<kDownRun>);
+      };
+      const int R = gdown_rows(a.H, [&](int r) { return per_sm(fn(r), s2, slots * 32) * prop.multiProcessorCount; });
+      const int nb = (a.H + R - 1) / R;
+      if (R == 1) go(gdown_staged_kernel<1>, nb, slots * 32, s2, a, ge, S2);
+      else if (R == 2) go(gdown_staged_kernel<2>, nb, slots * 32, s2, a, ge, S2);
+      else if (R == 4) go(gdown_staged_kernel<4>, nb, slots * 32, s2, a, ge, S2);
+      else go(gdown_staged_kernel<kDownRun>, nb, slots * 32, s2, a, ge, S2);
       mark(K_EXPERTS);
       return;
     }

@@ -179,7 +179,8 @@ static __global__ void __launch_bounds__(kThreads, 4) ggate_up_staged_kernel(Moe
   norm_preload(a.norm_w, a.H, true, pre);
   pdl_wait();
   pdl_trigger();
-  load_x(a.x, a.norm_w, a.eps, a.H, xs, &pre);
+  // Routed slots: the pick, then the rows' copies, then the norm of x (the
+  // copies in flight while it runs).
   if (!shared) {
     if (a.logits) {
       __shared__ const void* chosen[64];
@@ -211,6 +212,7 @@ static __global__ void __launch_bounds__(kThreads, 4) ggate_up_staged_kernel(Moe
     issue(B, r, buf[0], ag0, au0, kg0, ku0);
     issue(B, r + step, buf[1], ag1, au1, kg1, ku1);
   }
+  load_x(a.x, a.norm_w, a.eps, a.H, xs, &pre);
   // Row r from dst, then row r + 2 step staged into it.
   auto row = [&](uint8_t* dst, int& ag, int& au, int& kg, int& ku) {
     cp_async_wait<1>();
@@ -269,18 +271,32 @@ __global__ void __launch_bounds__(kDownSlotsMax * 32) gdown_staged_kernel(MoeArg
 // Stage buffers hold runs of about kStageBytes (at least one row): enough
 // bytes in flight per warp (two runs) for the HBM at 4 resident blocks per SM.
 constexpr int kStageBytes = 2048;
-// Rows per run of the down kernel's warps (a block per kDownRun rows).
+// The most rows per run of the down kernel's warps (a block per 1, 2, 4 or
+// kDownRun rows: gdown_rows).
 constexpr int kDownRun = 8;
 
-// How gmatvec_staged_kernel cuts g (rows of cols columns) into runs.
-inline GStage gstage_plan(const GMat& g, int cols) {
+// How gmatvec_staged_kernel cuts g (rows of cols columns) into runs: up to
+// kStageBytes a run, but no more rows a run than leave every one of `warps`
+// warps a run (a warp decodes its runs one after another: on a small
+// matrix long runs left most SMs idle; round 1 of session 6).
+inline GStage gstage_plan(const GMat& g, int cols, int warps) {
   GStage st;
+  const int rows = g.n ? g.row0[g.n] : 0, share = std::max(1, rows / std::max(1, warps));
   for (int i = 0; i < g.n; ++i) {
     const size_t rb = gguf_row_bytes(g.kind[i], cols);
-    st.R[i] = std::max(1, int(kStageBytes / rb));
+    st.R[i] = std::clamp(int(kStageBytes / rb), 1, share);
     st.S = std::max(st.S, gstage_need(st.R[i], rb));
   }
   return st;
+}
+// Rows per block of gdown_staged_kernel: the fewest of 1, 2, 4, kDownRun
+// whose grid of H rows fits one resident wave (resident(R): blocks), so that
+// each warp decodes as few rows one after another as the wave allows.
+template <typename F>
+int gdown_rows(int H, F resident) {
+  for (int R : {1, 2, 4})
+    if ((H + R - 1) / R <= resident(R)) return R;
+  return kDownRun;
 }
 // gmatvec_staged_kernel's shared memory: x, then two buffers a warp.
 inline size_t gmatvec_staged_smem(const GStage& st, int cols) {

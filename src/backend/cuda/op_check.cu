@@ -356,7 +356,7 @@ std::vector<float> gguf_matvec(const Matrix& W, const std::vector<float>& x, boo
   const float* dx = b.up(x.data(), x.size());
   float* dy = b.zeros<float>(size_t(rows));
   if (staged) {  // as CudaModel::Impl::matvec
-    const GStage st = gstage_plan(g, cols);
+    const GStage st = gstage_plan(g, cols, l.prop.multiProcessorCount * kBlocksPerSm * kWarps);
     const size_t smem = gmatvec_staged_smem(st, cols);
     if (smem > 48 * 1024)
       CK(cudaFuncSetAttribute(gmatvec_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
