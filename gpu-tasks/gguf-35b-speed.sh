@@ -7,8 +7,9 @@
 # gpu-tasks/gguf-35b.sh at /tmp/gguf35b/q4_k_m.gguf, and coder-mini's GGUFs
 # in gpu-gguf/. With /tmp/llama/b/bin/llama-bench present, llama.cpp (CUDA)
 # on the same files in the same call. Runs in about 100 s (with llama-bench ~200 s).
-# Expected: the CUDA GGUF tests PASS; 35B tg128 above round 1's 232.0 (the
-# down kernel 4 rows a warp instead of 8: experts below 2.24 ms/token;
+# Expected: the CUDA GGUF tests PASS; 35B tg128 above round 1's 232.0
+# (predicted 260-300: Q4_K rows a quarter-warp a block, the down kernel 4
+# rows a warp instead of 8;
 # bench/NOTES-cuda.md "GGUF decode kernels at the 35B shape", "Session 6");
 # coder-mini tg128 back near session 5's (Q8_0 4,961, Q4_K_M 4,718; round
 # 1 had Q4_K_M at 2,729).

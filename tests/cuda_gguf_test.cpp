@@ -75,7 +75,7 @@ TEST_P(CudaGgufOps, MatvecAndProductMatchCpu) {
   REQUIRE_GPU();
   const QuantKind q = GetParam();
   std::mt19937 rng(99 + int(q));
-  const int64_t rows = 70, cols = 768;  // several blocks per row; rows not a multiple of a warp's
+  const int64_t rows = 70, cols = 1024;  // 4 blocks of 256 a row (Q4_K: a quarter-warp a block); rows not a multiple of a warp's
   std::vector<uint8_t> data = random_blocks(q, rows, cols, rng);
   Matrix W;
   W.dtype = DType::U8;
@@ -111,7 +111,7 @@ INSTANTIATE_TEST_SUITE_P(Kinds, CudaGgufOps,
 // Q4_K) and Q8_0 (coder-mini's).
 TEST(CudaGgufExperts, StagedKernelsMatchCpu) {
   REQUIRE_GPU();
-  const int H = 512, I = 256, E = 6, k = 3;
+  const int H = 1024, I = 256, E = 6, k = 3;  // gate/up rows of 4 Q4_K blocks: a quarter-warp a block
   const float eps = 1e-6f;
   struct Mix {
     QuantKind gu, dn;

@@ -132,6 +132,66 @@ FM_UNROLL
   return (d0 * s0 - m0 * x0s) + (d1 * s1 - m1 * x1s);
 }
 
+// Lane l8 (0..7) of the quarter-warp that takes Q4_K block b (x at the
+// block's first column): the lane's 16 nibble bytes at 16 + 16 l8 hold 32
+// weights, elements 16h .. 16h + 15 (h = l8 % 2) of sub-blocks 2j (low
+// nibbles) and 2j + 1 (high), j = l8 / 2: the same two scale/min pairs as
+// gguf_q4k_lane_dot decodes for 8 weights, here for 32, so a block costs
+// the warp about a third of the instructions. The lane walks its four
+// 4-weight words starting at word j (rotated): the 8 lanes' float4 reads of
+// x then fall on 8 different bank groups (in order they would share 2).
+FM_HD float gguf_q4k_quarter_dot(const uint8_t* b, const float* x, int l8) {
+  const int j = l8 >> 1, h = l8 & 1;
+  uint32_t hd[4], w[4];
+#ifdef __CUDA_ARCH__
+  const uint4 v = *reinterpret_cast<const uint4*>(b);
+  hd[0] = v.x, hd[1] = v.y, hd[2] = v.z, hd[3] = v.w;
+  const uint4 qv = *reinterpret_cast<const uint4*>(b + 16 + 16 * l8);
+  w[0] = qv.x, w[1] = qv.y, w[2] = qv.z, w[3] = qv.w;
+#else
+  std::memcpy(hd, b, 16);
+  std::memcpy(w, b + 16 + 16 * l8, 16);
+#endif
+  // w[t] = word (t + j) % 4 (selects: an array indexed at run time would live in local memory).
+  if (j & 1) {
+    const uint32_t t0 = w[0];
+    w[0] = w[1], w[1] = w[2], w[2] = w[3], w[3] = t0;
+  }
+  if (j & 2) {
+    uint32_t t0 = w[0], t1 = w[1];
+    w[0] = w[2], w[1] = w[3], w[2] = t0, w[3] = t1;
+  }
+  int sc0, mn0, sc1, mn1;
+  gguf_k_scale_min_words(2 * j, hd[1], hd[2], hd[3], sc0, mn0);
+  gguf_k_scale_min_words(2 * j + 1, hd[1], hd[2], hd[3], sc1, mn1);
+  const float d = gguf_half_bits(hd[0] & 0xFFFF), dm = gguf_half_bits(hd[0] >> 16);
+  const float d0 = d * float(sc0), m0 = dm * float(mn0), d1 = d * float(sc1), m1 = dm * float(mn1);
+  const float* xl = x + 64 * j + 16 * h;  // sub-block 2j's 16 elements; 2j + 1's at +32
+  float s0 = 0.f, s1 = 0.f, x0s = 0.f, x1s = 0.f;
+FM_UNROLL
+  for (int t = 0; t < 4; ++t) {
+    const int o = 4 * ((t + j) & 3);
+    float xa[4], xc[4];
+#ifdef __CUDA_ARCH__
+    const float4 a = *reinterpret_cast<const float4*>(xl + o), c = *reinterpret_cast<const float4*>(xl + 32 + o);
+    xa[0] = a.x, xa[1] = a.y, xa[2] = a.z, xa[3] = a.w, xc[0] = c.x, xc[1] = c.y, xc[2] = c.z, xc[3] = c.w;
+#else
+    for (int i = 0; i < 4; ++i) xa[i] = xl[o + i], xc[i] = xl[32 + o + i];
+#endif
+    const uint32_t lo = w[t] & 0x0F0F0F0Fu, hi = (w[t] >> 4) & 0x0F0F0F0Fu;
+    const float q0[4] = {gguf_byte_f32<0>(lo), gguf_byte_f32<1>(lo), gguf_byte_f32<2>(lo), gguf_byte_f32<3>(lo)};
+    const float q1[4] = {gguf_byte_f32<0>(hi), gguf_byte_f32<1>(hi), gguf_byte_f32<2>(hi), gguf_byte_f32<3>(hi)};
+FM_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      s0 += q0[i] * xa[i];
+      s1 += q1[i] * xc[i];
+      x0s += xa[i];
+      x1s += xc[i];
+    }
+  }
+  return (d0 * s0 - m0 * x0s) + (d1 * s1 - m1 * x1s);
+}
+
 // Lane `lane`'s share of the dot of one Q6_K block b (210 bytes: ql 128, qh
 // 64, 16 int8 scales, d): half h = lane / 16 (128 weights), positions l =
 // 2 * (lane % 16) .. +1, each giving the 4 weights l, l + 32, l + 64, l + 96
@@ -184,7 +244,13 @@ FM_HD float gguf_lane_row_dot(int k, const uint8_t* row, const float* x, int col
   float acc = 0.f;
   if (gguf_block_per_warp(k, row)) {
     const int nb = cols / 256;
-    if (k == GQ_Q4_K) {
+    if (k == GQ_Q4_K && nb % 4 == 0) {
+      // A quarter-warp a block, four blocks a warp step (rows of fewer
+      // blocks would leave quarters idle: the whole warp a block below).
+      const int g = lane >> 3, l8 = lane & 7;
+FM_UNROLL4
+      for (int i = g; i < nb; i += 4) acc += gguf_q4k_quarter_dot(row + size_t(i) * 144, x + 256 * i, l8);
+    } else if (k == GQ_Q4_K) {
 FM_UNROLL4
       for (int i = 0; i < nb; ++i) acc += gguf_q4k_lane_dot(row + size_t(i) * 144, x + 256 * i, lane);
     } else {
