@@ -292,31 +292,34 @@ TEST_P(BlockQuant, Int16ActivationProducts) {
 TEST_P(BlockQuant, DeviceWarpDotMatchesTheLayout) {
   const QuantKind q = GetParam();
   std::mt19937 rng(777 + int(q));
-  const int64_t rows = 3, cols = 3 * 256;
-  const std::vector<uint8_t> data = random_rows(q, rows, cols, rng);
-  const int64_t be = block_elems(q), rb = int64_t(data.size()) / rows;
-  std::vector<float> x(static_cast<size_t>(cols));
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  for (float& v : x) v = n(rng);
-  std::vector<uint8_t> shifted(data.size() + 1);  // row 0 at an odd address
-  std::memcpy(shifted.data() + 1, data.data(), data.size());
-  for (int64_t r = 0; r < rows; ++r) {
-    double dot = 0, mag = 0;
-    for (int64_t c = 0; c < cols; ++c) {
-      const float w = ref_weight(q, data.data() + r * rb + (c / be) * block_bytes(q), int(c % be));
-      dot += double(w) * x[c];
-      mag += std::fabs(double(w) * x[c]);
+  // 3 blocks a row (Q4_K: the whole warp a block) and 8 (Q4_K: a quarter-warp a block).
+  for (const int64_t cols : {int64_t(3 * 256), int64_t(8 * 256)}) {
+    const int64_t rows = 3;
+    const std::vector<uint8_t> data = random_rows(q, rows, cols, rng);
+    const int64_t be = block_elems(q), rb = int64_t(data.size()) / rows;
+    std::vector<float> x(static_cast<size_t>(cols));
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    for (float& v : x) v = n(rng);
+    std::vector<uint8_t> shifted(data.size() + 1);  // row 0 at an odd address
+    std::memcpy(shifted.data() + 1, data.data(), data.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      double dot = 0, mag = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        const float w = ref_weight(q, data.data() + r * rb + (c / be) * block_bytes(q), int(c % be));
+        dot += double(w) * x[c];
+        mag += std::fabs(double(w) * x[c]);
+      }
+      for (const uint8_t* row : std::initializer_list<const uint8_t*>{data.data() + r * rb, shifted.data() + 1 + r * rb}) {
+        float got = 0.f;
+        for (int lane = 0; lane < 32; ++lane) got += cuda::gguf_lane_row_dot(int(q), row, x.data(), int(cols), lane);
+        EXPECT_NEAR(got, dot, 1e-5 * mag) << quant_name(q) << " row " << r
+                                          << (row == data.data() + r * rb ? " aligned" : " shifted");
+      }
     }
-    for (const uint8_t* row : std::initializer_list<const uint8_t*>{data.data() + r * rb, shifted.data() + 1 + r * rb}) {
-      float got = 0.f;
-      for (int lane = 0; lane < 32; ++lane) got += cuda::gguf_lane_row_dot(int(q), row, x.data(), int(cols), lane);
-      EXPECT_NEAR(got, dot, 1e-5 * mag) << quant_name(q) << " row " << r
-                                        << (row == data.data() + r * rb ? " aligned" : " shifted");
-    }
+    // The block-per-warp path is taken where it exists and the row allows it.
+    EXPECT_EQ(cuda::gguf_block_per_warp(int(q), data.data()), q == QuantKind::Q4_K || q == QuantKind::Q6_K);
+    EXPECT_FALSE(cuda::gguf_block_per_warp(int(q), shifted.data() + 1));
   }
-  // The block-per-warp path is taken where it exists and the row allows it.
-  EXPECT_EQ(cuda::gguf_block_per_warp(int(q), data.data()), q == QuantKind::Q4_K || q == QuantKind::Q6_K);
-  EXPECT_FALSE(cuda::gguf_block_per_warp(int(q), shifted.data() + 1));
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, BlockQuant,

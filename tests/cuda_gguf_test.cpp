@@ -75,7 +75,7 @@ TEST_P(CudaGgufOps, MatvecAndProductMatchCpu) {
   REQUIRE_GPU();
   const QuantKind q = GetParam();
   std::mt19937 rng(99 + int(q));
-  const int64_t rows = 70, cols = 768;  // several blocks per row; rows not a multiple of a warp's
+  const int64_t rows = 70, cols = 1024;  // 4 blocks of 256 a row (Q4_K: a quarter-warp a block); rows not a multiple of a warp's
   std::vector<uint8_t> data = random_blocks(q, rows, cols, rng);
   Matrix W;
   W.dtype = DType::U8;
@@ -86,7 +86,8 @@ TEST_P(CudaGgufOps, MatvecAndProductMatchCpu) {
   const std::vector<float> x = normal(rng, size_t(cols));
   std::vector<float> want(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) want[size_t(r)] = cpu::block_dot_row(W, r, x.data());
-  EXPECT_LE(rel_err(cuda_ops::gguf_matvec(W, x), want), 1e-5f) << quant_name(q);
+  for (bool staged : {true, false})
+    EXPECT_LE(rel_err(cuda_ops::gguf_matvec(W, x, staged), want), 1e-5f) << quant_name(q) << " staged " << staged;
   const int T = 37;
   const std::vector<float> A = normal(rng, size_t(T) * cols);
   std::vector<float> wantC(size_t(T) * rows);
@@ -102,6 +103,70 @@ INSTANTIATE_TEST_SUITE_P(Kinds, CudaGgufOps,
                                            QuantKind::Q5_1, QuantKind::IQ4_NL, QuantKind::Q4_K, QuantKind::Q5_K,
                                            QuantKind::Q6_K, QuantKind::IQ4_XS),
                          [](const auto& info) { return std::string(quant_name(info.param)); });
+
+// A MoE layer's routed experts in GGUF blocks through the decode step's
+// staged kernels (the pick made inside gate_up from the router's logits)
+// against the CPU: softmax top-k renormalised, then the block kernels' row
+// products. Kind mixes: the 35B Q4_K_M file's (gate/up Q4_K, down Q6_K or
+// Q4_K) and Q8_0 (coder-mini's).
+TEST(CudaGgufExperts, StagedKernelsMatchCpu) {
+  REQUIRE_GPU();
+  const int H = 1024, I = 256, E = 6, k = 3;  // gate/up rows of 4 Q4_K blocks: a quarter-warp a block
+  const float eps = 1e-6f;
+  struct Mix {
+    QuantKind gu, dn;
+  };
+  for (const Mix mix : {Mix{QuantKind::Q4_K, QuantKind::Q6_K}, Mix{QuantKind::Q4_K, QuantKind::Q4_K},
+                        Mix{QuantKind::Q8_0, QuantKind::Q8_0}}) {
+    std::mt19937 rng(7 + int(mix.gu) + 31 * int(mix.dn));
+    std::vector<std::vector<uint8_t>> store;
+    auto mat = [&](QuantKind q, int rows, int cols) {
+      store.push_back(random_blocks(q, rows, cols, rng));
+      Matrix m;
+      m.dtype = DType::U8;
+      m.quant = q;
+      m.data = store.back().data();
+      m.rows = rows;
+      m.cols = cols;
+      return m;
+    };
+    store.reserve(size_t(3 * E));
+    std::vector<cuda_ops::GgufExpert> experts;
+    for (int e = 0; e < E; ++e) experts.push_back({mat(mix.gu, I, H), mat(mix.gu, I, H), mat(mix.dn, H, I)});
+    const std::vector<float> x = normal(rng, H), nw = normal(rng, H), logits = normal(rng, E);
+    // The CPU's pick: softmax, the k largest, renormalised.
+    std::vector<int> order(E);
+    for (int e = 0; e < E; ++e) order[size_t(e)] = e;
+    std::stable_sort(order.begin(), order.end(), [&](int p, int q) { return logits[size_t(p)] > logits[size_t(q)]; });
+    float chosen = 0.f;
+    for (int j = 0; j < k; ++j) chosen += std::exp(logits[size_t(order[size_t(j)])]);
+    float ss = 0.f;
+    for (float v : x) ss += v * v;
+    const float r = 1.0f / std::sqrt(ss / float(H) + eps);
+    std::vector<float> xn(H), want = x;
+    for (int i = 0; i < H; ++i) xn[size_t(i)] = x[size_t(i)] * r * (1.0f + nw[size_t(i)]);
+    for (int j = 0; j < k; ++j) {
+      const cuda_ops::GgufExpert& ex = experts[size_t(order[size_t(j)])];
+      const float wj = std::exp(logits[size_t(order[size_t(j)])]) / chosen;
+      std::vector<float> h(I);
+      for (int i = 0; i < I; ++i) {
+        const float g = cpu::block_dot_row(ex.gate, i, xn.data()), u = cpu::block_dot_row(ex.up, i, xn.data());
+        h[size_t(i)] = g / (1.0f + std::exp(-g)) * u;
+      }
+      for (int o = 0; o < H; ++o) want[size_t(o)] += wj * cpu::block_dot_row(ex.down, o, h.data());
+    }
+    std::vector<int> ids;
+    std::vector<float> w;
+    const std::vector<float> got = cuda_ops::gguf_experts(experts, logits, k, x, nw, eps, &ids, &w);
+    const std::string what = std::string(quant_name(mix.gu)) + "/" + quant_name(mix.dn);
+    EXPECT_EQ(ids, std::vector<int>(order.begin(), order.begin() + k)) << what;
+    for (int j = 0; j < k; ++j)
+      EXPECT_NEAR(w[size_t(j)], std::exp(logits[size_t(order[size_t(j)])]) / chosen, 1e-6f) << what;
+    std::vector<float> dx(H), dwant(H);
+    for (int i = 0; i < H; ++i) dx[size_t(i)] = got[size_t(i)] - x[size_t(i)], dwant[size_t(i)] = want[size_t(i)] - x[size_t(i)];
+    EXPECT_LE(rel_err(dx, dwant), 1e-5f) << what;
+  }
+}
 
 class CudaGgufModel : public ::testing::TestWithParam<const char*> {};
 

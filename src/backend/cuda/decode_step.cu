@@ -10,7 +10,7 @@
 #include "backend/cuda/delta_cluster.cuh"
 #include "backend/cuda/down_early.cuh"
 #include "backend/cuda/embed_argmax.cuh"
-#include "backend/cuda/gguf_kernels.cuh"
+#include "backend/cuda/gguf_staged.cuh"
 #include "backend/cuda/model_impl.cuh"
 #include "backend/cuda/fp8_experts.cuh"
 #include "backend/cuda/fp8_router.cuh"
@@ -30,6 +30,12 @@ void CudaModel::Impl::set_kernel_attributes() {
   CK(cudaFuncSetAttribute(gate_up_kernel<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(gmatvec_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(ggate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  CK(cudaFuncSetAttribute(gmatvec_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  CK(cudaFuncSetAttribute(ggate_up_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  CK(cudaFuncSetAttribute(gdown_staged_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  CK(cudaFuncSetAttribute(gdown_staged_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  CK(cudaFuncSetAttribute(gdown_staged_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  CK(cudaFuncSetAttribute(gdown_staged_kernel<kDownRun>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(matvec_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(matvec_fp8_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
 }
@@ -49,6 +55,20 @@ void CudaModel::Impl::mark(int cls) {
 
 void CudaModel::Impl::matvec(const DMat& W, const float* xin, const float* nw, float* y, int acc, int cls, float* xcopy) {
   if (W.dt == DT_GGUF) {
+    // Staged through shared memory (gguf_staged.cuh) where two buffers a warp fit.
+    const GStage st = gstage_plan(W.g, W.cols, prop.multiProcessorCount * kBlocksPerSm * kWarps);
+    const size_t ssm = gmatvec_staged_smem(st, W.cols);
+    if (ssm <= size_t(prop.sharedMemPerBlockOptin) - 4096) {
+      int runs = 0;
+      for (int i = 0; i < W.g.n; ++i) runs += (W.g.row0[i + 1] - W.g.row0[i] + st.R[i] - 1) / st.R[i];
+      const int blocks =
+          std::min((runs + kWarps - 1) / kWarps,
+                   prop.multiProcessorCount * per_sm(reinterpret_cast<const void*>(gmatvec_staged_kernel), ssm));
+      go(gmatvec_staged_kernel, blocks, kThreads, ssm, static_cast<const void*>(W.p), W.g, st, W.cols, xin, nw,
+         c.rms_norm_eps, y, acc, xcopy);
+      mark(cls);
+      return;
+    }
     const size_t smem = size_t(W.cols) * 4;
     const int blocks = std::min((W.rows + kWarps - 1) / kWarps,
                                 prop.multiProcessorCount * per_sm(reinterpret_cast<const void*>(gmatvec_kernel), smem));
@@ -174,11 +194,35 @@ void CudaModel::Impl::outproj_router(const DLayer& d, const DMat& W) {
   mark(K_OUT);
 }
 
-// Router logits, then the top-k kernel unless gate_up picks (pick_in_kernels, bf16 experts).
+// Whether a layer's GGUF feed-forward (routed experts and/or the shared
+// expert or dense MLP in GGUF blocks) runs on the staged kernels
+// (gguf_staged.cuh), whose gate_up also picks the experts: every part in
+// GGUF blocks, down matrices of one block kind, one warp per slot, and the
+// shared memory fitting. S1, S2: their buffer bytes per warp.
+static bool gguf_staged_ffn(const DLayer& d, int H, int I, int k, int optin, int& S1, int& S2) {
+  if (d.rfold || k + (d.has_shared ? 1 : 0) > kDownSlotsMax || (k > 0 && (!d.gg.n || d.gd.n != 1))) return false;
+  if (d.has_shared && (d.s_gu.dt != DT_GGUF || d.s_down.dt != DT_GGUF || d.s_down.g.n != 1)) return false;
+  const GExperts ge{d.gg, d.gd, d.s_gu.g, d.s_down.g};
+  const int Is = d.has_shared ? d.s_down.cols : 0;
+  S1 = ggate_up_stage_bytes(ge, H, k, d.has_shared);
+  S2 = gdown_stage_bytes(ge, I, Is, k, d.has_shared);
+  const int big = optin - 4096;
+  return size_t(H) * 4 + 16 + size_t(kWarps) * 2 * S1 <= size_t(big) &&
+         size_t(S2) * (k + (d.has_shared ? 1 : 0)) <= size_t(big);
+}
+bool CudaModel::Impl::gguf_staged(const DLayer& d, bool routed, int& S1, int& S2) const {
+  if (!d.gg.n && d.s_gu.dt != DT_GGUF) return false;
+  return gguf_staged_ffn(d, int(c.hidden_size), routed ? int(c.moe_intermediate) : 0,
+                         routed ? int(c.num_experts_per_tok) : 0, int(prop.sharedMemPerBlockOptin), S1, S2);
+}
+
+// Router logits, then the top-k kernel unless gate_up picks (pick_in_kernels:
+// bf16 and FP8 experts, GGUF experts on the staged kernels).
 void CudaModel::Impl::route(const DLayer& d) {
   const bool pick = opts.decode.pick_in_kernels;
   matvec(d.router, x, d.post_norm, rlogits, 0, K_ROUTER);
-  if (pick && !d.gg.n && (!d.q.bits || d.q.fp8)) return;  // gate_up does the top-k (bf16 and FP8 experts)
+  int S1, S2;
+  if (pick && (d.gg.n ? gguf_staged(d, true, S1, S2) : (!d.q.bits || d.q.fp8))) return;  // gate_up does the top-k
   const ExpertSel es{d.gu_tab, d.down_tab, pick ? sel : nullptr};
   go(topk_kernel, 1, 32, 0, rlogits, int(c.num_experts), int(c.num_experts_per_tok), c.norm_topk_prob ? 1 : 0,
      d.has_shared ? 1 : 0, eids, ew, d.tc, es);
@@ -423,6 +467,30 @@ MoeArgs CudaModel::Impl::ffn_args(const DLayer& d) const {
 void CudaModel::Impl::ffn_launch(const DLayer& d, const MoeArgs& a, int slots) {
   if (d.gg.n || d.s_gu.dt == DT_GGUF) {
     const GExperts ge{d.gg, d.gd, d.s_gu.g, d.s_down.g};
+    int S1, S2;
+    if (gguf_staged(d, a.k > 0, S1, S2)) {
+      const size_t s1 = size_t(a.H) * 4 + 16 + size_t(kWarps) * 2 * S1;
+      const int resident =
+          per_sm(reinterpret_cast<const void*>(ggate_up_staged_kernel), s1) * prop.multiProcessorCount;
+      const dim3 g1(std::max(1, std::min((a.maxI + kWarps - 1) / kWarps, resident / slots)), slots);
+      go(ggate_up_staged_kernel, g1, kThreads, s1, a, ge, S1);
+      mark(K_EXPERTS);
+      const size_t s2 = size_t(S2) * slots;
+      auto fn = [](int R) {
+        return R == 1   ? reinterpret_cast<const void*>(gdown_staged_kernel<1>)
+               : R == 2 ? reinterpret_cast<const void*>(gdown_staged_kernel<2>)
+               : R == 4 ? reinterpret_cast<const void*>(gdown_staged_kernel<4>)
+                        : reinterpret_cast<const void*>(gdown_staged_kernel<kDownRun>);
+      };
+      const int R = gdown_rows(a.H, [&](int r) { return per_sm(fn(r), s2, slots * 32) * prop.multiProcessorCount; });
+      const int nb = (a.H + R - 1) / R;
+      if (R == 1) go(gdown_staged_kernel<1>, nb, slots * 32, s2, a, ge, S2);
+      else if (R == 2) go(gdown_staged_kernel<2>, nb, slots * 32, s2, a, ge, S2);
+      else if (R == 4) go(gdown_staged_kernel<4>, nb, slots * 32, s2, a, ge, S2);
+      else go(gdown_staged_kernel<kDownRun>, nb, slots * 32, s2, a, ge, S2);
+      mark(K_EXPERTS);
+      return;
+    }
     const size_t smem = size_t(a.H) * 4;
     const int resident = per_sm(reinterpret_cast<const void*>(ggate_up_kernel), smem) * prop.multiProcessorCount;
     const dim3 g1(std::max(1, std::min((a.maxI + kWarps - 1) / kWarps, resident / slots)), slots);
@@ -468,7 +536,8 @@ void CudaModel::Impl::routed_moe(const DLayer& d, int mi) {
   }
   a.Is = d.has_shared ? d.s_down.cols : 0;
   const int slots = a.k + a.has_shared;
-  if (pick && !d.gg.n && (!d.q.bits || d.q.fp8 || d.rfold)) {
+  int S1, S2;
+  if (pick && (d.gg.n ? gguf_staged(d, true, S1, S2) : (!d.q.bits || d.q.fp8 || d.rfold))) {
     a.logits = rlogits;
     a.E = int(m.num_experts);
     a.norm_topk = m.norm_topk_prob ? 1 : 0;

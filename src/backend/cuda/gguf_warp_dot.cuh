@@ -10,6 +10,10 @@
 // summation order differs. Host-callable: tests/gguf_blocks_test.cpp runs
 // the 32 lanes on the CPU against the block kernels' row products.
 #pragma once
+#ifdef __CUDACC__
+#include <cuda_fp16.h>
+#endif
+
 #include "backend/cuda/gguf_blocks.cuh"
 
 // Loop unrolling in device code; nothing in host code (the tests, nvcc's
@@ -55,10 +59,30 @@ FM_HD void gguf_k_scale_min_words(int j, uint32_t s0, uint32_t s1, uint32_t s2, 
   }
 }
 
-// f16 bits (low 16 bits of h) -> f32, as gguf_half.
+// f16 bits (low 16 bits of h) -> f32, as gguf_half (on the device the
+// hardware conversion: exact too).
 FM_HD float gguf_half_bits(uint32_t h) {
+#ifdef __CUDA_ARCH__
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(h & 0xFFFFu)));
+#else
   const uint8_t p[2] = {uint8_t(h), uint8_t(h >> 8)};
   return gguf_half(p);
+#endif
+}
+
+// A small unsigned integer v (< 2^23) as a float, exactly, minus `off`
+// (an integer < 2^23): v's bits under the exponent of 2^23 make the float
+// 2^23 + v, and one subtraction leaves v - off. Replaces an int-to-float
+// conversion, which issues at a quarter of the FP32 rate, per weight.
+FM_HD float gguf_small_f32(uint32_t v, float off) { return gguf_bits_f32(0x4B000000u | v) - (8388608.0f + off); }
+// Byte I of w (a value < 256) as a float, exactly (one byte permute on the device).
+template <int I>
+FM_HD float gguf_byte_f32(uint32_t w) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | I)) - 8388608.0f;
+#else
+  return gguf_small_f32((w >> (8 * I)) & 0xFFu, 0.0f);
+#endif
 }
 
 // Lane `lane`'s share of the dot of one Q4_K block b (256 weights, x at the
@@ -85,7 +109,6 @@ FM_HD float gguf_q4k_lane_dot(const uint8_t* b, const float* x, int lane) {
   const float d0 = d * float(sc0), m0 = dm * float(mn0), d1 = d * float(sc1), m1 = dm * float(mn1);
   const float* x0 = x + 64 * g + j;
   const float* x1 = x0 + 32;
-  float acc = 0.f;
 #ifdef __CUDA_ARCH__
   const float4 a = *reinterpret_cast<const float4*>(x0), c = *reinterpret_cast<const float4*>(x1);
   const float xa[4] = {a.x, a.y, a.z, a.w}, xc[4] = {c.x, c.y, c.z, c.w};
@@ -93,13 +116,80 @@ FM_HD float gguf_q4k_lane_dot(const uint8_t* b, const float* x, int lane) {
   const float* xa = x0;
   const float* xc = x1;
 #endif
+  // sum (d0 q - m0) x = d0 sum q x - m0 sum x: per weight a byte permute,
+  // one subtraction and one FMA.
+  const uint32_t lo = q & 0x0F0F0F0Fu, hi = (q >> 4) & 0x0F0F0F0Fu;
+  const float q0[4] = {gguf_byte_f32<0>(lo), gguf_byte_f32<1>(lo), gguf_byte_f32<2>(lo), gguf_byte_f32<3>(lo)};
+  const float q1[4] = {gguf_byte_f32<0>(hi), gguf_byte_f32<1>(hi), gguf_byte_f32<2>(hi), gguf_byte_f32<3>(hi)};
+  float s0 = 0.f, s1 = 0.f, x0s = 0.f, x1s = 0.f;
 FM_UNROLL
   for (int i = 0; i < 4; ++i) {
-    const uint32_t byte = (q >> (8 * i)) & 0xFF;
-    acc += (d0 * float(byte & 0xF) - m0) * xa[i];
-    acc += (d1 * float(byte >> 4) - m1) * xc[i];
+    s0 += q0[i] * xa[i];
+    s1 += q1[i] * xc[i];
+    x0s += xa[i];
+    x1s += xc[i];
   }
-  return acc;
+  return (d0 * s0 - m0 * x0s) + (d1 * s1 - m1 * x1s);
+}
+
+// Lane l8 (0..7) of the quarter-warp that takes Q4_K block b (x at the
+// block's first column): the lane's 16 nibble bytes at 16 + 16 l8 hold 32
+// weights, elements 16h .. 16h + 15 (h = l8 % 2) of sub-blocks 2j (low
+// nibbles) and 2j + 1 (high), j = l8 / 2: the same two scale/min pairs as
+// gguf_q4k_lane_dot decodes for 8 weights, here for 32, so a block costs
+// the warp about a third of the instructions. The lane walks its four
+// 4-weight words starting at word j (rotated): the 8 lanes' float4 reads of
+// x then fall on 8 different bank groups (in order they would share 2).
+FM_HD float gguf_q4k_quarter_dot(const uint8_t* b, const float* x, int l8) {
+  const int j = l8 >> 1, h = l8 & 1;
+  uint32_t hd[4], w[4];
+#ifdef __CUDA_ARCH__
+  const uint4 v = *reinterpret_cast<const uint4*>(b);
+  hd[0] = v.x, hd[1] = v.y, hd[2] = v.z, hd[3] = v.w;
+  const uint4 qv = *reinterpret_cast<const uint4*>(b + 16 + 16 * l8);
+  w[0] = qv.x, w[1] = qv.y, w[2] = qv.z, w[3] = qv.w;
+#else
+  std::memcpy(hd, b, 16);
+  std::memcpy(w, b + 16 + 16 * l8, 16);
+#endif
+  // w[t] = word (t + j) % 4 (selects: an array indexed at run time would live in local memory).
+  if (j & 1) {
+    const uint32_t t0 = w[0];
+    w[0] = w[1], w[1] = w[2], w[2] = w[3], w[3] = t0;
+  }
+  if (j & 2) {
+    uint32_t t0 = w[0], t1 = w[1];
+    w[0] = w[2], w[1] = w[3], w[2] = t0, w[3] = t1;
+  }
+  int sc0, mn0, sc1, mn1;
+  gguf_k_scale_min_words(2 * j, hd[1], hd[2], hd[3], sc0, mn0);
+  gguf_k_scale_min_words(2 * j + 1, hd[1], hd[2], hd[3], sc1, mn1);
+  const float d = gguf_half_bits(hd[0] & 0xFFFF), dm = gguf_half_bits(hd[0] >> 16);
+  const float d0 = d * float(sc0), m0 = dm * float(mn0), d1 = d * float(sc1), m1 = dm * float(mn1);
+  const float* xl = x + 64 * j + 16 * h;  // sub-block 2j's 16 elements; 2j + 1's at +32
+  float s0 = 0.f, s1 = 0.f, x0s = 0.f, x1s = 0.f;
+FM_UNROLL
+  for (int t = 0; t < 4; ++t) {
+    const int o = 4 * ((t + j) & 3);
+    float xa[4], xc[4];
+#ifdef __CUDA_ARCH__
+    const float4 a = *reinterpret_cast<const float4*>(xl + o), c = *reinterpret_cast<const float4*>(xl + 32 + o);
+    xa[0] = a.x, xa[1] = a.y, xa[2] = a.z, xa[3] = a.w, xc[0] = c.x, xc[1] = c.y, xc[2] = c.z, xc[3] = c.w;
+#else
+    for (int i = 0; i < 4; ++i) xa[i] = xl[o + i], xc[i] = xl[32 + o + i];
+#endif
+    const uint32_t lo = w[t] & 0x0F0F0F0Fu, hi = (w[t] >> 4) & 0x0F0F0F0Fu;
+    const float q0[4] = {gguf_byte_f32<0>(lo), gguf_byte_f32<1>(lo), gguf_byte_f32<2>(lo), gguf_byte_f32<3>(lo)};
+    const float q1[4] = {gguf_byte_f32<0>(hi), gguf_byte_f32<1>(hi), gguf_byte_f32<2>(hi), gguf_byte_f32<3>(hi)};
+FM_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      s0 += q0[i] * xa[i];
+      s1 += q1[i] * xc[i];
+      x0s += xa[i];
+      x1s += xc[i];
+    }
+  }
+  return (d0 * s0 - m0 * x0s) + (d1 * s1 - m1 * x1s);
 }
 
 // Lane `lane`'s share of the dot of one Q6_K block b (210 bytes: ql 128, qh
@@ -111,7 +201,7 @@ FM_HD float gguf_q6k_lane_dot(const uint8_t* b, const float* x, int lane) {
   const int h = lane >> 4, l = (lane & 15) * 2;
   const uint32_t lo = gguf_load_u16(b + 64 * h + l), hi = gguf_load_u16(b + 64 * h + 32 + l);
   const uint32_t qh = gguf_load_u16(b + 128 + 32 * h + l);
-  const float d = gguf_half(b + 208);
+  const float d = gguf_half_bits(gguf_load_u16(b + 208));
   const uint8_t* sc = b + 192 + 8 * h + l / 16;
   const float s[4] = {d * float(int8_t(sc[0])), d * float(int8_t(sc[2])), d * float(int8_t(sc[4])),
                       d * float(int8_t(sc[6]))};
@@ -126,16 +216,18 @@ FM_UNROLL
     xv[0][u] = xh[32 * u], xv[1][u] = xh[32 * u + 1];
 #endif
   }
-  float acc = 0.f;
+  // sum over u of s[u] * (sum over i of (q - 32) x): the 6-bit codes as
+  // exact floats (gguf_small_f32), one FMA per weight.
+  float t[4] = {0.f, 0.f, 0.f, 0.f};
 FM_UNROLL
   for (int i = 0; i < 2; ++i) {
     const uint32_t a = (lo >> (8 * i)) & 0xFF, c = (hi >> (8 * i)) & 0xFF, e = (qh >> (8 * i)) & 0xFF;
-    const int q[4] = {int((a & 0xF) | ((e & 3) << 4)) - 32, int((c & 0xF) | (((e >> 2) & 3) << 4)) - 32,
-                      int((a >> 4) | (((e >> 4) & 3) << 4)) - 32, int((c >> 4) | (((e >> 6) & 3) << 4)) - 32};
+    const uint32_t q[4] = {(a & 0xF) | ((e & 3) << 4), (c & 0xF) | (((e >> 2) & 3) << 4), (a >> 4) | (((e >> 4) & 3) << 4),
+                           (c >> 4) | (((e >> 6) & 3) << 4)};
 FM_UNROLL
-    for (int u = 0; u < 4; ++u) acc += (s[u] * float(q[u])) * xv[i][u];
+    for (int u = 0; u < 4; ++u) t[u] += gguf_small_f32(q[u], 32.0f) * xv[i][u];
   }
-  return acc;
+  return (s[0] * t[0] + s[1] * t[1]) + (s[2] * t[2] + s[3] * t[3]);
 }
 
 // Whether gguf_lane_row_dot reads rows of kind k at row a block per warp
@@ -152,7 +244,13 @@ FM_HD float gguf_lane_row_dot(int k, const uint8_t* row, const float* x, int col
   float acc = 0.f;
   if (gguf_block_per_warp(k, row)) {
     const int nb = cols / 256;
-    if (k == GQ_Q4_K) {
+    if (k == GQ_Q4_K && nb % 4 == 0) {
+      // A quarter-warp a block, four blocks a warp step (rows of fewer
+      // blocks would leave quarters idle: the whole warp a block below).
+      const int g = lane >> 3, l8 = lane & 7;
+FM_UNROLL4
+      for (int i = g; i < nb; i += 4) acc += gguf_q4k_quarter_dot(row + size_t(i) * 144, x + 256 * i, l8);
+    } else if (k == GQ_Q4_K) {
 FM_UNROLL4
       for (int i = 0; i < nb; ++i) acc += gguf_q4k_lane_dot(row + size_t(i) * 144, x + 256 * i, lane);
     } else {

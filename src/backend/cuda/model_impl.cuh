@@ -162,8 +162,12 @@ struct CudaModel::Impl : Launcher {
   void matvec_fp8(const DMat& W, const float* xin, const float* nw, float* y, int acc, int cls, float* xcopy);
   // x += W_out . o and the folded router's logits, one launch (outproj_router_kernel).
   void outproj_router(const DLayer& d, const DMat& W);
-  // Router logits, then the top-k kernel unless gate_up picks (pick_in_kernels, bf16 experts).
+  // Router logits, then the top-k kernel unless gate_up picks (pick_in_kernels:
+  // bf16 and FP8 experts, GGUF ones on the staged kernels).
   void route(const DLayer& d);
+  // Whether the layer's GGUF feed-forward runs on gguf_staged.cuh's kernels
+  // (routed: with its routed experts); S1, S2 their buffer bytes per warp.
+  bool gguf_staged(const DLayer& d, bool routed, int& S1, int& S2) const;
   // Blocks per query head in attn_kernel (a cluster, each a slice of the
   // positions): one per 256 positions of KV capacity, 1 to 8, so a long
   // context is read by up to 8x as many SMs (one per 1024 left a 2048

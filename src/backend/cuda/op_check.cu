@@ -20,6 +20,7 @@
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/gemm_skinny.cuh"
 #include "backend/cuda/gguf_kernels.cuh"
+#include "backend/cuda/gguf_staged.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/fp8_experts.cuh"
 #include "backend/cuda/fp8_matvec.cuh"
@@ -365,22 +366,127 @@ GMat one_part(const Matrix& W) {
 }
 }  // namespace
 
-std::vector<float> gguf_matvec(const Matrix& W, const std::vector<float>& x) {
+// A copy of the GGUF blocks of W on the device, its end padded to 16 bytes
+// as upload.cu pads every part (the staged kernels copy whole 16-byte units).
+static const void* up_blocks(Buffers& b, const Matrix& W) {
+  std::vector<uint8_t> pad((W.nbytes() + 15) / 16 * 16, 0);
+  std::memcpy(pad.data(), W.data, W.nbytes());
+  return b.up(pad.data(), pad.size());
+}
+
+std::vector<float> gguf_matvec(const Matrix& W, const std::vector<float>& x, bool staged) {
   Launcher l = device();
   const GMat g = one_part(W);
   const int rows = int(W.rows), cols = int(W.cols);
   Buffers b;
-  const void* dW = b.up(static_cast<const uint8_t*>(W.data), W.nbytes());
+  const void* dW = up_blocks(b, W);
   const float* dx = b.up(x.data(), x.size());
   float* dy = b.zeros<float>(size_t(rows));
-  const size_t smem = size_t(cols) * 4;  // as CudaModel::Impl::matvec
-  if (smem > 48 * 1024) CK(cudaFuncSetAttribute(gmatvec_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const int blocks = std::min((rows + kWarps - 1) / kWarps,
-                              l.prop.multiProcessorCount * l.per_sm(reinterpret_cast<const void*>(gmatvec_kernel), smem));
-  l.go(gmatvec_kernel, blocks, kThreads, smem, dW, g, rows, cols, dx, static_cast<const float*>(nullptr), 0.0f, dy, 0,
-       static_cast<float*>(nullptr));
+  if (staged) {  // as CudaModel::Impl::matvec
+    const GStage st = gstage_plan(g, cols, l.prop.multiProcessorCount * kBlocksPerSm * kWarps);
+    const size_t smem = gmatvec_staged_smem(st, cols);
+    if (smem > 48 * 1024)
+      CK(cudaFuncSetAttribute(gmatvec_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    const int runs = (rows + st.R[0] - 1) / st.R[0];
+    const int blocks =
+        std::min((runs + kWarps - 1) / kWarps,
+                 l.prop.multiProcessorCount * l.per_sm(reinterpret_cast<const void*>(gmatvec_staged_kernel), smem));
+    l.go(gmatvec_staged_kernel, blocks, kThreads, smem, dW, g, st, cols, dx, static_cast<const float*>(nullptr), 0.0f,
+         dy, 0, static_cast<float*>(nullptr));
+  } else {
+    const size_t smem = size_t(cols) * 4;  // as CudaModel::Impl::matvec
+    if (smem > 48 * 1024)
+      CK(cudaFuncSetAttribute(gmatvec_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    const int blocks =
+        std::min((rows + kWarps - 1) / kWarps,
+                 l.prop.multiProcessorCount * l.per_sm(reinterpret_cast<const void*>(gmatvec_kernel), smem));
+    l.go(gmatvec_kernel, blocks, kThreads, smem, dW, g, rows, cols, dx, static_cast<const float*>(nullptr), 0.0f, dy,
+         0, static_cast<float*>(nullptr));
+  }
   CK(cudaDeviceSynchronize());
   return down(dy, size_t(rows));
+}
+
+std::vector<float> gguf_experts(const std::vector<GgufExpert>& experts, const std::vector<float>& logits, int k,
+                                const std::vector<float>& x, const std::vector<float>& norm_w, float eps,
+                                std::vector<int>* ids, std::vector<float>* w) {
+  Launcher l = device();
+  const int E = int(experts.size());
+  if (E < 1 || k < 1 || k > E || k >= kDownSlotsMax || logits.size() != size_t(E) || E > 512)
+    fail("op check: GGUF experts: sizes");
+  const GgufExpert& e0 = experts[0];
+  const int H = int(e0.gate.cols), I = int(e0.gate.rows);
+  // An expert's blocks as upload.cu lays them out (gguf_expert_layout).
+  auto up16 = [](size_t v) { return (v + 15) / 16 * 16; };
+  GExperts ge;
+  ge.gu.n = 2;
+  ge.gu.row0[1] = I, ge.gu.row0[2] = 2 * I;
+  ge.gu.kind[0] = int(e0.gate.quant), ge.gu.kind[1] = int(e0.up.quant);
+  ge.gu.off[1] = up16(e0.gate.nbytes());
+  const size_t gu_bytes = up16(ge.gu.off[1] + e0.up.nbytes()), dn_bytes = up16(e0.down.nbytes());
+  ge.dn.n = 1;
+  ge.dn.row0[1] = H;
+  ge.dn.kind[0] = int(e0.down.quant);
+  std::vector<uint8_t> gu(size_t(E) * gu_bytes, 0), dn(size_t(E) * dn_bytes, 0);
+  for (int e = 0; e < E; ++e) {
+    const GgufExpert& x_e = experts[size_t(e)];
+    if (x_e.gate.quant != e0.gate.quant || x_e.up.quant != e0.up.quant || x_e.down.quant != e0.down.quant ||
+        x_e.gate.rows != I || x_e.up.rows != I || x_e.down.rows != H || x_e.down.cols != I)
+      fail("op check: GGUF experts: every expert's shapes and kinds alike");
+    std::memcpy(gu.data() + size_t(e) * gu_bytes, x_e.gate.data, x_e.gate.nbytes());
+    std::memcpy(gu.data() + size_t(e) * gu_bytes + ge.gu.off[1], x_e.up.data, x_e.up.nbytes());
+    std::memcpy(dn.data() + size_t(e) * dn_bytes, x_e.down.data, x_e.down.nbytes());
+  }
+  Buffers b;
+  const uint8_t* dgu = b.up(gu.data(), gu.size());
+  const uint8_t* ddn = b.up(dn.data(), dn.size());
+  std::vector<const void*> gu_tab, dn_tab;
+  for (int e = 0; e < E; ++e) {
+    gu_tab.push_back(dgu + size_t(e) * gu_bytes);
+    dn_tab.push_back(ddn + size_t(e) * dn_bytes);
+  }
+  MoeArgs a{};
+  a.gu_tab = b.up(gu_tab.data(), gu_tab.size());
+  a.down_tab = b.up(dn_tab.data(), dn_tab.size());
+  const void** sel = b.zeros<const void*>(size_t(2 * k));
+  int* dids = b.zeros<int>(size_t(k));
+  float* dw = b.zeros<float>(size_t(k + 1));
+  a.ids = dids;
+  a.sel = sel;
+  a.w = dw;
+  a.k = k;
+  a.I = I;
+  a.Is = 0;
+  a.H = H;
+  a.maxI = I;
+  a.has_shared = 0;
+  a.norm_w = b.up(norm_w.data(), norm_w.size());
+  a.eps = eps;
+  a.x = b.up(x.data(), x.size());
+  a.hb = b.zeros<float>(size_t(k) * I);
+  a.logits = b.up(logits.data(), logits.size());
+  a.E = E;
+  a.norm_topk = 1;
+  a.tc = TierCount{nullptr, nullptr, nullptr};
+  a.tsel = ExpertSel{a.gu_tab, a.down_tab, sel};
+  a.ids_out = dids;
+  a.w_out = dw;
+  // As CudaModel::Impl::ffn_launch.
+  const int S1 = ggate_up_stage_bytes(ge, H, k, false), S2 = gdown_stage_bytes(ge, I, 0, k, false);
+  const size_t s1 = size_t(H) * 4 + 16 + size_t(kWarps) * 2 * S1, s2 = size_t(S2) * k;
+  if (s1 > 48 * 1024)
+    CK(cudaFuncSetAttribute(ggate_up_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(s1)));
+  if (s2 > 48 * 1024)
+    CK(cudaFuncSetAttribute(gdown_staged_kernel<kDownRun>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(s2)));
+  const int resident =
+      l.per_sm(reinterpret_cast<const void*>(ggate_up_staged_kernel), s1) * l.prop.multiProcessorCount;
+  const dim3 g1(std::max(1, std::min((I + kWarps - 1) / kWarps, resident / k)), k);
+  l.go(ggate_up_staged_kernel, g1, kThreads, s1, a, ge, S1);
+  l.go(gdown_staged_kernel<kDownRun>, (H + kDownRun - 1) / kDownRun, k * 32, s2, a, ge, S2);
+  CK(cudaDeviceSynchronize());
+  *ids = down(dids, size_t(k));
+  *w = down(dw, size_t(k));
+  return down(a.x, size_t(H));
 }
 
 std::vector<float> gguf_gemm(const Matrix& W, const std::vector<float>& A, int T, int bm) {

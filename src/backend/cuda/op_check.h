@@ -64,8 +64,23 @@ std::vector<float> quant_experts(const std::vector<QuantExpert>& experts, const 
                                  const std::vector<float>& x, const std::vector<float>& norm_w, float eps);
 
 // y = W . x for W in a GGUF block format (Q8_0 ... IQ4_XS), through the
-// decode step's gmatvec_kernel (the blocks read as stored).
-std::vector<float> gguf_matvec(const Matrix& W, const std::vector<float>& x);
+// decode step's gmatvec_staged_kernel (staged: runs of rows copied into
+// shared memory, then decoded there) or gmatvec_kernel (the blocks read
+// from global memory, for rows too long to stage).
+std::vector<float> gguf_matvec(const Matrix& W, const std::vector<float>& x, bool staged);
+
+// The routed experts of a MoE layer in GGUF blocks through the decode
+// step's staged kernels: ggate_up_staged_kernel picks the k experts from
+// the router's logits [E] itself (softmax, top-k, renormalised), then
+// gdown_staged_kernel: x + sum_j w_j * down_j(silu(gate_j . xn) * (up_j .
+// xn)), xn = rmsnorm_zc(x, norm_w, eps). Gate and up [I][H], down [H][I];
+// each of the three in one block kind across the experts. ids, w: the pick.
+struct GgufExpert {
+  Matrix gate, up, down;
+};
+std::vector<float> gguf_experts(const std::vector<GgufExpert>& experts, const std::vector<float>& logits, int k,
+                                const std::vector<float>& x, const std::vector<float>& norm_w, float eps,
+                                std::vector<int>* ids, std::vector<float>* w);
 // C = A . W^T (A: T rows of W.cols) for W in a GGUF block format, through
 // the batched prefill's product (gemm_kernel<GB>, bm rows per tile: 16, 32, 64).
 std::vector<float> gguf_gemm(const Matrix& W, const std::vector<float>& A, int T, int bm);
