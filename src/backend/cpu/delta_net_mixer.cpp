@@ -16,12 +16,6 @@
 
 namespace flashmoe::cpu {
 
-namespace {
-// Rows per claim of the per-row loops (the projections' split, the q/k
-// norms): fewer than this many stay on the calling thread.
-constexpr int64_t kRowGrain = 16;
-}  // namespace
-
 void gated_delta_net_mixer(const ModelConfig& c, const LinearAttentionWeights& w, int slot,
                            const std::vector<SequenceRows>& seqs, const float* x, int64_t rows, float* out,
                            ThreadPool& pool) {

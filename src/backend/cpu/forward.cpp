@@ -24,10 +24,6 @@ namespace {
 // memory.
 constexpr int64_t kPrefillChunk = 256;
 
-// Rows per claim of the per-row loops (norms, residual adds): a row is a few
-// hundred multiply-adds, so fewer than this many stay on the calling thread.
-constexpr int64_t kRowGrain = 16;
-
 // x[t] += add[t] (when add is given), then xn[t] = RMSNorm(x[t]) (when w is
 // given), for the n rows, spread over the threads. A row's bits do not
 // depend on the split: the same element-wise adds and the same norm.

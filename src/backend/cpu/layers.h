@@ -16,6 +16,11 @@
 
 namespace flashmoe::cpu {
 
+// Rows per claim of the CPU layers' per-row loops (norms, residual adds, the
+// projections' split, the q/k norms): a row is a few hundred multiply-adds,
+// so fewer than this many stay on the calling thread.
+inline constexpr int64_t kRowGrain = 16;
+
 // One sequence's rows [row0, row0 + n) in a step: its tokens at positions
 // state->pos, state->pos + 1, ... (the walk advances pos after the last layer).
 struct SequenceRows {
