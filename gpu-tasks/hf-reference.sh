@@ -76,6 +76,10 @@ for dev in ("cpu", "cuda"):
     diff = np.abs(got - hf).max(-1)
     print("%s fp8 %s %s vs HF (dequantised FP8 weights, fp32): max |dlogit| %.3g at position %d (tol 1e-3); KL(bf16 HF || fp8 HF) %.3g, KL(bf16 HF || fp8 flashmoe) %.3g"
           % ("PASS" if diff.max() <= 1e-3 else "FAIL", fx, dev, diff.max(), int(diff.argmax()), kl(bf16, hf), kl(bf16, got)))
+    if "router_gap" in ref:  # a near-tie of the k-th and (k+1)-th router outputs flips on any rounding
+        gap, at = ref["router_gap"][1], int(diff.argmax())
+        print("   %s %s router gap: at the worst position %.3g, smallest up to it %.3g (at %d), median %.3g"
+              % (fx, dev, gap[at], gap[: at + 1].min(), int(gap[: at + 1].argmin()), float(np.median(gap))))
 PY
 done
 echo "fp8 done at $(el) s"

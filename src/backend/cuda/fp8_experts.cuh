@@ -114,31 +114,7 @@ __global__ void __launch_bounds__(kThreads) gate_up_fp8_kernel(MoeArgs a, QExper
   __syncthreads();
   if (a.presel && blockIdx.x == 0 && blockIdx.y == 0 && warp == 0)
     topk_weights(a.logits, a.E, a.k, a.norm_topk, a.has_shared, a.ids, a.folded ? rx : 1.0f, a.w_out);
-  if (pick) {
-    __shared__ const void* chosen[64];
-    __shared__ int cid[32];
-    __shared__ float cw[33];
-    const bool lead = blockIdx.x == 0 && blockIdx.y == 0;
-    if (warp == 0) {
-      ExpertSel to = a.tsel;
-      to.out = chosen;
-      TierCount tc = a.tc;
-      if (!lead) tc.counts = nullptr;
-      topk_warp(a.logits, a.E, a.k, a.norm_topk, a.has_shared, cid, cw, tc, to, a.folded ? rx : 1.0f);
-      __syncwarp();
-      if (lead) {
-        if (lane < a.k) {
-          a.ids_out[lane] = cid[lane];
-          a.w_out[lane] = cw[lane];
-          a.tsel.out[lane] = chosen[lane];
-          a.tsel.out[a.k + lane] = chosen[a.k + lane];
-        }
-        if (lane == 0 && a.has_shared) a.w_out[a.k] = cw[a.k];
-      }
-    }
-    __syncthreads();
-    B = static_cast<const uint8_t*>(chosen[j]);
-  }
+  if (pick) B = static_cast<const uint8_t*>(pick_block_expert(a, j, a.folded ? rx : 1.0f));
   for (int r = r_first; r < I; r += gridDim.x * kWarps) {
     float g = 0.f, u = 0.f;
     if (shared) {
@@ -273,31 +249,7 @@ __global__ void __launch_bounds__(kThreads, 3) gate_up_fp8_mma_kernel(MoeArgs a,
   const F8Split X = f8_split_block(xs, a.H, reinterpret_cast<__half*>(xs + a.H));
   if (a.presel && blockIdx.x == 0 && blockIdx.y == 0 && warp == 0)
     topk_weights(a.logits, a.E, a.k, a.norm_topk, a.has_shared, a.ids, a.folded ? rx : 1.0f, a.w_out);
-  if (pick) {
-    __shared__ const void* chosen[64];
-    __shared__ int cid[32];
-    __shared__ float cw[33];
-    const bool lead = blockIdx.x == 0 && blockIdx.y == 0;
-    if (warp == 0) {
-      ExpertSel to = a.tsel;
-      to.out = chosen;
-      TierCount tc = a.tc;
-      if (!lead) tc.counts = nullptr;
-      topk_warp(a.logits, a.E, a.k, a.norm_topk, a.has_shared, cid, cw, tc, to, a.folded ? rx : 1.0f);
-      __syncwarp();
-      if (lead) {
-        if (lane < a.k) {
-          a.ids_out[lane] = cid[lane];
-          a.w_out[lane] = cw[lane];
-          a.tsel.out[lane] = chosen[lane];
-          a.tsel.out[a.k + lane] = chosen[a.k + lane];
-        }
-        if (lane == 0 && a.has_shared) a.w_out[a.k] = cw[a.k];
-      }
-    }
-    __syncthreads();
-    B = static_cast<const uint8_t*>(chosen[j]);
-  }
+  if (pick) B = static_cast<const uint8_t*>(pick_block_expert(a, j, a.folded ? rx : 1.0f));
   if constexpr (!f8s) {
     if (shared) {
       for (int r = blockIdx.x * kWarps + warp; r < I; r += gridDim.x * kWarps) {
