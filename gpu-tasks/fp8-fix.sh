@@ -23,7 +23,7 @@ timeout 60 ./build/flashmoe_tests --gtest_brief=1 --gtest_filter='CudaOps.Fp8*:*
   grep -E "^\[cuda-fp8|^\[fp8-op|FAILED|Failure|Expected|Which is|actual|PASSED|error|tests ran" | head -60
 echo "CUDA tests done at $(el) s"
 
-if [ $HF = 1 ]; then
+if [ $HF = 1 ]; then  # ~60 s
   timeout 80 bash gpu-tasks/hf-reference.sh fp8 2>&1 | grep -E "PASS|FAIL|router gap"
   echo "HF check done at $(el) s"
 fi
@@ -51,15 +51,16 @@ PY
 ncu_one() {  # label, kernel regex, launches, weights args
   local label=$1 re=$2 n=$3; shift 3
   echo "ncu $label ($(el) s):"
-  timeout 45 ncu --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+  timeout $(( $(left) - 5 < 40 ? $(left) - 5 : 40 )) ncu --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,dram__bytes_read.sum,smsp__inst_executed.sum' \
     -k "regex:$re" -c "$n" ./build/flashmoe bench --synthetic qwen3.5-35b-a3b "$@" -p 0 -n 4 -r 1 --device cuda 2>&1 |
     grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Grid Size|Block Size|Warp Cycles Per Issued|Block Limit Reg|Block Limit Shared|dram__bytes_read|smsp__inst_executed|stalled_" |
     awk '/stalled_/ { v = $NF + 0; if (v < 0.3) next } { print "   " $0 }' | sed 's/smsp__average_warps_issue_stalled_/stall /; s/_per_issue_active.ratio//' | head -120
 }
+left() { echo $(( BUDGET - $(el) )); }
 if [ $NCU = 1 ]; then
   command -v ncu >/dev/null || echo "ncu: not found"
-  [ "$(el)" -lt $((BUDGET - 35)) ] && ncu_one fp8 '^(matvec_fp8|outproj_router_fp8|gate_up_fp8|down_fp8)' 4 --weights fp8
-  [ "$(el)" -lt $((BUDGET - 25)) ] && ncu_one bf16 '^(matvec_kernel|gate_up_kernel|down_kernel)' 3
+  [ "$(left)" -gt 25 ] && ncu_one fp8 '^(matvec_fp8|outproj_router_fp8|gate_up_fp8|down_fp8)' 4 --weights fp8
+  [ "$(left)" -gt 20 ] && ncu_one bf16 '^(matvec_kernel|gate_up_kernel|down_kernel)' 3
 fi
 echo "all done at $(el) s"
