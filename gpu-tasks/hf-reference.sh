@@ -10,13 +10,16 @@
 #      flashmoe cpu/cuda vs HF on the dequantised weights (<= 1e-3);
 #   3. --moe-top-k: coder-mini at K = 2 and 1 of its 4 (<= 1e-3 cpu, 2e-3 cuda).
 # usage (repository root, on the GPU machine, flashmoe built in build/):
-#   bash gpu-tasks/hf-reference.sh [drift] [fp8] [topk]   (the parts to run; all by default)
+#   bash gpu-tasks/hf-reference.sh [drift] [fp8] [topk] [FIXTURE...]
+#   (the parts to run, all by default; fixture names limit fp8 to those)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/hf-reference"
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 quiet() { grep -v "Loading weights\|falling back\|deprecated\|Unrecognized keys\|attention implementations"; }
 [ -x build/flashmoe ] || { echo "FAIL: build/flashmoe missing"; exit 1; }
-PARTS=" ${*:-drift fp8 topk} "
+PARTS=" " FP8_FIXTURES=""
+for a in "$@"; do case $a in drift|fp8|topk) PARTS+="$a ";; *) FP8_FIXTURES+="$a ";; esac; done
+[ "$PARTS" = " " ] && PARTS=" drift fp8 topk "
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 
 want drift && for fx in coder-mini tiny-qwen35moe; do
@@ -45,7 +48,7 @@ PY
 done
 echo "drift done at $(el) s"
 
-want fp8 && for fx in coder-mini tiny-qwen35moe tiny-qwen3next; do
+want fp8 && for fx in ${FP8_FIXTURES:-coder-mini tiny-qwen35moe tiny-qwen3next}; do
   d=/tmp/fp8/$fx
   src=tests/fixtures/$fx; [ $fx = coder-mini ] && src=models/coder-mini
   rm -rf "$d"
