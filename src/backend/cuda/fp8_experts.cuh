@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(kThreads, 3) gate_up_fp8_mma_kernel(MoeArgs a,
   const bool have_first = (shared ? f8s : !pick) && rg_first < ngroups && k0 < k1;
   if (f8s && shared) {  // known before the wait
     f8_tile_prefetch(tile_rows(rg_first), k0, k1, lane);
-    if (have_first) f8_tile_first(tile_rows(rg_first), k0, k1, lane, first);
+    if (have_first) f8_tile_first(tile_rows(rg_first), k0, k1, group, lane, first);
   }
   if (pick && warp == 0) prefetch_tables(a.tsel, a.E);
   NormPre pre;
@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, 3) gate_up_fp8_mma_kernel(MoeArgs a,
   if (!shared && !pick) {
     B = static_cast<const uint8_t*>(a.sel ? a.sel[j] : a.gu_tab[a.ids[j]]);
     f8_tile_prefetch(tile_rows(rg_first), k0, k1, lane);  // the rest of the tile
-    if (have_first) f8_tile_first(tile_rows(rg_first), k0, k1, lane, first);
+    if (have_first) f8_tile_first(tile_rows(rg_first), k0, k1, group, lane, first);
   }
   // x normed and split in one pass where no float copy is needed (only a
   // float shared expert reads xs).
@@ -286,7 +286,7 @@ __global__ void __launch_bounds__(kThreads, 3) gate_up_fp8_mma_kernel(MoeArgs a,
     if (rg < ngroups && k0 < k1) {
       const F8TileRows R = tile_rows(rg);
       F8First F = first;
-      if (!(have_first && rg == rg_first)) f8_tile_first(R, k0, k1, lane, F);
+      if (!(have_first && rg == rg_first)) f8_tile_first(R, k0, k1, group, lane, F);
       f8_tile_dot_from(R, X, k0, k1, group, lane, F, d0, d1);
     }
     if ((lane & 3) == 0) part[warp][g] = d0, part[warp][g + 8] = d1;
@@ -363,7 +363,8 @@ __global__ void __launch_bounds__(kDnWarps * 32, 1) down_fp8_mma_kernel(MoeArgs 
   if (warp < ns * npiece && int(blockIdx.x) * 16 < a.H) {
     const int s = warp / npiece, len = s < k ? a.I : a.Is, c0 = (warp % npiece) * kDnPiece;
     have_first = c0 < len;
-    if (have_first) f8_tile_first(unit_rows(s, blockIdx.x), c0, min(len, c0 + kDnPiece), lane, first);
+    if (have_first)
+      f8_tile_first(unit_rows(s, blockIdx.x), c0, min(len, c0 + kDnPiece), s < k ? q.group : a.s_group, lane, first);
   }
   for (int s = warp; s < ns; s += kDnWarps) {
     const F8Split X = f8_split_warp(a.hb + s * a.maxI, s < k ? a.I : a.Is, reinterpret_cast<__half*>(hs + s * sb), lane);
@@ -380,8 +381,9 @@ __global__ void __launch_bounds__(kDnWarps * 32, 1) down_fp8_mma_kernel(MoeArgs 
       float d0, d1;
       const int c1 = min(len, c0 + kDnPiece);
       F8First F = first;
-      if (!(have_first && u == warp && tile == int(blockIdx.x))) f8_tile_first(R, c0, c1, lane, F);
-      f8_tile_dot_from(R, X, c0, c1, s < k ? q.group : a.s_group, lane, F, d0, d1);
+      const int grp = s < k ? q.group : a.s_group;
+      if (!(have_first && u == warp && tile == int(blockIdx.x))) f8_tile_first(R, c0, c1, grp, lane, F);
+      f8_tile_dot_from(R, X, c0, c1, grp, lane, F, d0, d1);
       const float f = wj[s] * X.inv;
       acc0 = fmaf(d0, f, acc0);
       acc1 = fmaf(d1, f, acc1);

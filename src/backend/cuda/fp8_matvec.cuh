@@ -188,7 +188,7 @@ __device__ __forceinline__ void f8_matvec_tiles(const uint8_t* __restrict__ W, c
     if (tile < ntiles && k0 < k1) {
       const F8TileRows R = f8_dmat_rows(W, S, rows, cols, nbc, tile, g);
       F8First F = first;
-      if (!(have_first && t0 == bid * tpb)) f8_tile_first(R, k0, k1, lane, F);
+      if (!(have_first && t0 == bid * tpb)) f8_tile_first(R, k0, k1, group, lane, F);
       f8_tile_dot_from(R, X, k0, k1, group, lane, F, d0, d1);
     }
     if (split == 1) {
@@ -234,7 +234,8 @@ __device__ __forceinline__ bool f8_matvec_first(const uint8_t* W, const float* S
   const int tpb = kWarps / split, sub = warp % split, lt = warp / split, tile = bid * tpb + lt;
   const int slice = f8_padded((cols + split - 1) / split), k0 = min(cols, sub * slice), k1 = min(cols, k0 + slice);
   if (!(tile < (rows + 15) / 16 && k0 < k1)) return false;
-  f8_tile_first(f8_dmat_rows(W, S, rows, cols, (cols + group - 1) / group, tile, lane >> 2), k0, k1, lane, F);
+  f8_tile_first(f8_dmat_rows(W, S, rows, cols, (cols + group - 1) / group, tile, lane >> 2), k0, k1, group, lane,
+                F);
   return true;
 }
 

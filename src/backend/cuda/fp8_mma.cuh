@@ -195,10 +195,19 @@ constexpr int kF8Ahead = 2;  // steps whose codes a lane has in flight beyond th
 // f8_tile_first where the rows are known before the vector is ready (the
 // weights before the PDL wait, an expert's before its x is normed and
 // split), so the first loads overlap that staging.
+// With them (lanes t = 0) the scales of the first block of the range.
 struct F8First {
   uint4 v[kF8Ahead + 1], u[kF8Ahead + 1];
+  float s0, s1;
 };
-__device__ __forceinline__ void f8_tile_first(const F8TileRows& R, int k0, int k1, int lane, F8First& F) {
+// Lanes t = 0: the scales of rows g and g + 8 for the block of column c.
+__device__ __forceinline__ void f8_block_scales(const F8TileRows& R, int c, int group, int lane, float& s0,
+                                                float& s1) {
+  const bool on = (lane & 3) == 0;
+  s0 = on && R.w0 ? __ldg(R.s0 + c / group) : 0.f;
+  s1 = on && R.w1 ? __ldg(R.s1 + c / group) : 0.f;
+}
+__device__ __forceinline__ void f8_tile_first(const F8TileRows& R, int k0, int k1, int group, int lane, F8First& F) {
   const int t = lane & 3, n = (k1 - k0 + kF8Step - 1) / kF8Step;
   const uint4 z = make_uint4(0, 0, 0, 0);
 #pragma unroll
@@ -207,6 +216,7 @@ __device__ __forceinline__ void f8_tile_first(const F8TileRows& R, int k0, int k
     F.v[i] = i < n && R.w0 && c < k1 ? ld_stream(R.w0 + c) : z;
     F.u[i] = i < n && R.w1 && c < k1 ? ld_stream(R.w1 + c) : z;
   }
+  f8_block_scales(R, k0, group, lane, F.s0, F.s1);
 }
 
 // Rows g and g + 8 of a tile dotted with the split vector over columns
@@ -214,7 +224,11 @@ __device__ __forceinline__ void f8_tile_first(const F8TileRows& R, int k0, int k
 // group a multiple of the step). Returns, in lanes with t = 0, row g's sum
 // in d0 and row g + 8's in d1, in units of the split (times 1 / 2^e: the
 // caller's). kF8Ahead + 1 steps of codes in flight per lane, the first ones
-// in F (f8_tile_first of the same rows and range; used up).
+// in F (f8_tile_first of the same rows and range; used up). A block's
+// scales are loaded when the block before it ends (a block's steps before
+// they are used): loaded where used, they stopped the warp (in-order issue)
+// for a memory latency at every block end (ncu: long-scoreboard stalls the
+// largest share, H200 round 1 of session 7).
 __device__ __forceinline__ void f8_tile_dot_from(const F8TileRows& R, const F8Split& X, int k0, int k1, int group,
                                                  int lane, F8First& F, float& d0, float& d1) {
   const int g = lane >> 2, t = lane & 3;
@@ -229,6 +243,7 @@ __device__ __forceinline__ void f8_tile_dot_from(const F8TileRows& R, const F8Sp
   const int n = (k1 - k0 + kF8Step - 1) / kF8Step;
   uint4 (&v)[kF8Ahead + 1] = F.v;
   uint4 (&u)[kF8Ahead + 1] = F.u;
+  float s0 = F.s0, s1 = F.s1;  // this block's scales
   float c[4] = {0.f, 0.f, 0.f, 0.f};
   for (int i = 0; i < n; ++i) {
     const int base = k0 + i * kF8Step;
@@ -247,11 +262,11 @@ __device__ __forceinline__ void f8_tile_dot_from(const F8TileRows& R, const F8Sp
     // The block ends here (or the range does): its sums times each row's scale.
     if ((base + kF8Step) % group == 0 || i == n - 1) {
       if (t == 0) {
-        const int b = base / group;
-        if (R.w0) d0 = fmaf(c[0] + c[1], __ldg(R.s0 + b), d0);
-        if (R.w1) d1 = fmaf(c[2] + c[3], __ldg(R.s1 + b), d1);
+        if (R.w0) d0 = fmaf(c[0] + c[1], s0, d0);
+        if (R.w1) d1 = fmaf(c[2] + c[3], s1, d1);
       }
       c[0] = c[1] = c[2] = c[3] = 0.f;
+      if (i + 1 < n) f8_block_scales(R, base + kF8Step, group, lane, s0, s1);  // the next block's
     }
   }
 }

@@ -68,9 +68,6 @@ struct GemmArgs {
   // F8W: rows per scale block; part p's fp32 scales at qs[p] are
   // [ceil(rows / qbrows)][ceil(K / qgroup)] (qb unused).
   int qbrows = 0;
-  // bf16 weights (gemm_kernel): the activations in three bf16 parts, as
-  // F8W's (exact products; the prefill's router).
-  int exact_a = 0;
 };
 
 // Weight type tag of GGUF block weights.
@@ -153,11 +150,10 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
   constexpr int kWE = kQ || kG ? 8 : 16 / int(sizeof(T));  // weight elements per load (quantised: 8 codes)
   constexpr int kWV = kGemmBN * kGemmBK / kWE / kGemmThreads;
   constexpr bool kF8 = std::is_same_v<T, F8W>;
-  constexpr bool kA3 = kF8 || std::is_same_v<T, __nv_bfloat16>;  // may split the activations in three
   constexpr int kGemmWarps = kGemmThreads / 32;
   struct Tiles {
     __nv_bfloat16 ah[BM][kGemmLd], al[BM][kGemmLd], wh[kGemmBN][kGemmLd], wl[kWLo ? kGemmBN : 1][kGemmLd];
-    __nv_bfloat16 am[kA3 ? BM : 1][kGemmLd];       // three-part split: the activations' middle part
+    __nv_bfloat16 am[kF8 ? BM : 1][kGemmLd];       // F8W exact: the activations' middle part
     float f8[kF8 ? kGemmWarps : 1][2][kF8 ? 256 : 1];  // F8W per-row scales: a warp's block sums and totals
   };
   constexpr int kCLd = kGemmBN + 4;
@@ -287,12 +283,12 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
     for (int u = 0; u < kAV; ++u) {
       const int f = tid + u * kGemmThreads, r = f / (kGemmBK / 4);
       const float v[4] = {av[u].x, av[u].y, av[u].z, av[u].w};
-      if (kA3 && (kF8 ? exact : a.exact_a != 0)) {
+      if (kF8 && exact) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {  // hi, then the exact remainder as mid and lo
           const __nv_bfloat16 hi = __float2bfloat16_rn(v[i]);
           s.ah[r][ac[u] + i] = hi;
-          split_bf16(v[i] - __bfloat162float(hi), s.am[kA3 ? r : 0][ac[u] + i], s.al[r][ac[u] + i]);
+          split_bf16(v[i] - __bfloat162float(hi), s.am[kF8 ? r : 0][ac[u] + i], s.al[r][ac[u] + i]);
         }
         continue;
       }
@@ -354,7 +350,7 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
           wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> ah, am, al;
           wmma::load_matrix_sync(al, &s.al[i * 16][kk], kGemmLd);
           wmma::mma_sync(blk[kF8 ? i : 0], al, bh, blk[kF8 ? i : 0]);  // the small terms first
-          wmma::load_matrix_sync(am, &s.am[kA3 ? i * 16 : 0][kk], kGemmLd);
+          wmma::load_matrix_sync(am, &s.am[kF8 ? i * 16 : 0][kk], kGemmLd);
           wmma::mma_sync(blk[kF8 ? i : 0], am, bh, blk[kF8 ? i : 0]);
           wmma::load_matrix_sync(ah, &s.ah[i * 16][kk], kGemmLd);
           wmma::mma_sync(blk[kF8 ? i : 0], ah, bh, blk[kF8 ? i : 0]);
@@ -403,13 +399,6 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
           wmma::load_matrix_sync(ah, &s.ah[i * 16][kk], kGemmLd);
           wmma::load_matrix_sync(al, &s.al[i * 16][kk], kGemmLd);
           wmma::mma_sync(acc[i], al, bh, acc[i]);  // the small terms first
-          if constexpr (kA3 && !kF8) {
-            if (a.exact_a) {
-              wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> am;
-              wmma::load_matrix_sync(am, &s.am[i * 16][kk], kGemmLd);
-              wmma::mma_sync(acc[i], am, bh, acc[i]);
-            }
-          }
           if constexpr (kWLo) wmma::mma_sync(acc[i], ah, bl, acc[i]);
           wmma::mma_sync(acc[i], ah, bh, acc[i]);
         }

@@ -461,31 +461,6 @@ void Prefill::dense_rows(const DMat& W, const float* A, int T, float* C, int ldc
   gemm(W.dt, g, bm, div_up(T, bm), sp);
 }
 
-// The router's logits. Where the tiled product runs on bf16 weights, the
-// activations go in three bf16 parts (GemmArgs::exact_a: exact products,
-// only the fp32 sums round) instead of the pipelined product's two: the
-// top-k turns a rounding difference at a near-tie into another expert, and
-// every later position sees it (issue 23: the FP8 tiny-qwen35moe against HF
-// at position 129). A few rows (the batched decode) keep skinny_gemm.
-void Prefill::router_rows(const DMat& W, const float* A, int T, float* C, SplitRows sp) {
-  if (W.dt != DT_BF16 || skinny(W, A, T, GEMM_STORE)) {
-    dense_rows(W, A, T, C, W.rows, GEMM_STORE, 0, sp);
-    return;
-  }
-  GemmArgs g;
-  g.A = A;
-  g.lda = W.cols;
-  g.W = W.p;
-  g.M = T;
-  g.N = W.rows;
-  g.K = W.cols;
-  g.C = C;
-  g.ldc = W.rows;
-  g.mode = GEMM_STORE;
-  g.exact_a = 1;
-  gemm(DT_BF16, g, 16, div_up(T, 16));  // no split rows: gemm_kernel, not the pipelined product
-}
-
 // The feed-forward of layer l over the T rows of x_ (each row a token of
 // its own: the routing and the experts do not look across rows).
 bool Prefill::few_rows_experts(int T, int edt) const {
@@ -532,7 +507,7 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
     mark(P_SHARED);
     return false;
   }
-  router_rows(d.router, xn_, T, rl_, fs);
+  dense(d.router, xn_, rl_, d.router.rows, GEMM_STORE, 0, fs);
   mark(P_ROUTER);
   topk_rows_kernel<<<T, 32, 0, st>>>(rl_, d.router.rows, E, k, c.norm_topk_prob ? 1 : 0, d.has_shared ? 1 : 0, ids_,
                                      w_, d.tc);

@@ -125,8 +125,6 @@ class Prefill {
   void gemm(int dt, const GemmArgs& a, int bm, int grid_y, SplitRows sp = {});
   // C[T][..] (=, +=, swiglu) = A[T][K] . W^T (sp: A already split).
   void dense_rows(const DMat& W, const float* A, int T, float* C, int ldc, int mode, int half = 0, SplitRows sp = {});
-  // The router's logits C[T][W.rows] = A . W^T (sp: A already split).
-  void router_rows(const DMat& W, const float* A, int T, float* C, SplitRows sp);
   // x_[t] = embed[d_ids[t]], and y[t] = rms_norm(x[t]) * (1 + w), for T rows.
   void embed_rows(const int* d_ids, int T);
   void norm_rows(const float* x, const float* w, int T, float* y);
