@@ -10,13 +10,16 @@
 #      flashmoe cpu/cuda vs HF on the dequantised weights (<= 1e-3);
 #   3. --moe-top-k: coder-mini at K = 2 and 1 of its 4 (<= 1e-3 cpu, 2e-3 cuda).
 # usage (repository root, on the GPU machine, flashmoe built in build/):
-#   bash gpu-tasks/hf-reference.sh [drift] [fp8] [topk]   (the parts to run; all by default)
+#   bash gpu-tasks/hf-reference.sh [drift] [fp8] [topk] [FIXTURE...]
+#   (the parts to run, all by default; fixture names limit fp8 to those)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/hf-reference"
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 quiet() { grep -v "Loading weights\|falling back\|deprecated\|Unrecognized keys\|attention implementations"; }
 [ -x build/flashmoe ] || { echo "FAIL: build/flashmoe missing"; exit 1; }
-PARTS=" ${*:-drift fp8 topk} "
+PARTS=" " FP8_FIXTURES=""
+for a in "$@"; do case $a in drift|fp8|topk) PARTS+="$a ";; *) FP8_FIXTURES+="$a ";; esac; done
+[ "$PARTS" = " " ] && PARTS=" drift fp8 topk "
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 
 want drift && for fx in coder-mini tiny-qwen35moe; do
@@ -45,7 +48,7 @@ PY
 done
 echo "drift done at $(el) s"
 
-want fp8 && for fx in coder-mini tiny-qwen35moe tiny-qwen3next; do
+want fp8 && for fx in ${FP8_FIXTURES:-coder-mini tiny-qwen35moe tiny-qwen3next}; do
   d=/tmp/fp8/$fx
   src=tests/fixtures/$fx; [ $fx = coder-mini ] && src=models/coder-mini
   rm -rf "$d"
@@ -76,6 +79,10 @@ for dev in ("cpu", "cuda"):
     diff = np.abs(got - hf).max(-1)
     print("%s fp8 %s %s vs HF (dequantised FP8 weights, fp32): max |dlogit| %.3g at position %d (tol 1e-3); KL(bf16 HF || fp8 HF) %.3g, KL(bf16 HF || fp8 flashmoe) %.3g"
           % ("PASS" if diff.max() <= 1e-3 else "FAIL", fx, dev, diff.max(), int(diff.argmax()), kl(bf16, hf), kl(bf16, got)))
+    if "router_gap" in ref:  # a near-tie of the k-th and (k+1)-th router outputs flips on any rounding
+        gap, at = ref["router_gap"][1], int(diff.argmax())
+        print("   %s %s router gap: at the worst position %.3g, smallest up to it %.3g (at %d), median %.3g"
+              % (fx, dev, gap[at], gap[: at + 1].min(), int(gap[: at + 1].argmin()), float(np.median(gap))))
 PY
 done
 echo "fp8 done at $(el) s"

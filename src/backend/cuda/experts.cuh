@@ -39,6 +39,38 @@ struct MoeArgs {
   float* w_out;
 };
 
+// The routed expert of slot j when a gate_up block picks the experts itself
+// (MoeArgs::logits, no presel): warp 0 runs the top-k over the logits
+// (times scale: 1 / rms(x) for folded ones); block (0,0) publishes ids,
+// weights and row pointers for down and does the tier counting. Every thread
+// of the block calls it (it ends with a barrier); returns slot j's gate/up rows.
+__device__ __forceinline__ const void* pick_block_expert(const MoeArgs& a, int j, float scale) {
+  __shared__ const void* chosen[64];
+  __shared__ int cid[32];
+  __shared__ float cw[33];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const bool lead = blockIdx.x == 0 && blockIdx.y == 0;
+  if (warp == 0) {
+    ExpertSel to = a.tsel;
+    to.out = chosen;
+    TierCount tc = a.tc;
+    if (!lead) tc.counts = nullptr;
+    topk_warp(a.logits, a.E, a.k, a.norm_topk, a.has_shared, cid, cw, tc, to, scale);
+    __syncwarp();
+    if (lead) {
+      if (lane < a.k) {
+        a.ids_out[lane] = cid[lane];
+        a.w_out[lane] = cw[lane];
+        a.tsel.out[lane] = chosen[lane];
+        a.tsel.out[a.k + lane] = chosen[a.k + lane];
+      }
+      if (lane == 0 && a.has_shared) a.w_out[a.k] = cw[a.k];
+    }
+  }
+  __syncthreads();
+  return chosen[j];
+}
+
 // h[j][r] = silu(gate_j[r] . xn) * (up_j[r] . xn); blockIdx.y = slot j.
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 5) gate_up_kernel(MoeArgs a) {
@@ -69,29 +101,7 @@ __global__ void __launch_bounds__(kThreads, 5) gate_up_kernel(MoeArgs a) {
     if (blockIdx.x == 0 && blockIdx.y == 0 && warp == 0)
       topk_weights(a.logits, a.E, a.k, a.norm_topk, a.has_shared, a.ids, a.folded ? rx : 1.0f, a.w_out);
   } else if (a.logits) {
-    __shared__ const void* chosen[64];
-    __shared__ int cid[32];
-    __shared__ float cw[33];
-    const bool lead = blockIdx.x == 0 && blockIdx.y == 0;
-    if (warp == 0) {
-      ExpertSel to = a.tsel;
-      to.out = chosen;
-      TierCount tc = a.tc;
-      if (!lead) tc.counts = nullptr;
-      topk_warp(a.logits, a.E, a.k, a.norm_topk, a.has_shared, cid, cw, tc, to, a.folded ? rx : 1.0f);
-      __syncwarp();
-      if (lead) {
-        if (lane < a.k) {
-          a.ids_out[lane] = cid[lane];
-          a.w_out[lane] = cw[lane];
-          a.tsel.out[lane] = chosen[lane];
-          a.tsel.out[a.k + lane] = chosen[a.k + lane];
-        }
-        if (lane == 0 && a.has_shared) a.w_out[a.k] = cw[a.k];
-      }
-    }
-    __syncthreads();
-    W = static_cast<const T*>(chosen[j]);
+    W = static_cast<const T*>(pick_block_expert(a, j, a.folded ? rx : 1.0f));
   } else {
     W = static_cast<const T*>(a.sel ? a.sel[j] : a.gu_tab[a.ids[j]]);
   }

@@ -114,31 +114,7 @@ __global__ void __launch_bounds__(kThreads) gate_up_fp8_kernel(MoeArgs a, QExper
   __syncthreads();
   if (a.presel && blockIdx.x == 0 && blockIdx.y == 0 && warp == 0)
     topk_weights(a.logits, a.E, a.k, a.norm_topk, a.has_shared, a.ids, a.folded ? rx : 1.0f, a.w_out);
-  if (pick) {
-    __shared__ const void* chosen[64];
-    __shared__ int cid[32];
-    __shared__ float cw[33];
-    const bool lead = blockIdx.x == 0 && blockIdx.y == 0;
-    if (warp == 0) {
-      ExpertSel to = a.tsel;
-      to.out = chosen;
-      TierCount tc = a.tc;
-      if (!lead) tc.counts = nullptr;
-      topk_warp(a.logits, a.E, a.k, a.norm_topk, a.has_shared, cid, cw, tc, to, a.folded ? rx : 1.0f);
-      __syncwarp();
-      if (lead) {
-        if (lane < a.k) {
-          a.ids_out[lane] = cid[lane];
-          a.w_out[lane] = cw[lane];
-          a.tsel.out[lane] = chosen[lane];
-          a.tsel.out[a.k + lane] = chosen[a.k + lane];
-        }
-        if (lane == 0 && a.has_shared) a.w_out[a.k] = cw[a.k];
-      }
-    }
-    __syncthreads();
-    B = static_cast<const uint8_t*>(chosen[j]);
-  }
+  if (pick) B = static_cast<const uint8_t*>(pick_block_expert(a, j, a.folded ? rx : 1.0f));
   for (int r = r_first; r < I; r += gridDim.x * kWarps) {
     float g = 0.f, u = 0.f;
     if (shared) {
@@ -261,43 +237,39 @@ __global__ void __launch_bounds__(kThreads, 3) gate_up_fp8_mma_kernel(MoeArgs a,
     }
     return R;
   };
-  if (f8s && shared) f8_tile_prefetch(tile_rows(blockIdx.x * tpb + lt), k0, k1, lane);  // known before the wait
+  // The warp's first tile's first codes, in flight while x is normed and
+  // split: an FP8 shared expert's before the wait, a routed one's once its
+  // pointer is known (not where this block picks the experts itself).
+  F8First first;
+  const int rg_first = blockIdx.x * tpb + lt;
+  const bool have_first = (shared ? f8s : !pick) && rg_first < ngroups && k0 < k1;
+  if (f8s && shared) {  // known before the wait
+    f8_tile_prefetch(tile_rows(rg_first), k0, k1, lane);
+    if (have_first) f8_tile_first(tile_rows(rg_first), k0, k1, group, lane, first);
+  }
   if (pick && warp == 0) prefetch_tables(a.tsel, a.E);
+  NormPre pre;
+  norm_preload(a.norm_w, a.H, true, pre);
   pdl_wait();
   pdl_trigger();
   if (!shared && !pick) {
     B = static_cast<const uint8_t*>(a.sel ? a.sel[j] : a.gu_tab[a.ids[j]]);
-    f8_tile_prefetch(tile_rows(blockIdx.x * tpb + lt), k0, k1, lane);  // fetched while x is normed and split
+    f8_tile_prefetch(tile_rows(rg_first), k0, k1, lane);  // the rest of the tile
+    if (have_first) f8_tile_first(tile_rows(rg_first), k0, k1, group, lane, first);
   }
-  const float rx = load_x(a.x, a.norm_w, a.eps, a.H, xs);
-  const F8Split X = f8_split_block(xs, a.H, reinterpret_cast<__half*>(xs + a.H));
+  // x normed and split in one pass where no float copy is needed (only a
+  // float shared expert reads xs).
+  float rx;
+  F8Split X;
+  if (a.norm_w && pre.on && (f8s || !shared)) {
+    X = f8_norm_split_block(a.x, a.eps, a.H, pre, reinterpret_cast<__half*>(xs + a.H), &rx);
+  } else {
+    rx = load_x(a.x, a.norm_w, a.eps, a.H, xs, &pre);
+    X = f8_split_block(xs, a.H, reinterpret_cast<__half*>(xs + a.H));
+  }
   if (a.presel && blockIdx.x == 0 && blockIdx.y == 0 && warp == 0)
     topk_weights(a.logits, a.E, a.k, a.norm_topk, a.has_shared, a.ids, a.folded ? rx : 1.0f, a.w_out);
-  if (pick) {
-    __shared__ const void* chosen[64];
-    __shared__ int cid[32];
-    __shared__ float cw[33];
-    const bool lead = blockIdx.x == 0 && blockIdx.y == 0;
-    if (warp == 0) {
-      ExpertSel to = a.tsel;
-      to.out = chosen;
-      TierCount tc = a.tc;
-      if (!lead) tc.counts = nullptr;
-      topk_warp(a.logits, a.E, a.k, a.norm_topk, a.has_shared, cid, cw, tc, to, a.folded ? rx : 1.0f);
-      __syncwarp();
-      if (lead) {
-        if (lane < a.k) {
-          a.ids_out[lane] = cid[lane];
-          a.w_out[lane] = cw[lane];
-          a.tsel.out[lane] = chosen[lane];
-          a.tsel.out[a.k + lane] = chosen[a.k + lane];
-        }
-        if (lane == 0 && a.has_shared) a.w_out[a.k] = cw[a.k];
-      }
-    }
-    __syncthreads();
-    B = static_cast<const uint8_t*>(chosen[j]);
-  }
+  if (pick) B = static_cast<const uint8_t*>(pick_block_expert(a, j, a.folded ? rx : 1.0f));
   if constexpr (!f8s) {
     if (shared) {
       for (int r = blockIdx.x * kWarps + warp; r < I; r += gridDim.x * kWarps) {
@@ -311,7 +283,12 @@ __global__ void __launch_bounds__(kThreads, 3) gate_up_fp8_mma_kernel(MoeArgs a,
   for (int rg0 = blockIdx.x * tpb; rg0 < ngroups; rg0 += gridDim.x * tpb) {
     const int rg = rg0 + lt;
     float d0 = 0.f, d1 = 0.f;
-    if (rg < ngroups && k0 < k1) f8_tile_dot(tile_rows(rg), X, k0, k1, group, lane, d0, d1);
+    if (rg < ngroups && k0 < k1) {
+      const F8TileRows R = tile_rows(rg);
+      F8First F = first;
+      if (!(have_first && rg == rg_first)) f8_tile_first(R, k0, k1, group, lane, F);
+      f8_tile_dot_from(R, X, k0, k1, group, lane, F, d0, d1);
+    }
     if ((lane & 3) == 0) part[warp][g] = d0, part[warp][g + 8] = d1;
     __syncthreads();
     if (int(threadIdx.x) < tpb * 8) {
@@ -375,10 +352,19 @@ __global__ void __launch_bounds__(kDnWarps * 32, 1) down_fp8_mma_kernel(MoeArgs 
     return R;
   };
   __syncthreads();
-  // The first tile's rows into L2 while h is split.
+  // The first tile's rows into L2 while h is split; the warp's first unit's
+  // first codes into registers.
   for (int u = warp; u < ns * npiece; u += kDnWarps) {
     const int s = u / npiece, len = s < k ? a.I : a.Is, c0 = (u % npiece) * kDnPiece;
     if (c0 < len) f8_tile_prefetch(unit_rows(s, blockIdx.x), c0, min(len, c0 + kDnPiece), lane);
+  }
+  F8First first;
+  bool have_first = false;
+  if (warp < ns * npiece && int(blockIdx.x) * 16 < a.H) {
+    const int s = warp / npiece, len = s < k ? a.I : a.Is, c0 = (warp % npiece) * kDnPiece;
+    have_first = c0 < len;
+    if (have_first)
+      f8_tile_first(unit_rows(s, blockIdx.x), c0, min(len, c0 + kDnPiece), s < k ? q.group : a.s_group, lane, first);
   }
   for (int s = warp; s < ns; s += kDnWarps) {
     const F8Split X = f8_split_warp(a.hb + s * a.maxI, s < k ? a.I : a.Is, reinterpret_cast<__half*>(hs + s * sb), lane);
@@ -393,7 +379,11 @@ __global__ void __launch_bounds__(kDnWarps * 32, 1) down_fp8_mma_kernel(MoeArgs 
       const F8TileRows R = unit_rows(s, tile);
       const F8Split X{reinterpret_cast<const __half*>(hs + s * sb), f8_padded(len) + 8, inv[s]};
       float d0, d1;
-      f8_tile_dot(R, X, c0, min(len, c0 + kDnPiece), s < k ? q.group : a.s_group, lane, d0, d1);
+      const int c1 = min(len, c0 + kDnPiece);
+      F8First F = first;
+      const int grp = s < k ? q.group : a.s_group;
+      if (!(have_first && u == warp && tile == int(blockIdx.x))) f8_tile_first(R, c0, c1, grp, lane, F);
+      f8_tile_dot_from(R, X, c0, c1, grp, lane, F, d0, d1);
       const float f = wj[s] * X.inv;
       acc0 = fmaf(d0, f, acc0);
       acc1 = fmaf(d1, f, acc1);

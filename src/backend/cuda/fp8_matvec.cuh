@@ -171,10 +171,12 @@ __device__ __forceinline__ F8TileRows f8_dmat_rows(const uint8_t* W, const float
 // y[r] (+)= W[r,:] . X for a DT_FP8 W whose block width is a multiple of
 // 64, by this block (bid of the nb blocks doing W): a warp takes a tile of
 // 16 rows times a slice of the columns (`split` warps per tile, partial
-// sums added in a fixed order), blocks stride over the tiles.
+// sums added in a fixed order), blocks stride over the tiles. first: the
+// warp's first tile's first codes (f8_matvec_first) where have_first.
 __device__ __forceinline__ void f8_matvec_tiles(const uint8_t* __restrict__ W, const float* __restrict__ S, int group,
                                                 int rows, int cols, const F8Split& X, float* __restrict__ y,
-                                                int accumulate, int split, int bid, int nb) {
+                                                int accumulate, int split, int bid, int nb, const F8First& first,
+                                                bool have_first) {
   __shared__ float part[kWarps][16];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
   const int tpb = kWarps / split, sub = warp % split, lt = warp / split;
@@ -183,7 +185,12 @@ __device__ __forceinline__ void f8_matvec_tiles(const uint8_t* __restrict__ W, c
   for (int t0 = bid * tpb; t0 < ntiles; t0 += nb * tpb) {
     const int tile = t0 + lt;
     float d0 = 0.f, d1 = 0.f;
-    if (tile < ntiles && k0 < k1) f8_tile_dot(f8_dmat_rows(W, S, rows, cols, nbc, tile, g), X, k0, k1, group, lane, d0, d1);
+    if (tile < ntiles && k0 < k1) {
+      const F8TileRows R = f8_dmat_rows(W, S, rows, cols, nbc, tile, g);
+      F8First F = first;
+      if (!(have_first && t0 == bid * tpb)) f8_tile_first(R, k0, k1, group, lane, F);
+      f8_tile_dot_from(R, X, k0, k1, group, lane, F, d0, d1);
+    }
     if (split == 1) {
       if ((lane & 3) == 0 && tile < ntiles) {
         const int r0 = tile * 16 + g, r1 = r0 + 8;
@@ -217,25 +224,49 @@ __device__ __forceinline__ void f8_matvec_prefetch(const uint8_t* W, const float
     f8_tile_prefetch(f8_dmat_rows(W, S, rows, cols, (cols + group - 1) / group, tile, lane >> 2), k0, k1, lane);
 }
 
+// The first codes of this warp's first tile (as f8_matvec_tiles) into
+// registers: the weights are known before the PDL wait, so these loads are
+// in flight while the previous kernel ends and x is normed and split.
+// Whether the warp has a first tile.
+__device__ __forceinline__ bool f8_matvec_first(const uint8_t* W, const float* S, int group, int rows, int cols,
+                                                int split, int bid, F8First& F) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int tpb = kWarps / split, sub = warp % split, lt = warp / split, tile = bid * tpb + lt;
+  const int slice = f8_padded((cols + split - 1) / split), k0 = min(cols, sub * slice), k1 = min(cols, k0 + slice);
+  if (!(tile < (rows + 15) / 16 && k0 < k1)) return false;
+  f8_tile_first(f8_dmat_rows(W, S, rows, cols, (cols + group - 1) / group, tile, lane >> 2), k0, k1, group, lane,
+                F);
+  return true;
+}
+
 // y[r] (+)= W[r,:] . norm(x) (norm skipped when nw is null) for a DT_FP8 W
 // whose block width is a multiple of 64, on the tensor cores
 // (f8_matvec_tiles). pf: prefetch the first tile's rows into L2 before the
-// PDL wait.
+// PDL wait (its first codes go to registers there in any case).
 static __global__ void __launch_bounds__(kThreads, 3)
     matvec_fp8_mma_kernel(const uint8_t* __restrict__ W, const float* __restrict__ S, int group, int rows, int cols,
                           const float* __restrict__ x, const float* __restrict__ nw, float eps, float* __restrict__ y,
                           int accumulate, int split, int pf, float* __restrict__ xcopy) {
   extern __shared__ __align__(16) float xs[];  // [cols] x normed, then its split (f8_split_bytes)
   if (pf) f8_matvec_prefetch(W, S, group, rows, cols, split, blockIdx.x);
+  F8First first;
+  const bool have_first = f8_matvec_first(W, S, group, rows, cols, split, blockIdx.x, first);
   NormPre pre;
   norm_preload(nw, cols, true, pre);
   pdl_wait();
   pdl_trigger();
   if (xcopy && blockIdx.x == gridDim.x - 1)
     for (int i = threadIdx.x; i < cols; i += blockDim.x) xcopy[i] = x[i];
-  load_x(x, nw, eps, cols, xs, &pre);
-  const F8Split X = f8_split_block(xs, cols, reinterpret_cast<__half*>(xs + cols));
-  f8_matvec_tiles(W, S, group, rows, cols, X, y, accumulate, split, blockIdx.x, gridDim.x);
+  __half* sp = reinterpret_cast<__half*>(xs + cols);
+  F8Split X;
+  if (nw && pre.on) {
+    float rx;
+    X = f8_norm_split_block(x, eps, cols, pre, sp, &rx);
+  } else {
+    load_x(x, nw, eps, cols, xs, &pre);
+    X = f8_split_block(xs, cols, sp);
+  }
+  f8_matvec_tiles(W, S, group, rows, cols, X, y, accumulate, split, blockIdx.x, gridDim.x, first, have_first);
 }
 
 }  // namespace flashmoe::cuda

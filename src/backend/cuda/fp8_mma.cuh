@@ -105,6 +105,59 @@ __device__ __forceinline__ F8Split f8_split_warp(const float* x, int cols, __hal
   return {dst, lo, inv};
 }
 
+// Block sum of ss and block max of m in one reduction (block_sum's order for
+// the sum: the same bits as load_x's).
+__device__ __forceinline__ void block_sum_max(float& ss, float& m) {
+  __shared__ float red[2][32];
+  __shared__ float total[2];
+  ss = warp_sum(ss);
+  m = warp_max(m);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (l == 0) red[0][w] = ss, red[1][w] = m;
+  __syncthreads();
+  if (w == 0) {
+    const float t = warp_sum(l < nw ? red[0][l] : 0.0f), u = warp_max(l < nw ? red[1][l] : 0.0f);
+    if (l == 0) total[0] = t, total[1] = u;
+  }
+  __syncthreads();
+  ss = total[0];
+  m = total[1];
+}
+
+// x RMS-normed with the weights in pre (load_x's arithmetic: x * r * w)
+// and split for the mma in one pass: max |x r w| = r max |x w| (r = 1 /
+// rms(x) > 0), so one block reduction gives the norm's and the split's
+// scales, and the halves go to dst straight from registers: two barriers
+// and a pass over shared memory fewer than load_x then f8_split_block.
+// Needs pre.on (cols <= kNormPer * blockDim.x). Ends with a barrier;
+// *rx = r.
+__device__ __forceinline__ F8Split f8_norm_split_block(const float* __restrict__ x, float eps, int cols,
+                                                       const NormPre& pre, __half* dst, float* rx) {
+  float v[kNormPer], ss = 0.f, m = 0.f;
+#pragma unroll
+  for (int k = 0; k < kNormPer; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    v[k] = i < cols ? x[i] : 0.f;
+    ss += v[k] * v[k];
+    m = fmaxf(m, fabsf(v[k] * pre.w[k]));
+  }
+  block_sum_max(ss, m);
+  const float r = 1.0f / sqrtf(ss / float(cols) + eps);
+  float inv;
+  const float s = f8_scale_for(r * m, &inv);
+  const int P = f8_padded(cols), lo = P + 8;
+#pragma unroll
+  for (int k = 0; k < kNormPer; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i < cols) f8_split_one(v[k] * r * pre.w[k], s, dst + i, dst + lo + i);
+  }
+  for (int i = cols + threadIdx.x; i < P; i += blockDim.x) dst[i] = dst[lo + i] = __float2half_rn(0.f);
+  __syncthreads();
+  *rx = r;
+  return {dst, lo, inv};
+}
+
 // One lane's two rows in a tile: codes of row g and row g + 8 (null: past
 // the matrix, read as zero) and their block scales (one per `group`
 // columns, the first for column 0 of the codes).
@@ -138,13 +191,46 @@ __device__ __forceinline__ void f8_step_mma(float (&c)[4], const uint4& v, const
 
 constexpr int kF8Ahead = 2;  // steps whose codes a lane has in flight beyond the one it multiplies
 
+// A lane's first kF8Ahead + 1 steps of codes of a tile's range: loaded by
+// f8_tile_first where the rows are known before the vector is ready (the
+// weights before the PDL wait, an expert's before its x is normed and
+// split), so the first loads overlap that staging.
+// With them (lanes t = 0) the scales of the first block of the range.
+struct F8First {
+  uint4 v[kF8Ahead + 1], u[kF8Ahead + 1];
+  float s0, s1;
+};
+// Lanes t = 0: the scales of rows g and g + 8 for the block of column c.
+__device__ __forceinline__ void f8_block_scales(const F8TileRows& R, int c, int group, int lane, float& s0,
+                                                float& s1) {
+  const bool on = (lane & 3) == 0;
+  s0 = on && R.w0 ? __ldg(R.s0 + c / group) : 0.f;
+  s1 = on && R.w1 ? __ldg(R.s1 + c / group) : 0.f;
+}
+__device__ __forceinline__ void f8_tile_first(const F8TileRows& R, int k0, int k1, int group, int lane, F8First& F) {
+  const int t = lane & 3, n = (k1 - k0 + kF8Step - 1) / kF8Step;
+  const uint4 z = make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int i = 0; i < kF8Ahead + 1; ++i) {
+    const int c = k0 + i * kF8Step + 16 * t;
+    F.v[i] = i < n && R.w0 && c < k1 ? ld_stream(R.w0 + c) : z;
+    F.u[i] = i < n && R.w1 && c < k1 ? ld_stream(R.w1 + c) : z;
+  }
+  f8_block_scales(R, k0, group, lane, F.s0, F.s1);
+}
+
 // Rows g and g + 8 of a tile dotted with the split vector over columns
 // [k0, k1) of the rows (k0 a multiple of the step, cols the rows' width,
 // group a multiple of the step). Returns, in lanes with t = 0, row g's sum
 // in d0 and row g + 8's in d1, in units of the split (times 1 / 2^e: the
-// caller's). kF8Ahead + 1 steps of codes in flight per lane.
-__device__ __forceinline__ void f8_tile_dot(const F8TileRows& R, const F8Split& X, int k0, int k1, int group,
-                                            int lane, float& d0, float& d1) {
+// caller's). kF8Ahead + 1 steps of codes in flight per lane, the first ones
+// in F (f8_tile_first of the same rows and range; used up). A block's
+// scales are loaded when the block before it ends (a block's steps before
+// they are used): loaded where used, they stopped the warp (in-order issue)
+// for a memory latency at every block end (ncu: long-scoreboard stalls the
+// largest share, H200 round 1 of session 7).
+__device__ __forceinline__ void f8_tile_dot_from(const F8TileRows& R, const F8Split& X, int k0, int k1, int group,
+                                                 int lane, F8First& F, float& d0, float& d1) {
   const int g = lane >> 2, t = lane & 3;
   const uint4 z = make_uint4(0, 0, 0, 0);
   const __half* xb = g == 0 ? X.h : X.h + X.lo_off;
@@ -155,12 +241,9 @@ __device__ __forceinline__ void f8_tile_dot(const F8TileRows& R, const F8Split& 
   };
   d0 = d1 = 0.f;
   const int n = (k1 - k0 + kF8Step - 1) / kF8Step;
-  uint4 v[kF8Ahead + 1], u[kF8Ahead + 1];
-#pragma unroll
-  for (int i = 0; i < kF8Ahead + 1; ++i) {
-    v[i] = i < n ? codes(R.w0, k0 + i * kF8Step) : z;
-    u[i] = i < n ? codes(R.w1, k0 + i * kF8Step) : z;
-  }
+  uint4 (&v)[kF8Ahead + 1] = F.v;
+  uint4 (&u)[kF8Ahead + 1] = F.u;
+  float s0 = F.s0, s1 = F.s1;  // this block's scales
   float c[4] = {0.f, 0.f, 0.f, 0.f};
   for (int i = 0; i < n; ++i) {
     const int base = k0 + i * kF8Step;
@@ -179,11 +262,11 @@ __device__ __forceinline__ void f8_tile_dot(const F8TileRows& R, const F8Split& 
     // The block ends here (or the range does): its sums times each row's scale.
     if ((base + kF8Step) % group == 0 || i == n - 1) {
       if (t == 0) {
-        const int b = base / group;
-        if (R.w0) d0 = fmaf(c[0] + c[1], __ldg(R.s0 + b), d0);
-        if (R.w1) d1 = fmaf(c[2] + c[3], __ldg(R.s1 + b), d1);
+        if (R.w0) d0 = fmaf(c[0] + c[1], s0, d0);
+        if (R.w1) d1 = fmaf(c[2] + c[3], s1, d1);
       }
       c[0] = c[1] = c[2] = c[3] = 0.f;
+      if (i + 1 < n) f8_block_scales(R, base + kF8Step, group, lane, s0, s1);  // the next block's
     }
   }
 }

@@ -41,27 +41,21 @@ static __global__ void __launch_bounds__(kThreads, 3)
     outproj_router_fp8_kernel(const uint8_t* __restrict__ W, const float* __restrict__ S, int group, OutRouterArgs a) {
   extern __shared__ __align__(16) __half os[];
   const int bid = int(blockIdx.x) - a.nbR;
-  if (bid >= 0) f8_matvec_prefetch(W, S, group, a.H, a.O, a.splitA, bid);
+  F8First first;
+  bool have_first = false;
+  if (bid >= 0) {
+    f8_matvec_prefetch(W, S, group, a.H, a.O, a.splitA, bid);
+    have_first = f8_matvec_first(W, S, group, a.H, a.O, a.splitA, bid, first);
+  }
   if (a.sel.out && blockIdx.x == 0 && threadIdx.x < 32) prefetch_tables(a.sel, a.E);
   pdl_wait();
   pdl_trigger();
-  if (bid < 0) {  // as outproj_router_kernel's router blocks
-    matvec_rows<float>(a.R, a.rowsR, a.H + a.O, a.cat, a.logits, 0, a.splitR, a.per, blockIdx.x, a.nbR);
-    if (!a.sel.out) return;
-    // The last router block picks the experts (why: outproj_router_kernel).
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(a.done, 1u) == unsigned(a.nbR - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    if (threadIdx.x < 32) topk_warp(a.logits, a.E, a.k, 0, 0, a.ids, a.wscratch, a.tc, a.sel, 1.0f);
-    if (threadIdx.x == 0) *a.done = 0;
+  if (bid < 0) {  // outproj_router_kernel's router blocks
+    router_block(a);
     return;
   }
   const F8Split X = f8_split_block(a.cat + a.H, a.O, os);
-  f8_matvec_tiles(W, S, group, a.H, a.O, X, a.x, 1, a.splitA, bid, a.nbA);
+  f8_matvec_tiles(W, S, group, a.H, a.O, X, a.x, 1, a.splitA, bid, a.nbA, first, have_first);
 }
 
 }  // namespace flashmoe::cuda

@@ -16,13 +16,20 @@
 // split like f32 weights. So are GGUF block weights (T = GB, parts and
 // kinds in GemmArgs::gm): each thread expands its 8 weights of a row from
 // their block (gguf_blocks.cuh) into registers on the way to shared memory.
-// FP8 block weights (T = F8W) likewise, w = e4m3(code) * the block's fp32
-// scale, where a warp's 16 weight rows have different scales (per-row
-// scales of a DT_FP8 projection). Where they share one per block of
-// columns (the routed experts: blocks of a multiple of 16 rows, a multiple
-// of kGemmBK columns), the codes themselves are the bf16 weights (E4M3 is
-// exact in bf16: no low part), each block's products go to their own
-// accumulators, and the block's scale multiplies those fp32 sums.
+// FP8 block weights (T = F8W): where a block spans a multiple of kGemmBK
+// columns (every checkpoint's 128), the codes themselves are the bf16
+// weights (E4M3 is exact in bf16: no low part), each block's products go to
+// accumulators of their own, and the block's fp32 scale multiplies those
+// fp32 sums, as the CPU's FP8 rows do. The activations are split into three
+// bf16 parts (hi, mid, lo: all 24 bits of an fp32), so a product of a code
+// and an activation is exact and only the fp32 sums round: a two-part split
+// (16 bits) was the largest error left against the CPU and HF (issue 23).
+// The scale is one per warp and block of columns where the warp's 16 rows
+// share it (the routed experts: blocks of a multiple of 16 rows), applied
+// to the fragments; else (the projections, whose rows carry their own
+// scales: stacked matrices) one per row, applied to the block's sums
+// through a per-warp staging tile in shared memory. Blocks of other widths
+// take w = e4m3(code) * scale split into bf16 hi/lo, as f32 weights.
 //
 // Rows can be gathered (A row of output row m: arow[m]) and scattered
 // (C row: crow[m]); grouped mode (the routed experts) takes its row ranges
@@ -142,8 +149,12 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
   constexpr int kAV = BM * kGemmBK / 4 / kGemmThreads;      // float4 of A per thread and k-step
   constexpr int kWE = kQ || kG ? 8 : 16 / int(sizeof(T));  // weight elements per load (quantised: 8 codes)
   constexpr int kWV = kGemmBN * kGemmBK / kWE / kGemmThreads;
+  constexpr bool kF8 = std::is_same_v<T, F8W>;
+  constexpr int kGemmWarps = kGemmThreads / 32;
   struct Tiles {
     __nv_bfloat16 ah[BM][kGemmLd], al[BM][kGemmLd], wh[kGemmBN][kGemmLd], wl[kWLo ? kGemmBN : 1][kGemmLd];
+    __nv_bfloat16 am[kF8 ? BM : 1][kGemmLd];       // F8W exact: the activations' middle part
+    float f8[kF8 ? kGemmWarps : 1][2][kF8 ? 256 : 1];  // F8W per-row scales: a warp's block sums and totals
   };
   constexpr int kCLd = kGemmBN + 4;
   constexpr size_t kSmem = sizeof(Tiles) > size_t(BM) * kCLd * 4 ? sizeof(Tiles) : size_t(BM) * kCLd * 4;
@@ -204,19 +215,25 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
       wp[u] = base + size_t(r) * a.K * sizeof(T);
     }
   }
-  // F8W: codes as the weights, one scale per warp and block of columns
-  // (see the head of this file); the warp's scales row, null past N.
-  bool exact = false;
-  const float* wscale = nullptr;
-  if constexpr (std::is_same_v<T, F8W>) {
-    exact = a.qbrows % 16 == 0 && a.qgroup % kGemmBK == 0 && a.qsplit % 16 == 0 &&
-            (a.mode != GEMM_SWIGLU || a.half % 16 == 0);
-    bool ok;
-    const int r = gemm_wrow(a, warp * 16, ok);
-    if (exact && ok) {
-      const int p = r >= a.qsplit ? 1 : 0, rr = r - p * a.qsplit, nbc = (a.K + a.qgroup - 1) / a.qgroup;
-      wscale = reinterpret_cast<const float*>(static_cast<const uint8_t*>(W) + a.qs[p]) + size_t(rr / a.qbrows) * nbc;
-    }
+  // F8W: codes as the weights (see the head of this file). uniform: the
+  // warp's 16 rows share their scales, wscale the warp's scales row; else
+  // rscale the scales row of the warp's row lane % 16, the one output
+  // column this lane scales in the staging tile. Null past N.
+  bool exact = false, uniform = false;
+  const float *wscale = nullptr, *rscale = nullptr;
+  if constexpr (kF8) {
+    exact = a.qgroup % kGemmBK == 0;
+    uniform = a.qbrows % 16 == 0 && a.qsplit % 16 == 0 && (a.mode != GEMM_SWIGLU || a.half % 16 == 0);
+    const int nbc = (a.K + a.qgroup - 1) / a.qgroup;
+    auto scales_row = [&](int n) -> const float* {
+      bool ok;
+      const int r = gemm_wrow(a, n, ok);
+      if (!ok) return nullptr;
+      const int p = r >= a.qsplit ? 1 : 0, rr = r - p * a.qsplit;
+      return reinterpret_cast<const float*>(static_cast<const uint8_t*>(W) + a.qs[p]) + size_t(rr / a.qbrows) * nbc;
+    };
+    if (exact && uniform) wscale = scales_row(warp * 16);
+    if (exact && !uniform) rscale = scales_row(warp * 16 + (tid & 15));
   }
   float4 av[kAV];
   uint4 wv[kWV];
@@ -266,6 +283,15 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
     for (int u = 0; u < kAV; ++u) {
       const int f = tid + u * kGemmThreads, r = f / (kGemmBK / 4);
       const float v[4] = {av[u].x, av[u].y, av[u].z, av[u].w};
+      if (kF8 && exact) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {  // hi, then the exact remainder as mid and lo
+          const __nv_bfloat16 hi = __float2bfloat16_rn(v[i]);
+          s.ah[r][ac[u] + i] = hi;
+          split_bf16(v[i] - __bfloat162float(hi), s.am[kF8 ? r : 0][ac[u] + i], s.al[r][ac[u] + i]);
+        }
+        continue;
+      }
 #pragma unroll
       for (int i = 0; i < 4; ++i) split_bf16(v[i], s.ah[r][ac[u] + i], s.al[r][ac[u] + i]);
     }
@@ -303,7 +329,6 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
     }
   };
 
-  constexpr bool kF8 = std::is_same_v<T, F8W>;
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[MF], blk[kF8 ? MF : 1];
 #pragma unroll
   for (int i = 0; i < MF; ++i) wmma::fill_fragment(acc[i], 0.0f);
@@ -322,20 +347,44 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(GemmArgs a) {
         wmma::load_matrix_sync(bh, &s.wh[warp * 16][kk], kGemmLd);
 #pragma unroll
         for (int i = 0; i < MF; ++i) {
-          wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> ah, al;
-          wmma::load_matrix_sync(ah, &s.ah[i * 16][kk], kGemmLd);
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> ah, am, al;
           wmma::load_matrix_sync(al, &s.al[i * 16][kk], kGemmLd);
-          wmma::mma_sync(blk[kF8 ? i : 0], al, bh, blk[kF8 ? i : 0]);
+          wmma::mma_sync(blk[kF8 ? i : 0], al, bh, blk[kF8 ? i : 0]);  // the small terms first
+          wmma::load_matrix_sync(am, &s.am[kF8 ? i * 16 : 0][kk], kGemmLd);
+          wmma::mma_sync(blk[kF8 ? i : 0], am, bh, blk[kF8 ? i : 0]);
+          wmma::load_matrix_sync(ah, &s.ah[i * 16][kk], kGemmLd);
           wmma::mma_sync(blk[kF8 ? i : 0], ah, bh, blk[kF8 ? i : 0]);
         }
       }
       if ((k0 + kGemmBK) % a.qgroup == 0 || k0 + kGemmBK >= a.K) {  // the block ends: its scale on its sums
-        const float sc = wscale ? __ldg(wscale + k0 / a.qgroup) : 0.f;
+        const int b = k0 / a.qgroup;
+        if (uniform) {
+          const float sc = wscale ? __ldg(wscale + b) : 0.f;
 #pragma unroll
-        for (int i = 0; i < MF; ++i) {
+          for (int i = 0; i < MF; ++i) {
 #pragma unroll
-          for (int e = 0; e < acc[i].num_elements; ++e) acc[i].x[e] = fmaf(sc, blk[kF8 ? i : 0].x[e], acc[i].x[e]);
-          wmma::fill_fragment(blk[kF8 ? i : 0], 0.0f);
+            for (int e = 0; e < acc[i].num_elements; ++e) acc[i].x[e] = fmaf(sc, blk[kF8 ? i : 0].x[e], acc[i].x[e]);
+            wmma::fill_fragment(blk[kF8 ? i : 0], 0.0f);
+          }
+        } else {  // per-row scales: lane l scales output column l % 16 of the warp's tile
+          const float sc = rscale ? __ldg(rscale + b) : 0.f;
+          float* sums = s.f8[kF8 ? warp : 0][0];
+          float* tot = s.f8[kF8 ? warp : 0][1];
+#pragma unroll
+          for (int i = 0; i < MF; ++i) {
+            wmma::store_matrix_sync(sums, blk[kF8 ? i : 0], 16, wmma::mem_row_major);
+            wmma::store_matrix_sync(tot, acc[i], 16, wmma::mem_row_major);
+            __syncwarp();
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {  // element j's column j % 16 is lane % 16
+              const int j = (tid & 31) + 32 * q;
+              tot[j] = fmaf(sc, sums[j], tot[j]);
+            }
+            __syncwarp();
+            wmma::load_matrix_sync(acc[i], tot, 16, wmma::mem_row_major);
+            wmma::fill_fragment(blk[kF8 ? i : 0], 0.0f);
+            __syncwarp();
+          }
         }
       }
     } else {

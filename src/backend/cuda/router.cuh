@@ -166,28 +166,34 @@ struct OutRouterArgs {
   ExpertSel sel;
   unsigned* done;  // router blocks finished (zero between launches)
 };
+// A router block of outproj_router_kernel (blocks [0, nbR)): its rows of the
+// folded router's logits; the last router block to finish picks the
+// experts. The top-k of logits * s is that of the logits for any s > 0, so
+// the pick needs no rms(x_new): it happens here, while the projection
+// blocks still run, instead of at the start of every gate_up block.
+// gate_up's first block computes the weights, which do need it
+// (topk_weights).
+__device__ __forceinline__ void router_block(const OutRouterArgs& a) {
+  matvec_rows<float>(a.R, a.rowsR, a.H + a.O, a.cat, a.logits, 0, a.splitR, a.per, blockIdx.x, a.nbR);
+  if (!a.sel.out) return;
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(a.done, 1u) == unsigned(a.nbR - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x < 32) topk_warp(a.logits, a.E, a.k, 0, 0, a.ids, a.wscratch, a.tc, a.sel, 1.0f);
+  if (threadIdx.x == 0) *a.done = 0;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads) outproj_router_kernel(const T* __restrict__ W, OutRouterArgs a) {
   if (a.sel.out && blockIdx.x == 0 && threadIdx.x < 32) prefetch_tables(a.sel, a.E);
   pdl_wait();
   pdl_trigger();
   if (int(blockIdx.x) < a.nbR) {
-    matvec_rows<float>(a.R, a.rowsR, a.H + a.O, a.cat, a.logits, 0, a.splitR, a.per, blockIdx.x, a.nbR);
-    if (!a.sel.out) return;
-    // The last router block picks the experts. The top-k of logits * s is
-    // that of the logits for any s > 0, so the pick needs no rms(x_new): it
-    // happens here, while the projection blocks still run, instead of at the
-    // start of every gate_up block. gate_up's first block computes the
-    // weights, which do need it (topk_weights).
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(a.done, 1u) == unsigned(a.nbR - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    if (threadIdx.x < 32) topk_warp(a.logits, a.E, a.k, 0, 0, a.ids, a.wscratch, a.tc, a.sel, 1.0f);
-    if (threadIdx.x == 0) *a.done = 0;
+    router_block(a);
     return;
   }
   matvec_rows<T>(W, a.H, a.O, a.cat + a.H, a.x, 1, a.splitA, a.per, int(blockIdx.x) - a.nbR, a.nbA);
