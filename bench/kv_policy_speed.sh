@@ -14,11 +14,17 @@ MODEL_ARGS="$2"
 D="${3:-4096}"; B="${4:-1024}"; N="${5:-32}"; ROUNDS="${6:-2}"
 POLICIES=("full|" "window $B|--kv-window $B" "streaming $B|--kv-streaming $B" "h2o $B|--kv-h2o $B"
           "tova $B|--kv-tova $B")
-# The CPU-only policies: the Quest store (fp8, pages of 4, B read per query, a
-# quarter of them the recent positions) and SnapKV.
+# SnapKV (the prompt cut to B at the first decoded token, inside the timed
+# tg run); the Quest store (fp8, pages of 4, B read per query, a quarter of
+# them the recent positions) on the CPU only.
+POLICIES+=("snapkv $B|--kv-snapkv $B")
+# fp8 with Hadamard-rotated K and V (the query rotated, the output rotated back).
+case "$MODEL_ARGS" in
+  *"--kv-dtype fp8"*) POLICIES+=("full rotated|--kv-fp8-scale rotated") ;;
+esac
 case "$MODEL_ARGS" in
   *"--device cuda"*) ;;
-  *) POLICIES+=("quest $B|--kv-dtype fp8 --kv-fp8-scale head --kv-resident $B --kv-page 4 --kv-recent 0.25" "snapkv $B|--kv-snapkv $B") ;;
+  *) POLICIES+=("quest $B|--kv-dtype fp8 --kv-fp8-scale head --kv-resident $B --kv-page 4 --kv-recent 0.25") ;;
 esac
 declare -A sum cnt
 for r in $(seq 1 "$ROUNDS"); do
