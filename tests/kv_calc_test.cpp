@@ -208,7 +208,9 @@ TEST_P(KvFp8TransformCli, RunsOnTheCpuAndChannelIsRefusedOnCuda) {
   std::remove(o.c_str());
   const bool refused = has(r.out, "--kv-fp8-scale " + mode + " is only available with --device cpu");
   EXPECT_EQ(refused, mode == "channel") << r.out;
-  if (refused) EXPECT_NE(r.status, 0);
+  if (refused) {
+    EXPECT_NE(r.status, 0);
+  }
   r = run_cli("kv-calc --preset qwen3.5-35b-a3b" + kv);
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_TRUE(has(r.out, "fp8/" + mode)) << r.out;
