@@ -89,6 +89,12 @@ std::vector<KvCase> kv_cases() {
   fh.fp8_scale = Fp8ScaleMode::Head;
   fh.window = 64;
   v.push_back({"fp8-head-window64", fh});
+  KvConfig fr;  // K and V Hadamard-rotated per head (rot_gate_kernel rotates the output back)
+  fr.dtype = KvDType::FP8;
+  fr.fp8_scale = Fp8ScaleMode::Rotated;
+  v.push_back({"fp8-rotated", fr});
+  fr.window = 64;  // the prefill's staged chunks
+  v.push_back({"fp8-rotated-window64", fr});
   KvConfig s;
   s.streaming = true;
   s.window = 48;

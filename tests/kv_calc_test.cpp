@@ -190,26 +190,39 @@ TEST(KvCalcCli, BadOptionsGiveClearErrors) {
   EXPECT_TRUE(has(r.out, "streaming 1024 (sinks 4)")) << r.out;
 }
 
-// --kv-fp8-scale rotated runs on the CPU and is refused by name with
-// --device cuda (the CUDA kernels read K and V unrotated), before any upload.
-TEST(KvFp8RotatedCli, RunsOnTheCpuAndIsRefusedOnCuda) {
+// The fp8 transforms run on the CPU and kv-calc names them; with --device
+// cuda `rotated` runs (tests/cuda_test.cpp's kv_cases) and `channel` is
+// refused by name, before any upload (the CUDA kernels read keys without
+// offsets).
+class KvFp8TransformCli : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(KvFp8TransformCli, RunsOnTheCpuAndChannelIsRefusedOnCuda) {
+  const std::string mode = GetParam();
   const std::string m = std::string(FLASHMOE_SOURCE_DIR) + "/tests/fixtures/tiny-qwen35moe/model";
-  const std::string o = ::testing::TempDir() + "kv_fp8_rotated_logits.safetensors";
-  RunResult r = run_cli("logits -m " + m + " --device cpu --kv-dtype fp8 --kv-fp8-scale rotated --ids 1,2,3 -o " + o);
+  const std::string o = ::testing::TempDir() + "kv_fp8_" + mode + "_logits.safetensors";
+  const std::string kv = " --kv-dtype fp8 --kv-fp8-scale " + mode;
+  RunResult r = run_cli("logits -m " + m + " --device cpu" + kv + " --ids 1,2,3 -o " + o);
   EXPECT_EQ(r.status, 0) << r.out;
   std::remove(o.c_str());
-  r = run_cli("logits -m " + m + " --device cuda --kv-dtype fp8 --kv-fp8-scale rotated --ids 1,2,3 -o " + o);
-  EXPECT_NE(r.status, 0);
-  EXPECT_TRUE(has(r.out, "--kv-fp8-scale rotated is only available with --device cpu")) << r.out;
-  r = run_cli("kv-calc --preset qwen3.5-35b-a3b --kv-dtype fp8 --kv-fp8-scale rotated");
+  r = run_cli("logits -m " + m + " --device cuda" + kv + " --ids 1,2,3 -o " + o);
+  std::remove(o.c_str());
+  const bool refused = has(r.out, "--kv-fp8-scale " + mode + " is only available with --device cpu");
+  EXPECT_EQ(refused, mode == "channel") << r.out;
+  if (refused) {
+    EXPECT_NE(r.status, 0);
+  }
+  r = run_cli("kv-calc --preset qwen3.5-35b-a3b" + kv);
   EXPECT_EQ(r.status, 0) << r.out;
-  EXPECT_TRUE(has(r.out, "fp8/rotated")) << r.out;
+  EXPECT_TRUE(has(r.out, "fp8/" + mode)) << r.out;
 }
+
+INSTANTIATE_TEST_SUITE_P(Modes, KvFp8TransformCli, ::testing::Values("rotated", "channel"));
 
 // The Quest store and SnapKV run through the CPU model (a 40-token prompt
 // over pages of 8 with 16 resident; SnapKV with a prompt longer than its
-// budget, then decoding) and are refused by name with --device cuda.
-TEST(KvQuestSnapKvCli, RunOnTheCpuAndAreRefusedOnCuda) {
+// budget, then decoding); the Quest store is refused by name with --device
+// cuda (SnapKV runs there: tests/cuda_kv_policies_test.cpp).
+TEST(KvQuestSnapKvCli, RunOnTheCpuAndQuestIsRefusedOnCuda) {
   const std::string m = std::string(FLASHMOE_SOURCE_DIR) + "/tests/fixtures/tiny-qwen35moe/model";
   const std::string o = ::testing::TempDir() + "kv_quest_logits.safetensors";
   std::string ids = "1";
@@ -223,9 +236,6 @@ TEST(KvQuestSnapKvCli, RunOnTheCpuAndAreRefusedOnCuda) {
   r = run_cli("logits -m " + m + " --device cuda --kv-resident 16 --kv-page 8 --ids 1,2,3 -o " + o);
   EXPECT_NE(r.status, 0);
   EXPECT_TRUE(has(r.out, "--kv-resident is only available with --device cpu")) << r.out;
-  r = run_cli("logits -m " + m + " --device cuda --kv-snapkv 16 --ids 1,2,3 -o " + o);
-  EXPECT_NE(r.status, 0);
-  EXPECT_TRUE(has(r.out, "--kv-snapkv is only available with --device cpu")) << r.out;
   r = run_cli("kv-calc --preset qwen3.5-35b-a3b --kv-dtype fp8 --kv-resident 256 --kv-page 16 --context 4096");
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_TRUE(has(r.out, "256 resident per query, pages of 16")) << r.out;

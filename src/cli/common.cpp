@@ -58,16 +58,12 @@ void add_model_options(CLI::App* cmd, ModelOptions* opt, bool require_model) {
 
 void finalize_model_options(ModelOptions* opt) {
   finalize_kv_options(&opt->kv);
-  // The CUDA attention kernels read K and V unrotated and without offsets.
-  if (opt->kv.dtype == KvDType::FP8 &&
-      (opt->kv.fp8_scale == Fp8ScaleMode::Rotated || opt->kv.fp8_scale == Fp8ScaleMode::Channel) &&
-      opt->device.cpu_only.empty())
-    opt->device.cpu_only = std::string("--kv-fp8-scale ") + fp8_scale_mode_name(opt->kv.fp8_scale);
+  // The CUDA attention kernels read keys without offsets.
+  if (opt->kv.dtype == KvDType::FP8 && opt->kv.fp8_scale == Fp8ScaleMode::Channel && opt->device.cpu_only.empty())
+    opt->device.cpu_only = "--kv-fp8-scale channel";
   // The CUDA KV layers have no page store.
   if (opt->kv.retention() == KvRetention::Quest && opt->device.cpu_only.empty())
     opt->device.cpu_only = "--kv-resident";
-  if (opt->kv.retention() == KvRetention::SnapKV && opt->device.cpu_only.empty())
-    opt->device.cpu_only = "--kv-snapkv";
   // "GB" or "N%" into gb or fraction.
   auto size = [](const std::string& flag, const std::string& v, double* gb, double* fraction) {
     const bool pct = v.back() == '%';

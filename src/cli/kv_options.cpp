@@ -19,7 +19,7 @@ void add_kv_options(CLI::App* cmd, KvConfig* cfg) {
            cfg->fp8_scale_set = true;
          },
          "fp8 scales: one per position shared by the KV heads (default), one per position and KV head, per "
-         "position and KV head after a Hadamard rotation of each head (rotated: lower error, CPU only), or "
+         "position and KV head after a Hadamard rotation of each head (rotated: lower error), or "
          "rotated with per-channel key offsets per page of 256 positions and least-squares scales (channel: "
          "lowest error; full cache or --kv-resident; CPU only)")
       ->type_name("position|head|rotated|channel")
@@ -64,7 +64,7 @@ void add_kv_options(CLI::App* cmd, KvConfig* cfg) {
          },
          "SnapKV prompt compression to B positions: the prompt is kept whole until decoding starts, then cut to "
          "the sinks, the recent share (--kv-recent, default 0.25) and the positions the prompt's last 32 queries "
-         "attend to most; during decoding the recent share is a window (CPU only)")
+         "attend to most; during decoding the recent share is a window")
       ->check(integer_at_least(1))
       ->type_name("B")
       ->group(group);

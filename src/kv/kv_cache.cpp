@@ -10,6 +10,7 @@
 #include "core/simd.h"
 #include "kv/fp8_e4m3.h"
 #include "kv/kv_kernels.h"
+#include "kv/snapkv_select.h"
 
 namespace flashmoe {
 
@@ -317,7 +318,7 @@ void KvCache::begin_decode() {
 }
 
 void KvCache::snapkv_compress() {
-  const int64_t n = n_, B = cap_, R = cfg_.snapkv_recent(), S = std::min(cfg_.sinks, B - R);
+  const int64_t n = n_, B = cap_;
   const int64_t W = KvConfig::kSnapObserved, nh = obs_heads_, G = nh > 0 ? nh / nkv_ : 0;
   // The observed queries belong to the last slots, the newest at obs_last_slot_.
   const int64_t nobs = obs_last_slot_ == n - 1 ? std::min({obs_n_, W, n}) : 0;
@@ -339,29 +340,7 @@ void KvCache::snapkv_compress() {
       for (int64_t s = 0; s <= t; ++s) score[size_t(s)] += std::exp(double(logit[size_t(s)] - mx)) / z;
     }
   }
-  const int64_t half = KvConfig::kSnapPool / 2;
-  std::vector<int64_t> cand;
-  for (int64_t s = S; s < n - R; ++s) cand.push_back(s);
-  std::vector<double> pooled(size_t(n), 0.0);
-  for (int64_t s : cand) {
-    double m = 0;
-    for (int64_t u = std::max<int64_t>(0, s - half); u <= std::min(n - 1, s + half); ++u) m = std::max(m, score[size_t(u)]);
-    pooled[size_t(s)] = m;
-  }
-  const int64_t take = B - R - S;
-  // Highest pooled score first; ties (a pool spreads one peak over its 7
-  // neighbours): the higher own score, then the newer.
-  std::partial_sort(cand.begin(), cand.begin() + take, cand.end(), [&](int64_t a, int64_t b) {
-    if (pooled[size_t(a)] != pooled[size_t(b)]) return pooled[size_t(a)] > pooled[size_t(b)];
-    if (score[size_t(a)] != score[size_t(b)]) return score[size_t(a)] > score[size_t(b)];
-    return a > b;
-  });
-  std::vector<int64_t> keep;
-  for (int64_t s = 0; s < S; ++s) keep.push_back(s);
-  std::vector<int64_t> chosen(cand.begin(), cand.begin() + take);
-  std::sort(chosen.begin(), chosen.end());
-  keep.insert(keep.end(), chosen.begin(), chosen.end());
-  for (int64_t s = n - R; s < n; ++s) keep.push_back(s);
+  const std::vector<int64_t> keep = snapkv_keep(score.data(), n, cfg_);
   // keep is ascending and keep[i] >= i: moving row keep[i] to slot i in
   // order never overwrites a row still to be moved.
   const size_t rb = size_t(row_) * el_;

@@ -37,17 +37,46 @@ struct KvLayer {
   // tova: acc holds the latest query's probabilities (summed over heads),
   // overwritten by every step instead of accumulated (same eviction as h2o).
   int latest_only = 0;
+  // snapkv after the prompt was cut to cap = B positions: a streaming
+  // layout (window B, sinks B - R: the kept prompt positions, then a ring of
+  // R) over positions counted from `shift` (the prompt positions dropped).
+  int shift = 0;
+  // fp8 `rotated`: K and V stored as H k, H v per head (H the orthonormal
+  // Hadamard matrix, its own inverse). q.k = (Hq).(Hk), so attn_prep
+  // rotates the query too; the attention's output is in the rotated basis
+  // and rot_gate_kernel rotates it back (and gates it).
+  int rot = 0;
 };
+
+// x <- H x in shared memory (n a power of two; every thread of the block
+// calls it after x is written): the butterflies of the CPU's
+// kv_kernels::hadamard_ortho, stage by stage, then the 1/sqrt(n) scale, so
+// the same bits.
+__device__ __forceinline__ void hadamard_smem(float* x, int n) {
+  for (int h = 1; h < n; h *= 2) {
+    for (int p = threadIdx.x; p < n / 2; p += blockDim.x) {
+      const int i = (p / h) * 2 * h + p % h;
+      const float a = x[i], b = x[i + h];
+      x[i] = a + b;
+      x[i + h] = a - b;
+    }
+    __syncthreads();
+  }
+  const float s = 1.0f / sqrtf(float(n));
+  for (int i = threadIdx.x; i < n; i += blockDim.x) x[i] *= s;
+  __syncthreads();
+}
 
 // The slot of position pos in a full / window / streaming cache (not h2o).
 __device__ __forceinline__ int kv_slot(const KvLayer& L, int pos) {
   if (L.window == 0) return pos;
+  pos -= L.shift;
   if (L.sinks == 0) return pos % L.window;
   return pos < L.sinks ? pos : L.sinks + (pos - L.sinks) % (L.window - L.sinks);
 }
 __device__ __forceinline__ int kv_valid(const KvLayer& L, int pos) {  // after appending pos
   if (L.acc) return min(pos + 1, L.cap);
-  return L.window == 0 ? pos + 1 : min(pos + 1, L.window);
+  return L.window == 0 ? pos + 1 : min(pos + 1 - L.shift, L.window);
 }
 
 // h2o: the slot position pos goes to (the whole block calls it; the same
@@ -240,6 +269,7 @@ __device__ __forceinline__ void attn_prep_body(AttnPrepArgs a, int t) {
     __syncthreads();
     norm_in_smem(sm, a.q_norm, hd, a.eps, pre);
     rope_in_smem(sm, a.rd, a.inv_freq, pos, pre);
+    if (a.kv.rot) hadamard_smem(sm, hd);
     for (int i = threadIdx.x; i < hd; i += blockDim.x) a.q[h * hd + i] = sm[i];
     return;
   }
@@ -257,6 +287,11 @@ __device__ __forceinline__ void attn_prep_body(AttnPrepArgs a, int t) {
     norm_in_smem(kk + h * hd, a.k_norm, hd, a.eps, pre);
     rope_in_smem(kk + h * hd, a.rd, a.inv_freq, pos, pre);
   }
+  if (a.kv.rot)
+    for (int h = 0; h < a.nkv; ++h) {
+      hadamard_smem(kk + h * hd, hd);
+      hadamard_smem(vv + h * hd, hd);
+    }
   if (a.kvt == KV_FP8) {
     const int block = row / a.ns;
     for (int b = 0; b < a.ns; ++b) {
@@ -342,7 +377,7 @@ __device__ __forceinline__ void kv_load8(const void* p, size_t off, float* out) 
 
 struct AttnArgs {
   const float* q;     // [nh*hd]
-  const float* gate;  // qkv projection: gate of head h at h*2*hd + hd
+  const float* gate;  // qkv projection: gate of head h at h*2*hd + hd (null: ungated, for rot_gate_kernel)
   float* scores;      // scratch [nh][cap]
   float* out;         // [nh*hd]
   const int* pos;
@@ -501,7 +536,7 @@ __device__ __forceinline__ void attn_body(const AttnArgs& a) {
   }
   if (P == 1) {
     for (int d = threadIdx.x; d < hd; d += blockDim.x)
-      a.out[h * hd + d] = acc_out[d] / sum * sigmoidf_(a.gate[h * 2 * hd + hd + d]);
+      a.out[h * hd + d] = acc_out[d] / sum * (a.gate ? sigmoidf_(a.gate[h * 2 * hd + hd + d]) : 1.f);
     // h2o: the probabilities for h2o_acc_kernel (sc was last read before
     // the __syncthreads of the partial sums).
     if (a.kv.acc)
@@ -528,7 +563,7 @@ __device__ __forceinline__ void attn_body(const AttnArgs& a) {
       const float* o = cl.map_shared_rank(ml, r);
       if (o[1] > 0.f) t += cl.map_shared_rank(acc_out, r)[d] * expf(o[0] - M);
     }
-    a.out[h * hd + d] = t / L * sigmoidf_(a.gate[h * 2 * hd + hd + d]);
+    a.out[h * hd + d] = t / L * (a.gate ? sigmoidf_(a.gate[h * 2 * hd + hd + d]) : 1.f);
   }
   if (a.kv.acc) {  // h2o: this slice's probabilities, as in P == 1
     const float f = expf(mx - M) / L;
@@ -565,6 +600,23 @@ __device__ __forceinline__ void h2o_acc_body(const KvLayer& kv, const float* sco
 }
 static __global__ void h2o_acc_kernel(KvLayer kv, const float* scores, int nh, const int* pos) {
   h2o_acc_body(kv, scores, nh, pos);
+}
+
+// fp8 `rotated` (KvLayer::rot): each head's attention output, written
+// ungated in the rotated basis, rotated back (H is its own inverse) and
+// gated, as the CPU does. grid: nh x T (token t's row at out + t * nh * hd,
+// its qkv row at gate + t * gstride); hd floats of shared memory.
+static __global__ void rot_gate_kernel(float* out, const float* gate, int gstride, int nh, int hd) {
+  extern __shared__ float sm[];
+  pdl_wait();
+  pdl_trigger();
+  const int h = blockIdx.x, t = blockIdx.y;
+  float* o = out + (size_t(t) * nh + h) * hd;
+  const float* g = gate + size_t(t) * gstride + size_t(h) * 2 * hd + hd;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) sm[i] = o[i];
+  __syncthreads();
+  hadamard_smem(sm, hd);
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) o[i] = sm[i] * sigmoidf_(g[i]);
 }
 
 }  // namespace flashmoe::cuda

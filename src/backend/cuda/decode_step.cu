@@ -419,7 +419,7 @@ void CudaModel::Impl::attention(CudaState::Impl& s, const DLayer& d, int sl) {
   mark(K_ATTN);
   AttnArgs a;
   a.q = q;
-  a.gate = proj;
+  a.gate = s.kvl[size_t(sl)].rot ? nullptr : proj;  // rotated: gated by rot_gate_kernel
   a.scores = s.scores;
   a.out = attn_o;
   a.pos = s.d_pos;
@@ -443,6 +443,10 @@ void CudaModel::Impl::attention(CudaState::Impl& s, const DLayer& d, int sl) {
   mark(K_ATTN);
   if (s.h2o) {
     go(h2o_acc_kernel, (s.cap + 127) / 128, 128, 0, s.kvl[size_t(sl)], s.scores, nh, s.d_pos);
+    mark(K_ATTN);
+  }
+  if (s.kvl[size_t(sl)].rot) {
+    go(rot_gate_kernel, nh, 128, size_t(hd) * 4, attn_o, static_cast<const float*>(proj), 0, nh, hd);
     mark(K_ATTN);
   }
   if (d.rfold) outproj_router(d, d.o_proj);

@@ -86,13 +86,22 @@ void CudaModel::forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode
   const int64_t V = m.c.vocab_size;
   check_token_ids(m.c, ids, n);
   CK(cudaSetDevice(m.dev));
+  // A single-token step is decoding: snapkv cuts the prompt now (as the CPU).
+  if (n == 1) m.snapkv_begin_decode(s);
   m.ensure_cap(s, s.pos + n);
-  Prefill* pf = n > 1 ? m.batched() : nullptr;
+  // After the cut, tokens go one at a time (the kept prompt positions are
+  // not a prefix for the batched prefill's attention), as on the CPU.
+  Prefill* pf = n > 1 && !s.snap_done ? m.batched() : nullptr;
+  if (s.snap && !s.snap_done && n > 1 && !pf)
+    fail_device(DeviceFailure::Unsupported,
+                "CUDA backend: --kv-snapkv needs the batched prefill (it keeps the prompt's last queries), which is "
+                "off or cannot run this model");
   for (int64_t b = 0; b < n; b += kRing - 1) {
     const int64_t len = std::min<int64_t>(kRing - 1, n - b);
     m.put_ids(s, ids + b, len);
     if (pf) {
       PrefillState ps = m.prefill_state(s);
+      if (s.snap) ps.snap_q = s.snap_q.data();
       for (int64_t c0 = 0; c0 < len; c0 += pf->max_tokens()) {
         const int T = int(std::min<int64_t>(pf->max_tokens(), len - c0));
         pf->run(ps, s.d_ids + c0, T, s.pos);
@@ -134,6 +143,7 @@ void CudaModel::decode_greedy(CudaState& st, int32_t first, int64_t n, int32_t* 
   CudaState::Impl& s = *st.p_;
   check_token_ids(m.c, &first, 1);
   CK(cudaSetDevice(m.dev));
+  m.snapkv_begin_decode(s);
   m.ensure_cap(s, s.pos + n);
   int32_t next = first;
   for (int64_t b = 0; b < n; b += kRing - 2) {

@@ -44,6 +44,14 @@ struct CudaState::Impl {
   int64_t pos = 0;
   int cap = 0, window = 0, sinks = 0, kvt = KV_F32, ns = 0;
   bool h2o = false;  // h2o or tova retention: cap slots, KvLayer acc / kpos (scores) and victims
+  // snapkv (snapkv.cu): full retention and each layer's ring of the last
+  // kSnapObserved prompt queries (snap_q) until the first single-token
+  // step; then B slots, the kept prompt positions in [0, B - R) (snap_fixed,
+  // per layer) and a ring of R, positions counted from snap_shift.
+  bool snap = false, snap_done = false;
+  std::vector<float*> snap_q;
+  std::vector<std::vector<int64_t>> snap_fixed;
+  int64_t snap_shift = 0;
   size_t el = 4;
   int nkv = 0, hd = 0, nh = 0;
   std::vector<KvLayer> kvl;
@@ -68,6 +76,7 @@ struct CudaState::Impl {
         cudaFree(p);
     for (float* p : conv) cudaFree(p);
     for (float* p : ssm) cudaFree(p);
+    for (float* p : snap_q) cudaFree(p);
     for (void* p : {static_cast<void*>(scores), static_cast<void*>(d_pos), static_cast<void*>(d_base),
                     static_cast<void*>(d_ids), static_cast<void*>(d_out), static_cast<void*>(d_step)})
       cudaFree(p);
@@ -211,6 +220,16 @@ struct CudaModel::Impl : Launcher {
   void run_step(CudaState::Impl& s, int kind);
   // Full retention: grow the KV storage (and scores) to hold `slots`.
   void ensure_cap(CudaState::Impl& s, int64_t slots);
+  // snapkv.cu: a state of --kv-snapkv B about to take its first
+  // single-token step cuts each layer's prompt to B positions (the CPU's
+  // choice); a no-op for every other state, and once done.
+  void snapkv_begin_decode(CudaState::Impl& s);
+  // A snapshot's cut state: B empty slots per layer in the cut layout
+  // (positions counted from shift), for load_state to fill.
+  void snapkv_restore(CudaState::Impl& s, int64_t shift);
+  // The state-wide part of the cut layout (cap, window, sinks; the query
+  // rings freed, the scores sized for B).
+  void snapkv_layout(CudaState::Impl& s, int64_t shift);
   // The batched prefill, made at its first use; null where it cannot run
   // (switched off, shapes it does not cover, no device memory left for its
   // buffers): token by token then.

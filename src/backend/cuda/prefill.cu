@@ -13,6 +13,7 @@
 #include "backend/cuda/gemm_skinny.cuh"
 #include "backend/cuda/gguf_kernels.cuh"
 #include "backend/cuda/prefill_kernels.cuh"
+#include "kv/kv_config.h"
 
 namespace flashmoe::cuda {
 
@@ -262,6 +263,7 @@ void Prefill::attend_chunk(const PrefillState& s, const DLayer& d, const KvLayer
   KvLayer stage = stage_;
   stage.window = 0;
   stage.sinks = 0;
+  stage.rot = kv.rot;  // attn_prep rotates what it stores there
   AttnPrepArgs p = attn_prep_args(c, d, proj_, q_, s.d_pos, m_.inv_freq, staged ? stage : kv, s.ns, s.kvt);
   p.tstride = proj_stride_;
   p.stage = staged ? p0 : -1;
@@ -269,7 +271,7 @@ void Prefill::attend_chunk(const PrefillState& s, const DLayer& d, const KvLayer
   mark(P_ATTN_PREP);
   AttnRowsArgs a;
   a.q = q_;
-  a.gate = proj_;
+  a.gate = kv.rot ? nullptr : proj_;  // rotated: gated by rot_gate_kernel below
   a.gstride = proj_stride_;
   a.out = o_;
   a.kv = kv;
@@ -308,6 +310,7 @@ void Prefill::attend_chunk(const PrefillState& s, const DLayer& d, const KvLayer
     }
     h2o_rows_sum_kernel<<<unsigned(div_up(n, 256)), 256, 0, st>>>(kv, h.part, int(g2.y), n);
   }
+  if (kv.rot) rot_gate_kernel<<<dim3(unsigned(nh), unsigned(T)), 128, size_t(hd) * 4, st>>>(o_, proj_, proj_stride_, nh, hd);
   mark(P_ATTN);
   if (staged) kv_commit_kernel<<<T, 256, 0, st>>>(kv, stage, p0, T, nkv * hd, s.ns, int(s.el));
   mark(P_OTHER);
@@ -348,7 +351,7 @@ void Prefill::attend_in_order(const PrefillState& s, const DLayer& d, const KvLa
     launch_pdl(st, attn_prep_kernel, nh + 1, 128, prep_smem, 1, p);
     AttnArgs a;
     a.q = q_ + size_t(t) * nh * hd;
-    a.gate = proj_ + size_t(t) * proj_stride_;
+    a.gate = kv.rot ? nullptr : proj_ + size_t(t) * proj_stride_;  // rotated: gated below
     a.scores = s.scores;
     a.out = o_ + size_t(t) * nh * hd;
     a.pos = seq_ + t;
@@ -369,6 +372,7 @@ void Prefill::attend_in_order(const PrefillState& s, const DLayer& d, const KvLa
     launch_pdl(st, h2o_acc_kernel, div_up(kv.cap, 128), 128, 0, 1, kv, static_cast<const float*>(s.scores), nh,
                static_cast<const int*>(seq_ + t));
   }
+  if (kv.rot) rot_gate_kernel<<<dim3(unsigned(nh), unsigned(T)), 128, size_t(hd) * 4, st>>>(o_, proj_, proj_stride_, nh, hd);
   mark(P_ATTN);
 }
 
@@ -635,6 +639,20 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
   return next_norm != nullptr;
 }
 
+// snapkv: the last min(T, kSnapObserved) queries of the chunk (q_) into
+// the layer's ring, row p % kSnapObserved: at most two contiguous pieces.
+void Prefill::observe_queries(float* ring, int p0, int T) {
+  const int W = int(KvConfig::kSnapObserved);
+  const size_t w = size_t(m_.c->num_heads * m_.c->head_dim);
+  for (int t = std::max(0, T - W); t < T;) {
+    const int r = (p0 + t) % W, len = std::min(T - t, W - r);
+    check(cudaMemcpyAsync(ring + size_t(r) * w, q_ + size_t(t) * w, size_t(len) * w * 4, cudaMemcpyDeviceToDevice,
+                          m_.stream),
+          "batched prefill: snapkv queries");
+    t += len;
+  }
+}
+
 void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
   const ModelConfig& c = *m_.c;
   cudaStream_t st = m_.stream;
@@ -718,6 +736,7 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
       // token (the decode step's kernels); the rest of the layer stays batched.
       if (kv.acc && p0 + T > kv.cap) attend_in_order(s, d, kv, T);
       else attend_chunk(s, d, kv, p0, T);
+      if (s.snap_q) observe_queries(s.snap_q[sl], p0, T);
       dense(d.o_proj, o_, x_, H, GEMM_ADD);
       mark(P_OUTPROJ);
     }

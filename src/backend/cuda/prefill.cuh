@@ -74,6 +74,9 @@ struct PrefillState {
   // h2o chunks that evict (attention token by token, as the decode step):
   float* scores = nullptr;  // the decode step's [nh][cap] scratch
   int attn_split = 1;       // attn_kernel's blocks per head for this cache
+  // snapkv before decoding: per full-attention layer a ring [kSnapObserved][nh*hd]
+  // that takes the chunk's last queries (the query of position p at row p % kSnapObserved).
+  float* const* snap_q = nullptr;
 };
 
 class Prefill {
@@ -156,6 +159,7 @@ class Prefill {
   void* alloc(size_t bytes);
   void attend_chunk(const PrefillState& s, const DLayer& d, const KvLayer& kv, int p0, int T);
   void attend_in_order(const PrefillState& s, const DLayer& d, const KvLayer& kv, int T);
+  void observe_queries(float* ring, int p0, int T);  // snapkv (PrefillState::snap_q)
   // h2o: room for the chunk's partial score sums (grows with the context).
   float* h2o_part(size_t floats);
   void mark(int phase);  // with the profile: an event after a phase's kernels (the first: the start)

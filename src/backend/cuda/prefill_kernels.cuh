@@ -280,7 +280,7 @@ __global__ void moe_combine_norm_kernel(float* __restrict__ x, int H, const floa
 // Lanes take 8 consecutive dims (hd % 8 == 0, hd <= 256).
 struct AttnRowsArgs {
   const float* q;     // [T][nh*hd]
-  const float* gate;  // qkv rows [T][gstride]: gate of head h at h*2*hd + hd
+  const float* gate;  // qkv rows [T][gstride]: gate of head h at h*2*hd + hd (null: ungated, rotated KV)
   int gstride;
   float* out;  // [T][nh*hd]
   KvLayer kv;
@@ -378,7 +378,7 @@ __global__ void __launch_bounds__(256) attn_rows_kernel(AttnRowsArgs a) {
         o += part[w][d] * f;
       }
     a.out[(size_t(t) * a.nh + oh) * hd + d] =
-        o / Ls * sigmoidf_(a.gate[size_t(t) * a.gstride + oh * 2 * hd + hd + d]);
+        o / Ls * (a.gate ? sigmoidf_(a.gate[size_t(t) * a.gstride + oh * 2 * hd + hd + d]) : 1.f);
     if (a.lse && d == 0) a.lse[size_t(t) * a.nh + oh] = M + logf(Ls);
   }
 }
