@@ -87,6 +87,7 @@ void CudaModel::forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode
   check_token_ids(m.c, ids, n);
   CK(cudaSetDevice(m.dev));
   m.ensure_cap(s, s.pos + n);
+  if (s.head) m.ensure_cap(*s.head, s.pos + n);
   Prefill* pf = n > 1 ? m.batched() : nullptr;
   for (int64_t b = 0; b < n; b += kRing - 1) {
     const int64_t len = std::min<int64_t>(kRing - 1, n - b);
@@ -95,6 +96,7 @@ void CudaModel::forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode
       PrefillState ps = m.prefill_state(s);
       for (int64_t c0 = 0; c0 < len; c0 += pf->max_tokens()) {
         const int T = int(std::min<int64_t>(pf->max_tokens(), len - c0));
+        const int64_t p0 = s.pos;
         pf->run(ps, s.d_ids + c0, T, s.pos);
         s.pos += T;
         if (m.tiers) m.tiers->maintain(m.stream, T);
@@ -109,6 +111,8 @@ void CudaModel::forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode
           CK(cudaStreamSynchronize(m.stream));
           std::memcpy(logits, m.pinned_logits, size_t(V) * 4);
         }
+        if (s.head)  // the MTP head's entries of the chunk's tokens, one at a time
+          for (int t = 0; t < T; ++t) m.advance_head(s, s.d_ids + c0 + t, p0 + t, pf->hidden(t));
       }
       CK(cudaStreamSynchronize(m.stream));
       continue;
@@ -117,6 +121,7 @@ void CudaModel::forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode
       const int64_t g = b + t;
       const bool want = mode == LogitsMode::All || (mode == LogitsMode::Last && g == n - 1);
       m.run_step(s, want ? 1 : 0);
+      if (s.head) m.advance_head(s, s.d_ids + t, s.pos, m.x);  // leaves the logits alone
       ++s.pos;
       if (m.tiers) m.tiers->maintain(m.stream);
       if (want) {
@@ -135,6 +140,7 @@ void CudaModel::decode_greedy(CudaState& st, int32_t first, int64_t n, int32_t* 
   check_token_ids(m.c, &first, 1);
   CK(cudaSetDevice(m.dev));
   m.ensure_cap(s, s.pos + n);
+  if (s.head) m.ensure_cap(*s.head, s.pos + n);
   int32_t next = first;
   for (int64_t b = 0; b < n; b += kRing - 2) {
     const int64_t len = std::min<int64_t>(kRing - 2, n - b);
@@ -142,6 +148,7 @@ void CudaModel::decode_greedy(CudaState& st, int32_t first, int64_t n, int32_t* 
     CK(cudaMemsetAsync(s.d_step, 0, 4, m.stream));
     for (int64_t t = 0; t < len; ++t) {
       m.run_step(s, 2);
+      if (s.head) m.advance_head(s, s.d_ids + t, s.pos, m.x);  // the token this step fed: ring entry t
       ++s.pos;
       if (m.tiers) m.tiers->maintain(m.stream);
     }

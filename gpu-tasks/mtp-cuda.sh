@@ -1,0 +1,52 @@
+#!/bin/bash
+# Issue 20 on the H200 (branch mtp-cuda), build/ already built (no build here):
+#   1. the CUDA MTP tests (CudaMtp.*: the head's logits against the CPU's and
+#      against the torch reference, greedy --mtp = plain for N = 1..4 with
+#      full, fp8 and windowed KV, snapshots, the device restore point);
+#      the torch reference needs `fixtures: mtp`;
+#   2. coder-mini, real acceptance: `generate --mtp` on held-out-style code
+#      ids (the reference text) against plain, same ids, tokens/s and stats;
+#   3. `bench --mtp` (plain and speculative interleaved per repetition, -r 2):
+#      coder-mini, then the 35B synthetic with forced acceptance 0.8.
+# usage (repository root, on the device): bash gpu-tasks/mtp-cuda.sh [quick]
+set -o pipefail
+OUT=${OUT:-/tmp/out}; D=$OUT/mtp-cuda; mkdir -p $D
+T0=$SECONDS
+test -x build/flashmoe && test -x build/flashmoe_tests || { echo "FAIL no build/flashmoe, build/flashmoe_tests"; exit 1; }
+B=build/flashmoe
+timeout 45 stdbuf -oL ./build/flashmoe_tests --gtest_filter='CudaMtp.*' > $D/tests.log 2>&1
+rc=$?
+grep -E "^\[cuda-mtp\]|^\[ +(OK|FAILED) +\]|^\[  (PASSED|FAILED)|Failure|Expected|Which is|what\(\)|rror" $D/tests.log | head -60
+[ $rc = 0 ] && echo "PASS tests" || echo "FAIL tests (rc $rc)"
+echo "== tests at $((SECONDS-T0)) s"
+# 200 ids of the reference text (code) as the prompt.
+P=$(python3 -c "
+import json,struct
+f=open('models/coder-mini/reference.safetensors','rb'); n=struct.unpack('<Q',f.read(8))[0]; h=json.loads(f.read(n)); t=h['ids']
+f.seek(8+n+t['data_offsets'][0]); import array
+b=f.read(t['data_offsets'][1]-t['data_offsets'][0]); a=array.array('q'); a.frombytes(b)
+print(','.join(str(x) for x in a[:200]))" 2>/dev/null)
+if [ -n "$P" ]; then
+  for a in "" "--mtp --spec-draft 1" "--mtp --spec-draft 2" "--mtp --spec-draft 3"; do
+    echo "--- coder-mini generate --device cuda $a"
+    timeout 15 $B generate -m models/coder-mini --device cuda --ids $P -n 128 --greedy --stats $a > $D/gen.txt 2>&1
+    echo "rc $? ids $(grep -v '^ ' $D/gen.txt | grep -E '^[0-9]' | md5sum | cut -c1-8)"
+    grep -E "^decode:|^mtp:" $D/gen.txt
+  done
+else
+  echo "FAIL could not read the reference ids"
+fi
+echo "== generate at $((SECONDS-T0)) s"
+for n in 1 2 3; do
+  timeout 15 $B bench -m models/coder-mini --device cuda -p 0 -n 128 -r 2 --mtp --spec-draft $n > $D/bench-cm-$n.txt 2>&1
+  echo "--- coder-mini bench --mtp --spec-draft $n (rc $?)"; grep -E "^\| tg|^mtp:|speculative /|rror" $D/bench-cm-$n.txt
+done
+echo "== coder-mini bench at $((SECONDS-T0)) s"
+[ "$1" = quick ] && exit 0
+for n in 1 3; do
+  timeout 40 $B bench --synthetic qwen3.5-35b-a3b --device cuda -p 0 -n 64 -d 256 -r 2 --mtp --spec-draft $n \
+    --mtp-accept 0.8 > $D/bench-35b-$n.txt 2>&1
+  echo "--- 35B synthetic bench --mtp --spec-draft $n --mtp-accept 0.8 (rc $?)"
+  grep -E "^model:|^\| tg|^mtp:|speculative /|forced|rror" $D/bench-35b-$n.txt
+  echo "== at $((SECONDS-T0)) s"
+done
