@@ -8,13 +8,15 @@
 #      ids (the reference text) against plain, same ids, tokens/s and stats;
 #   3. `bench --mtp` (plain and speculative interleaved per repetition, -r 2):
 #      coder-mini, then the 35B synthetic with forced acceptance 0.8.
-# usage (repository root, on the device): bash gpu-tasks/mtp-cuda.sh [quick]
+# usage (repository root, on the device): bash gpu-tasks/mtp-cuda.sh [r1]
+#   r1: the shorter set for a 120 s slot (coder-mini bench at N = 2 only,
+#   the 35B at N = 3 only).
 set -o pipefail
 OUT=${OUT:-/tmp/out}; D=$OUT/mtp-cuda; mkdir -p $D
 T0=$SECONDS
 test -x build/flashmoe && test -x build/flashmoe_tests || { echo "FAIL no build/flashmoe, build/flashmoe_tests"; exit 1; }
 B=build/flashmoe
-timeout 45 stdbuf -oL ./build/flashmoe_tests --gtest_filter='CudaMtp.*' > $D/tests.log 2>&1
+timeout 40 stdbuf -oL ./build/flashmoe_tests --gtest_filter='CudaMtp.*' > $D/tests.log 2>&1
 rc=$?
 grep -E "^\[cuda-mtp\]|^\[ +(OK|FAILED) +\]|^\[  (PASSED|FAILED)|Failure|Expected|Which is|what\(\)|rror" $D/tests.log | head -60
 [ $rc = 0 ] && echo "PASS tests" || echo "FAIL tests (rc $rc)"
@@ -29,7 +31,7 @@ print(','.join(str(x) for x in a[:200]))" 2>/dev/null)
 if [ -n "$P" ]; then
   for a in "" "--mtp --spec-draft 1" "--mtp --spec-draft 2" "--mtp --spec-draft 3"; do
     echo "--- coder-mini generate --device cuda $a"
-    timeout 15 $B generate -m models/coder-mini --device cuda --ids $P -n 128 --greedy --stats $a > $D/gen.txt 2>&1
+    timeout 10 $B generate -m models/coder-mini --device cuda --ids $P -n 128 --greedy --stats $a > $D/gen.txt 2>&1
     echo "rc $? ids $(grep -v '^ ' $D/gen.txt | grep -E '^[0-9]' | md5sum | cut -c1-8)"
     grep -E "^decode:|^mtp:" $D/gen.txt
   done
@@ -37,14 +39,15 @@ else
   echo "FAIL could not read the reference ids"
 fi
 echo "== generate at $((SECONDS-T0)) s"
-for n in 1 2 3; do
-  timeout 15 $B bench -m models/coder-mini --device cuda -p 0 -n 128 -r 2 --mtp --spec-draft $n > $D/bench-cm-$n.txt 2>&1
+CM="1 2 3"; [ "$1" = r1 ] && CM=2
+for n in $CM; do
+  timeout 12 $B bench -m models/coder-mini --device cuda -p 0 -n 128 -r 2 --mtp --spec-draft $n > $D/bench-cm-$n.txt 2>&1
   echo "--- coder-mini bench --mtp --spec-draft $n (rc $?)"; grep -E "^\| tg|^mtp:|speculative /|rror" $D/bench-cm-$n.txt
 done
 echo "== coder-mini bench at $((SECONDS-T0)) s"
-[ "$1" = quick ] && exit 0
-for n in 1 3; do
-  timeout 40 $B bench --synthetic qwen3.5-35b-a3b --device cuda -p 0 -n 64 -d 256 -r 2 --mtp --spec-draft $n \
+BIG="1 3"; [ "$1" = r1 ] && BIG=3
+for n in $BIG; do
+  timeout 35 $B bench --synthetic qwen3.5-35b-a3b --device cuda -p 0 -n 64 -d 256 -r 2 --mtp --spec-draft $n \
     --mtp-accept 0.8 > $D/bench-35b-$n.txt 2>&1
   echo "--- 35B synthetic bench --mtp --spec-draft $n --mtp-accept 0.8 (rc $?)"
   grep -E "^model:|^\| tg|^mtp:|speculative /|forced|rror" $D/bench-35b-$n.txt

@@ -222,15 +222,10 @@ void run_mtp_tg(const ModelOptions& opt, const Backend& b, int tg, int depth, in
   std::snprintf(label, sizeof label, "--mtp N=%d%s", mtp.draft, mtp.accept >= 0 ? ", forced acceptance" : "");
   const Stat a = stats(plain), m = stats(spec), x = stats(ratio);
   const std::string at = depth > 0 ? " @ d" + std::to_string(depth) : "";
-  std::printf("| tg%d%s plain | %9.1f ± %-8.1f |
-", tg, at.c_str(), a.mean, a.sd);
-  std::printf("| tg%d%s %s | %9.1f ± %-8.1f |
-", tg, at.c_str(), label, m.mean, m.sd);
-  if (mtp.accept >= 0) std::printf("forced acceptance %.2f per drafted token
-", mtp.accept);
-  std::printf("%s
-speculative / plain: %.3fx ± %.3f (per repetition, side by side)
-", total.describe().c_str(), x.mean,
+  std::printf("| tg%d%s plain | %9.1f ± %-8.1f |\n", tg, at.c_str(), a.mean, a.sd);
+  std::printf("| tg%d%s %s | %9.1f ± %-8.1f |\n", tg, at.c_str(), label, m.mean, m.sd);
+  if (mtp.accept >= 0) std::printf("forced acceptance %.2f per drafted token\n", mtp.accept);
+  std::printf("%s\nspeculative / plain: %.3fx ± %.3f (per repetition, side by side)\n", total.describe().c_str(), x.mean,
               x.sd);
 }
 

@@ -134,7 +134,6 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv, bool draftin
   s.h2o = kv.scored_eviction();  // h2o or tova: the same slots, victims and scores buffer
   if (s.h2o) s.sinks = int(kv.sinks);
   s.cap = s.window > 0 ? s.window : s.h2o ? int(kv.capacity()) : 1024;
-  const size_t row = size_t(s.nkv) * s.hd;
   const int64_t C = m.c.lin_conv_dim(), Kc = m.c.conv_kernel;
   const int64_t ssm_n = m.c.lin_num_v_heads * m.c.lin_k_dim * m.c.lin_v_dim;
   for (const LayerPlan& lp : m.plan.layers) {  // in order: state_slot is the index in kvl / conv / ssm
@@ -152,10 +151,10 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv, bool draftin
   }
   alloc_counters(s, kRing);
   if (drafting) {
-    if (!m.mtp) fail("--mtp: the model has no MTP head (no mtp.* tensors in its checkpoint)");
     if (m.tiers)
       fail_device(DeviceFailure::Unsupported,
                   "CUDA backend: --mtp with routed experts outside VRAM (--gpu-expert-cache) is not implemented");
+    if (!m.mtp) fail("--mtp: the model has no MTP head (no mtp.* tensors in its checkpoint)");
     if (s.h2o) fail_device(DeviceFailure::Unsupported, "CUDA backend: --mtp with h2o or tova retention is not implemented");
     s.head = std::make_unique<CudaState::Impl>();
     CudaState::Impl& h = *s.head;

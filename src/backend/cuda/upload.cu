@@ -650,7 +650,6 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
   m.plan = make_plan(m.c);
   m.opts = o;
   m.init_device();
-  const ModelConfig& c = m.c;
   const ModelWeights& w = model.weights();
   m.embed = m.upload_rows({w.embed}, "embedding");
   m.lm_head = w.lm_head.data == w.embed.data ? m.embed : m.upload_rows({w.lm_head}, "lm_head");
@@ -662,7 +661,9 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
     m.L.push_back(upload_layer(m, l, w.layers[size_t(i)], model.expert_store(), i,
                                "layer " + std::to_string(i) + " ", true, tiered, tier_gu, tier_dn));
   }
-  if (w.mtp && model.plan().mtp) m.upload_mtp(model);
+  // The MTP head (--mtp), its experts in VRAM; not beside a tiered cache,
+  // whose memory plan did not count it (drafting is refused there).
+  if (w.mtp && model.plan().mtp && !m.tiers) m.upload_mtp(model);
   if (m.tiers) m.tiers->start();
   model.expert_store().reset_stats();  // the upload's reads are not the run's
   m.init_common();
