@@ -1,55 +1,47 @@
 #!/bin/bash
-# Issue 20 on the H200 (branch mtp-cuda), build/ already built (no build here):
-#   1. the CUDA MTP tests (CudaMtp.*: the head's logits against the CPU's and
+# Issue 20 on the H200 (branch mtp-cuda), build/ already built (no build
+# here); the most important numbers first:
+#   1. `bench --mtp` on the 35B synthetic with forced acceptance 0.8 (plain
+#      and speculative decoding interleaved per repetition, their ratio);
+#   2. the CUDA MTP tests (CudaMtp.*: the head's logits against the CPU's and
 #      against the torch reference, greedy --mtp = plain for N = 1..4 with
 #      full, fp8 and windowed KV, snapshots, the device restore point);
 #      the torch reference needs `fixtures: mtp`;
-#   2. coder-mini, real acceptance: `generate --mtp` on held-out-style code
-#      ids (the reference text) against plain, same ids, tokens/s and stats;
-#   3. `bench --mtp` (plain and speculative interleaved per repetition, -r 2):
-#      coder-mini, then the 35B synthetic with forced acceptance 0.8.
+#   3. coder-mini: `bench --mtp`, and `generate --mtp` on code ids (the
+#      reference text) against plain: real acceptance, tokens/s, same ids.
 # usage (repository root, on the device): bash gpu-tasks/mtp-cuda.sh [r1]
-#   r1: the shorter set for a 120 s slot (coder-mini bench at N = 2 only,
-#   the 35B at N = 3 only).
+#   r1: the set for a 70 s slot (N = 3 on the 35B, N = 2 on coder-mini).
 set -o pipefail
 OUT=${OUT:-/tmp/out}; D=$OUT/mtp-cuda; mkdir -p $D
 T0=$SECONDS
 test -x build/flashmoe && test -x build/flashmoe_tests || { echo "FAIL no build/flashmoe, build/flashmoe_tests"; exit 1; }
 B=build/flashmoe
-timeout 40 stdbuf -oL ./build/flashmoe_tests --gtest_filter='CudaMtp.*' > $D/tests.log 2>&1
+BIG="3 1"; CM="1 2 3"; [ "$1" = r1 ] && BIG=3 && CM=2
+for n in $BIG; do
+  timeout 28 $B bench --synthetic qwen3.5-35b-a3b --device cuda -p 0 -n 64 -d 256 -r 1 --mtp --spec-draft $n \
+    --mtp-accept 0.8 > $D/bench-35b-$n.txt 2>&1
+  echo "--- 35B synthetic bench --mtp --spec-draft $n --mtp-accept 0.8 (rc $?, at $((SECONDS-T0)) s)"
+  grep -E "^\| tg|^mtp:|speculative /|rror" $D/bench-35b-$n.txt
+done
+timeout 22 stdbuf -oL ./build/flashmoe_tests --gtest_filter='CudaMtp.*' > $D/tests.log 2>&1
 rc=$?
-grep -E "^\[cuda-mtp\]|^\[ +(OK|FAILED) +\]|^\[  (PASSED|FAILED)|Failure|Expected|Which is|what\(\)|rror" $D/tests.log | head -60
+grep -E "^\[cuda-mtp\]|^\[ +(OK|FAILED) +\]|^\[  (PASSED|FAILED)|Failure|Expected|Which is|what\(\)|rror" $D/tests.log | head -50
 [ $rc = 0 ] && echo "PASS tests" || echo "FAIL tests (rc $rc)"
 echo "== tests at $((SECONDS-T0)) s"
-# 200 ids of the reference text (code) as the prompt.
-P=$(python3 -c "
-import json,struct
-f=open('models/coder-mini/reference.safetensors','rb'); n=struct.unpack('<Q',f.read(8))[0]; h=json.loads(f.read(n)); t=h['ids']
-f.seek(8+n+t['data_offsets'][0]); import array
-b=f.read(t['data_offsets'][1]-t['data_offsets'][0]); a=array.array('q'); a.frombytes(b)
-print(','.join(str(x) for x in a[:200]))" 2>/dev/null)
-if [ -n "$P" ]; then
-  for a in "" "--mtp --spec-draft 1" "--mtp --spec-draft 2" "--mtp --spec-draft 3"; do
-    echo "--- coder-mini generate --device cuda $a"
-    timeout 10 $B generate -m models/coder-mini --device cuda --ids $P -n 128 --greedy --stats $a > $D/gen.txt 2>&1
-    echo "rc $? ids $(grep -v '^ ' $D/gen.txt | grep -E '^[0-9]' | md5sum | cut -c1-8)"
-    grep -E "^decode:|^mtp:" $D/gen.txt
-  done
-else
-  echo "FAIL could not read the reference ids"
-fi
-echo "== generate at $((SECONDS-T0)) s"
-CM="1 2 3"; [ "$1" = r1 ] && CM=2
 for n in $CM; do
-  timeout 12 $B bench -m models/coder-mini --device cuda -p 0 -n 128 -r 2 --mtp --spec-draft $n > $D/bench-cm-$n.txt 2>&1
+  timeout 8 $B bench -m models/coder-mini --device cuda -p 0 -n 128 -r 1 --mtp --spec-draft $n > $D/bench-cm-$n.txt 2>&1
   echo "--- coder-mini bench --mtp --spec-draft $n (rc $?)"; grep -E "^\| tg|^mtp:|speculative /|rror" $D/bench-cm-$n.txt
 done
-echo "== coder-mini bench at $((SECONDS-T0)) s"
-BIG="1 3"; [ "$1" = r1 ] && BIG=3
-for n in $BIG; do
-  timeout 35 $B bench --synthetic qwen3.5-35b-a3b --device cuda -p 0 -n 64 -d 256 -r 2 --mtp --spec-draft $n \
-    --mtp-accept 0.8 > $D/bench-35b-$n.txt 2>&1
-  echo "--- 35B synthetic bench --mtp --spec-draft $n --mtp-accept 0.8 (rc $?)"
-  grep -E "^model:|^\| tg|^mtp:|speculative /|forced|rror" $D/bench-35b-$n.txt
-  echo "== at $((SECONDS-T0)) s"
+# 200 ids of the reference text (code) as the prompt.
+P=$(python3 -c "
+import json,struct,array
+f=open('models/coder-mini/reference.safetensors','rb'); n=struct.unpack('<Q',f.read(8))[0]; h=json.loads(f.read(n)); t=h['ids']
+f.seek(8+n+t['data_offsets'][0]); b=f.read(t['data_offsets'][1]-t['data_offsets'][0]); a=array.array('q'); a.frombytes(b)
+print(','.join(str(x) for x in a[:200]))" 2>/dev/null)
+for a in "" "--mtp --spec-draft 2" "--mtp --spec-draft 1" "--mtp --spec-draft 3"; do
+  [ "$1" = r1 ] && [ "$a" = "--mtp --spec-draft 1" ] && break
+  timeout 5 $B generate -m models/coder-mini --device cuda --ids $P -n 128 --greedy --stats $a > $D/gen.txt 2>&1
+  echo "--- coder-mini generate --device cuda $a: rc $? ids $(head -1 $D/gen.txt | md5sum | cut -c1-8)"
+  grep -E "^decode: [0-9]|^mtp:" $D/gen.txt
 done
+echo "== done at $((SECONDS-T0)) s"
