@@ -7,6 +7,7 @@
 // overriding drafts with known tokens.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -140,6 +141,126 @@ TEST(Mtp, HeadStateConsistentAfterSpeculation) {
   ref.draft(gen.back(), 3, record(&r));
   ASSERT_EQ(a.size(), 3u);
   for (size_t k = 0; k < a.size(); ++k) EXPECT_LE(max_abs_diff(a[k].data(), r[k].data(), 512), 1e-3f) << "step " << k;
+}
+
+// After a round whose drafts were all wrong (rejected at the first), the
+// rolled-back state equals, bit for bit, a state fed the same tokens plainly:
+// the same next-token logits and the same head drafts (the CPU's prefill
+// and decode give the same bits).
+TEST(Mtp, RollBackAfterARejectionEqualsPlainFeeding) {
+  MtpModel m("tiny-qwen35moe");
+  const Backend& b = cpu_of(*m.model);
+  const int64_t V = b.config().vocab_size;
+  ThreadPool pool(2);
+  for (const KvConfig& kv : {KvConfig{}, window(12)}) {
+    Session s(b, kv, pool, true);
+    const int32_t next = int32_t(argmax(s.feed(kPrompt).data(), V));
+    SamplingParams g;
+    g.temperature = 0;
+    Sampler greedy(g);
+    Speculator spec(s, greedy);
+    // Draft 3 tokens that are never the argmax: the first is rejected.
+    spec.set_draft_override([&](int64_t, int64_t, int32_t d) { return (d + 1) % int32_t(V); });
+    Speculator::Round r = spec.round(next, 3);
+    Session ref(b, kv, pool, true);
+    ref.feed(kPrompt);
+    const std::vector<float> want = ref.feed({next});
+    ASSERT_EQ(s.position(), ref.position()) << kv.describe();
+    if (r.accepted == 0) {
+      EXPECT_EQ(std::vector<float>(r.logits.begin(), r.logits.begin() + V), want) << kv.describe();
+      // The states continue alike: the next token's logits, bit for bit.
+      EXPECT_EQ(s.feed({r.tokens[0]}), ref.feed({r.tokens[0]})) << kv.describe();
+    }
+    EXPECT_EQ(r.accepted, 0) << kv.describe();
+  }
+}
+
+// The restore point (State::rollback_point: the recurrent states copied, the
+// KV caches truncated) against a snapshot (everything copied), on
+// coder-mini's trained head at ~600 tokens of context: after feeding 3
+// tokens and going back, the same tokens give the same logits bit for bit,
+// the head drafts the same, and the restore point costs less (printed).
+TEST(Mtp, RestorePointIsExactAndCheaperThanASnapshot) {
+  const std::string dir = source_path("models/coder-mini/model");
+  if (!std::filesystem::exists(dir + "/mtp.safetensors")) GTEST_SKIP() << "no coder-mini head";
+  auto model = QwenModel::load(dir);
+  const Backend& b = cpu_of(*model);
+  const int64_t V = b.config().vocab_size;
+  ThreadPool pool(2);
+  std::vector<int32_t> ctx;
+  for (int i = 0; ctx.size() < (sanitizer() ? 100u : 600u); ++i) ctx.push_back(int32_t((i * 7919 + 13) % 3000));
+  const std::vector<int32_t> more = {11, 12, 13};
+  Session s(b, {}, pool, true);
+  const int32_t next = int32_t(argmax(s.feed(ctx).data(), V));
+  auto drafts = [&] {
+    std::vector<float> out;
+    s.draft(next, 2, [&](const float* l, int64_t) {
+      out.insert(out.end(), l, l + V);
+      return int32_t(7);
+    });
+    return out;
+  };
+  const std::vector<float> d0 = drafts();
+  SessionSnapshot rp = s.rollback_point();
+  EXPECT_LT(rp.state->bytes(), s.snapshot().state->bytes());
+  const std::vector<float> a = s.feed_all(more);
+  s.restore(rp);
+  EXPECT_EQ(s.position(), int64_t(ctx.size()));
+  EXPECT_EQ(drafts(), d0);
+  EXPECT_EQ(s.feed_all(more), a);
+  auto time = [&](bool point) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < 5; ++r) {
+      SessionSnapshot p = point ? s.rollback_point() : s.snapshot();
+      s.restore(p);
+    }
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / 5;
+  };
+  const double snap = time(false), point = time(true);
+  std::printf("[mtp] context %zu: mark + roll back: snapshot %.3f ms (%zu bytes), restore point %.3f ms (%zu bytes)\n",
+              ctx.size(), snap, s.snapshot().state->bytes(), point, rp.state->bytes());
+}
+
+// bench --mtp-accept: with acceptance 1 every drafted token is kept, with 0
+// none; the passes and counts as derived by hand for 17 tokens, 3 drafts per
+// pass: at 1, passes from 1 token to 5, 9, 13, 17 (4 passes, 12 drafted, all
+// kept); at 0, one token per pass while 3 fit before the 17th (13 passes of
+// 3), then passes of 2 and 1, and the 17th token from a plain step (15
+// passes, 42 drafted, none kept). At 0.5 about half are kept.
+TEST(Mtp, ForcedAcceptanceKeepsEveryDraftOrNone) {
+  MtpModel m("tiny-qwen35moe");
+  const Backend& b = cpu_of(*m.model);
+  ThreadPool pool(2);
+  {
+    Session s(b, {}, pool, true);
+    SpecStats st;
+    const std::vector<int32_t> out = greedy_speculative(s, s.feed(kPrompt), 17, 3, &st, 1.0, 1);
+    EXPECT_EQ(out.size(), 17u);
+    EXPECT_EQ(st.rounds, 4);
+    EXPECT_EQ(st.drafted, 12);
+    EXPECT_EQ(st.accepted, 12);
+    EXPECT_EQ(st.emitted, 16);
+    EXPECT_EQ(s.position(), int64_t(kPrompt.size()) + 16);
+  }
+  {
+    Session s(b, {}, pool, true);
+    SpecStats st;
+    const std::vector<int32_t> out = greedy_speculative(s, s.feed(kPrompt), 17, 3, &st, 0.0, 1);
+    EXPECT_EQ(out.size(), 17u);
+    EXPECT_EQ(st.rounds, 15);
+    EXPECT_EQ(st.drafted, 42);
+    EXPECT_EQ(st.accepted, 0);
+    EXPECT_EQ(st.emitted, 15);
+    EXPECT_EQ(s.position(), int64_t(kPrompt.size()) + 16);
+  }
+  {
+    Session s(b, {}, pool, true);
+    SpecStats st;
+    greedy_speculative(s, s.feed(kPrompt), sanitizer() ? 61 : 121, 1, &st, 0.5, 7);
+    const double a = double(st.accepted) / double(st.drafted);
+    EXPECT_GT(a, 0.35);
+    EXPECT_LT(a, 0.65);
+  }
 }
 
 // A conversation snapshotted part-way continues identically after restore.

@@ -11,7 +11,10 @@
 #include "cli/common.h"
 #include "core/argmax.h"
 #include "core/error.h"
+#include "engine/session.h"
+#include "engine/speculative.h"
 #include "experts/expert_layout.h"
+#include "cli/generation_options.h"
 #include "kv/presets.h"
 #include "model/weight_bytes.h"
 #include "runtime/bench_support.h"
@@ -37,7 +40,8 @@ Stat stats(const std::vector<double>& v) {
 // A model of a published size with random weights, built on the device
 // (--device cpu: in host memory, for the CPU backend).
 std::unique_ptr<Backend> synthetic_model(const ModelOptions& opt, const std::string& preset, int layers,
-                                         const std::string& experts, int group, bool fp8_weights, std::string* what) {
+                                         const std::string& experts, int group, bool fp8_weights, bool mtp_head,
+                                         std::string* what) {
   const DeviceRequest& d = opt.device;
   ModelConfig c = model_preset(preset);
   if (layers > c.num_layers)
@@ -58,14 +62,14 @@ std::unique_ptr<Backend> synthetic_model(const ModelOptions& opt, const std::str
                        : " (random bf16 weights" + ex) +
           ", " + std::to_string(c.num_layers) + " layers" +
           (opt.experts.experts_per_token > 0 ? ", --moe-top-k " + std::to_string(c.num_experts_per_tok) : std::string()) +
-          ")";
+          (mtp_head ? ", a random MTP head" : "") + ")";
   if (d.device == "cpu") {
     ThreadPool pool(opt.threads);
-    return synthetic_cpu_backend(c, q, group, pool, fp8_weights);
+    return synthetic_cpu_backend(c, q, group, pool, fp8_weights, mtp_head);
   }
   const Obstacle gpu = gpu_presence();
   if (gpu) fail(device_words(d) + ": no usable GPU (" + gpu.message + "); " + device_advice(DeviceFailure::Unavailable));
-  return synthetic_backend(c, q, group, d.gpu, fp8_weights);
+  return synthetic_backend(c, q, group, d.gpu, fp8_weights, mtp_head);
 }
 
 // "| tg128 |" or, at a context depth, "| tg128 @ d4096 |" (llama-bench's naming).
@@ -76,11 +80,18 @@ void print_tg(int tg, int depth, const Stat& st) {
 
 void run_batch_tg(const ModelOptions& opt, const Backend& b, int tg, int depth, int reps, int batch);
 
+// bench --mtp: the tg test decoded with speculative decoding, beside plain decoding.
+struct MtpBench {
+  int draft = 0;       // tokens drafted per pass (0: no --mtp)
+  double accept = -1;  // --mtp-accept: forced acceptance per drafted token (-1: the model decides)
+};
+void run_mtp_tg(const ModelOptions& opt, const Backend& b, int tg, int depth, int reps, const MtpBench& mtp);
+
 // Prompt processing through one forward pass per repetition, generation
 // through Backend::greedy (on a GPU: CUDA-graph replays, no host round trip
 // per token), then what decode achieves of the weight memory's bandwidth.
 void run_bench(const ModelOptions& opt, const Backend& b, const std::string& what, int pp, int tg, int depth,
-               int reps, bool no_graph, int profile_steps, int batch) {
+               int reps, bool no_graph, int profile_steps, int batch, const MtpBench& mtp) {
   ThreadPool pool(opt.threads);
   set_decode_graph(b, !no_graph);
   const ModelConfig& c = b.config();
@@ -111,6 +122,8 @@ void run_bench(const ModelOptions& opt, const Backend& b, const std::string& wha
   }
   if (tg > 0 && batch > 1) {
     run_batch_tg(opt, b, tg, depth, reps, batch);
+  } else if (tg > 0 && mtp.draft > 0) {
+    run_mtp_tg(opt, b, tg, depth, reps, mtp);
   } else if (tg > 0) {
     std::vector<double> rate;
     std::vector<int32_t> out(static_cast<size_t>(tg)), ctx(static_cast<size_t>(depth));
@@ -163,6 +176,57 @@ void run_bench(const ModelOptions& opt, const Backend& b, const std::string& wha
                     100.0 * k.ms / total);
     std::printf("| total | %.4f | | |\n", total / profile_steps);
   }
+}
+
+// `bench --mtp`: per repetition, plain greedy decoding (Backend::greedy, as
+// the tg test) and then speculative decoding (greedy_speculative on a
+// drafting state) of tg tokens each from the same first token and context;
+// the ratio is taken per repetition (side by side), the first repetition
+// warms up. Both time the feed of the first token and tg - 1 more.
+void run_mtp_tg(const ModelOptions& opt, const Backend& b, int tg, int depth, int reps, const MtpBench& mtp) {
+  ThreadPool pool(opt.threads);
+  const ModelConfig& c = b.config();
+  std::mt19937 rng(4321);
+  std::uniform_int_distribution<int32_t> tok(0, int32_t(c.vocab_size - 1));
+  std::vector<double> plain, spec, ratio;
+  SpecStats total;
+  std::vector<int32_t> out(static_cast<size_t>(tg)), ctx(static_cast<size_t>(depth));
+  for (int r = 0; r < reps + 1; ++r) {
+    for (auto& i : ctx) i = tok(rng);
+    const int32_t first = tok(rng);
+    double p = 0, q = 0;
+    {
+      auto st = b.new_state(opt.kv);
+      if (depth > 0) b.forward(*st, ctx.data(), depth, LogitsMode::None, nullptr, pool);
+      auto t = Clock::now();
+      b.greedy(*st, first, tg, out.data(), pool);
+      p = double(tg) / seconds_since(t);
+    }
+    {
+      Session s(b, opt.kv, pool, /*drafting=*/true);
+      s.set_record_tokens(false);
+      if (depth > 0) s.feed(ctx);
+      SpecStats st;
+      auto t = Clock::now();
+      const std::vector<float>& l = s.feed({first});
+      greedy_speculative(s, l, tg, mtp.draft, &st, mtp.accept, uint64_t(r) + 1);
+      q = double(tg) / seconds_since(t);
+      if (r > 0) total.add(st);
+    }
+    if (r == 0) continue;
+    plain.push_back(p);
+    spec.push_back(q);
+    ratio.push_back(q / p);
+  }
+  char label[96];
+  std::snprintf(label, sizeof label, "--mtp N=%d%s", mtp.draft, mtp.accept >= 0 ? ", forced acceptance" : "");
+  const Stat a = stats(plain), m = stats(spec), x = stats(ratio);
+  const std::string at = depth > 0 ? " @ d" + std::to_string(depth) : "";
+  std::printf("| tg%d%s plain | %9.1f ± %-8.1f |\n", tg, at.c_str(), a.mean, a.sd);
+  std::printf("| tg%d%s %s | %9.1f ± %-8.1f |\n", tg, at.c_str(), label, m.mean, m.sd);
+  if (mtp.accept >= 0) std::printf("forced acceptance %.2f per drafted token\n", mtp.accept);
+  std::printf("%s\nspeculative / plain: %.3fx ± %.3f (per repetition, side by side)\n", total.describe().c_str(), x.mean,
+              x.sd);
 }
 
 // `bench --batch B`: B independent sequences decoding together, one
@@ -266,6 +330,9 @@ Registrar reg_bench(40, [](CLI::App& app) {
   auto weights = std::make_shared<std::string>("bf16");
   auto bandwidth = std::make_shared<bool>(false);
   auto batch = std::make_shared<int>(1);
+  auto mtp = std::make_shared<bool>(false);
+  auto draft = std::make_shared<std::optional<int>>();
+  auto accept = std::make_shared<double>(-1);
   add_model_options(cmd, opt.get(), /*require_model=*/false);
   cmd->add_option("-p,--n-prompt", *pp, "Prompt tokens for the pp test (0: skip)")->check(integer_between(0, 1000000));
   cmd->add_option("-n,--n-gen", *tg, "Generated tokens for the tg test (0: skip)")->check(integer_between(0, 1000000));
@@ -295,13 +362,26 @@ Registrar reg_bench(40, [](CLI::App& app) {
                   "The tg test with B independent sequences decoding together (one batched forward pass per step): "
                   "aggregate and per-sequence tokens/s, and the roofline of the bytes a step reads (default 1)")
       ->check(integer_between(1, 4096));
+  add_speculative_options(cmd, mtp.get(), draft.get());
+  auto* acc = cmd->add_option("--mtp-accept", *accept,
+                              "With --mtp: the verifier keeps each drafted token with this probability (0 to 1) "
+                              "instead of comparing it with the model's choice, so the tg test runs at that "
+                              "acceptance (for --synthetic, whose random head agrees with nothing); the tokens are "
+                              "then not the model's")
+                  ->check(between(0.0, 1.0))
+                  ->group("Speculative decoding");
   cmd->add_flag("--no-graph", *no_graph, "On the GPU: plain kernel launches instead of a CUDA graph");
   cmd->add_option("--profile", *profile, "On the GPU: time each kernel class over N decode steps, and each phase of the batched prefill and of the batched decode steps of --batch (printed when the model is released)")
       ->check(integer_between(0, 2147483647));
   // Every option's storage is captured: the callback runs after this function returned.
   cmd->callback([opt, pp, tg, depth, reps, synthetic, layers, no_graph, profile, experts, group, bandwidth, batch, ex, gr,
-                 bw, ly, weights, wt] {
+                 bw, ly, weights, wt, mtp, draft, accept, acc] {
     finalize_model_options(opt.get());
+    MtpBench mb;
+    mb.draft = spec_draft_from_flags(*mtp, *draft);
+    if (acc->count() && !*mtp) fail("--mtp-accept needs --mtp");
+    mb.accept = *accept;
+    if (*mtp && *batch > 1) fail("bench: --mtp and --batch are separate tests; give one of them");
     if (bw->count()) {
       if (!opt->model_dir.empty() || !synthetic->empty())
         fail("bench: --bandwidth is a run of its own: give it without -m/--model or --synthetic");
@@ -324,7 +404,7 @@ Registrar reg_bench(40, [](CLI::App& app) {
         fail("bench: --group is for --experts q8|q4 (FP8 blocks are 128x128)");
       std::string what;
       const auto t0 = Clock::now();
-      auto b = synthetic_model(*opt, *synthetic, *layers, *experts, *group, fp8, &what);
+      auto b = synthetic_model(*opt, *synthetic, *layers, *experts, *group, fp8, *mtp, &what);
       // Building a model larger than VRAM pins its host tier: that time is part of starting it.
       if (opt->stats) {
         std::fprintf(stderr, "synthetic model built in %.1f s", seconds_since(t0));
@@ -333,7 +413,7 @@ Registrar reg_bench(40, [](CLI::App& app) {
           std::fprintf(stderr, "; VRAM free after it: %.1f of %.1f GB", double(fr) / 1e9, double(tot) / 1e9);
         std::fprintf(stderr, "\n");
       }
-      run_bench(*opt, *b, what, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch);
+      run_bench(*opt, *b, what, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch, mb);
       return;
     }
     if (ex->count() || gr->count() || wt->count())
@@ -341,7 +421,7 @@ Registrar reg_bench(40, [](CLI::App& app) {
            "stored or packed in)");
     if (ly->count()) fail("bench: --layers is for --synthetic (a model from -m runs all its layers)");
     std::unique_ptr<Backend> b = load_model(*opt);
-    run_bench(*opt, *b, opt->model_dir, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch);
+    run_bench(*opt, *b, opt->model_dir, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch, mb);
     // The measured runs' expert reads (the counters restart after the warm-up run).
     print_expert_stats(*opt, *b, "measured runs:");
   });

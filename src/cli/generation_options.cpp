@@ -35,7 +35,7 @@ void add_generation_options(CLI::App* cmd, GenerationFlags* f) {
 void add_speculative_options(CLI::App* cmd, bool* mtp, std::optional<int>* draft) {
   const char* g = "Speculative decoding";
   cmd->add_flag("--mtp", *mtp,
-                "Speculative decoding with the model's multi-token-prediction head (mtp.* tensors; CPU only so far): "
+                "Speculative decoding with the model's multi-token-prediction head (mtp.* tensors; CPU and CUDA): "
                 "the same output, several tokens per forward pass when the drafts are accepted")
       ->group(g);
   cmd->add_option("--spec-draft", *draft,

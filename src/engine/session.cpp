@@ -61,6 +61,7 @@ std::vector<int32_t> Session::greedy(int64_t n) {
 }
 
 SessionSnapshot Session::snapshot() const { return {tokens_, state_->snapshot()}; }
+SessionSnapshot Session::rollback_point() { return {tokens_, state_->rollback_point()}; }
 
 void Session::restore(const SessionSnapshot& snap) {
   if (record_tokens_ && snap.state->position() != int64_t(snap.tokens.size()))

@@ -76,6 +76,9 @@ class Session {
   // from a session of the same backend and KV config).
   SessionSnapshot snapshot() const;
   void restore(const SessionSnapshot& snap);
+  // A restore point for this session only (State::rollback_point: on a GPU
+  // kept on the device), given to restore(); valid until the next one.
+  SessionSnapshot rollback_point();
 
  private:
   void run_forward(const std::vector<int32_t>& ids, LogitsMode mode, float* out, int32_t* argmax = nullptr);

@@ -102,7 +102,7 @@ Speculator::Round Speculator::round(int32_t next, int64_t n) {
   });
   history.resize(base);
 
-  before_ = s_.snapshot();
+  before_ = s_.rollback_point();
   std::vector<int32_t> fed{next};
   fed.insert(fed.end(), drafts.begin(), drafts.end());
   std::vector<float> logits = s_.feed_all(fed);
@@ -117,7 +117,8 @@ Speculator::Round Speculator::round(int32_t next, int64_t n) {
     const Dist p = target(k);
     const int32_t d = drafts[size_t(k)];
     const float pd = prob_of(p, d), qd = prob_of(q[size_t(k)], d);
-    const bool keep = pd >= qd || (pd > 0 && sampler_.uniform() < double(pd) / double(qd));
+    const bool keep = forced_ >= 0 ? std::uniform_real_distribution<double>(0.0, 1.0)(forced_rng_) < forced_
+                                   : pd >= qd || (pd > 0 && sampler_.uniform() < double(pd) / double(qd));
     if (!keep) {
       r.tokens.push_back(sampler_.draw(residual(p, q[size_t(k)])));
       break;
@@ -144,6 +145,12 @@ Speculator::Round Speculator::round(int32_t next, int64_t n) {
   return r;
 }
 
+void Speculator::set_forced_acceptance(double rate, uint64_t seed) {
+  if (rate > 1) fail("forced acceptance " + std::to_string(rate) + " is more than 1");
+  forced_ = rate;
+  forced_rng_.seed(seed);
+}
+
 void Speculator::keep(int64_t k) {
   if (k < 0 || size_t(k) + 1 > verified_.size()) fail("speculative round: cannot keep more than was verified");
   if (s_.position() == before_.state->position() + int64_t(k) + 1) return;
@@ -154,19 +161,21 @@ void Speculator::keep(int64_t k) {
 }
 
 std::vector<int32_t> greedy_speculative(Session& s, const std::vector<float>& last_logits, int64_t n, int draft,
-                                        SpecStats* stats) {
+                                        SpecStats* stats, double forced_accept, uint64_t seed) {
   SamplingParams greedy;
   greedy.temperature = 0;
   Sampler sampler(greedy);
-  return sample_speculative(s, sampler, last_logits, n, draft, stats);
+  return sample_speculative(s, sampler, last_logits, n, draft, stats, {}, forced_accept, seed);
 }
 
 std::vector<int32_t> sample_speculative(Session& s, Sampler& sampler, const std::vector<float>& last_logits,
-                                        int64_t n, int draft, SpecStats* stats, Speculator::DraftOverride override) {
+                                        int64_t n, int draft, SpecStats* stats, Speculator::DraftOverride override,
+                                        double forced_accept, uint64_t seed) {
   std::vector<int32_t> out;
   if (n <= 0) return out;
   Speculator spec(s, sampler, stats);
   spec.set_draft_override(std::move(override));
+  if (forced_accept >= 0) spec.set_forced_acceptance(forced_accept, seed);
   const bool hist = sampler.params().uses_history();
   out.push_back(sampler.sample(last_logits, hist ? s.tokens() : std::vector<int32_t>{}));
   while (int64_t(out.size()) < n) {

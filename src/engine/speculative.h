@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,14 @@ class Speculator {
   // one-hot on it, so the rule above still keeps the output distribution.
   using DraftOverride = std::function<int32_t(int64_t pos, int64_t step, int32_t drafted)>;
   void set_draft_override(DraftOverride f) { override_ = std::move(f); }
+  // Benchmarks (bench --mtp-accept): each drafted token is kept with
+  // probability `rate` (independently, from a generator seeded with
+  // `seed`; the round ends at the first one not kept) instead of by the
+  // rule above, and kept ones are emitted whatever the model chose. The
+  // round does the work of a real one at that acceptance (n head steps, a
+  // verify pass of n + 1 tokens, the roll-back of what was not kept); the
+  // tokens are no longer the model's. rate < 0: the rule (the default).
+  void set_forced_acceptance(double rate, uint64_t seed);
   // After round(): the session is rolled back to hold next, c_1..c_k
   // (k <= a; the generation ended at c_k, or k = 0 to take back all).
   void keep(int64_t k);
@@ -63,18 +72,23 @@ class Speculator {
   SessionSnapshot before_;          // the session before the last round's verify pass
   std::vector<int32_t> verified_;   // next, c_1..c_a of the last round
   DraftOverride override_;
+  double forced_ = -1;
+  std::mt19937_64 forced_rng_;
 };
 
 // Session::greedy with speculation: the argmax after what the session holds
 // (`last_logits`, its logits), then n-1 more, each fed but the last, with up
 // to `draft` drafted tokens per pass; the same tokens as Session::greedy.
+// forced_accept >= 0: Speculator::set_forced_acceptance(forced_accept, seed)
+// (benchmarks: the tokens are then not the greedy ones).
 std::vector<int32_t> greedy_speculative(Session& s, const std::vector<float>& last_logits, int64_t n, int draft,
-                                        SpecStats* stats = nullptr);
+                                        SpecStats* stats = nullptr, double forced_accept = -1, uint64_t seed = 0);
 // The same with any sampler: the token drawn from `last_logits`, then n-1
 // more (each fed but the last), in distribution the tokens plain sampling
 // gives. `override`: as Speculator::set_draft_override (tests).
 std::vector<int32_t> sample_speculative(Session& s, Sampler& sampler, const std::vector<float>& last_logits,
                                         int64_t n, int draft, SpecStats* stats = nullptr,
-                                        Speculator::DraftOverride override = {});
+                                        Speculator::DraftOverride override = {}, double forced_accept = -1,
+                                        uint64_t seed = 0);
 
 }  // namespace flashmoe

@@ -40,6 +40,13 @@ KvCache::KvCache(int64_t num_kv_heads, int64_t head_dim, const KvConfig& cfg)
   }
 }
 
+void KvCache::truncate(int64_t n) {
+  if (!truncatable()) fail("KvCache::truncate: only a full cache (not fp8 channel) takes positions back");
+  if (n < 0 || n > n_) fail("KvCache::truncate: " + std::to_string(n) + " of " + std::to_string(n_) + " positions");
+  n_ = appended_ = n;
+  last_pos_ = n > 0 ? pos_[size_t(n - 1)] : -1;
+}
+
 void KvCache::clear() {
   n_ = 0;
   appended_ = 0;

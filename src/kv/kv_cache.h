@@ -146,6 +146,13 @@ class KvCache {
   size_t bytes() const;                // storage allocated (K, V, scales, bookkeeping)
   const KvConfig& config() const { return cfg_; }
   void clear();
+  // Takes back the positions appended after the first n (speculative
+  // decoding's roll-back): where the cache keeps every position in slot
+  // order and nothing derived from later ones (full retention, any dtype
+  // but fp8 `channel`, whose page offsets sum the keys). truncatable() says
+  // whether it can; elsewhere the caller restores a copy instead.
+  bool truncatable() const { return ret_ == KvRetention::Full && !channel_; }
+  void truncate(int64_t n);
 
   // ---- inspection (tests, tools) ----
   int64_t num_kv_heads() const { return nkv_; }

@@ -150,7 +150,7 @@ uint64_t available_memory_bytes() {
 }
 
 ModelWeights build_weights(const ModelConfig& c, QuantKind experts, int group, uint64_t seed, Arena& arena,
-                           ThreadPool& pool, bool fp8_weights) {
+                           ThreadPool& pool, bool fp8_weights, bool mtp_head) {
   const int64_t H = c.hidden_size, V = c.vocab_size;
   const int64_t nv = c.lin_num_v_heads, dv = c.lin_v_dim, C = c.lin_conv_dim(), K = c.conv_kernel;
   const int64_t nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
@@ -167,9 +167,9 @@ ModelWeights build_weights(const ModelConfig& c, QuantKind experts, int group, u
   w.embed = b.matrix(V, H);
   w.lm_head = w.embed;
   w.final_norm.assign(size_t(H), 0.f);  // Qwen3.5 norms scale by 1 + w
-  for (int64_t i = 0; i < c.num_layers; ++i) {
+  auto layer = [&](LayerKind kind, bool moe) {
     LayerWeights l;
-    l.kind = c.layer_kinds[size_t(i)];
+    l.kind = kind;
     l.input_norm.assign(size_t(H), 0.f);
     l.post_norm.assign(size_t(H), 0.f);
     if (l.kind == LayerKind::Full) {
@@ -192,7 +192,7 @@ ModelWeights build_weights(const ModelConfig& c, QuantKind experts, int group, u
       l.lin.norm.assign(size_t(dv), 1.f);  // a plain (not 1 + w) norm
       l.lin.out_proj = lin(H, nv * dv);
     }
-    if (c.layer_is_moe[size_t(i)]) {
+    if (moe) {
       l.ffn.moe = true;
       l.ffn.router = b.matrix(E, H);
       for (int64_t e = 0; e < E; ++e) {
@@ -221,7 +221,17 @@ ModelWeights build_weights(const ModelConfig& c, QuantKind experts, int group, u
       const int64_t Id = c.intermediate_size;
       l.ffn.dense = {lin(Id, H), lin(Id, H), lin(H, Id)};
     }
-    w.layers.push_back(std::move(l));
+    return l;
+  };
+  for (int64_t i = 0; i < c.num_layers; ++i) w.layers.push_back(layer(c.layer_kinds[size_t(i)], c.layer_is_moe[size_t(i)]));
+  if (mtp_head) {  // one full-attention layer with the model's FFN kind, as Qwen3.5's checkpoints have
+    MtpWeights m;
+    m.fc = lin(H, 2 * H);
+    m.norm_embedding.assign(size_t(H), 0.f);
+    m.norm_hidden.assign(size_t(H), 0.f);
+    m.final_norm.assign(size_t(H), 0.f);
+    m.layer = layer(LayerKind::Full, E > 0);
+    w.mtp = std::move(m);
   }
   return w;
 }
@@ -229,20 +239,20 @@ ModelWeights build_weights(const ModelConfig& c, QuantKind experts, int group, u
 }  // namespace
 
 std::unique_ptr<QwenModel> synthetic_cpu_model(const ModelConfig& config, QuantKind experts, int group, uint64_t seed,
-                                               ThreadPool& pool, bool fp8_weights) {
+                                               ThreadPool& pool, bool fp8_weights, bool mtp_head) {
   if (fp8_weights && experts != QuantKind::Fp8Block) fail("bench: FP8 weights come with FP8 experts");
   ModelConfig c = config;
   c.tie_word_embeddings = true;
   Arena count;
   count.counting = true;
-  build_weights(c, experts, group, seed, count, pool, fp8_weights);
+  build_weights(c, experts, group, seed, count, pool, fp8_weights, mtp_head);
   const uint64_t avail = available_memory_bytes();
   if (avail > 0 && count.bytes > avail)
     fail("bench --synthetic: " + std::to_string(c.num_layers) + " layers of this model need " +
          std::to_string(count.bytes >> 20) + " MiB of weights and " + std::to_string(avail >> 20) +
          " MiB of memory is available; give fewer with --layers");
   auto arena = std::make_shared<Arena>();
-  ModelWeights w = build_weights(c, experts, group, seed, *arena, pool, fp8_weights);
+  ModelWeights w = build_weights(c, experts, group, seed, *arena, pool, fp8_weights, mtp_head);
   return QwenModel::from_memory(std::move(c), std::move(w), std::move(arena));
 }
 

@@ -19,7 +19,8 @@ namespace flashmoe {
 // weight an FP8 release converts is FP8 blocks, experts included: embedding,
 // lm_head, router and shared-expert gate stay bf16); norms at their identity. The embedding is tied to the lm_head:
 // decode reads one row of it, and untied it would double the largest tensor.
+// mtp_head: also a random MTP head (bench --mtp).
 std::unique_ptr<QwenModel> synthetic_cpu_model(const ModelConfig& c, QuantKind experts, int group, uint64_t seed,
-                                               ThreadPool& pool, bool fp8_weights = false);
+                                               ThreadPool& pool, bool fp8_weights = false, bool mtp_head = false);
 
 }  // namespace flashmoe

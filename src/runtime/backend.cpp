@@ -13,13 +13,13 @@ void Backend::forward_capturing(State&, const int32_t*, int64_t, LogitsMode, flo
 }
 
 std::unique_ptr<State> Backend::new_drafting_state(const KvConfig&) const {
-  fail(std::string("--mtp: speculative decoding with the MTP head runs only on the CPU so far (this model runs on ") +
-       label() + ")");
+  fail(std::string("--mtp: speculative decoding with the MTP head is not implemented on this backend (") + label() +
+       ")");
 }
 
 void Backend::draft(State&, int32_t, int64_t, const DraftPicker&, int32_t*, ThreadPool&) const {
-  fail(std::string("--mtp: speculative decoding with the MTP head runs only on the CPU so far (this model runs on ") +
-       label() + ")");
+  fail(std::string("--mtp: speculative decoding with the MTP head is not implemented on this backend (") + label() +
+       ")");
 }
 
 BatchArgmax::BatchArgmax(const BatchItem* items, int64_t count, int64_t vocab)

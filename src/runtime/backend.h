@@ -43,6 +43,11 @@ class State {
   // Replaces this state with a copy of `snap`; throws Error when it was taken
   // from another backend or with another KV configuration.
   virtual void restore(const StateSnapshot& snap) = 0;
+  // A restore point for taking back tokens fed after it (speculative
+  // decoding's verify pass), given to restore() of this same state; valid
+  // until its next rollback_point(). The default is a snapshot(); a backend
+  // may keep it on its device and copy only what later tokens overwrite.
+  virtual std::unique_ptr<StateSnapshot> rollback_point() { return snapshot(); }
   // The positions the KV cache of attention layer `layer` (0-based among the
   // attention layers) holds, ascending (tests of the retention policies).
   virtual std::vector<int64_t> kv_positions(int layer) const = 0;

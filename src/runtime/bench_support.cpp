@@ -120,20 +120,21 @@ Bandwidth dram_read_bandwidth(ThreadPool& pool, int64_t bytes, int passes) {
 }
 
 std::unique_ptr<Backend> synthetic_backend(const ModelConfig& c, QuantKind experts, int group,
-                                           const GpuOptions& o, bool fp8_weights) {
+                                           const GpuOptions& o, bool fp8_weights, bool mtp_head) {
   const ModelFootprint f = synthetic_footprint(c, quant_bits(experts), group, o.plan_context);
   const CudaOptions co = cuda_options(o, &f);
   CudaSyntheticOptions so;
   so.experts = experts;
   so.group = group;
   so.fp8_weights = fp8_weights;
+  so.mtp_head = mtp_head;
   return std::make_unique<CudaBackend>(nullptr, cuda_synthetic_model(c, 1234, co, so));
 }
 
 std::unique_ptr<Backend> synthetic_cpu_backend(const ModelConfig& c, QuantKind experts, int group, ThreadPool& pool,
-                                               bool fp8_weights) {
+                                               bool fp8_weights, bool mtp_head) {
   return std::make_unique<CpuBackend>(
-      std::shared_ptr<const QwenModel>(synthetic_cpu_model(c, experts, group, 1234, pool, fp8_weights)));
+      std::shared_ptr<const QwenModel>(synthetic_cpu_model(c, experts, group, 1234, pool, fp8_weights, mtp_head)));
 }
 
 Bandwidth weight_memory_bandwidth(const Backend& b, ThreadPool& pool) {

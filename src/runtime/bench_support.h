@@ -18,13 +18,14 @@ namespace flashmoe {
 // blocks (Fp8Block: 128 x 128). fp8_weights: every linear weight an FP8
 // release converts (projections, shared experts, experts) in FP8 blocks,
 // the embedding, lm_head and router in bf16 (experts must then be Fp8Block).
+// mtp_head: also a random MTP head (bench --mtp).
 std::unique_ptr<Backend> synthetic_backend(const ModelConfig& c, QuantKind experts, int group,
-                                           const GpuOptions& o, bool fp8_weights = false);
+                                           const GpuOptions& o, bool fp8_weights = false, bool mtp_head = false);
 
 // The same model built in host memory for the CPU backend, its weights
 // filled by `pool`'s threads.
 std::unique_ptr<Backend> synthetic_cpu_backend(const ModelConfig& c, QuantKind experts, int group, ThreadPool& pool,
-                                               bool fp8_weights = false);
+                                               bool fp8_weights = false, bool mtp_head = false);
 
 struct Bandwidth {
   double gbps = 0;   // bytes read + written per second / 1e9

@@ -21,13 +21,59 @@ class CpuSnapshot final : public StateSnapshot {
   KvConfig kv;
 };
 
+// A restore point that copies only what feeding more tokens overwrites: the
+// recurrent states and the head's hidden state, and each KV cache's length
+// (the caches are truncated back: CpuState::rollback_point makes one only
+// where every cache is truncatable). For its own state only.
+class CpuRestorePoint final : public StateSnapshot {
+ public:
+  int64_t position() const override { return pos; }
+  size_t bytes() const override {
+    size_t n = mtp_hidden.size() * sizeof(float);
+    for (const auto& c : conv) n += c.size() * sizeof(float);
+    for (const auto& c : ssm) n += c.size() * sizeof(float);
+    return n;
+  }
+  const void* owner = nullptr;
+  int64_t pos = 0;
+  std::vector<std::vector<float>> conv, ssm;
+  std::vector<float> mtp_hidden;
+  std::vector<int64_t> kv_n, mtp_kv_n;
+};
+
 class CpuState final : public State {
  public:
   CpuState(ModelState s, const KvConfig& kv) : state(std::move(s)), kv_(kv) {}
   int64_t position() const override { return state.pos; }
   StateBytes bytes() const override { return {int64_t(state.kv_bytes()), int64_t(state.recurrent_bytes())}; }
   std::unique_ptr<StateSnapshot> snapshot() const override { return std::make_unique<CpuSnapshot>(state, kv_); }
+  std::unique_ptr<StateSnapshot> rollback_point() override {
+    auto ok = [](const std::vector<KvCache>& v) {
+      return std::all_of(v.begin(), v.end(), [](const KvCache& c) { return c.truncatable(); });
+    };
+    if (!ok(state.kv) || !ok(state.mtp_kv)) return snapshot();
+    auto p = std::make_unique<CpuRestorePoint>();
+    p->owner = this;
+    p->pos = state.pos;
+    p->conv = state.conv;
+    p->ssm = state.ssm;
+    p->mtp_hidden = state.mtp_hidden;
+    for (const KvCache& c : state.kv) p->kv_n.push_back(c.size());
+    for (const KvCache& c : state.mtp_kv) p->mtp_kv_n.push_back(c.size());
+    return p;
+  }
   void restore(const StateSnapshot& snap) override {
+    if (const auto* p = dynamic_cast<const CpuRestorePoint*>(&snap)) {
+      if (p->owner != this || p->pos > state.pos) fail("state restore point: not from this state's past");
+      for (size_t i = 0; i < state.kv.size(); ++i) state.kv[i].truncate(p->kv_n[i]);
+      for (size_t i = 0; i < state.mtp_kv.size(); ++i) state.mtp_kv[i].truncate(p->mtp_kv_n[i]);
+      // Element-wise copies into the existing buffers: no allocation.
+      for (size_t i = 0; i < state.conv.size(); ++i) std::copy(p->conv[i].begin(), p->conv[i].end(), state.conv[i].begin());
+      for (size_t i = 0; i < state.ssm.size(); ++i) std::copy(p->ssm[i].begin(), p->ssm[i].end(), state.ssm[i].begin());
+      state.mtp_hidden = p->mtp_hidden;
+      state.pos = p->pos;
+      return;
+    }
     const auto* s = dynamic_cast<const CpuSnapshot*>(&snap);
     if (!s) fail("state snapshot: taken on another device");
     if (s->kv.describe() != kv_.describe()) fail("state snapshot: taken with another KV configuration");

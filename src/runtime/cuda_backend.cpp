@@ -25,6 +25,17 @@ class CudaSnapshot final : public StateSnapshot {
   CudaStateImage image;
 };
 
+// A restore point kept on the device (CudaModel::mark_rollback): valid for
+// the state that made it, until its next one.
+class CudaRollbackPoint final : public StateSnapshot {
+ public:
+  CudaRollbackPoint(const void* owner, int64_t pos) : owner(owner), pos(pos) {}
+  int64_t position() const override { return pos; }
+  size_t bytes() const override { return 0; }  // nothing in host memory
+  const void* owner;
+  int64_t pos;
+};
+
 // Holds the backend's call lock for a scope.
 struct CallGuard {
   explicit CallGuard(FifoMutex& m) : m_(m) { m_.lock(); }
@@ -34,9 +45,10 @@ struct CallGuard {
 
 class CudaBackendState final : public State {
  public:
-  CudaBackendState(const CudaBackend& b, const KvConfig& kv) : b_(b), kv_(kv) {
+  CudaBackendState(const CudaBackend& b, const KvConfig& kv, bool drafting = false)
+      : b_(b), kv_(kv), drafting_(drafting) {
     CallGuard g(b_.call_lock());
-    st = b_.device().new_state(kv);
+    st = b_.device().new_state(kv, drafting);
   }
   ~CudaBackendState() override {
     CallGuard g(b_.call_lock());  // freeing device memory is a device call too
@@ -53,10 +65,26 @@ class CudaBackendState final : public State {
     CallGuard g(b_.call_lock());
     return std::make_unique<CudaSnapshot>(b_.device().save_state(*st));
   }
+  std::unique_ptr<StateSnapshot> rollback_point() override {
+    if (kv_.scored_eviction()) return snapshot();  // h2o/tova slots move: no device restore point
+    CallGuard g(b_.call_lock());
+    b_.device().mark_rollback(*st);
+    return std::make_unique<CudaRollbackPoint>(this, st->position());
+  }
   void restore(const StateSnapshot& snap) override {
+    if (const auto* r = dynamic_cast<const CudaRollbackPoint*>(&snap)) {
+      CallGuard g(b_.call_lock());
+      if (r->owner != this || b_.device().rollback_position(*st) != r->pos)
+        fail("state restore point: not this state's latest");
+      b_.device().rollback(*st);
+      return;
+    }
     const auto* s = dynamic_cast<const CudaSnapshot*>(&snap);
     if (!s) fail("state snapshot: taken on another device");
     if (s->image.kv.describe() != kv_.describe()) fail("state snapshot: taken with another KV configuration");
+    if (s->image.drafting != drafting_)
+      fail(std::string("state snapshot: taken ") + (s->image.drafting ? "with" : "without") + " --mtp, restored " +
+           (drafting_ ? "with" : "without"));
     CallGuard g(b_.call_lock());
     st.reset();  // before the new one: the device need not hold both
     st = b_.device().load_state(s->image);
@@ -70,6 +98,7 @@ class CudaBackendState final : public State {
  private:
   const CudaBackend& b_;
   KvConfig kv_;
+  bool drafting_;
 };
 
 CudaBackendState& device_state(State& st) {
@@ -94,6 +123,17 @@ const QwenModel& CudaBackend::model() const {
 
 std::unique_ptr<State> CudaBackend::new_state(const KvConfig& kv) const {
   return std::make_unique<CudaBackendState>(*this, kv);
+}
+
+std::unique_ptr<State> CudaBackend::new_drafting_state(const KvConfig& kv) const {
+  return std::make_unique<CudaBackendState>(*this, kv, /*drafting=*/true);
+}
+
+void CudaBackend::draft(State& st, int32_t next, int64_t n, const DraftPicker& pick, int32_t* drafted,
+                        ThreadPool&) const {
+  CudaBackendState& s = device_state(st);
+  CallGuard g(lock_);
+  device_->draft(*s.st, next, n, pick, drafted);
 }
 
 void CudaBackend::forward(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits,

@@ -21,6 +21,10 @@ class CudaBackend final : public Backend {
   const ModelConfig& config() const override;
   const QwenModel& model() const override;
   std::unique_ptr<State> new_state(const KvConfig& kv) const override;
+  // --mtp: the MTP head on the device (backend/cuda/mtp.cu).
+  std::unique_ptr<State> new_drafting_state(const KvConfig& kv) const override;
+  void draft(State& st, int32_t next, int64_t n, const DraftPicker& pick, int32_t* drafted,
+             ThreadPool& pool) const override;
   void forward(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits,
                ThreadPool& pool) const override;
   // The decode tokens of several sequences in one batched step (CudaModel::forward_batch).

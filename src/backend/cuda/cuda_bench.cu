@@ -125,7 +125,8 @@ std::unique_ptr<CudaModel> cuda_synthetic_model(const ModelConfig& cfg, uint64_t
   m.lm_head = c.tie_word_embeddings ? m.embed : rnd(V, H, "lm_head");
   m.final_norm = cst(size_t(H), 0.f, "norm");
   void *tmp_gu = nullptr, *tmp_dn = nullptr;
-  for (const LayerPlan& l : m.plan.layers) {
+  // may_tier false: the experts in VRAM whatever the plan (the MTP head's).
+  auto make_layer = [&](const LayerPlan& l, bool may_tier) {
     DLayer d;
     d.in_norm = cst(size_t(H), 0.f, "norm");
     d.post_norm = cst(size_t(H), 0.f, "norm");
@@ -160,7 +161,7 @@ std::unique_ptr<CudaModel> cuda_synthetic_model(const ModelConfig& cfg, uint64_t
       }
       const size_t gu_bytes = d.q.bits ? d.q.gu_bytes : size_t(2 * I) * H * 2;
       const size_t dn_bytes = d.q.bits ? d.q.dn_bytes : size_t(H) * I * 2;
-      if (moe_index == 0 && m.make_tiers(gu_bytes, dn_bytes, m.plan.moe_layers)) {
+      if (may_tier && moe_index == 0 && m.make_tiers(gu_bytes, dn_bytes, m.plan.moe_layers)) {
         // Staging for one layer's experts, generated on the device and copied to pinned memory.
         tmp_gu = dev_alloc(size_t(E) * gu_bytes, "synthetic expert staging");
         tmp_dn = dev_alloc(size_t(E) * dn_bytes, "synthetic expert staging");
@@ -202,7 +203,7 @@ std::unique_ptr<CudaModel> cuda_synthetic_model(const ModelConfig& cfg, uint64_t
         }
         check(cudaGetLastError(), "fill");
       };
-      if (m.tiers) {
+      if (may_tier && m.tiers) {
         // Generated in VRAM staging, then each expert moved to where it
         // lives: experts 0..slots-1 to their VRAM slots, the rest to the
         // pinned host slots (no host copy of a VRAM expert).
@@ -241,7 +242,24 @@ std::unique_ptr<CudaModel> cuda_synthetic_model(const ModelConfig& cfg, uint64_t
       d.s_gu = rnd(2 * Id, H, "mlp");
       d.s_down = rnd(H, Id, "mlp");
     }
-    m.L.push_back(d);
+    return d;
+  };
+  for (const LayerPlan& l : m.plan.layers) m.L.push_back(make_layer(l, true));
+  if (so.mtp_head) {
+    auto h = std::make_unique<DeviceMtp>();
+    const LayerPlan l = make_mtp_layer_plan(c, E > 0);
+    h->fc = lin(H, 2 * H, "MTP fc");
+    h->norm_embedding = cst(size_t(H), 0.f, "MTP norm");
+    h->norm_hidden = cst(size_t(H), 0.f, "MTP norm");
+    h->final_norm = cst(size_t(H), 0.f, "MTP norm");
+    h->layer = make_layer(l, false);
+    h->ffn = l.ffn;
+    h->in = m.alloc_f(size_t(2 * H), "MTP activations");
+    h->out = m.alloc_f(size_t(H), "MTP activations");
+    h->hn = m.alloc_f(size_t(H), "MTP activations");
+    h->tok = static_cast<int*>(m.alloc(4, "MTP token"));
+    CK(cudaMemsetAsync(h->tok, 0, 4, m.stream));
+    m.mtp = std::move(h);
   }
   CK(cudaStreamSynchronize(m.stream));
   cudaFree(tmp_gu);

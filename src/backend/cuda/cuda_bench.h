@@ -30,6 +30,7 @@ struct CudaSyntheticOptions {
   QuantKind experts = QuantKind::None;
   int group = 64;
   bool fp8_weights = false;
+  bool mtp_head = false;  // also a random MTP head (bench --mtp), its experts in VRAM
 };
 
 // Random weights of the given dimensions, built on the device (no

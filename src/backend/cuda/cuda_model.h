@@ -10,6 +10,7 @@
 // point throws Error("this build has no CUDA backend").
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -81,6 +82,7 @@ struct CudaTierStats {
 struct CudaStateImage {
   KvConfig kv;
   int64_t pos = 0;
+  bool drafting = false;  // a drafting state's: also the MTP head's KV rows and hidden state
   std::vector<std::vector<uint8_t>> buffers;
   size_t bytes() const {
     size_t n = 0;
@@ -102,6 +104,9 @@ struct CudaBatchItem {
   int32_t* argmax = nullptr;
 };
 
+// Picks draft token `step` (0-based) from the MTP head's logits [vocab] (host memory).
+using CudaDraftPicker = std::function<int32_t(const float* logits, int64_t step)>;
+
 class CudaModel {
  public:
   // Whether a CUDA device can be used; `why` receives the reason if not, and
@@ -121,12 +126,32 @@ class CudaModel {
   int64_t weight_bytes_per_token() const;  // bytes of weights one decoded token reads
 
   // A state for this KV configuration (every dtype and retention policy).
-  std::unique_ptr<CudaState> new_state(const KvConfig& kv) const;
+  // drafting (--mtp): the state also keeps the MTP head's KV cache in step
+  // with what it consumes; Error without a head, with h2o/tova retention or
+  // with routed experts outside VRAM.
+  std::unique_ptr<CudaState> new_state(const KvConfig& kv, bool drafting = false) const;
+  // Whether the model came with an MTP head (uploaded with it).
+  bool has_mtp() const;
+  // A drafting state: n tokens the head proposes after `next` (chosen from
+  // the state's last logits, not fed), each picked by `pick` from the
+  // head's logits. The state is unchanged (as the CPU's cpu::mtp_draft).
+  void draft(CudaState& st, int32_t next, int64_t n, const CudaDraftPicker& pick, int32_t* drafted) const;
 
   // The state copied to host memory, and a new state from such a copy
   // (taken from this model; an Error names a mismatch).
   CudaStateImage save_state(const CudaState& st) const;
   std::unique_ptr<CudaState> load_state(const CudaStateImage& img) const;
+
+  // A restore point kept on the device (speculative decoding's roll-back):
+  // copies, in the state's own spare buffers, of what feeding more tokens
+  // overwrites (the conv and delta-rule states, windowed KV caches, the MTP
+  // head's hidden state); a full cache's rows past the position are simply
+  // overwritten later. rollback() returns the state to the last mark (one
+  // mark per state; an Error without one). Not for h2o/tova caches (their
+  // slots move): snapshots (save_state) serve those.
+  void mark_rollback(CudaState& st) const;
+  void rollback(CudaState& st) const;
+  int64_t rollback_position(const CudaState& st) const;  // the mark's position, -1 without one
 
   // The positions the KV cache of full-attention layer `layer` (0-based
   // among those layers) holds, ascending, as KvCache::positions() (tests).

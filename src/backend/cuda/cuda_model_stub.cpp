@@ -29,9 +29,14 @@ const ModelConfig& CudaModel::config() const { no_cuda(); }
 std::string CudaModel::device_name() const { no_cuda(); }
 int64_t CudaModel::weight_bytes_total() const { no_cuda(); }
 int64_t CudaModel::weight_bytes_per_token() const { no_cuda(); }
-std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig&) const { no_cuda(); }
+std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig&, bool) const { no_cuda(); }
+bool CudaModel::has_mtp() const { no_cuda(); }
+void CudaModel::draft(CudaState&, int32_t, int64_t, const CudaDraftPicker&, int32_t*) const { no_cuda(); }
 CudaStateImage CudaModel::save_state(const CudaState&) const { no_cuda(); }
 std::unique_ptr<CudaState> CudaModel::load_state(const CudaStateImage&) const { no_cuda(); }
+void CudaModel::mark_rollback(CudaState&) const { no_cuda(); }
+void CudaModel::rollback(CudaState&) const { no_cuda(); }
+int64_t CudaModel::rollback_position(const CudaState&) const { no_cuda(); }
 std::vector<int64_t> CudaModel::kv_positions(const CudaState&, int) const { no_cuda(); }
 void CudaModel::forward(CudaState&, const int32_t*, int64_t, LogitsMode, float*) const { no_cuda(); }
 void CudaModel::decode_greedy(CudaState&, int32_t, int64_t, int32_t*) const { no_cuda(); }

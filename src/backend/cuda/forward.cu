@@ -96,6 +96,7 @@ void CudaModel::forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode
     fail_device(DeviceFailure::Unsupported,
                 "CUDA backend: --kv-snapkv needs the batched prefill (it keeps the prompt's last queries), which is "
                 "off or cannot run this model");
+  if (s.head) m.ensure_cap(*s.head, s.pos + n);
   for (int64_t b = 0; b < n; b += kRing - 1) {
     const int64_t len = std::min<int64_t>(kRing - 1, n - b);
     m.put_ids(s, ids + b, len);
@@ -104,6 +105,7 @@ void CudaModel::forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode
       if (s.snap) ps.snap_q = s.snap_q.data();
       for (int64_t c0 = 0; c0 < len; c0 += pf->max_tokens()) {
         const int T = int(std::min<int64_t>(pf->max_tokens(), len - c0));
+        const int64_t p0 = s.pos;
         pf->run(ps, s.d_ids + c0, T, s.pos);
         s.pos += T;
         if (m.tiers) m.tiers->maintain(m.stream, T);
@@ -118,6 +120,8 @@ void CudaModel::forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode
           CK(cudaStreamSynchronize(m.stream));
           std::memcpy(logits, m.pinned_logits, size_t(V) * 4);
         }
+        if (s.head)  // the MTP head's entries of the chunk's tokens, one at a time
+          for (int t = 0; t < T; ++t) m.advance_head(s, s.d_ids + c0 + t, p0 + t, pf->hidden(t));
       }
       CK(cudaStreamSynchronize(m.stream));
       continue;
@@ -126,6 +130,7 @@ void CudaModel::forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode
       const int64_t g = b + t;
       const bool want = mode == LogitsMode::All || (mode == LogitsMode::Last && g == n - 1);
       m.run_step(s, want ? 1 : 0);
+      if (s.head) m.advance_head(s, s.d_ids + t, s.pos, m.x);  // leaves the logits alone
       ++s.pos;
       if (m.tiers) m.tiers->maintain(m.stream);
       if (want) {
@@ -145,6 +150,7 @@ void CudaModel::decode_greedy(CudaState& st, int32_t first, int64_t n, int32_t* 
   CK(cudaSetDevice(m.dev));
   m.snapkv_begin_decode(s);
   m.ensure_cap(s, s.pos + n);
+  if (s.head) m.ensure_cap(*s.head, s.pos + n);
   int32_t next = first;
   for (int64_t b = 0; b < n; b += kRing - 2) {
     const int64_t len = std::min<int64_t>(kRing - 2, n - b);
@@ -152,6 +158,7 @@ void CudaModel::decode_greedy(CudaState& st, int32_t first, int64_t n, int32_t* 
     CK(cudaMemsetAsync(s.d_step, 0, 4, m.stream));
     for (int64_t t = 0; t < len; ++t) {
       m.run_step(s, 2);
+      if (s.head) m.advance_head(s, s.d_ids + t, s.pos, m.x);  // the token this step fed: ring entry t
       ++s.pos;
       if (m.tiers) m.tiers->maintain(m.stream);
     }

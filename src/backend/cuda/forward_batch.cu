@@ -42,7 +42,8 @@ void CudaModel::forward_batch(const CudaBatchItem* items, int64_t count) const {
   std::vector<const CudaBatchItem*> single;
   for (int64_t i = 0; i < count; ++i) {
     const CudaBatchItem& it = items[i];
-    if (it.n == 1) single.push_back(&it);
+    // A drafting state's token goes alone: forward() keeps its MTP head in step.
+    if (it.n == 1 && !it.state->p_->head) single.push_back(&it);
     else alone(it);
   }
   if (single.empty()) return;

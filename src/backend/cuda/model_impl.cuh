@@ -6,6 +6,7 @@
 //   forward.cu       forward / decode_greedy: prompts to the batched prefill or the step
 //   forward_batch.cu forward_batch: several sequences' tokens in one batched step (batch_step.cu)
 //   state.cu         per-conversation state: new_state, save/load, kv_positions, KV growth
+//   mtp.cu           the MTP head: its upload, keeping its KV cache in step, drafting
 //   cuda_bench.cu    benchmark-only entry points (synthetic weights, bandwidths, profile)
 #pragma once
 #include <cuda_runtime.h>
@@ -59,6 +60,18 @@ struct CudaState::Impl {
   float* scores = nullptr;
   int *d_pos = nullptr, *d_base = nullptr, *d_ids = nullptr, *d_out = nullptr, *d_step = nullptr;
   cudaGraphExec_t graphs[3] = {nullptr, nullptr, nullptr};  // per kind of step (graph.cu)
+  // A drafting state (--mtp): the MTP head's own state (one KV layer, its
+  // position counter; attention() runs on it as on a main layer's), and
+  // the final-normed hidden state of the last consumed token (valid once
+  // pos > 0). The head's cache holds entries 0 .. pos-2 (entry j: the
+  // hidden state at j and token j+1).
+  std::unique_ptr<CudaState::Impl> head;
+  float* head_hidden = nullptr;  // [H]
+  KvLayer head_scratch{};        // windowed caches: drafts run on a copy of the head's layer
+  // The device-side restore point (CudaModel::mark_rollback): copies of the
+  // buffers that tokens fed after it overwrite, and its position (-1: none).
+  std::vector<void*> bak;
+  int64_t bak_pos = -1;
 
   void drop_graphs() {
     for (auto& g : graphs)
@@ -77,10 +90,26 @@ struct CudaState::Impl {
     for (float* p : conv) cudaFree(p);
     for (float* p : ssm) cudaFree(p);
     for (float* p : snap_q) cudaFree(p);
+    for (void* p : {head_scratch.k, head_scratch.v, static_cast<void*>(head_scratch.ks),
+                    static_cast<void*>(head_scratch.vs), static_cast<void*>(head_hidden)})
+      cudaFree(p);
+    for (void* p : bak) cudaFree(p);
     for (void* p : {static_cast<void*>(scores), static_cast<void*>(d_pos), static_cast<void*>(d_base),
                     static_cast<void*>(d_ids), static_cast<void*>(d_out), static_cast<void*>(d_step)})
       cudaFree(p);
   }
+};
+
+// The MTP head on the device (mtp.cu): fc over [norm_e(embed(token)) |
+// norm_h(hidden)], one decoder layer (gated attention, then its FFN) run by
+// the decode step's own functions, the head's final norm; the shared lm_head.
+struct DeviceMtp {
+  DMat fc;  // [H, 2H]
+  float *norm_embedding = nullptr, *norm_hidden = nullptr, *final_norm = nullptr;
+  DLayer layer;
+  FfnKind ffn = FfnKind::RoutedMoE;
+  float *in = nullptr, *out = nullptr, *hn = nullptr;  // [2H], [H], [H] scratch
+  int* tok = nullptr;  // the drafted token fed to the next draft step (device)
 };
 
 struct CudaModel::Impl : Launcher {
@@ -114,6 +143,16 @@ struct CudaModel::Impl : Launcher {
   // Disk tier (experts read from the packed files when chosen).
   bool disk = false;
   std::vector<int64_t> disk_layers;  // model layer of each MoE layer (the loader's store requests)
+  // Expert parallelism over several GPUs (multi_gpu.cu): this GPU's rank,
+  // its communicator and buffers; null on one GPU. Around each routed MoE's
+  // expert kernels: ep_before_ffn keeps the residual (ranks > 0),
+  // ep_after_ffn all-reduces the experts' sum into x.
+  struct ExpertParallel* ep = nullptr;
+  void ep_before_ffn();
+  void ep_after_ffn();
+  // The same around the batched prefill's experts over T rows at `rows`.
+  void ep_before_rows(float* rows, int T);
+  void ep_after_rows(float* rows, int T);
   // Profiling (cuda_profile_decode): an event after each launch, with its kernel class.
   bool profiling = false;
   std::vector<cudaEvent_t> events;
@@ -239,6 +278,20 @@ struct CudaModel::Impl : Launcher {
   // What the batched prefill reads and writes of state s (its KV layers,
   // conv and delta states, retention scores, position).
   PrefillState prefill_state(CudaState::Impl& s) const;
+
+  // mtp.cu
+  std::unique_ptr<DeviceMtp> mtp;  // when the checkpoint has an MTP head
+  void upload_mtp(const QwenModel& model);
+  // A KV layer of state s's shape and capacity (state.cu), allocated.
+  KvLayer new_kv_layer(const CudaState::Impl& s) const;
+  // The head once on (hidden [H], the token at *tok) at head position hpos:
+  // input kernel, fc, the layer's attention (its KV entry at hpos written);
+  // full: also its FFN, the final norm into mtp->out and the logits.
+  void head_step(CudaState::Impl& hs, const float* hidden, const int* tok, int hpos, bool full);
+  // After the main model consumed the token at *tok (device) at position
+  // pos with residual x_last: the head entry pos-1 (from head_hidden and the
+  // token) when pos > 0, and head_hidden = final_norm(x_last).
+  void advance_head(CudaState::Impl& s, const int* tok, int64_t pos, const float* x_last);
 };
 
 // The Impl of a CudaModel, and a new empty CudaModel: for the units of this

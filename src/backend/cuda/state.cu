@@ -48,7 +48,55 @@ void CudaModel::Impl::ensure_cap(CudaState::Impl& s, int64_t slots) {
   s.cap = int(nc);
 }
 
-std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv) const {
+namespace {
+// A state's attention scores scratch, position counters and token rings (ring entries).
+void alloc_counters(CudaState::Impl& s, int ring) {
+  s.scores = static_cast<float*>(dev_alloc(size_t(s.cap) * std::max(s.nh, 1) * 4, "attention scores"));
+  s.d_pos = static_cast<int*>(dev_alloc(4, "counters"));
+  s.d_base = static_cast<int*>(dev_alloc(4, "counters"));
+  s.d_step = static_cast<int*>(dev_alloc(4, "counters"));
+  s.d_ids = static_cast<int*>(dev_alloc(size_t(ring) * 4, "token ids"));
+  s.d_out = static_cast<int*>(dev_alloc(size_t(ring) * 4, "token ids"));
+  for (int* p : {s.d_pos, s.d_base, s.d_step}) CK(cudaMemset(p, 0, 4));
+  CK(cudaMemset(s.d_ids, 0, size_t(ring) * 4));
+}
+}  // namespace
+
+KvLayer CudaModel::Impl::new_kv_layer(const CudaState::Impl& s) const {
+  const size_t row = size_t(s.nkv) * s.hd;
+  KvLayer b{};
+  b.cap = s.cap;
+  b.window = s.window;
+  b.sinks = s.sinks;
+  b.rot = s.kv.dtype == KvDType::FP8 && s.kv.fp8_scale == Fp8ScaleMode::Rotated ? 1 : 0;
+  struct Guard {  // frees what was allocated when a later allocation throws
+    KvLayer& l;
+    bool done = false;
+    ~Guard() {
+      if (!done)
+        for (void* p : {l.k, l.v, static_cast<void*>(l.ks), static_cast<void*>(l.vs), static_cast<void*>(l.acc),
+                        static_cast<void*>(l.kpos)})
+          cudaFree(p);
+    }
+  } g{b};
+  b.k = dev_alloc(size_t(s.cap) * row * s.el, "KV cache");
+  b.v = dev_alloc(size_t(s.cap) * row * s.el, "KV cache");
+  b.ks = static_cast<float*>(dev_alloc(size_t(s.cap) * std::max(s.ns, 1) * 4, "KV scales"));
+  b.vs = static_cast<float*>(dev_alloc(size_t(s.cap) * std::max(s.ns, 1) * 4, "KV scales"));
+  if (s.h2o) {
+    const KvRetention ret = s.kv.retention();
+    b.recent = int(s.kv.evict_protected_recent());
+    b.latest_only = ret == KvRetention::Tova ? 1 : 0;
+    b.acc = static_cast<float*>(dev_alloc(size_t(s.cap) * 4, "h2o scores"));
+    b.kpos = static_cast<int*>(dev_alloc(size_t(s.cap) * 4, "h2o positions"));
+    CK(cudaMemset(b.acc, 0, size_t(s.cap) * 4));
+    CK(cudaMemset(b.kpos, 0xff, size_t(s.cap) * 4));  // -1: free
+  }
+  g.done = true;
+  return b;
+}
+
+std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv, bool drafting) const {
   const Impl& m = *p_;
   kv.validate();
   const KvRetention ret = kv.retention();
@@ -91,31 +139,12 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv) const {
   if (s.h2o) s.sinks = int(kv.sinks);
   s.snap = ret == KvRetention::SnapKV;  // full until the prompt is cut (snapkv.cu)
   s.cap = s.window > 0 ? s.window : s.h2o ? int(kv.capacity()) : 1024;
-  const size_t row = size_t(s.nkv) * s.hd;
   const int64_t C = m.c.lin_conv_dim(), Kc = m.c.conv_kernel;
   const int64_t ssm_n = m.c.lin_num_v_heads * m.c.lin_k_dim * m.c.lin_v_dim;
   for (const LayerPlan& lp : m.plan.layers) {  // in order: state_slot is the index in kvl / conv / ssm
     if (lp.mixer == MixerKind::GatedAttention) {
-      KvLayer l{};
-      l.cap = s.cap;
-      l.window = s.window;
-      l.sinks = s.sinks;
-      l.rot = rot ? 1 : 0;
-      // pushed first so that the destructor frees whatever was allocated
-      s.kvl.push_back(l);
-      KvLayer& b = s.kvl.back();
-      b.k = dev_alloc(size_t(s.cap) * row * s.el, "KV cache");
-      b.v = dev_alloc(size_t(s.cap) * row * s.el, "KV cache");
-      b.ks = static_cast<float*>(dev_alloc(size_t(s.cap) * std::max(s.ns, 1) * 4, "KV scales"));
-      b.vs = static_cast<float*>(dev_alloc(size_t(s.cap) * std::max(s.ns, 1) * 4, "KV scales"));
-      if (s.h2o) {
-        b.recent = int(kv.evict_protected_recent());
-        b.latest_only = ret == KvRetention::Tova ? 1 : 0;
-        b.acc = static_cast<float*>(dev_alloc(size_t(s.cap) * 4, "h2o scores"));
-        b.kpos = static_cast<int*>(dev_alloc(size_t(s.cap) * 4, "h2o positions"));
-        CK(cudaMemset(b.acc, 0, size_t(s.cap) * 4));
-        CK(cudaMemset(b.kpos, 0xff, size_t(s.cap) * 4));  // -1: free
-      }
+      s.kvl.push_back(KvLayer{});  // first, so that the destructor frees whatever was allocated
+      s.kvl.back() = m.new_kv_layer(s);
       if (s.snap) {
         s.snap_q.push_back(static_cast<float*>(
             dev_alloc(size_t(KvConfig::kSnapObserved) * s.nh * s.hd * 4, "snapkv queries")));
@@ -130,14 +159,22 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv) const {
       CK(cudaMemset(s.ssm.back(), 0, size_t(ssm_n) * 4));
     }
   }
-  s.scores = static_cast<float*>(dev_alloc(size_t(s.cap) * std::max(s.nh, 1) * 4, "attention scores"));
-  s.d_pos = static_cast<int*>(dev_alloc(4, "counters"));
-  s.d_base = static_cast<int*>(dev_alloc(4, "counters"));
-  s.d_step = static_cast<int*>(dev_alloc(4, "counters"));
-  s.d_ids = static_cast<int*>(dev_alloc(size_t(kRing) * 4, "token ids"));
-  s.d_out = static_cast<int*>(dev_alloc(size_t(kRing) * 4, "token ids"));
-  for (int* p : {s.d_pos, s.d_base, s.d_step}) CK(cudaMemset(p, 0, 4));
-  CK(cudaMemset(s.d_ids, 0, size_t(kRing) * 4));
+  alloc_counters(s, kRing);
+  if (drafting) {
+    if (m.tiers)
+      fail_device(DeviceFailure::Unsupported,
+                  "CUDA backend: --mtp with routed experts outside VRAM (--gpu-expert-cache) is not implemented");
+    if (!m.mtp) fail("--mtp: the model has no MTP head (no mtp.* tensors in its checkpoint)");
+    if (s.h2o) fail_device(DeviceFailure::Unsupported, "CUDA backend: --mtp with h2o or tova retention is not implemented");
+    s.head = std::make_unique<CudaState::Impl>();
+    CudaState::Impl& h = *s.head;
+    h.dev = s.dev, h.kv = s.kv, h.cap = s.cap, h.window = s.window, h.sinks = s.sinks, h.kvt = s.kvt, h.ns = s.ns;
+    h.el = s.el, h.nkv = s.nkv, h.hd = s.hd, h.nh = s.nh;
+    h.kvl.push_back(KvLayer{});
+    h.kvl.back() = m.new_kv_layer(h);
+    alloc_counters(h, 1);
+    s.head_hidden = static_cast<float*>(dev_alloc(size_t(m.c.hidden_size) * 4, "MTP hidden state"));
+  }
   CK(cudaDeviceSynchronize());
   return st;
 }
@@ -160,6 +197,11 @@ std::vector<size_t> image_sizes(const ModelConfig& c, const CudaState::Impl& s, 
   for (size_t i = 0; i < s.ssm.size(); ++i) z.push_back(ssm);
   for (size_t i = 0; i < s.snap_q.size(); ++i)
     z.push_back(s.snap_done ? 0 : size_t(KvConfig::kSnapObserved) * s.nh * s.hd * 4);
+  if (s.head) {  // the MTP head's entries 0 .. pos-2, and the hidden state of the last token
+    const std::vector<size_t> h = image_sizes(c, *s.head, std::max<int64_t>(pos - 1, 0));
+    z.insert(z.end(), h.begin(), h.end());
+    z.push_back(pos > 0 ? size_t(c.hidden_size) * 4 : 0);
+  }
   return z;
 }
 // The device buffers of a state, in the same order.
@@ -169,6 +211,11 @@ std::vector<void*> image_buffers(const CudaState::Impl& s) {
   for (float* p : s.conv) b.push_back(p);
   for (float* p : s.ssm) b.push_back(p);
   for (float* p : s.snap_q) b.push_back(p);
+  if (s.head) {
+    const std::vector<void*> h = image_buffers(*s.head);
+    b.insert(b.end(), h.begin(), h.end());
+    b.push_back(s.head_hidden);
+  }
   return b;
 }
 // snapkv: whether the prompt was cut, the shift and each layer's kept
@@ -191,6 +238,7 @@ CudaStateImage CudaModel::save_state(const CudaState& st) const {
   CudaStateImage img;
   img.kv = s.kv;
   img.pos = s.pos;
+  img.drafting = bool(s.head);
   const std::vector<size_t> z = image_sizes(m.c, s, s.pos);
   const std::vector<void*> b = image_buffers(s);
   for (size_t i = 0; i < z.size(); ++i) {
@@ -203,7 +251,7 @@ CudaStateImage CudaModel::save_state(const CudaState& st) const {
 
 std::unique_ptr<CudaState> CudaModel::load_state(const CudaStateImage& img) const {
   Impl& m = *p_;
-  auto st = new_state(img.kv);
+  auto st = new_state(img.kv, img.drafting);
   CudaState::Impl& s = *st->p_;
   if (img.pos < 0 || img.pos >= (int64_t(1) << 30)) fail("conversation snapshot: bad position");
   size_t nbuf = img.buffers.size();
@@ -224,6 +272,7 @@ std::unique_ptr<CudaState> CudaModel::load_state(const CudaStateImage& img) cons
     }
   }
   m.ensure_cap(s, img.pos);
+  if (s.head) m.ensure_cap(*s.head, img.pos);
   const std::vector<size_t> z = image_sizes(m.c, s, img.pos);
   const std::vector<void*> b = image_buffers(s);
   if (nbuf != z.size()) fail("conversation snapshot: taken from another model");
@@ -234,8 +283,69 @@ std::unique_ptr<CudaState> CudaModel::load_state(const CudaStateImage& img) cons
   s.pos = img.pos;
   const int p32 = int(img.pos);
   CK(cudaMemcpy(s.d_pos, &p32, 4, cudaMemcpyHostToDevice));
+  if (s.head) s.head->pos = std::max<int64_t>(img.pos - 1, 0);
   return st;
 }
+
+namespace {
+// What a restore point copies, with the bytes of each (mark_rollback's order).
+std::vector<std::pair<void*, size_t>> rollback_buffers(const ModelConfig& c, CudaState::Impl& s) {
+  std::vector<std::pair<void*, size_t>> b;
+  const size_t conv = size_t(c.lin_conv_dim() * c.conv_kernel) * 4;
+  const size_t ssm = size_t(c.lin_num_v_heads * c.lin_k_dim * c.lin_v_dim) * 4;
+  for (float* p : s.conv) b.emplace_back(p, conv);
+  for (float* p : s.ssm) b.emplace_back(p, ssm);
+  auto windowed = [&](CudaState::Impl& x) {
+    if (x.window == 0) return;  // full: rows past the position are free
+    const size_t kv = size_t(x.cap) * x.nkv * x.hd * x.el, sc = size_t(x.cap) * std::max(x.ns, 1) * 4;
+    for (KvLayer& l : x.kvl) {
+      b.emplace_back(l.k, kv);
+      b.emplace_back(l.v, kv);
+      b.emplace_back(l.ks, sc);
+      b.emplace_back(l.vs, sc);
+    }
+  };
+  windowed(s);
+  if (s.head) {
+    windowed(*s.head);
+    b.emplace_back(s.head_hidden, size_t(c.hidden_size) * 4);
+  }
+  return b;
+}
+}  // namespace
+
+void CudaModel::mark_rollback(CudaState& st) const {
+  const Impl& m = *p_;
+  CudaState::Impl& s = *st.p_;
+  if (s.h2o) fail("CUDA backend: a device restore point of an h2o/tova cache (its slots move): take a snapshot");
+  CK(cudaSetDevice(m.dev));
+  const auto bufs = rollback_buffers(m.c, s);
+  if (s.bak.empty()) {
+    s.bak.assign(bufs.size(), nullptr);
+    for (size_t i = 0; i < bufs.size(); ++i) s.bak[i] = dev_alloc(bufs[i].second, "restore point");
+  }
+  for (size_t i = 0; i < bufs.size(); ++i)
+    CK(cudaMemcpyAsync(s.bak[i], bufs[i].first, bufs[i].second, cudaMemcpyDeviceToDevice, m.stream));
+  s.bak_pos = s.pos;
+}
+
+void CudaModel::rollback(CudaState& st) const {
+  Impl& m = *p_;
+  CudaState::Impl& s = *st.p_;
+  if (s.bak_pos < 0) fail("CUDA backend: roll-back without a restore point");
+  if (s.pos < s.bak_pos) fail("CUDA backend: roll-back to a restore point ahead of the state");
+  CK(cudaSetDevice(m.dev));
+  const auto bufs = rollback_buffers(m.c, s);
+  for (size_t i = 0; i < bufs.size(); ++i)
+    CK(cudaMemcpyAsync(bufs[i].first, s.bak[i], bufs[i].second, cudaMemcpyDeviceToDevice, m.stream));
+  s.pos = s.bak_pos;
+  m.pinned_ids[0] = int32_t(s.pos);
+  CK(cudaMemcpyAsync(s.d_pos, m.pinned_ids, 4, cudaMemcpyHostToDevice, m.stream));
+  CK(cudaStreamSynchronize(m.stream));  // before pinned_ids is written again
+  if (s.head) s.head->pos = std::max<int64_t>(s.pos - 1, 0);
+}
+
+int64_t CudaModel::rollback_position(const CudaState& st) const { return st.p_->bak_pos; }
 
 std::vector<int64_t> CudaModel::kv_positions(const CudaState& st, int layer) const {
   const Impl& m = *p_;

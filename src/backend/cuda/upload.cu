@@ -474,6 +474,175 @@ int64_t CudaModel::weight_bytes_total() const { return p_->bytes_total; }
 int64_t CudaModel::weight_bytes_per_token() const { return p_->bytes_per_token; }
 void CudaModel::set_use_graph(bool on) { p_->use_graph = on && !p_->disk; }  // the disk tier waits for the host inside a step
 
+// One decoder layer's weights to the device (layer plan l, weights lw, its
+// routed experts through `store` under layer i): the main layers in order,
+// and the MTP head's layer (may_tier false: its experts all in VRAM).
+// tiered, tier_gu, tier_dn: the tiered cache's decision and expert sizes,
+// made at the first MoE layer.
+DLayer upload_layer(CudaModel::Impl& m, const LayerPlan& l, const LayerWeights& lw, ExpertStore& store, int64_t i,
+                    const std::string& p, bool may_tier, bool& tiered, size_t& tier_gu, size_t& tier_dn) {
+  const ModelConfig& c = m.c;
+  const bool attention = l.mixer == MixerKind::GatedAttention, moe = l.ffn == FfnKind::RoutedMoE;
+  if (attention != (lw.kind == LayerKind::Full) || moe != lw.ffn.moe)
+    fail("CUDA backend: " + p + "weights do not match the layer plan of the config");
+  DLayer d;
+  d.in_norm = m.upload_vec(lw.input_norm, p + "norm");
+  d.post_norm = m.upload_vec(lw.post_norm, p + "norm");
+  if (attention) {
+    const AttentionWeights& a = lw.attn;
+    d.qkv = m.upload_rows({a.q_proj, a.k_proj, a.v_proj}, p + "q/k/v projection", -1, true);
+    d.o_proj = m.upload_rows({a.o_proj}, p + "o_proj", -1, true);
+    d.q_norm = m.upload_vec(a.q_norm, p + "q_norm");
+    d.k_norm = m.upload_vec(a.k_norm, p + "k_norm");
+  } else {
+    const LinearAttentionWeights& l = lw.lin;
+    d.lin_in = m.upload_rows(l.in_proj.block_views(), p + "linear-attention projections", -1, true);
+    d.out_proj = m.upload_rows({l.out_proj}, p + "out_proj", -1, true);
+    d.conv_w = m.upload_vec(l.conv, p + "conv1d");
+    d.dt_bias = m.upload_vec(l.dt_bias, p + "dt_bias");
+    d.neg_exp_A = m.upload_vec(l.neg_exp_A, p + "A_log");
+    d.gnorm = m.upload_vec(l.norm, p + "gated norm");
+    d.v_tiled = l.v_heads_tiled;
+  }
+  const FfnWeights& f = lw.ffn;
+  if (moe) {
+    const int moe_index = l.moe_slot;
+    std::vector<Matrix> r = {f.router};
+    if (f.has_shared) r.push_back(f.shared_gate);
+    d.router = m.upload_rows(r, p + "router");
+    // The routed experts come through the model's expert store: views of
+    // the checkpoint, or of packed files (mmapped or streamed from disk,
+    // read once here). A packed model's experts share one format; a
+    // checkpoint's float experts take one storage type for the layer.
+    const int E = int(c.num_experts), H = int(c.hidden_size), I = int(c.moe_intermediate);
+    const ExpertBatch first_batch = store.fetch(i, {0});
+    const FfnExpert& first = first_batch.experts.at(0);
+    const bool gguf = first.gate.block_quantized();
+    int dt = first.gate.quantized() ? DT_BF16 : dt_of(first.gate.dtype);
+    auto same = [&](const Matrix& x) {
+      if (!x.quantized() && dt_of(x.dtype) != dt) dt = DT_F32;
+    };
+    for (const FfnExpert& e : f.experts) same(e.gate), same(e.up), same(e.down);
+    if (f.has_shared) {
+      if (first.gate.quantized()) dt = storage_dt(f.shared.gate);
+      same(f.shared.gate), same(f.shared.up), same(f.shared.down);
+    }
+    d.edt = dt;
+    size_t gu_bytes, dn_bytes;
+    if (gguf) {
+      m.gguf_expert_layout(first, d, gu_bytes, dn_bytes);
+    } else {
+      if (first.gate.quantized()) d.q = m.quant_layout(first, p);
+      gu_bytes = d.q.bits ? d.q.gu_bytes : size_t(2 * I) * H * dt_size(dt);
+      dn_bytes = d.q.bits ? d.q.dn_bytes : size_t(H) * I * dt_size(dt);
+    }
+    if (moe_index == 0 && may_tier) tiered = m.make_tiers(gu_bytes, dn_bytes, m.plan.moe_layers);
+    if (tiered && moe_index > 0 && (gu_bytes != tier_gu || dn_bytes != tier_dn))
+      fail_device(DeviceFailure::Unsupported, "--gpu-expert-cache: the experts of " + p +
+                                                  "have a different storage format than those of the first MoE layer");
+    uint8_t *gu_dst, *dn_dst;
+    if (tiered) {
+      gu_dst = m.tiers->host_gu(moe_index);
+      dn_dst = m.tiers->host_down(moe_index);
+      d.gu_tab = m.tiers->gu_tab(moe_index);
+      d.down_tab = m.tiers->down_tab(moe_index);
+      d.tc = m.tiers->count(moe_index);
+    } else {
+      d.gu = m.alloc(size_t(E) * gu_bytes, p + "experts gate/up");
+      d.down = m.alloc(size_t(E) * dn_bytes, p + "experts down");
+      m.bytes_total += int64_t(size_t(E) * (gu_bytes + dn_bytes));
+      gu_dst = static_cast<uint8_t*>(d.gu);
+      dn_dst = static_cast<uint8_t*>(d.down);
+      d.gu_tab = m.contiguous_table(d.gu, E, gu_bytes, p + "expert table");
+      d.down_tab = m.contiguous_table(d.down, E, dn_bytes, p + "expert table");
+    }
+    // Disk tier: the host holds the first host_slots experts; the others
+    // are read through the store when chosen (every MoE layer has the
+    // first one's format: checked above). Tiers without disk: expert e <
+    // slots goes to VRAM slot e, the others to host slot e - slots.
+    const bool on_disk = tiered && m.tiers->disk();
+    const int held = on_disk ? m.tiers->host_slots() : E;
+    const int vslots = tiered && !on_disk ? m.tiers->vram_slots() : 0;
+    if (on_disk) {
+      if (moe_index == 0) m.disk_layers.clear();
+      m.disk_layers.push_back(i);
+      if (moe_index == 0)
+        m.tiers->set_loader([&store, &m, dt, q = d.q, gg = d.gg, gd = d.gd](int l, int e, uint8_t* gu, uint8_t* dn) {
+          const int64_t layer = m.disk_layers.at(size_t(l));
+          const ExpertBatch b = store.fetch(layer, {e});
+          const FfnExpert& x = b.experts.at(0);
+          const std::string where = "layer " + std::to_string(layer) + " ";
+          if (gg.n) {
+            CudaModel::Impl::write_gguf_expert(x, 0, gg, gd, where, gu);
+            CudaModel::Impl::write_gguf_expert(x, 1, gg, gd, where, dn);
+          } else if (q.bits) {
+            CudaModel::Impl::write_quant(x, 0, q, where, gu);
+            CudaModel::Impl::write_quant(x, 1, q, where, dn);
+          } else {
+            CudaModel::Impl::write_rows_host({x.gate, x.up}, dt, gu);
+            CudaModel::Impl::write_rows_host({x.down}, dt, dn);
+          }
+        });
+    }
+    // A batch of experts at a time: bounded host memory for streamed ones.
+    constexpr int kBatch = 16;
+    std::vector<uint8_t> stage;
+    for (int e0 = 0; e0 < held; e0 += kBatch) {
+      const int n = std::min(kBatch, held - e0);
+      std::vector<int32_t> ids(static_cast<size_t>(n));
+      std::iota(ids.begin(), ids.end(), e0);
+      const ExpertBatch b = store.fetch(i, ids);
+      stage.resize(size_t(n) * std::max(gu_bytes, dn_bytes));
+      for (int part = 0; part < 2; ++part) {
+        const size_t bytes = part == 0 ? gu_bytes : dn_bytes;
+        for (int k = 0; k < n; ++k) {
+          const int e = e0 + k;
+          // Pinned host memory is written in place; VRAM through the stage.
+          uint8_t* o = stage.data() + size_t(k) * bytes;
+          if (on_disk) o = (part == 0 ? gu_dst : dn_dst) + size_t(e) * bytes;
+          else if (tiered && e >= vslots) o = (part == 0 ? gu_dst : dn_dst) + size_t(e - vslots) * bytes;
+          const FfnExpert& x = b.experts[size_t(k)];
+          if (gguf) CudaModel::Impl::write_gguf_expert(x, part, d.gg, d.gd, p, o);
+          else if (d.q.bits) CudaModel::Impl::write_quant(x, part, d.q, p, o);
+          else if (part == 0) CudaModel::Impl::write_rows_host({x.gate, x.up}, dt, o);
+          else CudaModel::Impl::write_rows_host({x.down}, dt, o);
+          if (tiered && !on_disk && e < vslots)
+            CK(cudaMemcpy(part == 0 ? m.tiers->vram_gu(moe_index, e) : m.tiers->vram_down(moe_index, e), o, bytes,
+                          cudaMemcpyHostToDevice));
+        }
+        if (!tiered)
+          CK(cudaMemcpy((part == 0 ? gu_dst : dn_dst) + size_t(e0) * bytes, stage.data(), size_t(n) * bytes,
+                        cudaMemcpyHostToDevice));
+      }
+    }
+    if (moe_index == 0) tier_gu = gu_bytes, tier_dn = dn_bytes;
+    if (f.has_shared) {
+      d.has_shared = true;
+      // FP8 beside FP8 routed experts (their kernels read it: fp8_experts.cuh).
+      const bool f8 = d.q.fp8 && f.shared.gate.fp8() && f.shared.up.fp8() && f.shared.down.fp8();
+      d.s_gu = m.upload_rows({f.shared.gate, f.shared.up}, p + "shared expert", f8 ? -1 : dt, f8);
+      d.s_down = m.upload_rows({f.shared.down}, p + "shared expert", f8 ? -1 : dt, f8);
+      if (d.s_gu.dt != d.s_down.dt)
+        fail_device(DeviceFailure::Unsupported, "CUDA backend: " + p + "shared expert: gate/up and down differ in FP8 blocks");
+      if (d.s_gu.dt == DT_FP8) d.edt = DT_FP8;
+    }
+  } else {
+    int dt = storage_dt(f.dense.gate);
+    if (storage_dt(f.dense.up) != dt || storage_dt(f.dense.down) != dt) dt = DT_F32;
+    d.edt = dt;
+    d.has_shared = true;
+    d.s_gu = m.upload_rows({f.dense.gate, f.dense.up}, p + "mlp", dt);
+    d.s_down = m.upload_rows({f.dense.down}, p + "mlp", dt);
+  }
+  // The GGUF expert kernels take every part of a layer's feed-forward in
+  // a block format (a file mixing float and block tensors there has none).
+  const bool gguf_ffn = d.gg.n || d.s_gu.dt == DT_GGUF || d.s_down.dt == DT_GGUF;
+  if (gguf_ffn && ((moe && !d.gg.n) || (d.has_shared && (d.s_gu.dt != DT_GGUF || d.s_down.dt != DT_GGUF))))
+    fail_device(DeviceFailure::Unsupported, "CUDA backend: " + p +
+                                                "feed-forward mixes GGUF block types with float tensors");
+  return d;
+}
+
 std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaOptions& o) {
   std::unique_ptr<CudaModel> cm(new CudaModel);
   Impl& m = *cm->p_;
@@ -481,7 +650,6 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
   m.plan = make_plan(m.c);
   m.opts = o;
   m.init_device();
-  const ModelConfig& c = m.c;
   const ModelWeights& w = model.weights();
   m.embed = m.upload_rows({w.embed}, "embedding");
   m.lm_head = w.lm_head.data == w.embed.data ? m.embed : m.upload_rows({w.lm_head}, "lm_head");
@@ -490,169 +658,12 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
   bool tiered = false;
   for (const LayerPlan& l : m.plan.layers) {
     const int64_t i = l.index;
-    const LayerWeights& lw = w.layers[size_t(i)];
-    const std::string p = "layer " + std::to_string(i) + " ";
-    const bool attention = l.mixer == MixerKind::GatedAttention, moe = l.ffn == FfnKind::RoutedMoE;
-    if (attention != (lw.kind == LayerKind::Full) || moe != lw.ffn.moe)
-      fail("CUDA backend: " + p + "weights do not match the layer plan of the config");
-    DLayer d;
-    d.in_norm = m.upload_vec(lw.input_norm, p + "norm");
-    d.post_norm = m.upload_vec(lw.post_norm, p + "norm");
-    if (attention) {
-      const AttentionWeights& a = lw.attn;
-      d.qkv = m.upload_rows({a.q_proj, a.k_proj, a.v_proj}, p + "q/k/v projection", -1, true);
-      d.o_proj = m.upload_rows({a.o_proj}, p + "o_proj", -1, true);
-      d.q_norm = m.upload_vec(a.q_norm, p + "q_norm");
-      d.k_norm = m.upload_vec(a.k_norm, p + "k_norm");
-    } else {
-      const LinearAttentionWeights& l = lw.lin;
-      d.lin_in = m.upload_rows(l.in_proj.block_views(), p + "linear-attention projections", -1, true);
-      d.out_proj = m.upload_rows({l.out_proj}, p + "out_proj", -1, true);
-      d.conv_w = m.upload_vec(l.conv, p + "conv1d");
-      d.dt_bias = m.upload_vec(l.dt_bias, p + "dt_bias");
-      d.neg_exp_A = m.upload_vec(l.neg_exp_A, p + "A_log");
-      d.gnorm = m.upload_vec(l.norm, p + "gated norm");
-      d.v_tiled = l.v_heads_tiled;
-    }
-    const FfnWeights& f = lw.ffn;
-    if (moe) {
-      const int moe_index = l.moe_slot;
-      std::vector<Matrix> r = {f.router};
-      if (f.has_shared) r.push_back(f.shared_gate);
-      d.router = m.upload_rows(r, p + "router");
-      // The routed experts come through the model's expert store: views of
-      // the checkpoint, or of packed files (mmapped or streamed from disk,
-      // read once here). A packed model's experts share one format; a
-      // checkpoint's float experts take one storage type for the layer.
-      ExpertStore& store = model.expert_store();
-      const int E = int(c.num_experts), H = int(c.hidden_size), I = int(c.moe_intermediate);
-      const ExpertBatch first_batch = store.fetch(i, {0});
-      const FfnExpert& first = first_batch.experts.at(0);
-      const bool gguf = first.gate.block_quantized();
-      int dt = first.gate.quantized() ? DT_BF16 : dt_of(first.gate.dtype);
-      auto same = [&](const Matrix& x) {
-        if (!x.quantized() && dt_of(x.dtype) != dt) dt = DT_F32;
-      };
-      for (const FfnExpert& e : f.experts) same(e.gate), same(e.up), same(e.down);
-      if (f.has_shared) {
-        if (first.gate.quantized()) dt = storage_dt(f.shared.gate);
-        same(f.shared.gate), same(f.shared.up), same(f.shared.down);
-      }
-      d.edt = dt;
-      size_t gu_bytes, dn_bytes;
-      if (gguf) {
-        m.gguf_expert_layout(first, d, gu_bytes, dn_bytes);
-      } else {
-        if (first.gate.quantized()) d.q = m.quant_layout(first, p);
-        gu_bytes = d.q.bits ? d.q.gu_bytes : size_t(2 * I) * H * dt_size(dt);
-        dn_bytes = d.q.bits ? d.q.dn_bytes : size_t(H) * I * dt_size(dt);
-      }
-      if (moe_index == 0) tiered = m.make_tiers(gu_bytes, dn_bytes, m.plan.moe_layers);
-      if (tiered && moe_index > 0 && (gu_bytes != tier_gu || dn_bytes != tier_dn))
-        fail_device(DeviceFailure::Unsupported, "--gpu-expert-cache: the experts of " + p +
-                                                    "have a different storage format than those of the first MoE layer");
-      uint8_t *gu_dst, *dn_dst;
-      if (tiered) {
-        gu_dst = m.tiers->host_gu(moe_index);
-        dn_dst = m.tiers->host_down(moe_index);
-        d.gu_tab = m.tiers->gu_tab(moe_index);
-        d.down_tab = m.tiers->down_tab(moe_index);
-        d.tc = m.tiers->count(moe_index);
-      } else {
-        d.gu = m.alloc(size_t(E) * gu_bytes, p + "experts gate/up");
-        d.down = m.alloc(size_t(E) * dn_bytes, p + "experts down");
-        m.bytes_total += int64_t(size_t(E) * (gu_bytes + dn_bytes));
-        gu_dst = static_cast<uint8_t*>(d.gu);
-        dn_dst = static_cast<uint8_t*>(d.down);
-        d.gu_tab = m.contiguous_table(d.gu, E, gu_bytes, p + "expert table");
-        d.down_tab = m.contiguous_table(d.down, E, dn_bytes, p + "expert table");
-      }
-      // Disk tier: the host holds the first host_slots experts; the others
-      // are read through the store when chosen (every MoE layer has the
-      // first one's format: checked above). Tiers without disk: expert e <
-      // slots goes to VRAM slot e, the others to host slot e - slots.
-      const bool on_disk = tiered && m.tiers->disk();
-      const int held = on_disk ? m.tiers->host_slots() : E;
-      const int vslots = tiered && !on_disk ? m.tiers->vram_slots() : 0;
-      if (on_disk) {
-        if (moe_index == 0) m.disk_layers.clear();
-        m.disk_layers.push_back(i);
-        if (moe_index == 0)
-          m.tiers->set_loader([&store, &m, dt, q = d.q, gg = d.gg, gd = d.gd](int l, int e, uint8_t* gu, uint8_t* dn) {
-            const int64_t layer = m.disk_layers.at(size_t(l));
-            const ExpertBatch b = store.fetch(layer, {e});
-            const FfnExpert& x = b.experts.at(0);
-            const std::string where = "layer " + std::to_string(layer) + " ";
-            if (gg.n) {
-              Impl::write_gguf_expert(x, 0, gg, gd, where, gu);
-              Impl::write_gguf_expert(x, 1, gg, gd, where, dn);
-            } else if (q.bits) {
-              Impl::write_quant(x, 0, q, where, gu);
-              Impl::write_quant(x, 1, q, where, dn);
-            } else {
-              Impl::write_rows_host({x.gate, x.up}, dt, gu);
-              Impl::write_rows_host({x.down}, dt, dn);
-            }
-          });
-      }
-      // A batch of experts at a time: bounded host memory for streamed ones.
-      constexpr int kBatch = 16;
-      std::vector<uint8_t> stage;
-      for (int e0 = 0; e0 < held; e0 += kBatch) {
-        const int n = std::min(kBatch, held - e0);
-        std::vector<int32_t> ids(static_cast<size_t>(n));
-        std::iota(ids.begin(), ids.end(), e0);
-        const ExpertBatch b = store.fetch(i, ids);
-        stage.resize(size_t(n) * std::max(gu_bytes, dn_bytes));
-        for (int part = 0; part < 2; ++part) {
-          const size_t bytes = part == 0 ? gu_bytes : dn_bytes;
-          for (int k = 0; k < n; ++k) {
-            const int e = e0 + k;
-            // Pinned host memory is written in place; VRAM through the stage.
-            uint8_t* o = stage.data() + size_t(k) * bytes;
-            if (on_disk) o = (part == 0 ? gu_dst : dn_dst) + size_t(e) * bytes;
-            else if (tiered && e >= vslots) o = (part == 0 ? gu_dst : dn_dst) + size_t(e - vslots) * bytes;
-            const FfnExpert& x = b.experts[size_t(k)];
-            if (gguf) Impl::write_gguf_expert(x, part, d.gg, d.gd, p, o);
-            else if (d.q.bits) Impl::write_quant(x, part, d.q, p, o);
-            else if (part == 0) Impl::write_rows_host({x.gate, x.up}, dt, o);
-            else Impl::write_rows_host({x.down}, dt, o);
-            if (tiered && !on_disk && e < vslots)
-              CK(cudaMemcpy(part == 0 ? m.tiers->vram_gu(moe_index, e) : m.tiers->vram_down(moe_index, e), o, bytes,
-                            cudaMemcpyHostToDevice));
-          }
-          if (!tiered)
-            CK(cudaMemcpy((part == 0 ? gu_dst : dn_dst) + size_t(e0) * bytes, stage.data(), size_t(n) * bytes,
-                          cudaMemcpyHostToDevice));
-        }
-      }
-      if (moe_index == 0) tier_gu = gu_bytes, tier_dn = dn_bytes;
-      if (f.has_shared) {
-        d.has_shared = true;
-        // FP8 beside FP8 routed experts (their kernels read it: fp8_experts.cuh).
-        const bool f8 = d.q.fp8 && f.shared.gate.fp8() && f.shared.up.fp8() && f.shared.down.fp8();
-        d.s_gu = m.upload_rows({f.shared.gate, f.shared.up}, p + "shared expert", f8 ? -1 : dt, f8);
-        d.s_down = m.upload_rows({f.shared.down}, p + "shared expert", f8 ? -1 : dt, f8);
-        if (d.s_gu.dt != d.s_down.dt)
-          fail_device(DeviceFailure::Unsupported, "CUDA backend: " + p + "shared expert: gate/up and down differ in FP8 blocks");
-        if (d.s_gu.dt == DT_FP8) d.edt = DT_FP8;
-      }
-    } else {
-      int dt = storage_dt(f.dense.gate);
-      if (storage_dt(f.dense.up) != dt || storage_dt(f.dense.down) != dt) dt = DT_F32;
-      d.edt = dt;
-      d.has_shared = true;
-      d.s_gu = m.upload_rows({f.dense.gate, f.dense.up}, p + "mlp", dt);
-      d.s_down = m.upload_rows({f.dense.down}, p + "mlp", dt);
-    }
-    // The GGUF expert kernels take every part of a layer's feed-forward in
-    // a block format (a file mixing float and block tensors there has none).
-    const bool gguf_ffn = d.gg.n || d.s_gu.dt == DT_GGUF || d.s_down.dt == DT_GGUF;
-    if (gguf_ffn && ((moe && !d.gg.n) || (d.has_shared && (d.s_gu.dt != DT_GGUF || d.s_down.dt != DT_GGUF))))
-      fail_device(DeviceFailure::Unsupported, "CUDA backend: " + p +
-                                                  "feed-forward mixes GGUF block types with float tensors");
-    m.L.push_back(d);
+    m.L.push_back(upload_layer(m, l, w.layers[size_t(i)], model.expert_store(), i,
+                               "layer " + std::to_string(i) + " ", true, tiered, tier_gu, tier_dn));
   }
+  // The MTP head (--mtp), its experts in VRAM; not beside a tiered cache,
+  // whose memory plan did not count it (drafting is refused there).
+  if (w.mtp && model.plan().mtp && !m.tiers) m.upload_mtp(model);
   if (m.tiers) m.tiers->start();
   model.expert_store().reset_stats();  // the upload's reads are not the run's
   m.init_common();
