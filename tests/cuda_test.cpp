@@ -377,7 +377,8 @@ TEST(CudaTiers, SyntheticExpertsGeneratedWhereTheyLive) {
 // The logits and greedy ids stay bitwise those of the all-in-VRAM model:
 // switched on a loaded tiered model (the predictions as made: most copies
 // read), and with the predictions forced wrong (the lowest-ranked host
-// experts copied: the chosen ones come over the link).
+// experts copied: the chosen ones come over the link); the step waiting for
+// the copies, or the expert kernels waiting for those they read.
 TEST(CudaTiers, ExpertsCopiedAheadGiveTheSameLogits) {
   REQUIRE_GPU();
   ModelConfig c = model_preset("qwen3.5-35b-a3b");
@@ -428,6 +429,15 @@ TEST(CudaTiers, ExpertsCopiedAheadGiveTheSameLogits) {
     std::printf("[cuda-tiers] copied ahead %llu, read from the copy %llu; host choices %llu\n",
                 (unsigned long long)t.prefetched, (unsigned long long)t.prefetch_used,
                 (unsigned long long)t.host_hits);
+    // The expert kernels waiting for the copies they read (flags), not the step for all.
+    ASSERT_EQ(cuda_set_host_prefetch(*tiered, 3, true), 3);
+    tiered->reset_tier_stats();
+    run(*tiered, &got_ids, &got);
+    EXPECT_EQ(got_ids, want_ids);
+    EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f);
+    const CudaTierStats tk = tiered->tier_stats();
+    EXPECT_EQ(tk.prefetched, layer_steps * 3u);
+    EXPECT_GT(tk.prefetch_used, 0u);
   }
   {
     CudaOptions o;
@@ -445,6 +455,10 @@ TEST(CudaTiers, ExpertsCopiedAheadGiveTheSameLogits) {
     std::printf("[cuda-tiers] forced wrong: copied ahead %llu, read from the copy %llu; host choices %llu\n",
                 (unsigned long long)t.prefetched, (unsigned long long)t.prefetch_used,
                 (unsigned long long)t.host_hits);
+    ASSERT_EQ(cuda_set_host_prefetch(*wrong, 3, true), 3);
+    run(*wrong, &got_ids, &got);
+    EXPECT_EQ(got_ids, want_ids);
+    EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f);
   }
 }
 

@@ -80,7 +80,7 @@ void run_batch_tg(const ModelOptions& opt, const Backend& b, int tg, int depth, 
 // through Backend::greedy (on a GPU: CUDA-graph replays, no host round trip
 // per token), then what decode achieves of the weight memory's bandwidth.
 void run_bench(const ModelOptions& opt, const Backend& b, const std::string& what, int pp, int tg, int depth,
-               int reps, bool no_graph, int profile_steps, int batch, const std::vector<int>& prefetch) {
+               int reps, bool no_graph, int profile_steps, int batch, const std::vector<std::string>& prefetch) {
   ThreadPool pool(opt.threads);
   set_decode_graph(b, !no_graph);
   const ModelConfig& c = b.config();
@@ -114,15 +114,18 @@ void run_bench(const ModelOptions& opt, const Backend& b, const std::string& wha
   } else if (tg > 0) {
     // Without --host-prefetch one run as the model was built; with it one per
     // value, on the same model, side by side.
-    const std::vector<int> variants = prefetch.empty() ? std::vector<int>{-1} : prefetch;
+    const std::vector<std::string> variants = prefetch.empty() ? std::vector<std::string>{""} : prefetch;
     for (size_t vi = 0; vi < variants.size(); ++vi) {
-      const int pf = variants[vi];
-      if (pf >= 0) {
-        if (!set_host_prefetch(b, pf))
+      if (!variants[vi].empty()) {
+        const int pf = variants[vi][0] - '0';
+        const bool kw = variants[vi].size() == 2;
+        if (!set_host_prefetch(b, pf, kw))
           fail("bench --host-prefetch: the model has no host tier of q4/q8 experts to copy ahead (a GPU, q4/q8 "
                "experts and --gpu-expert-cache below what they need)");
         std::printf("host-tier experts copied ahead per MoE layer: %d%s\n", pf,
-                    pf > 0 ? " (copy engine, during the mixer; plain launches)" : " (off)");
+                    pf == 0 ? " (off)"
+                    : kw    ? " (copy engine, during the mixer; the expert kernels wait for the copies they read)"
+                            : " (copy engine, during the mixer; the step waits for the copies)");
       }
       std::vector<double> rate;
       std::vector<int32_t> out(static_cast<size_t>(tg)), ctx(static_cast<size_t>(depth));
@@ -283,7 +286,7 @@ Registrar reg_bench(40, [](CLI::App& app) {
   auto weights = std::make_shared<std::string>("bf16");
   auto bandwidth = std::make_shared<bool>(false);
   auto batch = std::make_shared<int>(1);
-  auto prefetch = std::make_shared<std::vector<int>>();
+  auto prefetch = std::make_shared<std::vector<std::string>>();
   add_model_options(cmd, opt.get(), /*require_model=*/false);
   cmd->add_option("-p,--n-prompt", *pp, "Prompt tokens for the pp test (0: skip)")->check(integer_between(0, 1000000));
   cmd->add_option("-n,--n-gen", *tg, "Generated tokens for the tg test (0: skip)")->check(integer_between(0, 1000000));
@@ -316,9 +319,15 @@ Registrar reg_bench(40, [](CLI::App& app) {
   cmd->add_option("--host-prefetch", *prefetch,
                   "On the GPU with tiered q4/q8 experts: the tg test once per value N (comma-separated, 0-8) on the "
                   "same model, each MoE layer copying the N host-tier experts its input predicts to VRAM by the copy "
-                  "engine during its mixer (0: off)")
+                  "engine during its mixer (0: off); Nk: the expert kernels wait for the copies they read, not the "
+                  "step for all of them")
       ->delimiter(',')
-      ->check(integer_between(0, 8));
+      ->check(CLI::Validator(
+          [](const std::string& v) {
+            const bool ok = (v.size() == 1 || (v.size() == 2 && v[1] == 'k')) && v[0] >= '0' && v[0] <= '8';
+            return ok ? std::string() : "expected N or Nk with N 0-8, got '" + v + "'";
+          },
+          "N[k]"));
   cmd->add_flag("--no-graph", *no_graph, "On the GPU: plain kernel launches instead of a CUDA graph");
   cmd->add_option("--profile", *profile, "On the GPU: time each kernel class over N decode steps, and each phase of the batched prefill and of the batched decode steps of --batch (printed when the model is released)")
       ->check(integer_between(0, 2147483647));

@@ -431,11 +431,12 @@ std::string cuda_link_rates(const CudaModel& model) {
   return out;
 }
 
-int cuda_set_host_prefetch(CudaModel& model, int n) {
+int cuda_set_host_prefetch(CudaModel& model, int n, bool kernel_wait) {
   CudaModel::Impl& m = CudaModelAccess::impl(model);
   CK(cudaSetDevice(m.dev));
   CK(cudaStreamSynchronize(m.stream));
   m.set_prefetch(n);
+  m.opts.decode.prefetch_kernel_wait = kernel_wait;
   return m.prefetch_n;
 }
 

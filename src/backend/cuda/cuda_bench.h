@@ -56,7 +56,8 @@ std::string cuda_link_rates(const CudaModel& m);
 // Host-tier experts copied ahead (DecodeOptions::host_prefetch), switched on
 // a loaded model: n per MoE layer, 0 off (bench: both measured on one model).
 // Returns the n in effect (0 where the model has no host tier of q4/q8 experts).
-int cuda_set_host_prefetch(CudaModel& m, int n);
+// kernel_wait: DecodeOptions::prefetch_kernel_wait.
+int cuda_set_host_prefetch(CudaModel& m, int n, bool kernel_wait = false);
 // Time per kernel class of `steps` decode steps (plain launches, events
 // between kernels), feeding `first` then each argmax; advances `st` by
 // `steps` tokens.

@@ -63,6 +63,10 @@ struct DecodeOptions {
   // Tests: the prediction picks the host-tier experts ranked lowest, so the
   // copies are (nearly all) wrong and the chosen experts come over the link.
   bool prefetch_mispredict = false;
+  // With host_prefetch: the expert kernels' blocks of a slot that reads a
+  // copy wait for that copy's flag, instead of the step waiting for every
+  // copy before the expert kernels (the A/B of the two).
+  bool prefetch_kernel_wait = false;
 
   // Benchmarks: time per phase of the batched prefill and of the batched
   // decode steps (forward_batch), printed to stderr when the model is

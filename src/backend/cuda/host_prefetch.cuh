@@ -20,7 +20,13 @@
 // copied at its staged copy (the same bytes: the results are bitwise
 // unchanged); the others are read from host memory as before. The host
 // round trip per layer is why the step then runs as plain launches, not a
-// CUDA graph.
+// CUDA graph. DecodeOptions::prefetch_kernel_wait: the step's stream does
+// not wait for the copies; the copy stream writes a flag after each copy
+// (a 4-byte copy of the layer's sequence number) and the expert kernels'
+// blocks of a slot that reads a copy poll its flag (MoeArgs::pf_slot), so
+// the other slots run while a copy lands. The next layer's pick then waits
+// for all of this layer's copies (used or not), so a flag or staging slot
+// is rewritten only after its last reader.
 //
 // The staging area is free again when the next layer's copies start: the
 // host issues them only after that layer's pick kernel completed, which
@@ -111,21 +117,28 @@ __global__ void __launch_bounds__(kThreads) predict_pick_kernel(const T* __restr
   }
 }
 
-// After the copies: each chosen expert (sel[j], sel[k + j]) that is one of
-// the n copied ones reads its staged copy; used counts them. One warp.
+// Each chosen expert (sel[j], sel[k + j]) that is one of the n copied ones
+// reads its staged copy; used counts them; slot (non-null: the expert
+// kernels wait for the copies themselves) gets the staging slot of each
+// routed slot, -1 where it reads no copy. One warp.
 static __global__ void stage_sel_kernel(const void** sel, int k, const void* const* src, int n, uint8_t* stage,
-                                        size_t gu_bytes, size_t dn_bytes, unsigned long long* used) {
+                                        size_t gu_bytes, size_t dn_bytes, unsigned long long* used, int* slot) {
+  pdl_wait();
+  pdl_trigger();
   const int j = threadIdx.x;
   if (j >= k) return;
   const void* g = sel[j];
+  int hit = -1;
   for (int p = 0; p < n; ++p)
     if (src[p] && g == src[p]) {
       uint8_t* s = stage + size_t(p) * (gu_bytes + dn_bytes);
       sel[j] = s;
       sel[k + j] = s + gu_bytes;
       atomicAdd(used, 1ull);
+      hit = p;
       break;
     }
+  if (slot) slot[j] = hit;
 }
 
 }  // namespace flashmoe::cuda

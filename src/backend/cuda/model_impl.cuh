@@ -121,6 +121,15 @@ struct CudaModel::Impl : Launcher {
   cudaStream_t pf_stream = nullptr;
   cudaEvent_t pf_picked = nullptr, pf_copied = nullptr;
   uint64_t pf_copies = 0;
+  // DecodeOptions::prefetch_kernel_wait: the flags the copy stream writes
+  // ([kPrefetchMax], device), the layer's sequence number they take (pinned
+  // source of those writes), each routed slot's staging slot ([k], device),
+  // and whether the next pick must wait for copies still in flight.
+  unsigned* pf_flag = nullptr;
+  unsigned* pf_seq_host = nullptr;
+  unsigned pf_seq = 0;
+  int* pf_slot = nullptr;
+  bool pf_outstanding = false;
   std::vector<int64_t> disk_layers;  // model layer of each MoE layer (the loader's store requests)
   // Profiling (cuda_profile_decode): an event after each launch, with its kernel class.
   bool profiling = false;
@@ -219,7 +228,8 @@ struct CudaModel::Impl : Launcher {
   // pick, the copies, the wait for them and the staged row pointers.
   bool prefetches(const DLayer& d) const;
   void prefetch_pick(const DLayer& d);
-  void prefetch_copy();
+  // Returns the layer's sequence number (0: nothing copied).
+  unsigned prefetch_copy();
   // Turns the copies ahead on (n experts per MoE layer) or off (0); the
   // decode step then runs as plain launches (upload.cu).
   void set_prefetch(int n);

@@ -30,6 +30,7 @@ CudaModel::Impl::~Impl() {
   if (pinned_eids) cudaFreeHost(pinned_eids);
   if (pf_stream) cudaStreamSynchronize(pf_stream);
   if (pf_pick) cudaFreeHost(pf_pick);
+  if (pf_seq_host) cudaFreeHost(pf_seq_host);
   for (auto e : {pf_picked, pf_copied})
     if (e) cudaEventDestroy(e);
   if (pf_stream) cudaStreamDestroy(pf_stream);
@@ -383,6 +384,8 @@ void CudaModel::Impl::init_common() {
 
 void CudaModel::Impl::set_prefetch(int n) {
   n = std::clamp(n, 0, kPrefetchMax);
+  if (pf_stream) CK(cudaStreamSynchronize(pf_stream));
+  pf_outstanding = false;
   if (!tiers || disk) n = 0;  // no host tier to copy from (the disk tier reads its experts between router and kernels)
   if (n > 0 && !pf_stage) {
     for (const LayerPlan& lp : plan.layers) {
@@ -402,6 +405,11 @@ void CudaModel::Impl::set_prefetch(int n) {
     pf_logits = alloc_f(size_t(c.num_experts), "predicted router logits");
     pf_done = static_cast<unsigned*>(alloc(4, "prediction counter"));
     pf_used = static_cast<unsigned long long*>(alloc(8, "prediction counter"));
+    pf_flag = static_cast<unsigned*>(alloc(kPrefetchMax * 4, "prefetch flags"));
+    pf_slot = static_cast<int*>(alloc(size_t(std::max<int64_t>(1, c.num_experts_per_tok)) * 4, "prefetch slots"));
+    CK(cudaMemset(pf_flag, 0, kPrefetchMax * 4));
+    CK(cudaMallocHost(&pf_seq_host, 4));
+    *pf_seq_host = 0;
     CK(cudaMemset(pf_done, 0, 4));
     CK(cudaMemset(pf_used, 0, 8));
     void* h = nullptr;
