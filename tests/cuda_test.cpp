@@ -370,6 +370,98 @@ TEST(CudaTiers, SyntheticExpertsGeneratedWhereTheyLive) {
   EXPECT_EQ(t.staged_layers, 4u);  // the prompt (40 x 8 choices >= 256 experts): each MoE layer once
 }
 
+// Host-tier experts copied ahead by the copy engine (DecodeOptions::
+// host_prefetch, host_prefetch.cuh): each MoE layer's decode step copies the
+// host-tier experts its input predicts to VRAM during the mixer; a chosen
+// expert that was copied is read from the copy, the others over the link.
+// The logits and greedy ids stay bitwise those of the all-in-VRAM model:
+// switched on a loaded tiered model (the predictions as made: most copies
+// read), and with the predictions forced wrong (the lowest-ranked host
+// experts copied: the chosen ones come over the link); the step waiting for
+// the copies, or the expert kernels waiting for those they read.
+TEST(CudaTiers, ExpertsCopiedAheadGiveTheSameLogits) {
+  REQUIRE_GPU();
+  ModelConfig c = model_preset("qwen3.5-35b-a3b");
+  c.num_layers = 4;
+  c.layer_kinds.resize(4);
+  c.layer_is_moe.resize(4);
+  CudaSyntheticOptions q4;
+  q4.experts = QuantKind::Q4;
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 12; ++i) ids.push_back(int32_t((i * 7919 + 13) % c.vocab_size));
+  const int64_t V = c.vocab_size;
+  constexpr int kSteps = 16;
+  // The prompt, kSteps greedy decode steps, then one more token's logits (a decode step).
+  auto run = [&](CudaModel& m, std::vector<int32_t>* greedy, std::vector<float>* logits) {
+    auto st = m.new_state(KvConfig{});
+    std::vector<float> l(static_cast<size_t>(V));
+    m.forward(*st, ids.data(), int64_t(ids.size()), LogitsMode::Last, l.data());
+    greedy->assign(kSteps, 0);
+    m.decode_greedy(*st, ids.back(), kSteps, greedy->data());
+    logits->assign(static_cast<size_t>(V), 0.0f);
+    m.forward(*st, &greedy->back(), 1, LogitsMode::Last, logits->data());
+  };
+  std::vector<int32_t> want_ids, got_ids;
+  std::vector<float> want, got;
+  {
+    auto full = cuda_synthetic_model(c, 7, {}, q4);
+    run(*full, &want_ids, &want);
+  }
+  const uint64_t layer_steps = uint64_t(kSteps + 1) * 4;  // decode steps x MoE layers
+  {
+    CudaOptions o;
+    o.plan_vram_slots = 100;  // of 256
+    auto tiered = cuda_synthetic_model(c, 7, o, q4);
+    run(*tiered, &got_ids, &got);
+    EXPECT_EQ(got_ids, want_ids);
+    EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f);
+    EXPECT_EQ(tiered->tier_stats().prefetched, 0u);
+    ASSERT_EQ(cuda_set_host_prefetch(*tiered, 3), 3);
+    tiered->reset_tier_stats();
+    run(*tiered, &got_ids, &got);
+    EXPECT_EQ(got_ids, want_ids);
+    EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f);
+    const CudaTierStats t = tiered->tier_stats();
+    EXPECT_EQ(t.prefetched, layer_steps * 3u);
+    EXPECT_GT(t.prefetch_used, 0u);
+    EXPECT_LE(t.prefetch_used, t.prefetched);
+    EXPECT_GT(t.host_hits, t.prefetch_used);  // some chosen host experts were not copied: read over the link
+    std::printf("[cuda-tiers] copied ahead %llu, read from the copy %llu; host choices %llu\n",
+                (unsigned long long)t.prefetched, (unsigned long long)t.prefetch_used,
+                (unsigned long long)t.host_hits);
+    // The expert kernels waiting for the copies they read (flags), not the step for all.
+    ASSERT_EQ(cuda_set_host_prefetch(*tiered, 3, true), 3);
+    tiered->reset_tier_stats();
+    run(*tiered, &got_ids, &got);
+    EXPECT_EQ(got_ids, want_ids);
+    EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f);
+    const CudaTierStats tk = tiered->tier_stats();
+    EXPECT_EQ(tk.prefetched, layer_steps * 3u);
+    EXPECT_GT(tk.prefetch_used, 0u);
+  }
+  {
+    CudaOptions o;
+    o.plan_vram_slots = 100;
+    o.decode.host_prefetch = 3;
+    o.decode.prefetch_mispredict = true;
+    auto wrong = cuda_synthetic_model(c, 7, o, q4);
+    run(*wrong, &got_ids, &got);
+    EXPECT_EQ(got_ids, want_ids);
+    EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f);
+    const CudaTierStats t = wrong->tier_stats();
+    EXPECT_EQ(t.prefetched, layer_steps * 3u);
+    EXPECT_LT(t.prefetch_used * 10, t.prefetched);  // the lowest-ranked experts are (nearly) never chosen
+    EXPECT_GT(t.host_hits, 0u);
+    std::printf("[cuda-tiers] forced wrong: copied ahead %llu, read from the copy %llu; host choices %llu\n",
+                (unsigned long long)t.prefetched, (unsigned long long)t.prefetch_used,
+                (unsigned long long)t.host_hits);
+    ASSERT_EQ(cuda_set_host_prefetch(*wrong, 3, true), 3);
+    run(*wrong, &got_ids, &got);
+    EXPECT_EQ(got_ids, want_ids);
+    EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f);
+  }
+}
+
 // An MLX-style checkpoint with every linear weight quantised (embeddings,
 // lm_head, projections, shared and routed experts; q4 and q8, groups of 64)
 // runs on the GPU: the routed experts as codes, the rest dequantised to

@@ -56,6 +56,22 @@ TEST(BenchCli, BatchReportsAggregateAndTheExpertUnionRoofline) {
   EXPECT_NE(r.out.find("roofline 3 x"), std::string::npos) << r.out;
 }
 
+// bench --host-prefetch: the copies ahead need a GPU's host tier of q4/q8
+// experts; the values and the single-sequence test are checked.
+TEST(BenchCli, HostPrefetchIsCheckedAndNeedsAHostTier) {
+  const std::pair<const char*, const char*> cases[] = {
+      {" --device cpu -p 0 -n 2 -r 1 --host-prefetch 1", "no host tier of q4/q8 experts"},
+      {" --device cpu -p 0 -n 2 -r 1 --host-prefetch 9", "expected N or Nk with N 0-8, got '9'"},
+      {" --device cpu -p 0 -n 2 -r 1 --host-prefetch 1x", "expected N or Nk with N 0-8, got '1x'"},
+      {" --device cpu -p 0 -n 2 -r 1 --batch 2 --host-prefetch 1", "--host-prefetch is for the single-sequence"},
+  };
+  for (const auto& [args, want] : cases) {
+    const CmdResult r = run_flashmoe("bench -m " + kModel + args);
+    EXPECT_NE(r.code, 0) << args;
+    EXPECT_NE(r.err.find(want), std::string::npos) << args << ": " << r.err;
+  }
+}
+
 TEST(DeviceCli, AutoWithoutGpuRunsOnTheCpuWithoutANote) {
   REQUIRE_NO_GPU();
   const CmdResult cpu = run_flashmoe(kGen + " --device cpu");

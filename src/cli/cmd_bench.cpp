@@ -80,7 +80,7 @@ void run_batch_tg(const ModelOptions& opt, const Backend& b, int tg, int depth, 
 // through Backend::greedy (on a GPU: CUDA-graph replays, no host round trip
 // per token), then what decode achieves of the weight memory's bandwidth.
 void run_bench(const ModelOptions& opt, const Backend& b, const std::string& what, int pp, int tg, int depth,
-               int reps, bool no_graph, int profile_steps, int batch) {
+               int reps, bool no_graph, int profile_steps, int batch, const std::vector<std::string>& prefetch) {
   ThreadPool pool(opt.threads);
   set_decode_graph(b, !no_graph);
   const ModelConfig& c = b.config();
@@ -112,38 +112,58 @@ void run_bench(const ModelOptions& opt, const Backend& b, const std::string& wha
   if (tg > 0 && batch > 1) {
     run_batch_tg(opt, b, tg, depth, reps, batch);
   } else if (tg > 0) {
-    std::vector<double> rate;
-    std::vector<int32_t> out(static_cast<size_t>(tg)), ctx(static_cast<size_t>(depth));
-    for (auto& i : ctx) i = tok(rng);
-    for (int r = 0; r < reps + 1; ++r) {  // the first run warms up (caches, pages, the graph capture)
-      auto st = b.new_state(opt.kv);
-      if (depth > 0) b.forward(*st, ctx.data(), depth, LogitsMode::None, nullptr, pool);  // the context, not timed
-      if (r == 1) b.reset_expert_stats();
-      auto t = Clock::now();
-      b.greedy(*st, tok(rng), tg, out.data(), pool);
-      if (r > 0) rate.push_back(double(tg) / seconds_since(t));
-    }
-    Stat st = stats(rate);
-    print_tg(tg, depth, st);
-    const double bytes = double(b.weight_bytes_per_token());
-    const double gbps = st.mean * bytes / 1e9;
-    const Bandwidth copy = weight_memory_bandwidth(b, pool);
-    std::printf("decode reads %.2f MB of weights per token -> %.2f GB/s; %s: %.1f GB/s; decode at %.0f%% of that "
-                "roofline (roofline %.1f tokens/s)\n",
-                bytes / 1e6, gbps, copy.what.c_str(), copy.gbps, 100.0 * gbps / copy.gbps, copy.gbps * 1e9 / bytes);
-    const ExpertTierStats ts = b.tier_stats();
-    if (ts.enabled) {
-      // Experts read over the host link per token, and the speed that link
-      // alone would allow (the VRAM part runs at the roofline above).
-      const double tokens = double(tg) * reps;
-      const double host_bytes = double(ts.host_hits) * double(ts.expert_bytes) / tokens;
-      const double link = host_link_gbps(b);
-      const double t_link = host_bytes / (link * 1e9), t_vram = (bytes - host_bytes) / (copy.gbps * 1e9);
-      std::printf("%s\n", b.expert_stats(int64_t(tokens)).c_str());
-      std::printf("host->device link (cudaMemcpy from pinned memory): %.1f GB/s; link-bound decode %.1f tokens/s "
-                  "(link + VRAM roofline: %.1f tokens/s); tg at %.0f%% of the link bound\n",
-                  link, host_bytes > 0 ? 1.0 / t_link : 0.0, 1.0 / (t_link + t_vram),
-                  host_bytes > 0 ? 100.0 * st.mean * t_link : 0.0);
+    // Without --host-prefetch one run as the model was built; with it one per
+    // value, on the same model, side by side.
+    const std::vector<std::string> variants = prefetch.empty() ? std::vector<std::string>{""} : prefetch;
+    for (size_t vi = 0; vi < variants.size(); ++vi) {
+      if (!variants[vi].empty()) {
+        const int pf = variants[vi][0] - '0';
+        const bool kw = variants[vi].size() == 2;
+        if (!set_host_prefetch(b, pf, kw))
+          fail("bench --host-prefetch: the model has no host tier of q4/q8 experts to copy ahead (a GPU, q4/q8 "
+               "experts and --gpu-expert-cache below what they need)");
+        std::printf("host-tier experts copied ahead per MoE layer: %d%s\n", pf,
+                    pf == 0 ? " (off)"
+                    : kw    ? " (copy engine, during the mixer; the expert kernels wait for the copies they read)"
+                            : " (copy engine, during the mixer; the step waits for the copies)");
+      }
+      std::vector<double> rate;
+      std::vector<int32_t> out(static_cast<size_t>(tg)), ctx(static_cast<size_t>(depth));
+      for (auto& i : ctx) i = tok(rng);
+      for (int r = 0; r < reps + 1; ++r) {  // the first run warms up (caches, pages, the graph capture)
+        auto st = b.new_state(opt.kv);
+        if (depth > 0) b.forward(*st, ctx.data(), depth, LogitsMode::None, nullptr, pool);  // the context, not timed
+        if (r == 1) b.reset_expert_stats();
+        auto t = Clock::now();
+        b.greedy(*st, tok(rng), tg, out.data(), pool);
+        if (r > 0) rate.push_back(double(tg) / seconds_since(t));
+      }
+      Stat st = stats(rate);
+      print_tg(tg, depth, st);
+      const double bytes = double(b.weight_bytes_per_token());
+      const double gbps = st.mean * bytes / 1e9;
+      const Bandwidth copy = weight_memory_bandwidth(b, pool);
+      std::printf("decode reads %.2f MB of weights per token -> %.2f GB/s; %s: %.1f GB/s; decode at %.0f%% of that "
+                  "roofline (roofline %.1f tokens/s)\n",
+                  bytes / 1e6, gbps, copy.what.c_str(), copy.gbps, 100.0 * gbps / copy.gbps, copy.gbps * 1e9 / bytes);
+      const ExpertTierStats ts = b.tier_stats();
+      if (ts.enabled) {
+        // Experts read over the host link per token, and the speed that link
+        // alone would allow (the VRAM part runs at the roofline above).
+        const double tokens = double(tg) * reps;
+        const double host_bytes = double(ts.host_hits) * double(ts.expert_bytes) / tokens;
+        const double link = host_link_gbps(b);
+        const double t_link = host_bytes / (link * 1e9), t_vram = (bytes - host_bytes) / (copy.gbps * 1e9);
+        std::printf("%s\n", b.expert_stats(int64_t(tokens)).c_str());
+        std::printf("host->device link (cudaMemcpy from pinned memory): %.1f GB/s; link-bound decode %.1f tokens/s "
+                    "(link + VRAM roofline: %.1f tokens/s); tg at %.0f%% of the link bound\n",
+                    link, host_bytes > 0 ? 1.0 / t_link : 0.0, 1.0 / (t_link + t_vram),
+                    host_bytes > 0 ? 100.0 * st.mean * t_link : 0.0);
+        if (vi == 0) {
+          const std::string rates = host_link_rates(b);
+          if (!rates.empty()) std::printf("host link rates: %s\n", rates.c_str());
+        }
+      }
     }
   }
   if (profile_steps > 0) {
@@ -266,6 +286,7 @@ Registrar reg_bench(40, [](CLI::App& app) {
   auto weights = std::make_shared<std::string>("bf16");
   auto bandwidth = std::make_shared<bool>(false);
   auto batch = std::make_shared<int>(1);
+  auto prefetch = std::make_shared<std::vector<std::string>>();
   add_model_options(cmd, opt.get(), /*require_model=*/false);
   cmd->add_option("-p,--n-prompt", *pp, "Prompt tokens for the pp test (0: skip)")->check(integer_between(0, 1000000));
   cmd->add_option("-n,--n-gen", *tg, "Generated tokens for the tg test (0: skip)")->check(integer_between(0, 1000000));
@@ -295,12 +316,24 @@ Registrar reg_bench(40, [](CLI::App& app) {
                   "The tg test with B independent sequences decoding together (one batched forward pass per step): "
                   "aggregate and per-sequence tokens/s, and the roofline of the bytes a step reads (default 1)")
       ->check(integer_between(1, 4096));
+  cmd->add_option("--host-prefetch", *prefetch,
+                  "On the GPU with tiered q4/q8 experts: the tg test once per value N (comma-separated, 0-8) on the "
+                  "same model, each MoE layer copying the N host-tier experts its input predicts to VRAM by the copy "
+                  "engine during its mixer (0: off); Nk: the expert kernels wait for the copies they read, not the "
+                  "step for all of them")
+      ->delimiter(',')
+      ->check(CLI::Validator(
+          [](const std::string& v) {
+            const bool ok = (v.size() == 1 || (v.size() == 2 && v[1] == 'k')) && v[0] >= '0' && v[0] <= '8';
+            return ok ? std::string() : "expected N or Nk with N 0-8, got '" + v + "'";
+          },
+          "N[k]"));
   cmd->add_flag("--no-graph", *no_graph, "On the GPU: plain kernel launches instead of a CUDA graph");
   cmd->add_option("--profile", *profile, "On the GPU: time each kernel class over N decode steps, and each phase of the batched prefill and of the batched decode steps of --batch (printed when the model is released)")
       ->check(integer_between(0, 2147483647));
   // Every option's storage is captured: the callback runs after this function returned.
   cmd->callback([opt, pp, tg, depth, reps, synthetic, layers, no_graph, profile, experts, group, bandwidth, batch, ex, gr,
-                 bw, ly, weights, wt] {
+                 bw, ly, weights, wt, prefetch] {
     finalize_model_options(opt.get());
     if (bw->count()) {
       if (!opt->model_dir.empty() || !synthetic->empty())
@@ -309,6 +342,8 @@ Registrar reg_bench(40, [](CLI::App& app) {
       return;
     }
     opt->device.gpu.prefill_profile = *profile > 0;
+    if (!prefetch->empty() && *batch > 1)
+      fail("bench: --host-prefetch is for the single-sequence tg test, not --batch");
     if (opt->model_dir.empty() == synthetic->empty())
       fail(synthetic->empty() ? "bench: give a model with -m/--model, or --synthetic, or --bandwidth"
                               : "bench: give either -m/--model or --synthetic, not both");
@@ -333,7 +368,7 @@ Registrar reg_bench(40, [](CLI::App& app) {
           std::fprintf(stderr, "; VRAM free after it: %.1f of %.1f GB", double(fr) / 1e9, double(tot) / 1e9);
         std::fprintf(stderr, "\n");
       }
-      run_bench(*opt, *b, what, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch);
+      run_bench(*opt, *b, what, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch, *prefetch);
       return;
     }
     if (ex->count() || gr->count() || wt->count())
@@ -341,7 +376,7 @@ Registrar reg_bench(40, [](CLI::App& app) {
            "stored or packed in)");
     if (ly->count()) fail("bench: --layers is for --synthetic (a model from -m runs all its layers)");
     std::unique_ptr<Backend> b = load_model(*opt);
-    run_bench(*opt, *b, opt->model_dir, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch);
+    run_bench(*opt, *b, opt->model_dir, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch, *prefetch);
     // The measured runs' expert reads (the counters restart after the warm-up run).
     print_expert_stats(*opt, *b, "measured runs:");
   });

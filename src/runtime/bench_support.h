@@ -44,6 +44,15 @@ Bandwidth dram_read_bandwidth(ThreadPool& pool, int64_t bytes, int passes = 5);
 // The host-to-device link from pinned memory, GB/s (0 where there is none).
 double host_link_gbps(const Backend& b);
 
+// Tiered experts on a GPU: the host link's rates, copy engine against a
+// zero-copy read kernel, and a host round trip (cuda_link_rates); empty
+// elsewhere.
+std::string host_link_rates(const Backend& b);
+// Host-tier experts copied ahead, n per MoE layer (0: off), the expert
+// kernels waiting for the copies themselves (kernel_wait) or the step
+// before them; false where the backend has no host tier of q4/q8 experts.
+bool set_host_prefetch(const Backend& b, int n, bool kernel_wait);
+
 // Free and total GPU memory (cudaMemGetInfo); false without a usable GPU.
 bool gpu_memory_info(int64_t* free_bytes, int64_t* total_bytes);
 

@@ -48,6 +48,16 @@ void cuda_set_batch_experts(CudaModel& m, DecodeOptions::BatchExperts path);
 double cuda_copy_bandwidth_gbps(const CudaModel& m);
 // Host-to-device cudaMemcpy bandwidth from pinned memory, GB/s.
 double cuda_host_link_gbps(const CudaModel& m);
+// Tiered experts: the host link's rates for the bytes of one and of ten
+// host-tier experts (layer 0's first host slots): cudaMemcpyAsync (the copy
+// engine), a zero-copy read kernel, and both at once; then a host round
+// trip's latency. Empty without a host tier.
+std::string cuda_link_rates(const CudaModel& m);
+// Host-tier experts copied ahead (DecodeOptions::host_prefetch), switched on
+// a loaded model: n per MoE layer, 0 off (bench: both measured on one model).
+// Returns the n in effect (0 where the model has no host tier of q4/q8 experts).
+// kernel_wait: DecodeOptions::prefetch_kernel_wait.
+int cuda_set_host_prefetch(CudaModel& m, int n, bool kernel_wait = false);
 // Time per kernel class of `steps` decode steps (plain launches, events
 // between kernels), feeding `first` then each argmax; advances `st` by
 // `steps` tokens.

@@ -521,6 +521,7 @@ void CudaModel::Impl::routed_moe(const DLayer& d, int mi) {
   a.sel = pick ? sel : nullptr;
   if (!d.rfold) route(d);  // else the logits came with the output projection
   if (disk) disk_fetch(mi);
+  const unsigned seq = prefetches(d) ? prefetch_copy() : 0;
   a.gu_tab = d.gu_tab;
   a.down_tab = d.down_tab;
   a.k = int(m.num_experts_per_tok);
@@ -548,6 +549,11 @@ void CudaModel::Impl::routed_moe(const DLayer& d, int mi) {
     a.sel = sel;
     a.folded = d.rfold ? 1 : 0;
     a.presel = d.rfold ? 1 : 0;
+  }
+  if (seq && opts.decode.prefetch_kernel_wait) {
+    a.pf_slot = pf_slot;
+    a.pf_flag = pf_flag;
+    a.pf_seq = seq;
   }
   ffn_launch(d, a, slots);
 }
@@ -592,6 +598,7 @@ void CudaModel::Impl::enqueue_step(CudaState::Impl& s, int kind) {
   mark(K_EMBED);
   for (const LayerPlan& l : plan.layers) {
     const DLayer& d = L[size_t(l.index)];
+    if (l.ffn == FfnKind::RoutedMoE && prefetches(d)) prefetch_pick(d);  // copied during the mixer
     switch (l.mixer) {
       case MixerKind::GatedDeltaNet: delta_net(s, d, l.state_slot); break;
       case MixerKind::GatedAttention: attention(s, d, l.state_slot); break;
@@ -609,6 +616,82 @@ void CudaModel::Impl::enqueue_step(CudaState::Impl& s, int kind) {
   }
   go(advance_kernel, 1, 1, 0, s.d_pos, s.d_step);
   check(cudaGetLastError(), "advance");
+}
+
+bool CudaModel::Impl::prefetches(const DLayer& d) const {
+  return prefetch_n > 0 && tiers && !disk && d.tc.tier && d.q.bits && !d.q.fp8 && !d.gg.n && d.router.p &&
+         d.router.cols == int(c.hidden_size) && d.router.rows >= int(c.num_experts) &&
+         (d.router.dt == DT_BF16 || d.router.dt == DT_F16 || d.router.dt == DT_F32) && c.hidden_size <= 8192 &&
+         d.q.gu_bytes == pf_gu && d.q.dn_bytes == pf_dn;
+}
+
+void CudaModel::Impl::prefetch_pick(const DLayer& d) {
+  PredictArgs a;
+  a.E = int(c.num_experts);
+  a.H = int(c.hidden_size);
+  a.n = prefetch_n;
+  a.x = x;
+  a.nw = d.post_norm;
+  a.eps = c.rms_norm_eps;
+  a.logits = pf_logits;
+  a.done = pf_done;
+  a.tier = d.tc.tier;
+  a.gu_tab = d.gu_tab;
+  a.down_tab = d.down_tab;
+  a.src = pf_src;
+  a.pick = pf_pick_dev;
+  a.lowest = opts.decode.prefetch_mispredict ? 1 : 0;
+  const dim3 g((a.E + kWarps - 1) / kWarps);
+  const size_t smem = size_t(a.H) * 4;
+  // No PDL: the pick starts after the previous layer's expert kernels end,
+  // so when the host sees it complete the staging area is free; with the
+  // waits in the expert kernels, after the previous layer's copies too.
+  if (pf_outstanding) {
+    CK(cudaStreamWaitEvent(stream, pf_copied, 0));
+    pf_outstanding = false;
+  }
+  pdl_next = false;
+  switch (d.router.dt) {
+    case DT_F32: go(predict_pick_kernel<float>, g, kThreads, smem, static_cast<const float*>(d.router.p), a); break;
+    case DT_F16: go(predict_pick_kernel<__half>, g, kThreads, smem, static_cast<const __half*>(d.router.p), a); break;
+    default:
+      go(predict_pick_kernel<__nv_bfloat16>, g, kThreads, smem, static_cast<const __nv_bfloat16*>(d.router.p), a);
+  }
+  mark(K_ROUTER);
+  CK(cudaEventRecord(pf_picked, stream));
+}
+
+unsigned CudaModel::Impl::prefetch_copy() {
+  // The mixer is enqueued behind the pick: the device stays busy while the
+  // host waits here and issues the copies.
+  CK(cudaEventSynchronize(pf_picked));
+  const bool in_kernels = opts.decode.prefetch_kernel_wait;
+  const unsigned seq = ++pf_seq;
+  if (in_kernels) *pf_seq_host = seq;  // the previous layer's flag copies are done (the pick waited for them)
+  int n = 0;
+  for (int p = 0; p < prefetch_n; ++p) {
+    const void* g = pf_pick->gu[p];
+    const void* dn = pf_pick->dn[p];
+    if (!g || !dn) continue;
+    uint8_t* to = pf_stage + size_t(p) * (pf_gu + pf_dn);
+    CK(cudaMemcpyAsync(to, g, pf_gu, cudaMemcpyDefault, pf_stream));
+    CK(cudaMemcpyAsync(to + pf_gu, dn, pf_dn, cudaMemcpyDefault, pf_stream));
+    if (in_kernels) CK(cudaMemcpyAsync(pf_flag + p, pf_seq_host, 4, cudaMemcpyHostToDevice, pf_stream));
+    ++n;
+  }
+  if (n == 0) return 0;
+  pf_copies += uint64_t(n);
+  CK(cudaEventRecord(pf_copied, pf_stream));
+  if (in_kernels) {
+    pf_outstanding = true;  // the next pick waits for them
+  } else {
+    CK(cudaStreamWaitEvent(stream, pf_copied, 0));
+    pdl_next = false;  // after the wait: a full dependency
+  }
+  go(stage_sel_kernel, 1, 32, 0, sel, int(c.num_experts_per_tok), static_cast<const void* const*>(pf_src), prefetch_n,
+     pf_stage, pf_gu, pf_dn, pf_used, in_kernels ? pf_slot : nullptr);
+  mark(K_EXPERTS);
+  return seq;
 }
 
 void CudaModel::Impl::disk_fetch(int mi) {

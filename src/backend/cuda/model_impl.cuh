@@ -20,6 +20,7 @@
 #include "backend/cuda/device_model.cuh"
 #include "backend/cuda/expert_tiers.cuh"
 #include "backend/cuda/experts.cuh"
+#include "backend/cuda/host_prefetch.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/prefill.cuh"
 #include "core/matrix.h"
@@ -104,6 +105,31 @@ struct CudaModel::Impl : Launcher {
   int* pinned_eids = nullptr;  // disk tier: the chosen experts of a layer
   // Disk tier (experts read from the packed files when chosen).
   bool disk = false;
+  // Host-tier experts copied ahead by the copy engine (host_prefetch.cuh):
+  // experts per MoE layer (0: off), the staging area, the picks' sources on
+  // the device and in pinned memory, the copy stream and its events, and the
+  // counts (copies made; used: chosen experts read from a copy).
+  int prefetch_n = 0;
+  uint8_t* pf_stage = nullptr;
+  size_t pf_gu = 0, pf_dn = 0;
+  const void** pf_src = nullptr;
+  float* pf_logits = nullptr;
+  unsigned* pf_done = nullptr;
+  unsigned long long* pf_used = nullptr;
+  PrefetchPick* pf_pick = nullptr;      // host address
+  PrefetchPick* pf_pick_dev = nullptr;  // its device address
+  cudaStream_t pf_stream = nullptr;
+  cudaEvent_t pf_picked = nullptr, pf_copied = nullptr;
+  uint64_t pf_copies = 0;
+  // DecodeOptions::prefetch_kernel_wait: the flags the copy stream writes
+  // ([kPrefetchMax], device), the layer's sequence number they take (pinned
+  // source of those writes), each routed slot's staging slot ([k], device),
+  // and whether the next pick must wait for copies still in flight.
+  unsigned* pf_flag = nullptr;
+  unsigned* pf_seq_host = nullptr;
+  unsigned pf_seq = 0;
+  int* pf_slot = nullptr;
+  bool pf_outstanding = false;
   std::vector<int64_t> disk_layers;  // model layer of each MoE layer (the loader's store requests)
   // Profiling (cuda_profile_decode): an event after each launch, with its kernel class.
   bool profiling = false;
@@ -201,6 +227,16 @@ struct CudaModel::Impl : Launcher {
   void dense_mlp(const DLayer& d);
   // One token through the model. kind 0: no logits; 1: logits; 2: logits + argmax.
   void enqueue_step(CudaState::Impl& s, int kind);
+  // Host-tier experts copied ahead (host_prefetch.cuh): whether layer d's
+  // experts can be; the prediction and pick at the layer's start; after its
+  // pick, the copies, the wait for them and the staged row pointers.
+  bool prefetches(const DLayer& d) const;
+  void prefetch_pick(const DLayer& d);
+  // Returns the layer's sequence number (0: nothing copied).
+  unsigned prefetch_copy();
+  // Turns the copies ahead on (n experts per MoE layer) or off (0); the
+  // decode step then runs as plain launches (upload.cu).
+  void set_prefetch(int n);
   // Disk tier, after the routing of MoE layer mi: the chosen experts
   // resident (read from disk where needed) before its expert kernels.
   void disk_fetch(int mi);

@@ -29,6 +29,12 @@ CudaModel::Impl::~Impl() {
   if (pinned_logits) cudaFreeHost(pinned_logits);
   if (pinned_ids) cudaFreeHost(pinned_ids);
   if (pinned_eids) cudaFreeHost(pinned_eids);
+  if (pf_stream) cudaStreamSynchronize(pf_stream);
+  if (pf_pick) cudaFreeHost(pf_pick);
+  if (pf_seq_host) cudaFreeHost(pf_seq_host);
+  for (auto e : {pf_picked, pf_copied})
+    if (e) cudaEventDestroy(e);
+  if (pf_stream) cudaStreamDestroy(pf_stream);
   if (stream) cudaStreamDestroy(stream);
 }
 
@@ -374,6 +380,51 @@ void CudaModel::Impl::init_common() {
                           : l.q.bits ? int64_t(l.q.gu_bytes + l.q.dn_bytes)
                                      : 3 * m.moe_intermediate * m.hidden_size * int64_t(dt_size(l.edt)));
   }
+  if (opts.decode.host_prefetch > 0) set_prefetch(opts.decode.host_prefetch);
+}
+
+void CudaModel::Impl::set_prefetch(int n) {
+  n = std::clamp(n, 0, kPrefetchMax);
+  if (pf_stream) CK(cudaStreamSynchronize(pf_stream));
+  pf_outstanding = false;
+  if (!tiers || disk) n = 0;  // no host tier to copy from (the disk tier reads its experts between router and kernels)
+  if (n > 0 && !pf_stage) {
+    for (const LayerPlan& lp : plan.layers) {
+      const DLayer& d = L[size_t(lp.index)];
+      if (lp.ffn == FfnKind::RoutedMoE && d.q.bits && !d.q.fp8 && !d.gg.n) {
+        pf_gu = d.q.gu_bytes;
+        pf_dn = d.q.dn_bytes;
+        break;
+      }
+    }
+    if (pf_gu == 0) {
+      prefetch_n = 0;  // no q4/q8 experts: the copies ahead do not apply
+      return;
+    }
+    pf_stage = static_cast<uint8_t*>(alloc(size_t(kPrefetchMax) * (pf_gu + pf_dn), "experts copied ahead"));
+    pf_src = static_cast<const void**>(alloc(2 * kPrefetchMax * sizeof(void*), "experts copied ahead"));
+    pf_logits = alloc_f(size_t(c.num_experts), "predicted router logits");
+    pf_done = static_cast<unsigned*>(alloc(4, "prediction counter"));
+    pf_used = static_cast<unsigned long long*>(alloc(8, "prediction counter"));
+    pf_flag = static_cast<unsigned*>(alloc(kPrefetchMax * 4, "prefetch flags"));
+    pf_slot = static_cast<int*>(alloc(size_t(std::max<int64_t>(1, c.num_experts_per_tok)) * 4, "prefetch slots"));
+    CK(cudaMemset(pf_flag, 0, kPrefetchMax * 4));
+    CK(cudaMallocHost(&pf_seq_host, 4));
+    *pf_seq_host = 0;
+    CK(cudaMemset(pf_done, 0, 4));
+    CK(cudaMemset(pf_used, 0, 8));
+    void* h = nullptr;
+    CK(cudaHostAlloc(&h, sizeof(PrefetchPick), cudaHostAllocMapped));
+    pf_pick = static_cast<PrefetchPick*>(h);
+    std::memset(h, 0, sizeof(PrefetchPick));
+    void* dp = nullptr;
+    CK(cudaHostGetDevicePointer(&dp, h, 0));
+    pf_pick_dev = static_cast<PrefetchPick*>(dp);
+    CK(cudaStreamCreateWithFlags(&pf_stream, cudaStreamNonBlocking));
+    CK(cudaEventCreateWithFlags(&pf_picked, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&pf_copied, cudaEventDisableTiming));
+  }
+  prefetch_n = n;
 }
 
 // Folds each MoE layer's router into its output projection's launch where
@@ -664,7 +715,10 @@ CudaTierStats CudaModel::tier_stats() const {
   if (!m.tiers) return {};
   CK(cudaSetDevice(m.dev));
   CK(cudaStreamSynchronize(m.stream));
-  return m.tiers->stats();
+  CudaTierStats s = m.tiers->stats();
+  s.prefetched = m.pf_copies;
+  if (m.pf_used) CK(cudaMemcpy(&s.prefetch_used, m.pf_used, 8, cudaMemcpyDeviceToHost));
+  return s;
 }
 
 void CudaModel::reset_tier_stats() {
@@ -673,6 +727,8 @@ void CudaModel::reset_tier_stats() {
   CK(cudaSetDevice(m.dev));
   CK(cudaStreamSynchronize(m.stream));
   m.tiers->reset_stats();
+  m.pf_copies = 0;
+  if (m.pf_used) CK(cudaMemset(m.pf_used, 0, 8));
 }
 
 }  // namespace flashmoe

@@ -1,0 +1,144 @@
+// Host-tier experts copied ahead by the copy engine (tiered q4/q8 experts,
+// DecodeOptions::host_prefetch experts per MoE layer).
+//
+// Why: with experts in pinned host memory the decode step is bound by the
+// host link, and the link idles while each layer's mixer (projections,
+// conv, delta rule or attention: HBM work) runs, because the experts a
+// layer reads are known only after its router, which follows the mixer.
+// The router's input is the layer's input residual plus the mixer's
+// output, so the router applied to the input residual alone ranks the
+// experts nearly as the real pick will (83% right on the 397B synthetic:
+// bench/NOTES-cuda.md). At the start of each MoE layer predict_pick_kernel
+// computes those predicted logits and writes the n host-tier experts they
+// rank highest to pinned host memory; the host waits for it (the mixer is
+// already enqueued behind it, so the device keeps busy), then copies those
+// experts into a VRAM staging area with cudaMemcpyAsync on a stream of its
+// own: the copy engine moves them during the mixer and takes no SMs (a copy
+// kernel on a second stream got too few of them: the earlier attempt,
+// branch huge-overlap). Before the layer's expert kernels the step waits
+// for the copies and stage_sel_kernel points each chosen expert that was
+// copied at its staged copy (the same bytes: the results are bitwise
+// unchanged); the others are read from host memory as before. The host
+// round trip per layer is why the step then runs as plain launches, not a
+// CUDA graph. DecodeOptions::prefetch_kernel_wait: the step's stream does
+// not wait for the copies; the copy stream writes a flag after each copy
+// (a 4-byte copy of the layer's sequence number) and the expert kernels'
+// blocks of a slot that reads a copy poll its flag (MoeArgs::pf_slot), so
+// the other slots run while a copy lands. The next layer's pick then waits
+// for all of this layer's copies (used or not), so a flag or staging slot
+// is rewritten only after its last reader.
+//
+// The staging area is free again when the next layer's copies start: the
+// host issues them only after that layer's pick kernel completed, which
+// follows this layer's expert kernels on the step's stream (launched
+// without PDL, so after their end). A copy's source is a host slot whose
+// table entry pointed there when the pick ran; promotions write a host
+// slot only after the steps enqueued before its table entry moved away are
+// done (expert_tiers.cuh), and those steps wait for their copies.
+#pragma once
+#include "backend/cuda/common.cuh"
+
+namespace flashmoe::cuda {
+
+// At most this many experts per layer are copied ahead.
+constexpr int kPrefetchMax = 8;
+
+// What the pick leaves for the host (pinned, device-mapped memory): the
+// sources of the n copies (null: fewer host-tier experts than n).
+struct PrefetchPick {
+  const void* gu[kPrefetchMax];
+  const void* dn[kPrefetchMax];
+  int expert[kPrefetchMax];
+};
+
+struct PredictArgs {
+  int E, H, n;
+  const float* x;   // the layer's input residual
+  const float* nw;  // the post-attention norm's weights
+  float eps;
+  float* logits;                  // [E] scratch
+  unsigned* done;                 // block counter, 0 between launches
+  const int* tier;                // [E] 1: in pinned host memory
+  const void* const* gu_tab;      // [E] the layer's tables
+  const void* const* down_tab;
+  const void** src;        // [2 n] device copy of the picks' sources (gu, then down) for stage_sel_kernel
+  PrefetchPick* pick;      // pinned host memory
+  int lowest;              // tests: the n lowest-ranked host-tier experts (wrong predictions)
+};
+
+// logits[e] = router row e . (x normed with the layer's post-attention norm),
+// a warp per row; the last block to finish picks the n host-tier experts of
+// highest predicted logit (ties: the lower index; `lowest`: the lowest).
+template <typename T>
+__global__ void __launch_bounds__(kThreads) predict_pick_kernel(const T* __restrict__ R, PredictArgs a) {
+  extern __shared__ __align__(16) float xs[];
+  __shared__ bool last;
+  __shared__ int picked[kPrefetchMax];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  load_x(a.x, a.nw, a.eps, a.H, xs);
+  for (int e = blockIdx.x * kWarps + warp; e < a.E; e += gridDim.x * kWarps) {
+    const float v = warp_sum(row_dot<T>(R + size_t(e) * a.H, xs, a.H, lane));
+    if (lane == 0) a.logits[e] = v;
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(a.done, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last || warp != 0) return;
+  __threadfence();
+  for (int p = 0; p < a.n; ++p) {
+    float best = -INFINITY;
+    int be = 0x7fffffff;
+    for (int e = lane; e < a.E; e += 32) {
+      if (a.tier[e] != 1) continue;
+      bool taken = false;
+      for (int q = 0; q < p; ++q) taken |= picked[q] == e;
+      const float v = __ldcg(a.logits + e);
+      const float s = a.lowest ? -v : v;
+      if (!taken && (s > best || be == 0x7fffffff)) best = s, be = e;
+    }
+    warp_argmax(best, be);
+    const int e = be == 0x7fffffff ? -1 : be;
+    if (lane == 0) {
+      picked[p] = e;
+      const void* g = e >= 0 ? a.gu_tab[e] : nullptr;
+      const void* d = e >= 0 ? a.down_tab[e] : nullptr;
+      a.src[p] = g;
+      a.src[a.n + p] = d;
+      a.pick->gu[p] = g;
+      a.pick->dn[p] = d;
+      a.pick->expert[p] = e;
+    }
+    __syncwarp();
+  }
+  if (lane == 0) {
+    *a.done = 0;
+    __threadfence_system();
+  }
+}
+
+// Each chosen expert (sel[j], sel[k + j]) that is one of the n copied ones
+// reads its staged copy; used counts them; slot (non-null: the expert
+// kernels wait for the copies themselves) gets the staging slot of each
+// routed slot, -1 where it reads no copy. One warp.
+static __global__ void stage_sel_kernel(const void** sel, int k, const void* const* src, int n, uint8_t* stage,
+                                        size_t gu_bytes, size_t dn_bytes, unsigned long long* used, int* slot) {
+  pdl_wait();
+  pdl_trigger();
+  const int j = threadIdx.x;
+  if (j >= k) return;
+  const void* g = sel[j];
+  int hit = -1;
+  for (int p = 0; p < n; ++p)
+    if (src[p] && g == src[p]) {
+      uint8_t* s = stage + size_t(p) * (gu_bytes + dn_bytes);
+      sel[j] = s;
+      sel[k + j] = s + gu_bytes;
+      atomicAdd(used, 1ull);
+      hit = p;
+      break;
+    }
+  if (slot) slot[j] = hit;
+}
+
+}  // namespace flashmoe::cuda
