@@ -392,10 +392,12 @@ TEST(CudaTiers, ExpertsCopiedAheadGiveTheSameLogits) {
   const int64_t V = c.vocab_size;
   constexpr int kSteps = 16;
   // The prompt, kSteps greedy decode steps, then one more token's logits (a decode step).
-  auto run = [&](CudaModel& m, std::vector<int32_t>* greedy, std::vector<float>* logits) {
+  // after_prompt: the prompt's choices left out of the counts (decode steps only).
+  auto run = [&](CudaModel& m, std::vector<int32_t>* greedy, std::vector<float>* logits, bool after_prompt = false) {
     auto st = m.new_state(KvConfig{});
     std::vector<float> l(static_cast<size_t>(V));
     m.forward(*st, ids.data(), int64_t(ids.size()), LogitsMode::Last, l.data());
+    if (after_prompt) m.reset_tier_stats();
     greedy->assign(kSteps, 0);
     m.decode_greedy(*st, ids.back(), kSteps, greedy->data());
     logits->assign(static_cast<size_t>(V), 0.0f);
@@ -438,6 +440,22 @@ TEST(CudaTiers, ExpertsCopiedAheadGiveTheSameLogits) {
     const CudaTierStats tk = tiered->tier_stats();
     EXPECT_EQ(tk.prefetched, layer_steps * 3u);
     EXPECT_GT(tk.prefetch_used, 0u);
+    // Every chosen host-tier expert read from VRAM: copied ahead (N = 1, 3)
+    // or, the others, after the router (N = 0: all of them).
+    for (int n : {1, 0, 3}) {
+      ASSERT_EQ(cuda_set_host_prefetch(*tiered, n, false, true), n);
+      run(*tiered, &got_ids, &got, true);
+      EXPECT_EQ(got_ids, want_ids) << n;
+      EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f) << n;
+      const CudaTierStats ta = tiered->tier_stats();
+      EXPECT_EQ(ta.prefetched, layer_steps * unsigned(n)) << n;
+      EXPECT_GT(ta.copied_after, 0u) << n;
+      EXPECT_EQ(ta.prefetch_used + ta.copied_after, ta.host_hits) << n;
+      std::printf("[cuda-tiers] N = %d + the rest after the router: copied ahead %llu, read from the copy %llu, "
+                  "copied after %llu; host choices %llu\n",
+                  n, (unsigned long long)ta.prefetched, (unsigned long long)ta.prefetch_used,
+                  (unsigned long long)ta.copied_after, (unsigned long long)ta.host_hits);
+    }
   }
   {
     CudaOptions o;
@@ -459,6 +477,13 @@ TEST(CudaTiers, ExpertsCopiedAheadGiveTheSameLogits) {
     run(*wrong, &got_ids, &got);
     EXPECT_EQ(got_ids, want_ids);
     EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f);
+    ASSERT_EQ(cuda_set_host_prefetch(*wrong, 2, false, true), 2);  // wrong copies ahead, the rest after the router
+    run(*wrong, &got_ids, &got, true);
+    EXPECT_EQ(got_ids, want_ids);
+    EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f);
+    const CudaTierStats ta = wrong->tier_stats();
+    EXPECT_EQ(ta.prefetch_used + ta.copied_after, ta.host_hits);
+    EXPECT_GT(ta.copied_after * 2, ta.host_hits);
   }
 }
 

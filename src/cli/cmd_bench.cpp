@@ -118,14 +118,17 @@ void run_bench(const ModelOptions& opt, const Backend& b, const std::string& wha
     for (size_t vi = 0; vi < variants.size(); ++vi) {
       if (!variants[vi].empty()) {
         const int pf = variants[vi][0] - '0';
-        const bool kw = variants[vi].size() == 2;
-        if (!set_host_prefetch(b, pf, kw))
+        const bool kw = variants[vi].size() == 2 && variants[vi][1] == 'k';
+        const bool all = variants[vi].size() == 2 && variants[vi][1] == 'a';
+        if (!set_host_prefetch(b, pf, kw, all))
           fail("bench --host-prefetch: the model has no host tier of q4/q8 experts to copy ahead (a GPU, q4/q8 "
                "experts and --gpu-expert-cache below what they need)");
         std::printf("host-tier experts copied ahead per MoE layer: %d%s\n", pf,
-                    pf == 0 ? " (off)"
-                    : kw    ? " (copy engine, during the mixer; the expert kernels wait for the copies they read)"
-                            : " (copy engine, during the mixer; the step waits for the copies)");
+                    all       ? " (copy engine, during the mixer; then every other chosen host-tier expert after the "
+                                "router; the expert kernels wait for the copies they read)"
+                    : pf == 0 ? " (off)"
+                    : kw      ? " (copy engine, during the mixer; the expert kernels wait for the copies they read)"
+                              : " (copy engine, during the mixer; the step waits for the copies)");
       }
       std::vector<double> rate;
       std::vector<int32_t> out(static_cast<size_t>(tg)), ctx(static_cast<size_t>(depth));
@@ -320,14 +323,15 @@ Registrar reg_bench(40, [](CLI::App& app) {
                   "On the GPU with tiered q4/q8 experts: the tg test once per value N (comma-separated, 0-8) on the "
                   "same model, each MoE layer copying the N host-tier experts its input predicts to VRAM by the copy "
                   "engine during its mixer (0: off); Nk: the expert kernels wait for the copies they read, not the "
-                  "step for all of them")
+                  "step for all of them; Na: also every other chosen host-tier expert copied after the router")
       ->delimiter(',')
       ->check(CLI::Validator(
           [](const std::string& v) {
-            const bool ok = (v.size() == 1 || (v.size() == 2 && v[1] == 'k')) && v[0] >= '0' && v[0] <= '8';
-            return ok ? std::string() : "expected N or Nk with N 0-8, got '" + v + "'";
+            const bool ok =
+                (v.size() == 1 || (v.size() == 2 && (v[1] == 'k' || v[1] == 'a'))) && v[0] >= '0' && v[0] <= '8';
+            return ok ? std::string() : "expected N, Nk or Na with N 0-8, got '" + v + "'";
           },
-          "N[k]"));
+          "N[k|a]"));
   cmd->add_flag("--no-graph", *no_graph, "On the GPU: plain kernel launches instead of a CUDA graph");
   cmd->add_option("--profile", *profile, "On the GPU: time each kernel class over N decode steps, and each phase of the batched prefill and of the batched decode steps of --batch (printed when the model is released)")
       ->check(integer_between(0, 2147483647));

@@ -431,13 +431,13 @@ std::string cuda_link_rates(const CudaModel& model) {
   return out;
 }
 
-int cuda_set_host_prefetch(CudaModel& model, int n, bool kernel_wait) {
+int cuda_set_host_prefetch(CudaModel& model, int n, bool kernel_wait, bool all) {
   CudaModel::Impl& m = CudaModelAccess::impl(model);
   CK(cudaSetDevice(m.dev));
   CK(cudaStreamSynchronize(m.stream));
-  m.set_prefetch(n);
+  m.set_prefetch(n, all);
   m.opts.decode.prefetch_kernel_wait = kernel_wait;
-  return m.prefetch_n;
+  return m.prefetch_all == all ? m.prefetch_n : -1;
 }
 
 std::vector<CudaKernelTime> cuda_profile_decode(const CudaModel& model, CudaState& st, int32_t first, int steps) {

@@ -76,6 +76,7 @@ struct CudaTierStats {
   // Decode steps' host-tier experts copied ahead (DecodeOptions::host_prefetch),
   // and the choices that read such a copy.
   uint64_t prefetched = 0, prefetch_used = 0;
+  uint64_t copied_after = 0;  // chosen host-tier experts copied after the router (DecodeOptions::prefetch_all)
 };
 
 // A conversation's device state copied to host memory (the server's

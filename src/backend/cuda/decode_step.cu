@@ -6,6 +6,8 @@
 #include <cmath>
 #include <string>
 
+#include <cuda.h>
+
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/delta_cluster.cuh"
 #include "backend/cuda/down_early.cuh"
@@ -521,7 +523,7 @@ void CudaModel::Impl::routed_moe(const DLayer& d, int mi) {
   a.sel = pick ? sel : nullptr;
   if (!d.rfold) route(d);  // else the logits came with the output projection
   if (disk) disk_fetch(mi);
-  const unsigned seq = prefetches(d) ? prefetch_copy() : 0;
+  const unsigned seq = prefetches(d) ? prefetch_copy(d) : 0;
   a.gu_tab = d.gu_tab;
   a.down_tab = d.down_tab;
   a.k = int(m.num_experts_per_tok);
@@ -550,12 +552,13 @@ void CudaModel::Impl::routed_moe(const DLayer& d, int mi) {
     a.folded = d.rfold ? 1 : 0;
     a.presel = d.rfold ? 1 : 0;
   }
-  if (seq && opts.decode.prefetch_kernel_wait) {
+  if (seq && (opts.decode.prefetch_kernel_wait || prefetch_all)) {
     a.pf_slot = pf_slot;
     a.pf_flag = pf_flag;
     a.pf_seq = seq;
   }
   ffn_launch(d, a, slots);
+  if (seq && prefetch_all) prefetch_rest(seq);
 }
 
 // A dense SwiGLU MLP: the expert kernels with one slot (weight 1).
@@ -598,7 +601,7 @@ void CudaModel::Impl::enqueue_step(CudaState::Impl& s, int kind) {
   mark(K_EMBED);
   for (const LayerPlan& l : plan.layers) {
     const DLayer& d = L[size_t(l.index)];
-    if (l.ffn == FfnKind::RoutedMoE && prefetches(d)) prefetch_pick(d);  // copied during the mixer
+    if (l.ffn == FfnKind::RoutedMoE && prefetch_n > 0 && prefetches(d)) prefetch_pick(d);  // copied during the mixer
     switch (l.mixer) {
       case MixerKind::GatedDeltaNet: delta_net(s, d, l.state_slot); break;
       case MixerKind::GatedAttention: attention(s, d, l.state_slot); break;
@@ -619,7 +622,7 @@ void CudaModel::Impl::enqueue_step(CudaState::Impl& s, int kind) {
 }
 
 bool CudaModel::Impl::prefetches(const DLayer& d) const {
-  return prefetch_n > 0 && tiers && !disk && d.tc.tier && d.q.bits && !d.q.fp8 && !d.gg.n && d.router.p &&
+  return (prefetch_n > 0 || prefetch_all) && tiers && !disk && d.tc.tier && d.q.bits && !d.q.fp8 && !d.gg.n && d.router.p &&
          d.router.cols == int(c.hidden_size) && d.router.rows >= int(c.num_experts) &&
          (d.router.dt == DT_BF16 || d.router.dt == DT_F16 || d.router.dt == DT_F32) && c.hidden_size <= 8192 &&
          d.q.gu_bytes == pf_gu && d.q.dn_bytes == pf_dn;
@@ -661,37 +664,76 @@ void CudaModel::Impl::prefetch_pick(const DLayer& d) {
   CK(cudaEventRecord(pf_picked, stream));
 }
 
-unsigned CudaModel::Impl::prefetch_copy() {
-  // The mixer is enqueued behind the pick: the device stays busy while the
-  // host waits here and issues the copies.
-  CK(cudaEventSynchronize(pf_picked));
-  const bool in_kernels = opts.decode.prefetch_kernel_wait;
+unsigned CudaModel::Impl::prefetch_copy(const DLayer& d) {
+  const bool in_kernels = opts.decode.prefetch_kernel_wait || prefetch_all;
   const unsigned seq = ++pf_seq;
-  if (in_kernels) *pf_seq_host = seq;  // the previous layer's flag copies are done (the pick waited for them)
   int n = 0;
-  for (int p = 0; p < prefetch_n; ++p) {
-    const void* g = pf_pick->gu[p];
-    const void* dn = pf_pick->dn[p];
+  if (prefetch_n > 0) {
+    // The mixer is enqueued behind the pick: the device stays busy while the
+    // host waits here and issues the copies.
+    CK(cudaEventSynchronize(pf_picked));
+    if (in_kernels) *pf_seq_host = seq;  // the previous layer's flag copies are done (the pick waited for them)
+    for (int p = 0; p < prefetch_n; ++p) {
+      const void* g = pf_pick->gu[p];
+      const void* dn = pf_pick->dn[p];
+      if (!g || !dn) continue;
+      uint8_t* to = pf_stage + size_t(p) * (pf_gu + pf_dn);
+      CK(cudaMemcpyAsync(to, g, pf_gu, cudaMemcpyDefault, pf_stream));
+      CK(cudaMemcpyAsync(to + pf_gu, dn, pf_dn, cudaMemcpyDefault, pf_stream));
+      if (in_kernels) flag_copied(p, seq);
+      ++n;
+    }
+  }
+  if (n > 0) {
+    pf_copies += uint64_t(n);
+    CK(cudaEventRecord(pf_copied, pf_stream));
+    if (in_kernels) {
+      pf_outstanding = true;  // the next pick waits for them
+    } else {
+      CK(cudaStreamWaitEvent(stream, pf_copied, 0));
+      pdl_next = false;  // after the wait: a full dependency
+    }
+  } else if (!prefetch_all) {
+    return 0;
+  }
+  go(stage_sel_kernel, 1, 32, 0, sel, int(c.num_experts_per_tok), static_cast<const void* const*>(pf_src), n > 0 ? prefetch_n : 0,
+     pf_stage, pf_gu, pf_dn, pf_used, in_kernels ? pf_slot : nullptr, static_cast<const int*>(eids), d.tc.tier,
+     prefetch_all ? pf_rest_dev : nullptr);
+  mark(K_EXPERTS);
+  if (prefetch_all) CK(cudaEventRecord(pf_staged, stream));
+  return seq;
+}
+
+void CudaModel::Impl::prefetch_rest(unsigned seq) {
+  // The expert kernels are enqueued: their blocks of a listed slot wait for its flag.
+  CK(cudaEventSynchronize(pf_staged));
+  *pf_seq_host = seq;  // the previous layer's flags are written (its expert kernels waited for them)
+  int n = 0;
+  for (int j = 0; j < int(c.num_experts_per_tok); ++j) {
+    const void* g = pf_rest->gu[j];
+    const void* dn = pf_rest->dn[j];
     if (!g || !dn) continue;
-    uint8_t* to = pf_stage + size_t(p) * (pf_gu + pf_dn);
+    uint8_t* to = pf_stage + size_t(kPrefetchMax + j) * (pf_gu + pf_dn);
     CK(cudaMemcpyAsync(to, g, pf_gu, cudaMemcpyDefault, pf_stream));
     CK(cudaMemcpyAsync(to + pf_gu, dn, pf_dn, cudaMemcpyDefault, pf_stream));
-    if (in_kernels) CK(cudaMemcpyAsync(pf_flag + p, pf_seq_host, 4, cudaMemcpyHostToDevice, pf_stream));
+    flag_copied(kPrefetchMax + j, seq);
     ++n;
   }
-  if (n == 0) return 0;
-  pf_copies += uint64_t(n);
+  if (n == 0) return;
+  pf_rest_copies += uint64_t(n);
   CK(cudaEventRecord(pf_copied, pf_stream));
-  if (in_kernels) {
-    pf_outstanding = true;  // the next pick waits for them
-  } else {
-    CK(cudaStreamWaitEvent(stream, pf_copied, 0));
-    pdl_next = false;  // after the wait: a full dependency
+  pf_outstanding = true;
+}
+
+void CudaModel::Impl::flag_copied(int p, unsigned seq) {
+  if (write_value32) {
+    using Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+    const CUresult r = reinterpret_cast<Fn>(write_value32)(pf_stream, CUdeviceptr(pf_flag + p), seq,
+                                                           CU_STREAM_WRITE_VALUE_DEFAULT);
+    if (r != CUDA_SUCCESS) fail("cuStreamWriteValue32 failed (" + std::to_string(int(r)) + ")");
+    return;
   }
-  go(stage_sel_kernel, 1, 32, 0, sel, int(c.num_experts_per_tok), static_cast<const void* const*>(pf_src), prefetch_n,
-     pf_stage, pf_gu, pf_dn, pf_used, in_kernels ? pf_slot : nullptr);
-  mark(K_EXPERTS);
-  return seq;
+  CK(cudaMemcpyAsync(pf_flag + p, pf_seq_host, 4, cudaMemcpyHostToDevice, pf_stream));
 }
 
 void CudaModel::Impl::disk_fetch(int mi) {

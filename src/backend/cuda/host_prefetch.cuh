@@ -42,6 +42,20 @@ namespace flashmoe::cuda {
 
 // At most this many experts per layer are copied ahead.
 constexpr int kPrefetchMax = 8;
+// Staging slots: kPrefetchMax for the copies ahead, then one per routed
+// slot (at most kRestMax) for the chosen host-tier experts copied after the
+// router (DecodeOptions::prefetch_all).
+constexpr int kRestMax = 32;
+constexpr int kStageSlots = kPrefetchMax + kRestMax;
+
+// What stage_sel_kernel leaves for the host (pinned, device-mapped memory)
+// after the router: per routed slot j, the sources of a chosen host-tier
+// expert that was not copied ahead (null: none to copy). The host copies it
+// into staging slot kPrefetchMax + j.
+struct PrefetchRest {
+  const void* gu[kRestMax];
+  const void* dn[kRestMax];
+};
 
 // What the pick leaves for the host (pinned, device-mapped memory): the
 // sources of the n copies (null: fewer host-tier experts than n).
@@ -120,9 +134,13 @@ __global__ void __launch_bounds__(kThreads) predict_pick_kernel(const T* __restr
 // Each chosen expert (sel[j], sel[k + j]) that is one of the n copied ones
 // reads its staged copy; used counts them; slot (non-null: the expert
 // kernels wait for the copies themselves) gets the staging slot of each
-// routed slot, -1 where it reads no copy. One warp.
+// routed slot, -1 where it reads no copy. rest (non-null, with slot): every
+// other chosen expert in host memory (tier[ids[j]] == 1) is to be copied by
+// the host after this kernel into staging slot kPrefetchMax + j, which it
+// then reads; its sources go to rest (null where nothing is to copy). One warp.
 static __global__ void stage_sel_kernel(const void** sel, int k, const void* const* src, int n, uint8_t* stage,
-                                        size_t gu_bytes, size_t dn_bytes, unsigned long long* used, int* slot) {
+                                        size_t gu_bytes, size_t dn_bytes, unsigned long long* used, int* slot,
+                                        const int* ids, const int* tier, PrefetchRest* rest) {
   pdl_wait();
   pdl_trigger();
   const int j = threadIdx.x;
@@ -131,14 +149,28 @@ static __global__ void stage_sel_kernel(const void** sel, int k, const void* con
   int hit = -1;
   for (int p = 0; p < n; ++p)
     if (src[p] && g == src[p]) {
-      uint8_t* s = stage + size_t(p) * (gu_bytes + dn_bytes);
-      sel[j] = s;
-      sel[k + j] = s + gu_bytes;
-      atomicAdd(used, 1ull);
       hit = p;
+      atomicAdd(used, 1ull);
       break;
     }
+  const void* rg = nullptr;
+  const void* rd = nullptr;
+  if (hit < 0 && rest && tier[ids[j]] == 1) {
+    hit = kPrefetchMax + j;
+    rg = g;
+    rd = sel[k + j];
+  }
+  if (hit >= 0) {
+    uint8_t* s = stage + size_t(hit) * (gu_bytes + dn_bytes);
+    sel[j] = s;
+    sel[k + j] = s + gu_bytes;
+  }
   if (slot) slot[j] = hit;
+  if (rest) {
+    rest->gu[j] = rg;
+    rest->dn[j] = rd;
+    __threadfence_system();
+  }
 }
 
 }  // namespace flashmoe::cuda

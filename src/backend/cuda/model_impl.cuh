@@ -130,6 +130,17 @@ struct CudaModel::Impl : Launcher {
   unsigned pf_seq = 0;
   int* pf_slot = nullptr;
   bool pf_outstanding = false;
+  // DecodeOptions::prefetch_all: every chosen host-tier expert that was not
+  // copied ahead is copied after the router (stage_sel_kernel lists them in
+  // pf_rest, pinned + mapped; pf_staged marks the list written), counted in
+  // pf_rest_copies. The flags are written by cuStreamWriteValue32 where the
+  // driver gives it (write_value32), else by a 4-byte copy from pf_seq_host.
+  bool prefetch_all = false;
+  PrefetchRest* pf_rest = nullptr;      // host address
+  PrefetchRest* pf_rest_dev = nullptr;  // its device address
+  cudaEvent_t pf_staged = nullptr;
+  uint64_t pf_rest_copies = 0;
+  void* write_value32 = nullptr;
   std::vector<int64_t> disk_layers;  // model layer of each MoE layer (the loader's store requests)
   // Profiling (cuda_profile_decode): an event after each launch, with its kernel class.
   bool profiling = false;
@@ -233,10 +244,16 @@ struct CudaModel::Impl : Launcher {
   bool prefetches(const DLayer& d) const;
   void prefetch_pick(const DLayer& d);
   // Returns the layer's sequence number (0: nothing copied).
-  unsigned prefetch_copy();
-  // Turns the copies ahead on (n experts per MoE layer) or off (0); the
-  // decode step then runs as plain launches (upload.cu).
-  void set_prefetch(int n);
+  unsigned prefetch_copy(const DLayer& d);
+  // prefetch_all, after the layer's expert kernels are enqueued: waits for
+  // stage_sel_kernel's list and copies the chosen host-tier experts on it.
+  void prefetch_rest(unsigned seq);
+  // On the copy stream, after the copies into staging slot p: its flag = seq.
+  void flag_copied(int p, unsigned seq);
+  // Turns the copies ahead on (n experts per MoE layer) or off (0), and
+  // (all) the copies of the other chosen host-tier experts after the router;
+  // the decode step then runs as plain launches (upload.cu).
+  void set_prefetch(int n, bool all = false);
   // Disk tier, after the routing of MoE layer mi: the chosen experts
   // resident (read from disk where needed) before its expert kernels.
   void disk_fetch(int mi);

@@ -32,7 +32,8 @@ CudaModel::Impl::~Impl() {
   if (pf_stream) cudaStreamSynchronize(pf_stream);
   if (pf_pick) cudaFreeHost(pf_pick);
   if (pf_seq_host) cudaFreeHost(pf_seq_host);
-  for (auto e : {pf_picked, pf_copied})
+  if (pf_rest) cudaFreeHost(pf_rest);
+  for (auto e : {pf_picked, pf_copied, pf_staged})
     if (e) cudaEventDestroy(e);
   if (pf_stream) cudaStreamDestroy(pf_stream);
   if (stream) cudaStreamDestroy(stream);
@@ -383,12 +384,13 @@ void CudaModel::Impl::init_common() {
   if (opts.decode.host_prefetch > 0) set_prefetch(opts.decode.host_prefetch);
 }
 
-void CudaModel::Impl::set_prefetch(int n) {
+void CudaModel::Impl::set_prefetch(int n, bool all) {
   n = std::clamp(n, 0, kPrefetchMax);
   if (pf_stream) CK(cudaStreamSynchronize(pf_stream));
   pf_outstanding = false;
-  if (!tiers || disk) n = 0;  // no host tier to copy from (the disk tier reads its experts between router and kernels)
-  if (n > 0 && !pf_stage) {
+  if (!tiers || disk) n = 0, all = false;  // no host tier to copy from (the disk tier reads its experts between router and kernels)
+  if (c.num_experts_per_tok > kRestMax) all = false;
+  if ((n > 0 || all) && !pf_stage) {
     for (const LayerPlan& lp : plan.layers) {
       const DLayer& d = L[size_t(lp.index)];
       if (lp.ffn == FfnKind::RoutedMoE && d.q.bits && !d.q.fp8 && !d.gg.n) {
@@ -399,32 +401,48 @@ void CudaModel::Impl::set_prefetch(int n) {
     }
     if (pf_gu == 0) {
       prefetch_n = 0;  // no q4/q8 experts: the copies ahead do not apply
+      prefetch_all = false;
       return;
     }
-    pf_stage = static_cast<uint8_t*>(alloc(size_t(kPrefetchMax) * (pf_gu + pf_dn), "experts copied ahead"));
+    const int k = int(c.num_experts_per_tok);
+    pf_stage = static_cast<uint8_t*>(alloc(size_t(kPrefetchMax + k) * (pf_gu + pf_dn), "experts copied ahead"));
     pf_src = static_cast<const void**>(alloc(2 * kPrefetchMax * sizeof(void*), "experts copied ahead"));
     pf_logits = alloc_f(size_t(c.num_experts), "predicted router logits");
     pf_done = static_cast<unsigned*>(alloc(4, "prediction counter"));
     pf_used = static_cast<unsigned long long*>(alloc(8, "prediction counter"));
-    pf_flag = static_cast<unsigned*>(alloc(kPrefetchMax * 4, "prefetch flags"));
-    pf_slot = static_cast<int*>(alloc(size_t(std::max<int64_t>(1, c.num_experts_per_tok)) * 4, "prefetch slots"));
-    CK(cudaMemset(pf_flag, 0, kPrefetchMax * 4));
+    pf_flag = static_cast<unsigned*>(alloc(kStageSlots * 4, "prefetch flags"));
+    pf_slot = static_cast<int*>(alloc(size_t(std::max(1, k)) * 4, "prefetch slots"));
+    CK(cudaMemset(pf_flag, 0, kStageSlots * 4));
     CK(cudaMallocHost(&pf_seq_host, 4));
     *pf_seq_host = 0;
     CK(cudaMemset(pf_done, 0, 4));
     CK(cudaMemset(pf_used, 0, 8));
-    void* h = nullptr;
-    CK(cudaHostAlloc(&h, sizeof(PrefetchPick), cudaHostAllocMapped));
-    pf_pick = static_cast<PrefetchPick*>(h);
-    std::memset(h, 0, sizeof(PrefetchPick));
+    auto mapped = [](size_t bytes, void** dev) {
+      void* h = nullptr;
+      CK(cudaHostAlloc(&h, bytes, cudaHostAllocMapped));
+      std::memset(h, 0, bytes);
+      CK(cudaHostGetDevicePointer(dev, h, 0));
+      return h;
+    };
     void* dp = nullptr;
-    CK(cudaHostGetDevicePointer(&dp, h, 0));
+    pf_pick = static_cast<PrefetchPick*>(mapped(sizeof(PrefetchPick), &dp));
     pf_pick_dev = static_cast<PrefetchPick*>(dp);
+    pf_rest = static_cast<PrefetchRest*>(mapped(sizeof(PrefetchRest), &dp));
+    pf_rest_dev = static_cast<PrefetchRest*>(dp);
     CK(cudaStreamCreateWithFlags(&pf_stream, cudaStreamNonBlocking));
     CK(cudaEventCreateWithFlags(&pf_picked, cudaEventDisableTiming));
     CK(cudaEventCreateWithFlags(&pf_copied, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&pf_staged, cudaEventDisableTiming));
+    // The flags by a stream memory operation (no copy engine time), where the driver has it.
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      write_value32 = fn;
+    cudaGetLastError();
   }
   prefetch_n = n;
+  prefetch_all = all;
 }
 
 // Folds each MoE layer's router into its output projection's launch where
@@ -717,6 +735,7 @@ CudaTierStats CudaModel::tier_stats() const {
   CK(cudaStreamSynchronize(m.stream));
   CudaTierStats s = m.tiers->stats();
   s.prefetched = m.pf_copies;
+  s.copied_after = m.pf_rest_copies;
   if (m.pf_used) CK(cudaMemcpy(&s.prefetch_used, m.pf_used, 8, cudaMemcpyDeviceToHost));
   return s;
 }
@@ -728,6 +747,7 @@ void CudaModel::reset_tier_stats() {
   CK(cudaStreamSynchronize(m.stream));
   m.tiers->reset_stats();
   m.pf_copies = 0;
+  m.pf_rest_copies = 0;
   if (m.pf_used) CK(cudaMemset(m.pf_used, 0, 8));
 }
 
