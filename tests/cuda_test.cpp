@@ -442,18 +442,19 @@ TEST(CudaTiers, ExpertsCopiedAheadGiveTheSameLogits) {
     EXPECT_GT(tk.prefetch_used, 0u);
     // Every chosen host-tier expert read from VRAM: copied ahead (N = 1, 3)
     // or, the others, after the router (N = 0: all of them).
-    for (int n : {1, 0, 3}) {
-      ASSERT_EQ(cuda_set_host_prefetch(*tiered, n, false, true), n);
+    // next: the copies ahead predicted at the previous MoE layer's router.
+    for (auto [n, next] : {std::pair{1, false}, {0, false}, {3, false}, {1, true}, {2, true}}) {
+      ASSERT_EQ(cuda_set_host_prefetch(*tiered, n, false, true, next), n);
       run(*tiered, &got_ids, &got, true);
-      EXPECT_EQ(got_ids, want_ids) << n;
-      EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f) << n;
+      EXPECT_EQ(got_ids, want_ids) << n << next;
+      EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f) << n << next;
       const CudaTierStats ta = tiered->tier_stats();
-      EXPECT_EQ(ta.prefetched, layer_steps * unsigned(n)) << n;
-      EXPECT_GT(ta.copied_after, 0u) << n;
-      EXPECT_EQ(ta.prefetch_used + ta.copied_after, ta.host_hits) << n;
-      std::printf("[cuda-tiers] N = %d + the rest after the router: copied ahead %llu, read from the copy %llu, "
+      EXPECT_EQ(ta.prefetched, layer_steps * unsigned(n)) << n << next;
+      EXPECT_GT(ta.copied_after, 0u) << n << next;
+      EXPECT_EQ(ta.prefetch_used + ta.copied_after, ta.host_hits) << n << next;
+      std::printf("[cuda-tiers] N = %d%s + the rest after the router: copied ahead %llu, read from the copy %llu, "
                   "copied after %llu; host choices %llu\n",
-                  n, (unsigned long long)ta.prefetched, (unsigned long long)ta.prefetch_used,
+                  n, next ? " (predicted a layer earlier)" : "", (unsigned long long)ta.prefetched, (unsigned long long)ta.prefetch_used,
                   (unsigned long long)ta.copied_after, (unsigned long long)ta.host_hits);
     }
   }
@@ -477,13 +478,15 @@ TEST(CudaTiers, ExpertsCopiedAheadGiveTheSameLogits) {
     run(*wrong, &got_ids, &got);
     EXPECT_EQ(got_ids, want_ids);
     EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f);
-    ASSERT_EQ(cuda_set_host_prefetch(*wrong, 2, false, true), 2);  // wrong copies ahead, the rest after the router
-    run(*wrong, &got_ids, &got, true);
-    EXPECT_EQ(got_ids, want_ids);
-    EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f);
-    const CudaTierStats ta = wrong->tier_stats();
-    EXPECT_EQ(ta.prefetch_used + ta.copied_after, ta.host_hits);
-    EXPECT_GT(ta.copied_after * 2, ta.host_hits);
+    for (bool next : {false, true}) {  // wrong copies ahead, the rest after the router
+      ASSERT_EQ(cuda_set_host_prefetch(*wrong, 2, false, true, next), 2);
+      run(*wrong, &got_ids, &got, true);
+      EXPECT_EQ(got_ids, want_ids) << next;
+      EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f) << next;
+      const CudaTierStats ta = wrong->tier_stats();
+      EXPECT_EQ(ta.prefetch_used + ta.copied_after, ta.host_hits) << next;
+      EXPECT_GT(ta.copied_after * 2, ta.host_hits) << next;
+    }
   }
 }
 

@@ -61,8 +61,8 @@ TEST(BenchCli, BatchReportsAggregateAndTheExpertUnionRoofline) {
 TEST(BenchCli, HostPrefetchIsCheckedAndNeedsAHostTier) {
   const std::pair<const char*, const char*> cases[] = {
       {" --device cpu -p 0 -n 2 -r 1 --host-prefetch 1", "no host tier of q4/q8 experts"},
-      {" --device cpu -p 0 -n 2 -r 1 --host-prefetch 9", "expected N or Nk with N 0-8, got '9'"},
-      {" --device cpu -p 0 -n 2 -r 1 --host-prefetch 1x", "expected N or Nk with N 0-8, got '1x'"},
+      {" --device cpu -p 0 -n 2 -r 1 --host-prefetch 9", "expected N, Nk, Na (N 0-8) or Nn (N 0-4), got '9'"},
+      {" --device cpu -p 0 -n 2 -r 1 --host-prefetch 1x", "expected N, Nk, Na (N 0-8) or Nn (N 0-4), got '1x'"},
       {" --device cpu -p 0 -n 2 -r 1 --batch 2 --host-prefetch 1", "--host-prefetch is for the single-sequence"},
   };
   for (const auto& [args, want] : cases) {

@@ -119,12 +119,15 @@ void run_bench(const ModelOptions& opt, const Backend& b, const std::string& wha
       if (!variants[vi].empty()) {
         const int pf = variants[vi][0] - '0';
         const bool kw = variants[vi].size() == 2 && variants[vi][1] == 'k';
-        const bool all = variants[vi].size() == 2 && variants[vi][1] == 'a';
-        if (!set_host_prefetch(b, pf, kw, all))
+        const bool next = variants[vi].size() == 2 && variants[vi][1] == 'n';
+        const bool all = next || (variants[vi].size() == 2 && variants[vi][1] == 'a');
+        if (!set_host_prefetch(b, pf, kw, all, next))
           fail("bench --host-prefetch: the model has no host tier of q4/q8 experts to copy ahead (a GPU, q4/q8 "
                "experts and --gpu-expert-cache below what they need)");
         std::printf("host-tier experts copied ahead per MoE layer: %d%s\n", pf,
-                    all       ? " (copy engine, during the mixer; then every other chosen host-tier expert after the "
+                    next      ? " (copy engine, predicted at the previous MoE layer's router; then every other chosen "
+                                "host-tier expert after the router; the expert kernels wait for the copies they read)"
+                    : all     ? " (copy engine, during the mixer; then every other chosen host-tier expert after the "
                                 "router; the expert kernels wait for the copies they read)"
                     : pf == 0 ? " (off)"
                     : kw      ? " (copy engine, during the mixer; the expert kernels wait for the copies they read)"
@@ -323,15 +326,16 @@ Registrar reg_bench(40, [](CLI::App& app) {
                   "On the GPU with tiered q4/q8 experts: the tg test once per value N (comma-separated, 0-8) on the "
                   "same model, each MoE layer copying the N host-tier experts its input predicts to VRAM by the copy "
                   "engine during its mixer (0: off); Nk: the expert kernels wait for the copies they read, not the "
-                  "step for all of them; Na: also every other chosen host-tier expert copied after the router")
+                  "step for all of them; Na: also every other chosen host-tier expert copied after the router; Nn: as Na, N (0-4) predicted at the previous MoE layer's router")
       ->delimiter(',')
       ->check(CLI::Validator(
           [](const std::string& v) {
             const bool ok =
-                (v.size() == 1 || (v.size() == 2 && (v[1] == 'k' || v[1] == 'a'))) && v[0] >= '0' && v[0] <= '8';
-            return ok ? std::string() : "expected N, Nk or Na with N 0-8, got '" + v + "'";
+                (v.size() == 1 || (v.size() == 2 && (v[1] == 'k' || v[1] == 'a' || (v[1] == 'n' && v[0] <= '4')))) && v[0] >= '0' &&
+                v[0] <= '8';
+            return ok ? std::string() : "expected N, Nk, Na (N 0-8) or Nn (N 0-4), got '" + v + "'";
           },
-          "N[k|a]"));
+          "N[k|a|n]"));
   cmd->add_flag("--no-graph", *no_graph, "On the GPU: plain kernel launches instead of a CUDA graph");
   cmd->add_option("--profile", *profile, "On the GPU: time each kernel class over N decode steps, and each phase of the batched prefill and of the batched decode steps of --batch (printed when the model is released)")
       ->check(integer_between(0, 2147483647));

@@ -51,7 +51,7 @@ std::string host_link_rates(const Backend& b);
 // Host-tier experts copied ahead, n per MoE layer (0: off), the expert
 // kernels waiting for the copies themselves (kernel_wait) or the step
 // before them; false where the backend has no host tier of q4/q8 experts.
-bool set_host_prefetch(const Backend& b, int n, bool kernel_wait, bool all = false);
+bool set_host_prefetch(const Backend& b, int n, bool kernel_wait, bool all = false, bool next = false);
 
 // Free and total GPU memory (cudaMemGetInfo); false without a usable GPU.
 bool gpu_memory_info(int64_t* free_bytes, int64_t* total_bytes);

@@ -431,13 +431,13 @@ std::string cuda_link_rates(const CudaModel& model) {
   return out;
 }
 
-int cuda_set_host_prefetch(CudaModel& model, int n, bool kernel_wait, bool all) {
+int cuda_set_host_prefetch(CudaModel& model, int n, bool kernel_wait, bool all, bool next) {
   CudaModel::Impl& m = CudaModelAccess::impl(model);
   CK(cudaSetDevice(m.dev));
   CK(cudaStreamSynchronize(m.stream));
-  m.set_prefetch(n, all);
+  m.set_prefetch(n, all, next);
   m.opts.decode.prefetch_kernel_wait = kernel_wait;
-  return m.prefetch_all == all ? m.prefetch_n : -1;
+  return m.prefetch_all == all && m.prefetch_next == next ? m.prefetch_n : -1;
 }
 
 std::vector<CudaKernelTime> cuda_profile_decode(const CudaModel& model, CudaState& st, int32_t first, int steps) {

@@ -58,8 +58,9 @@ std::string cuda_link_rates(const CudaModel& m);
 // Returns the n in effect (0 where the model has no host tier of q4/q8 experts).
 // kernel_wait: DecodeOptions::prefetch_kernel_wait.
 // all: also every other chosen host-tier expert copied after the router
-// (DecodeOptions::prefetch_all); -1 where that does not apply.
-int cuda_set_host_prefetch(CudaModel& m, int n, bool kernel_wait = false, bool all = false);
+// (DecodeOptions::prefetch_all); next (with all): the copies ahead
+// predicted at the previous MoE layer's router; -1 where that does not apply.
+int cuda_set_host_prefetch(CudaModel& m, int n, bool kernel_wait = false, bool all = false, bool next = false);
 // Time per kernel class of `steps` decode steps (plain launches, events
 // between kernels), feeding `first` then each argmax; advances `st` by
 // `steps` tokens.

@@ -523,7 +523,7 @@ void CudaModel::Impl::routed_moe(const DLayer& d, int mi) {
   a.sel = pick ? sel : nullptr;
   if (!d.rfold) route(d);  // else the logits came with the output projection
   if (disk) disk_fetch(mi);
-  const unsigned seq = prefetches(d) ? prefetch_copy(d) : 0;
+  const unsigned seq = prefetches(d) ? prefetch_copy(d, mi) : 0;
   a.gu_tab = d.gu_tab;
   a.down_tab = d.down_tab;
   a.k = int(m.num_experts_per_tok);
@@ -558,7 +558,7 @@ void CudaModel::Impl::routed_moe(const DLayer& d, int mi) {
     a.pf_seq = seq;
   }
   ffn_launch(d, a, slots);
-  if (seq && prefetch_all) prefetch_rest(seq);
+  if (seq && prefetch_all) prefetch_rest(seq, mi);
 }
 
 // A dense SwiGLU MLP: the expert kernels with one slot (weight 1).
@@ -601,7 +601,9 @@ void CudaModel::Impl::enqueue_step(CudaState::Impl& s, int kind) {
   mark(K_EMBED);
   for (const LayerPlan& l : plan.layers) {
     const DLayer& d = L[size_t(l.index)];
-    if (l.ffn == FfnKind::RoutedMoE && prefetch_n > 0 && prefetches(d)) prefetch_pick(d);  // copied during the mixer
+    // Copied during the mixer (prefetch_next: only the step's first MoE layer; the others' at the previous router).
+    if (l.ffn == FfnKind::RoutedMoE && prefetch_n > 0 && prefetches(d) && (!prefetch_next || l.moe_slot == 0))
+      prefetch_pick(d);
     switch (l.mixer) {
       case MixerKind::GatedDeltaNet: delta_net(s, d, l.state_slot); break;
       case MixerKind::GatedAttention: attention(s, d, l.state_slot); break;
@@ -649,7 +651,9 @@ void CudaModel::Impl::prefetch_pick(const DLayer& d) {
   // No PDL: the pick starts after the previous layer's expert kernels end,
   // so when the host sees it complete the staging area is free; with the
   // waits in the expert kernels, after the previous layer's copies too.
-  if (pf_outstanding) {
+  // prefetch_next: the copies go to staging slots whose readers are done
+  // (prefetch_rest), and this layer's own copies must not wait for the pick.
+  if (pf_outstanding && !prefetch_next) {
     CK(cudaStreamWaitEvent(stream, pf_copied, 0));
     pf_outstanding = false;
   }
@@ -664,50 +668,68 @@ void CudaModel::Impl::prefetch_pick(const DLayer& d) {
   CK(cudaEventRecord(pf_picked, stream));
 }
 
-unsigned CudaModel::Impl::prefetch_copy(const DLayer& d) {
+const DLayer* CudaModel::Impl::next_moe(int mi) const {
+  for (const LayerPlan& l : plan.layers)
+    if (l.ffn == FfnKind::RoutedMoE && l.moe_slot == mi + 1) {
+      const DLayer& d = L[size_t(l.index)];
+      return prefetches(d) ? &d : nullptr;
+    }
+  return nullptr;
+}
+
+unsigned CudaModel::Impl::prefetch_copy(const DLayer& d, int mi) {
   const bool in_kernels = opts.decode.prefetch_kernel_wait || prefetch_all;
   const unsigned seq = ++pf_seq;
+  const int pbase = prefetch_next ? (mi % 2) * (kPrefetchMax / 2) : 0;
   int n = 0;
-  if (prefetch_n > 0) {
+  if (prefetch_n > 0 && prefetch_next && mi > 0) {
+    n = pf_next_n;  // issued after the previous MoE layer's copies (prefetch_rest)
+    pf_next_n = 0;
+  } else if (prefetch_n > 0) {
     // The mixer is enqueued behind the pick: the device stays busy while the
     // host waits here and issues the copies.
     CK(cudaEventSynchronize(pf_picked));
-    if (in_kernels) *pf_seq_host = seq;  // the previous layer's flag copies are done (the pick waited for them)
     for (int p = 0; p < prefetch_n; ++p) {
       const void* g = pf_pick->gu[p];
       const void* dn = pf_pick->dn[p];
       if (!g || !dn) continue;
-      uint8_t* to = pf_stage + size_t(p) * (pf_gu + pf_dn);
+      uint8_t* to = pf_stage + size_t(pbase + p) * (pf_gu + pf_dn);
       CK(cudaMemcpyAsync(to, g, pf_gu, cudaMemcpyDefault, pf_stream));
       CK(cudaMemcpyAsync(to + pf_gu, dn, pf_dn, cudaMemcpyDefault, pf_stream));
-      if (in_kernels) flag_copied(p, seq);
+      if (in_kernels) flag_copied(pbase + p, seq);
       ++n;
     }
-  }
-  if (n > 0) {
-    pf_copies += uint64_t(n);
-    CK(cudaEventRecord(pf_copied, pf_stream));
-    if (in_kernels) {
-      pf_outstanding = true;  // the next pick waits for them
-    } else {
-      CK(cudaStreamWaitEvent(stream, pf_copied, 0));
-      pdl_next = false;  // after the wait: a full dependency
+    if (n > 0) {
+      pf_copies += uint64_t(n);
+      CK(cudaEventRecord(pf_copied, pf_stream));
+      if (in_kernels) {
+        pf_outstanding = true;  // the next pick waits for them
+      } else {
+        CK(cudaStreamWaitEvent(stream, pf_copied, 0));
+        pdl_next = false;  // after the wait: a full dependency
+      }
     }
-  } else if (!prefetch_all) {
-    return 0;
   }
-  go(stage_sel_kernel, 1, 32, 0, sel, int(c.num_experts_per_tok), static_cast<const void* const*>(pf_src), n > 0 ? prefetch_n : 0,
-     pf_stage, pf_gu, pf_dn, pf_used, in_kernels ? pf_slot : nullptr, static_cast<const int*>(eids), d.tc.tier,
-     prefetch_all ? pf_rest_dev : nullptr);
+  if (n == 0 && !prefetch_all) return 0;
+  go(stage_sel_kernel, 1, 32, 0, sel, int(c.num_experts_per_tok), static_cast<const void* const*>(pf_src),
+     n > 0 ? prefetch_n : 0, pbase, pf_stage, pf_gu, pf_dn, pf_used, in_kernels ? pf_slot : nullptr,
+     static_cast<const int*>(eids), d.tc.tier, prefetch_all ? pf_rest_dev : nullptr);
   mark(K_EXPERTS);
+  // prefetch_next: the next MoE layer's pick, from this layer's residual
+  // before its experts (stage_sel_kernel has read this layer's sources).
+  pf_has_next = false;
+  if (prefetch_next && prefetch_n > 0)
+    if (const DLayer* nd = next_moe(mi)) {
+      prefetch_pick(*nd);
+      pf_has_next = true;
+    }
   if (prefetch_all) CK(cudaEventRecord(pf_staged, stream));
   return seq;
 }
 
-void CudaModel::Impl::prefetch_rest(unsigned seq) {
+void CudaModel::Impl::prefetch_rest(unsigned seq, int mi) {
   // The expert kernels are enqueued: their blocks of a listed slot wait for its flag.
   CK(cudaEventSynchronize(pf_staged));
-  *pf_seq_host = seq;  // the previous layer's flags are written (its expert kernels waited for them)
   int n = 0;
   for (int j = 0; j < int(c.num_experts_per_tok); ++j) {
     const void* g = pf_rest->gu[j];
@@ -719,8 +741,28 @@ void CudaModel::Impl::prefetch_rest(unsigned seq) {
     flag_copied(kPrefetchMax + j, seq);
     ++n;
   }
-  if (n == 0) return;
   pf_rest_copies += uint64_t(n);
+  if (pf_has_next) {
+    // The next MoE layer's copies ahead, behind this layer's: into the other
+    // parity's staging slots, last read two MoE layers back (done: this
+    // layer's router followed them); flagged with the next layer's number.
+    const int nb = ((mi + 1) % 2) * (kPrefetchMax / 2);
+    int m = 0;
+    for (int p = 0; p < prefetch_n; ++p) {
+      const void* g = pf_pick->gu[p];
+      const void* dn = pf_pick->dn[p];
+      if (!g || !dn) continue;
+      uint8_t* to = pf_stage + size_t(nb + p) * (pf_gu + pf_dn);
+      CK(cudaMemcpyAsync(to, g, pf_gu, cudaMemcpyDefault, pf_stream));
+      CK(cudaMemcpyAsync(to + pf_gu, dn, pf_dn, cudaMemcpyDefault, pf_stream));
+      flag_copied(nb + p, seq + 1);
+      ++m;
+    }
+    pf_next_n = m;
+    pf_copies += uint64_t(m);
+    n += m;
+  }
+  if (n == 0) return;
   CK(cudaEventRecord(pf_copied, pf_stream));
   pf_outstanding = true;
 }
@@ -733,7 +775,11 @@ void CudaModel::Impl::flag_copied(int p, unsigned seq) {
     if (r != CUDA_SUCCESS) fail("cuStreamWriteValue32 failed (" + std::to_string(int(r)) + ")");
     return;
   }
-  CK(cudaMemcpyAsync(pf_flag + p, pf_seq_host, 4, cudaMemcpyHostToDevice, pf_stream));
+  // A ring of values in pinned memory: a copy reads its value when it runs,
+  // at most a few layers after it was issued.
+  unsigned* v = pf_seq_host + seq % kSeqRing;
+  *v = seq;
+  CK(cudaMemcpyAsync(pf_flag + p, v, 4, cudaMemcpyHostToDevice, pf_stream));
 }
 
 void CudaModel::Impl::disk_fetch(int mi) {

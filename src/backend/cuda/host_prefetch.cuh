@@ -47,6 +47,9 @@ constexpr int kPrefetchMax = 8;
 // router (DecodeOptions::prefetch_all).
 constexpr int kRestMax = 32;
 constexpr int kStageSlots = kPrefetchMax + kRestMax;
+// Flag values in pinned memory for the 4-byte copies that write the flags
+// where the driver has no cuStreamWriteValue32 (a ring indexed by sequence number).
+constexpr int kSeqRing = 1024;
 
 // What stage_sel_kernel leaves for the host (pinned, device-mapped memory)
 // after the router: per routed slot j, the sources of a chosen host-tier
@@ -132,15 +135,15 @@ __global__ void __launch_bounds__(kThreads) predict_pick_kernel(const T* __restr
 }
 
 // Each chosen expert (sel[j], sel[k + j]) that is one of the n copied ones
-// reads its staged copy; used counts them; slot (non-null: the expert
+// reads its staged copy (staging slot pbase + p); used counts them; slot (non-null: the expert
 // kernels wait for the copies themselves) gets the staging slot of each
 // routed slot, -1 where it reads no copy. rest (non-null, with slot): every
 // other chosen expert in host memory (tier[ids[j]] == 1) is to be copied by
 // the host after this kernel into staging slot kPrefetchMax + j, which it
 // then reads; its sources go to rest (null where nothing is to copy). One warp.
-static __global__ void stage_sel_kernel(const void** sel, int k, const void* const* src, int n, uint8_t* stage,
-                                        size_t gu_bytes, size_t dn_bytes, unsigned long long* used, int* slot,
-                                        const int* ids, const int* tier, PrefetchRest* rest) {
+static __global__ void stage_sel_kernel(const void** sel, int k, const void* const* src, int n, int pbase,
+                                        uint8_t* stage, size_t gu_bytes, size_t dn_bytes, unsigned long long* used,
+                                        int* slot, const int* ids, const int* tier, PrefetchRest* rest) {
   pdl_wait();
   pdl_trigger();
   const int j = threadIdx.x;
@@ -149,7 +152,7 @@ static __global__ void stage_sel_kernel(const void** sel, int k, const void* con
   int hit = -1;
   for (int p = 0; p < n; ++p)
     if (src[p] && g == src[p]) {
-      hit = p;
+      hit = pbase + p;
       atomicAdd(used, 1ull);
       break;
     }

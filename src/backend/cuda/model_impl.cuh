@@ -141,6 +141,15 @@ struct CudaModel::Impl : Launcher {
   cudaEvent_t pf_staged = nullptr;
   uint64_t pf_rest_copies = 0;
   void* write_value32 = nullptr;
+  // DecodeOptions::prefetch_next (with prefetch_all): the copies ahead of a
+  // MoE layer predicted at the previous MoE layer's router (its router
+  // applied to that layer's residual before its experts) and copied right
+  // after that layer's own copies, into the staging slots of the other
+  // parity (moe index % 2: slots 0.. or kPrefetchMax / 2..); pf_next_n: how
+  // many were issued for the coming layer.
+  bool prefetch_next = false;
+  int pf_next_n = 0;
+  bool pf_has_next = false;  // the current layer's prefetch_copy enqueued the next one's pick
   std::vector<int64_t> disk_layers;  // model layer of each MoE layer (the loader's store requests)
   // Profiling (cuda_profile_decode): an event after each launch, with its kernel class.
   bool profiling = false;
@@ -244,16 +253,18 @@ struct CudaModel::Impl : Launcher {
   bool prefetches(const DLayer& d) const;
   void prefetch_pick(const DLayer& d);
   // Returns the layer's sequence number (0: nothing copied).
-  unsigned prefetch_copy(const DLayer& d);
+  unsigned prefetch_copy(const DLayer& d, int mi);
+  // The DLayer of MoE layer mi + 1 when its experts are copied ahead, else null.
+  const DLayer* next_moe(int mi) const;
   // prefetch_all, after the layer's expert kernels are enqueued: waits for
   // stage_sel_kernel's list and copies the chosen host-tier experts on it.
-  void prefetch_rest(unsigned seq);
+  void prefetch_rest(unsigned seq, int mi);
   // On the copy stream, after the copies into staging slot p: its flag = seq.
   void flag_copied(int p, unsigned seq);
   // Turns the copies ahead on (n experts per MoE layer) or off (0), and
   // (all) the copies of the other chosen host-tier experts after the router;
   // the decode step then runs as plain launches (upload.cu).
-  void set_prefetch(int n, bool all = false);
+  void set_prefetch(int n, bool all = false, bool next = false);
   // Disk tier, after the routing of MoE layer mi: the chosen experts
   // resident (read from disk where needed) before its expert kernels.
   void disk_fetch(int mi);

@@ -384,8 +384,9 @@ void CudaModel::Impl::init_common() {
   if (opts.decode.host_prefetch > 0) set_prefetch(opts.decode.host_prefetch);
 }
 
-void CudaModel::Impl::set_prefetch(int n, bool all) {
-  n = std::clamp(n, 0, kPrefetchMax);
+void CudaModel::Impl::set_prefetch(int n, bool all, bool next) {
+  n = std::clamp(n, 0, next ? kPrefetchMax / 2 : kPrefetchMax);
+  if (!all) next = false;
   if (pf_stream) CK(cudaStreamSynchronize(pf_stream));
   pf_outstanding = false;
   if (!tiers || disk) n = 0, all = false;  // no host tier to copy from (the disk tier reads its experts between router and kernels)
@@ -413,8 +414,7 @@ void CudaModel::Impl::set_prefetch(int n, bool all) {
     pf_flag = static_cast<unsigned*>(alloc(kStageSlots * 4, "prefetch flags"));
     pf_slot = static_cast<int*>(alloc(size_t(std::max(1, k)) * 4, "prefetch slots"));
     CK(cudaMemset(pf_flag, 0, kStageSlots * 4));
-    CK(cudaMallocHost(&pf_seq_host, 4));
-    *pf_seq_host = 0;
+    CK(cudaMallocHost(&pf_seq_host, kSeqRing * sizeof(unsigned)));
     CK(cudaMemset(pf_done, 0, 4));
     CK(cudaMemset(pf_used, 0, 8));
     auto mapped = [](size_t bytes, void** dev) {
@@ -443,6 +443,8 @@ void CudaModel::Impl::set_prefetch(int n, bool all) {
   }
   prefetch_n = n;
   prefetch_all = all;
+  prefetch_next = next;
+  pf_next_n = 0;
 }
 
 // Folds each MoE layer's router into its output projection's launch where
