@@ -7,6 +7,9 @@
 #       copy engine during the mixer, then every other chosen host-tier
 #       expert copied after the router; the expert kernels read all host-tier
 #       experts from VRAM staging, each slot's blocks waiting for its copy
+#   Nn  as Na, but the N copies ahead predicted at the previous MoE layer's
+#       router (its router applied to that layer's residual) and queued right
+#       behind that layer's copies: no gap on the link between two layers
 #   0a  no prediction: every chosen host-tier expert copied after the router
 # Steps:
 #   1. the tier tests (bitwise logits with the copies: predictions as made,
@@ -37,21 +40,21 @@ grep -E "^\[  (FAILED|PASSED|     OK) |\[cuda-tiers\]|Failure|Expected|Which is"
 [ $rc = 0 ] && echo "PASS tests" || echo "FAIL tests (rc $rc; 124: the time limit)"
 B="./build/flashmoe bench --device cuda --synthetic qwen3.5-397b-a17b --experts q4 --stats"
 summary() {  # the lines that matter of a bench log
-  grep -E "^\| (pp|tg)|choices served|copied|link|round trip|built in|^\| [a-z_ -]+ \| [0-9]" "$1"
+  grep -E "^\| (pp|tg)|choices served|copied|link|round trip|built in|per-kernel|^\| [^|]+ \| [0-9.]+ \| [0-9]+ \||^\| total" "$1"
 }
 table() {  # one line per variant: tokens/s and the fraction of the link bound
-  awk '/copied ahead per MoE layer:/ { n = $8; if (/kernels wait for the copies they read\)$/) n = n "k"; if (/after the router/) n = n "a" }
+  awk '/copied ahead per MoE layer:/ { n = $8; if (/previous MoE layer/) n = n "n"; else if (/after the router/) n = n "a"; else if (/kernels wait/) n = n "k" }
        /^\| tg/ { split($0, f, "|"); split(f[3], v, " "); t = v[1] }
        /of the link bound/ { sub(/.*tg at /, ""); printf "  %s, N=%s: tg %s tokens/s, %s\n", L, n, t, $0 }' L="$2" "$1"
 }
-AB10=${AB10:-0,1a,0a,0}
+AB10=${AB10:-0,1a,1n,0a,0}
 log "10 layers, 273 of 512 in VRAM, tg64, N = $AB10"
 timeout 40 $B --layers 10 --gpu-expert-cache 53.5% -p 0 -n 64 -r 1 --host-prefetch "$AB10" > "$D/ab10.txt" 2>&1
 rc=$?
 summary "$D/ab10.txt"
 table "$D/ab10.txt" "10 layers"
 [ $rc = 0 ] && echo "PASS 10 layers" || { tail -5 "$D/ab10.txt"; echo "FAIL 10 layers (rc $rc)"; }
-AB60=${AB60:-0,1a,0a,2a,0}
+AB60=${AB60:-0,1a,1n,2n,0}
 log "60 layers, K = 10, tg64, N = $AB60, then the profile (N = 0)"
 timeout "$(left)" $B -p 0 -n 64 -r 1 --host-prefetch "$AB60" --profile 4 > "$D/bench60.txt" 2>&1
 rc=$?
