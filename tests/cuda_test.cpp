@@ -370,15 +370,16 @@ TEST(CudaTiers, SyntheticExpertsGeneratedWhereTheyLive) {
   EXPECT_EQ(t.staged_layers, 4u);  // the prompt (40 x 8 choices >= 256 experts): each MoE layer once
 }
 
-// Host-tier experts copied ahead by the copy engine (DecodeOptions::
-// host_prefetch, host_prefetch.cuh): each MoE layer's decode step copies the
-// host-tier experts its input predicts to VRAM during the mixer; a chosen
-// expert that was copied is read from the copy, the others over the link.
-// The logits and greedy ids stay bitwise those of the all-in-VRAM model:
-// switched on a loaded tiered model (the predictions as made: most copies
-// read), and with the predictions forced wrong (the lowest-ranked host
-// experts copied: the chosen ones come over the link); the step waiting for
-// the copies, or the expert kernels waiting for those they read.
+// Host-tier experts by the copy engine (host_prefetch.cuh; on by default for
+// a host tier of q4 experts): every chosen host-tier expert is copied to
+// VRAM staging, a few ahead of the router from a prediction (the step's
+// first MoE layer from its input, the others at the previous MoE layer's
+// router, or each from its own input), the others after the router; the
+// expert kernels read the copies. The logits and greedy ids stay bitwise
+// those of the all-in-VRAM model and of the zero-copy kernels, with the
+// predictions as made (most copies ahead read) and forced wrong (the
+// lowest-ranked host experts copied ahead: every chosen one copied after
+// the router); every host-tier choice of a decode step reads a copy.
 TEST(CudaTiers, ExpertsCopiedAheadGiveTheSameLogits) {
   REQUIRE_GPU();
   ModelConfig c = model_preset("qwen3.5-35b-a3b");
@@ -391,13 +392,13 @@ TEST(CudaTiers, ExpertsCopiedAheadGiveTheSameLogits) {
   for (int i = 0; i < 12; ++i) ids.push_back(int32_t((i * 7919 + 13) % c.vocab_size));
   const int64_t V = c.vocab_size;
   constexpr int kSteps = 16;
-  // The prompt, kSteps greedy decode steps, then one more token's logits (a decode step).
-  // after_prompt: the prompt's choices left out of the counts (decode steps only).
-  auto run = [&](CudaModel& m, std::vector<int32_t>* greedy, std::vector<float>* logits, bool after_prompt = false) {
+  // The prompt, kSteps greedy decode steps, then one more token's logits (a
+  // decode step); the counters cover the decode steps only.
+  auto run = [&](CudaModel& m, std::vector<int32_t>* greedy, std::vector<float>* logits) {
     auto st = m.new_state(KvConfig{});
     std::vector<float> l(static_cast<size_t>(V));
     m.forward(*st, ids.data(), int64_t(ids.size()), LogitsMode::Last, l.data());
-    if (after_prompt) m.reset_tier_stats();
+    m.reset_tier_stats();
     greedy->assign(kSteps, 0);
     m.decode_greedy(*st, ids.back(), kSteps, greedy->data());
     logits->assign(static_cast<size_t>(V), 0.0f);
@@ -410,83 +411,51 @@ TEST(CudaTiers, ExpertsCopiedAheadGiveTheSameLogits) {
     run(*full, &want_ids, &want);
   }
   const uint64_t layer_steps = uint64_t(kSteps + 1) * 4;  // decode steps x MoE layers
+  // Bitwise the all-in-VRAM model; n copies ahead per layer, every host-tier choice read from a copy.
+  auto check = [&](CudaModel& m, unsigned n, const char* what, bool wrong) {
+    run(m, &got_ids, &got);
+    EXPECT_EQ(got_ids, want_ids) << what;
+    EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f) << what;
+    const CudaTierStats t = m.tier_stats();
+    EXPECT_EQ(t.prefetched, layer_steps * n) << what;
+    EXPECT_GT(t.host_hits, 0u) << what;
+    EXPECT_EQ(t.prefetch_used + t.copied_after, t.host_hits) << what;
+    if (n > 0 && !wrong) {
+      EXPECT_GT(t.prefetch_used, 0u) << what;
+    }
+    if (wrong) {
+      EXPECT_LT(t.prefetch_used * 10, t.prefetched) << what;  // the lowest-ranked are (nearly) never chosen
+    }
+    std::printf("[cuda-tiers] %s: copied ahead %llu, read from the copy %llu, copied after the router %llu; host "
+                "choices %llu\n",
+                what, (unsigned long long)t.prefetched, (unsigned long long)t.prefetch_used,
+                (unsigned long long)t.copied_after, (unsigned long long)t.host_hits);
+  };
   {
     CudaOptions o;
     o.plan_vram_slots = 100;  // of 256
     auto tiered = cuda_synthetic_model(c, 7, o, q4);
+    check(*tiered, 1, "as loaded (1 ahead, at the previous router)", false);
+    ASSERT_FALSE(cuda_set_host_copies(*tiered, false));  // the zero-copy kernels
     run(*tiered, &got_ids, &got);
     EXPECT_EQ(got_ids, want_ids);
     EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f);
-    EXPECT_EQ(tiered->tier_stats().prefetched, 0u);
-    ASSERT_EQ(cuda_set_host_prefetch(*tiered, 3), 3);
-    tiered->reset_tier_stats();
-    run(*tiered, &got_ids, &got);
-    EXPECT_EQ(got_ids, want_ids);
-    EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f);
-    const CudaTierStats t = tiered->tier_stats();
-    EXPECT_EQ(t.prefetched, layer_steps * 3u);
-    EXPECT_GT(t.prefetch_used, 0u);
-    EXPECT_LE(t.prefetch_used, t.prefetched);
-    EXPECT_GT(t.host_hits, t.prefetch_used);  // some chosen host experts were not copied: read over the link
-    std::printf("[cuda-tiers] copied ahead %llu, read from the copy %llu; host choices %llu\n",
-                (unsigned long long)t.prefetched, (unsigned long long)t.prefetch_used,
-                (unsigned long long)t.host_hits);
-    // The expert kernels waiting for the copies they read (flags), not the step for all.
-    ASSERT_EQ(cuda_set_host_prefetch(*tiered, 3, true), 3);
-    tiered->reset_tier_stats();
-    run(*tiered, &got_ids, &got);
-    EXPECT_EQ(got_ids, want_ids);
-    EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f);
-    const CudaTierStats tk = tiered->tier_stats();
-    EXPECT_EQ(tk.prefetched, layer_steps * 3u);
-    EXPECT_GT(tk.prefetch_used, 0u);
-    // Every chosen host-tier expert read from VRAM: copied ahead (N = 1, 3)
-    // or, the others, after the router (N = 0: all of them).
-    // next: the copies ahead predicted at the previous MoE layer's router.
-    for (auto [n, next] : {std::pair{1, false}, {0, false}, {3, false}, {1, true}, {2, true}}) {
-      ASSERT_EQ(cuda_set_host_prefetch(*tiered, n, false, true, next), n);
-      run(*tiered, &got_ids, &got, true);
-      EXPECT_EQ(got_ids, want_ids) << n << next;
-      EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f) << n << next;
-      const CudaTierStats ta = tiered->tier_stats();
-      EXPECT_EQ(ta.prefetched, layer_steps * unsigned(n)) << n << next;
-      EXPECT_GT(ta.copied_after, 0u) << n << next;
-      EXPECT_EQ(ta.prefetch_used + ta.copied_after, ta.host_hits) << n << next;
-      std::printf("[cuda-tiers] N = %d%s + the rest after the router: copied ahead %llu, read from the copy %llu, "
-                  "copied after %llu; host choices %llu\n",
-                  n, next ? " (predicted a layer earlier)" : "", (unsigned long long)ta.prefetched, (unsigned long long)ta.prefetch_used,
-                  (unsigned long long)ta.copied_after, (unsigned long long)ta.host_hits);
-    }
+    EXPECT_EQ(tiered->tier_stats().prefetched + tiered->tier_stats().copied_after, 0u);
+    ASSERT_TRUE(cuda_set_host_copies(*tiered, true, 0));
+    check(*tiered, 0, "none ahead", false);
+    ASSERT_TRUE(cuda_set_host_copies(*tiered, true, 3, false));
+    check(*tiered, 3, "3 ahead, each from its input", false);
+    ASSERT_TRUE(cuda_set_host_copies(*tiered, true, 2, true));
+    check(*tiered, 2, "2 ahead, at the previous router", false);
   }
   {
     CudaOptions o;
     o.plan_vram_slots = 100;
-    o.decode.host_prefetch = 3;
     o.decode.prefetch_mispredict = true;
     auto wrong = cuda_synthetic_model(c, 7, o, q4);
-    run(*wrong, &got_ids, &got);
-    EXPECT_EQ(got_ids, want_ids);
-    EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f);
-    const CudaTierStats t = wrong->tier_stats();
-    EXPECT_EQ(t.prefetched, layer_steps * 3u);
-    EXPECT_LT(t.prefetch_used * 10, t.prefetched);  // the lowest-ranked experts are (nearly) never chosen
-    EXPECT_GT(t.host_hits, 0u);
-    std::printf("[cuda-tiers] forced wrong: copied ahead %llu, read from the copy %llu; host choices %llu\n",
-                (unsigned long long)t.prefetched, (unsigned long long)t.prefetch_used,
-                (unsigned long long)t.host_hits);
-    ASSERT_EQ(cuda_set_host_prefetch(*wrong, 3, true), 3);
-    run(*wrong, &got_ids, &got);
-    EXPECT_EQ(got_ids, want_ids);
-    EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f);
-    for (bool next : {false, true}) {  // wrong copies ahead, the rest after the router
-      ASSERT_EQ(cuda_set_host_prefetch(*wrong, 2, false, true, next), 2);
-      run(*wrong, &got_ids, &got, true);
-      EXPECT_EQ(got_ids, want_ids) << next;
-      EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f) << next;
-      const CudaTierStats ta = wrong->tier_stats();
-      EXPECT_EQ(ta.prefetch_used + ta.copied_after, ta.host_hits) << next;
-      EXPECT_GT(ta.copied_after * 2, ta.host_hits) << next;
-    }
+    check(*wrong, 1, "forced wrong, 1 ahead at the previous router", true);
+    ASSERT_TRUE(cuda_set_host_copies(*wrong, true, 2, false));
+    check(*wrong, 2, "forced wrong, 2 ahead from the input", true);
   }
 }
 

@@ -56,14 +56,15 @@ TEST(BenchCli, BatchReportsAggregateAndTheExpertUnionRoofline) {
   EXPECT_NE(r.out.find("roofline 3 x"), std::string::npos) << r.out;
 }
 
-// bench --host-prefetch: the copies ahead need a GPU's host tier of q4/q8
-// experts; the values and the single-sequence test are checked.
-TEST(BenchCli, HostPrefetchIsCheckedAndNeedsAHostTier) {
+// bench --host-copies: the copy engine's path needs a GPU's host tier of
+// q4/q8 experts; the values and the single-sequence test are checked.
+TEST(BenchCli, HostCopiesAreCheckedAndNeedAHostTier) {
   const std::pair<const char*, const char*> cases[] = {
-      {" --device cpu -p 0 -n 2 -r 1 --host-prefetch 1", "no host tier of q4/q8 experts"},
-      {" --device cpu -p 0 -n 2 -r 1 --host-prefetch 9", "expected N, Nk, Na (N 0-8) or Nn (N 0-4), got '9'"},
-      {" --device cpu -p 0 -n 2 -r 1 --host-prefetch 1x", "expected N, Nk, Na (N 0-8) or Nn (N 0-4), got '1x'"},
-      {" --device cpu -p 0 -n 2 -r 1 --batch 2 --host-prefetch 1", "--host-prefetch is for the single-sequence"},
+      {" --device cpu -p 0 -n 2 -r 1 --host-copies 1", "no host tier of q4/q8 experts"},
+      {" --device cpu -p 0 -n 2 -r 1 --host-copies off", "no host tier of q4/q8 experts"},
+      {" --device cpu -p 0 -n 2 -r 1 --host-copies 5", "expected off, N or Na with N 0-4, got '5'"},
+      {" --device cpu -p 0 -n 2 -r 1 --host-copies 1x", "expected off, N or Na with N 0-4, got '1x'"},
+      {" --device cpu -p 0 -n 2 -r 1 --batch 2 --host-copies 1", "--host-copies is for the single-sequence"},
   };
   for (const auto& [args, want] : cases) {
     const CmdResult r = run_flashmoe("bench -m " + kModel + args);

@@ -80,7 +80,7 @@ void run_batch_tg(const ModelOptions& opt, const Backend& b, int tg, int depth, 
 // through Backend::greedy (on a GPU: CUDA-graph replays, no host round trip
 // per token), then what decode achieves of the weight memory's bandwidth.
 void run_bench(const ModelOptions& opt, const Backend& b, const std::string& what, int pp, int tg, int depth,
-               int reps, bool no_graph, int profile_steps, int batch, const std::vector<std::string>& prefetch) {
+               int reps, bool no_graph, int profile_steps, int batch, const std::vector<std::string>& host_copies) {
   ThreadPool pool(opt.threads);
   set_decode_graph(b, !no_graph);
   const ModelConfig& c = b.config();
@@ -112,26 +112,24 @@ void run_bench(const ModelOptions& opt, const Backend& b, const std::string& wha
   if (tg > 0 && batch > 1) {
     run_batch_tg(opt, b, tg, depth, reps, batch);
   } else if (tg > 0) {
-    // Without --host-prefetch one run as the model was built; with it one per
+    // Without --host-copies one run as the model was built; with it one per
     // value, on the same model, side by side.
-    const std::vector<std::string> variants = prefetch.empty() ? std::vector<std::string>{""} : prefetch;
+    const std::vector<std::string> variants = host_copies.empty() ? std::vector<std::string>{""} : host_copies;
     for (size_t vi = 0; vi < variants.size(); ++vi) {
       if (!variants[vi].empty()) {
-        const int pf = variants[vi][0] - '0';
-        const bool kw = variants[vi].size() == 2 && variants[vi][1] == 'k';
-        const bool next = variants[vi].size() == 2 && variants[vi][1] == 'n';
-        const bool all = next || (variants[vi].size() == 2 && variants[vi][1] == 'a');
-        if (!set_host_prefetch(b, pf, kw, all, next))
-          fail("bench --host-prefetch: the model has no host tier of q4/q8 experts to copy ahead (a GPU, q4/q8 "
-               "experts and --gpu-expert-cache below what they need)");
-        std::printf("host-tier experts copied ahead per MoE layer: %d%s\n", pf,
-                    next      ? " (copy engine, predicted at the previous MoE layer's router; then every other chosen "
-                                "host-tier expert after the router; the expert kernels wait for the copies they read)"
-                    : all     ? " (copy engine, during the mixer; then every other chosen host-tier expert after the "
-                                "router; the expert kernels wait for the copies they read)"
-                    : pf == 0 ? " (off)"
-                    : kw      ? " (copy engine, during the mixer; the expert kernels wait for the copies they read)"
-                              : " (copy engine, during the mixer; the step waits for the copies)");
+        // off | N | Na (--host-copies below)
+        const std::string& v = variants[vi];
+        const bool on = v != "off";
+        const int n = on ? v[0] - '0' : 0;
+        const bool next = on && v.size() == 1;
+        if (!set_host_copies(b, on, n, next))
+          fail("bench --host-copies: the model has no host tier of q4/q8 experts (a GPU, q4/q8 experts and "
+               "--gpu-expert-cache below what they need)");
+        if (!on)
+          std::printf("host-tier experts: zero-copy expert kernels (the decode graph)\n");
+        else
+          std::printf("host-tier experts: copy engine, %d copied ahead per MoE layer (%s)\n", n,
+                      next ? "predicted at the previous MoE layer's router" : "predicted from the layer's input");
       }
       std::vector<double> rate;
       std::vector<int32_t> out(static_cast<size_t>(tg)), ctx(static_cast<size_t>(depth));
@@ -292,7 +290,7 @@ Registrar reg_bench(40, [](CLI::App& app) {
   auto weights = std::make_shared<std::string>("bf16");
   auto bandwidth = std::make_shared<bool>(false);
   auto batch = std::make_shared<int>(1);
-  auto prefetch = std::make_shared<std::vector<std::string>>();
+  auto host_copies = std::make_shared<std::vector<std::string>>();
   add_model_options(cmd, opt.get(), /*require_model=*/false);
   cmd->add_option("-p,--n-prompt", *pp, "Prompt tokens for the pp test (0: skip)")->check(integer_between(0, 1000000));
   cmd->add_option("-n,--n-gen", *tg, "Generated tokens for the tg test (0: skip)")->check(integer_between(0, 1000000));
@@ -322,26 +320,26 @@ Registrar reg_bench(40, [](CLI::App& app) {
                   "The tg test with B independent sequences decoding together (one batched forward pass per step): "
                   "aggregate and per-sequence tokens/s, and the roofline of the bytes a step reads (default 1)")
       ->check(integer_between(1, 4096));
-  cmd->add_option("--host-prefetch", *prefetch,
-                  "On the GPU with tiered q4/q8 experts: the tg test once per value N (comma-separated, 0-8) on the "
-                  "same model, each MoE layer copying the N host-tier experts its input predicts to VRAM by the copy "
-                  "engine during its mixer (0: off); Nk: the expert kernels wait for the copies they read, not the "
-                  "step for all of them; Na: also every other chosen host-tier expert copied after the router; Nn: as Na, N (0-4) predicted at the previous MoE layer's router")
+  cmd->add_option("--host-copies", *host_copies,
+                  "On the GPU with a host tier of q4/q8 experts: the tg test once per value (comma-separated) on the "
+                  "same model: off (the expert kernels read host-tier experts over the link, zero-copy), N (the copy "
+                  "engine copies every chosen host-tier expert to VRAM, N of them (0-4) ahead of the router, "
+                  "predicted at the previous MoE layer's router; the default is 1) or Na (the same, predicted from "
+                  "the layer's input)")
       ->delimiter(',')
       ->check(CLI::Validator(
           [](const std::string& v) {
-            const bool ok =
-                (v.size() == 1 || (v.size() == 2 && (v[1] == 'k' || v[1] == 'a' || (v[1] == 'n' && v[0] <= '4')))) && v[0] >= '0' &&
-                v[0] <= '8';
-            return ok ? std::string() : "expected N, Nk, Na (N 0-8) or Nn (N 0-4), got '" + v + "'";
+            const bool ok = v == "off" || ((v.size() == 1 || (v.size() == 2 && v[1] == 'a')) && v[0] >= '0' &&
+                                           v[0] <= '4');
+            return ok ? std::string() : "expected off, N or Na with N 0-4, got '" + v + "'";
           },
-          "N[k|a|n]"));
+          "off|N|Na"));
   cmd->add_flag("--no-graph", *no_graph, "On the GPU: plain kernel launches instead of a CUDA graph");
   cmd->add_option("--profile", *profile, "On the GPU: time each kernel class over N decode steps, and each phase of the batched prefill and of the batched decode steps of --batch (printed when the model is released)")
       ->check(integer_between(0, 2147483647));
   // Every option's storage is captured: the callback runs after this function returned.
   cmd->callback([opt, pp, tg, depth, reps, synthetic, layers, no_graph, profile, experts, group, bandwidth, batch, ex, gr,
-                 bw, ly, weights, wt, prefetch] {
+                 bw, ly, weights, wt, host_copies] {
     finalize_model_options(opt.get());
     if (bw->count()) {
       if (!opt->model_dir.empty() || !synthetic->empty())
@@ -350,8 +348,8 @@ Registrar reg_bench(40, [](CLI::App& app) {
       return;
     }
     opt->device.gpu.prefill_profile = *profile > 0;
-    if (!prefetch->empty() && *batch > 1)
-      fail("bench: --host-prefetch is for the single-sequence tg test, not --batch");
+    if (!host_copies->empty() && *batch > 1)
+      fail("bench: --host-copies is for the single-sequence tg test, not --batch");
     if (opt->model_dir.empty() == synthetic->empty())
       fail(synthetic->empty() ? "bench: give a model with -m/--model, or --synthetic, or --bandwidth"
                               : "bench: give either -m/--model or --synthetic, not both");
@@ -376,7 +374,7 @@ Registrar reg_bench(40, [](CLI::App& app) {
           std::fprintf(stderr, "; VRAM free after it: %.1f of %.1f GB", double(fr) / 1e9, double(tot) / 1e9);
         std::fprintf(stderr, "\n");
       }
-      run_bench(*opt, *b, what, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch, *prefetch);
+      run_bench(*opt, *b, what, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch, *host_copies);
       return;
     }
     if (ex->count() || gr->count() || wt->count())
@@ -384,7 +382,7 @@ Registrar reg_bench(40, [](CLI::App& app) {
            "stored or packed in)");
     if (ly->count()) fail("bench: --layers is for --synthetic (a model from -m runs all its layers)");
     std::unique_ptr<Backend> b = load_model(*opt);
-    run_bench(*opt, *b, opt->model_dir, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch, *prefetch);
+    run_bench(*opt, *b, opt->model_dir, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch, *host_copies);
     // The measured runs' expert reads (the counters restart after the warm-up run).
     print_expert_stats(*opt, *b, "measured runs:");
   });

@@ -161,10 +161,10 @@ std::string host_link_rates(const Backend& b) {
   return c ? cuda_link_rates(c->device_for_bench()) : std::string();
 }
 
-bool set_host_prefetch(const Backend& b, int n, bool kernel_wait, bool all, bool next) {
+bool set_host_copies(const Backend& b, bool on, int n, bool next) {
   const CudaBackend* c = as_cuda(b);
-  if (!c || !c->tier_stats().enabled) return n == 0 && !all;
-  return cuda_set_host_prefetch(c->device_for_bench(), n, kernel_wait, all, next) == n;
+  if (!c || !c->tier_stats().enabled) return false;
+  return cuda_set_host_copies(c->device_for_bench(), on, n, next) == on;
 }
 
 bool gpu_memory_info(int64_t* free_bytes, int64_t* total_bytes) {

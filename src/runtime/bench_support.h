@@ -48,10 +48,11 @@ double host_link_gbps(const Backend& b);
 // zero-copy read kernel, and a host round trip (cuda_link_rates); empty
 // elsewhere.
 std::string host_link_rates(const Backend& b);
-// Host-tier experts copied ahead, n per MoE layer (0: off), the expert
-// kernels waiting for the copies themselves (kernel_wait) or the step
-// before them; false where the backend has no host tier of q4/q8 experts.
-bool set_host_prefetch(const Backend& b, int n, bool kernel_wait, bool all = false, bool next = false);
+// The GPU's host-tier experts by the copy engine (on: n copies ahead per
+// MoE layer, next: predicted at the previous MoE layer's router) or by the
+// zero-copy expert kernels (off); false where the backend has no host tier
+// of q4/q8 experts.
+bool set_host_copies(const Backend& b, bool on, int n, bool next);
 
 // Free and total GPU memory (cudaMemGetInfo); false without a usable GPU.
 bool gpu_memory_info(int64_t* free_bytes, int64_t* total_bytes);

@@ -431,13 +431,12 @@ std::string cuda_link_rates(const CudaModel& model) {
   return out;
 }
 
-int cuda_set_host_prefetch(CudaModel& model, int n, bool kernel_wait, bool all, bool next) {
+bool cuda_set_host_copies(CudaModel& model, bool on, int n, bool next) {
   CudaModel::Impl& m = CudaModelAccess::impl(model);
   CK(cudaSetDevice(m.dev));
   CK(cudaStreamSynchronize(m.stream));
-  m.set_prefetch(n, all, next);
-  m.opts.decode.prefetch_kernel_wait = kernel_wait;
-  return m.prefetch_all == all && m.prefetch_next == next ? m.prefetch_n : -1;
+  m.set_host_copies(on, n, next);
+  return m.host_copies;
 }
 
 std::vector<CudaKernelTime> cuda_profile_decode(const CudaModel& model, CudaState& st, int32_t first, int steps) {

@@ -53,14 +53,13 @@ double cuda_host_link_gbps(const CudaModel& m);
 // engine), a zero-copy read kernel, and both at once; then a host round
 // trip's latency. Empty without a host tier.
 std::string cuda_link_rates(const CudaModel& m);
-// Host-tier experts copied ahead (DecodeOptions::host_prefetch), switched on
-// a loaded model: n per MoE layer, 0 off (bench: both measured on one model).
-// Returns the n in effect (0 where the model has no host tier of q4/q8 experts).
-// kernel_wait: DecodeOptions::prefetch_kernel_wait.
-// all: also every other chosen host-tier expert copied after the router
-// (DecodeOptions::prefetch_all); next (with all): the copies ahead
-// predicted at the previous MoE layer's router; -1 where that does not apply.
-int cuda_set_host_prefetch(CudaModel& m, int n, bool kernel_wait = false, bool all = false, bool next = false);
+// Host-tier experts by the copy engine (host_prefetch.cuh) switched on a
+// loaded model, for side-by-side measurements and tests: on with n copies
+// ahead per MoE layer (0-4; next: predicted at the previous MoE layer's
+// router, else each from the layer's input), or off (the zero-copy expert
+// kernels and the decode graph). Returns whether it is on (false where the
+// model has no host tier of q4/q8 experts).
+bool cuda_set_host_copies(CudaModel& m, bool on, int n = 1, bool next = true);
 // Time per kernel class of `steps` decode steps (plain launches, events
 // between kernels), feeding `first` then each argmax; advances `st` by
 // `steps` tokens.

@@ -56,19 +56,10 @@ struct DecodeOptions {
   enum class BatchExperts { Auto = 0, Tiled = 1, FewRows = 2, Skinny = 3 };
   BatchExperts batch_experts = BatchExperts::Auto;
 
-  // Tiered q4/q8 experts: per MoE layer, the host-tier experts that the
-  // layer's input predicts (the router applied to it), this many (0..8),
-  // copied to VRAM by the copy engine during the layer's mixer
-  // (host_prefetch.cuh); the decode step then runs as plain launches (a
-  // host round trip per layer). 0: off.
-  int host_prefetch = 0;
-  // Tests: the prediction picks the host-tier experts ranked lowest, so the
-  // copies are (nearly all) wrong and the chosen experts come over the link.
+  // Tests: the copies ahead of tiered experts (host_prefetch.cuh) pick the
+  // host-tier experts ranked lowest, so they are (nearly all) wrong and the
+  // chosen experts are copied after the router instead.
   bool prefetch_mispredict = false;
-  // With host_prefetch: the expert kernels' blocks of a slot that reads a
-  // copy wait for that copy's flag, instead of the step waiting for every
-  // copy before the expert kernels (the A/B of the two).
-  bool prefetch_kernel_wait = false;
 
   // Benchmarks: time per phase of the batched prefill and of the batched
   // decode steps (forward_batch), printed to stderr when the model is

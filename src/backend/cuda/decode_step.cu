@@ -552,13 +552,13 @@ void CudaModel::Impl::routed_moe(const DLayer& d, int mi) {
     a.folded = d.rfold ? 1 : 0;
     a.presel = d.rfold ? 1 : 0;
   }
-  if (seq && (opts.decode.prefetch_kernel_wait || prefetch_all)) {
+  if (seq) {
     a.pf_slot = pf_slot;
     a.pf_flag = pf_flag;
     a.pf_seq = seq;
   }
   ffn_launch(d, a, slots);
-  if (seq && prefetch_all) prefetch_rest(seq, mi);
+  if (seq) prefetch_rest(seq, mi);
 }
 
 // A dense SwiGLU MLP: the expert kernels with one slot (weight 1).
@@ -624,7 +624,7 @@ void CudaModel::Impl::enqueue_step(CudaState::Impl& s, int kind) {
 }
 
 bool CudaModel::Impl::prefetches(const DLayer& d) const {
-  return (prefetch_n > 0 || prefetch_all) && tiers && !disk && d.tc.tier && d.q.bits && !d.q.fp8 && !d.gg.n && d.router.p &&
+  return host_copies && tiers && !disk && d.tc.tier && d.q.bits && !d.q.fp8 && !d.gg.n && d.router.p &&
          d.router.cols == int(c.hidden_size) && d.router.rows >= int(c.num_experts) &&
          (d.router.dt == DT_BF16 || d.router.dt == DT_F16 || d.router.dt == DT_F32) && c.hidden_size <= 8192 &&
          d.q.gu_bytes == pf_gu && d.q.dn_bytes == pf_dn;
@@ -678,7 +678,6 @@ const DLayer* CudaModel::Impl::next_moe(int mi) const {
 }
 
 unsigned CudaModel::Impl::prefetch_copy(const DLayer& d, int mi) {
-  const bool in_kernels = opts.decode.prefetch_kernel_wait || prefetch_all;
   const unsigned seq = ++pf_seq;
   const int pbase = prefetch_next ? (mi % 2) * (kPrefetchMax / 2) : 0;
   int n = 0;
@@ -696,24 +695,18 @@ unsigned CudaModel::Impl::prefetch_copy(const DLayer& d, int mi) {
       uint8_t* to = pf_stage + size_t(pbase + p) * (pf_gu + pf_dn);
       CK(cudaMemcpyAsync(to, g, pf_gu, cudaMemcpyDefault, pf_stream));
       CK(cudaMemcpyAsync(to + pf_gu, dn, pf_dn, cudaMemcpyDefault, pf_stream));
-      if (in_kernels) flag_copied(pbase + p, seq);
+      flag_copied(pbase + p, seq);
       ++n;
     }
     if (n > 0) {
       pf_copies += uint64_t(n);
       CK(cudaEventRecord(pf_copied, pf_stream));
-      if (in_kernels) {
-        pf_outstanding = true;  // the next pick waits for them
-      } else {
-        CK(cudaStreamWaitEvent(stream, pf_copied, 0));
-        pdl_next = false;  // after the wait: a full dependency
-      }
+      pf_outstanding = true;  // the next pick at a layer's start waits for them
     }
   }
-  if (n == 0 && !prefetch_all) return 0;
   go(stage_sel_kernel, 1, 32, 0, sel, int(c.num_experts_per_tok), static_cast<const void* const*>(pf_src),
-     n > 0 ? prefetch_n : 0, pbase, pf_stage, pf_gu, pf_dn, pf_used, in_kernels ? pf_slot : nullptr,
-     static_cast<const int*>(eids), d.tc.tier, prefetch_all ? pf_rest_dev : nullptr);
+     n > 0 ? prefetch_n : 0, pbase, pf_stage, pf_gu, pf_dn, pf_used, pf_slot, static_cast<const int*>(eids),
+     d.tc.tier, pf_rest_dev);
   mark(K_EXPERTS);
   // prefetch_next: the next MoE layer's pick, from this layer's residual
   // before its experts (stage_sel_kernel has read this layer's sources).
@@ -723,7 +716,7 @@ unsigned CudaModel::Impl::prefetch_copy(const DLayer& d, int mi) {
       prefetch_pick(*nd);
       pf_has_next = true;
     }
-  if (prefetch_all) CK(cudaEventRecord(pf_staged, stream));
+  CK(cudaEventRecord(pf_staged, stream));
   return seq;
 }
 

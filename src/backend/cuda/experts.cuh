@@ -37,8 +37,8 @@ struct MoeArgs {
   ExpertSel tsel;  // tables; .out: where block (0,0) publishes the row pointers
   int* ids_out;
   float* w_out;
-  // Host-tier experts copied ahead, the expert kernels waiting for the copies
-  // themselves (host_prefetch.cuh): routed slot j reads staging slot
+  // Host-tier experts by the copy engine, the expert kernels waiting for the
+  // copies themselves (host_prefetch.cuh): routed slot j reads staging slot
   // pf_slot[j] (-1: not a copy) once pf_flag[that slot] == pf_seq. Null: no wait.
   const int* pf_slot = nullptr;
   const unsigned* pf_flag = nullptr;

@@ -1,40 +1,54 @@
-// Host-tier experts copied ahead by the copy engine (tiered q4/q8 experts,
-// DecodeOptions::host_prefetch experts per MoE layer).
+// Host-tier experts by the copy engine (tiered q4/q8 experts without the
+// disk tier: on by the rule in init_common, upload.cu).
 //
 // Why: with experts in pinned host memory the decode step is bound by the
-// host link, and the link idles while each layer's mixer (projections,
-// conv, delta rule or attention: HBM work) runs, because the experts a
-// layer reads are known only after its router, which follows the mixer.
-// The router's input is the layer's input residual plus the mixer's
-// output, so the router applied to the input residual alone ranks the
-// experts nearly as the real pick will (83% right on the 397B synthetic:
-// bench/NOTES-cuda.md). At the start of each MoE layer predict_pick_kernel
-// computes those predicted logits and writes the n host-tier experts they
-// rank highest to pinned host memory; the host waits for it (the mixer is
-// already enqueued behind it, so the device keeps busy), then copies those
-// experts into a VRAM staging area with cudaMemcpyAsync on a stream of its
-// own: the copy engine moves them during the mixer and takes no SMs (a copy
-// kernel on a second stream got too few of them: the earlier attempt,
-// branch huge-overlap). Before the layer's expert kernels the step waits
-// for the copies and stage_sel_kernel points each chosen expert that was
-// copied at its staged copy (the same bytes: the results are bitwise
-// unchanged); the others are read from host memory as before. The host
-// round trip per layer is why the step then runs as plain launches, not a
-// CUDA graph. DecodeOptions::prefetch_kernel_wait: the step's stream does
-// not wait for the copies; the copy stream writes a flag after each copy
-// (a 4-byte copy of the layer's sequence number) and the expert kernels'
-// blocks of a slot that reads a copy poll its flag (MoeArgs::pf_slot), so
-// the other slots run while a copy lands. The next layer's pick then waits
-// for all of this layer's copies (used or not), so a flag or staging slot
-// is rewritten only after its last reader.
+// host link. Read by the expert kernels straight from host memory
+// (zero-copy) the bytes cross it at ~51 GB/s; cudaMemcpyAsync (the copy
+// engine) moves them at ~55. And the link idles while each layer's mixer
+// (projections, conv, delta rule or attention: HBM work) runs, because the
+// experts a layer reads are known only after its router, which follows the
+// mixer. So every chosen host-tier expert is copied into a VRAM staging
+// area by the copy engine on a stream of its own (no SMs taken), and a few
+// are copied ahead, before the router, from a prediction:
 //
-// The staging area is free again when the next layer's copies start: the
-// host issues them only after that layer's pick kernel completed, which
-// follows this layer's expert kernels on the step's stream (launched
-// without PDL, so after their end). A copy's source is a host slot whose
-// table entry pointed there when the pick ran; promotions write a host
-// slot only after the steps enqueued before its table entry moved away are
-// done (expert_tiers.cuh), and those steps wait for their copies.
+// - Copies ahead: a router applied to a residual the layer's real router
+//   input is close to ranks the experts nearly as the real pick will.
+//   predict_pick_kernel computes those logits and writes the n host-tier
+//   experts they rank highest to pinned host memory. For the step's first
+//   MoE layer it runs at the layer's start on its input (the mixer is
+//   enqueued behind it; the host waits for the pick and issues the copies,
+//   which run during the mixer). With prefetch_next the later layers' picks
+//   run at the previous MoE layer's router instead (that layer's residual
+//   before its experts, the next layer's router and norm), and their copies
+//   are issued right behind the previous layer's own, so the copy engine's
+//   queue does not empty between two layers; they go to the staging slots
+//   of the other parity (MoE layer index % 2).
+// - After the router: stage_sel_kernel points each chosen expert that was
+//   copied ahead at its staged copy, gives every other chosen host-tier
+//   expert a staging slot of its own (kPrefetchMax + its routed slot) and
+//   lists those in pinned memory (PrefetchRest); the host, which has
+//   already enqueued the layer's expert kernels, waits for it and copies
+//   them behind the copies ahead.
+//
+// After each expert's copy the copy stream writes that staging slot's flag
+// (cuStreamWriteValue32, or a 4-byte copy) with the layer's sequence
+// number; the expert kernels' blocks of a slot that reads a staged copy
+// poll its flag (MoeArgs::pf_slot) and read the copy: the same bytes, so
+// the results are bitwise those of the zero-copy kernels; the VRAM experts
+// and the shared expert run meanwhile. The host waits for the device twice
+// per MoE layer, which is why such a step runs as plain launches, not a
+// CUDA graph.
+//
+// A staging slot is rewritten only after its last reader: the copies after
+// a layer's router are issued when its stage_sel_kernel completed, which
+// follows the previous layer's expert kernels on the step's stream; the
+// copies ahead into a parity's slots are issued after the router of the
+// layer between, or (first MoE layer) after the pick, which runs without
+// PDL after the previous expert kernels. A copy's source is a host slot
+// whose table entry pointed there when the pick or the router ran;
+// promotions write a host slot only after the steps enqueued before its
+// table entry moved away are done (expert_tiers.cuh), and those steps
+// wait for their copies.
 #pragma once
 #include "backend/cuda/common.cuh"
 
@@ -134,13 +148,12 @@ __global__ void __launch_bounds__(kThreads) predict_pick_kernel(const T* __restr
   }
 }
 
-// Each chosen expert (sel[j], sel[k + j]) that is one of the n copied ones
-// reads its staged copy (staging slot pbase + p); used counts them; slot (non-null: the expert
-// kernels wait for the copies themselves) gets the staging slot of each
-// routed slot, -1 where it reads no copy. rest (non-null, with slot): every
+// Each chosen expert (sel[j], sel[k + j]) that is one of the n copied ahead
+// reads its staged copy (staging slot pbase + p); used counts them. Every
 // other chosen expert in host memory (tier[ids[j]] == 1) is to be copied by
 // the host after this kernel into staging slot kPrefetchMax + j, which it
-// then reads; its sources go to rest (null where nothing is to copy). One warp.
+// then reads; its sources go to rest (null where nothing is to copy). slot
+// gets each routed slot's staging slot, -1 where it reads none. One warp.
 static __global__ void stage_sel_kernel(const void** sel, int k, const void* const* src, int n, int pbase,
                                         uint8_t* stage, size_t gu_bytes, size_t dn_bytes, unsigned long long* used,
                                         int* slot, const int* ids, const int* tier, PrefetchRest* rest) {
@@ -158,7 +171,7 @@ static __global__ void stage_sel_kernel(const void** sel, int k, const void* con
     }
   const void* rg = nullptr;
   const void* rd = nullptr;
-  if (hit < 0 && rest && tier[ids[j]] == 1) {
+  if (hit < 0 && tier[ids[j]] == 1) {
     hit = kPrefetchMax + j;
     rg = g;
     rd = sel[k + j];
@@ -168,12 +181,10 @@ static __global__ void stage_sel_kernel(const void** sel, int k, const void* con
     sel[j] = s;
     sel[k + j] = s + gu_bytes;
   }
-  if (slot) slot[j] = hit;
-  if (rest) {
-    rest->gu[j] = rg;
-    rest->dn[j] = rd;
-    __threadfence_system();
-  }
+  slot[j] = hit;
+  rest->gu[j] = rg;
+  rest->dn[j] = rd;
+  __threadfence_system();
 }
 
 }  // namespace flashmoe::cuda

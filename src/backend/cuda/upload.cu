@@ -381,17 +381,20 @@ void CudaModel::Impl::init_common() {
                           : l.q.bits ? int64_t(l.q.gu_bytes + l.q.dn_bytes)
                                      : 3 * m.moe_intermediate * m.hidden_size * int64_t(dt_size(l.edt)));
   }
-  if (opts.decode.host_prefetch > 0) set_prefetch(opts.decode.host_prefetch);
+  // The rule (bench/NOTES-cuda.md, "Every host-tier expert by the copy
+  // engine"): a host tier of q4/q8 experts (no disk tier) reaches the expert
+  // kernels by the copy engine, one expert per MoE layer copied ahead.
+  set_host_copies(true, 1, true);
 }
 
-void CudaModel::Impl::set_prefetch(int n, bool all, bool next) {
-  n = std::clamp(n, 0, next ? kPrefetchMax / 2 : kPrefetchMax);
-  if (!all) next = false;
+void CudaModel::Impl::set_host_copies(bool on, int n, bool next) {
+  n = std::clamp(n, 0, kPrefetchMax / 2);
   if (pf_stream) CK(cudaStreamSynchronize(pf_stream));
   pf_outstanding = false;
-  if (!tiers || disk) n = 0, all = false;  // no host tier to copy from (the disk tier reads its experts between router and kernels)
-  if (c.num_experts_per_tok > kRestMax) all = false;
-  if ((n > 0 || all) && !pf_stage) {
+  // No host tier to copy from (the disk tier reads its experts between the
+  // router and the kernels), or more routed slots than staging slots.
+  if (!tiers || disk || c.num_experts_per_tok > kRestMax) on = false;
+  if (on && !pf_stage) {
     for (const LayerPlan& lp : plan.layers) {
       const DLayer& d = L[size_t(lp.index)];
       if (lp.ffn == FfnKind::RoutedMoE && d.q.bits && !d.q.fp8 && !d.gg.n) {
@@ -401,8 +404,7 @@ void CudaModel::Impl::set_prefetch(int n, bool all, bool next) {
       }
     }
     if (pf_gu == 0) {
-      prefetch_n = 0;  // no q4/q8 experts: the copies ahead do not apply
-      prefetch_all = false;
+      host_copies = false;  // no q4/q8 experts: the copies do not apply
       return;
     }
     const int k = int(c.num_experts_per_tok);
@@ -441,8 +443,8 @@ void CudaModel::Impl::set_prefetch(int n, bool all, bool next) {
       write_value32 = fn;
     cudaGetLastError();
   }
+  host_copies = on;
   prefetch_n = n;
-  prefetch_all = all;
   prefetch_next = next;
   pf_next_n = 0;
 }
