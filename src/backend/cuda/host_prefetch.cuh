@@ -54,11 +54,11 @@
 
 namespace flashmoe::cuda {
 
-// At most this many experts per layer are copied ahead.
+// Staging slots of the copies ahead (two parities of kPrefetchMax / 2: at
+// most that many copies ahead per layer).
 constexpr int kPrefetchMax = 8;
-// Staging slots: kPrefetchMax for the copies ahead, then one per routed
-// slot (at most kRestMax) for the chosen host-tier experts copied after the
-// router (DecodeOptions::prefetch_all).
+// Then one staging slot per routed slot (at most kRestMax) for the chosen
+// host-tier experts copied after the router.
 constexpr int kRestMax = 32;
 constexpr int kStageSlots = kPrefetchMax + kRestMax;
 // Flag values in pinned memory for the 4-byte copies that write the flags
