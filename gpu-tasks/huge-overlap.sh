@@ -15,7 +15,8 @@
 #   2. 10 layers, the same share,
 #   3. the tier tests (bitwise logits: the copies on and off, predictions as
 #      made and forced wrong; every host-tier choice read from a copy).
-# Round 2 (limit 90 s): the 60-layer model, tg32, off and 1 side by side.
+# Round 2 (limit 90 s): the 60-layer model, tg32, off, 1 and 2 side by side
+# (2 last: the one the limit may cut).
 # Each tg line comes with the fraction of the link bound (cudaMemcpy from
 # pinned memory, 1 GiB, best of 5).
 # No build: build/ is ready (the lead's merged tree). Synthetic models and
@@ -44,7 +45,7 @@ table() {  # one line per variant: tokens/s and the fraction of the link bound
 ab() {  # ab NAME TIMEOUT ARGS...: one bench call, its table first, then its summary
   local name=$1 t=$2; shift 2
   log "$name: $*"
-  timeout "$t" $B "$@" > "$D/$name.txt" 2>&1
+  timeout "$t" stdbuf -oL $B "$@" > "$D/$name.txt" 2>&1  # line-buffered: a run cut by the limit keeps its lines
   local rc=$?
   table "$D/$name.txt" "$name"
   summary "$D/$name.txt"
@@ -59,7 +60,7 @@ if [ "$ROUND" = 1 ]; then
   grep -E "^\[  (FAILED|PASSED|     OK) |\[cuda-tiers\]|Failure|Expected|Which is" "$D/tests.txt" | head -30
   [ $rc = 0 ] && echo "PASS tests" || echo "FAIL tests (rc $rc; 124: the time limit)"
 else
-  ab layers60 "$(left)" -p 0 -n 32 -r 1 --host-copies off,1
+  ab layers60 "$(left)" -p 0 -n 32 -r 1 --host-copies off,1,2
 fi
 grep -E "MemAvailable" /proc/meminfo
 log "done"
