@@ -376,6 +376,95 @@ TEST(CudaTiers, SyntheticExpertsGeneratedWhereTheyLive) {
   EXPECT_EQ(t.staged_layers, 4u);  // the prompt (40 x 8 choices >= 256 experts): each MoE layer once
 }
 
+// Host-tier experts by the copy engine (host_prefetch.cuh; on by default for
+// a host tier of q4 experts): every chosen host-tier expert is copied to
+// VRAM staging, a few ahead of the router from a prediction (the step's
+// first MoE layer from its input, the others at the previous MoE layer's
+// router, or each from its own input), the others after the router; the
+// expert kernels read the copies. The logits and greedy ids stay bitwise
+// those of the all-in-VRAM model and of the zero-copy kernels, with the
+// predictions as made (most copies ahead read) and forced wrong (the
+// lowest-ranked host experts copied ahead: every chosen one copied after
+// the router); every host-tier choice of a decode step reads a copy.
+TEST(CudaTiers, ExpertsCopiedAheadGiveTheSameLogits) {
+  REQUIRE_GPU();
+  ModelConfig c = model_preset("qwen3.5-35b-a3b");
+  c.num_layers = 4;
+  c.layer_kinds.resize(4);
+  c.layer_is_moe.resize(4);
+  CudaSyntheticOptions q4;
+  q4.experts = QuantKind::Q4;
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 12; ++i) ids.push_back(int32_t((i * 7919 + 13) % c.vocab_size));
+  const int64_t V = c.vocab_size;
+  constexpr int kSteps = 16;
+  // The prompt, kSteps greedy decode steps, then one more token's logits (a
+  // decode step); the counters cover the decode steps only.
+  auto run = [&](CudaModel& m, std::vector<int32_t>* greedy, std::vector<float>* logits) {
+    auto st = m.new_state(KvConfig{});
+    std::vector<float> l(static_cast<size_t>(V));
+    m.forward(*st, ids.data(), int64_t(ids.size()), LogitsMode::Last, l.data());
+    m.reset_tier_stats();
+    greedy->assign(kSteps, 0);
+    m.decode_greedy(*st, ids.back(), kSteps, greedy->data());
+    logits->assign(static_cast<size_t>(V), 0.0f);
+    m.forward(*st, &greedy->back(), 1, LogitsMode::Last, logits->data());
+  };
+  std::vector<int32_t> want_ids, got_ids;
+  std::vector<float> want, got;
+  {
+    auto full = cuda_synthetic_model(c, 7, {}, q4);
+    run(*full, &want_ids, &want);
+  }
+  const uint64_t layer_steps = uint64_t(kSteps + 1) * 4;  // decode steps x MoE layers
+  // Bitwise the all-in-VRAM model; n copies ahead per layer, every host-tier choice read from a copy.
+  auto check = [&](CudaModel& m, unsigned n, const char* what, bool wrong) {
+    run(m, &got_ids, &got);
+    EXPECT_EQ(got_ids, want_ids) << what;
+    EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f) << what;
+    const CudaTierStats t = m.tier_stats();
+    EXPECT_EQ(t.prefetched, layer_steps * n) << what;
+    EXPECT_GT(t.host_hits, 0u) << what;
+    EXPECT_EQ(t.prefetch_used + t.copied_after, t.host_hits) << what;
+    if (n > 0 && !wrong) {
+      EXPECT_GT(t.prefetch_used, 0u) << what;
+    }
+    if (wrong) {
+      EXPECT_LT(t.prefetch_used * 10, t.prefetched) << what;  // the lowest-ranked are (nearly) never chosen
+    }
+    std::printf("[cuda-tiers] %s: copied ahead %llu, read from the copy %llu, copied after the router %llu; host "
+                "choices %llu\n",
+                what, (unsigned long long)t.prefetched, (unsigned long long)t.prefetch_used,
+                (unsigned long long)t.copied_after, (unsigned long long)t.host_hits);
+  };
+  {
+    CudaOptions o;
+    o.plan_vram_slots = 100;  // of 256
+    auto tiered = cuda_synthetic_model(c, 7, o, q4);
+    check(*tiered, 1, "as loaded (1 ahead, at the previous router)", false);
+    ASSERT_FALSE(cuda_set_host_copies(*tiered, false));  // the zero-copy kernels
+    run(*tiered, &got_ids, &got);
+    EXPECT_EQ(got_ids, want_ids);
+    EXPECT_EQ(max_abs_diff(got.data(), want.data(), got.size()), 0.0f);
+    EXPECT_EQ(tiered->tier_stats().prefetched + tiered->tier_stats().copied_after, 0u);
+    ASSERT_TRUE(cuda_set_host_copies(*tiered, true, 0));
+    check(*tiered, 0, "none ahead", false);
+    ASSERT_TRUE(cuda_set_host_copies(*tiered, true, 3, false));
+    check(*tiered, 3, "3 ahead, each from its input", false);
+    ASSERT_TRUE(cuda_set_host_copies(*tiered, true, 2, true));
+    check(*tiered, 2, "2 ahead, at the previous router", false);
+  }
+  {
+    CudaOptions o;
+    o.plan_vram_slots = 100;
+    o.decode.prefetch_mispredict = true;
+    auto wrong = cuda_synthetic_model(c, 7, o, q4);
+    check(*wrong, 1, "forced wrong, 1 ahead at the previous router", true);
+    ASSERT_TRUE(cuda_set_host_copies(*wrong, true, 2, false));
+    check(*wrong, 2, "forced wrong, 2 ahead from the input", true);
+  }
+}
+
 // An MLX-style checkpoint with every linear weight quantised (embeddings,
 // lm_head, projections, shared and routed experts; q4 and q8, groups of 64)
 // runs on the GPU: the routed experts as codes, the rest dequantised to

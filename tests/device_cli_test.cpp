@@ -56,6 +56,23 @@ TEST(BenchCli, BatchReportsAggregateAndTheExpertUnionRoofline) {
   EXPECT_NE(r.out.find("roofline 3 x"), std::string::npos) << r.out;
 }
 
+// bench --host-copies: the copy engine's path needs a GPU's host tier of
+// q4/q8 experts; the values and the single-sequence test are checked.
+TEST(BenchCli, HostCopiesAreCheckedAndNeedAHostTier) {
+  const std::pair<const char*, const char*> cases[] = {
+      {" --device cpu -p 0 -n 2 -r 1 --host-copies 1", "no host tier of q4/q8 experts"},
+      {" --device cpu -p 0 -n 2 -r 1 --host-copies off", "no host tier of q4/q8 experts"},
+      {" --device cpu -p 0 -n 2 -r 1 --host-copies 5", "expected off, N or Na with N 0-4, got '5'"},
+      {" --device cpu -p 0 -n 2 -r 1 --host-copies 1x", "expected off, N or Na with N 0-4, got '1x'"},
+      {" --device cpu -p 0 -n 2 -r 1 --batch 2 --host-copies 1", "--host-copies is for the single-sequence"},
+  };
+  for (const auto& [args, want] : cases) {
+    const CmdResult r = run_flashmoe("bench -m " + kModel + args);
+    EXPECT_NE(r.code, 0) << args;
+    EXPECT_NE(r.err.find(want), std::string::npos) << args << ": " << r.err;
+  }
+}
+
 TEST(DeviceCli, AutoWithoutGpuRunsOnTheCpuWithoutANote) {
   REQUIRE_NO_GPU();
   const CmdResult cpu = run_flashmoe(kGen + " --device cpu");

@@ -91,7 +91,8 @@ void run_mtp_tg(const ModelOptions& opt, const Backend& b, int tg, int depth, in
 // through Backend::greedy (on a GPU: CUDA-graph replays, no host round trip
 // per token), then what decode achieves of the weight memory's bandwidth.
 void run_bench(const ModelOptions& opt, const Backend& b, const std::string& what, int pp, int tg, int depth,
-               int reps, bool no_graph, int profile_steps, int batch, const MtpBench& mtp) {
+               int reps, bool no_graph, int profile_steps, int batch, const std::vector<std::string>& host_copies,
+               const MtpBench& mtp) {
   ThreadPool pool(opt.threads);
   set_decode_graph(b, !no_graph);
   const ModelConfig& c = b.config();
@@ -125,38 +126,62 @@ void run_bench(const ModelOptions& opt, const Backend& b, const std::string& wha
   } else if (tg > 0 && mtp.draft > 0) {
     run_mtp_tg(opt, b, tg, depth, reps, mtp);
   } else if (tg > 0) {
-    std::vector<double> rate;
-    std::vector<int32_t> out(static_cast<size_t>(tg)), ctx(static_cast<size_t>(depth));
-    for (auto& i : ctx) i = tok(rng);
-    for (int r = 0; r < reps + 1; ++r) {  // the first run warms up (caches, pages, the graph capture)
-      auto st = b.new_state(opt.kv);
-      if (depth > 0) b.forward(*st, ctx.data(), depth, LogitsMode::None, nullptr, pool);  // the context, not timed
-      if (r == 1) b.reset_expert_stats();
-      auto t = Clock::now();
-      b.greedy(*st, tok(rng), tg, out.data(), pool);
-      if (r > 0) rate.push_back(double(tg) / seconds_since(t));
-    }
-    Stat st = stats(rate);
-    print_tg(tg, depth, st);
-    const double bytes = double(b.weight_bytes_per_token());
-    const double gbps = st.mean * bytes / 1e9;
-    const Bandwidth copy = weight_memory_bandwidth(b, pool);
-    std::printf("decode reads %.2f MB of weights per token -> %.2f GB/s; %s: %.1f GB/s; decode at %.0f%% of that "
-                "roofline (roofline %.1f tokens/s)\n",
-                bytes / 1e6, gbps, copy.what.c_str(), copy.gbps, 100.0 * gbps / copy.gbps, copy.gbps * 1e9 / bytes);
-    const ExpertTierStats ts = b.tier_stats();
-    if (ts.enabled) {
-      // Experts read over the host link per token, and the speed that link
-      // alone would allow (the VRAM part runs at the roofline above).
-      const double tokens = double(tg) * reps;
-      const double host_bytes = double(ts.host_hits) * double(ts.expert_bytes) / tokens;
-      const double link = host_link_gbps(b);
-      const double t_link = host_bytes / (link * 1e9), t_vram = (bytes - host_bytes) / (copy.gbps * 1e9);
-      std::printf("%s\n", b.expert_stats(int64_t(tokens)).c_str());
-      std::printf("host->device link (cudaMemcpy from pinned memory): %.1f GB/s; link-bound decode %.1f tokens/s "
-                  "(link + VRAM roofline: %.1f tokens/s); tg at %.0f%% of the link bound\n",
-                  link, host_bytes > 0 ? 1.0 / t_link : 0.0, 1.0 / (t_link + t_vram),
-                  host_bytes > 0 ? 100.0 * st.mean * t_link : 0.0);
+    // Without --host-copies one run as the model was built; with it one per
+    // value, on the same model, side by side.
+    const std::vector<std::string> variants = host_copies.empty() ? std::vector<std::string>{""} : host_copies;
+    for (size_t vi = 0; vi < variants.size(); ++vi) {
+      if (!variants[vi].empty()) {
+        // off | N | Na (--host-copies below)
+        const std::string& v = variants[vi];
+        const bool on = v != "off";
+        const int n = on ? v[0] - '0' : 0;
+        const bool next = on && v.size() == 1;
+        if (!set_host_copies(b, on, n, next))
+          fail("bench --host-copies: the model has no host tier of q4/q8 experts (a GPU, q4/q8 experts and "
+               "--gpu-expert-cache below what they need)");
+        if (!on)
+          std::printf("host-tier experts: zero-copy expert kernels (the decode graph)\n");
+        else
+          std::printf("host-tier experts: copy engine, %d copied ahead per MoE layer (%s)\n", n,
+                      next ? "predicted at the previous MoE layer's router" : "predicted from the layer's input");
+      }
+      std::vector<double> rate;
+      std::vector<int32_t> out(static_cast<size_t>(tg)), ctx(static_cast<size_t>(depth));
+      for (auto& i : ctx) i = tok(rng);
+      for (int r = 0; r < reps + 1; ++r) {  // the first run warms up (caches, pages, the graph capture)
+        auto st = b.new_state(opt.kv);
+        if (depth > 0) b.forward(*st, ctx.data(), depth, LogitsMode::None, nullptr, pool);  // the context, not timed
+        if (r == 1) b.reset_expert_stats();
+        auto t = Clock::now();
+        b.greedy(*st, tok(rng), tg, out.data(), pool);
+        if (r > 0) rate.push_back(double(tg) / seconds_since(t));
+      }
+      Stat st = stats(rate);
+      print_tg(tg, depth, st);
+      const double bytes = double(b.weight_bytes_per_token());
+      const double gbps = st.mean * bytes / 1e9;
+      const Bandwidth copy = weight_memory_bandwidth(b, pool);
+      std::printf("decode reads %.2f MB of weights per token -> %.2f GB/s; %s: %.1f GB/s; decode at %.0f%% of that "
+                  "roofline (roofline %.1f tokens/s)\n",
+                  bytes / 1e6, gbps, copy.what.c_str(), copy.gbps, 100.0 * gbps / copy.gbps, copy.gbps * 1e9 / bytes);
+      const ExpertTierStats ts = b.tier_stats();
+      if (ts.enabled) {
+        // Experts read over the host link per token, and the speed that link
+        // alone would allow (the VRAM part runs at the roofline above).
+        const double tokens = double(tg) * reps;
+        const double host_bytes = double(ts.host_hits) * double(ts.expert_bytes) / tokens;
+        const double link = host_link_gbps(b);
+        const double t_link = host_bytes / (link * 1e9), t_vram = (bytes - host_bytes) / (copy.gbps * 1e9);
+        std::printf("%s\n", b.expert_stats(int64_t(tokens)).c_str());
+        std::printf("host->device link (cudaMemcpy from pinned memory): %.1f GB/s; link-bound decode %.1f tokens/s "
+                    "(link + VRAM roofline: %.1f tokens/s); tg at %.0f%% of the link bound\n",
+                    link, host_bytes > 0 ? 1.0 / t_link : 0.0, 1.0 / (t_link + t_vram),
+                    host_bytes > 0 ? 100.0 * st.mean * t_link : 0.0);
+        if (vi == 0) {
+          const std::string rates = host_link_rates(b);
+          if (!rates.empty()) std::printf("host link rates: %s\n", rates.c_str());
+        }
+      }
     }
   }
   if (profile_steps > 0) {
@@ -330,6 +355,7 @@ Registrar reg_bench(40, [](CLI::App& app) {
   auto weights = std::make_shared<std::string>("bf16");
   auto bandwidth = std::make_shared<bool>(false);
   auto batch = std::make_shared<int>(1);
+  auto host_copies = std::make_shared<std::vector<std::string>>();
   auto mtp = std::make_shared<bool>(false);
   auto draft = std::make_shared<std::optional<int>>();
   auto accept = std::make_shared<double>(-1);
@@ -362,6 +388,20 @@ Registrar reg_bench(40, [](CLI::App& app) {
                   "The tg test with B independent sequences decoding together (one batched forward pass per step): "
                   "aggregate and per-sequence tokens/s, and the roofline of the bytes a step reads (default 1)")
       ->check(integer_between(1, 4096));
+  cmd->add_option("--host-copies", *host_copies,
+                  "On the GPU with a host tier of q4/q8 experts: the tg test once per value (comma-separated) on the "
+                  "same model: off (the expert kernels read host-tier experts over the link, zero-copy), N (the copy "
+                  "engine copies every chosen host-tier expert to VRAM, N of them (0-4) ahead of the router, "
+                  "predicted at the previous MoE layer's router; the default is 1) or Na (the same, predicted from "
+                  "the layer's input)")
+      ->delimiter(',')
+      ->check(CLI::Validator(
+          [](const std::string& v) {
+            const bool ok = v == "off" || ((v.size() == 1 || (v.size() == 2 && v[1] == 'a')) && v[0] >= '0' &&
+                                           v[0] <= '4');
+            return ok ? std::string() : "expected off, N or Na with N 0-4, got '" + v + "'";
+          },
+          "off|N|Na"));
   add_speculative_options(cmd, mtp.get(), draft.get());
   auto* acc = cmd->add_option("--mtp-accept", *accept,
                               "With --mtp: the verifier keeps each drafted token with this probability (0 to 1) "
@@ -375,7 +415,7 @@ Registrar reg_bench(40, [](CLI::App& app) {
       ->check(integer_between(0, 2147483647));
   // Every option's storage is captured: the callback runs after this function returned.
   cmd->callback([opt, pp, tg, depth, reps, synthetic, layers, no_graph, profile, experts, group, bandwidth, batch, ex, gr,
-                 bw, ly, weights, wt, mtp, draft, accept, acc] {
+                 bw, ly, weights, wt, host_copies, mtp, draft, accept, acc] {
     finalize_model_options(opt.get());
     MtpBench mb;
     mb.draft = spec_draft_from_flags(*mtp, *draft);
@@ -389,6 +429,8 @@ Registrar reg_bench(40, [](CLI::App& app) {
       return;
     }
     opt->device.gpu.prefill_profile = *profile > 0;
+    if (!host_copies->empty() && *batch > 1)
+      fail("bench: --host-copies is for the single-sequence tg test, not --batch");
     if (opt->model_dir.empty() == synthetic->empty())
       fail(synthetic->empty() ? "bench: give a model with -m/--model, or --synthetic, or --bandwidth"
                               : "bench: give either -m/--model or --synthetic, not both");
@@ -413,7 +455,7 @@ Registrar reg_bench(40, [](CLI::App& app) {
           std::fprintf(stderr, "; VRAM free after it: %.1f of %.1f GB", double(fr) / 1e9, double(tot) / 1e9);
         std::fprintf(stderr, "\n");
       }
-      run_bench(*opt, *b, what, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch, mb);
+      run_bench(*opt, *b, what, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch, *host_copies, mb);
       return;
     }
     if (ex->count() || gr->count() || wt->count())
@@ -421,7 +463,7 @@ Registrar reg_bench(40, [](CLI::App& app) {
            "stored or packed in)");
     if (ly->count()) fail("bench: --layers is for --synthetic (a model from -m runs all its layers)");
     std::unique_ptr<Backend> b = load_model(*opt);
-    run_bench(*opt, *b, opt->model_dir, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch, mb);
+    run_bench(*opt, *b, opt->model_dir, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch, *host_copies, mb);
     // The measured runs' expert reads (the counters restart after the warm-up run).
     print_expert_stats(*opt, *b, "measured runs:");
   });

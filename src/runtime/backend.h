@@ -63,6 +63,8 @@ struct ExpertTierStats {
   int64_t expert_bytes = 0;  // one expert: gate + up + down
   bool disk = false;            // host slots cache experts read from the model's files
   double host_pin_seconds = 0;  // time pinning the host slots took at load
+  uint64_t prefetched = 0, prefetch_used = 0;  // host-tier experts copied ahead by decode steps; choices reading a copy
+  uint64_t copied_after = 0;  // chosen host-tier experts copied to VRAM after the router by decode steps
 };
 
 // One sequence's part of a batched step: its state, the tokens it feeds this

@@ -157,6 +157,17 @@ double host_link_gbps(const Backend& b) {
   return c ? cuda_host_link_gbps(c->device_for_bench()) : 0.0;
 }
 
+std::string host_link_rates(const Backend& b) {
+  const CudaBackend* c = as_cuda(b);
+  return c ? cuda_link_rates(c->device_for_bench()) : std::string();
+}
+
+bool set_host_copies(const Backend& b, bool on, int n, bool next) {
+  const CudaBackend* c = as_cuda(b);
+  if (!c || !c->tier_stats().enabled) return false;
+  return cuda_set_host_copies(c->device_for_bench(), on, n, next) == on;
+}
+
 bool gpu_memory_info(int64_t* free_bytes, int64_t* total_bytes) {
   return CudaModel::memory_info(free_bytes, total_bytes);
 }

@@ -45,6 +45,16 @@ Bandwidth dram_read_bandwidth(ThreadPool& pool, int64_t bytes, int passes = 5);
 // The host-to-device link from pinned memory, GB/s (0 where there is none).
 double host_link_gbps(const Backend& b);
 
+// Tiered experts on a GPU: the host link's rates, copy engine against a
+// zero-copy read kernel, and a host round trip (cuda_link_rates); empty
+// elsewhere.
+std::string host_link_rates(const Backend& b);
+// The GPU's host-tier experts by the copy engine (on: n copies ahead per
+// MoE layer, next: predicted at the previous MoE layer's router) or by the
+// zero-copy expert kernels (off); false where the backend has no host tier
+// of q4/q8 experts.
+bool set_host_copies(const Backend& b, bool on, int n, bool next);
+
 // Free and total GPU memory (cudaMemGetInfo); false without a usable GPU.
 bool gpu_memory_info(int64_t* free_bytes, int64_t* total_bytes);
 

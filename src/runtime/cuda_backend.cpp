@@ -177,6 +177,8 @@ ExpertTierStats CudaBackend::tier_stats() const {
   s.expert_bytes = t.expert_bytes;
   s.disk = t.disk;
   s.host_pin_seconds = t.host_pin_seconds;
+  s.prefetched = t.prefetched, s.prefetch_used = t.prefetch_used;
+  s.copied_after = t.copied_after;
   return s;
 }
 
@@ -211,6 +213,16 @@ std::string format_tier_stats(const ExpertTierStats& s, int64_t tokens) {
                 disk ? "" : ", each expert in one tier", (unsigned long long)s.promotions,
                 double(s.promoted_bytes) / 1e6);
   std::string out = buf;
+  if (s.prefetched > 0) {
+    std::snprintf(buf, sizeof buf, "; copied ahead %llu, read from the copy %llu (%.1f%%)",
+                  (unsigned long long)s.prefetched, (unsigned long long)s.prefetch_used,
+                  100.0 * double(s.prefetch_used) / double(s.prefetched));
+    out += buf;
+  }
+  if (s.copied_after > 0) {
+    std::snprintf(buf, sizeof buf, "; copied after the router %llu", (unsigned long long)s.copied_after);
+    out += buf;
+  }
   if (tokens > 0) {
     std::snprintf(buf, sizeof buf, "; %.1f MB per token over the host link",
                   double(s.host_hits + s.disk_hits) * double(s.expert_bytes) / double(tokens) / 1e6);

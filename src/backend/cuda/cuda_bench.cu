@@ -2,7 +2,9 @@
 // random weights built on the device, copy and host-link bandwidths, the
 // decode step's time per kernel class.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -53,6 +55,27 @@ static __global__ void fill_fp8_codes_kernel(uint32_t* p, size_t n, uint64_t see
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     p[i] = hash32(seed * 0x9E3779B97F4A7C15ULL + i) & 0xBFBFBFBFu;
 }
+// Reads n 16-byte words at p (pinned host memory: zero-copy over the link),
+// 8 loads in flight per thread; the xor of what a block read goes to
+// out[block] so the loads are not optimised away.
+static __global__ void __launch_bounds__(256) read_words_kernel(const uint4* p, size_t n, uint32_t* out) {
+  constexpr int U = 8;
+  uint32_t acc = 0;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  for (size_t i0 = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i0 < n; i0 += stride * U) {
+    uint4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const size_t i = i0 + u * stride;
+      v[u] = i < n ? ld_stream(p + i) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  acc = __reduce_xor_sync(0xffffffffu, acc);
+  if ((threadIdx.x & 31) == 0) atomicXor(out + blockIdx.x, acc);
+}
+static __global__ void empty_kernel() {}
 static __global__ void fill_const_kernel(float* p, size_t n, float v) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) p[i] = v;
 }
@@ -351,6 +374,88 @@ double cuda_host_link_gbps(const CudaModel& model) {
   return double(bytes) / (double(best) * 1e-3) / 1e9;
 }
 
+
+std::string cuda_link_rates(const CudaModel& model) {
+  CudaModel::Impl& m = CudaModelAccess::impl(model);
+  if (!m.tiers || m.tiers->disk() || m.tiers->host_slots() < 1) return "";
+  CK(cudaSetDevice(m.dev));
+  CK(cudaStreamSynchronize(m.stream));
+  ExpertTiers& t = *m.tiers;
+  const size_t gu = t.gu_bytes(), dn = t.down_bytes();
+  const int most = std::min(10, t.host_slots());
+  const int sms = m.prop.multiProcessorCount;
+  uint8_t* dst = static_cast<uint8_t*>(dev_alloc(size_t(most) * (gu + dn), "link rate test"));
+  uint32_t* sink = static_cast<uint32_t*>(dev_alloc(size_t(sms) * 4 * 4, "link rate test"));
+  cudaStream_t side;
+  CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  cudaEvent_t fork, join;
+  CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  // Layer 0's host slots 0..n-1: n experts' gate/up blocks, then their down blocks, each contiguous.
+  void *hg = nullptr, *hd = nullptr;
+  CK(cudaHostGetDevicePointer(&hg, t.host_gu(0), 0));
+  CK(cudaHostGetDevicePointer(&hd, t.host_down(0), 0));
+  auto dma = [&](int n, cudaStream_t s) {
+    CK(cudaMemcpyAsync(dst, t.host_gu(0), size_t(n) * gu, cudaMemcpyHostToDevice, s));
+    CK(cudaMemcpyAsync(dst + size_t(n) * gu, t.host_down(0), size_t(n) * dn, cudaMemcpyHostToDevice, s));
+  };
+  auto zero_copy = [&](int n, cudaStream_t s) {
+    read_words_kernel<<<sms * 4, 256, 0, s>>>(static_cast<const uint4*>(hg), size_t(n) * gu / 16, sink);
+    read_words_kernel<<<sms * 4, 256, 0, s>>>(static_cast<const uint4*>(hd), size_t(n) * dn / 16, sink);
+    check(cudaGetLastError(), "read_words_kernel");
+  };
+  auto gbps = [&](double bytes, float ms) { return bytes / (double(ms) * 1e-3) / 1e9; };
+  std::string out;
+  char buf[400];
+  for (int n : {1, most}) {
+    const double bytes = double(n) * double(gu + dn);
+    const float t_dma = best_ms(m.stream, 5, [&](int) { dma(n, m.stream); });
+    const float t_zc = best_ms(m.stream, 5, [&](int) { zero_copy(n, m.stream); });
+    // Both at once, each its own copy of the bytes: the DMA on a side stream.
+    const float t_both = best_ms(m.stream, 5, [&](int) {
+      CK(cudaEventRecord(fork, m.stream));
+      CK(cudaStreamWaitEvent(side, fork, 0));
+      dma(n, side);
+      CK(cudaEventRecord(join, side));
+      zero_copy(n, m.stream);
+      CK(cudaStreamWaitEvent(m.stream, join, 0));
+    });
+    std::snprintf(buf, sizeof buf,
+                  "%s%d expert%s (%.1f MB) from pinned memory: cudaMemcpyAsync %.1f GB/s, zero-copy read kernel (%d "
+                  "blocks) %.1f GB/s, both at once (twice the bytes) %.1f GB/s",
+                  out.empty() ? "" : "\n  ", n, n == 1 ? "" : "s", bytes / 1e6, gbps(bytes, t_dma), sms * 4,
+                  gbps(bytes, t_zc), gbps(2 * bytes, t_both));
+    out += buf;
+  }
+  // A host round trip: a kernel launched, an event after it, the host waiting for it.
+  cudaEvent_t ev;
+  CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  const int trips = 200;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < trips; ++i) {
+    empty_kernel<<<1, 32, 0, m.stream>>>();
+    CK(cudaEventRecord(ev, m.stream));
+    CK(cudaEventSynchronize(ev));
+  }
+  const double us = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e6 / trips;
+  std::snprintf(buf, sizeof buf, "\n  host round trip (launch, event, cudaEventSynchronize): %.1f us", us);
+  out += buf;
+  cudaEventDestroy(ev);
+  cudaEventDestroy(fork);
+  cudaEventDestroy(join);
+  cudaStreamDestroy(side);
+  cudaFree(dst);
+  cudaFree(sink);
+  return out;
+}
+
+bool cuda_set_host_copies(CudaModel& model, bool on, int n, bool next) {
+  CudaModel::Impl& m = CudaModelAccess::impl(model);
+  CK(cudaSetDevice(m.dev));
+  CK(cudaStreamSynchronize(m.stream));
+  m.set_host_copies(on, n, next);
+  return m.host_copies;
+}
 
 std::vector<CudaKernelTime> cuda_profile_decode(const CudaModel& model, CudaState& st, int32_t first, int steps) {
   CudaModel::Impl& m = CudaModelAccess::impl(model);

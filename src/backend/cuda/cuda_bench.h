@@ -49,6 +49,18 @@ void cuda_set_batch_experts(CudaModel& m, DecodeOptions::BatchExperts path);
 double cuda_copy_bandwidth_gbps(const CudaModel& m);
 // Host-to-device cudaMemcpy bandwidth from pinned memory, GB/s.
 double cuda_host_link_gbps(const CudaModel& m);
+// Tiered experts: the host link's rates for the bytes of one and of ten
+// host-tier experts (layer 0's first host slots): cudaMemcpyAsync (the copy
+// engine), a zero-copy read kernel, and both at once; then a host round
+// trip's latency. Empty without a host tier.
+std::string cuda_link_rates(const CudaModel& m);
+// Host-tier experts by the copy engine (host_prefetch.cuh) switched on a
+// loaded model, for side-by-side measurements and tests: on with n copies
+// ahead per MoE layer (0-4; next: predicted at the previous MoE layer's
+// router, else each from the layer's input), or off (the zero-copy expert
+// kernels and the decode graph). Returns whether it is on (false where the
+// model has no host tier of q4/q8 experts).
+bool cuda_set_host_copies(CudaModel& m, bool on, int n = 1, bool next = true);
 // Time per kernel class of `steps` decode steps (plain launches, events
 // between kernels), feeding `first` then each argmax; advances `st` by
 // `steps` tokens.

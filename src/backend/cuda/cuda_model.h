@@ -74,6 +74,11 @@ struct CudaTierStats {
   bool disk = false;            // host slots are a cache over the model's files (else: the experts outside VRAM)
   double host_pin_seconds = 0;  // time taken pinning the host slots at load
   uint64_t staged_layers = 0;   // prompt chunks' MoE layers whose host experts were staged in VRAM at once
+  // Decode steps' host-tier experts copied ahead by the copy engine
+  // (host_prefetch.cuh), the choices that read such a copy, and the chosen
+  // host-tier experts copied after the router.
+  uint64_t prefetched = 0, prefetch_used = 0;
+  uint64_t copied_after = 0;
 };
 
 // A conversation's device state copied to host memory (the server's

@@ -56,6 +56,11 @@ struct DecodeOptions {
   enum class BatchExperts { Auto = 0, Tiled = 1, FewRows = 2, Skinny = 3 };
   BatchExperts batch_experts = BatchExperts::Auto;
 
+  // Tests: the copies ahead of tiered experts (host_prefetch.cuh) pick the
+  // host-tier experts ranked lowest, so they are (nearly all) wrong and the
+  // chosen experts are copied after the router instead.
+  bool prefetch_mispredict = false;
+
   // Benchmarks: time per phase of the batched prefill and of the batched
   // decode steps (forward_batch), printed to stderr when the model is
   // destroyed (events between phases; slows them a little; no graphs).

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <string>
 
+#include <cuda.h>
+
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/delta_cluster.cuh"
 #include "backend/cuda/down_early.cuh"
@@ -525,6 +527,7 @@ void CudaModel::Impl::routed_moe(const DLayer& d, int mi) {
   a.sel = pick ? sel : nullptr;
   if (!d.rfold) route(d);  // else the logits came with the output projection
   if (disk) disk_fetch(mi);
+  const unsigned seq = prefetches(d) ? prefetch_copy(d, mi) : 0;
   a.gu_tab = d.gu_tab;
   a.down_tab = d.down_tab;
   a.k = int(m.num_experts_per_tok);
@@ -553,7 +556,13 @@ void CudaModel::Impl::routed_moe(const DLayer& d, int mi) {
     a.folded = d.rfold ? 1 : 0;
     a.presel = d.rfold ? 1 : 0;
   }
+  if (seq) {
+    a.pf_slot = pf_slot;
+    a.pf_flag = pf_flag;
+    a.pf_seq = seq;
+  }
   ffn_launch(d, a, slots);
+  if (seq) prefetch_rest(seq, mi);
 }
 
 // A dense SwiGLU MLP: the expert kernels with one slot (weight 1).
@@ -596,6 +605,9 @@ void CudaModel::Impl::enqueue_step(CudaState::Impl& s, int kind) {
   mark(K_EMBED);
   for (const LayerPlan& l : plan.layers) {
     const DLayer& d = L[size_t(l.index)];
+    // Copied during the mixer (prefetch_next: only the step's first MoE layer; the others' at the previous router).
+    if (l.ffn == FfnKind::RoutedMoE && prefetch_n > 0 && prefetches(d) && (!prefetch_next || l.moe_slot == 0))
+      prefetch_pick(d);
     switch (l.mixer) {
       case MixerKind::GatedDeltaNet: delta_net(s, d, l.state_slot); break;
       case MixerKind::GatedAttention: attention(s, d, l.state_slot); break;
@@ -613,6 +625,158 @@ void CudaModel::Impl::enqueue_step(CudaState::Impl& s, int kind) {
   }
   go(advance_kernel, 1, 1, 0, s.d_pos, s.d_step);
   check(cudaGetLastError(), "advance");
+}
+
+bool CudaModel::Impl::prefetches(const DLayer& d) const {
+  return host_copies && tiers && !disk && d.tc.tier && d.q.bits && !d.q.fp8 && !d.gg.n && d.router.p &&
+         d.router.cols == int(c.hidden_size) && d.router.rows >= int(c.num_experts) &&
+         (d.router.dt == DT_BF16 || d.router.dt == DT_F16 || d.router.dt == DT_F32) && c.hidden_size <= 8192 &&
+         d.q.gu_bytes == pf_gu && d.q.dn_bytes == pf_dn;
+}
+
+void CudaModel::Impl::prefetch_pick(const DLayer& d) {
+  PredictArgs a;
+  a.E = int(c.num_experts);
+  a.H = int(c.hidden_size);
+  a.n = prefetch_n;
+  a.x = x;
+  a.nw = d.post_norm;
+  a.eps = c.rms_norm_eps;
+  a.logits = pf_logits;
+  a.done = pf_done;
+  a.tier = d.tc.tier;
+  a.gu_tab = d.gu_tab;
+  a.down_tab = d.down_tab;
+  a.src = pf_src;
+  a.pick = pf_pick_dev;
+  a.lowest = opts.decode.prefetch_mispredict ? 1 : 0;
+  const dim3 g((a.E + kWarps - 1) / kWarps);
+  const size_t smem = size_t(a.H) * 4;
+  // No PDL: the pick starts after the previous layer's expert kernels end,
+  // so when the host sees it complete the staging area is free; with the
+  // waits in the expert kernels, after the previous layer's copies too.
+  // prefetch_next: the copies go to staging slots whose readers are done
+  // (prefetch_rest), and this layer's own copies must not wait for the pick.
+  if (pf_outstanding && !prefetch_next) {
+    CK(cudaStreamWaitEvent(stream, pf_copied, 0));
+    pf_outstanding = false;
+  }
+  pdl_next = false;
+  switch (d.router.dt) {
+    case DT_F32: go(predict_pick_kernel<float>, g, kThreads, smem, static_cast<const float*>(d.router.p), a); break;
+    case DT_F16: go(predict_pick_kernel<__half>, g, kThreads, smem, static_cast<const __half*>(d.router.p), a); break;
+    default:
+      go(predict_pick_kernel<__nv_bfloat16>, g, kThreads, smem, static_cast<const __nv_bfloat16*>(d.router.p), a);
+  }
+  mark(K_ROUTER);
+  CK(cudaEventRecord(pf_picked, stream));
+}
+
+const DLayer* CudaModel::Impl::next_moe(int mi) const {
+  for (const LayerPlan& l : plan.layers)
+    if (l.ffn == FfnKind::RoutedMoE && l.moe_slot == mi + 1) {
+      const DLayer& d = L[size_t(l.index)];
+      return prefetches(d) ? &d : nullptr;
+    }
+  return nullptr;
+}
+
+unsigned CudaModel::Impl::prefetch_copy(const DLayer& d, int mi) {
+  const unsigned seq = ++pf_seq;
+  const int pbase = prefetch_next ? (mi % 2) * (kPrefetchMax / 2) : 0;
+  int n = 0;
+  if (prefetch_n > 0 && prefetch_next && mi > 0) {
+    n = pf_next_n;  // issued after the previous MoE layer's copies (prefetch_rest)
+    pf_next_n = 0;
+  } else if (prefetch_n > 0) {
+    // The mixer is enqueued behind the pick: the device stays busy while the
+    // host waits here and issues the copies.
+    CK(cudaEventSynchronize(pf_picked));
+    for (int p = 0; p < prefetch_n; ++p) {
+      const void* g = pf_pick->gu[p];
+      const void* dn = pf_pick->dn[p];
+      if (!g || !dn) continue;
+      uint8_t* to = pf_stage + size_t(pbase + p) * (pf_gu + pf_dn);
+      CK(cudaMemcpyAsync(to, g, pf_gu, cudaMemcpyDefault, pf_stream));
+      CK(cudaMemcpyAsync(to + pf_gu, dn, pf_dn, cudaMemcpyDefault, pf_stream));
+      flag_copied(pbase + p, seq);
+      ++n;
+    }
+    if (n > 0) {
+      pf_copies += uint64_t(n);
+      CK(cudaEventRecord(pf_copied, pf_stream));
+      pf_outstanding = true;  // the next pick at a layer's start waits for them
+    }
+  }
+  go(stage_sel_kernel, 1, 32, 0, sel, int(c.num_experts_per_tok), static_cast<const void* const*>(pf_src),
+     n > 0 ? prefetch_n : 0, pbase, pf_stage, pf_gu, pf_dn, pf_used, pf_slot, static_cast<const int*>(eids),
+     d.tc.tier, pf_rest_dev);
+  mark(K_EXPERTS);
+  // prefetch_next: the next MoE layer's pick, from this layer's residual
+  // before its experts (stage_sel_kernel has read this layer's sources).
+  pf_has_next = false;
+  if (prefetch_next && prefetch_n > 0)
+    if (const DLayer* nd = next_moe(mi)) {
+      prefetch_pick(*nd);
+      pf_has_next = true;
+    }
+  CK(cudaEventRecord(pf_staged, stream));
+  return seq;
+}
+
+void CudaModel::Impl::prefetch_rest(unsigned seq, int mi) {
+  // The expert kernels are enqueued: their blocks of a listed slot wait for its flag.
+  CK(cudaEventSynchronize(pf_staged));
+  int n = 0;
+  for (int j = 0; j < int(c.num_experts_per_tok); ++j) {
+    const void* g = pf_rest->gu[j];
+    const void* dn = pf_rest->dn[j];
+    if (!g || !dn) continue;
+    uint8_t* to = pf_stage + size_t(kPrefetchMax + j) * (pf_gu + pf_dn);
+    CK(cudaMemcpyAsync(to, g, pf_gu, cudaMemcpyDefault, pf_stream));
+    CK(cudaMemcpyAsync(to + pf_gu, dn, pf_dn, cudaMemcpyDefault, pf_stream));
+    flag_copied(kPrefetchMax + j, seq);
+    ++n;
+  }
+  pf_rest_copies += uint64_t(n);
+  if (pf_has_next) {
+    // The next MoE layer's copies ahead, behind this layer's: into the other
+    // parity's staging slots, last read two MoE layers back (done: this
+    // layer's router followed them); flagged with the next layer's number.
+    const int nb = ((mi + 1) % 2) * (kPrefetchMax / 2);
+    int m = 0;
+    for (int p = 0; p < prefetch_n; ++p) {
+      const void* g = pf_pick->gu[p];
+      const void* dn = pf_pick->dn[p];
+      if (!g || !dn) continue;
+      uint8_t* to = pf_stage + size_t(nb + p) * (pf_gu + pf_dn);
+      CK(cudaMemcpyAsync(to, g, pf_gu, cudaMemcpyDefault, pf_stream));
+      CK(cudaMemcpyAsync(to + pf_gu, dn, pf_dn, cudaMemcpyDefault, pf_stream));
+      flag_copied(nb + p, seq + 1);
+      ++m;
+    }
+    pf_next_n = m;
+    pf_copies += uint64_t(m);
+    n += m;
+  }
+  if (n == 0) return;
+  CK(cudaEventRecord(pf_copied, pf_stream));
+  pf_outstanding = true;
+}
+
+void CudaModel::Impl::flag_copied(int p, unsigned seq) {
+  if (write_value32) {
+    using Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+    const CUresult r = reinterpret_cast<Fn>(write_value32)(pf_stream, CUdeviceptr(pf_flag + p), seq,
+                                                           CU_STREAM_WRITE_VALUE_DEFAULT);
+    if (r != CUDA_SUCCESS) fail("cuStreamWriteValue32 failed (" + std::to_string(int(r)) + ")");
+    return;
+  }
+  // A ring of values in pinned memory: a copy reads its value when it runs,
+  // at most a few layers after it was issued.
+  unsigned* v = pf_seq_host + seq % kSeqRing;
+  *v = seq;
+  CK(cudaMemcpyAsync(pf_flag + p, v, 4, cudaMemcpyHostToDevice, pf_stream));
 }
 
 void CudaModel::Impl::disk_fetch(int mi) {

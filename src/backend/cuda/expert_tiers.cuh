@@ -59,6 +59,8 @@ class ExpertTiers {
   uint8_t* vram_gu(int l, int slot) const { return vram_[size_t(l)] + size_t(slot) * (gu_ + down_); }
   uint8_t* vram_down(int l, int slot) const { return vram_gu(l, slot) + gu_; }
   int host_slots() const { return hslots_; }
+  size_t gu_bytes() const { return gu_; }
+  size_t down_bytes() const { return down_; }
   int vram_slots() const { return slots_; }
   bool disk() const { return disk_; }
   // Disk tier: writes expert e of MoE layer l into gu and down (host memory).

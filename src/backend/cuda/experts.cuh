@@ -37,6 +37,12 @@ struct MoeArgs {
   ExpertSel tsel;  // tables; .out: where block (0,0) publishes the row pointers
   int* ids_out;
   float* w_out;
+  // Host-tier experts by the copy engine, the expert kernels waiting for the
+  // copies themselves (host_prefetch.cuh): routed slot j reads staging slot
+  // pf_slot[j] (-1: not a copy) once pf_flag[that slot] == pf_seq. Null: no wait.
+  const int* pf_slot = nullptr;
+  const unsigned* pf_flag = nullptr;
+  unsigned pf_seq = 0;
 };
 
 // The routed expert of slot j when a gate_up block picks the experts itself
@@ -69,6 +75,24 @@ __device__ __forceinline__ const void* pick_block_expert(const MoeArgs& a, int j
   }
   __syncthreads();
   return chosen[j];
+}
+
+// The copy of routed slot j's expert, when it reads one (MoeArgs::pf_slot),
+// complete: one thread polls the flag the copy stream writes after it.
+__device__ __forceinline__ void wait_copied_thread(const MoeArgs& a, int j) {
+  const int p = a.pf_slot[j];
+  if (p < 0) return;
+  unsigned v;
+  for (;;) {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(a.pf_flag + p) : "memory");
+    if (v == a.pf_seq) break;
+    __nanosleep(200);
+  }
+}
+// The same for a whole block of slot j (uniform over the block).
+__device__ __forceinline__ void wait_copied(const MoeArgs& a, int j) {
+  if (threadIdx.x == 0) wait_copied_thread(a, j);
+  __syncthreads();
 }
 
 // h[j][r] = silu(gate_j[r] . xn) * (up_j[r] . xn); blockIdx.y = slot j.

@@ -7,7 +7,7 @@
 namespace flashmoe {
 
 void CudaModel::Impl::run_step(CudaState::Impl& s, int kind) {
-  if (!use_graph || profiling) {
+  if (!use_graph || profiling || host_copies) {  // the copy engine's path waits for the host inside a step
     enqueue_step(s, kind);
     return;
   }

@@ -21,6 +21,7 @@
 #include "backend/cuda/device_model.cuh"
 #include "backend/cuda/expert_tiers.cuh"
 #include "backend/cuda/experts.cuh"
+#include "backend/cuda/host_prefetch.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/prefill.cuh"
 #include "core/matrix.h"
@@ -142,6 +143,52 @@ struct CudaModel::Impl : Launcher {
   int* pinned_eids = nullptr;  // disk tier: the chosen experts of a layer
   // Disk tier (experts read from the packed files when chosen).
   bool disk = false;
+  // Host-tier experts by the copy engine (host_prefetch.cuh): on or off
+  // (the zero-copy kernels, the graph), copies ahead per MoE layer, the
+  // staging area, the picks' sources on the device and in pinned memory, the
+  // copy stream and its events, and the counts (copies ahead made; used:
+  // chosen experts read from a copy ahead).
+  bool host_copies = false;
+  int prefetch_n = 0;
+  uint8_t* pf_stage = nullptr;
+  size_t pf_gu = 0, pf_dn = 0;
+  const void** pf_src = nullptr;
+  float* pf_logits = nullptr;
+  unsigned* pf_done = nullptr;
+  unsigned long long* pf_used = nullptr;
+  PrefetchPick* pf_pick = nullptr;      // host address
+  PrefetchPick* pf_pick_dev = nullptr;  // its device address
+  cudaStream_t pf_stream = nullptr;
+  cudaEvent_t pf_picked = nullptr, pf_copied = nullptr;
+  uint64_t pf_copies = 0;
+  // The flags the copy stream writes ([kStageSlots], device), the ring of
+  // values for the 4-byte copies that write them without
+  // cuStreamWriteValue32 (pinned), the layer's sequence number, each routed
+  // slot's staging slot ([k], device), and whether the first MoE layer's
+  // pick must wait for copies still in flight.
+  unsigned* pf_flag = nullptr;
+  unsigned* pf_seq_host = nullptr;
+  unsigned pf_seq = 0;
+  int* pf_slot = nullptr;
+  bool pf_outstanding = false;
+  // The chosen host-tier experts not copied ahead, copied after the router
+  // (stage_sel_kernel lists them in pf_rest, pinned + mapped; pf_staged
+  // marks the list written), counted in pf_rest_copies; cuStreamWriteValue32
+  // where the driver gives it (null: the flags by 4-byte copies).
+  PrefetchRest* pf_rest = nullptr;      // host address
+  PrefetchRest* pf_rest_dev = nullptr;  // its device address
+  cudaEvent_t pf_staged = nullptr;
+  uint64_t pf_rest_copies = 0;
+  void* write_value32 = nullptr;
+  // The copies ahead of a MoE layer after the step's first predicted at the
+  // previous MoE layer's router (its router applied to that layer's
+  // residual before its experts) and issued right after that layer's own
+  // copies, into the staging slots of the other parity (MoE index % 2:
+  // slots 0.. or kPrefetchMax / 2..); pf_next_n: how many were issued for
+  // the coming layer.
+  bool prefetch_next = false;
+  int pf_next_n = 0;
+  bool pf_has_next = false;  // the current layer's prefetch_copy enqueued the next one's pick
   std::vector<int64_t> disk_layers;  // model layer of each MoE layer (the loader's store requests)
   // Expert parallelism over several GPUs (multi_gpu.cu): this GPU's rank,
   // its communicator and buffers; null on one GPU. Around each routed MoE's
@@ -249,6 +296,27 @@ struct CudaModel::Impl : Launcher {
   void dense_mlp(const DLayer& d);
   // One token through the model. kind 0: no logits; 1: logits; 2: logits + argmax.
   void enqueue_step(CudaState::Impl& s, int kind);
+  // Host-tier experts by the copy engine (host_prefetch.cuh): whether layer
+  // d's experts can be; the prediction and pick (at the step's first MoE
+  // layer's start, or at the previous MoE layer's router); after the
+  // router, the copies ahead of this layer and the staged row pointers.
+  bool prefetches(const DLayer& d) const;
+  void prefetch_pick(const DLayer& d);
+  // Returns the layer's sequence number (0: nothing copied).
+  unsigned prefetch_copy(const DLayer& d, int mi);
+  // The DLayer of MoE layer mi + 1 when its experts are copied ahead, else null.
+  const DLayer* next_moe(int mi) const;
+  // After the layer's expert kernels are enqueued: waits for
+  // stage_sel_kernel's list, copies the chosen host-tier experts on it, then
+  // (prefetch_next) the next MoE layer's copies ahead.
+  void prefetch_rest(unsigned seq, int mi);
+  // On the copy stream, after the copies into staging slot p: its flag = seq.
+  void flag_copied(int p, unsigned seq);
+  // The copy engine's path on (n copies ahead per MoE layer, 0-4; next:
+  // predicted at the previous MoE layer's router) or off (the zero-copy
+  // kernels); on, the decode step runs as plain launches (upload.cu). Off
+  // where the model has no host tier of q4/q8 experts (or a disk tier).
+  void set_host_copies(bool on, int n, bool next);
   // Disk tier, after the routing of MoE layer mi: the chosen experts
   // resident (read from disk where needed) before its expert kernels.
   void disk_fetch(int mi);

@@ -112,6 +112,7 @@ __global__ void __launch_bounds__(kThreads) gate_up_q_kernel(MoeArgs a, QExpert 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   pdl_wait();
   pdl_trigger();
+  if (a.pf_slot && !shared) wait_copied(a, j);
   const uint8_t* B = shared ? nullptr : static_cast<const uint8_t*>(a.sel ? a.sel[j] : a.gu_tab[a.ids[j]]);
   const int cpr = q.gu_row / 16, gpr = a.H / q.group;
   const bool one = q.group % EPC == 0;
@@ -178,8 +179,10 @@ __global__ void __launch_bounds__(kThreads) down_q_kernel(MoeArgs a, QExpert q) 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, k = a.k;
   pdl_wait();
   pdl_trigger();
-  if (int(threadIdx.x) < k) ptr[threadIdx.x] = static_cast<const uint8_t*>(
-      a.sel ? a.sel[k + threadIdx.x] : a.down_tab[a.ids[threadIdx.x]]);
+  if (int(threadIdx.x) < k) {
+    if (a.pf_slot) wait_copied_thread(a, threadIdx.x);  // the __syncthreads below publishes the wait
+    ptr[threadIdx.x] = static_cast<const uint8_t*>(a.sel ? a.sel[k + threadIdx.x] : a.down_tab[a.ids[threadIdx.x]]);
+  }
   if (int(threadIdx.x) < k + (a.has_shared ? 1 : 0)) wj[threadIdx.x] = a.w[threadIdx.x];
   __syncthreads();
   const int cpr = q.dn_row / 16, n = k * cpr, gpr = a.I / q.group;

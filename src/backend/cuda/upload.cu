@@ -29,6 +29,13 @@ CudaModel::Impl::~Impl() {
   if (pinned_logits) cudaFreeHost(pinned_logits);
   if (pinned_ids) cudaFreeHost(pinned_ids);
   if (pinned_eids) cudaFreeHost(pinned_eids);
+  if (pf_stream) cudaStreamSynchronize(pf_stream);
+  if (pf_pick) cudaFreeHost(pf_pick);
+  if (pf_seq_host) cudaFreeHost(pf_seq_host);
+  if (pf_rest) cudaFreeHost(pf_rest);
+  for (auto e : {pf_picked, pf_copied, pf_staged})
+    if (e) cudaEventDestroy(e);
+  if (pf_stream) cudaStreamDestroy(pf_stream);
   if (stream) cudaStreamDestroy(stream);
 }
 
@@ -374,6 +381,76 @@ void CudaModel::Impl::init_common() {
                           : l.q.bits ? int64_t(l.q.gu_bytes + l.q.dn_bytes)
                                      : 3 * m.moe_intermediate * m.hidden_size * int64_t(dt_size(l.edt)));
   }
+  // The rule (bench/NOTES-cuda.md, "Every host-tier expert by the copy
+  // engine"): a host tier of q4/q8 experts (no disk tier) holding at least
+  // 40% of each layer's experts reaches the expert kernels by the copy
+  // engine, one expert per MoE layer copied ahead: measured to win with 47%
+  // of them there. Below that it is not measured, and the plain launches it
+  // needs cost ~5% on a model read mostly from VRAM (the 35B: 248 against
+  // 261 tokens/s), so the zero-copy kernels and the graph stay.
+  set_host_copies(tiers && tiers->host_slots() * 5 >= int(c.num_experts) * 2, 1, true);
+}
+
+void CudaModel::Impl::set_host_copies(bool on, int n, bool next) {
+  n = std::clamp(n, 0, kPrefetchMax / 2);
+  if (pf_stream) CK(cudaStreamSynchronize(pf_stream));
+  pf_outstanding = false;
+  // No host tier to copy from (the disk tier reads its experts between the
+  // router and the kernels), or more routed slots than staging slots.
+  if (!tiers || disk || c.num_experts_per_tok > kRestMax) on = false;
+  if (on && !pf_stage) {
+    for (const LayerPlan& lp : plan.layers) {
+      const DLayer& d = L[size_t(lp.index)];
+      if (lp.ffn == FfnKind::RoutedMoE && d.q.bits && !d.q.fp8 && !d.gg.n) {
+        pf_gu = d.q.gu_bytes;
+        pf_dn = d.q.dn_bytes;
+        break;
+      }
+    }
+    if (pf_gu == 0) {
+      host_copies = false;  // no q4/q8 experts: the copies do not apply
+      return;
+    }
+    const int k = int(c.num_experts_per_tok);
+    pf_stage = static_cast<uint8_t*>(alloc(size_t(kPrefetchMax + k) * (pf_gu + pf_dn), "experts copied ahead"));
+    pf_src = static_cast<const void**>(alloc(2 * kPrefetchMax * sizeof(void*), "experts copied ahead"));
+    pf_logits = alloc_f(size_t(c.num_experts), "predicted router logits");
+    pf_done = static_cast<unsigned*>(alloc(4, "prediction counter"));
+    pf_used = static_cast<unsigned long long*>(alloc(8, "prediction counter"));
+    pf_flag = static_cast<unsigned*>(alloc(kStageSlots * 4, "prefetch flags"));
+    pf_slot = static_cast<int*>(alloc(size_t(std::max(1, k)) * 4, "prefetch slots"));
+    CK(cudaMemset(pf_flag, 0, kStageSlots * 4));
+    CK(cudaMallocHost(&pf_seq_host, kSeqRing * sizeof(unsigned)));
+    CK(cudaMemset(pf_done, 0, 4));
+    CK(cudaMemset(pf_used, 0, 8));
+    auto mapped = [](size_t bytes, void** dev) {
+      void* h = nullptr;
+      CK(cudaHostAlloc(&h, bytes, cudaHostAllocMapped));
+      std::memset(h, 0, bytes);
+      CK(cudaHostGetDevicePointer(dev, h, 0));
+      return h;
+    };
+    void* dp = nullptr;
+    pf_pick = static_cast<PrefetchPick*>(mapped(sizeof(PrefetchPick), &dp));
+    pf_pick_dev = static_cast<PrefetchPick*>(dp);
+    pf_rest = static_cast<PrefetchRest*>(mapped(sizeof(PrefetchRest), &dp));
+    pf_rest_dev = static_cast<PrefetchRest*>(dp);
+    CK(cudaStreamCreateWithFlags(&pf_stream, cudaStreamNonBlocking));
+    CK(cudaEventCreateWithFlags(&pf_picked, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&pf_copied, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&pf_staged, cudaEventDisableTiming));
+    // The flags by a stream memory operation (no copy engine time), where the driver has it.
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      write_value32 = fn;
+    cudaGetLastError();
+  }
+  host_copies = on;
+  prefetch_n = n;
+  prefetch_next = next;
+  pf_next_n = 0;
 }
 
 // Folds each MoE layer's router into its output projection's launch where
@@ -675,7 +752,11 @@ CudaTierStats CudaModel::tier_stats() const {
   if (!m.tiers) return {};
   CK(cudaSetDevice(m.dev));
   CK(cudaStreamSynchronize(m.stream));
-  return m.tiers->stats();
+  CudaTierStats s = m.tiers->stats();
+  s.prefetched = m.pf_copies;
+  s.copied_after = m.pf_rest_copies;
+  if (m.pf_used) CK(cudaMemcpy(&s.prefetch_used, m.pf_used, 8, cudaMemcpyDeviceToHost));
+  return s;
 }
 
 void CudaModel::reset_tier_stats() {
@@ -684,6 +765,9 @@ void CudaModel::reset_tier_stats() {
   CK(cudaSetDevice(m.dev));
   CK(cudaStreamSynchronize(m.stream));
   m.tiers->reset_stats();
+  m.pf_copies = 0;
+  m.pf_rest_copies = 0;
+  if (m.pf_used) CK(cudaMemset(m.pf_used, 0, 8));
 }
 
 }  // namespace flashmoe
