@@ -549,7 +549,9 @@ void CudaModel::Impl::routed_moe(const DLayer& d, int mi) {
     a.folded = d.rfold ? 1 : 0;
     a.presel = d.rfold ? 1 : 0;
   }
+  if (ep) ep_before_ffn();
   ffn_launch(d, a, slots);
+  if (ep) ep_after_ffn();
 }
 
 // A dense SwiGLU MLP: the expert kernels with one slot (weight 1).

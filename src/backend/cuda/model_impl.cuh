@@ -105,6 +105,13 @@ struct CudaModel::Impl : Launcher {
   // Disk tier (experts read from the packed files when chosen).
   bool disk = false;
   std::vector<int64_t> disk_layers;  // model layer of each MoE layer (the loader's store requests)
+  // Expert parallelism over several GPUs (multi_gpu.cu): this GPU's rank,
+  // its communicator and buffers; null on one GPU. Around each routed MoE's
+  // expert kernels: ep_before_ffn keeps the residual (ranks > 0),
+  // ep_after_ffn all-reduces the experts' sum into x.
+  struct ExpertParallel* ep = nullptr;
+  void ep_before_ffn();
+  void ep_after_ffn();
   // Profiling (cuda_profile_decode): an event after each launch, with its kernel class.
   bool profiling = false;
   std::vector<cudaEvent_t> events;
