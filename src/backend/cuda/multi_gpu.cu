@@ -202,6 +202,7 @@ void check_devices(const std::vector<int>& devices) {
            std::to_string(n - 1) + ")");
 }
 
+#ifdef FLASHMOE_HAVE_NCCL
 // The owner table: given per MoE layer, or even.
 std::vector<std::vector<int>> owners(const ModelConfig& c, int moe_layers, int ranks,
                                      const std::vector<std::vector<int>>& given) {
@@ -216,6 +217,7 @@ std::vector<std::vector<int>> owners(const ModelConfig& c, int moe_layers, int r
   }
   return given;
 }
+#endif
 
 template <class Make>
 std::unique_ptr<CudaMultiModel> build(CudaMultiModel::Impl& p, std::unique_ptr<CudaMultiModel> mm,
