@@ -28,12 +28,12 @@ namespace {
 
 const std::string kDir = fixture_dir("tiny-qwen35moe");
 
-// The single-GPU reference: prompts token by token through the decode step,
-// as the multi-GPU ranks run them (the batched prefill has no all-reduce).
-std::unique_ptr<CudaModel> single_gpu(const QwenModel& m) {
+// Prompts through the batched prefill (the default), or token by token
+// through the decode step: both have the all-reduce.
+CudaOptions prompts(bool batched) {
   CudaOptions o;
-  o.decode.batched_prefill = false;
-  return CudaModel::upload(m, o);
+  o.decode.batched_prefill = batched;
+  return o;
 }
 
 std::vector<float> all_logits(const CudaModel& cm, const std::vector<int32_t>& ids) {
@@ -65,21 +65,24 @@ TEST(CudaMultiGpu, OneRankEqualsSingleGpu) {
   auto model = QwenModel::load(kDir + "/model");
   const std::string ref = kDir + "/reference.safetensors";
   const RefTensor ids = load_ref(ref, "ids_long"), prompt = load_ref(ref, "prompt");
-  std::vector<float> one, many;
-  std::vector<int32_t> g1, gn;
-  {
-    auto cm = single_gpu(*model);
-    one = all_logits(*cm, ids.ids);
-    g1 = greedy(*cm, prompt.ids, 16);
+  for (bool batched : {true, false}) {
+    SCOPED_TRACE(batched ? "batched prefill" : "token by token");
+    std::vector<float> one, many;
+    std::vector<int32_t> g1, gn;
+    {
+      auto cm = CudaModel::upload(*model, prompts(batched));
+      one = all_logits(*cm, ids.ids);
+      g1 = greedy(*cm, prompt.ids, 16);
+    }
+    auto mm = CudaMultiModel::upload(*model, prompts(batched), {0});
+    ASSERT_EQ(mm->ranks(), 1);
+    many = all_logits(*mm, ids.ids);
+    gn = greedy(*mm, prompt.ids, 16);
+    ASSERT_EQ(one.size(), many.size());
+    EXPECT_EQ(std::memcmp(one.data(), many.data(), one.size() * 4), 0)
+        << "max |diff| " << max_abs_diff(one.data(), many.data(), one.size());
+    EXPECT_EQ(g1, gn);
   }
-  auto mm = CudaMultiModel::upload(*model, CudaOptions{}, {0});
-  ASSERT_EQ(mm->ranks(), 1);
-  many = all_logits(*mm, ids.ids);
-  gn = greedy(*mm, prompt.ids, 16);
-  ASSERT_EQ(one.size(), many.size());
-  EXPECT_EQ(std::memcmp(one.data(), many.data(), one.size() * 4), 0)
-      << "max |diff| " << max_abs_diff(one.data(), many.data(), one.size());
-  EXPECT_EQ(g1, gn);
 }
 
 // Two GPUs: experts split evenly, and split unevenly (rank 0 keeps one
@@ -95,7 +98,7 @@ TEST(CudaMultiGpu, TwoRanksMatchSingleGpu) {
   const RefTensor prompt = load_ref(ref, "prompt"), hf_greedy = load_ref(ref, "greedy");
   std::vector<float> one;
   {
-    auto cm = single_gpu(*model);
+    auto cm = CudaModel::upload(*model, prompts(true));
     one = all_logits(*cm, ids.ids);
   }
   const ModelConfig& c = model->config();
@@ -103,14 +106,16 @@ TEST(CudaMultiGpu, TwoRanksMatchSingleGpu) {
   for (bool b : c.layer_is_moe) moe += b ? 1 : 0;
   std::vector<int> uneven(size_t(c.num_experts), 1);
   uneven[0] = 0;
-  for (const auto& owner : {std::vector<std::vector<int>>{}, std::vector<std::vector<int>>(size_t(moe), uneven)}) {
-    auto mm = CudaMultiModel::upload(*model, CudaOptions{}, {0, 1}, owner);
-    const std::vector<float> two = all_logits(*mm, ids.ids);
-    ASSERT_EQ(two.size(), one.size());
-    EXPECT_LE(max_abs_diff(two.data(), one.data(), one.size()), 1e-3f) << (owner.empty() ? "even" : "uneven");
-    EXPECT_LE(max_abs_diff(two.data(), hf.f32.data(), one.size()), 1e-3f) << (owner.empty() ? "even" : "uneven");
-    EXPECT_EQ(greedy(*mm, prompt.ids, int64_t(hf_greedy.ids.size())), hf_greedy.ids);
-  }
+  for (bool batched : {true, false})
+    for (const auto& owner : {std::vector<std::vector<int>>{}, std::vector<std::vector<int>>(size_t(moe), uneven)}) {
+      SCOPED_TRACE(std::string(batched ? "batched prefill, " : "token by token, ") + (owner.empty() ? "even" : "uneven"));
+      auto mm = CudaMultiModel::upload(*model, prompts(batched), {0, 1}, owner);
+      const std::vector<float> two = all_logits(*mm, ids.ids);
+      ASSERT_EQ(two.size(), one.size());
+      EXPECT_LE(max_abs_diff(two.data(), one.data(), one.size()), 1e-3f);
+      EXPECT_LE(max_abs_diff(two.data(), hf.f32.data(), one.size()), 1e-3f);
+      EXPECT_EQ(greedy(*mm, prompt.ids, int64_t(hf_greedy.ids.size())), hf_greedy.ids);
+    }
 }
 
 // The flags, on any machine (the suite runs with FLASHMOE_DEVICE=cpu).

@@ -112,6 +112,9 @@ struct CudaModel::Impl : Launcher {
   struct ExpertParallel* ep = nullptr;
   void ep_before_ffn();
   void ep_after_ffn();
+  // The same around the batched prefill's experts over T rows at `rows`.
+  void ep_before_rows(float* rows, int T);
+  void ep_after_rows(float* rows, int T);
   // Profiling (cuda_profile_decode): an event after each launch, with its kernel class.
   bool profiling = false;
   std::vector<cudaEvent_t> events;

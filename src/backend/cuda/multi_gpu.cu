@@ -45,6 +45,7 @@ struct ExpertParallel {
   int rank = 0, ranks = 1;
   ncclComm_t comm = nullptr;
   float* kept = nullptr;  // [H]: ranks > 0: the residual before the experts, then their sum
+  float* kept_rows = nullptr;  // [chunk x H]: the same for the batched prefill's rows
 };
 
 // Rank 0 adds its experts (and the shared expert) to the residual in x as
@@ -69,10 +70,30 @@ void CudaModel::Impl::ep_after_ffn() {
   pdl_next = false;  // the next kernel waits for the reduction whole
 }
 
+// The batched prefill's T rows (at most a chunk), as above.
+void CudaModel::Impl::ep_before_rows(float* rows, int T) {
+  if (ep->rank == 0) return;
+  CK(cudaMemcpyAsync(ep->kept_rows, rows, size_t(T) * size_t(c.hidden_size) * 4, cudaMemcpyDeviceToDevice, stream));
+}
+
+void CudaModel::Impl::ep_after_rows(float* rows, int T) {
+  const int n = T * int(c.hidden_size);
+  const float* send = rows;
+  if (ep->rank > 0) {
+    residual_delta_kernel<<<std::min((n + 255) / 256, 4096), 256, 0, stream>>>(rows, ep->kept_rows, n);
+    check(cudaGetLastError(), "residual_delta_kernel");
+    send = ep->kept_rows;
+  }
+  nccl_check(ncclAllReduce(send, rows, size_t(n), ncclFloat, ncclSum, ep->comm, stream),
+             "all-reduce of the experts (prefill)");
+}
+
 #else
 
 void CudaModel::Impl::ep_before_ffn() {}
 void CudaModel::Impl::ep_after_ffn() {}
+void CudaModel::Impl::ep_before_rows(float*, int) {}
+void CudaModel::Impl::ep_after_rows(float*, int) {}
 
 #endif
 
@@ -135,8 +156,7 @@ namespace {
 // Rank r's model made an expert-parallel rank: the tables of its MoE layers
 // send experts it does not own to one all-zero expert (gate, up and down
 // all zero: its output is exactly 0 whatever the format, and its reads stay
-// in L2), ranks > 0 drop the shared expert (rank 0 adds it), and prompts go
-// through the decode step (where the all-reduce is).
+// in L2), and ranks > 0 drop the shared expert (rank 0 adds it).
 void make_rank(CudaModel& model, int rank, int ranks, const std::vector<std::vector<int>>& owner, ncclComm_t comm,
                ExpertParallel& ep) {
   CudaModel::Impl& m = CudaModelAccess::impl(model);
@@ -144,7 +164,6 @@ void make_rank(CudaModel& model, int rank, int ranks, const std::vector<std::vec
   if (m.tiers)
     fail("--gpus: the routed experts must all be in VRAM on every GPU (a tiered expert cache is not supported "
          "with several GPUs yet)");
-  m.opts.decode.batched_prefill = false;
   const int E = int(m.c.num_experts);
   // Expert strides from the contiguous tables (expert e at base + e * stride).
   struct Tab {
@@ -185,6 +204,7 @@ void make_rank(CudaModel& model, int rank, int ranks, const std::vector<std::vec
   ep.ranks = ranks;
   ep.comm = comm;
   ep.kept = m.alloc_f(size_t(m.c.hidden_size), "expert-parallel residual");
+  ep.kept_rows = m.alloc_f(size_t(m.chunk) * size_t(m.c.hidden_size), "expert-parallel residual rows");
   m.ep = &ep;
   CK(cudaDeviceSynchronize());
 }

@@ -12,8 +12,8 @@
 // One process, one host thread per rank during a call (rank 0 on the
 // caller's), each driving its GPU's stream; communicators from
 // ncclCommInitAll. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 unless
-// the environment sets it). Prompts go token by token through the decode
-// step on every rank (the batched prefill has no all-reduce yet).
+// the environment sets it). Prompts take the batched prefill, whose MoE
+// layers all-reduce a chunk's rows the same way.
 //
 // Plain C++ header: a build without NCCL (or without CUDA) compiles it and
 // upload() throws an Error saying so.
