@@ -6,7 +6,7 @@
 # 2. The tests: CudaMultiGpu.OneRankEqualsSingleGpu must PASS (one rank
 #    through the NCCL path = the single GPU bit for bit);
 #    TwoRanksMatchSingleGpu SKIPs with fewer than 2 GPUs.
-# 3. bench --synthetic qwen3.5-35b-a3b, tg64, plain vs --gpus 1, interleaved:
+# 3. bench --synthetic qwen3.5-35b-a3b, pp512 + tg64, plain vs --gpus 1, interleaved:
 #    the one-rank path must cost <= 2%.
 # 4. generate --gpus 1 = plain (tiny-qwen35moe greedy ids).
 # 5. Two ranks on one GPU (--devices 0,0): whether NCCL takes it (recent
@@ -24,12 +24,12 @@ timeout 15 ./build/flashmoe_tests --gtest_filter='CudaMultiGpu.*:MultiGpuCli.*:E
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |OK \]|FAILED \]|Failure|error|Expected|Which is|max \|diff" | head -30
 rc=${PIPESTATUS[0]}
 [ "$rc" = 0 ] && echo "PASS: CudaMultiGpu/MultiGpuCli/ExpertPartition tests" || echo "FAIL: tests rc=$rc"
-echo "== 3. bench 35B synthetic, tg64, plain vs --gpus 1 (interleaved) [${SECONDS} s]"
-B="./build/flashmoe bench --device cuda --synthetic qwen3.5-35b-a3b -p 0 -n 64 -r 5"
+echo "== 3. bench 35B synthetic, pp512 + tg64, plain vs --gpus 1 (interleaved) [${SECONDS} s]"
+B="./build/flashmoe bench --device cuda --synthetic qwen3.5-35b-a3b -p 512 -n 64 -r 5"
 for i in 1 2 3; do
   [ "$i" -gt 1 ] && [ "$SECONDS" -gt 24 ] && break  # a second pair only where the 40 s allow it
-  timeout 9 $B 2>&1 | grep -E "^\| tg|at .* of that roofline|error" | sed "s/^/plain  : /"
-  timeout 9 $B --gpus 1 2>&1 | grep -E "^\| tg|at .* of that roofline|error" | sed "s/^/gpus 1 : /"
+  timeout 9 $B 2>&1 | grep -E "^\| (tg|pp)|at .* of that roofline|error" | sed "s/^/plain  : /"
+  timeout 9 $B --gpus 1 2>&1 | grep -E "^\| (tg|pp)|at .* of that roofline|error" | sed "s/^/gpus 1 : /"
   echo "(after pair $i: ${SECONDS} s)"
 done
 echo "== 4. generate --gpus 1 vs plain"
