@@ -256,6 +256,25 @@ std::unique_ptr<CudaMultiModel> build(CudaMultiModel::Impl& p, std::unique_ptr<C
   nccl_check(ncclCommInitAll(p.comms.data(), n, devices.data()), "communicators (ncclCommInitAll)");
   p.eps.resize(size_t(n));
   for (int r = 0; r < n; ++r) make_rank(*p.models[size_t(r)], r, n, p.owner, p.comms[size_t(r)], p.eps[size_t(r)]);
+  // One all-reduce of each size the steps use, outside any graph capture:
+  // NCCL connects a communicator's peers at its first collectives. One
+  // thread drives every rank here, hence the group.
+  for (bool rows : {false, true}) {
+    nccl_check(ncclGroupStart(), "group start");
+    for (int r = 0; r < n; ++r) {
+      CudaModel::Impl& m = CudaModelAccess::impl(*p.models[size_t(r)]);
+      CK(cudaSetDevice(m.dev));
+      float* buf = rows ? p.eps[size_t(r)].kept_rows : p.eps[size_t(r)].kept;
+      const size_t count = size_t(m.c.hidden_size) * (rows ? size_t(m.chunk) : 1);
+      nccl_check(ncclAllReduce(buf, buf, count, ncclFloat, ncclSum, p.comms[size_t(r)], m.stream), "first all-reduce");
+    }
+    nccl_check(ncclGroupEnd(), "group end");
+  }
+  for (int r = 0; r < n; ++r) {
+    CudaModel::Impl& m = CudaModelAccess::impl(*p.models[size_t(r)]);
+    CK(cudaSetDevice(m.dev));
+    CK(cudaStreamSynchronize(m.stream));
+  }
 #else
   (void)p, (void)given, (void)make;
 #endif
