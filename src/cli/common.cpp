@@ -47,6 +47,15 @@ void add_model_options(CLI::App* cmd, ModelOptions* opt, bool require_model) {
                   "or 10%); the others are read from the model's files when chosen "
                   "(each step waits for them; prompts go in chunks of host slots / top-k tokens)")
       ->type_name("GB|N%");
+  cmd->add_option("--gpus", opt->device.gpus,
+                  "Run on GPUs 0..N-1 at once (expert parallel over NCCL: each GPU holds the whole model but a "
+                  "share of the routed experts, one all-reduce per MoE layer; docs/multi-gpu.md). 1 runs the same "
+                  "path on one GPU. Needs a build with NCCL")
+      ->type_name("N")
+      ->check(integer_between(1, 64));
+  cmd->add_option("--devices", opt->device.gpu_list,
+                  "As --gpus, on the GPUs listed (comma-separated CUDA device numbers, e.g. 0,1)")
+      ->type_name("LIST");
   cmd->add_option("--moe-top-k", opt->experts.experts_per_token,
                   "Route each token to its K most probable experts instead of the model's num_experts_per_tok "
                   "(1 <= K <= that value; the kept router weights are renormalised as the model renormalises its own "
@@ -86,6 +95,15 @@ void finalize_model_options(ModelOptions* opt) {
     if (d.gpu_expert_cache.empty())
       fail("--gpu-host-cache needs --gpu-expert-cache (without it every expert is in VRAM)");
   }
+  if (d.gpus > 0 && !d.gpu_list.empty()) fail("--gpus and --devices: give one of them");
+  if (d.gpus > 0)
+    for (int g = 0; g < d.gpus; ++g) d.gpu.devices.push_back(g);
+  if (!d.gpu_list.empty()) {
+    for (int32_t g : parse_int_list("--devices", d.gpu_list)) {
+      if (g < 0) fail("--devices: " + std::to_string(g) + " is not a GPU number (expected 0 or more)");
+      d.gpu.devices.push_back(g);
+    }
+  }
   settle_device(&d);
   opt->experts.policy = parse_cache_policy(opt->cache_policy);
 }
@@ -101,7 +119,9 @@ std::unique_ptr<Backend> load_model(const ModelOptions& opt) {
   return open_backend(opt.device, std::move(host));
 }
 
-std::vector<int32_t> parse_ids(const std::string& s) {
+std::vector<int32_t> parse_ids(const std::string& s) { return parse_int_list("--ids", s); }
+
+std::vector<int32_t> parse_int_list(const std::string& flag, const std::string& s) {
   std::vector<int32_t> ids;
   size_t i = 0;
   while (i <= s.size()) {
@@ -114,11 +134,12 @@ std::vector<int32_t> parse_ids(const std::string& s) {
     errno = 0;
     long long v = item.empty() ? 0 : std::strtoll(item.c_str(), &end, 10);
     if (item.empty() || *end != '\0' || errno == ERANGE || v < INT32_MIN || v > INT32_MAX)
-      fail("--ids: '" + item + "' is not a token id (expected comma-separated integers like 1,2,3)");
+      fail(flag + ": '" + item + "' is not " + (flag == "--ids" ? "a token id" : "a number") +
+           " (expected comma-separated integers like 1,2,3)");
     ids.push_back(int32_t(v));
     i = j + 1;
   }
-  if (ids.empty()) fail("--ids: no token ids given");
+  if (ids.empty()) fail(flag + (flag == "--ids" ? ": no token ids given" : ": nothing given"));
   return ids;
 }
 

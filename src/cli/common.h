@@ -46,5 +46,7 @@ std::unique_ptr<Backend> load_model(const ModelOptions& opt);
 
 // Parses "1,2,3" into token ids; throws Error naming the bad item.
 std::vector<int32_t> parse_ids(const std::string& s);
+// Comma-separated integers given to `flag` (errors name the flag).
+std::vector<int32_t> parse_int_list(const std::string& flag, const std::string& s);
 
 }  // namespace flashmoe::cli

@@ -14,12 +14,14 @@
 #include "runtime/cpu_backend.h"
 #include "runtime/cuda_backend_impl.h"
 #include "runtime/memory_plan.h"
+#include "runtime/multi_gpu_backend.h"
 
 namespace flashmoe {
 
 namespace {
 
 const CudaBackend* as_cuda(const Backend& b) { return dynamic_cast<const CudaBackend*>(&b); }
+const MultiGpuBackend* as_multi(const Backend& b) { return dynamic_cast<const MultiGpuBackend*>(&b); }
 
 // Plain memcpy bandwidth over buffers far larger than the caches.
 double memcpy_gbps(ThreadPool& pool) {
@@ -128,6 +130,10 @@ std::unique_ptr<Backend> synthetic_backend(const ModelConfig& c, QuantKind exper
   so.group = group;
   so.fp8_weights = fp8_weights;
   so.mtp_head = mtp_head;
+  if (!o.devices.empty()) {  // --gpus: the same weights on every GPU, experts split
+    check_gpu_list(o);
+    return std::make_unique<MultiGpuBackend>(nullptr, CudaMultiModel::synthetic(c, 1234, cuda_options(o), so, o.devices));
+  }
   return std::make_unique<CudaBackend>(nullptr, cuda_synthetic_model(c, 1234, co, so));
 }
 
@@ -140,6 +146,12 @@ std::unique_ptr<Backend> synthetic_cpu_backend(const ModelConfig& c, QuantKind e
 Bandwidth weight_memory_bandwidth(const Backend& b, ThreadPool& pool) {
   if (const CudaBackend* c = as_cuda(b))
     return {cuda_copy_bandwidth_gbps(c->device_for_bench()), "device copy (cudaMemcpy D2D, read+written)"};
+  if (const MultiGpuBackend* m = as_multi(b)) {
+    // The aggregate of the GPUs: rank 0's copy rate times their number.
+    const int n = m->device().ranks();
+    return {n * cuda_copy_bandwidth_gbps(m->device().rank_model(0)),
+            "device copy (cudaMemcpy D2D, read+written) on GPU 0 x " + std::to_string(n) + " GPUs"};
+  }
   const int64_t llc = last_level_cache_bytes();
   // A model that fits the cache is read from it, and a copy of 2 x 32 MiB
   // keeps the bench's RSS the model's; a model far larger than the cache is
@@ -172,10 +184,11 @@ bool gpu_memory_info(int64_t* free_bytes, int64_t* total_bytes) {
   return CudaModel::memory_info(free_bytes, total_bytes);
 }
 
-bool has_decode_graph(const Backend& b) { return as_cuda(b) != nullptr; }
+bool has_decode_graph(const Backend& b) { return as_cuda(b) != nullptr || as_multi(b) != nullptr; }
 
 void set_decode_graph(const Backend& b, bool on) {
   if (const CudaBackend* c = as_cuda(b)) c->device_for_bench().set_use_graph(on);
+  if (const MultiGpuBackend* m = as_multi(b)) m->device_for_bench().set_use_graph(on);
 }
 
 std::vector<KernelTime> profile_decode(const Backend& b, State& st, int32_t first, int steps) {

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "runtime/cpu_backend.h"
 #include "runtime/cuda_backend.h"
+#include "runtime/multi_gpu_backend.h"
 
 namespace flashmoe {
 
@@ -46,6 +47,17 @@ void settle_device(DeviceRequest* req) {
   if (d != "cpu" && d != "cuda" && d != "auto")
     fail((req->source == "FLASHMOE_DEVICE" ? "FLASHMOE_DEVICE" : "--device") + std::string(": '") + d +
          "' is not a device (expected cpu, cuda or auto)");
+  if (!req->gpu.devices.empty() && d == "cpu")
+    fail(std::string(req->gpus > 0 ? "--gpus" : "--devices") + " needs --device cuda or auto" +
+         std::string(req->source == "FLASHMOE_DEVICE" ? " (FLASHMOE_DEVICE=cpu selects the CPU)" : ""));
+  if (!req->gpu.devices.empty()) {
+    // Several GPUs asked for by number: never a silent fall back to the CPU.
+    if (!req->cpu_only.empty()) fail(req->cpu_only + " is only available with --device cpu");
+    const Obstacle gpu = gpu_presence();
+    if (gpu) fail(std::string(req->gpus > 0 ? "--gpus" : "--devices") + ": no usable GPU (" + gpu.message + ")");
+    d = "cuda";
+    return;
+  }
   if (d == "cpu") {
     if (gpu_cache_given(*req))
       fail(std::string(req->gpu_expert_cache.empty() ? "--gpu-host-cache" : "--gpu-expert-cache") +
@@ -96,6 +108,7 @@ std::unique_ptr<Backend> open_backend(const DeviceRequest& req, std::shared_ptr<
     const Obstacle gpu = gpu_presence();
     if (gpu) fail(device_words(req) + ": no usable GPU (" + gpu.message + "); " + device_advice(DeviceFailure::Unavailable));
     if (obstacle) fail(device_words(req) + ": " + obstacle.message + "; " + device_advice(DeviceFailure::Unsupported));
+    if (!req.gpu.devices.empty()) return make_multi_gpu_backend(std::move(model), req.gpu);
     return make_cuda_backend(std::move(model), req.gpu);
   }
   // auto, with a usable GPU: the GPU unless the weights keep this run off

@@ -12,6 +12,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "model/qwen_model.h"
@@ -38,6 +39,10 @@ struct GpuOptions {
   // bench --profile: time per phase of the batched prefill, printed to stderr
   // when the model is released.
   bool prefill_profile = false;
+  // --gpus N (0..N-1) / --devices LIST: the GPUs of an expert-parallel run
+  // over NCCL (runtime/multi_gpu_backend.h), one rank each; empty: one GPU
+  // without NCCL (the default).
+  std::vector<int> devices;
 };
 
 // Why a backend cannot run a model: a code to decide on, and a message for
@@ -69,6 +74,9 @@ struct DeviceRequest {
   std::string cpu_only;
   // --gpu-expert-cache / --gpu-host-cache as given (for messages) and parsed.
   std::string gpu_expert_cache, gpu_host_cache;
+  // --gpus N / --devices LIST as given (0 / "": not given); parsed into gpu.devices.
+  int gpus = 0;
+  std::string gpu_list;
   GpuOptions gpu;
   // After settle, when auto picked the CPU: why (the note open_backend
   // prints; empty when there simply is no usable GPU), and the obstacle that

@@ -62,6 +62,8 @@ struct CudaOptions {
   // Decode-step and prefill settings (tests, benchmarks); the defaults are
   // the fastest paths.
   DecodeOptions decode;
+  // The CUDA device the model goes to (multi_gpu.h puts one per rank).
+  int device = 0;
 };
 
 // Counters of the tiered expert cache (all zero / disabled without one).

@@ -561,8 +561,10 @@ void CudaModel::Impl::routed_moe(const DLayer& d, int mi) {
     a.pf_flag = pf_flag;
     a.pf_seq = seq;
   }
+  if (ep) ep_before_ffn();
   ffn_launch(d, a, slots);
   if (seq) prefetch_rest(seq, mi);
+  if (ep) ep_after_ffn();
 }
 
 // A dense SwiGLU MLP: the expert kernels with one slot (weight 1).

@@ -30,6 +30,10 @@ Prefill* CudaModel::Impl::batched() {
   pm.profile = opts.decode.prefill_profile;
   pm.batch_graph = opts.decode.batch_graph;
   pm.batch_experts = int(opts.decode.batch_experts);
+  if (ep) {  // expert parallel: the all-reduce after each MoE's experts (multi_gpu.cu)
+    pm.moe_before = [this](float* rows, int T) { ep_before_rows(rows, T); };
+    pm.moe_after = [this](float* rows, int T) { ep_after_rows(rows, T); };
+  }
   int max_t = chunk;
   if (tiers && !disk)
     pm.stage_experts = [this](int mi, int T) {

@@ -511,6 +511,7 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
     mark(P_SHARED);
     return false;
   }
+  if (m_.moe_before) m_.moe_before(x_, T);
   dense(d.router, xn_, rl_, d.router.rows, GEMM_STORE, 0, fs);
   mark(P_ROUTER);
   topk_rows_kernel<<<T, 32, 0, st>>>(rl_, d.router.rows, E, k, c.norm_topk_prob ? 1 : 0, d.has_shared ? 1 : 0, ids_,
@@ -629,11 +630,13 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
     dense(d.s_down, hs_, ysh_, H, GEMM_STORE);
     mark(P_SHARED);
   }
+  if (m_.moe_after) next_norm = nullptr;  // the norm of the sum over the GPUs, by the next layer
   if (next_norm)
     moe_combine_norm_kernel<<<T, 256, 0, st>>>(x_, H, y_, d.has_shared ? ysh_ : nullptr, w_, k, next_norm,
                                                c.rms_norm_eps, xn_);
   else
     moe_combine_kernel<<<T, 256, 0, st>>>(x_, H, y_, d.has_shared ? ysh_ : nullptr, w_, k);
+  if (m_.moe_after) m_.moe_after(x_, T);
   mark(P_COMBINE);
   check(cudaGetLastError(), "batched prefill: experts");
   return next_norm != nullptr;

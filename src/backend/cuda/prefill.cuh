@@ -61,6 +61,10 @@ struct PrefillModel {
   // of T tokens, the tables to read them through (ExpertTiers::stage), or
   // {null, null} for the layer's own. Null: the layer's own.
   std::function<std::pair<const void* const*, const void* const*>(int mi, int T)> stage_experts;
+  // Expert parallelism over several GPUs (multi_gpu.cu): around each routed
+  // MoE's experts over T rows of x (T x hidden): moe_before keeps the
+  // residual, moe_after all-reduces the experts' sums into x. Null: one GPU.
+  std::function<void(float* x, int T)> moe_before, moe_after;
 };
 
 // One conversation's device state, advanced by a chunk.

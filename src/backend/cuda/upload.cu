@@ -320,6 +320,7 @@ void CudaModel::Impl::init_device() {
   std::string why;
   if (!CudaModel::available(&why)) fail_device(DeviceFailure::Unavailable, "no usable CUDA device: " + why);
   chunk = std::clamp(opts.decode.prefill_chunk, 1, kRing - 1);
+  dev = opts.device;
   CK(cudaSetDevice(dev));
   CK(cudaGetDeviceProperties(&prop, dev));
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
