@@ -319,10 +319,11 @@ TEST(CudaBatch, OneStateTwiceIsAnError) {
 // Throughput of batched decode on the 35B synthetic (all 40 layers) at
 // B = 1, 8, 32, 64: aggregate tokens/s with the argmax picked on the
 // device (also with every row's logits copied to the host, and with none),
-// the routed experts through the tiled product, few_rows_kernel and
-// skinny_gemm_kernel (what sets the default), against the bytes-touched
-// roofline of each B. A bench, not a test (nothing to pass or fail): run by
-// gpu-tasks/batch-cuda.sh with --gtest_also_run_disabled_tests.
+// the skinny product with 1 and 2 warp groups along K and the shared expert
+// in line and beside the routed experts (what sets DecodeOptions::
+// skinny_k_warps and shared_expert_beside), against the bytes-touched roofline
+// of each B. A bench, not a test (nothing to pass or fail): run by
+// gpu-tasks/batch-more.sh with --gtest_also_run_disabled_tests.
 //
 // Bytes one step over B sequences must move (bench/NOTES.md, batched decode):
 //   weights: the non-expert weights once + of each MoE layer's E routed
@@ -352,21 +353,27 @@ TEST(CudaBatchBench, DISABLED_DecodeThroughputAt35b) {
   CudaModel& dev = dynamic_cast<const CudaBackend&>(*b).device_for_bench();
   using Path = DecodeOptions::BatchExperts;
   struct Run {
-    Path path;
-    bool graph;
+    int kw;
+    bool beside, wide;
     const char* name;
   };
-  // The routed experts through the tiled product (main's path), through
-  // few_rows_kernel and through skinny_gemm_kernel, then the default
-  // choice with graphs.
+  // The default (experts chosen per B, graphs) with session 6's skinny
+  // product and the shared expert after the routed experts on the one
+  // stream; then 2 warp groups along K in the skinny product; then also the
+  // shared expert beside the routed experts on a second stream (the
+  // default); then also the in-proj at 17-32 rows through the skinny product. The routed-expert paths (DecodeOptions::batch_experts)
+  // were measured side by side in session 6 (bench/NOTES-cuda.md, batch-fixed).
   double tps1 = 0;
-  for (const Run run : {Run{Path::Tiled, false, "tiled experts"}, Run{Path::FewRows, false, "few-rows experts"},
-                        Run{Path::Skinny, false, "skinny experts"}, Run{Path::Auto, true, "auto + graphs"}}) {
-    cuda_set_batch_experts(dev, run.path);
-    cuda_set_batch_graph(dev, run.graph);
+  cuda_set_batch_experts(dev, Path::Auto);
+  cuda_set_batch_graph(dev, true);
+  for (const Run run : {Run{1, false, false, "kw1, shared in line"}, Run{2, false, false, "kw2, shared in line"},
+                        Run{2, true, false, "kw2, shared beside"}, Run{2, true, true, "kw2, beside, wide"}}) {
+    cuda_set_skinny_k_warps(dev, run.kw);
+    cuda_set_shared_beside(dev, run.beside);
+    cuda_set_skinny_wide(dev, run.wide);
     std::printf("[batch-bench] %s\n", run.name);
     for (int B : {1, 8, 32, 64}) {
-      if (B == 1 && run.path != Path::Tiled) continue;  // the single-sequence step either way
+      if (B == 1 && run.kw != 1) continue;  // the single-sequence step either way
       std::vector<std::unique_ptr<State>> st;
       std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B));
       std::vector<std::vector<float>> out(size_t(B), std::vector<float>(static_cast<size_t>(V)));
@@ -409,7 +416,7 @@ TEST(CudaBatchBench, DISABLED_DecodeThroughputAt35b) {
       const double sb = double(B) * double(lin) * 2.0 * double(c.lin_num_v_heads * c.lin_k_dim * c.lin_v_dim) * 4;
       const double roof = double(B) / ((w + kvb) / (gbps * 1e9));
       const double roof_s = double(B) / ((w + kvb + sb) / (gbps * 1e9));
-      std::printf("[batch-bench] B=%-3d %-16s argmax on device %8.1f tokens/s (%.2f ms/step), %.2fx B=1; "
+      std::printf("[batch-bench] B=%-3d %-20s argmax on device %8.1f tokens/s (%.2f ms/step), %.2fx B=1; "
                   "logits to the host %8.1f; no logits %8.1f; experts touched %.1f%%; bytes/step %.2f GB weights + "
                   "%.3f GB KV (+ %.2f GB delta states); roofline %.0f tokens/s -> %.1f%% (with states: %.0f -> "
                   "%.1f%%)\n",

@@ -30,6 +30,9 @@ Prefill* CudaModel::Impl::batched() {
   pm.profile = opts.decode.prefill_profile;
   pm.batch_graph = opts.decode.batch_graph;
   pm.batch_experts = int(opts.decode.batch_experts);
+  pm.shared_beside = opts.decode.shared_expert_beside;
+  pm.skinny_k_warps = opts.decode.skinny_k_warps;
+  pm.skinny_wide = opts.decode.skinny_wide;
   int max_t = chunk;
   if (tiers && !disk)
     pm.stage_experts = [this](int mi, int T) {
