@@ -357,20 +357,23 @@ TEST(CudaBatchBench, DISABLED_DecodeThroughputAt35b) {
     bool beside, wide;
     const char* name;
     std::vector<int> batches;
+    Path experts = Path::Auto;
   };
   // The default (experts chosen per B, graphs) with session 6's skinny
   // product and the shared expert after the routed experts on the one
   // stream; then 2 warp groups along K in the skinny product; then also the
   // shared expert beside the routed experts on a second stream (the
-  // default); then also the in-proj at 17-32 rows through the skinny product. The routed-expert paths (DecodeOptions::batch_experts)
+  // default); then also the in-proj at 17-32 rows through the skinny product;
+  // then the routed experts through the skinny product at B = 32 and 64. The routed-expert paths (DecodeOptions::batch_experts)
   // were measured side by side in session 6 (bench/NOTES-cuda.md, batch-fixed).
   double tps1 = 0;
-  cuda_set_batch_experts(dev, Path::Auto);
   cuda_set_batch_graph(dev, true);
   for (const Run& run : {Run{1, false, false, "kw1, shared in line", {1, 8, 32, 64}},
                          Run{2, false, false, "kw2, shared in line", {8, 32}},
                          Run{2, true, false, "kw2, shared beside", {8, 32, 64}},
-                         Run{2, true, true, "kw2, beside, wide", {32}}}) {
+                         Run{2, true, true, "kw2, beside, wide", {32}},
+                         Run{2, true, false, "kw2, beside, skinny experts", {32, 64}, Path::Skinny}}) {
+    cuda_set_batch_experts(dev, run.experts);
     cuda_set_skinny_k_warps(dev, run.kw);
     cuda_set_shared_beside(dev, run.beside);
     cuda_set_skinny_wide(dev, run.wide);
@@ -413,7 +416,7 @@ TEST(CudaBatchBench, DISABLED_DecodeThroughputAt35b) {
       const double sb = double(B) * double(lin) * 2.0 * double(c.lin_num_v_heads * c.lin_k_dim * c.lin_v_dim) * 4;
       const double roof = double(B) / ((w + kvb) / (gbps * 1e9));
       const double roof_s = double(B) / ((w + kvb + sb) / (gbps * 1e9));
-      std::printf("[batch-bench] B=%-3d %-20s argmax on device %8.1f tokens/s (%.2f ms/step), %.2fx B=1; "
+      std::printf("[batch-bench] B=%-3d %-28s argmax on device %8.1f tokens/s (%.2f ms/step), %.2fx B=1; "
                   "experts touched %.1f%%; bytes/step %.2f GB weights + %.3f GB KV (+ %.2f GB delta states); "
                   "roofline %.0f tokens/s -> %.1f%% (with states: %.0f -> %.1f%%)\n",
                   B, run.name, tps, sec_id / steps * 1e3, tps1 > 0 ? tps / tps1 : 0.0, 100 * union_frac, w / 1e9,
