@@ -5,9 +5,10 @@ machine), standard library only. Each client is a process of its own (so
 the clients' JSON parsing does not share one interpreter lock at thousands
 of tokens/s), making REQUESTS requests of MAX_TOKENS tokens one after
 another, the same requests as server_bench.mjs (temperature 0.7, a seed per
-request, ignore_eos).
+request, ignore_eos); TEMPERATURE 0: greedy (as `flashmoe bench --batch`,
+whose argmax is picked on the device).
 
-  python3 bench/server_stream_bench.py URL CLIENTS REQUESTS MAX_TOKENS
+  python3 bench/server_stream_bench.py URL CLIENTS REQUESTS MAX_TOKENS [TEMPERATURE]
 
 Prints one line in server_bench.mjs's format: aggregate generated tokens/s
 (all tokens over the wall time from the first request to the last answer),
@@ -23,12 +24,12 @@ import time
 import urllib.parse
 
 
-def one_request(url, client, i, max_tokens):
+def one_request(url, client, i, max_tokens, temperature):
     u = urllib.parse.urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
     body = json.dumps({
         "messages": [{"role": "user", "content": f"Client {client} request {i}: write a sorting function."}],
-        "max_tokens": max_tokens, "temperature": 0.7, "seed": client * 1000 + i, "ignore_eos": True,
+        "max_tokens": max_tokens, "temperature": temperature, "seed": client * 1000 + i, "ignore_eos": True,
         "stream": True, "stream_options": {"include_usage": True}})
     t0 = time.perf_counter()
     conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
@@ -65,8 +66,8 @@ def one_request(url, client, i, max_tokens):
 
 
 def client(args):
-    url, c, requests, max_tokens = args
-    return [one_request(url, c, i, max_tokens) for i in range(requests)]
+    url, c, requests, max_tokens, temperature = args
+    return [one_request(url, c, i, max_tokens, temperature) for i in range(requests)]
 
 
 def pct(v, p):
@@ -75,13 +76,14 @@ def pct(v, p):
 
 
 def main():
-    if len(sys.argv) != 5:
-        sys.exit("usage: server_stream_bench.py URL CLIENTS REQUESTS MAX_TOKENS")
+    if len(sys.argv) not in (5, 6):
+        sys.exit("usage: server_stream_bench.py URL CLIENTS REQUESTS MAX_TOKENS [TEMPERATURE]")
     url, clients, requests, max_tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    temperature = float(sys.argv[5]) if len(sys.argv) == 6 else 0.7
     ctx = mp.get_context("fork")
     with ctx.Pool(clients) as pool:
         t0 = time.perf_counter()
-        res = [r for rs in pool.map(client, [(url, c, requests, max_tokens) for c in range(clients)]) for r in rs]
+        res = [r for rs in pool.map(client, [(url, c, requests, max_tokens, temperature) for c in range(clients)]) for r in rs]
         s = time.perf_counter() - t0
     tokens = sum(r["tokens"] for r in res)
     ttfts = [r["first"] - r["t0"] for r in res]
@@ -89,7 +91,7 @@ def main():
     first, end = min(r["first"] for r in res), max(r["end"] for r in res)
     decode = sum(r["tokens"] - 1 for r in res) / (end - first)
     ms = lambda x: f"{x * 1000:.1f}"
-    print(f"{clients} streaming clients: {tokens} tokens in {s:.2f} s = {tokens / s:.1f} tokens/s aggregate; "
+    print(f"{clients} streaming clients (temperature {temperature:g}): {tokens} tokens in {s:.2f} s = {tokens / s:.1f} tokens/s aggregate; "
           f"TTFT p50 {ms(pct(ttfts, .5))} / p90 {ms(pct(ttfts, .9))} / p99 {ms(pct(ttfts, .99))} ms; "
           f"inter-token p50 {ms(pct(gaps, .5))} / p90 {ms(pct(gaps, .9))} / p99 {ms(pct(gaps, .99))} ms; "
           f"decode {decode:.1f} tokens/s (first token to last)")

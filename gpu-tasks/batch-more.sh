@@ -7,7 +7,8 @@
 #      line and beside, the in-proj through the skinny product, side by side;
 #   2. the server bench on the GPU: coder-mini, `flashmoe serve --device
 #      cuda` with 1, 8, 32 streaming clients (bench/server_stream_bench.py,
-#      python stdlib) against `flashmoe bench --batch B` at the same B;
+#      python stdlib; greedy, as the bench) against `flashmoe bench --batch
+#      B` at the same B;
 #   3. the tests of what changed: CudaOps.SkinnyProductMatchesCpu (the
 #      skinny product with 2 warp groups along K against a double product),
 #      the batched-decode tests (CudaBatch.*: each sequence against the same
@@ -35,7 +36,7 @@ for n in 1 8 32; do
   ./build/flashmoe serve -m models/coder-mini --device cuda --port $port --parallel $n --queue 64 2> $D/serve$n.log &
   pid=$!
   for _ in $(seq 150); do python3 -c "import urllib.request as u; u.urlopen('$url/health', timeout=1)" 2>/dev/null && break; sleep 0.1; done
-  timeout 8 python3 bench/server_stream_bench.py $url $n 1 128 2>&1 | sed "s/^/[server] /"
+  timeout 8 python3 bench/server_stream_bench.py $url $n 1 128 0 2>&1 | sed "s/^/[server] /"
   kill $pid; wait $pid 2>/dev/null
   timeout 8 ./build/flashmoe bench -m models/coder-mini --device cuda -p 0 -n 128 -r 1 --batch $n 2>/dev/null |
     grep -E "tg128" | sed "s/^/[bench --batch $n] /"
