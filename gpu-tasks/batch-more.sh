@@ -16,7 +16,7 @@
 #      the prefill against token by token;
 #   4. ncu --section SpeedOfLight over one B = 32 step of the 35B's shapes
 #      (4 layers): each kernel's time and DRAM / SM throughput;
-#   5. the CPU server (2 threads) with 1 and 8 streaming clients.
+#   5. the CPU server (2 threads on 2 cores) with 1 and 8 streaming clients.
 # usage (repository root, on the device): bash gpu-tasks/batch-more.sh
 set -o pipefail
 OUT=${OUT:-/tmp/out}; D=$OUT/batch-more; mkdir -p $D
@@ -95,10 +95,12 @@ fi
 echo "== ncu done at $((SECONDS-T0)) s"
 
 # The CPU's 8 clients against 1 (2 threads, as bench/server_bench.sh
-# models/coder-mini 2 1 8) on this quiet machine's cores.
+# models/coder-mini 2 1 8) on 2 of this quiet machine's cores (taskset: the
+# sessions' sampling shares them, as on the 2-core development machine).
 for n in 1 8; do
   [ $((SECONDS-T0)) -lt 62 ] || break
-  ./build/flashmoe serve -m models/coder-mini --device cpu -t 2 --port $port --parallel $n --queue 64 2> $D/cpu$n.log &
+  taskset -c 0,1 ./build/flashmoe serve -m models/coder-mini --device cpu -t 2 --port $port --parallel $n --queue 64 \
+    2> $D/cpu$n.log &
   pid=$!
   for _ in $(seq 100); do python3 -c "import urllib.request as u; u.urlopen('$url/health', timeout=1)" 2>/dev/null && break; sleep 0.1; done
   timeout 4 python3 bench/server_stream_bench.py $url $n 2 128 2>&1 | sed "s/^/[cpu server -t 2] /"
