@@ -359,20 +359,17 @@ TEST(CudaBatchBench, DISABLED_DecodeThroughputAt35b) {
     std::vector<int> batches;
     Path experts = Path::Auto;
   };
-  // The default (experts chosen per B, graphs) with session 6's skinny
-  // product and the shared expert after the routed experts on the one
-  // stream; then 2 warp groups along K in the skinny product; then also the
-  // shared expert beside the routed experts on a second stream (the
-  // default); then also the in-proj at 17-32 rows through the skinny product;
-  // then the routed experts through the skinny product at B = 32 and 64. The routed-expert paths (DecodeOptions::batch_experts)
+  // Experts chosen per B, graphs: session 6's skinny product (one warp
+  // group), the shared expert after the routed experts on the one stream,
+  // the in-proj on the tiled product; then the default (2 warp groups, the
+  // shared expert beside, the in-proj on the skinny product at 17-32 rows).
+  // Each step on its own, and the routed experts through the skinny product,
+  // were measured in session 7's round 1 (bench/NOTES-cuda.md, batch-more). The routed-expert paths (DecodeOptions::batch_experts)
   // were measured side by side in session 6 (bench/NOTES-cuda.md, batch-fixed).
   double tps1 = 0;
   cuda_set_batch_graph(dev, true);
-  for (const Run& run : {Run{1, false, false, "kw1, shared in line", {1, 8, 32, 64}},
-                         Run{2, false, false, "kw2, shared in line", {8, 32}},
-                         Run{2, true, false, "kw2, shared beside", {8, 32, 64}},
-                         Run{2, true, true, "kw2, beside, wide", {32}},
-                         Run{2, true, false, "kw2, beside, skinny experts", {32, 64}, Path::Skinny}}) {
+  for (const Run& run : {Run{1, false, false, "kw1, in line (session 6)", {1, 8, 32, 64}},
+                         Run{2, true, true, "kw2, beside, wide (default)", {8, 32, 64}}}) {
     cuda_set_batch_experts(dev, run.experts);
     cuda_set_skinny_k_warps(dev, run.kw);
     cuda_set_shared_beside(dev, run.beside);

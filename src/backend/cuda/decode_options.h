@@ -68,9 +68,11 @@ struct DecodeOptions {
   // (session 6's kernel; the bench measures both on one model).
   int skinny_k_warps = 2;
   // The dense products of 17-32 rows through the few-rows product however
-  // many 128-row tiles they have (the in-proj included); false: only where
-  // the tiles leave most SMs idle (measured with one warp group, session 6).
-  bool skinny_wide = false;
+  // many 128-row tiles they have (the in-proj / qkv included: measured on
+  // the H200 with 2 warp groups, B = 32 1,704.5 -> 1,725.4 tokens/s); false:
+  // only where the tiles leave most SMs idle (session 6's choice, made with
+  // one warp group, when the in-proj lost on it).
+  bool skinny_wide = true;
 
   // Benchmarks: time per phase of the batched prefill and of the batched
   // decode steps (forward_batch), printed to stderr when the model is

@@ -413,7 +413,9 @@ bool Prefill::skinny(const DMat& W, const float* A, int T, int mode) const {
   // until its tiles fill. Up to 16 rows it won everywhere (B = 8: 614 ->
   // 796 tokens/s); at 32 only on matrices whose 128-row tiles leave most
   // SMs idle (out-proj 2.13 -> 1.26 ms, router, shared expert), while the
-  // in-proj (97 tiles) took 1.73 -> 2.08 ms; at 64 rows it lost.
+  // in-proj (97 tiles) took 1.73 -> 2.08 ms; at 64 rows it lost. With 2
+  // warp groups along K (session 7) the in-proj at 32 rows won too
+  // (skinny_wide: B = 32 1,704.5 -> 1,725.4 tokens/s).
   if (T <= 16) return true;
   const int tiles = mode == GEMM_SWIGLU ? div_up(W.rows / 2, kPipeBN / 2) : div_up(W.rows, kPipeBN);
   return T <= 32 && (skinny_wide_ || tiles < sms_ / 2);

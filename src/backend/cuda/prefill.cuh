@@ -55,7 +55,7 @@ struct PrefillModel {
   int batch_experts = 0;     // DecodeOptions::batch_experts
   bool shared_beside = true;  // DecodeOptions::shared_expert_beside
   int skinny_k_warps = 2;     // DecodeOptions::skinny_k_warps
-  bool skinny_wide = false;   // DecodeOptions::skinny_wide
+  bool skinny_wide = true;    // DecodeOptions::skinny_wide
   // Disk tier: called after the routing of MoE layer mi (d_ids: the chunk's
   // T * k choices, on the device); returns with every chosen expert resident
   // and its table entry set on the stream. Null: all experts are resident.
@@ -197,7 +197,7 @@ class Prefill {
   int expert_path_ = 0;  // DecodeOptions::BatchExperts
   bool shared_beside_ = true;  // DecodeOptions::shared_expert_beside
   int skinny_kw_ = 2;          // DecodeOptions::skinny_k_warps
-  bool skinny_wide_ = false;   // DecodeOptions::skinny_wide
+  bool skinny_wide_ = true;    // DecodeOptions::skinny_wide
   // The shared expert's stream and its fork / join with m_.stream (each
   // record is a dependency edge when the step is captured in a graph).
   cudaStream_t side_ = nullptr;
