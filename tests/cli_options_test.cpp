@@ -86,6 +86,7 @@ std::vector<Command> commands() {
       {"--port", {"65536", "-1", "x"}, "between 0 and 65535"},
       {"--parallel", {"0", "257"}, "between 1 and 256"},
       {"--queue", {"-1", "4097"}, "between 0 and 4096"},
+      {"--batch-gather", {"-1", "1000001", "x"}, "between 0 and 1000000"},
       {"--max-body", {"0", "x"}, ">= 1"},
       {"--state-cache", {"-1"}, ">= 0"},
       {"--state-cache-mb", {"0"}, ">= 1"},

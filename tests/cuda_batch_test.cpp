@@ -318,11 +318,12 @@ TEST(CudaBatch, OneStateTwiceIsAnError) {
 
 // Throughput of batched decode on the 35B synthetic (all 40 layers) at
 // B = 1, 8, 32, 64: aggregate tokens/s with the argmax picked on the
-// device (also with every row's logits copied to the host, and with none),
-// the routed experts through the tiled product, few_rows_kernel and
-// skinny_gemm_kernel (what sets the default), against the bytes-touched
-// roofline of each B. A bench, not a test (nothing to pass or fail): run by
-// gpu-tasks/batch-cuda.sh with --gtest_also_run_disabled_tests.
+// device,
+// the skinny product with 1 and 2 warp groups along K and the shared expert
+// in line and beside the routed experts (what sets DecodeOptions::
+// skinny_k_warps and shared_expert_beside), against the bytes-touched roofline
+// of each B. A bench, not a test (nothing to pass or fail): run by
+// gpu-tasks/batch-more.sh with --gtest_also_run_disabled_tests.
 //
 // Bytes one step over B sequences must move (bench/NOTES.md, batched decode):
 //   weights: the non-expert weights once + of each MoE layer's E routed
@@ -352,24 +353,31 @@ TEST(CudaBatchBench, DISABLED_DecodeThroughputAt35b) {
   CudaModel& dev = dynamic_cast<const CudaBackend&>(*b).device_for_bench();
   using Path = DecodeOptions::BatchExperts;
   struct Run {
-    Path path;
-    bool graph;
+    int kw;
+    bool beside, wide;
     const char* name;
+    std::vector<int> batches;
+    Path experts = Path::Auto;
   };
-  // The routed experts through the tiled product (main's path), through
-  // few_rows_kernel and through skinny_gemm_kernel, then the default
-  // choice with graphs.
+  // Experts chosen per B, graphs: session 6's skinny product (one warp
+  // group), the shared expert after the routed experts on the one stream,
+  // the in-proj on the tiled product; then the default (2 warp groups, the
+  // shared expert beside, the in-proj on the skinny product at 17-32 rows).
+  // Each step on its own, and the routed experts through the skinny product,
+  // were measured in session 7's round 1 (bench/NOTES-cuda.md, batch-more). The routed-expert paths (DecodeOptions::batch_experts)
+  // were measured side by side in session 6 (bench/NOTES-cuda.md, batch-fixed).
   double tps1 = 0;
-  for (const Run run : {Run{Path::Tiled, false, "tiled experts"}, Run{Path::FewRows, false, "few-rows experts"},
-                        Run{Path::Skinny, false, "skinny experts"}, Run{Path::Auto, true, "auto + graphs"}}) {
-    cuda_set_batch_experts(dev, run.path);
-    cuda_set_batch_graph(dev, run.graph);
+  cuda_set_batch_graph(dev, true);
+  for (const Run& run : {Run{1, false, false, "kw1, in line (session 6)", {1, 8, 32, 64}},
+                         Run{2, true, true, "kw2, beside, wide (default)", {8, 32, 64}}}) {
+    cuda_set_batch_experts(dev, run.experts);
+    cuda_set_skinny_k_warps(dev, run.kw);
+    cuda_set_shared_beside(dev, run.beside);
+    cuda_set_skinny_wide(dev, run.wide);
     std::printf("[batch-bench] %s\n", run.name);
-    for (int B : {1, 8, 32, 64}) {
-      if (B == 1 && run.path != Path::Tiled) continue;  // the single-sequence step either way
+    for (int B : run.batches) {
       std::vector<std::unique_ptr<State>> st;
       std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B));
-      std::vector<std::vector<float>> out(size_t(B), std::vector<float>(static_cast<size_t>(V)));
       std::vector<int32_t> best(static_cast<size_t>(B));
       std::vector<BatchItem> items(static_cast<size_t>(B));
       for (int i = 0; i < B; ++i) {
@@ -379,27 +387,23 @@ TEST(CudaBatchBench, DISABLED_DecodeThroughputAt35b) {
       }
       b->forward_batch(items.data(), B, pool);  // the prompts (batched prefill, one sequence at a time)
       std::vector<int32_t> tok(static_cast<size_t>(B));
-      // Logits: every row to the host (what a sampled sequence needs), only
-      // the argmax picked on the device (a greedy one), or none.
-      enum Out { LOGITS, ARGMAX, NONE };
+      // Each row's argmax picked on the device (a greedy sequence).
       int s_next = 0;
-      auto timed = [&](Out o, int n) {
+      auto timed = [&](int n) {
         const auto t0 = std::chrono::steady_clock::now();
         for (int s = 0; s < n; ++s, ++s_next) {
           for (int i = 0; i < B; ++i) {
             // Pseudo-random tokens (routing as random as the union formula assumes).
             tok[size_t(i)] = int32_t((int64_t(s_next) * 7919 + int64_t(i) * 104729 + 17) % V);
-            items[size_t(i)] = BatchItem{st[size_t(i)].get(), &tok[size_t(i)], 1,
-                                         o == NONE ? LogitsMode::None : LogitsMode::Last,
-                                         o == LOGITS ? out[size_t(i)].data() : nullptr,
-                                         o == ARGMAX ? &best[size_t(i)] : nullptr};
+            items[size_t(i)] =
+                BatchItem{st[size_t(i)].get(), &tok[size_t(i)], 1, LogitsMode::Last, nullptr, &best[size_t(i)]};
           }
           b->forward_batch(items.data(), B, pool);
         }
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       };
-      timed(LOGITS, warm);
-      const double sec = timed(LOGITS, steps), sec_id = timed(ARGMAX, steps), sec_none = timed(NONE, steps);
+      timed(warm);
+      const double sec_id = timed(steps);
       const double tps = double(B) * steps / sec_id;
       if (B == 1) tps1 = tps;
       const double ctx = prompt + warm + steps;  // mean context over the steps timed
@@ -409,13 +413,11 @@ TEST(CudaBatchBench, DISABLED_DecodeThroughputAt35b) {
       const double sb = double(B) * double(lin) * 2.0 * double(c.lin_num_v_heads * c.lin_k_dim * c.lin_v_dim) * 4;
       const double roof = double(B) / ((w + kvb) / (gbps * 1e9));
       const double roof_s = double(B) / ((w + kvb + sb) / (gbps * 1e9));
-      std::printf("[batch-bench] B=%-3d %-16s argmax on device %8.1f tokens/s (%.2f ms/step), %.2fx B=1; "
-                  "logits to the host %8.1f; no logits %8.1f; experts touched %.1f%%; bytes/step %.2f GB weights + "
-                  "%.3f GB KV (+ %.2f GB delta states); roofline %.0f tokens/s -> %.1f%% (with states: %.0f -> "
-                  "%.1f%%)\n",
-                  B, run.name, tps, sec_id / steps * 1e3, tps1 > 0 ? tps / tps1 : 0.0, double(B) * steps / sec,
-                  double(B) * steps / sec_none, 100 * union_frac, w / 1e9, kvb / 1e9, sb / 1e9, roof, 100 * tps / roof,
-                  roof_s, 100 * tps / roof_s);
+      std::printf("[batch-bench] B=%-3d %-28s argmax on device %8.1f tokens/s (%.2f ms/step), %.2fx B=1; "
+                  "experts touched %.1f%%; bytes/step %.2f GB weights + %.3f GB KV (+ %.2f GB delta states); "
+                  "roofline %.0f tokens/s -> %.1f%% (with states: %.0f -> %.1f%%)\n",
+                  B, run.name, tps, sec_id / steps * 1e3, tps1 > 0 ? tps / tps1 : 0.0, 100 * union_frac, w / 1e9,
+                  kvb / 1e9, sb / 1e9, roof, 100 * tps / roof, roof_s, 100 * tps / roof_s);
     }
   }
   cuda_set_batch_experts(dev, Path::Auto);

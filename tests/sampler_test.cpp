@@ -84,6 +84,52 @@ TEST(Sampler, PlainGreedyMeansTheArgmaxOfTheLogitsAsTheyCome) {
   EXPECT_EQ(Sampler(q).sample(l, history), best);
 }
 
+// sample() without a filter (no top-k / top-p / min-p) orders the vocabulary
+// only as far as its walk goes; it must draw exactly what draw(distribution())
+// draws from the fully sorted candidates: the same token for the same seed,
+// over flat and peaked logits, ties (logits on a coarse grid), masked tokens
+// (-inf), a hot temperature whose walk reaches past the first chunks, and
+// the penalties and bias.
+TEST(Sampler, UnfilteredSampleDrawsAsTheSortedDistribution) {
+  struct Case {
+    size_t V;
+    float scale, temperature;
+    bool grid, masked, penalties;
+  };
+  const std::vector<int32_t> history = {3, 3, 7, 11, 200};
+  int drawn_past_first_chunk = 0;
+  for (const Case c : {Case{2, 1, 1, false, false, false}, Case{5, 3, 0.7f, true, false, false},
+                       Case{300, 3, 0.7f, false, true, false}, Case{4096, 3, 0.7f, false, false, true},
+                       Case{4096, 1, 2.0f, true, true, false}, Case{8192, 0.5f, 1.5f, false, false, false}}) {
+    std::vector<float> l = random_logits(c.V, uint32_t(c.V));
+    if (c.grid)
+      for (auto& x : l) x = std::round(x * 2) / 2;  // many exact ties
+    if (c.masked)
+      for (size_t i = 0; i < l.size(); i += 3) l[i] = -INFINITY;
+    for (auto& x : l) x *= c.scale;
+    SamplingParams p;
+    p.temperature = c.temperature;
+    if (c.penalties) {
+      p.repetition_penalty = 1.3f;
+      p.presence_penalty = 0.5f;
+      p.logit_bias = {{1, 2.0f}, {2, -100.0f}};
+    }
+    for (uint64_t seed : {1, 2, 3}) {
+      p.seed = seed;
+      Sampler fast(p), ref(p);
+      for (int i = 0; i < 20; ++i) {
+        const auto d = ref.distribution(l, history);
+        const int32_t want = ref.draw(d), got = fast.sample(l, history);
+        ASSERT_EQ(got, want) << "V " << c.V << ", temperature " << c.temperature << ", seed " << seed << ", draw " << i;
+        size_t rank = 0;
+        while (d[rank].first != want) ++rank;
+        drawn_past_first_chunk += rank >= 64 ? 1 : 0;
+      }
+    }
+  }
+  EXPECT_GT(drawn_past_first_chunk, 0);  // the walk did go on past the first chunk
+}
+
 TEST(Sampler, SameSeedSameSequenceDifferentSeedDiffers) {
   SamplingParams p;
   p.temperature = 1.0f;

@@ -97,6 +97,12 @@ Registrar reg_serve(30, [](CLI::App& app) {
                   "prompts up to this total (at least 16 prompt tokens), so a long prompt delays the others by at "
                   "most one such step per token")
       ->check(integer_between(1, 65536))->group(g);
+  cmd->add_option("--batch-gather", a->cfg.batch_gather_us,
+                  "Microseconds a step waits, after the previous one, for running requests that have not handed in "
+                  "their next token (default 3000; half the previous step if that is longer); those later join the "
+                  "next step. A GPU's steps are far shorter than a CPU's: a smaller value keeps one late request "
+                  "from holding up the rest")
+      ->check(integer_between(0, 1000000))->group(g);
   cmd->add_option("--queue", a->cfg.queue, "Requests waiting for a free slot before answering 503 (default 32)")
       ->check(integer_between(0, 4096))->group(g);
   cmd->add_option("--max-body", a->cfg.max_body,

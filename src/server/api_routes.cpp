@@ -141,7 +141,7 @@ struct ApiRoutes::Impl {
 
   Impl(const ServerConfig& c, const ServedModel& model)
       : cfg(c), m(model), threads(std::max(cfg.threads, 1)),
-        scheduler(*m.backend, threads, BatchSchedulerOptions{cfg.batch_tokens}), slots(cfg.parallel, cfg.queue),
+        scheduler(*m.backend, threads, BatchSchedulerOptions{cfg.batch_tokens, std::chrono::microseconds(cfg.batch_gather_us)}), slots(cfg.parallel, cfg.queue),
         cache(cfg.state_cache, cfg.state_cache_bytes), origins{cfg.host, cfg.cors_origins} {}
 
   // The state bytes of a running request, for the gauges.

@@ -35,6 +35,7 @@ struct ServerConfig {
   size_t state_cache_bytes = size_t(4096) << 20;  // and the memory they may hold
   int threads = 1;                  // the scheduler's threads: every step's forward pass uses them all
   int64_t batch_tokens = 512;       // tokens per step: every decoding request's token plus prompt chunks
+  int64_t batch_gather_us = 3000;   // a step waits up to this (or half the last step) for late sessions
   int max_tokens = 4096;            // default for max_tokens, and the most a request may ask for
   bool access_log = false;          // one line per request on stderr
 };

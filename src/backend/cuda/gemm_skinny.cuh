@@ -28,8 +28,15 @@
 
 namespace flashmoe::cuda {
 
-constexpr int kSkinnyWarps = 4, kSkinnyThreads = 32 * kSkinnyWarps;
+constexpr int kSkinnyWarps = 4;                 // warps along the weight rows
 constexpr int kSkinnyRows = 32 * kSkinnyWarps;  // weight rows per block: 32 per warp (two 16-row mma tiles)
+// Warps along K inside a block (KW): each group of kSkinnyWarps warps takes
+// every KW-th 64 columns of the block's slice, and the groups' partial tiles
+// are summed in shared memory in a fixed order. At 32 rows a block of one
+// group left the SMs at ~4 warps each on the 35B's out-proj (16 blocks of
+// 128 rows, K split over 8): too few loads in flight.
+constexpr int kSkinnyKWarps = 2;
+constexpr int skinny_threads(int kw) { return 32 * kSkinnyWarps * kw; }
 constexpr int kSkinnyMaxSplit = 8;              // blocks per cluster along K (the portable cluster size)
 constexpr int kSkinnyMaxRows = 64;              // tokens (8 tiles of 8)
 // The routed experts (grouped): rows per tile of an expert's token list
@@ -67,12 +74,13 @@ __device__ __forceinline__ uint32_t skinny_word(const uint4& v, int i) {
 // Grouped (a.tiles: the routed experts): z = the tile, rows [first, end)
 // (at most 8 * NT) of the expert's weights a.wtab[group], A rows gathered
 // through a.arow, C rows scattered through a.crow (each where not null).
-template <int NT>
-__global__ void __launch_bounds__(kSkinnyThreads) skinny_gemm_kernel(GemmArgs a, int kslice) {
-  constexpr int TP = 8 * NT, LD = kSkinnyRows + 4, HB = kSkinnyRows / 2;
+template <int NT, int KW>
+__global__ void __launch_bounds__(skinny_threads(KW), NT <= 4 ? 2 : 1) skinny_gemm_kernel(GemmArgs a, int kslice) {
+  constexpr int TP = 8 * NT, LD = kSkinnyRows + 4, HB = kSkinnyRows / 2, NTH = skinny_threads(KW);
   __shared__ __align__(16) float part[TP][LD];  // this block's partial sums [token][local weight row]
   const int split = int(gridDim.x), rank = int(blockIdx.x);
-  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int tid = int(threadIdx.x), warp = (tid >> 5) % kSkinnyWarps, kw = (tid >> 5) / kSkinnyWarps;
+  const int lane = tid & 31, g = lane >> 2, t = lane & 3;
   const bool swiglu = a.mode == GEMM_SWIGLU;
   const __nv_bfloat16* W;
   int m0 = 0, rows = a.M;
@@ -127,10 +135,10 @@ __global__ void __launch_bounds__(kSkinnyThreads) skinny_gemm_kernel(GemmArgs a,
     }
   };
   uint4 w[2][4];
-  load_w(w, k0);
-  for (int k = k0; k < k1; k += 64) {
+  load_w(w, k0 + 64 * kw);
+  for (int k = k0 + 64 * kw; k < k1; k += 64 * KW) {
     uint4 wn[2][4];
-    load_w(wn, k + 64);  // in flight while these 64 columns are multiplied
+    load_w(wn, k + 64 * KW);  // in flight while these 64 columns are multiplied
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const int col = k + 32 * c + 8 * t;
@@ -164,13 +172,22 @@ __global__ void __launch_bounds__(kSkinnyThreads) skinny_gemm_kernel(GemmArgs a,
 #pragma unroll
       for (int i = 0; i < 4; ++i) w[c][i] = wn[c][i];
   }
-  // Accumulator e of tile (mt, j): weight row g (+8 for e >= 2), token 2t (+1 for odd e).
+  // Accumulator e of tile (mt, j): weight row g (+8 for e >= 2), token 2t
+  // (+1 for odd e). The K groups in turn, the last first (a fixed order).
+  for (int q = KW - 1; q >= 0; --q) {
+    if (kw == q) {
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+      for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
+        for (int j = 0; j < NT; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) part[8 * j + 2 * t + (e & 1)][warp * 32 + mt * 16 + g + 8 * (e >> 1)] = acc[mt][j][e];
+          for (int e = 0; e < 4; ++e) {
+            float& p = part[8 * j + 2 * t + (e & 1)][warp * 32 + mt * 16 + g + 8 * (e >> 1)];
+            p = q == KW - 1 ? acc[mt][j][e] : p + acc[mt][j][e];
+          }
+    }
+    if (q > 0) __syncthreads();
+  }
   namespace cg = cooperative_groups;
   cg::cluster_group cl = cg::this_cluster();
   if (split > 1) cl.sync();
@@ -182,7 +199,7 @@ __global__ void __launch_bounds__(kSkinnyThreads) skinny_gemm_kernel(GemmArgs a,
     return v;
   };
   const int per = swiglu ? HB : kSkinnyRows, total = rows * per;
-  for (int e = rank * kSkinnyThreads + tid; e < total; e += split * kSkinnyThreads) {
+  for (int e = rank * NTH + tid; e < total; e += split * NTH) {
     const int m = e / per, n = e % per;
     float* crow = a.C + size_t(a.crow ? a.crow[m0 + m] : m0 + m) * a.ldc;
     if (swiglu) {
@@ -204,8 +221,9 @@ __global__ void __launch_bounds__(kSkinnyThreads) skinny_gemm_kernel(GemmArgs a,
 // grouped: up to `ntiles` tiles of at most `tile_rows` <= kSkinnyMaxRows
 // rows), on a device of `sms` SMs: K split over a cluster until the blocks
 // fill the SMs twice over, each block keeping at least 64 columns.
+// kw: warps along K per block (kSkinnyKWarps; 1: the bench's comparison).
 inline cudaError_t launch_skinny_gemm(const GemmArgs& a, int sms, cudaStream_t st, int ntiles = 1,
-                                      int tile_rows = 0) {
+                                      int tile_rows = 0, int kw = kSkinnyKWarps) {
   const int blocks = a.mode == GEMM_SWIGLU ? (a.half + kSkinnyRows / 2 - 1) / (kSkinnyRows / 2)
                                            : (a.N + kSkinnyRows - 1) / kSkinnyRows;
   const int M = a.tiles ? tile_rows : a.M;
@@ -215,17 +233,19 @@ inline cudaError_t launch_skinny_gemm(const GemmArgs& a, int sms, cudaStream_t s
   const int kslice = ((a.K + 31) / 32 + split - 1) / split * 32;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(split), unsigned(blocks), unsigned(a.tiles ? ntiles : 1));
-  cfg.blockDim = dim3(unsigned(kSkinnyThreads));
+  cfg.blockDim = dim3(unsigned(skinny_threads(kw == 1 ? 1 : kSkinnyKWarps)));
   cfg.stream = st;
   cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeClusterDimension;
   at[0].val.clusterDim = {unsigned(split), 1, 1};
   cfg.attrs = at;
   cfg.numAttrs = split > 1 ? 1 : 0;
-  if (M <= 8) return cudaLaunchKernelEx(&cfg, skinny_gemm_kernel<1>, a, kslice);
-  if (M <= 16) return cudaLaunchKernelEx(&cfg, skinny_gemm_kernel<2>, a, kslice);
-  if (M <= 32) return cudaLaunchKernelEx(&cfg, skinny_gemm_kernel<4>, a, kslice);
-  return cudaLaunchKernelEx(&cfg, skinny_gemm_kernel<8>, a, kslice);
+  auto go = [&](auto kern1, auto kern) { return cudaLaunchKernelEx(&cfg, kw == 1 ? kern1 : kern, a, kslice); };
+  constexpr int W = kSkinnyKWarps;
+  if (M <= 8) return go(skinny_gemm_kernel<1, 1>, skinny_gemm_kernel<1, W>);
+  if (M <= 16) return go(skinny_gemm_kernel<2, 1>, skinny_gemm_kernel<2, W>);
+  if (M <= 32) return go(skinny_gemm_kernel<4, 1>, skinny_gemm_kernel<4, W>);
+  return go(skinny_gemm_kernel<8, 1>, skinny_gemm_kernel<8, W>);
 }
 
 }  // namespace flashmoe::cuda

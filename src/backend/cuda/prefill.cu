@@ -64,6 +64,9 @@ Prefill::Prefill(const PrefillModel& m, int max_tokens) : m_(m), tmax_(max_token
   profile_ = m.profile;
   batch_graph_ = m.batch_graph;
   expert_path_ = m.batch_experts;
+  shared_beside_ = m.shared_beside;
+  skinny_kw_ = m.skinny_k_warps;
+  skinny_wide_ = m.skinny_wide;
   phase_ms_.assign(P_N, 0.0);
   step_ms_.assign(P_N, 0.0);
   auto smem = [](auto kern, size_t bytes) {
@@ -82,6 +85,9 @@ Prefill::Prefill(const PrefillModel& m, int max_tokens) : m_(m), tmax_(max_token
     for (void* p : allocs_) cudaFree(p);
     throw;
   }
+  CK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+  CK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
 }
 
 void Prefill::allocate() {
@@ -130,6 +136,8 @@ void Prefill::allocate() {
   xlo_ = b(T * H);
   yhi_ = b(ymax);
   ylo_ = b(ymax);
+  shi_ = b(T * size_t(is_max));
+  slo_ = b(T * size_t(is_max));
   lrows_ = std::min(tmax_, 32);
   logits_ = f(size_t(lrows_) * size_t(c.vocab_size));
   const size_t row = size_t(std::max<int64_t>(1, c.num_kv_heads * c.head_dim));
@@ -145,6 +153,10 @@ void Prefill::allocate() {
 
 Prefill::~Prefill() {
   cudaStreamSynchronize(m_.stream);
+  cudaStreamSynchronize(side_);
+  cudaEventDestroy(fork_);
+  cudaEventDestroy(join_);
+  cudaStreamDestroy(side_);
   if (profile_) report();
   for (auto e : events_) cudaEventDestroy(e);
   for (void* p : allocs_) cudaFree(p);
@@ -200,16 +212,16 @@ void Prefill::report() {
 
 const float* Prefill::hidden(int t) const { return x_ + size_t(t) * m_.c->hidden_size; }
 
-SplitRows Prefill::split(const float* A, int rows, int cols, bool x) {
-  __nv_bfloat16* hi = x ? xhi_ : yhi_;
-  __nv_bfloat16* lo = x ? xlo_ : ylo_;
+SplitRows Prefill::split(const float* A, int rows, int cols, bool x, bool side) {
+  __nv_bfloat16* hi = side ? shi_ : x ? xhi_ : yhi_;
+  __nv_bfloat16* lo = side ? slo_ : x ? xlo_ : ylo_;
   const int blocks = std::min(div_up(int64_t(rows) * cols, 256), sms_ * 8);
-  split_rows_kernel<<<blocks, 256, 0, m_.stream>>>(A, rows, cols, cols, hi, lo);
+  split_rows_kernel<<<blocks, 256, 0, side ? side_ : m_.stream>>>(A, rows, cols, cols, hi, lo);
   return {hi, lo};
 }
 
-void Prefill::gemm(int dt, const GemmArgs& a, int bm, int grid_y, SplitRows sp) {
-  cudaStream_t s = m_.stream;
+void Prefill::gemm(int dt, const GemmArgs& a, int bm, int grid_y, SplitRows sp, cudaStream_t s) {
+  if (!s) s = m_.stream;
   if (pipe(dt) && sp.hi) {
     const int gx = a.mode == GEMM_SWIGLU ? div_up(a.half, kPipeBN / 2) : div_up(a.N, kPipeBN);
     const dim3 grid(unsigned(gx), unsigned(std::max(grid_y, 1)));
@@ -389,7 +401,7 @@ void Prefill::embed_rows(const int* d_ids, int T) {
 }
 
 void Prefill::norm_rows(const float* x, const float* w, int T, float* y) {
-  norm_rows_kernel<<<T, 256, 0, m_.stream>>>(x, w, int(m_.c->hidden_size), m_.c->rms_norm_eps, y);
+  norm_rows_kernel<<<T, row_threads(T), 0, m_.stream>>>(x, w, int(m_.c->hidden_size), m_.c->rms_norm_eps, y);
 }
 
 bool Prefill::skinny_fits(const DMat& W, const float* A, int T) {
@@ -405,21 +417,25 @@ bool Prefill::skinny(const DMat& W, const float* A, int T, int mode) const {
   // until its tiles fill. Up to 16 rows it won everywhere (B = 8: 614 ->
   // 796 tokens/s); at 32 only on matrices whose 128-row tiles leave most
   // SMs idle (out-proj 2.13 -> 1.26 ms, router, shared expert), while the
-  // in-proj (97 tiles) took 1.73 -> 2.08 ms; at 64 rows it lost.
+  // in-proj (97 tiles) took 1.73 -> 2.08 ms; at 64 rows it lost. With 2
+  // warp groups along K (session 7) the in-proj at 32 rows won too
+  // (skinny_wide: B = 32 1,704.5 -> 1,725.4 tokens/s).
   if (T <= 16) return true;
   const int tiles = mode == GEMM_SWIGLU ? div_up(W.rows / 2, kPipeBN / 2) : div_up(W.rows, kPipeBN);
-  return T <= 32 && tiles < sms_ / 2;
+  return T <= 32 && (skinny_wide_ || tiles < sms_ / 2);
 }
 
-void Prefill::skinny_gemm(const GemmArgs& a) {
-  check(launch_skinny_gemm(a, sms_, m_.stream), "batched product of few rows");
+void Prefill::skinny_gemm(const GemmArgs& a, cudaStream_t s) {
+  check(launch_skinny_gemm(a, sms_, s ? s : m_.stream, 1, 0, skinny_kw_), "batched product of few rows");
 }
 
 // Dense product: C[T][..] (=, +=, swiglu) = A[T][K] . W^T. A few rows of
 // bf16 weights: skinny_gemm_kernel (bound by the weights' bytes); else in
 // the tallest tiles that still fill the GPU with blocks. sp: A already
 // split (xn_); else split here when the pipelined product runs.
-void Prefill::dense_rows(const DMat& W, const float* A, int T, float* C, int ldc, int mode, int half, SplitRows sp) {
+void Prefill::dense_rows(const DMat& W, const float* A, int T, float* C, int ldc, int mode, int half, SplitRows sp,
+                         bool side) {
+  cudaStream_t s = side ? side_ : m_.stream;
   if (skinny(W, A, T, mode)) {
     GemmArgs g;
     g.A = A;
@@ -432,10 +448,10 @@ void Prefill::dense_rows(const DMat& W, const float* A, int T, float* C, int ldc
     g.ldc = ldc;
     g.mode = mode;
     g.half = half;
-    skinny_gemm(g);
+    skinny_gemm(g, s);
     return;
   }
-  if (pipe(W.dt) && !sp.hi) sp = split(A, T, W.cols, false);
+  if (pipe(W.dt) && !sp.hi) sp = split(A, T, W.cols, false, side);
   const int bn = pipe(W.dt) ? kPipeBN : kGemmBN;
   const int nt = mode == GEMM_SWIGLU ? div_up(W.rows / 2, bn / 2) : div_up(W.rows, bn);
   int bm = 16;
@@ -462,7 +478,7 @@ void Prefill::dense_rows(const DMat& W, const float* A, int T, float* C, int ldc
     g.qbrows = 1;
     g.qs[0] = W.scale_offset();
   }
-  gemm(W.dt, g, bm, div_up(T, bm), sp);
+  gemm(W.dt, g, bm, div_up(T, bm), sp, s);
 }
 
 // The feed-forward of layer l over the T rows of x_ (each row a token of
@@ -502,9 +518,20 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
   auto dense = [&](const DMat& W, const float* A, float* C, int ldc, int mode, int half = 0, SplitRows sp = {}) {
     dense_rows(W, A, T, C, ldc, mode, half, sp);
   };
-  norm_split_rows_kernel<<<T, 256, 0, st>>>(x_, d.post_norm, H, c.rms_norm_eps, xn_, xhi_, xlo_);
+  norm_split_rows_kernel<<<T, row_threads(T), 0, st>>>(x_, d.post_norm, H, c.rms_norm_eps, xn_, xhi_, xlo_);
   const SplitRows fs{xhi_, xlo_};
   mark(P_NORM);
+  // The shared expert reads only xn_ (and its split): on side_ from here,
+  // beside the router and the routed experts, joined before the combine.
+  // Not under the profile (its phases are timed on the one stream).
+  const bool beside = l.ffn != FfnKind::DenseSwiGLU && d.has_shared && shared_beside_ && !profile_;
+  if (beside) {
+    CK(cudaEventRecord(fork_, st));
+    CK(cudaStreamWaitEvent(side_, fork_, 0));
+    dense_rows(d.s_gu, xn_, T, hs_, d.s_down.cols, GEMM_SWIGLU, d.s_down.cols, fs, true);
+    dense_rows(d.s_down, hs_, T, ysh_, H, GEMM_STORE, 0, {}, true);
+    CK(cudaEventRecord(join_, side_));
+  }
   if (l.ffn == FfnKind::DenseSwiGLU) {
     dense(d.s_gu, xn_, hs_, d.s_down.cols, GEMM_SWIGLU, d.s_down.cols, fs);
     dense(d.s_down, hs_, x_, H, GEMM_ADD);
@@ -543,7 +570,7 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
     g.ldc = I;
     g.mode = GEMM_SWIGLU;
     g.half = I;
-    check(launch_skinny_gemm(g, sms_, st, ntiles, ebm), "batched step: experts gate/up (skinny)");
+    check(launch_skinny_gemm(g, sms_, st, ntiles, ebm, skinny_kw_), "batched step: experts gate/up (skinny)");
     mark(P_EXPERTS_GU);
     g.A = hb_;
     g.lda = I;
@@ -556,7 +583,7 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
     g.crow = dest_;
     g.mode = GEMM_STORE;
     g.half = 0;
-    check(launch_skinny_gemm(g, sms_, st, ntiles, ebm), "batched step: experts down (skinny)");
+    check(launch_skinny_gemm(g, sms_, st, ntiles, ebm, skinny_kw_), "batched step: experts down (skinny)");
     mark(P_EXPERTS_DOWN);
   } else if (few) {
     FewRowsArgs f;
@@ -625,17 +652,19 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
     gemm(edt, g, ebm, ntiles, pipe(edt) ? split(hb_, T * k, I, false) : SplitRows{});
     mark(P_EXPERTS_DOWN);
   }
-  if (d.has_shared) {
+  if (beside) {
+    CK(cudaStreamWaitEvent(st, join_, 0));
+  } else if (d.has_shared) {
     dense(d.s_gu, xn_, hs_, d.s_down.cols, GEMM_SWIGLU, d.s_down.cols, fs);
     dense(d.s_down, hs_, ysh_, H, GEMM_STORE);
     mark(P_SHARED);
   }
   if (m_.moe_after) next_norm = nullptr;  // the norm of the sum over the GPUs, by the next layer
   if (next_norm)
-    moe_combine_norm_kernel<<<T, 256, 0, st>>>(x_, H, y_, d.has_shared ? ysh_ : nullptr, w_, k, next_norm,
+    moe_combine_norm_kernel<<<T, row_threads(T), 0, st>>>(x_, H, y_, d.has_shared ? ysh_ : nullptr, w_, k, next_norm,
                                                c.rms_norm_eps, xn_);
   else
-    moe_combine_kernel<<<T, 256, 0, st>>>(x_, H, y_, d.has_shared ? ysh_ : nullptr, w_, k);
+    moe_combine_kernel<<<T, row_threads(T), 0, st>>>(x_, H, y_, d.has_shared ? ysh_ : nullptr, w_, k);
   if (m_.moe_after) m_.moe_after(x_, T);
   mark(P_COMBINE);
   check(cudaGetLastError(), "batched prefill: experts");

@@ -53,6 +53,9 @@ struct PrefillModel {
   bool profile = false;  // DecodeOptions::prefill_profile
   bool batch_graph = false;  // DecodeOptions::batch_graph
   int batch_experts = 0;     // DecodeOptions::batch_experts
+  bool shared_beside = true;  // DecodeOptions::shared_expert_beside
+  int skinny_k_warps = 2;     // DecodeOptions::skinny_k_warps
+  bool skinny_wide = true;    // DecodeOptions::skinny_wide
   // Disk tier: called after the routing of MoE layer mi (d_ids: the chunk's
   // T * k choices, on the device); returns with every chosen expert resident
   // and its table entry set on the stream. Null: all experts are resident.
@@ -104,6 +107,24 @@ class Prefill {
     expert_path_ = path;
     drop_batch_graphs();  // captured with the other path
   }
+  // The shared expert on a second stream beside the router and the routed
+  // experts (true, the default) or after them on the one stream (bench: both
+  // measured on one model; DecodeOptions::shared_expert_beside).
+  void set_shared_beside(bool on) {
+    shared_beside_ = on;
+    drop_batch_graphs();
+  }
+  // skinny_gemm_kernel's warp groups along K per block (DecodeOptions::skinny_k_warps).
+  void set_skinny_k_warps(int kw) {
+    skinny_kw_ = kw;
+    drop_batch_graphs();
+  }
+  // Dense products of 17-32 rows through skinny_gemm_kernel however many
+  // 128-row tiles they have (DecodeOptions::skinny_wide).
+  void set_skinny_wide(bool on) {
+    skinny_wide_ = on;
+    drop_batch_graphs();
+  }
   // Tokens d_ids[0..T) (device) at positions pos..pos+T-1 through every
   // layer, T <= max_tokens(); *d_pos becomes pos + T. Enqueued on the stream.
   // A chunk that makes an h2o cache evict runs its attention token by token.
@@ -129,12 +150,19 @@ class Prefill {
   void logits_rows(int n, float* const* dst, int32_t* const* best);
 
  private:
-  void gemm(int dt, const GemmArgs& a, int bm, int grid_y, SplitRows sp = {});
-  // C[T][..] (=, +=, swiglu) = A[T][K] . W^T (sp: A already split).
-  void dense_rows(const DMat& W, const float* A, int T, float* C, int ldc, int mode, int half = 0, SplitRows sp = {});
+  // On stream s (null: the model's stream).
+  void gemm(int dt, const GemmArgs& a, int bm, int grid_y, SplitRows sp = {}, cudaStream_t s = nullptr);
+  // C[T][..] (=, +=, swiglu) = A[T][K] . W^T (sp: A already split). side:
+  // on side_, splitting A (where needed) into the side's own hi/lo rows.
+  void dense_rows(const DMat& W, const float* A, int T, float* C, int ldc, int mode, int half = 0, SplitRows sp = {},
+                  bool side = false);
   // x_[t] = embed[d_ids[t]], and y[t] = rms_norm(x[t]) * (1 + w), for T rows.
   void embed_rows(const int* d_ids, int T);
   void norm_rows(const float* x, const float* w, int T, float* y);
+  // Threads per block of the kernels with a block per row (norms, the
+  // expert combine): 1024 where the T blocks leave most SMs idle (a batched
+  // decode step: each row's loads spread over 4x the warps), else 256.
+  int row_threads(int T) const { return T < sms_ ? 1024 : 256; }
   // The feed-forward of layer l (dense or routed) over the T rows of x_.
   // next_norm (null: none): the next layer's input norm weights; a routed
   // feed-forward then also leaves rms_norm(x_) * (1 + next_norm) in xn_ and
@@ -154,11 +182,12 @@ class Prefill {
   // `mode` takes it (where measured faster than the tiled product).
   static bool skinny_fits(const DMat& W, const float* A, int T);
   bool skinny(const DMat& W, const float* A, int T, int mode) const;
-  void skinny_gemm(const GemmArgs& a);
+  void skinny_gemm(const GemmArgs& a, cudaStream_t s = nullptr);
   // bf16 weights take the pipelined product (gemm_pipe_kernel), the others gemm_kernel.
   static bool pipe(int dt) { return dt == DT_BF16; }
-  // A [rows][cols] into the hi/lo pair x (xn_: reused by several products) or y.
-  SplitRows split(const float* A, int rows, int cols, bool x);
+  // A [rows][cols] into the hi/lo pair x (xn_: reused by several products)
+  // or y, or (side) the side stream's pair on side_.
+  SplitRows split(const float* A, int rows, int cols, bool x, bool side = false);
   void allocate();
   void* alloc(size_t bytes);
   void attend_chunk(const PrefillState& s, const DLayer& d, const KvLayer& kv, int p0, int T);
@@ -174,6 +203,13 @@ class Prefill {
   bool profile_ = false;
   bool batch_graph_ = false;
   int expert_path_ = 0;  // DecodeOptions::BatchExperts
+  bool shared_beside_ = true;  // DecodeOptions::shared_expert_beside
+  int skinny_kw_ = 2;          // DecodeOptions::skinny_k_warps
+  bool skinny_wide_ = true;    // DecodeOptions::skinny_wide
+  // The shared expert's stream and its fork / join with m_.stream (each
+  // record is a dependency edge when the step is captured in a graph).
+  cudaStream_t side_ = nullptr;
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
   int max_smem_ = 48 * 1024;  // opt-in shared memory per block
   std::vector<cudaEvent_t> events_;
   std::vector<int> event_phase_;
@@ -191,6 +227,7 @@ class Prefill {
   int* seq_ = nullptr;  // positions p0 + t of the chunk's tokens (attend_in_order)
   int *ids_ = nullptr, *tok_ = nullptr, *dest_ = nullptr, *tiles_ = nullptr, *ntiles_ = nullptr;
   __nv_bfloat16 *xhi_ = nullptr, *xlo_ = nullptr, *yhi_ = nullptr, *ylo_ = nullptr;
+  __nv_bfloat16 *shi_ = nullptr, *slo_ = nullptr;  // the shared expert's down input, split on side_
   float* h2o_part_ = nullptr;
   size_t h2o_part_n_ = 0;
   KvLayer stage_{};  // a windowed cache's K/V of the chunk until its queries ran
