@@ -392,7 +392,7 @@ Registrar reg_bench(40, [](CLI::App& app) {
                   "On the GPU with a host tier of q4/q8 experts: the tg test once per value (comma-separated) on the "
                   "same model: off (the expert kernels read host-tier experts over the link, zero-copy), N (the copy "
                   "engine copies every chosen host-tier expert to VRAM, N of them (0-4) ahead of the router, "
-                  "predicted at the previous MoE layer's router; the default is 1) or Na (the same, predicted from "
+                  "predicted at the previous MoE layer's router; the default is 2) or Na (the same, predicted from "
                   "the layer's input)")
       ->delimiter(',')
       ->check(CLI::Validator(
