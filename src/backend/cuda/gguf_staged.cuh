@@ -183,29 +183,7 @@ static __global__ void __launch_bounds__(kThreads, 4) ggate_up_staged_kernel(Moe
   // copies in flight while it runs).
   if (!shared) {
     if (a.logits) {
-      __shared__ const void* chosen[64];
-      __shared__ int cid[32];
-      __shared__ float cw[33];
-      const bool lead = blockIdx.x == 0 && blockIdx.y == 0;
-      if (warp == 0) {
-        ExpertSel to = a.tsel;
-        to.out = chosen;
-        TierCount tc = a.tc;
-        if (!lead) tc.counts = nullptr;
-        topk_warp(a.logits, a.E, a.k, a.norm_topk, a.has_shared, cid, cw, tc, to, 1.0f);
-        __syncwarp();
-        if (lead) {
-          if (lane < a.k) {
-            a.ids_out[lane] = cid[lane];
-            a.w_out[lane] = cw[lane];
-            a.tsel.out[lane] = chosen[lane];
-            a.tsel.out[a.k + lane] = chosen[a.k + lane];
-          }
-          if (lane == 0 && a.has_shared) a.w_out[a.k] = cw[a.k];
-        }
-      }
-      __syncthreads();
-      B = chosen[j];
+      B = pick_block_expert(a, j, 1.0f);
     } else {
       B = a.sel ? a.sel[j] : a.gu_tab[a.ids[j]];
     }
