@@ -318,11 +318,9 @@ TEST(CudaBatch, OneStateTwiceIsAnError) {
 
 // Throughput of batched decode on the 35B synthetic (all 40 layers) at
 // B = 1, 8, 32, 64: aggregate tokens/s with the argmax picked on the
-// device,
-// the skinny product with 1 and 2 warp groups along K and the shared expert
-// in line and beside the routed experts (what sets DecodeOptions::
-// skinny_k_warps and shared_expert_beside), against the bytes-touched roofline
-// of each B. A bench, not a test (nothing to pass or fail): run by
+// device, against the bytes-touched roofline of each B (session 6's
+// kernels were measured beside these in session 7: bench/NOTES-cuda.md,
+// batch-more; bench/results/session7-h200-round2-batch-more.txt). A bench, not a test (nothing to pass or fail): run by
 // gpu-tasks/batch-more.sh with --gtest_also_run_disabled_tests.
 //
 // Bytes one step over B sequences must move (bench/NOTES.md, batched decode):
@@ -353,27 +351,17 @@ TEST(CudaBatchBench, DISABLED_DecodeThroughputAt35b) {
   CudaModel& dev = dynamic_cast<const CudaBackend&>(*b).device_for_bench();
   using Path = DecodeOptions::BatchExperts;
   struct Run {
-    int kw;
-    bool beside, wide;
     const char* name;
     std::vector<int> batches;
     Path experts = Path::Auto;
   };
-  // Experts chosen per B, graphs: session 6's skinny product (one warp
-  // group), the shared expert after the routed experts on the one stream,
-  // the in-proj on the tiled product; then the default (2 warp groups, the
-  // shared expert beside, the in-proj on the skinny product at 17-32 rows).
-  // Each step on its own, and the routed experts through the skinny product,
-  // were measured in session 7's round 1 (bench/NOTES-cuda.md, batch-more). The routed-expert paths (DecodeOptions::batch_experts)
-  // were measured side by side in session 6 (bench/NOTES-cuda.md, batch-fixed).
+  // Experts chosen per B, graphs. The routed-expert paths
+  // (DecodeOptions::batch_experts) were measured side by side in session 6
+  // (bench/NOTES-cuda.md, batch-fixed).
   double tps1 = 0;
   cuda_set_batch_graph(dev, true);
-  for (const Run& run : {Run{1, false, false, "kw1, in line (session 6)", {1, 8, 32, 64}},
-                         Run{2, true, true, "kw2, beside, wide (default)", {8, 32, 64}}}) {
+  for (const Run& run : {Run{"default", {1, 8, 32, 64}}}) {
     cuda_set_batch_experts(dev, run.experts);
-    cuda_set_skinny_k_warps(dev, run.kw);
-    cuda_set_shared_beside(dev, run.beside);
-    cuda_set_skinny_wide(dev, run.wide);
     std::printf("[batch-bench] %s\n", run.name);
     for (int B : run.batches) {
       std::vector<std::unique_ptr<State>> st;

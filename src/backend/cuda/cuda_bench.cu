@@ -328,24 +328,6 @@ void cuda_set_batch_experts(CudaModel& model, DecodeOptions::BatchExperts path) 
   if (m.prefill) m.prefill->set_expert_path(int(path));
 }
 
-void cuda_set_shared_beside(CudaModel& model, bool on) {
-  CudaModel::Impl& m = CudaModelAccess::impl(model);
-  m.opts.decode.shared_expert_beside = on;
-  if (m.prefill) m.prefill->set_shared_beside(on);
-}
-
-void cuda_set_skinny_k_warps(CudaModel& model, int kw) {
-  CudaModel::Impl& m = CudaModelAccess::impl(model);
-  m.opts.decode.skinny_k_warps = kw;
-  if (m.prefill) m.prefill->set_skinny_k_warps(kw);
-}
-
-void cuda_set_skinny_wide(CudaModel& model, bool on) {
-  CudaModel::Impl& m = CudaModelAccess::impl(model);
-  m.opts.decode.skinny_wide = on;
-  if (m.prefill) m.prefill->set_skinny_wide(on);
-}
-
 double cuda_copy_bandwidth_gbps(const CudaModel& model) {
   CudaModel::Impl& m = CudaModelAccess::impl(model);
   CK(cudaSetDevice(m.dev));

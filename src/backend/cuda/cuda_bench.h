@@ -45,13 +45,6 @@ void cuda_set_batch_graph(CudaModel& m, bool on);
 // The batched step's routed-expert product (DecodeOptions::batch_experts),
 // switched on a loaded model (bench: both paths measured on one model).
 void cuda_set_batch_experts(CudaModel& m, DecodeOptions::BatchExperts path);
-// The shared expert beside the routed experts or after them
-// (DecodeOptions::shared_expert_beside), switched on a loaded model.
-void cuda_set_shared_beside(CudaModel& m, bool on);
-// skinny_gemm_kernel's warp groups along K (DecodeOptions::skinny_k_warps: 1 or 2).
-void cuda_set_skinny_k_warps(CudaModel& m, int kw);
-// The 17-32-row products all through skinny_gemm_kernel (DecodeOptions::skinny_wide).
-void cuda_set_skinny_wide(CudaModel& m, bool on);
 // Device-to-device cudaMemcpy bandwidth, bytes read + written per second / 1e9.
 double cuda_copy_bandwidth_gbps(const CudaModel& m);
 // Host-to-device cudaMemcpy bandwidth from pinned memory, GB/s.

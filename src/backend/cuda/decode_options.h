@@ -61,24 +61,6 @@ struct DecodeOptions {
   // chosen experts are copied after the router instead.
   bool prefetch_mispredict = false;
 
-  // The batched step's and prefill's shared expert (gate/up, down) on a
-  // second stream beside the router and the routed experts, joined before
-  // the combine (its small products fill the SMs the experts leave idle);
-  // false: after the routed experts on the one stream (the bench measures
-  // both on one model). The profile runs it on the one stream either way.
-  bool shared_expert_beside = true;
-
-  // The few-rows product (gemm_skinny.cuh) with 2 groups of warps along K
-  // in each block (more loads in flight per SM at 32 rows); 1: one group
-  // (session 6's kernel; the bench measures both on one model).
-  int skinny_k_warps = 2;
-  // The dense products of 17-32 rows through the few-rows product however
-  // many 128-row tiles they have (the in-proj / qkv included: measured on
-  // the H200 with 2 warp groups, B = 32 1,704.5 -> 1,725.4 tokens/s); false:
-  // only where the tiles leave most SMs idle (session 6's choice, made with
-  // one warp group, when the in-proj lost on it).
-  bool skinny_wide = true;
-
   // Benchmarks: time per phase of the batched prefill and of the batched
   // decode steps (forward_batch), printed to stderr when the model is
   // destroyed (events between phases; slows them a little; no graphs).

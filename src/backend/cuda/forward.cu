@@ -34,9 +34,6 @@ Prefill* CudaModel::Impl::batched() {
     pm.moe_before = [this](float* rows, int T) { ep_before_rows(rows, T); };
     pm.moe_after = [this](float* rows, int T) { ep_after_rows(rows, T); };
   }
-  pm.shared_beside = opts.decode.shared_expert_beside;
-  pm.skinny_k_warps = opts.decode.skinny_k_warps;
-  pm.skinny_wide = opts.decode.skinny_wide;
   int max_t = chunk;
   if (tiers && !disk)
     pm.stage_experts = [this](int mi, int T) {

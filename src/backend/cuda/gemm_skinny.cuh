@@ -221,9 +221,8 @@ __global__ void __launch_bounds__(skinny_threads(KW), NT <= 4 ? 2 : 1) skinny_ge
 // grouped: up to `ntiles` tiles of at most `tile_rows` <= kSkinnyMaxRows
 // rows), on a device of `sms` SMs: K split over a cluster until the blocks
 // fill the SMs twice over, each block keeping at least 64 columns.
-// kw: warps along K per block (kSkinnyKWarps; 1: the bench's comparison).
 inline cudaError_t launch_skinny_gemm(const GemmArgs& a, int sms, cudaStream_t st, int ntiles = 1,
-                                      int tile_rows = 0, int kw = kSkinnyKWarps) {
+                                      int tile_rows = 0) {
   const int blocks = a.mode == GEMM_SWIGLU ? (a.half + kSkinnyRows / 2 - 1) / (kSkinnyRows / 2)
                                            : (a.N + kSkinnyRows - 1) / kSkinnyRows;
   const int M = a.tiles ? tile_rows : a.M;
@@ -233,19 +232,19 @@ inline cudaError_t launch_skinny_gemm(const GemmArgs& a, int sms, cudaStream_t s
   const int kslice = ((a.K + 31) / 32 + split - 1) / split * 32;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(split), unsigned(blocks), unsigned(a.tiles ? ntiles : 1));
-  cfg.blockDim = dim3(unsigned(skinny_threads(kw == 1 ? 1 : kSkinnyKWarps)));
+  cfg.blockDim = dim3(unsigned(skinny_threads(kSkinnyKWarps)));
   cfg.stream = st;
   cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeClusterDimension;
   at[0].val.clusterDim = {unsigned(split), 1, 1};
   cfg.attrs = at;
   cfg.numAttrs = split > 1 ? 1 : 0;
-  auto go = [&](auto kern1, auto kern) { return cudaLaunchKernelEx(&cfg, kw == 1 ? kern1 : kern, a, kslice); };
+  auto go = [&](auto kern) { return cudaLaunchKernelEx(&cfg, kern, a, kslice); };
   constexpr int W = kSkinnyKWarps;
-  if (M <= 8) return go(skinny_gemm_kernel<1, 1>, skinny_gemm_kernel<1, W>);
-  if (M <= 16) return go(skinny_gemm_kernel<2, 1>, skinny_gemm_kernel<2, W>);
-  if (M <= 32) return go(skinny_gemm_kernel<4, 1>, skinny_gemm_kernel<4, W>);
-  return go(skinny_gemm_kernel<8, 1>, skinny_gemm_kernel<8, W>);
+  if (M <= 8) return go(skinny_gemm_kernel<1, W>);
+  if (M <= 16) return go(skinny_gemm_kernel<2, W>);
+  if (M <= 32) return go(skinny_gemm_kernel<4, W>);
+  return go(skinny_gemm_kernel<8, W>);
 }
 
 }  // namespace flashmoe::cuda

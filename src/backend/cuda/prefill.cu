@@ -64,9 +64,6 @@ Prefill::Prefill(const PrefillModel& m, int max_tokens) : m_(m), tmax_(max_token
   profile_ = m.profile;
   batch_graph_ = m.batch_graph;
   expert_path_ = m.batch_experts;
-  shared_beside_ = m.shared_beside;
-  skinny_kw_ = m.skinny_k_warps;
-  skinny_wide_ = m.skinny_wide;
   phase_ms_.assign(P_N, 0.0);
   step_ms_.assign(P_N, 0.0);
   auto smem = [](auto kern, size_t bytes) {
@@ -419,14 +416,14 @@ bool Prefill::skinny(const DMat& W, const float* A, int T, int mode) const {
   // SMs idle (out-proj 2.13 -> 1.26 ms, router, shared expert), while the
   // in-proj (97 tiles) took 1.73 -> 2.08 ms; at 64 rows it lost. With 2
   // warp groups along K (session 7) the in-proj at 32 rows won too
-  // (skinny_wide: B = 32 1,704.5 -> 1,725.4 tokens/s).
-  if (T <= 16) return true;
-  const int tiles = mode == GEMM_SWIGLU ? div_up(W.rows / 2, kPipeBN / 2) : div_up(W.rows, kPipeBN);
-  return T <= 32 && (skinny_wide_ || tiles < sms_ / 2);
+  // (B = 32 1,704.5 -> 1,725.4 tokens/s), so every product of up to 32 rows
+  // goes through it.
+  (void)mode;
+  return T <= 32;
 }
 
 void Prefill::skinny_gemm(const GemmArgs& a, cudaStream_t s) {
-  check(launch_skinny_gemm(a, sms_, s ? s : m_.stream, 1, 0, skinny_kw_), "batched product of few rows");
+  check(launch_skinny_gemm(a, sms_, s ? s : m_.stream), "batched product of few rows");
 }
 
 // Dense product: C[T][..] (=, +=, swiglu) = A[T][K] . W^T. A few rows of
@@ -524,7 +521,9 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
   // The shared expert reads only xn_ (and its split): on side_ from here,
   // beside the router and the routed experts, joined before the combine.
   // Not under the profile (its phases are timed on the one stream).
-  const bool beside = l.ffn != FfnKind::DenseSwiGLU && d.has_shared && shared_beside_ && !profile_;
+  // Measured against the one stream in session 7 (B = 8 883.7 -> 943.3,
+  // B = 32 1,638.5 -> 1,704.5 tokens/s; bench/NOTES-cuda.md, batch-more).
+  const bool beside = l.ffn != FfnKind::DenseSwiGLU && d.has_shared && !profile_;
   if (beside) {
     CK(cudaEventRecord(fork_, st));
     CK(cudaStreamWaitEvent(side_, fork_, 0));
@@ -570,7 +569,7 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
     g.ldc = I;
     g.mode = GEMM_SWIGLU;
     g.half = I;
-    check(launch_skinny_gemm(g, sms_, st, ntiles, ebm, skinny_kw_), "batched step: experts gate/up (skinny)");
+    check(launch_skinny_gemm(g, sms_, st, ntiles, ebm), "batched step: experts gate/up (skinny)");
     mark(P_EXPERTS_GU);
     g.A = hb_;
     g.lda = I;
@@ -583,7 +582,7 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
     g.crow = dest_;
     g.mode = GEMM_STORE;
     g.half = 0;
-    check(launch_skinny_gemm(g, sms_, st, ntiles, ebm, skinny_kw_), "batched step: experts down (skinny)");
+    check(launch_skinny_gemm(g, sms_, st, ntiles, ebm), "batched step: experts down (skinny)");
     mark(P_EXPERTS_DOWN);
   } else if (few) {
     FewRowsArgs f;

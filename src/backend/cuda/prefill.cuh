@@ -53,9 +53,6 @@ struct PrefillModel {
   bool profile = false;  // DecodeOptions::prefill_profile
   bool batch_graph = false;  // DecodeOptions::batch_graph
   int batch_experts = 0;     // DecodeOptions::batch_experts
-  bool shared_beside = true;  // DecodeOptions::shared_expert_beside
-  int skinny_k_warps = 2;     // DecodeOptions::skinny_k_warps
-  bool skinny_wide = true;    // DecodeOptions::skinny_wide
   // Disk tier: called after the routing of MoE layer mi (d_ids: the chunk's
   // T * k choices, on the device); returns with every chosen expert resident
   // and its table entry set on the stream. Null: all experts are resident.
@@ -106,24 +103,6 @@ class Prefill {
   void set_expert_path(int path) {
     expert_path_ = path;
     drop_batch_graphs();  // captured with the other path
-  }
-  // The shared expert on a second stream beside the router and the routed
-  // experts (true, the default) or after them on the one stream (bench: both
-  // measured on one model; DecodeOptions::shared_expert_beside).
-  void set_shared_beside(bool on) {
-    shared_beside_ = on;
-    drop_batch_graphs();
-  }
-  // skinny_gemm_kernel's warp groups along K per block (DecodeOptions::skinny_k_warps).
-  void set_skinny_k_warps(int kw) {
-    skinny_kw_ = kw;
-    drop_batch_graphs();
-  }
-  // Dense products of 17-32 rows through skinny_gemm_kernel however many
-  // 128-row tiles they have (DecodeOptions::skinny_wide).
-  void set_skinny_wide(bool on) {
-    skinny_wide_ = on;
-    drop_batch_graphs();
   }
   // Tokens d_ids[0..T) (device) at positions pos..pos+T-1 through every
   // layer, T <= max_tokens(); *d_pos becomes pos + T. Enqueued on the stream.
@@ -203,9 +182,6 @@ class Prefill {
   bool profile_ = false;
   bool batch_graph_ = false;
   int expert_path_ = 0;  // DecodeOptions::BatchExperts
-  bool shared_beside_ = true;  // DecodeOptions::shared_expert_beside
-  int skinny_kw_ = 2;          // DecodeOptions::skinny_k_warps
-  bool skinny_wide_ = true;    // DecodeOptions::skinny_wide
   // The shared expert's stream and its fork / join with m_.stream (each
   // record is a dependency edge when the step is captured in a graph).
   cudaStream_t side_ = nullptr;
