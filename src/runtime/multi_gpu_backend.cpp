@@ -105,7 +105,10 @@ std::string MultiGpuBackend::expert_stats(int64_t) const {
   if (m.config().num_experts > 0 && std::find(moe.begin(), moe.end(), true) != moe.end())
     for (int o : m.owner(0)) ++count[size_t(o)];
   std::string s = "expert parallel over " + std::to_string(m.ranks()) + " GPUs; routed experts per GPU (first MoE layer):";
-  for (int r = 0; r < m.ranks(); ++r) s += " " + std::to_string(count[size_t(r)]);
+  for (int r = 0; r < m.ranks(); ++r) {
+    s += ' ';
+    s += std::to_string(count[size_t(r)]);
+  }
   return s;
 }
 
