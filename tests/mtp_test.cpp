@@ -231,27 +231,28 @@ TEST(Mtp, ForcedAcceptanceKeepsEveryDraftOrNone) {
   MtpModel m("tiny-qwen35moe");
   const Backend& b = cpu_of(*m.model);
   ThreadPool pool(2);
-  {
+  // 17 tokens, 3 drafts per pass, every draft kept with probability `accept`.
+  auto run17 = [&](double accept) {
     Session s(b, {}, pool, true);
     SpecStats st;
-    const std::vector<int32_t> out = greedy_speculative(s, s.feed(kPrompt), 17, 3, &st, 1.0, 1);
+    const std::vector<int32_t> out = greedy_speculative(s, s.feed(kPrompt), 17, 3, &st, accept, 1);
     EXPECT_EQ(out.size(), 17u);
+    EXPECT_EQ(s.position(), int64_t(kPrompt.size()) + 16);
+    return st;
+  };
+  {
+    const SpecStats st = run17(1.0);
     EXPECT_EQ(st.rounds, 4);
     EXPECT_EQ(st.drafted, 12);
     EXPECT_EQ(st.accepted, 12);
     EXPECT_EQ(st.emitted, 16);
-    EXPECT_EQ(s.position(), int64_t(kPrompt.size()) + 16);
   }
   {
-    Session s(b, {}, pool, true);
-    SpecStats st;
-    const std::vector<int32_t> out = greedy_speculative(s, s.feed(kPrompt), 17, 3, &st, 0.0, 1);
-    EXPECT_EQ(out.size(), 17u);
+    const SpecStats st = run17(0.0);
     EXPECT_EQ(st.rounds, 15);
     EXPECT_EQ(st.drafted, 42);
     EXPECT_EQ(st.accepted, 0);
     EXPECT_EQ(st.emitted, 15);
-    EXPECT_EQ(s.position(), int64_t(kPrompt.size()) + 16);
   }
   {
     Session s(b, {}, pool, true);
