@@ -10,6 +10,7 @@
 
 #include "backend/cpu/matmul.h"
 #include "backend/cuda/gguf_blocks.cuh"
+#include "backend/cuda/gguf_dense_repack.cuh"
 #include "backend/cuda/gguf_warp_dot.cuh"
 #include "core/block_quant.h"
 #include "core/block_quant_i16.h"
@@ -319,6 +320,59 @@ TEST_P(BlockQuant, DeviceWarpDotMatchesTheLayout) {
     // The block-per-warp path is taken where it exists and the row allows it.
     EXPECT_EQ(cuda::gguf_block_per_warp(int(q), data.data()), q == QuantKind::Q4_K || q == QuantKind::Q6_K);
     EXPECT_FALSE(cuda::gguf_block_per_warp(int(q), shifted.data() + 1));
+  }
+}
+
+// Dense matrices repacked at upload for the CUDA decode matvec
+// (backend/cuda/gguf_dense_layout.cuh): every 8 columns read from the
+// repacked row (what the prefill's product and the embedding read) are bit
+// for bit the file's weights, and the 32 lanes' group dots (the matvec
+// kernel's arithmetic, run here on the host) sum to the row's dot. The IQ4
+// kinds (a table, not a linear code) and rows not of whole 256-column
+// blocks keep the file's blocks.
+TEST_P(BlockQuant, DenseRepackMatchesTheLayout) {
+  const QuantKind q = GetParam();
+  const bool kind = q != QuantKind::IQ4_NL && q != QuantKind::IQ4_XS;
+  EXPECT_EQ(cuda::gdense_repackable(int(q), 512), kind) << quant_name(q);
+  EXPECT_FALSE(cuda::gdense_repackable(int(q), 288)) << quant_name(q);
+  if (!kind) return;
+  std::mt19937 rng(4242 + int(q));
+  const int rows = 3, cols = 3 * 256;
+  const std::vector<uint8_t> data = random_rows(q, rows, cols, rng);
+  const int rk = cuda::kGDense + int(q);
+  const size_t rb = cuda::gguf_row_bytes(rk, cols), fb = data.size() / rows;
+  std::vector<uint8_t> packed(rows * rb);
+  cuda::gdense_repack_rows(int(q), data.data(), rows, cols, packed.data());
+  std::vector<float> x(static_cast<size_t>(cols));
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  for (float& v : x) v = n(rng);
+  const cuda::GDenseKind in = cuda::gdense_info(rk);
+  for (int r = 0; r < rows; ++r) {
+    const uint8_t* row = packed.data() + r * rb;
+    for (int c = 0; c < cols; c += 8) {
+      float want[8], got[8];
+      cuda::gguf_weights8(int(q), data.data() + r * fb, c, want);
+      cuda::gguf_weights8(rk, row, c, got);
+      for (int i = 0; i < 8; ++i) ASSERT_EQ(got[i], want[i]) << quant_name(q) << " row " << r << " column " << c + i;
+    }
+    double dot = 0, mag = 0;
+    for (int c = 0; c < cols; ++c) {
+      const float w = ref_weight(q, data.data() + r * fb + (c / block_elems(q)) * block_bytes(q), int(c % block_elems(q)));
+      dot += double(w) * x[size_t(c)];
+      mag += std::fabs(double(w) * x[size_t(c)]);
+    }
+    float got = 0.f;
+    for (int g = 0; g < cols / 32; ++g) {  // group g: lane g % 32 of tile g / 32
+      uint32_t lo[4], hi[4] = {0, 0, 0, 0};
+      float p0, p1;
+      cuda::gdense_load_group(row + (g / 8) * cuda::gdense_block_bytes(rk), g % 8, in.h, lo, hi, p0, p1);
+      const float* xg = x.data() + 32 * g;
+      float sx = 0.f;
+      for (int i = 0; i < 32; ++i) sx += xg[i];
+      const float off = float(in.off);
+      cuda::gdense_with_kind(in, [&]<int H, bool MIN>() { got += cuda::gdense_group_dot<H, MIN>(lo, hi, p0, p1, xg, sx, off); });
+    }
+    EXPECT_NEAR(got, dot, 1e-5 * mag) << quant_name(q) << " row " << r;
   }
 }
 

@@ -98,11 +98,88 @@ TEST_P(CudaGgufOps, MatvecAndProductMatchCpu) {
     EXPECT_LE(rel_err(cuda_ops::gguf_gemm(W, A, T, bm), wantC), 1e-4f) << quant_name(q) << " bm " << bm;
 }
 
+// Dense matrices repacked as the upload repacks the decode step's
+// projections and lm_head (gguf_dense_layout.cuh), through the decode
+// matvec (gdense_matvec_kernel) and the prefill's product: against the
+// CPU's block kernels and against the file blocks' kernels. 1280 columns:
+// the last tile of 32 groups only partly filled.
+TEST_P(CudaGgufOps, RepackedMatvecAndProductMatchCpu) {
+  REQUIRE_GPU();
+  const QuantKind q = GetParam();
+  if (q == QuantKind::IQ4_NL || q == QuantKind::IQ4_XS) GTEST_SKIP() << "no repacked form (the file's blocks stay)";
+  std::mt19937 rng(199 + int(q));
+  for (const int64_t cols : {int64_t(1024), int64_t(1280)}) {
+    const int64_t rows = 70;
+    std::vector<uint8_t> data = random_blocks(q, rows, cols, rng);
+    Matrix W;
+    W.dtype = DType::U8;
+    W.quant = q;
+    W.data = data.data();
+    W.rows = rows;
+    W.cols = cols;
+    const std::vector<float> x = normal(rng, size_t(cols));
+    std::vector<float> want(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) want[size_t(r)] = cpu::block_dot_row(W, r, x.data());
+    const std::vector<float> got = cuda_ops::gguf_dense_matvec({W}, x, {}, 0.f, {});
+    EXPECT_LE(rel_err(got, want), 1e-5f) << quant_name(q) << " cols " << cols;
+    EXPECT_LE(rel_err(got, cuda_ops::gguf_matvec(W, x, true)), 1e-5f) << quant_name(q) << " cols " << cols;
+    const int T = 21;
+    const std::vector<float> A = normal(rng, size_t(T) * cols);
+    // The same weights read from either layout: the same products.
+    EXPECT_LE(rel_err(cuda_ops::gguf_gemm(W, A, T, 32, true), cuda_ops::gguf_gemm(W, A, T, 32, false)), 1e-6f)
+        << quant_name(q) << " cols " << cols;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Kinds, CudaGgufOps,
                          ::testing::Values(QuantKind::Q8_0, QuantKind::Q4_0, QuantKind::Q4_1, QuantKind::Q5_0,
                                            QuantKind::Q5_1, QuantKind::IQ4_NL, QuantKind::Q4_K, QuantKind::Q5_K,
                                            QuantKind::Q6_K, QuantKind::IQ4_XS),
                          [](const auto& info) { return std::string(quant_name(info.param)); });
+
+// The parts of an attention layer's q/k/v projection of a Q4_K_M file
+// (Q4_K, Q4_K, Q6_K) and an out-projection's shape (few rows of 4096
+// columns: several warps share a row group), repacked, the input norm fused
+// and the product added onto y0, against the CPU.
+TEST(CudaGgufDense, MixedPartsNormAndSplitMatchCpu) {
+  REQUIRE_GPU();
+  const float eps = 1e-6f;
+  struct Case {
+    std::vector<QuantKind> kinds;
+    std::vector<int> rows;
+    int cols;
+  };
+  for (const Case& cs : {Case{{QuantKind::Q4_K, QuantKind::Q4_K, QuantKind::Q6_K}, {64, 16, 17}, 2048},
+                         Case{{QuantKind::Q4_K}, {24}, 4096}, Case{{QuantKind::Q8_0, QuantKind::Q5_K}, {9, 40}, 4096}}) {
+    std::mt19937 rng(5 + cs.cols + int(cs.kinds.size()));
+    std::vector<std::vector<uint8_t>> store(cs.kinds.size());
+    std::vector<Matrix> parts;
+    for (size_t i = 0; i < cs.kinds.size(); ++i) {
+      store[i] = random_blocks(cs.kinds[i], cs.rows[i], cs.cols, rng);
+      Matrix m;
+      m.dtype = DType::U8;
+      m.quant = cs.kinds[i];
+      m.data = store[i].data();
+      m.rows = cs.rows[i];
+      m.cols = cs.cols;
+      parts.push_back(m);
+    }
+    const std::vector<float> x = normal(rng, size_t(cs.cols)), nw = normal(rng, size_t(cs.cols));
+    float ss = 0.f;
+    for (float v : x) ss += v * v;
+    const float r = 1.0f / std::sqrt(ss / float(cs.cols) + eps);
+    std::vector<float> xn(size_t(cs.cols));
+    for (int i = 0; i < cs.cols; ++i) xn[size_t(i)] = x[size_t(i)] * r * (1.0f + nw[size_t(i)]);
+    std::vector<float> y0, want;
+    for (const Matrix& m : parts)
+      for (int64_t row = 0; row < m.rows; ++row) {
+        y0.push_back(float(int(y0.size()) % 7) - 3.f);
+        want.push_back(y0.back() + cpu::block_dot_row(m, row, xn.data()));
+      }
+    EXPECT_LE(rel_err(cuda_ops::gguf_dense_matvec(parts, x, nw, eps, y0), want), 1e-5f)
+        << quant_name(cs.kinds[0]) << " cols " << cs.cols;
+  }
+}
 
 // A MoE layer's routed experts in GGUF blocks through the decode step's
 // staged kernels (the pick made inside gate_up from the router's logits)
@@ -220,6 +297,33 @@ TEST_P(CudaGgufModel, LogitsMatchCpu) {
     gpu.feed(prompt);
     EXPECT_EQ(gpu.greedy(8), want) << name;
   }
+}
+
+// The decode step with the dense matrices repacked (the default) against
+// the same file's blocks read by the staged kernels: the same weights, so
+// the logits agree to fp32 summation order.
+TEST_P(CudaGgufModel, RepackedMatchesFileBlocks) {
+  REQUIRE_GPU();
+  const std::string name = GetParam();
+  if (name.find("bf16") != std::string::npos) GTEST_SKIP() << "no GGUF blocks to repack";
+  const std::string file = source_path("tests/fixtures/gguf/" + name + ".gguf");
+  auto model = QwenModel::load(file);
+  CudaOptions blocks;
+  blocks.decode.gguf_dense_repack = false;
+  auto packed = CudaModel::upload(*model), plain = CudaModel::upload(*model, blocks);
+  const int64_t V = model->config().vocab_size;
+  RefTensor ref = load_ref(file + ".llama-logits-deq-f32.safetensors", "ids");
+  ThreadPool pool(2);
+  Session a(gpu_view(*model, *packed), KvConfig{}, pool), b(gpu_view(*model, *plain), KvConfig{}, pool);
+  float worst = 0.f, kl = 0.f;
+  for (size_t i = 0; i < 12 && i < ref.ids.size(); ++i) {
+    const std::vector<float> la = a.feed({int32_t(ref.ids[i])}), lb = b.feed({int32_t(ref.ids[i])});
+    worst = std::max(worst, max_abs_diff(la.data(), lb.data(), la.size()));
+    kl = std::max(kl, float(mean_kl(lb, la, V)));
+  }
+  EXPECT_LE(worst, 1e-4f) << name;
+  EXPECT_LE(kl, 1e-6f) << name;
+  std::printf("[cuda-gguf] %s repacked vs file blocks (decode): max |dlogit| %.3g, KL %.3g\n", name.c_str(), worst, kl);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGgufModel,

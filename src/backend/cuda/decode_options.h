@@ -65,6 +65,12 @@ struct DecodeOptions {
   // decode steps (forward_batch), printed to stderr when the model is
   // destroyed (events between phases; slows them a little; no graphs).
   bool prefill_profile = false;
+
+  // Dense GGUF matrices (projections, lm_head) repacked at upload for the
+  // decode matvec (gguf_dense_layout.cuh). false: the file's blocks and the
+  // staged kernels (bench --gguf-file-blocks: the two measured side by side
+  // during session 8's rounds; the loser leaves the code).
+  bool gguf_dense_repack = true;
 };
 
 }  // namespace flashmoe

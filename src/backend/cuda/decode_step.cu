@@ -12,6 +12,7 @@
 #include "backend/cuda/delta_cluster.cuh"
 #include "backend/cuda/down_early.cuh"
 #include "backend/cuda/embed_argmax.cuh"
+#include "backend/cuda/gguf_dense_matvec.cuh"
 #include "backend/cuda/gguf_staged.cuh"
 #include "backend/cuda/model_impl.cuh"
 #include "backend/cuda/fp8_experts.cuh"
@@ -33,6 +34,7 @@ void CudaModel::Impl::set_kernel_attributes() {
   CK(cudaFuncSetAttribute(gmatvec_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(ggate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(gmatvec_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  CK(cudaFuncSetAttribute(gdense_matvec_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(ggate_up_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(gdown_staged_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(gdown_staged_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
@@ -56,6 +58,16 @@ void CudaModel::Impl::mark(int cls) {
 }
 
 void CudaModel::Impl::matvec(const DMat& W, const float* xin, const float* nw, float* y, int acc, int cls, float* xcopy) {
+  if (W.dt == DT_GGUF && gmat_dense(W.g) && gdense_smem(W.cols) <= size_t(prop.sharedMemPerBlockOptin) - 4096) {
+    const size_t smem = gdense_smem(W.cols);
+    const int resident = prop.multiProcessorCount * per_sm(reinterpret_cast<const void*>(gdense_matvec_kernel), smem);
+    const int split = gdense_split(W.g, W.cols, resident * kWarps), rpb = kWarps / split;
+    const int blocks = std::min((gdense_units(W.g) + rpb - 1) / rpb, resident);
+    go(gdense_matvec_kernel, blocks, kThreads, smem, static_cast<const void*>(W.p), W.g, W.cols, split, xin, nw,
+       c.rms_norm_eps, y, acc, xcopy);
+    mark(cls);
+    return;
+  }
   if (W.dt == DT_GGUF) {
     // Staged through shared memory (gguf_staged.cuh) where two buffers a warp fit.
     const GStage st = gstage_plan(W.g, W.cols, prop.multiProcessorCount * kBlocksPerSm * kWarps);

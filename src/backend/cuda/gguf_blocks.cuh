@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "backend/cuda/gguf_dense_layout.cuh"
 #include "core/matrix.h"
 
 #ifdef __CUDACC__
@@ -28,10 +29,13 @@ enum : int {
   GQ_IQ4_XS = int(QuantKind::IQ4_XS),
 };
 
+// Repacked kinds (kGDense + a file kind: dense matrices repacked at upload,
+// gguf_dense_layout.cuh) are read through the same three functions.
 FM_HD int gguf_block_elems(int k) {
-  return k == GQ_Q4_K || k == GQ_Q5_K || k == GQ_Q6_K || k == GQ_IQ4_XS ? 256 : 32;
+  return gdense_kind(k) || k == GQ_Q4_K || k == GQ_Q5_K || k == GQ_Q6_K || k == GQ_IQ4_XS ? 256 : 32;
 }
 FM_HD int gguf_block_bytes(int k) {
+  if (gdense_kind(k)) return gdense_block_bytes(k);
   switch (k) {
     case GQ_Q8_0: return 34;
     case GQ_Q4_0: return 18;
@@ -99,6 +103,7 @@ FM_HD void gguf_k_scale_min(int j, const uint8_t* s, int& sc, int& mn) {
 
 // Weights c .. c+7 (c a multiple of 8) of a row of kind k starting at row.
 FM_HD void gguf_weights8(int k, const uint8_t* row, int c, float* w) {
+  if (gdense_kind(k)) return gdense_weights8(k, row, c, w);
   const int be = gguf_block_elems(k);
   const uint8_t* b = row + size_t(c / be) * gguf_block_bytes(k);
   const int i0 = c % be;

@@ -217,7 +217,9 @@ struct CudaModel::Impl : Launcher {
   // Rows of several host matrices (same cols) stacked into one device matrix,
   // in the common storage type (f32 when they differ or when forced).
   // fp8: parts that are all FP8 blocks of one block width stay FP8 (DT_FP8).
-  DMat upload_rows(const std::vector<Matrix>& parts, const std::string& what, int force_dt = -1, bool fp8 = false);
+  // dense: a matrix of the decode step's matvec (projections, lm_head), GGUF blocks repacked (gguf_dense_layout.cuh).
+  DMat upload_rows(const std::vector<Matrix>& parts, const std::string& what, int force_dt = -1, bool fp8 = false,
+                   bool dense = false);
   DMat upload_fp8_rows(const std::vector<Matrix>& parts, const std::string& what);
   // The device layout of a layer's quantised experts (all like `e`), or an
   // Error naming the layer where the kernels cannot take them.
@@ -225,7 +227,7 @@ struct CudaModel::Impl : Launcher {
   // Expert e's gate/up block (part 0) or down block (1) in the layout q, at dst.
   static void write_quant(const FfnExpert& e, int part, const QExpert& q, const std::string& where, uint8_t* dst);
   // GGUF matrices: parts (each in a block format) stacked as stored (GMat).
-  DMat upload_blocks(const std::vector<Matrix>& parts, const std::string& what);
+  DMat upload_blocks(const std::vector<Matrix>& parts, const std::string& what, bool dense);
   // The device layout of a layer's GGUF experts (all like `e`): gg, gd and
   // the bytes of an expert's gate/up and down blocks.
   void gguf_expert_layout(const FfnExpert& e, DLayer& d, size_t& gu_bytes, size_t& dn_bytes) const;

@@ -19,6 +19,8 @@
 #include "backend/cuda/device_model.cuh"
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/gemm_skinny.cuh"
+#include "backend/cuda/gguf_dense_matvec.cuh"
+#include "backend/cuda/gguf_dense_repack.cuh"
 #include "backend/cuda/gguf_kernels.cuh"
 #include "backend/cuda/gguf_staged.cuh"
 #include "backend/cuda/launch.cuh"
@@ -489,12 +491,52 @@ std::vector<float> gguf_experts(const std::vector<GgufExpert>& experts, const st
   return down(a.x, size_t(H));
 }
 
-std::vector<float> gguf_gemm(const Matrix& W, const std::vector<float>& A, int T, int bm) {
+// The parts stacked as the upload stacks them (gmat_stack), repacked or not, on the device.
+static const void* up_stacked(Buffers& b, const std::vector<Matrix>& parts, bool repack, GMat& g) {
+  size_t bytes = 0;
+  g = gmat_stack(parts, repack, bytes);
+  std::vector<uint8_t> h(bytes, 0);
+  const int cols = int(parts.at(0).cols);
+  for (int i = 0; i < g.n; ++i) {
+    const Matrix& p = parts[size_t(i)];
+    if (repack) gdense_repack_rows(int(p.quant), static_cast<const uint8_t*>(p.data), int(p.rows), cols, h.data() + g.off[i]);
+    else std::memcpy(h.data() + g.off[i], p.data, p.nbytes());
+  }
+  return b.up(h.data(), h.size());
+}
+
+std::vector<float> gguf_dense_matvec(const std::vector<Matrix>& parts, const std::vector<float>& x,
+                                     const std::vector<float>& norm_w, float eps, const std::vector<float>& y0) {
+  Launcher l = device();
+  const int cols = int(parts.at(0).cols);
+  for (const Matrix& p : parts)
+    if (p.cols != cols || !gdense_repackable(int(p.quant), cols)) fail("op check: gguf_dense_matvec: a part without a repacked form");
+  Buffers b;
+  GMat g;
+  const void* dW = up_stacked(b, parts, true, g);
+  const int rows = g.row0[g.n];
+  const float* dx = b.up(x.data(), x.size());
+  const float* dn = norm_w.empty() ? nullptr : b.up(norm_w.data(), norm_w.size());
+  float* dy = y0.empty() ? b.zeros<float>(size_t(rows)) : b.up(y0.data(), y0.size());
+  // As CudaModel::Impl::matvec.
+  const size_t smem = gdense_smem(cols);
+  if (smem > 48 * 1024)
+    CK(cudaFuncSetAttribute(gdense_matvec_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const int resident =
+      l.prop.multiProcessorCount * l.per_sm(reinterpret_cast<const void*>(gdense_matvec_kernel), smem);
+  const int split = gdense_split(g, cols, resident * kWarps), rpb = kWarps / split;
+  const int blocks = std::min((gdense_units(g) + rpb - 1) / rpb, resident);
+  l.go(gdense_matvec_kernel, blocks, kThreads, smem, dW, g, cols, split, dx, dn, eps, dy, y0.empty() ? 0 : 1,
+       static_cast<float*>(nullptr));
+  CK(cudaDeviceSynchronize());
+  return down(dy, size_t(rows));
+}
+
+std::vector<float> gguf_gemm(const Matrix& W, const std::vector<float>& A, int T, int bm, bool repacked) {
   device();
   GemmArgs a;
-  a.gm = one_part(W);
   Buffers b;
-  a.W = b.up(static_cast<const uint8_t*>(W.data), W.nbytes());
+  a.W = up_stacked(b, {W}, repacked, a.gm);
   a.A = b.up(A.data(), A.size());
   a.lda = int(W.cols);
   a.M = T;

@@ -83,7 +83,15 @@ std::vector<float> gguf_experts(const std::vector<GgufExpert>& experts, const st
                                 std::vector<int>* ids, std::vector<float>* w);
 // C = A . W^T (A: T rows of W.cols) for W in a GGUF block format, through
 // the batched prefill's product (gemm_kernel<GB>, bm rows per tile: 16, 32, 64).
-std::vector<float> gguf_gemm(const Matrix& W, const std::vector<float>& A, int T, int bm);
+// repacked: W's rows repacked as the upload repacks dense matrices (gguf_dense_layout.cuh).
+std::vector<float> gguf_gemm(const Matrix& W, const std::vector<float>& A, int T, int bm, bool repacked = false);
+
+// y0 + W . xn (y0 empty: zeros) for the parts of W (stacked rows, same
+// columns, GGUF kinds with a repacked form) repacked as the upload repacks
+// the decode step's dense matrices, through gdense_matvec_kernel; xn =
+// rmsnorm_zc(x, norm_w, eps), or x when norm_w is empty.
+std::vector<float> gguf_dense_matvec(const std::vector<Matrix>& parts, const std::vector<float>& x,
+                                     const std::vector<float>& norm_w, float eps, const std::vector<float>& y0);
 
 // The routed experts of a batched step with few rows per picked expert
 // (few_rows_kernel: gate/up with SiLU, then down) over the tile list of

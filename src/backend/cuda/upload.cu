@@ -5,17 +5,20 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
 
 #include "core/matrix_rows.h"
 #include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/gguf_dense_repack.cuh"
 #include "backend/cuda/model_impl.cuh"
 #include "backend/cuda/fp8_router.cuh"
 #include "backend/cuda/router.cuh"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
 
 namespace flashmoe {
 
@@ -91,7 +94,8 @@ size_t CudaModel::Impl::write_rows_host(const std::vector<Matrix>& parts, int dt
 
 // Rows of several host matrices (same cols) stacked into one device matrix,
 // in the common storage type (f32 when they differ or when forced).
-DMat CudaModel::Impl::upload_rows(const std::vector<Matrix>& parts, const std::string& what, int force_dt, bool fp8) {
+DMat CudaModel::Impl::upload_rows(const std::vector<Matrix>& parts, const std::string& what, int force_dt, bool fp8,
+                                  bool dense) {
   if (fp8 && force_dt < 0 && std::all_of(parts.begin(), parts.end(), [&](const Matrix& x) {
         return x.fp8() && x.group == parts[0].group && x.group % 16 == 0 && x.cols % 16 == 0;
       }))
@@ -107,7 +111,7 @@ DMat CudaModel::Impl::upload_rows(const std::vector<Matrix>& parts, const std::s
   }
   // GGUF blocks as stored; mixed with float parts (or more parts than a
   // GMat holds), all dequantised to f32 like the MLX q8/q4 projections.
-  if (dt == DT_GGUF && parts.size() <= size_t(kGParts)) return upload_blocks(parts, what);
+  if (dt == DT_GGUF && parts.size() <= size_t(kGParts)) return upload_blocks(parts, what, dense);
   if (dt == DT_GGUF) dt = DT_F32;
   m.dt = dt;
   m.rows = int(rows);
@@ -127,28 +131,42 @@ DMat CudaModel::Impl::upload_rows(const std::vector<Matrix>& parts, const std::s
   return m;
 }
 
-DMat CudaModel::Impl::upload_blocks(const std::vector<Matrix>& parts, const std::string& what) {
+DMat CudaModel::Impl::upload_blocks(const std::vector<Matrix>& parts, const std::string& what, bool dense) {
   DMat m;
   m.dt = DT_GGUF;
   m.cols = int(parts.at(0).cols);
+  // Dense matrices of the decode step repacked for gdense_matvec_kernel
+  // (gguf_dense_layout.cuh) where every part's kind has a repacked form.
+  const bool repack = dense && opts.decode.gguf_dense_repack &&
+                      std::all_of(parts.begin(), parts.end(),
+                                  [&](const Matrix& p) { return gdense_repackable(int(p.quant), m.cols); });
   size_t off = 0;
-  int rows = 0;
-  for (const Matrix& p : parts) {
-    GMat& g = m.g;
-    g.row0[g.n] = rows;
-    g.kind[g.n] = int(p.quant);
-    g.off[g.n] = off;
-    ++g.n;
-    rows += int(p.rows);
-    off += (p.nbytes() + 15) / 16 * 16;
-  }
-  m.g.row0[m.g.n] = rows;
-  m.rows = rows;
+  m.g = gmat_stack(parts, repack, off);
+  m.rows = m.g.row0[m.g.n];
   m.gbytes = off;
   m.p = alloc(off, what);
-  for (int i = 0; i < m.g.n; ++i)
-    CK(cudaMemcpy(static_cast<uint8_t*>(m.p) + m.g.off[i], parts[size_t(i)].data, parts[size_t(i)].nbytes(),
-                  cudaMemcpyHostToDevice));
+  std::unique_ptr<ThreadPool> pool;
+  if (repack) pool = std::make_unique<ThreadPool>(0);
+  for (int i = 0; i < m.g.n; ++i) {
+    const Matrix& p = parts[size_t(i)];
+    uint8_t* dst = static_cast<uint8_t*>(m.p) + m.g.off[i];
+    if (!repack) {
+      CK(cudaMemcpy(dst, p.data, p.nbytes(), cudaMemcpyHostToDevice));
+      continue;
+    }
+    // Repacked a chunk of rows at a time (bounded host memory), rows over the pool's threads.
+    const int chunk = 4096;
+    const size_t src_rb = gguf_row_bytes(m.g.kind[i] - kGDense, m.cols), rb = gguf_row_bytes(m.g.kind[i], m.cols);
+    std::vector<uint8_t> buf(size_t(std::min<int64_t>(chunk, p.rows)) * rb);
+    for (int64_t r0 = 0; r0 < p.rows; r0 += chunk) {
+      const int n = int(std::min<int64_t>(chunk, p.rows - r0));
+      const uint8_t* src = static_cast<const uint8_t*>(p.data) + size_t(r0) * src_rb;
+      pool->parallel_for(n, [&](int64_t a, int64_t b) {
+        gdense_repack_rows(m.g.kind[i] - kGDense, src + size_t(a) * src_rb, int(b - a), m.cols, buf.data() + size_t(a) * rb);
+      }, 64);
+      CK(cudaMemcpy(dst + size_t(r0) * rb, buf.data(), size_t(n) * rb, cudaMemcpyHostToDevice));
+    }
+  }
   bytes_total += int64_t(off);
   return m;
 }
@@ -570,14 +588,14 @@ DLayer upload_layer(CudaModel::Impl& m, const LayerPlan& l, const LayerWeights& 
   d.post_norm = m.upload_vec(lw.post_norm, p + "norm");
   if (attention) {
     const AttentionWeights& a = lw.attn;
-    d.qkv = m.upload_rows({a.q_proj, a.k_proj, a.v_proj}, p + "q/k/v projection", -1, true);
-    d.o_proj = m.upload_rows({a.o_proj}, p + "o_proj", -1, true);
+    d.qkv = m.upload_rows({a.q_proj, a.k_proj, a.v_proj}, p + "q/k/v projection", -1, true, true);
+    d.o_proj = m.upload_rows({a.o_proj}, p + "o_proj", -1, true, true);
     d.q_norm = m.upload_vec(a.q_norm, p + "q_norm");
     d.k_norm = m.upload_vec(a.k_norm, p + "k_norm");
   } else {
     const LinearAttentionWeights& l = lw.lin;
-    d.lin_in = m.upload_rows(l.in_proj.block_views(), p + "linear-attention projections", -1, true);
-    d.out_proj = m.upload_rows({l.out_proj}, p + "out_proj", -1, true);
+    d.lin_in = m.upload_rows(l.in_proj.block_views(), p + "linear-attention projections", -1, true, true);
+    d.out_proj = m.upload_rows({l.out_proj}, p + "out_proj", -1, true, true);
     d.conv_w = m.upload_vec(l.conv, p + "conv1d");
     d.dt_bias = m.upload_vec(l.dt_bias, p + "dt_bias");
     d.neg_exp_A = m.upload_vec(l.neg_exp_A, p + "A_log");
@@ -731,8 +749,11 @@ std::unique_ptr<CudaModel> CudaModel::upload(const QwenModel& model, const CudaO
   m.opts = o;
   m.init_device();
   const ModelWeights& w = model.weights();
-  m.embed = m.upload_rows({w.embed}, "embedding");
-  m.lm_head = w.lm_head.data == w.embed.data ? m.embed : m.upload_rows({w.lm_head}, "lm_head");
+  // A tied embedding is repacked as the lm_head (the embedding kernels read
+  // repacked rows through gguf_weights8 as well).
+  const bool tied = w.lm_head.data == w.embed.data;
+  m.embed = m.upload_rows({w.embed}, "embedding", -1, false, tied);
+  m.lm_head = tied ? m.embed : m.upload_rows({w.lm_head}, "lm_head", -1, false, true);
   m.final_norm = m.upload_vec(w.final_norm, "final norm");
   size_t tier_gu = 0, tier_dn = 0;
   bool tiered = false;

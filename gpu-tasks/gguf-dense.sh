@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Dense GGUF matrices (in-/out-projections, lm_head) repacked at upload for
+# the decode matvec (src/backend/cuda/gguf_dense_layout.cuh,
+# gguf_dense_matvec.cuh), checked and timed on the H200 at the
+# Qwen3.5-35B-A3B shape, against the file's blocks (--gguf-file-blocks,
+# session 6's staged kernels) in the same call. Needs build/flashmoe and
+# build/flashmoe_tests built, the 35B-shaped Q4_K_M file at
+# /tmp/gguf35b/q4_k_m.gguf (bench/gguf_random_35b.py; the lead's round makes
+# it). About 45 s. Prediction: bench/NOTES-cuda.md "Session 8: dense GGUF
+# matrices repacked".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+F=/tmp/gguf35b/q4_k_m.gguf
+OUT=${OUT:-/tmp/gguf-dense-out}
+mkdir -p "$OUT"
+for b in build/flashmoe build/flashmoe_tests; do [ -x $b ] || { echo "FAIL: $b not built"; exit 1; }; done
+bench() {  # $1: label, then extra flags
+  local label=$1
+  shift
+  echo "== $label: flashmoe bench -m $F --device cuda -p 0 -n 128 -r 2 --profile 16 $*"
+  timeout 16 ./build/flashmoe bench -m $F --device cuda -p 0 -n 128 -r 2 --profile 16 "$@" >"$OUT/bench-$label.txt" 2>&1
+  echo "rc $?"
+  grep -E "tg128|^\| (in-proj|out-proj|lm_head|experts|router|total)" "$OUT/bench-$label.txt"
+}
+if [ -f $F ]; then
+  bench repacked
+else
+  echo "FAIL: $F missing"
+fi
+T=$(timeout 14 ./build/flashmoe_tests --gtest_brief=1 \
+  --gtest_filter='*CudaGgufOps*:*CudaGgufDense*:*CudaGgufModel*:*DenseRepack*' 2>&1)
+rc=$?
+echo "$T" >"$OUT/tests.txt"
+echo "$T" | grep -E "FAILED|\[cuda-gguf\].*repacked|tests? ran|PASSED" | tail -20
+if [ $rc -eq 0 ] && echo "$T" | grep -qE "PASSED.* [1-9][0-9]* test"; then
+  echo "PASS: CudaGgufOps / CudaGgufDense / CudaGgufModel / DenseRepack"
+else
+  echo "FAIL: CudaGgufOps / CudaGgufDense / CudaGgufModel / DenseRepack (rc $rc; $OUT/tests.txt)"
+fi
+[ -f $F ] && bench file-blocks --gguf-file-blocks
