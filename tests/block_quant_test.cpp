@@ -363,14 +363,17 @@ TEST_P(BlockQuant, DenseRepackMatchesTheLayout) {
     }
     float got = 0.f;
     for (int g = 0; g < cols / 32; ++g) {  // group g: lane g % 32 of tile g / 32
-      uint32_t lo[4], hi[4] = {0, 0, 0, 0};
-      float p0, p1;
-      cuda::gdense_load_group(row + (g / 8) * cuda::gdense_block_bytes(rk), g % 8, in.h, lo, hi, p0, p1);
       const float* xg = x.data() + 32 * g;
       float sx = 0.f;
       for (int i = 0; i < 32; ++i) sx += xg[i];
-      const float off = float(in.off);
-      cuda::gdense_with_kind(in, [&]<int H, bool MIN>() { got += cuda::gdense_group_dot<H, MIN>(lo, hi, p0, p1, xg, sx, off); });
+      cuda::gdense_with_kind(in, [&](auto h, auto mn) {
+        cuda::GDenseRows<decltype(h)::value, 1> d;
+        cuda::gdense_load_group(row + (g / 8) * cuda::gdense_block_bytes(rk), g % 8, in.h, d.lo[0], d.hi[0], d.p0[0],
+                                d.p1[0]);
+        float acc[1] = {0.f};
+        cuda::gdense_rows_dot<decltype(h)::value, decltype(mn)::value, 1>(d, xg, 0, sx, float(in.off), acc);
+        got += acc[0];
+      });
     }
     EXPECT_NEAR(got, dot, 1e-5 * mag) << quant_name(q) << " row " << r;
   }

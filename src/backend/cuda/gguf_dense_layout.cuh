@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #ifndef FM_HD
 #ifdef __CUDACC__
@@ -63,17 +64,24 @@ FM_HD GDenseKind gdense_info(int k) {
     default: return {2, 32, false};  // Q6_K
   }
 }
-// f.template operator()<H, MIN>() for kind `in`'s high bits and min (the
-// readers are templates on both: their loops unrolled per kind).
+// f(H, MIN) for kind `in`'s high bits and min as std::integral_constant
+// arguments (the readers are templates on both: their loops unrolled per
+// kind); f a generic lambda (C++17: the CUDA units' standard).
 template <typename F>
 FM_HD void gdense_with_kind(const GDenseKind& in, F&& f) {
+  using I0 = std::integral_constant<int, 0>;
+  using I1 = std::integral_constant<int, 1>;
+  using I2 = std::integral_constant<int, 2>;
+  using I4 = std::integral_constant<int, 4>;
+  using T = std::true_type;
+  using N = std::false_type;
   switch (in.h * 2 + (in.min ? 1 : 0)) {
-    case 0: f.template operator()<0, false>(); break;
-    case 1: f.template operator()<0, true>(); break;
-    case 2: f.template operator()<1, false>(); break;
-    case 3: f.template operator()<1, true>(); break;
-    case 4: f.template operator()<2, false>(); break;
-    default: f.template operator()<4, false>(); break;
+    case 0: f(I0{}, N{}); break;
+    case 1: f(I0{}, T{}); break;
+    case 2: f(I1{}, N{}); break;
+    case 3: f(I1{}, T{}); break;
+    case 4: f(I2{}, N{}); break;
+    default: f(I4{}, N{}); break;
   }
 }
 FM_HD int gdense_block_bytes(int k) { return 192 + 32 * gdense_info(k).h; }
@@ -165,29 +173,55 @@ FM_HD void gdense_weights8(int k, const uint8_t* row, int c, float* w) {
   }
 }
 
-// One lane's group of 32 columns of a repacked row dotted with x: lo / hi /
-// p0 / p1 the group's words (gdense_load_group), xv the 32 x values of its
-// columns in column order, sx their sum (kinds with a min), off the codes'
-// offset. Per weight a byte permute, a subtraction and an FMA.
-template <int H, bool MIN>
-FM_HD float gdense_group_dot(const uint32_t* lo, const uint32_t* hi, float p0, float p1, const float* xv, float sx,
-                             float off) {
-  float a[4] = {0.f, 0.f, 0.f, 0.f}, c[4] = {0.f, 0.f, 0.f, 0.f};  // columns 0..15, 16..31 (by position in a set)
+// A lane's group of 32 columns in R rows (the words gdense_load_group reads).
+template <int H, int R>
+struct GDenseRows {
+  uint32_t lo[R][4], hi[R][H > 0 ? H : 1];
+  float p0[R], p1[R];
+};
+
+// acc[i] += row i's group . x for the R rows of d: the group's x in
+// column order as 8 float4s, float4 s at x + 4 (s ^ sw) (the kernel's
+// swizzle; 16-byte aligned), sx the group's sum of x (kinds with a min),
+// off the codes' offset. Per weight a byte permute, a subtraction and an
+// FMA; each float4 of x read once for the R rows, R independent chains.
+template <int H, bool MIN, int R>
+FM_HD void gdense_rows_dot(const GDenseRows<H, R>& d, const float* x, int sw, float sx, float off, float (&acc)[R]) {
+  float t0[R], t1[R];  // columns 0..15 and 16..31 of each row
+#ifdef __CUDA_ARCH__
+#pragma unroll
+#endif
+  for (int i = 0; i < R; ++i) t0[i] = t1[i] = 0.f;
 #ifdef __CUDA_ARCH__
 #pragma unroll
 #endif
   for (int s = 0; s < 8; ++s) {
-    const uint32_t q = gdense_set_codes<H>(lo, hi, s);
-    const float* x4 = xv + 4 * s;
-    float* t = s < 4 ? a : c;
-    t[0] = fmaf(gdense_code_f32<0>(q, off), x4[0], t[0]);
-    t[1] = fmaf(gdense_code_f32<1>(q, off), x4[1], t[1]);
-    t[2] = fmaf(gdense_code_f32<2>(q, off), x4[2], t[2]);
-    t[3] = fmaf(gdense_code_f32<3>(q, off), x4[3], t[3]);
+    float v[4];
+#ifdef __CUDA_ARCH__
+    const float4 f = *reinterpret_cast<const float4*>(x + 4 * (s ^ sw));
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+#else
+    std::memcpy(v, x + 4 * (s ^ sw), 16);
+#endif
+#ifdef __CUDA_ARCH__
+#pragma unroll
+#endif
+    for (int i = 0; i < R; ++i) {
+      const uint32_t q = gdense_set_codes<H>(d.lo[i], d.hi[i], s);
+      float t = s < 4 ? t0[i] : t1[i];
+      t = fmaf(gdense_code_f32<0>(q, off), v[0], t);
+      t = fmaf(gdense_code_f32<1>(q, off), v[1], t);
+      t = fmaf(gdense_code_f32<2>(q, off), v[2], t);
+      t = fmaf(gdense_code_f32<3>(q, off), v[3], t);
+      if (s < 4) t0[i] = t;
+      else t1[i] = t;
+    }
   }
-  const float s0 = (a[0] + a[1]) + (a[2] + a[3]), s1 = (c[0] + c[1]) + (c[2] + c[3]);
-  if constexpr (MIN) return p0 * (s0 + s1) - p1 * sx;
-  else return p0 * s0 + p1 * s1;
+#ifdef __CUDA_ARCH__
+#pragma unroll
+#endif
+  for (int i = 0; i < R; ++i)
+    acc[i] += MIN ? d.p0[i] * (t0[i] + t1[i]) - d.p1[i] * sx : d.p0[i] * t0[i] + d.p1[i] * t1[i];
 }
 
 }  // namespace flashmoe::cuda

@@ -5,7 +5,10 @@
 // of 1024 columns per step), so each lane issues, per row, one 16-byte load
 // of codes and one 8-byte load of its group's scale pair (plus the high
 // bits of 5/6/8-bit kinds), all rows' loads before the arithmetic, and the
-// warp's loads of a row are contiguous. x (normed once per block) is kept
+// warp's loads of a row are contiguous. (The next tile's loads issued
+// before the current tile's arithmetic, two register sets a warp, spilled
+// ~1.8 KB a thread with all kinds in one kernel at 128 registers: not
+// done.) x (normed once per block) is kept
 // in shared memory with each group's float4s swizzled (no bank conflicts
 // when the 32 lanes read 32 groups) and its groups' sums beside it (the min
 // term of Q4_K / Q5_K: scale * sum(code x) - min * sum(x)). Few units
@@ -49,55 +52,36 @@ FM_HD bool gdense_unit(const GMat& g, int u, int& part, int& r0, int& n) {
   return false;
 }
 
-// One tile's loads for a unit's rows: each row's group words (gdense_load_group).
+// Tile t's loads for the unit's rows (n of them, rb bytes apart from
+// `rows`) into d: this lane's group 32 t + lane of G.
 template <int H>
-struct GDenseTile {
-  uint32_t lo[kGDenseRows][4], hi[kGDenseRows][H > 0 ? H : 1];
-  float p0[kGDenseRows], p1[kGDenseRows];
-};
+__device__ __forceinline__ void gdense_tile_load(const uint8_t* rows, size_t rb, int n, int G, int t, int lane,
+                                                 GDenseRows<H, kGDenseRows>& d) {
+  const int gi = 32 * t + lane;
+  if (gi >= G) return;
+  const size_t at = size_t(gi >> 3) * (192 + 32 * H);  // the group's repacked block
+#pragma unroll
+  for (int i = 0; i < kGDenseRows; ++i)
+    gdense_load_group(rows + size_t(i < n ? i : 0) * rb + at, gi & 7, H, d.lo[i], d.hi[i], d.p0[i], d.p1[i]);
+}
+template <int H, bool MIN>
+__device__ __forceinline__ void gdense_tile_dot(const GDenseRows<H, kGDenseRows>& d, int G, int t, int lane,
+                                                const float* xz, const float* sx, float off,
+                                                float (&acc)[kGDenseRows]) {
+  const int gi = 32 * t + lane;
+  if (gi >= G) return;
+  gdense_rows_dot<H, MIN, kGDenseRows>(d, xz + 32 * gi, gi & 7, MIN ? sx[gi] : 0.f, off, acc);
+}
 
-// acc[i] += row i (of n, rows rb bytes apart from `rows`) . x over this
-// warp's tiles t = sub, sub + split, ... (groups 32 t + lane of G). The
-// next tile's loads are issued before the current tile's arithmetic (two
-// register sets, alternating).
+// acc[i] += row i . x over this warp's tiles t = sub, sub + split, ...
 template <int H, bool MIN>
 __device__ __forceinline__ void gdense_rows(const uint8_t* rows, size_t rb, int n, int G, const float* xz,
                                             const float* sx, float off, int sub, int split, int lane,
                                             float (&acc)[kGDenseRows]) {
-  constexpr int BB = 192 + 32 * H;  // repacked block bytes
-  auto load = [&](int t, GDenseTile<H>& d) {
-    const int gi = 32 * t + lane;
-    if (32 * t >= G || gi >= G) return;
-    const size_t at = size_t(gi >> 3) * BB;
-#pragma unroll
-    for (int i = 0; i < kGDenseRows; ++i)
-      gdense_load_group(rows + size_t(i < n ? i : 0) * rb + at, gi & 7, H, d.lo[i], d.hi[i], d.p0[i], d.p1[i]);
-  };
-  auto dot = [&](int t, const GDenseTile<H>& d) {
-    const int gi = 32 * t + lane;
-    if (gi >= G) return;
-    float xv[32];
-    const float4* x4 = reinterpret_cast<const float4*>(xz) + 8 * gi;
-#pragma unroll
-    for (int c = 0; c < 8; ++c) {
-      const float4 v = x4[c ^ (gi & 7)];
-      xv[4 * c] = v.x, xv[4 * c + 1] = v.y, xv[4 * c + 2] = v.z, xv[4 * c + 3] = v.w;
-    }
-    const float s = MIN ? sx[gi] : 0.f;
-#pragma unroll
-    for (int i = 0; i < kGDenseRows; ++i) acc[i] += gdense_group_dot<H, MIN>(d.lo[i], d.hi[i], d.p0[i], d.p1[i], xv, s, off);
-  };
-  GDenseTile<H> a, b;
-  int t = sub;
-  load(t, a);
-  while (32 * t < G) {
-    load(t + split, b);
-    dot(t, a);
-    t += split;
-    if (32 * t >= G) break;
-    load(t + split, a);
-    dot(t, b);
-    t += split;
+  for (int t = sub; 32 * t < G; t += split) {
+    GDenseRows<H, kGDenseRows> a;
+    gdense_tile_load<H>(rows, rb, n, G, t, lane, a);
+    gdense_tile_dot<H, MIN>(a, G, t, lane, xz, sx, off, acc);
   }
 }
 
@@ -161,8 +145,8 @@ static __global__ void __launch_bounds__(kThreads, 2) gdense_matvec_kernel(const
       const uint8_t* r = rows_of(p, r0, rb);
       const GDenseKind in = gdense_info(g.kind[p]);
       const float off = float(in.off);
-      gdense_with_kind(in, [&]<int H, bool MIN>() {
-        gdense_rows<H, MIN>(r, rb, n, G, xz, sx, off, sub, split, lane, acc);
+      gdense_with_kind(in, [&](auto h, auto mn) {
+        gdense_rows<decltype(h)::value, decltype(mn)::value>(r, rb, n, G, xz, sx, off, sub, split, lane, acc);
       });
     }
 #pragma unroll
