@@ -2,8 +2,9 @@
 # Dense GGUF matrices (in-/out-projections, lm_head) repacked at upload for
 # the decode matvec (src/backend/cuda/gguf_dense_layout.cuh,
 # gguf_dense_matvec.cuh), checked and timed on the H200 at the
-# Qwen3.5-35B-A3B shape, against the file's blocks (--gguf-file-blocks,
-# session 6's staged kernels) in the same call. Needs build/flashmoe and
+# Qwen3.5-35B-A3B shape, against the file's blocks (--gguf-dense 1,
+# session 6's staged kernels) and the repacked kernel cut for 3 blocks an
+# SM instead of 2 (--gguf-dense 3) in the same call. Needs build/flashmoe and
 # build/flashmoe_tests built, the 35B-shaped Q4_K_M file at
 # /tmp/gguf35b/q4_k_m.gguf (bench/gguf_random_35b.py; the lead's round makes
 # it). About 45 s. Prediction: bench/NOTES-cuda.md "Session 8: dense GGUF
@@ -14,16 +15,17 @@ F=/tmp/gguf35b/q4_k_m.gguf
 OUT=${OUT:-/tmp/gguf-dense-out}
 mkdir -p "$OUT"
 for b in build/flashmoe build/flashmoe_tests; do [ -x $b ] || { echo "FAIL: $b not built"; exit 1; }; done
-bench() {  # $1: label, then extra flags
-  local label=$1
-  shift
-  echo "== $label: flashmoe bench -m $F --device cuda -p 0 -n 128 -r 2 --profile 16 $*"
-  timeout 16 ./build/flashmoe bench -m $F --device cuda -p 0 -n 128 -r 2 --profile 16 "$@" >"$OUT/bench-$label.txt" 2>&1
-  echo "rc $?"
-  grep -E "tg128|^\| (in-proj|out-proj|lm_head|experts|router|total)" "$OUT/bench-$label.txt"
+bench() {  # $1: label, $2: prompt tokens, then extra flags
+  local label=$1 pp=$2
+  shift 2
+  echo "== $label: flashmoe bench -m $F --device cuda -p $pp -n 128 -r 2 --profile 16 $*"
+  local t0=$SECONDS
+  timeout 16 ./build/flashmoe bench -m $F --device cuda -p $pp -n 128 -r 2 --profile 16 "$@" >"$OUT/bench-$label.txt" 2>&1
+  echo "rc $? [$((SECONDS - t0)) s]"
+  grep -E "pp512|tg128|^\| (in-proj|out-proj|lm_head|experts|router|total)" "$OUT/bench-$label.txt"
 }
 if [ -f $F ]; then
-  bench repacked
+  bench repacked 512
 else
   echo "FAIL: $F missing"
 fi
@@ -37,4 +39,5 @@ if [ $rc -eq 0 ] && echo "$T" | grep -qE "PASSED.* [1-9][0-9]* test"; then
 else
   echo "FAIL: CudaGgufOps / CudaGgufDense / CudaGgufModel / DenseRepack (rc $rc; $OUT/tests.txt)"
 fi
-[ -f $F ] && bench file-blocks --gguf-file-blocks
+[ -f $F ] && bench file-blocks 512 --gguf-dense 1
+[ -f $F ] && bench repacked-3-blocks 0 --gguf-dense 3

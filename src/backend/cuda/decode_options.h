@@ -68,9 +68,13 @@ struct DecodeOptions {
 
   // Dense GGUF matrices (projections, lm_head) repacked at upload for the
   // decode matvec (gguf_dense_layout.cuh). false: the file's blocks and the
-  // staged kernels (bench --gguf-file-blocks: the two measured side by side
+  // staged kernels (bench --gguf-dense file: the two measured side by side
   // during session 8's rounds; the loser leaves the code).
   bool gguf_dense_repack = true;
+  // Benchmarks: the repacked matvec's kernel cut for 2 or 3 blocks an SM
+  // (registers; gdense_matvec_kernel), measured side by side in session 8's
+  // rounds (bench --gguf-dense); the loser leaves the code.
+  int gguf_dense_blocks = 2;
 };
 
 }  // namespace flashmoe

@@ -87,7 +87,11 @@ __device__ __forceinline__ void gdense_rows(const uint8_t* rows, size_t rb, int 
 
 // y[r] (+)= W[r,:] . norm(x) (norm skipped when nw is null), every part of
 // g repacked. Shared memory (gdense_smem): x, x swizzled, the group sums.
-static __global__ void __launch_bounds__(kThreads, 2) gdense_matvec_kernel(const void* __restrict__ W, GMat g, int cols,
+// MINB: blocks an SM the registers are cut for (2: 127 registers, no
+// spills; 3: 80, ~100 bytes spilled; DecodeOptions::gguf_dense_blocks,
+// measured side by side in session 8's rounds).
+template <int MINB>
+__global__ void __launch_bounds__(kThreads, MINB) gdense_matvec_kernel(const void* __restrict__ W, GMat g, int cols,
                                                                         int split, const float* __restrict__ x,
                                                                         const float* __restrict__ nw, float eps,
                                                                         float* __restrict__ y, int accumulate,
@@ -174,13 +178,21 @@ static __global__ void __launch_bounds__(kThreads, 2) gdense_matvec_kernel(const
 
 // gdense_matvec_kernel's dynamic shared memory for rows of cols columns.
 inline size_t gdense_smem(int cols) { return size_t(2 * cols + cols / 32) * 4; }
-// Warps per unit: 1, or more (2, 4, 8, at most the tiles of a row) while
-// the units alone leave resident warps idle.
-inline int gdense_split(const GMat& g, int cols, int resident_warps) {
+// Warps per unit (1, 2, 4 or 8, at most the tiles of a row) for `resident`
+// blocks in one wave: the split whose blocks fill their last wave best
+// (a wave of 1.46 units a warp, the 35B's in-projections at split 1, left a
+// third of the second wave idle), the smaller one unless a larger fills
+// better by 5%.
+inline int gdense_split(const GMat& g, int cols, int resident) {
   const int units = gdense_units(g), tiles = (cols / 32 + 31) / 32;
-  int s = 1;
-  while (s < kWarps && 2 * s <= tiles && units * s < resident_warps) s *= 2;
-  return s;
+  int best = 1;
+  double fill_best = 0;
+  for (int s = 1; s <= kWarps && s <= tiles; s *= 2) {
+    const int blocks = (units + kWarps / s - 1) / (kWarps / s), waves = (blocks + resident - 1) / resident;
+    const double fill = double(blocks) / (double(waves) * resident);
+    if (fill > fill_best + 0.05) best = s, fill_best = fill;
+  }
+  return best;
 }
 
 }  // namespace flashmoe::cuda
