@@ -29,7 +29,7 @@ if [ -f $F ]; then
 else
   echo "FAIL: $F missing"
 fi
-T=$(timeout 14 ./build/flashmoe_tests --gtest_brief=1 \
+T=$(timeout 10 ./build/flashmoe_tests --gtest_brief=1 \
   --gtest_filter='*CudaGgufOps*:*CudaGgufDense*:*CudaGgufModel*:*DenseRepack*' 2>&1)
 rc=$?
 echo "$T" >"$OUT/tests.txt"
