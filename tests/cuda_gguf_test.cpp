@@ -105,9 +105,9 @@ INSTANTIATE_TEST_SUITE_P(Kinds, CudaGgufOps,
                          [](const auto& info) { return std::string(quant_name(info.param)); });
 
 // A MoE layer's routed experts in GGUF blocks through the decode step's
-// staged kernels (the pick made inside gate_up from the router's logits)
-// against the CPU: softmax top-k renormalised, then the block kernels' row
-// products. Kind mixes: the 35B Q4_K_M file's (gate/up Q4_K, down Q6_K or
+// staged kernels and (Q4_K / Q6_K) the chunk-layout kernels (the pick made
+// inside gate_up from the router's logits) against the CPU: softmax top-k
+// renormalised, then the block kernels' row products. Kind mixes: the 35B Q4_K_M file's (gate/up Q4_K, down Q6_K or
 // Q4_K) and Q8_0 (coder-mini's).
 TEST(CudaGgufExperts, StagedKernelsMatchCpu) {
   REQUIRE_GPU();
@@ -155,16 +155,31 @@ TEST(CudaGgufExperts, StagedKernelsMatchCpu) {
       }
       for (int o = 0; o < H; ++o) want[size_t(o)] += wj * cpu::block_dot_row(ex.down, o, h.data());
     }
-    std::vector<int> ids;
-    std::vector<float> w;
-    const std::vector<float> got = cuda_ops::gguf_experts(experts, logits, k, x, nw, eps, &ids, &w);
-    const std::string what = std::string(quant_name(mix.gu)) + "/" + quant_name(mix.dn);
-    EXPECT_EQ(ids, std::vector<int>(order.begin(), order.begin() + k)) << what;
-    for (int j = 0; j < k; ++j)
-      EXPECT_NEAR(w[size_t(j)], std::exp(logits[size_t(order[size_t(j)])]) / chosen, 1e-6f) << what;
-    std::vector<float> dx(H), dwant(H);
-    for (int i = 0; i < H; ++i) dx[size_t(i)] = got[size_t(i)] - x[size_t(i)], dwant[size_t(i)] = want[size_t(i)] - x[size_t(i)];
-    EXPECT_LE(rel_err(dx, dwant), 1e-5f) << what;
+    // The staged kernels on the stored blocks, then (Q4_K / Q6_K) the chunk
+    // kernels on the blocks rearranged as upload.cu does: each against the
+    // CPU, and the two against each other (the same weights: they differ by
+    // fp32 summation order only).
+    std::vector<float> staged_dx;
+    for (const bool chunks : {false, true}) {
+      if (chunks && mix.gu == QuantKind::Q8_0) continue;  // no chunk layout
+      std::vector<int> ids;
+      std::vector<float> w;
+      const std::vector<float> got = cuda_ops::gguf_experts(experts, logits, k, x, nw, eps, &ids, &w, chunks);
+      const std::string what = std::string(quant_name(mix.gu)) + "/" + quant_name(mix.dn) + (chunks ? " chunks" : "");
+      EXPECT_EQ(ids, std::vector<int>(order.begin(), order.begin() + k)) << what;
+      for (int j = 0; j < k; ++j)
+        EXPECT_NEAR(w[size_t(j)], std::exp(logits[size_t(order[size_t(j)])]) / chosen, 1e-6f) << what;
+      std::vector<float> dx(H), dwant(H);
+      for (int i = 0; i < H; ++i)
+        dx[size_t(i)] = got[size_t(i)] - x[size_t(i)], dwant[size_t(i)] = want[size_t(i)] - x[size_t(i)];
+      EXPECT_LE(rel_err(dx, dwant), 1e-5f) << what;
+      if (chunks) {
+        EXPECT_LE(rel_err(dx, staged_dx), 1e-5f) << what << " vs staged";
+        std::printf("[cuda-gguf] experts %s: rel err vs CPU %.3g, vs the staged kernels %.3g\n", what.c_str(),
+                    rel_err(dx, dwant), rel_err(dx, staged_dx));
+      }
+      staged_dx = dx;
+    }
   }
 }
 

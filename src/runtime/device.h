@@ -39,6 +39,9 @@ struct GpuOptions {
   // bench --profile: time per phase of the batched prefill, printed to stderr
   // when the model is released.
   bool prefill_profile = false;
+  // --gguf-experts stored: GGUF routed experts as the file stores them
+  // (DecodeOptions::gguf_expert_chunks false).
+  bool gguf_expert_chunks = true;
   // --gpus N (0..N-1) / --devices LIST: the GPUs of an expert-parallel run
   // over NCCL (runtime/multi_gpu_backend.h), one rank each; empty: one GPU
   // without NCCL (the default).
