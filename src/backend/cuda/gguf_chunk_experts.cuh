@@ -230,7 +230,8 @@ struct GcScratch {
 // n experts stored as `from` in host memory (src, src_stride bytes apart;
 // rows of `cols` columns) to the device in the chunk layout `to` (dst,
 // dst_stride apart): the stored bytes go through a device scratch and are
-// rearranged there (the default stream; the next copy waits for it).
+// rearranged there, complete on return (the decode step's stream does not
+// wait for the default stream).
 inline void gc_upload_experts(const uint8_t* src, size_t src_stride, const GMat& from, uint8_t* dst, size_t dst_stride,
                               const GMat& to, int cols, int n, GcScratch& scratch) {
   uint8_t* s = scratch.get(src_stride * size_t(n));
@@ -241,6 +242,7 @@ inline void gc_upload_experts(const uint8_t* src, size_t src_stride, const GMat&
     gc_repack_kernel<<<grid, 256>>>(from.kind[i], s + from.off[i], src_stride, dst + to.off[i], dst_stride, blocks, n);
     CK(cudaGetLastError());
   }
+  CK(cudaDeviceSynchronize());
 }
 
 // Whether a layer's routed experts (ge.gu, ge.dn) are in the chunk layout

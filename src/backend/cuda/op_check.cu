@@ -450,7 +450,6 @@ std::vector<float> gguf_experts(const std::vector<GgufExpert>& experts, const st
     GcScratch scratch;
     gc_upload_experts(gu.data(), gu_bytes, ge.gu, cgu, gu_stride, c.gu, H, E, scratch);
     gc_upload_experts(dn.data(), dn_bytes, ge.dn, cdn, dn_stride, c.dn, I, E, scratch);
-    CK(cudaDeviceSynchronize());
     ge = c;
     dgu = cgu, ddn = cdn;
   } else {
