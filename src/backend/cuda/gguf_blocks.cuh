@@ -30,10 +30,14 @@ enum : int {
 // Q4_K / Q6_K blocks in the chunk layout the decode step's expert kernels
 // read (gguf_chunks.cuh, rearranged at upload; never in a file): per 256
 // weights, the codes of each 32 in one 16-byte chunk, the scales as f32.
-enum : int { GQ_Q4_K_C32 = 100, GQ_Q6_K_C32 = 101 };
+// Values between QuantKind's and 32 (from 32 on: branch gguf-dense's kinds).
+enum : int { GQ_Q4_K_C32 = 16, GQ_Q6_K_C32 = 17 };
+static_assert(GQ_Q4_K_C32 > GQ_IQ4_XS, "the chunk kinds are not QuantKinds");
 
 FM_HD int gguf_block_elems(int k) {
-  return k == GQ_Q4_K || k == GQ_Q5_K || k == GQ_Q6_K || k == GQ_IQ4_XS || k >= GQ_Q4_K_C32 ? 256 : 32;
+  return k == GQ_Q4_K || k == GQ_Q5_K || k == GQ_Q6_K || k == GQ_IQ4_XS || k == GQ_Q4_K_C32 || k == GQ_Q6_K_C32
+             ? 256
+             : 32;
 }
 FM_HD int gguf_block_bytes(int k) {
   switch (k) {
