@@ -36,8 +36,6 @@ tg() {  # tg128 (and pp512) of one layout
 echo "== flashmoe bench -m $F --device cuda -p 512 -n 128 -r 2 --gguf-experts chunks|chunks2|stored, interleaved"
 tg chunks 1
 tg stored 1
-tg chunks2 1
-[ $(left) -gt 30 ] && tg chunks 2
 echo "== greedy ids: flashmoe generate -m $F --device cuda --ids 1,2,3,4 -n 24 --greedy --print-ids --gguf-experts chunks|stored"
 for L in chunks stored; do
   timeout 12 ./build/flashmoe generate -m $F --device cuda --ids 1,2,3,4 -n 24 --greedy --print-ids --gguf-experts $L \
@@ -46,6 +44,8 @@ done
 A=$(tail -1 $O/gen-chunks.log); B=$(tail -1 $O/gen-stored.log)
 echo "chunks: $A"; echo "stored: $B"
 if [ -n "$A" ] && [ "$A" = "$B" ]; then echo "PASS: greedy ids equal (chunks vs stored)"; else echo "FAIL: greedy ids differ (or a run failed: $O/gen-*.err)"; fi
+[ $(left) -gt 20 ] && tg chunks2 1
+[ $(left) -gt 20 ] && tg chunks 2
 if [ $(left) -gt 10 ]; then
   echo "== flashmoe bench -m $F --device cuda -p 0 -n 32 -r 1 --profile 16 (chunks)"
   timeout 10 ./build/flashmoe bench -m $F --device cuda -p 0 -n 32 -r 1 --profile 16 2>&1 | grep -E "^\| (in-proj|out-proj|router|experts|lm_head|total)" 
