@@ -183,20 +183,26 @@ TEST(CudaGgufDense, MixedPartsNormAndSplitMatchCpu) {
 }
 
 // A MoE layer's routed experts in GGUF blocks through the decode step's
-// staged kernels (the pick made inside gate_up from the router's logits)
-// against the CPU: softmax top-k renormalised, then the block kernels' row
-// products. Kind mixes: the 35B Q4_K_M file's (gate/up Q4_K, down Q6_K or
+// staged kernels and (Q4_K / Q6_K) the chunk-layout kernels (the pick made
+// inside gate_up from the router's logits) against the CPU: softmax top-k
+// renormalised, then the block kernels' row products. Kind mixes: the 35B Q4_K_M file's (gate/up Q4_K, down Q6_K or
 // Q4_K) and Q8_0 (coder-mini's).
-TEST(CudaGgufExperts, StagedKernelsMatchCpu) {
+TEST(CudaGgufExperts, KernelsMatchCpu) {
   REQUIRE_GPU();
-  const int H = 1024, I = 256, E = 6, k = 3;  // gate/up rows of 4 Q4_K blocks: a quarter-warp a block
   const float eps = 1e-6f;
   struct Mix {
     QuantKind gu, dn;
+    int H, I, E, k;
   };
-  for (const Mix mix : {Mix{QuantKind::Q4_K, QuantKind::Q6_K}, Mix{QuantKind::Q4_K, QuantKind::Q4_K},
-                        Mix{QuantKind::Q8_0, QuantKind::Q8_0}}) {
-    std::mt19937 rng(7 + int(mix.gu) + 31 * int(mix.dn));
+  // Gate/up rows of 4 Q4_K blocks (the staged kernels: a quarter-warp a
+  // block), and the 35B's shape (H 2048, I 512, top-8) for the chunk kernels.
+  for (const Mix mix : {Mix{QuantKind::Q4_K, QuantKind::Q6_K, 1024, 256, 6, 3},
+                        Mix{QuantKind::Q4_K, QuantKind::Q4_K, 1024, 256, 6, 3},
+                        Mix{QuantKind::Q8_0, QuantKind::Q8_0, 1024, 256, 6, 3},
+                        Mix{QuantKind::Q4_K, QuantKind::Q6_K, 2048, 512, 12, 8},
+                        Mix{QuantKind::Q4_K, QuantKind::Q4_K, 2048, 512, 12, 8}}) {
+    const int H = mix.H, I = mix.I, E = mix.E, k = mix.k;
+    std::mt19937 rng(7 + int(mix.gu) + 31 * int(mix.dn) + H);
     std::vector<std::vector<uint8_t>> store;
     auto mat = [&](QuantKind q, int rows, int cols) {
       store.push_back(random_blocks(q, rows, cols, rng));
@@ -233,16 +239,34 @@ TEST(CudaGgufExperts, StagedKernelsMatchCpu) {
       }
       for (int o = 0; o < H; ++o) want[size_t(o)] += wj * cpu::block_dot_row(ex.down, o, h.data());
     }
-    std::vector<int> ids;
-    std::vector<float> w;
-    const std::vector<float> got = cuda_ops::gguf_experts(experts, logits, k, x, nw, eps, &ids, &w);
-    const std::string what = std::string(quant_name(mix.gu)) + "/" + quant_name(mix.dn);
-    EXPECT_EQ(ids, std::vector<int>(order.begin(), order.begin() + k)) << what;
-    for (int j = 0; j < k; ++j)
-      EXPECT_NEAR(w[size_t(j)], std::exp(logits[size_t(order[size_t(j)])]) / chosen, 1e-6f) << what;
-    std::vector<float> dx(H), dwant(H);
-    for (int i = 0; i < H; ++i) dx[size_t(i)] = got[size_t(i)] - x[size_t(i)], dwant[size_t(i)] = want[size_t(i)] - x[size_t(i)];
-    EXPECT_LE(rel_err(dx, dwant), 1e-5f) << what;
+    // The staged kernels on the stored blocks, then (Q4_K / Q6_K) the chunk
+    // kernels on the blocks rearranged as upload.cu does: each against the
+    // CPU, and the two against each other (the same weights: they differ by
+    // fp32 summation order only).
+    std::vector<float> staged_dx;
+    for (const int rows : {0, 1, 2}) {  // 0: the staged kernels; 1, 2: the chunk kernels' gate_up rows a warp
+      const bool chunks = rows > 0;
+      if (chunks && mix.gu == QuantKind::Q8_0) continue;  // no chunk layout
+      std::vector<int> ids;
+      std::vector<float> w;
+      const std::vector<float> got = cuda_ops::gguf_experts(experts, logits, k, x, nw, eps, &ids, &w, chunks, rows);
+      const std::string what = std::string(quant_name(mix.gu)) + "/" + quant_name(mix.dn) + " H " +
+                               std::to_string(H) + (chunks ? " chunks x" + std::to_string(rows) : "");
+      EXPECT_EQ(ids, std::vector<int>(order.begin(), order.begin() + k)) << what;
+      for (int j = 0; j < k; ++j)
+        EXPECT_NEAR(w[size_t(j)], std::exp(logits[size_t(order[size_t(j)])]) / chosen, 1e-6f) << what;
+      std::vector<float> dx(H), dwant(H);
+      for (int i = 0; i < H; ++i)
+        dx[size_t(i)] = got[size_t(i)] - x[size_t(i)], dwant[size_t(i)] = want[size_t(i)] - x[size_t(i)];
+      EXPECT_LE(rel_err(dx, dwant), 1e-5f) << what;
+      if (chunks) {
+        EXPECT_LE(rel_err(dx, staged_dx), 1e-5f) << what << " vs staged";
+        std::printf("[cuda-gguf] experts %s: rel err vs CPU %.3g, vs the staged kernels %.3g\n", what.c_str(),
+                    rel_err(dx, dwant), rel_err(dx, staged_dx));
+      } else {
+        staged_dx = dx;
+      }
+    }
   }
 }
 

@@ -282,6 +282,8 @@ CudaOptions cuda_options(const GpuOptions& o, const ModelFootprint* f) {
   c.decode.prefill_profile = o.prefill_profile;
   c.decode.gguf_dense_repack = o.gguf_dense != 1;
   c.decode.gguf_dense_blocks = o.gguf_dense == 3 ? 3 : 2;
+  c.decode.gguf_expert_chunks = o.gguf_expert_chunks;
+  c.decode.gguf_chunk_rows = o.gguf_chunk_rows;
   MachineMemory mm;
   if (f && CudaModel::memory_info(&mm.vram_free, &mm.vram_total)) {  // without a GPU the upload says so
     probe_host_memory(&mm);

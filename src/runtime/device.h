@@ -43,6 +43,10 @@ struct GpuOptions {
   // kernel cut for 3 blocks an SM (3), or in the file's blocks (1)
   // (DecodeOptions::gguf_dense_repack / gguf_dense_blocks; session 8's rounds).
   int gguf_dense = 0;
+  // --gguf-experts stored: GGUF routed experts as the file stores them
+  // (DecodeOptions::gguf_expert_chunks false).
+  bool gguf_expert_chunks = true;
+  int gguf_chunk_rows = 1;  // --gguf-experts chunks2: 2 (DecodeOptions::gguf_chunk_rows)
   // --gpus N (0..N-1) / --devices LIST: the GPUs of an expert-parallel run
   // over NCCL (runtime/multi_gpu_backend.h), one rank each; empty: one GPU
   // without NCCL (the default).

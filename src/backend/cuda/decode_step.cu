@@ -13,6 +13,7 @@
 #include "backend/cuda/down_early.cuh"
 #include "backend/cuda/embed_argmax.cuh"
 #include "backend/cuda/gguf_dense_matvec.cuh"
+#include "backend/cuda/gguf_chunk_experts.cuh"
 #include "backend/cuda/gguf_staged.cuh"
 #include "backend/cuda/model_impl.cuh"
 #include "backend/cuda/fp8_experts.cuh"
@@ -41,6 +42,9 @@ void CudaModel::Impl::set_kernel_attributes() {
   CK(cudaFuncSetAttribute(gdown_staged_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(gdown_staged_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(gdown_staged_kernel<kDownRun>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  CK(cudaFuncSetAttribute(gc_gate_up_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  CK(cudaFuncSetAttribute(gc_gate_up_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  CK(cudaFuncSetAttribute(gc_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(matvec_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(matvec_fp8_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
 }
@@ -229,6 +233,15 @@ static bool gguf_staged_ffn(const DLayer& d, int H, int I, int k, int optin, int
   return size_t(H) * 4 + 16 + size_t(kWarps) * 2 * S1 <= size_t(big) &&
          size_t(S2) * (k + (d.has_shared ? 1 : 0)) <= size_t(big);
 }
+bool CudaModel::Impl::gguf_chunked(const DLayer& d) const {
+  return !d.rfold && (!d.has_shared || (d.s_gu.dt == DT_GGUF && d.s_down.dt == DT_GGUF)) &&
+         gc_experts_take(GExperts{d.gg, d.gd, d.s_gu.g, d.s_down.g}, int(c.hidden_size), int(c.moe_intermediate),
+                         int(c.num_experts_per_tok), size_t(prop.sharedMemPerBlockOptin) - 4096);
+}
+bool CudaModel::Impl::gguf_picks(const DLayer& d) const {
+  int S1, S2;
+  return gguf_chunked(d) || gguf_staged(d, true, S1, S2);
+}
 bool CudaModel::Impl::gguf_staged(const DLayer& d, bool routed, int& S1, int& S2) const {
   if (!d.gg.n && d.s_gu.dt != DT_GGUF) return false;
   return gguf_staged_ffn(d, int(c.hidden_size), routed ? int(c.moe_intermediate) : 0,
@@ -240,8 +253,7 @@ bool CudaModel::Impl::gguf_staged(const DLayer& d, bool routed, int& S1, int& S2
 void CudaModel::Impl::route(const DLayer& d) {
   const bool pick = opts.decode.pick_in_kernels;
   matvec(d.router, x, d.post_norm, rlogits, 0, K_ROUTER);
-  int S1, S2;
-  if (pick && (d.gg.n ? gguf_staged(d, true, S1, S2) : (!d.q.bits || d.q.fp8))) return;  // gate_up does the top-k
+  if (pick && (d.gg.n ? gguf_picks(d) : (!d.q.bits || d.q.fp8))) return;  // gate_up does the top-k
   const ExpertSel es{d.gu_tab, d.down_tab, pick ? sel : nullptr};
   go(topk_kernel, 1, 32, 0, rlogits, int(c.num_experts), int(c.num_experts_per_tok), c.norm_topk_prob ? 1 : 0,
      d.has_shared ? 1 : 0, eids, ew, d.tc, es);
@@ -490,6 +502,10 @@ MoeArgs CudaModel::Impl::ffn_args(const DLayer& d) const {
 void CudaModel::Impl::ffn_launch(const DLayer& d, const MoeArgs& a, int slots) {
   if (d.gg.n || d.s_gu.dt == DT_GGUF) {
     const GExperts ge{d.gg, d.gd, d.s_gu.g, d.s_down.g};
+    if (a.k > 0 && gguf_chunked(d)) {
+      gc_experts_launch(*this, a, ge, slots, opts.decode.gguf_chunk_rows, [&] { mark(K_EXPERTS); });
+      return;
+    }
     int S1, S2;
     if (gguf_staged(d, a.k > 0, S1, S2)) {
       const size_t s1 = size_t(a.H) * 4 + 16 + size_t(kWarps) * 2 * S1;
@@ -560,8 +576,7 @@ void CudaModel::Impl::routed_moe(const DLayer& d, int mi) {
   }
   a.Is = d.has_shared ? d.s_down.cols : 0;
   const int slots = a.k + a.has_shared;
-  int S1, S2;
-  if (pick && (d.gg.n ? gguf_staged(d, true, S1, S2) : (!d.q.bits || d.q.fp8 || d.rfold))) {
+  if (pick && (d.gg.n ? gguf_picks(d) : (!d.q.bits || d.q.fp8 || d.rfold))) {
     a.logits = rlogits;
     a.E = int(m.num_experts);
     a.norm_topk = m.norm_topk_prob ? 1 : 0;

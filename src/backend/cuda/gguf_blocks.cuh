@@ -28,11 +28,20 @@ enum : int {
   GQ_Q5_K = int(QuantKind::Q5_K), GQ_Q6_K = int(QuantKind::Q6_K), GQ_IQ4_NL = int(QuantKind::IQ4_NL),
   GQ_IQ4_XS = int(QuantKind::IQ4_XS),
 };
+// Q4_K / Q6_K blocks in the chunk layout the decode step's expert kernels
+// read (gguf_chunks.cuh, rearranged at upload; never in a file): per 256
+// weights, the codes of each 32 in one 16-byte chunk, the scales as f32.
+// Values between QuantKind's and 32 (from 32 on: branch gguf-dense's kinds).
+enum : int { GQ_Q4_K_C32 = 16, GQ_Q6_K_C32 = 17 };
+static_assert(GQ_Q4_K_C32 > GQ_IQ4_XS, "the chunk kinds are not QuantKinds");
 
 // Repacked kinds (kGDense + a file kind: dense matrices repacked at upload,
 // gguf_dense_layout.cuh) are read through the same three functions.
 FM_HD int gguf_block_elems(int k) {
-  return gdense_kind(k) || k == GQ_Q4_K || k == GQ_Q5_K || k == GQ_Q6_K || k == GQ_IQ4_XS ? 256 : 32;
+  return gdense_kind(k) || k == GQ_Q4_K || k == GQ_Q5_K || k == GQ_Q6_K || k == GQ_IQ4_XS || k == GQ_Q4_K_C32 ||
+                 k == GQ_Q6_K_C32
+             ? 256
+             : 32;
 }
 FM_HD int gguf_block_bytes(int k) {
   if (gdense_kind(k)) return gdense_block_bytes(k);
@@ -46,6 +55,8 @@ FM_HD int gguf_block_bytes(int k) {
     case GQ_Q4_K: return 144;
     case GQ_Q5_K: return 176;
     case GQ_Q6_K: return 210;
+    case GQ_Q4_K_C32: return 192;
+    case GQ_Q6_K_C32: return 256;
     default: return 136;  // IQ4_XS
   }
 }
@@ -74,6 +85,17 @@ FM_HD float gguf_half(const uint8_t* p) {
     f = gguf_bits_f32(bits) * 0x1p112f;
   }
   return (h & 0x8000u) ? -f : f;
+}
+
+// The little-endian word at p (4-byte aligned).
+FM_HD uint32_t gguf_word(const uint8_t* p) {
+#ifdef __CUDA_ARCH__
+  return *reinterpret_cast<const uint32_t*>(p);
+#else
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+#endif
 }
 
 FM_HD int gguf_iq4(int q) {
@@ -176,6 +198,33 @@ FM_HD void gguf_weights8(int k, const uint8_t* row, int c, float* w) {
         const int lo = qq >= 2 ? ql[i] >> 4 : ql[i] & 0xF;
         const int q = (lo | (((qh[i] >> (2 * qq)) & 3) << 4)) - 32;
         w[i] = ds * float(q);
+      }
+      return;
+    }
+    case GQ_Q4_K_C32:
+    case GQ_Q6_K_C32: {
+      // Chunk s (the block's 32 weights 32s .. 32s + 31) at 16 s, word t of
+      // it: byte i holds weight 32s + 8t + i in its low nibble and + 4 + i in
+      // its high nibble (gguf_chunks.cuh). The scales are the products the
+      // cases above form, computed at upload by the same arithmetic.
+      const int s = i0 / 32, t = (i0 % 32) / 8;
+      const uint32_t q = gguf_word(b + 16 * s + 4 * t);
+      if (k == GQ_Q4_K_C32) {
+        const float d1 = gguf_bits_f32(gguf_word(b + 128 + 8 * s)), mm = gguf_bits_f32(gguf_word(b + 132 + 8 * s));
+        for (int i = 0; i < 4; ++i) {
+          w[i] = d1 * float((q >> (8 * i)) & 0xF) - mm;
+          w[4 + i] = d1 * float((q >> (8 * i + 4)) & 0xF) - mm;
+        }
+        return;
+      }
+      // Q6_K: the high 2 bits of word t's codes in the word at 128 + 8 s +
+      // 4 (t / 2), at bits 8i + 4 and 8i + 6 (t even) or 8i and 8i + 2 (t odd);
+      // one f32 scale per 16 weights.
+      const uint32_t h = gguf_word(b + 128 + 8 * s + 4 * (t / 2)) >> ((t & 1) ? 0 : 4);
+      const float ds = gguf_bits_f32(gguf_word(b + 192 + 8 * s + 4 * (t / 2)));
+      for (int i = 0; i < 4; ++i) {
+        w[i] = ds * float(int(((q >> (8 * i)) & 0xF) | (((h >> (8 * i)) & 3) << 4)) - 32);
+        w[4 + i] = ds * float(int(((q >> (8 * i + 4)) & 0xF) | (((h >> (8 * i + 2)) & 3) << 4)) - 32);
       }
       return;
     }

@@ -143,6 +143,9 @@ struct CudaModel::Impl : Launcher {
   int* pinned_eids = nullptr;  // disk tier: the chosen experts of a layer
   // Disk tier (experts read from the packed files when chosen).
   bool disk = false;
+  // GGUF routed experts in the chunk layout (gguf_chunks.cuh), decided at
+  // the first MoE layer (upload.cu); false: as the file stores them.
+  bool gguf_chunks = false;
   // Host-tier experts by the copy engine (host_prefetch.cuh): on or off
   // (the zero-copy kernels, the graph), copies ahead per MoE layer, the
   // staging area, the picks' sources on the device and in pinned memory, the
@@ -265,6 +268,11 @@ struct CudaModel::Impl : Launcher {
   // Whether the layer's GGUF feed-forward runs on gguf_staged.cuh's kernels
   // (routed: with its routed experts); S1, S2 their buffer bytes per warp.
   bool gguf_staged(const DLayer& d, bool routed, int& S1, int& S2) const;
+  // Whether the layer's routed GGUF experts are in the chunk layout and run
+  // on gguf_chunk_experts.cuh's kernels.
+  bool gguf_chunked(const DLayer& d) const;
+  // Whether a GGUF MoE layer's gate_up picks the experts (chunked or staged).
+  bool gguf_picks(const DLayer& d) const;
   // Blocks per query head in attn_kernel (a cluster, each a slice of the
   // positions): one per 256 positions of KV capacity, 1 to 8, so a long
   // context is read by up to 8x as many SMs (one per 1024 left a 2048

@@ -21,6 +21,7 @@
 #include "backend/cuda/gemm_skinny.cuh"
 #include "backend/cuda/gguf_dense_matvec.cuh"
 #include "backend/cuda/gguf_dense_repack.cuh"
+#include "backend/cuda/gguf_chunk_experts.cuh"
 #include "backend/cuda/gguf_kernels.cuh"
 #include "backend/cuda/gguf_staged.cuh"
 #include "backend/cuda/launch.cuh"
@@ -411,7 +412,7 @@ std::vector<float> gguf_matvec(const Matrix& W, const std::vector<float>& x, boo
 
 std::vector<float> gguf_experts(const std::vector<GgufExpert>& experts, const std::vector<float>& logits, int k,
                                 const std::vector<float>& x, const std::vector<float>& norm_w, float eps,
-                                std::vector<int>* ids, std::vector<float>* w) {
+                                std::vector<int>* ids, std::vector<float>* w, bool chunks, int chunk_rows) {
   Launcher l = device();
   const int E = int(experts.size());
   if (E < 1 || k < 1 || k > E || k >= kDownSlotsMax || logits.size() != size_t(E) || E > 512)
@@ -440,12 +441,27 @@ std::vector<float> gguf_experts(const std::vector<GgufExpert>& experts, const st
     std::memcpy(dn.data() + size_t(e) * dn_bytes, x_e.down.data, x_e.down.nbytes());
   }
   Buffers b;
-  const uint8_t* dgu = b.up(gu.data(), gu.size());
-  const uint8_t* ddn = b.up(dn.data(), dn.size());
+  const uint8_t *dgu, *ddn;
+  size_t gu_stride = gu_bytes, dn_stride = dn_bytes;
+  if (chunks) {  // as upload.cu: staged as stored, rearranged on the device
+    GExperts c = ge;
+    if (!gc_expert_layout(ge.gu, ge.dn, H, I, c.gu, c.dn, gu_stride, dn_stride))
+      fail("op check: GGUF experts: no chunk layout for these kinds or shapes");
+    uint8_t* cgu = b.zeros<uint8_t>(size_t(E) * gu_stride);
+    uint8_t* cdn = b.zeros<uint8_t>(size_t(E) * dn_stride);
+    GcScratch scratch;
+    gc_upload_experts(gu.data(), gu_bytes, ge.gu, cgu, gu_stride, c.gu, H, E, scratch);
+    gc_upload_experts(dn.data(), dn_bytes, ge.dn, cdn, dn_stride, c.dn, I, E, scratch);
+    ge = c;
+    dgu = cgu, ddn = cdn;
+  } else {
+    dgu = b.up(gu.data(), gu.size());
+    ddn = b.up(dn.data(), dn.size());
+  }
   std::vector<const void*> gu_tab, dn_tab;
   for (int e = 0; e < E; ++e) {
-    gu_tab.push_back(dgu + size_t(e) * gu_bytes);
-    dn_tab.push_back(ddn + size_t(e) * dn_bytes);
+    gu_tab.push_back(dgu + size_t(e) * gu_stride);
+    dn_tab.push_back(ddn + size_t(e) * dn_stride);
   }
   MoeArgs a{};
   a.gu_tab = b.up(gu_tab.data(), gu_tab.size());
@@ -474,6 +490,18 @@ std::vector<float> gguf_experts(const std::vector<GgufExpert>& experts, const st
   a.ids_out = dids;
   a.w_out = dw;
   // As CudaModel::Impl::ffn_launch.
+  if (chunks) {
+    const size_t smem = size_t(l.prop.sharedMemPerBlockOptin) - 4096;
+    if (!gc_experts_take(ge, H, I, k, smem)) fail("op check: GGUF experts: the chunk kernels do not take this layer");
+    CK(cudaFuncSetAttribute(gc_gate_up_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    CK(cudaFuncSetAttribute(gc_gate_up_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    CK(cudaFuncSetAttribute(gc_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    gc_experts_launch(l, a, ge, k, chunk_rows, [] {});
+    CK(cudaDeviceSynchronize());
+    *ids = down(dids, size_t(k));
+    *w = down(dw, size_t(k));
+    return down(a.x, size_t(H));
+  }
   const int S1 = ggate_up_stage_bytes(ge, H, k, false), S2 = gdown_stage_bytes(ge, I, 0, k, false);
   const size_t s1 = size_t(H) * 4 + 16 + size_t(kWarps) * 2 * S1, s2 = size_t(S2) * k;
   if (s1 > 48 * 1024)

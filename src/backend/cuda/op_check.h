@@ -75,12 +75,17 @@ std::vector<float> gguf_matvec(const Matrix& W, const std::vector<float>& x, boo
 // gdown_staged_kernel: x + sum_j w_j * down_j(silu(gate_j . xn) * (up_j .
 // xn)), xn = rmsnorm_zc(x, norm_w, eps). Gate and up [I][H], down [H][I];
 // each of the three in one block kind across the experts. ids, w: the pick.
+// chunks: the experts rearranged into the chunk layout as upload.cu does
+// (Q4_K / Q6_K; gguf_chunks.cuh) and read by gguf_chunk_experts.cuh's
+// kernels instead (the same pick inside gate_up), gate_up chunk_rows row
+// pairs a warp at once.
 struct GgufExpert {
   Matrix gate, up, down;
 };
 std::vector<float> gguf_experts(const std::vector<GgufExpert>& experts, const std::vector<float>& logits, int k,
                                 const std::vector<float>& x, const std::vector<float>& norm_w, float eps,
-                                std::vector<int>* ids, std::vector<float>* w);
+                                std::vector<int>* ids, std::vector<float>* w, bool chunks = false,
+                                int chunk_rows = 1);
 // C = A . W^T (A: T rows of W.cols) for W in a GGUF block format, through
 // the batched prefill's product (gemm_kernel<GB>, bm rows per tile: 16, 32, 64).
 // repacked: W's rows repacked as the upload repacks dense matrices (gguf_dense_layout.cuh).

@@ -15,6 +15,7 @@
 #include "backend/cuda/gguf_dense_repack.cuh"
 #include "backend/cuda/model_impl.cuh"
 #include "backend/cuda/fp8_router.cuh"
+#include "backend/cuda/gguf_chunk_experts.cuh"
 #include "backend/cuda/router.cuh"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -638,6 +639,28 @@ DLayer upload_layer(CudaModel::Impl& m, const LayerPlan& l, const LayerWeights& 
     if (tiered && moe_index > 0 && (gu_bytes != tier_gu || dn_bytes != tier_dn))
       fail_device(DeviceFailure::Unsupported, "--gpu-expert-cache: the experts of " + p +
                                                   "have a different storage format than those of the first MoE layer");
+    // GGUF experts all in VRAM, no VRAM budget asked for them: the chunk
+    // layout of the decode step's expert kernels (gguf_chunks.cuh; Q4_K 192
+    // bytes per 256 weights against the file's 144, Q6_K 256 against 210).
+    // The memory plan counted the file's sizes, so the first MoE layer
+    // decides for all: where the free VRAM holds every layer's experts in
+    // the chunk layout (this one's, +10% for layers of more bits) and 8 GB
+    // besides. Staged on the host as stored (sg, sd; s_gu, s_dn bytes an
+    // expert), rearranged on the device.
+    const GMat sg = d.gg, sd = d.gd;
+    const size_t s_gu = gu_bytes, s_dn = dn_bytes;
+    GMat cg, cd;
+    size_t cgu = 0, cdn = 0;
+    const bool chunkable = gguf && !tiered && gc_expert_layout(sg, sd, H, I, cg, cd, cgu, cdn);
+    if (moe_index == 0 && may_tier) {
+      size_t free_b = 0, total_b = 0;
+      m.gguf_chunks = chunkable && m.opts.decode.gguf_expert_chunks && m.opts.expert_cache_gb < 0 &&
+                      m.opts.expert_cache_fraction < 0 && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess &&
+                      double(E) * m.plan.moe_layers * double(cgu + cdn) * 1.1 + 8e9 <= double(free_b);
+    }
+    const bool chunks = m.gguf_chunks && chunkable;
+    if (chunks) d.gg = cg, d.gd = cd, gu_bytes = cgu, dn_bytes = cdn;
+    GcScratch scratch;
     uint8_t *gu_dst, *dn_dst;
     if (tiered) {
       gu_dst = m.tiers->host_gu(moe_index);
@@ -690,17 +713,17 @@ DLayer upload_layer(CudaModel::Impl& m, const LayerPlan& l, const LayerWeights& 
       std::vector<int32_t> ids(static_cast<size_t>(n));
       std::iota(ids.begin(), ids.end(), e0);
       const ExpertBatch b = store.fetch(i, ids);
-      stage.resize(size_t(n) * std::max(gu_bytes, dn_bytes));
+      stage.resize(size_t(n) * std::max(s_gu, s_dn));
       for (int part = 0; part < 2; ++part) {
-        const size_t bytes = part == 0 ? gu_bytes : dn_bytes;
+        const size_t bytes = part == 0 ? gu_bytes : dn_bytes, sb = part == 0 ? s_gu : s_dn;
         for (int k = 0; k < n; ++k) {
           const int e = e0 + k;
           // Pinned host memory is written in place; VRAM through the stage.
-          uint8_t* o = stage.data() + size_t(k) * bytes;
+          uint8_t* o = stage.data() + size_t(k) * sb;
           if (on_disk) o = (part == 0 ? gu_dst : dn_dst) + size_t(e) * bytes;
           else if (tiered && e >= vslots) o = (part == 0 ? gu_dst : dn_dst) + size_t(e - vslots) * bytes;
           const FfnExpert& x = b.experts[size_t(k)];
-          if (gguf) CudaModel::Impl::write_gguf_expert(x, part, d.gg, d.gd, p, o);
+          if (gguf) CudaModel::Impl::write_gguf_expert(x, part, sg, sd, p, o);
           else if (d.q.bits) CudaModel::Impl::write_quant(x, part, d.q, p, o);
           else if (part == 0) CudaModel::Impl::write_rows_host({x.gate, x.up}, dt, o);
           else CudaModel::Impl::write_rows_host({x.down}, dt, o);
@@ -708,9 +731,12 @@ DLayer upload_layer(CudaModel::Impl& m, const LayerPlan& l, const LayerWeights& 
             CK(cudaMemcpy(part == 0 ? m.tiers->vram_gu(moe_index, e) : m.tiers->vram_down(moe_index, e), o, bytes,
                           cudaMemcpyHostToDevice));
         }
-        if (!tiered)
-          CK(cudaMemcpy((part == 0 ? gu_dst : dn_dst) + size_t(e0) * bytes, stage.data(), size_t(n) * bytes,
-                        cudaMemcpyHostToDevice));
+        uint8_t* dst = (part == 0 ? gu_dst : dn_dst) + size_t(e0) * bytes;
+        if (chunks)
+          gc_upload_experts(stage.data(), sb, part == 0 ? sg : sd, dst, bytes, part == 0 ? d.gg : d.gd,
+                            part == 0 ? H : I, n, scratch);
+        else if (!tiered)
+          CK(cudaMemcpy(dst, stage.data(), size_t(n) * bytes, cudaMemcpyHostToDevice));
       }
     }
     if (moe_index == 0) tier_gu = gu_bytes, tier_dn = dn_bytes;

@@ -1,0 +1,280 @@
+// The decode step's routed-expert kernels for GGUF experts in the chunk
+// layout (gguf_chunks.cuh: Q4_K / Q6_K rearranged at upload), shaped as the
+// q4 experts' (quant_experts.cuh): a lane's 16-byte chunk of codes is 32
+// weights with one f32 scale (and min), x staged chunk-major in shared
+// memory (stage_chunks<4>: lanes on consecutive chunks read consecutive
+// float4s), kGcLoads chunks in flight per lane, issued as soon as the rows
+// are known. gate_up picks the experts itself from the router's logits
+// (pick_block_expert, as the staged GGUF and the bf16 kernels do). The
+// shared expert (slot k) keeps its stored GGUF rows (gguf_lane_row_dot).
+// Used where every routed expert is in VRAM (upload.cu repacks only
+// there); tiered experts keep the file's layout and gguf_staged.cuh.
+#pragma once
+#include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/gguf_chunks.cuh"
+#include "backend/cuda/gguf_kernels.cuh"
+#include "backend/cuda/launch.cuh"
+#include "backend/cuda/quant_experts.cuh"
+
+namespace flashmoe::cuda {
+
+constexpr int kGcLoads = 4;  // chunks each lane has in flight
+
+// h[j][r] = silu(gate_j[r] . xn) * (up_j[r] . xn); blockIdx.y = slot j (j
+// == k: the shared expert). A warp takes R consecutive row pairs at once,
+// each 2 * H / 32 chunks spread over the lanes, kGcLoads a lane per row at
+// a time (R * kGcLoads chunks a lane in flight).
+template <int R>
+__global__ void __launch_bounds__(kThreads) gc_gate_up_kernel(MoeArgs a, GExperts ge) {
+  extern __shared__ __align__(16) float xs[];  // [H] x normed, [H] chunk-major, [H / 8] sums
+  const int j = blockIdx.y;
+  const bool shared = j == a.k;
+  const int I = shared ? a.Is : a.I;
+  if (int(blockIdx.x) * kWarps * R >= I) return;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int r_first = (blockIdx.x * kWarps + warp) * R, step = gridDim.x * kWarps * R;
+  const GMat& g = shared ? ge.sgu : ge.gu;
+  if (shared) {  // its rows are known before the wait
+    for (int r = r_first; r < I; r += step)
+      for (int i = 0; i < 2 * R; ++i) {
+        int kind;
+        const int row_i = (i & 1) * I + r + i / 2;
+        if (r + i / 2 < I) warp_prefetch(gmat_row(g, a.s_gu, a.H, row_i, kind), gguf_row_bytes(kind, a.H), lane);
+      }
+  } else if (a.logits && warp == 0) {
+    prefetch_tables(a.tsel, a.E);
+  }
+  NormPre pre;
+  norm_preload(a.norm_w, a.H, true, pre);
+  pdl_wait();
+  pdl_trigger();
+  const void* B = shared ? a.s_gu : a.logits ? pick_block_expert(a, j, 1.0f) : a.sel ? a.sel[j] : a.gu_tab[a.ids[j]];
+  const int cpr = a.H / 32;
+  int kg[R], ku[R];
+  const uint8_t *gr[R], *ur[R];
+  auto rows = [&](int r) {
+FM_UNROLL
+    for (int i = 0; i < R; ++i) {
+      const int ri = min(r + i, I - 1);  // past the end: a valid row, never summed
+      gr[i] = gmat_row(g, B, a.H, ri, kg[i]);
+      ur[i] = gmat_row(g, B, a.H, I + ri, ku[i]);
+    }
+  };
+  GChunk L[R][kGcLoads];
+  auto issue = [&](int i0) {
+FM_UNROLL
+    for (int i = 0; i < R; ++i)
+FM_UNROLL
+      for (int t = 0; t < kGcLoads; ++t) {
+        const int idx = i0 + 32 * t;
+        const bool up = idx >= cpr;
+        if (idx < 2 * cpr) gchunk_load(up ? ku[i] : kg[i], up ? ur[i] : gr[i], up ? idx - cpr : idx, L[i][t]);
+      }
+  };
+  if (!shared && r_first < I) {  // in flight while x is normed and staged
+    rows(r_first);
+    issue(lane);
+  }
+  load_x(a.x, a.norm_w, a.eps, a.H, xs, &pre);
+  const float* xq = xs + a.H;
+  const float* s8 = xs + 2 * a.H;
+  stage_chunks<4>(xs, a.H, reinterpret_cast<float4*>(xs + a.H), xs + 2 * a.H);
+  __syncthreads();
+  for (int r = r_first; r < I; r += step) {
+    float gv[R], uv[R];
+FM_UNROLL
+    for (int i = 0; i < R; ++i) gv[i] = uv[i] = 0.f;
+    if (shared || r != r_first) rows(r);
+    if (shared) {
+FM_UNROLL
+      for (int i = 0; i < R; ++i)
+        if (r + i < I) {
+          gv[i] = gguf_lane_row_dot(kg[i], gr[i], xs, a.H, lane);
+          uv[i] = gguf_lane_row_dot(ku[i], ur[i], xs, a.H, lane);
+        }
+    } else {
+      for (int i0 = lane; i0 < 2 * cpr; i0 += 32 * kGcLoads) {
+        if (r != r_first || i0 != lane) issue(i0);
+FM_UNROLL
+        for (int i = 0; i < R; ++i)
+FM_UNROLL
+          for (int t = 0; t < kGcLoads; ++t) {
+            const int idx = i0 + 32 * t;
+            const bool up = idx >= cpr;
+            const int ch = up ? idx - cpr : idx;
+            if (idx < 2 * cpr) {
+              const float d = gchunk_dot(up ? ku[i] : kg[i], L[i][t], xq + 4 * ch, s8 + ch, cpr);
+              if (up) uv[i] += d;
+              else gv[i] += d;
+            }
+          }
+      }
+    }
+FM_UNROLL
+    for (int i = 0; i < R; ++i) {
+      const float gs = warp_sum(gv[i]), us = warp_sum(uv[i]);
+      if (lane == 0 && r + i < I) a.hb[j * a.maxI + r + i] = siluf_(gs) * us;
+    }
+  }
+}
+
+// x[r] += sum_j w_j * down_j[r] . h_j, one warp a row: the routed slots' h
+// staged chunk-major, the row's chunks of all routed slots (k * I / 32)
+// spread over the lanes, kGcLoads a lane at a time (the first issued
+// before h is staged), each weighted by its slot's w; then the shared
+// expert's stored row. One warp sum a row.
+static __global__ void __launch_bounds__(kThreads) gc_down_kernel(MoeArgs a, GExperts ge) {
+  extern __shared__ __align__(16) float4 hq[];  // [k][I / 4] chunk-major, then [k][I / 8] sums
+  __shared__ const uint8_t* ptr[32];
+  __shared__ float wj[33];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, k = a.k;
+  const int r_first = blockIdx.x * kWarps + warp, step = gridDim.x * kWarps;
+  if (a.has_shared && r_first < a.H) {  // its rows are known before the wait
+    int kind;
+    const uint8_t* row = gmat_row(ge.sdn, a.s_down, a.Is, r_first, kind);
+    warp_prefetch(row, gguf_row_bytes(kind, a.Is), lane);
+  }
+  pdl_wait();
+  pdl_trigger();
+  if (int(threadIdx.x) < k) ptr[threadIdx.x] = static_cast<const uint8_t*>(a.sel ? a.sel[k + threadIdx.x] : a.down_tab[a.ids[threadIdx.x]]);
+  if (int(threadIdx.x) < k + a.has_shared) wj[threadIdx.x] = a.w[threadIdx.x];
+  __syncthreads();
+  const int cpr = a.I / 32, n = k * cpr, kd = ge.dn.kind[0];
+  const size_t rb = gguf_row_bytes(kd, a.I);
+  GChunk L[kGcLoads];
+  auto issue = [&](int r, int i0) {
+FM_UNROLL
+    for (int t = 0; t < kGcLoads; ++t) {
+      const int idx = i0 + 32 * t, sl = idx / cpr;
+      if (idx < n) gchunk_load(kd, ptr[sl] + ge.dn.off[0] + size_t(r) * rb, idx - sl * cpr, L[t]);
+    }
+  };
+  if (r_first < a.H) issue(r_first, lane);  // in flight while h is staged
+  float* s8 = reinterpret_cast<float*>(hq + k * (a.I / 4));
+  for (int j = 0; j < k; ++j) stage_chunks<4>(a.hb + j * a.maxI, a.I, hq + j * (a.I / 4), s8 + j * (a.I / 8));
+  __syncthreads();
+  for (int r = r_first; r < a.H; r += step) {
+    float acc = 0.f;
+    for (int i0 = lane; i0 < n; i0 += 32 * kGcLoads) {
+      if (r != r_first || i0 != lane) issue(r, i0);
+FM_UNROLL
+      for (int t = 0; t < kGcLoads; ++t) {
+        const int idx = i0 + 32 * t, sl = idx / cpr, ch = idx - sl * cpr;
+        if (idx < n)
+          acc += wj[sl] * gchunk_dot(kd, L[t], reinterpret_cast<const float*>(hq + sl * (a.I / 4) + ch),
+                                     s8 + sl * (a.I / 8) + ch, cpr);
+      }
+    }
+    if (a.has_shared) {
+      int kind;
+      const uint8_t* row = gmat_row(ge.sdn, a.s_down, a.Is, r, kind);
+      acc += wj[k] * gguf_lane_row_dot(kind, row, a.hb + k * a.maxI, a.Is, lane);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) a.x[r] += acc;
+  }
+}
+
+// n experts' blocks of one part from the stored layout (src, experts ss
+// bytes apart, `blocks` blocks of kind `kind` each) into the chunk layout
+// (dst, ds apart): a thread a block.
+static __global__ void gc_repack_kernel(int kind, const uint8_t* __restrict__ src, size_t ss, uint8_t* __restrict__ dst,
+                                        size_t ds, size_t blocks, int n) {
+  const size_t bs = size_t(gguf_block_bytes(kind)), bd = size_t(gguf_block_bytes(gguf_c32_kind(kind)));
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < blocks * size_t(n); i += size_t(gridDim.x) * blockDim.x) {
+    const size_t e = i / blocks, b = i % blocks;
+    gguf_c32_block(kind, src + e * ss + b * bs, dst + e * ds + b * bd);
+  }
+}
+
+// ------------------------------------------------------------------ host side
+
+// The chunk layout (cg, cd; bytes per expert gu_bytes, dn_bytes, parts on
+// 16-byte boundaries) of experts stored as gg (gate rows, then up rows)
+// and gd (down rows) with H and I columns; false where a part's kind has
+// none or rows are not whole blocks.
+inline bool gc_expert_layout(const GMat& gg, const GMat& gd, int H, int I, GMat& cg, GMat& cd, size_t& gu_bytes,
+                             size_t& dn_bytes) {
+  if (H % 256 || I % 256 || gg.n < 1 || gd.n < 1) return false;
+  auto lay = [](const GMat& from, int cols, GMat& to, size_t& bytes) {
+    to = from;
+    bytes = 0;
+    for (int i = 0; i < to.n; ++i) {
+      to.kind[i] = gguf_c32_kind(from.kind[i]);
+      if (to.kind[i] < 0) return false;
+      to.off[i] = bytes;
+      bytes += (size_t(to.row0[i + 1] - to.row0[i]) * gguf_row_bytes(to.kind[i], cols) + 15) / 16 * 16;
+    }
+    return true;
+  };
+  return lay(gg, H, cg, gu_bytes) && lay(gd, I, cd, dn_bytes);
+}
+
+// A device buffer the uploads below reuse (grown as needed, freed with it).
+struct GcScratch {
+  void* p = nullptr;
+  size_t n = 0;
+  uint8_t* get(size_t bytes) {
+    if (bytes > n) {
+      if (p) CK(cudaFree(p));
+      CK(cudaMalloc(&p, bytes));
+      n = bytes;
+    }
+    return static_cast<uint8_t*>(p);
+  }
+  ~GcScratch() {
+    if (p) cudaFree(p);
+  }
+};
+
+// n experts stored as `from` in host memory (src, src_stride bytes apart;
+// rows of `cols` columns) to the device in the chunk layout `to` (dst,
+// dst_stride apart): the stored bytes go through a device scratch and are
+// rearranged there, complete on return (the decode step's stream does not
+// wait for the default stream).
+inline void gc_upload_experts(const uint8_t* src, size_t src_stride, const GMat& from, uint8_t* dst, size_t dst_stride,
+                              const GMat& to, int cols, int n, GcScratch& scratch) {
+  uint8_t* s = scratch.get(src_stride * size_t(n));
+  CK(cudaMemcpy(s, src, src_stride * size_t(n), cudaMemcpyHostToDevice));
+  for (int i = 0; i < from.n; ++i) {
+    const size_t blocks = size_t(from.row0[i + 1] - from.row0[i]) * size_t(cols / 256);
+    const int grid = int(std::min<size_t>((blocks * size_t(n) + 255) / 256, 8192));
+    gc_repack_kernel<<<grid, 256>>>(from.kind[i], s + from.off[i], src_stride, dst + to.off[i], dst_stride, blocks, n);
+    CK(cudaGetLastError());
+  }
+  CK(cudaDeviceSynchronize());
+}
+
+// Whether a layer's routed experts (ge.gu, ge.dn) are in the chunk layout
+// and these kernels take the layer: k routed slots (ptr[32]), x and the
+// slots' h in shared memory (smem: the opt-in limit), rows of whole blocks.
+inline size_t gc_gate_up_smem(int H) { return size_t(H) * 4 * 2 + size_t(H / 8) * 4; }
+inline size_t gc_down_smem(int k, int I) { return size_t(k) * (size_t(I) * 4 + size_t(I / 8) * 4); }
+inline bool gc_experts_take(const GExperts& ge, int H, int I, int k, size_t smem) {
+  if (ge.gu.n != 2 || ge.dn.n != 1 || k < 1 || k > 32 || H % 256 || I % 256) return false;
+  for (int kind : {ge.gu.kind[0], ge.gu.kind[1], ge.dn.kind[0]})
+    if (kind != GQ_Q4_K_C32 && kind != GQ_Q6_K_C32) return false;
+  return gc_gate_up_smem(H) <= smem && gc_down_smem(k, I) <= smem;
+}
+
+// The two kernels of a layer (gate_up, then down); after() runs after each
+// launch (the decode step's profile marks).
+// rows: the gate_up kernel's R (1 or 2; DecodeOptions::gguf_chunk_rows).
+template <typename After>
+void gc_experts_launch(Launcher& l, const MoeArgs& a, const GExperts& ge, int slots, int rows, After after) {
+  const size_t s1 = gc_gate_up_smem(a.H), s2 = gc_down_smem(a.k, a.I);
+  auto gate_up = [&](auto kern, int R) {
+    const int resident = l.per_sm(reinterpret_cast<const void*>(kern), s1) * l.prop.multiProcessorCount;
+    const dim3 g1(std::max(1, std::min((a.maxI + kWarps * R - 1) / (kWarps * R), resident / slots)), slots);
+    l.go(kern, g1, kThreads, s1, a, ge);
+  };
+  if (rows == 2) gate_up(gc_gate_up_kernel<2>, 2);
+  else gate_up(gc_gate_up_kernel<1>, 1);
+  after();
+  const int blocks = std::min((a.H + kWarps - 1) / kWarps,
+                              l.per_sm(reinterpret_cast<const void*>(gc_down_kernel), s2) * l.prop.multiProcessorCount);
+  l.go(gc_down_kernel, blocks, kThreads, s2, a, ge);
+  after();
+}
+
+}  // namespace flashmoe::cuda
