@@ -114,7 +114,7 @@ TEST_P(CudaFp8, CheckpointMatchesTheCpu) {
   // Decode steps (not the prefill) of the FP8 kernels: token by token,
   // with each way a warp streams its codes (fp8_staged.cuh; the default
   // through `gpu`).
-  auto token_by_token = [&](const CudaModel& m) {
+  auto token_by_token = [&](CudaModel& m) {
     Session ss(gpu_view(*model, m), KvConfig{}, pool);
     std::vector<float> steps;
     for (int32_t id : ids.ids) {
