@@ -192,8 +192,19 @@ __global__ void __launch_bounds__(kThreads) down_fp8_kernel(MoeArgs a, QExpert q
 
 constexpr int kGuSplit = 4;  // gate_up: warps per tile (each a quarter of the columns)
 
-// Its dynamic shared memory: x normed (fp32), then x split for the mma.
-inline size_t f8_mma_gate_up_smem(int H) { return size_t(H) * 4 + f8_split_bytes(H); }
+// Whether gate_up_fp8_mma_kernel keeps an fp32 copy of the normed x in
+// shared memory: where a block cannot norm and split x in one pass (no
+// norm, or x too wide for NormPre) or reads it with row_dot (a float shared
+// expert's blocks).
+__host__ __device__ inline bool f8_gate_up_xf(const MoeArgs& a, bool f8s) {
+  return !(a.norm_w && a.H <= kNormPer * kThreads) || (a.has_shared && !f8s);
+}
+// Its dynamic shared memory: x normed (fp32, where f8_gate_up_xf), x split
+// for the mma, then policy P's slots.
+template <class P>
+inline size_t f8_mma_gate_up_smem(int H, bool xf) {
+  return (xf ? size_t(H) * 4 : 0) + (f8_split_bytes(H) + 15) / 16 * 16 + f8_warp_bufs<P>(kWarps);
+}
 
 // h[j][r] = silu(gate_j[r] . xn) * (up_j[r] . xn); blockIdx.y = slot j (as
 // gate_up_fp8_kernel, the same pick and presel duties of block (0,0)). A
@@ -201,11 +212,15 @@ inline size_t f8_mma_gate_up_smem(int H) { return size_t(H) * 4 + f8_split_bytes
 // so a lane with t = 0 ends with both sums of one h row; kGuSplit warps
 // share a tile's columns. The shared expert in FP8 (TS = F8Rows) is
 // tiled the same way; in a float type it keeps row_dot, a warp per row.
-template <typename TS>
+// P: how a warp streams its codes (fp8_staged.cuh).
+template <class P, typename TS>
 __global__ void __launch_bounds__(kThreads, 3) gate_up_fp8_mma_kernel(MoeArgs a, QExpert q) {
-  extern __shared__ __align__(16) float xs[];  // [H] x normed, then its split
+  extern __shared__ __align__(16) float xs[];  // f8_mma_gate_up_smem: [H] x normed (xf), its split, the slots
   __shared__ float part[kWarps][16];
   constexpr bool f8s = std::is_same_v<TS, F8Rows>;
+  const bool xf = f8_gate_up_xf(a, f8s);
+  __half* sp = reinterpret_cast<__half*>(xs + (xf ? a.H : 0));
+  uint4* buf = f8_warp_buf<P>(reinterpret_cast<char*>(sp) + (f8_split_bytes(a.H) + 15) / 16 * 16);
   const int j = blockIdx.y;
   const bool shared = j == a.k;
   const int I = shared ? a.Is : a.I;
@@ -240,12 +255,13 @@ __global__ void __launch_bounds__(kThreads, 3) gate_up_fp8_mma_kernel(MoeArgs a,
   // The warp's first tile's first codes, in flight while x is normed and
   // split: an FP8 shared expert's before the wait, a routed one's once its
   // pointer is known (not where this block picks the experts itself).
-  F8First first;
+  typename P::First first;
   const int rg_first = blockIdx.x * tpb + lt;
   const bool have_first = (shared ? f8s : !pick) && rg_first < ngroups && k0 < k1;
+  constexpr bool l2 = P::kWarpBytes == 0;  // the rest of the first tile into L2 (the codes in registers)
   if (f8s && shared) {  // known before the wait
-    f8_tile_prefetch(tile_rows(rg_first), k0, k1, lane);
-    if (have_first) f8_tile_first(tile_rows(rg_first), k0, k1, group, lane, first);
+    if (l2) f8_tile_prefetch(tile_rows(rg_first), k0, k1, lane);
+    if (have_first) P::first(tile_rows(rg_first), k0, k1, group, lane, first, buf);
   }
   if (pick && warp == 0) prefetch_tables(a.tsel, a.E);
   NormPre pre;
@@ -254,18 +270,18 @@ __global__ void __launch_bounds__(kThreads, 3) gate_up_fp8_mma_kernel(MoeArgs a,
   pdl_trigger();
   if (!shared && !pick) {
     B = static_cast<const uint8_t*>(a.sel ? a.sel[j] : a.gu_tab[a.ids[j]]);
-    f8_tile_prefetch(tile_rows(rg_first), k0, k1, lane);  // the rest of the tile
-    if (have_first) f8_tile_first(tile_rows(rg_first), k0, k1, group, lane, first);
+    if (l2) f8_tile_prefetch(tile_rows(rg_first), k0, k1, lane);
+    if (have_first) P::first(tile_rows(rg_first), k0, k1, group, lane, first, buf);
   }
   // x normed and split in one pass where no float copy is needed (only a
   // float shared expert reads xs).
   float rx;
   F8Split X;
   if (a.norm_w && pre.on && (f8s || !shared)) {
-    X = f8_norm_split_block(a.x, a.eps, a.H, pre, reinterpret_cast<__half*>(xs + a.H), &rx);
+    X = f8_norm_split_block(a.x, a.eps, a.H, pre, sp, &rx);
   } else {
     rx = load_x(a.x, a.norm_w, a.eps, a.H, xs, &pre);
-    X = f8_split_block(xs, a.H, reinterpret_cast<__half*>(xs + a.H));
+    X = f8_split_block(xs, a.H, sp);
   }
   if (a.presel && blockIdx.x == 0 && blockIdx.y == 0 && warp == 0)
     topk_weights(a.logits, a.E, a.k, a.norm_topk, a.has_shared, a.ids, a.folded ? rx : 1.0f, a.w_out);
@@ -285,9 +301,9 @@ __global__ void __launch_bounds__(kThreads, 3) gate_up_fp8_mma_kernel(MoeArgs a,
     float d0 = 0.f, d1 = 0.f;
     if (rg < ngroups && k0 < k1) {
       const F8TileRows R = tile_rows(rg);
-      F8First F = first;
-      if (!(have_first && rg == rg_first)) f8_tile_first(R, k0, k1, group, lane, F);
-      f8_tile_dot_from(R, X, k0, k1, group, lane, F, d0, d1);
+      typename P::First F = first;
+      if (!(have_first && rg == rg_first)) P::first(R, k0, k1, group, lane, F, buf);
+      P::dot(R, X, k0, k1, group, lane, F, buf, d0, d1);
     }
     if ((lane & 3) == 0) part[warp][g] = d0, part[warp][g + 8] = d1;
     __syncthreads();
@@ -303,32 +319,47 @@ __global__ void __launch_bounds__(kThreads, 3) gate_up_fp8_mma_kernel(MoeArgs a,
   }
 }
 
-constexpr int kDnWarps = 16;  // down: warps per block (one 16-row tile per block)
-constexpr int kDnPiece = 256;  // down: columns of one slot a warp takes at a time
+constexpr int kDnWarps = 16;  // down: most warps per block (one 16-row tile per block)
 
+// down's warps per block: kDnWarps (F8InRegs; a float shared expert's 16
+// rows take a warp each), else one per piece of P::kPiece columns of the
+// slots (F8Staged: one batch each), at most kDnWarps. f8s: the shared
+// expert, where there is one, is FP8.
+template <class P>
+inline int f8_down_warps(const MoeArgs& a, bool f8s) {
+  if (P::kWarpBytes == 0 || (a.has_shared && !f8s)) return kDnWarps;
+  const bool fs = a.has_shared && f8s;
+  const int widest = std::max(a.I, fs ? a.Is : 0);
+  return std::min(kDnWarps, (a.k + (fs ? 1 : 0)) * ((widest + P::kPiece - 1) / P::kPiece));
+}
 // Its dynamic shared memory: each slot's h split for the mma (the routed
-// slots', and an FP8 shared expert's).
-inline size_t f8_mma_down_smem(int k, int I, int Is, bool f8_shared) {
-  return size_t(k + (f8_shared ? 1 : 0)) * f8_split_bytes(std::max(I, f8_shared ? Is : 0));
+// slots', and an FP8 shared expert's), then policy P's slots for `warps`.
+template <class P>
+inline size_t f8_mma_down_smem(int k, int I, int Is, bool f8_shared, int warps) {
+  const size_t h = size_t(k + (f8_shared ? 1 : 0)) * f8_split_bytes(std::max(I, f8_shared ? Is : 0));
+  return (h + 15) / 16 * 16 + f8_warp_bufs<P>(warps);
 }
 
 // x[r] += sum_j w_j * down_j[r] . h_j (as down_fp8_kernel): a block takes
 // 16 rows of x; each slot's h is split for the mma (a warp per slot), the
-// slots' columns go out in pieces of kDnPiece to the block's kDnWarps
-// warps, whose sums (each weighted by its slot's w) are added in a fixed
-// order. The shared expert is one more slot in FP8 (TS = F8Rows), else
-// row_dot by a warp per row.
-template <typename TS>
+// slots' columns go out in pieces of P::kPiece to the block's warps
+// (f8_down_warps), whose sums (each weighted by its slot's w) are added in
+// a fixed order. The shared expert is one more slot in FP8 (TS = F8Rows),
+// else row_dot by a warp per row (16 warps: F8InRegs).
+template <class P, typename TS>
 __global__ void __launch_bounds__(kDnWarps * 32, 1) down_fp8_mma_kernel(MoeArgs a, QExpert q) {
-  extern __shared__ __align__(16) uint8_t hs[];  // [slots] h split (f8_split_bytes of the widest)
+  extern __shared__ __align__(16) uint8_t hs[];  // f8_mma_down_smem: [slots] h split (of the widest), the slots
   __shared__ const uint8_t* ptr[32];
   __shared__ float wj[33], inv[33], extra[16];
   __shared__ float part[kDnWarps][16];
   constexpr bool f8s = std::is_same_v<TS, F8Rows>;
+  constexpr int kDnPiece = P::kPiece;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, k = a.k;
+  const int nw = int(blockDim.x) >> 5;
   const int ns = k + (f8s && a.has_shared ? 1 : 0);
   const int widest = max(a.I, ns > k ? a.Is : 0), npiece = (widest + kDnPiece - 1) / kDnPiece;
   const size_t sb = f8_split_bytes(widest);
+  uint4* buf = f8_warp_buf<P>(hs + (size_t(ns) * sb + 15) / 16 * 16);
   pdl_wait();
   pdl_trigger();
   if (int(threadIdx.x) < k) ptr[threadIdx.x] = static_cast<const uint8_t*>(
@@ -352,38 +383,39 @@ __global__ void __launch_bounds__(kDnWarps * 32, 1) down_fp8_mma_kernel(MoeArgs 
     return R;
   };
   __syncthreads();
-  // The first tile's rows into L2 while h is split; the warp's first unit's
-  // first codes into registers.
-  for (int u = warp; u < ns * npiece; u += kDnWarps) {
-    const int s = u / npiece, len = s < k ? a.I : a.Is, c0 = (u % npiece) * kDnPiece;
-    if (c0 < len) f8_tile_prefetch(unit_rows(s, blockIdx.x), c0, min(len, c0 + kDnPiece), lane);
-  }
-  F8First first;
+  // The first tile's rows into L2 while h is split (F8InRegs); the warp's
+  // first unit's first codes on their way.
+  if (P::kWarpBytes == 0)
+    for (int u = warp; u < ns * npiece; u += nw) {
+      const int s = u / npiece, len = s < k ? a.I : a.Is, c0 = (u % npiece) * kDnPiece;
+      if (c0 < len) f8_tile_prefetch(unit_rows(s, blockIdx.x), c0, min(len, c0 + kDnPiece), lane);
+    }
+  typename P::First first;
   bool have_first = false;
   if (warp < ns * npiece && int(blockIdx.x) * 16 < a.H) {
     const int s = warp / npiece, len = s < k ? a.I : a.Is, c0 = (warp % npiece) * kDnPiece;
     have_first = c0 < len;
     if (have_first)
-      f8_tile_first(unit_rows(s, blockIdx.x), c0, min(len, c0 + kDnPiece), s < k ? q.group : a.s_group, lane, first);
+      P::first(unit_rows(s, blockIdx.x), c0, min(len, c0 + kDnPiece), s < k ? q.group : a.s_group, lane, first, buf);
   }
-  for (int s = warp; s < ns; s += kDnWarps) {
+  for (int s = warp; s < ns; s += nw) {
     const F8Split X = f8_split_warp(a.hb + s * a.maxI, s < k ? a.I : a.Is, reinterpret_cast<__half*>(hs + s * sb), lane);
     if (lane == 0) inv[s] = X.inv;
   }
   __syncthreads();
   for (int tile = blockIdx.x; tile * 16 < a.H; tile += gridDim.x) {
     float acc0 = 0.f, acc1 = 0.f;
-    for (int u = warp; u < ns * npiece; u += kDnWarps) {
+    for (int u = warp; u < ns * npiece; u += nw) {
       const int s = u / npiece, len = s < k ? a.I : a.Is, c0 = (u % npiece) * kDnPiece;
       if (c0 >= len) continue;
       const F8TileRows R = unit_rows(s, tile);
       const F8Split X{reinterpret_cast<const __half*>(hs + s * sb), f8_padded(len) + 8, inv[s]};
       float d0, d1;
       const int c1 = min(len, c0 + kDnPiece);
-      F8First F = first;
+      typename P::First F = first;
       const int grp = s < k ? q.group : a.s_group;
-      if (!(have_first && u == warp && tile == int(blockIdx.x))) f8_tile_first(R, c0, c1, grp, lane, F);
-      f8_tile_dot_from(R, X, c0, c1, grp, lane, F, d0, d1);
+      if (!(have_first && u == warp && tile == int(blockIdx.x))) P::first(R, c0, c1, grp, lane, F, buf);
+      P::dot(R, X, c0, c1, grp, lane, F, buf, d0, d1);
       const float f = wj[s] * X.inv;
       acc0 = fmaf(d0, f, acc0);
       acc1 = fmaf(d1, f, acc1);
@@ -403,7 +435,7 @@ __global__ void __launch_bounds__(kDnWarps * 32, 1) down_fp8_mma_kernel(MoeArgs 
       const int r = tile * 16 + threadIdx.x;
       if (r < a.H) {
         float t = 0.f;
-        for (int w = 0; w < kDnWarps; ++w) t += part[w][threadIdx.x];
+        for (int w = 0; w < nw; ++w) t += part[w][threadIdx.x];
         if (!f8s && a.has_shared) t += extra[threadIdx.x];
         a.x[r] += t;
       }

@@ -173,8 +173,8 @@ struct OutRouterArgs {
 // blocks still run, instead of at the start of every gate_up block.
 // gate_up's first block computes the weights, which do need it
 // (topk_weights).
-__device__ __forceinline__ void router_block(const OutRouterArgs& a) {
-  matvec_rows<float>(a.R, a.rowsR, a.H + a.O, a.cat, a.logits, 0, a.splitR, a.per, blockIdx.x, a.nbR);
+__device__ __forceinline__ void router_block(const OutRouterArgs& a, int rb) {  // rb: this block's index of the nbR
+  matvec_rows<float>(a.R, a.rowsR, a.H + a.O, a.cat, a.logits, 0, a.splitR, a.per, rb, a.nbR);
   if (!a.sel.out) return;
   __shared__ int last;
   __threadfence();
@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(kThreads) outproj_router_kernel(const T* __res
   pdl_wait();
   pdl_trigger();
   if (int(blockIdx.x) < a.nbR) {
-    router_block(a);
+    router_block(a, blockIdx.x);
     return;
   }
   matvec_rows<T>(W, a.H, a.O, a.cat + a.H, a.x, 1, a.splitA, a.per, int(blockIdx.x) - a.nbR, a.nbA);
