@@ -37,10 +37,12 @@ inline size_t delta_staged_smem(int dk, int dv) {
 
 // Whether delta_staged_batch_kernel takes heads of dk x dv (blockDim dv * kStagedThreads).
 inline bool delta_staged_fits(int dk, int dv, int max_smem) {
-  return (dk == 128 || dk == 64 || dk == 32) && dv % 32 == 0 && dv * kStagedThreads <= 1024 &&
+  return (dk == 128 || dk == 64 || dk == 32) && dv % 32 == 0 && dv * kStagedThreads <= 512 &&
          delta_staged_smem(dk, dv) <= size_t(max_smem);
 }
 
+// Grid (value heads, sequences), blockDim dv * kStagedThreads (up to 512),
+// delta_staged_smem(DK, dv) bytes of dynamic shared memory.
 template <int DK>
 __global__ void __launch_bounds__(512, 3) delta_staged_batch_kernel(const DeltaArgs* as) {
   constexpr int R = DK / kStagedParts, SUB = kStagedParts / kStagedThreads;
