@@ -300,6 +300,50 @@ TEST(CudaBatch, EachExpertProductMatchesEachSequenceAlone) {
   cuda_set_batch_experts(dev, Path::Auto);
 }
 
+// The batched step's variants (the delta rule staged through shared memory
+// or on the cluster kernel; the experts' weights prefetched into L2 or
+// not; programmatic dependent launch or not), with plain launches and in
+// graphs, the routed experts through the tiled product (the one that
+// prefetches, and whose gate/up writes the down product's split
+// activations) and the default's choice at these few rows (the skinny
+// product: its grouped tiles under PDL), the odd sequences taking only
+// their argmax.
+TEST(CudaBatch, EachStepVariantMatchesEachSequenceAlone) {
+  REQUIRE_GPU();
+  ModelConfig c = model_preset("qwen3.5-35b-a3b");
+  c.num_layers = 4;
+  c.layer_kinds.resize(4);
+  c.layer_is_moe.resize(4);
+  auto b = synthetic_backend(c, QuantKind::None, 64, GpuOptions{});
+  CudaModel& dev = dynamic_cast<const CudaBackend&>(*b).device_for_bench();
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 64; ++i) ids.push_back(int32_t((i * 7919 + 29) % c.vocab_size));
+  const std::vector<Seq> seqs = schedule(ids);
+  ThreadPool pool(2);
+  using Path = DecodeOptions::BatchExperts;
+  struct Variant {
+    bool staged;
+    int l2;
+    bool pdl, graphs;
+    Path experts;
+  };
+  for (const Variant v : {Variant{false, 0, false, false, Path::Tiled}, Variant{true, 0, false, false, Path::Tiled},
+                          Variant{false, 2, false, false, Path::Tiled}, Variant{false, 0, true, false, Path::Auto},
+                          Variant{true, 4, true, true, Path::Tiled}, Variant{true, 4, true, true, Path::Auto}}) {
+    cuda_set_batch_step_variant(dev, v.staged, v.l2, v.pdl);
+    cuda_set_batch_graph(dev, v.graphs);
+    cuda_set_batch_experts(dev, v.experts);
+    const std::string name = std::string("35b-shapes ") + (v.staged ? "staged" : "cluster") + " l2 " +
+                             std::to_string(v.l2) + (v.pdl ? " pdl" : "") + (v.graphs ? " graphs" : "") +
+                             (v.experts == Path::Tiled ? " tiled" : " auto");
+    expect_batch_matches_alone(*b, KvConfig{}, seqs, name, pool, true);
+  }
+  const DecodeOptions defaults;
+  cuda_set_batch_step_variant(dev, defaults.batch_delta_staged, defaults.batch_expert_l2_ahead, defaults.batch_pdl);
+  cuda_set_batch_experts(dev, Path::Auto);
+  cuda_set_batch_graph(dev, false);
+}
+
 // Misuse: one state twice in a batch is an Error before anything runs.
 TEST(CudaBatch, OneStateTwiceIsAnError) {
   REQUIRE_GPU();
@@ -349,19 +393,31 @@ TEST(CudaBatchBench, DISABLED_DecodeThroughputAt35b) {
               "non-expert %.2f GB, expert %.2f MB, %lld MoE layers of %lld experts, top-%lld\n",
               gbps, non_expert / 1e9, expert / 1e6, (long long)moe, (long long)E, (long long)k);
   CudaModel& dev = dynamic_cast<const CudaBackend&>(*b).device_for_bench();
-  using Path = DecodeOptions::BatchExperts;
   struct Run {
     const char* name;
     std::vector<int> batches;
-    Path experts = Path::Auto;
+    bool delta_staged;  // DecodeOptions::batch_delta_staged
+    int l2_ahead;       // DecodeOptions::batch_expert_l2_ahead
+    bool pdl;           // DecodeOptions::batch_pdl
   };
   // Experts chosen per B, graphs. The routed-expert paths
   // (DecodeOptions::batch_experts) were measured side by side in session 6
-  // (bench/NOTES-cuda.md, batch-fixed).
+  // (bench/NOTES-cuda.md, batch-fixed). Session 8's variants side by side:
+  // session 7's kernels (cluster delta rule, no L2 prefetch, no PDL), all
+  // three changes (the default), each alone, the prefetch distance; B = 1
+  // (the decode step, which none of them touches) first and last.
   double tps1 = 0;
   cuda_set_batch_graph(dev, true);
-  for (const Run& run : {Run{"default", {1, 8, 32, 64}}}) {
-    cuda_set_batch_experts(dev, run.experts);
+  for (const Run& run : {Run{"s7 (cluster, no l2, no pdl)", {1, 8, 32, 64}, false, 0, false},
+                         Run{"staged, l2 4, pdl (default)", {8, 32, 64}, true, 4, true},
+                         Run{"staged only", {32}, true, 0, false},
+                         Run{"l2 4 only", {32}, false, 4, false},
+                         Run{"pdl only", {8, 32}, false, 0, true},
+                         Run{"staged, pdl, no l2", {32}, true, 0, true},
+                         Run{"staged, pdl, l2 2", {32}, true, 2, true},
+                         Run{"staged, pdl, l2 8", {32}, true, 8, true},
+                         Run{"s7 again", {1, 32}, false, 0, false}}) {
+    cuda_set_batch_step_variant(dev, run.delta_staged, run.l2_ahead, run.pdl);
     std::printf("[batch-bench] %s\n", run.name);
     for (int B : run.batches) {
       std::vector<std::unique_ptr<State>> st;
@@ -408,7 +464,8 @@ TEST(CudaBatchBench, DISABLED_DecodeThroughputAt35b) {
                   kvb / 1e9, sb / 1e9, roof, 100 * tps / roof, roof_s, 100 * tps / roof_s);
     }
   }
-  cuda_set_batch_experts(dev, Path::Auto);
+  const DecodeOptions defaults;
+  cuda_set_batch_step_variant(dev, defaults.batch_delta_staged, defaults.batch_expert_l2_ahead, defaults.batch_pdl);
   cuda_set_batch_graph(dev, false);
 }
 

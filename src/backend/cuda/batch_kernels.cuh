@@ -3,12 +3,13 @@
 // arguments (its own conv / delta-rule state, KV cache, position) come from
 // an array in device memory; the bodies are the decode step's own
 // (delta.cuh, delta_cluster.cuh, attention.cuh), so every KV format and
-// retention policy behaves as in a single-sequence step. Launched without
-// PDL (their waits are then no-ops).
+// retention policy behaves as in a single-sequence step. Launched with PDL
+// where DecodeOptions::batch_pdl (else their waits are no-ops).
 #pragma once
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/delta.cuh"
 #include "backend/cuda/delta_cluster.cuh"
+#include "backend/cuda/delta_staged.cuh"
 
 namespace flashmoe::cuda {
 
@@ -61,6 +62,8 @@ static __global__ void argmax_rows_kernel(const float* __restrict__ logits, int 
 
 // Every sequence's position one further (the decode step's advance_kernel).
 static __global__ void advance_positions_kernel(int* const* pos, int n) {
+  pdl_wait();  // under PDL (a batched decode step): the kernel before has finished
+  pdl_trigger();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) ++*pos[i];
 }

@@ -18,19 +18,28 @@ namespace {
 
 int div_up(int64_t a, int64_t b) { return int((a + b - 1) / b); }
 
-// A plain launch (no PDL) in clusters of `cluster` blocks along x.
+// A launch in clusters of `cluster` blocks along x, with programmatic
+// dependent launch where pdl (Prefill::pdl(); the kernels wait in pdl_wait()).
 template <typename... K, typename... A>
-void launch(cudaStream_t st, void (*kern)(K...), dim3 grid, int block, size_t smem, int cluster, A... args) {
+void launch(cudaStream_t st, bool pdl, void (*kern)(K...), dim3 grid, int block, size_t smem, int cluster,
+            A... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(unsigned(block));
   cfg.dynamicSmemBytes = smem;
   cfg.stream = st;
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim = {unsigned(cluster), 1, 1};
+  cudaLaunchAttribute at[2];
+  int n = 0;
+  if (cluster > 1) {
+    at[n].id = cudaLaunchAttributeClusterDimension;
+    at[n++].val.clusterDim = {unsigned(cluster), 1, 1};
+  }
+  if (pdl) {
+    at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
   cfg.attrs = at;
-  cfg.numAttrs = cluster > 1 ? 1 : 0;
+  cfg.numAttrs = n;
   check(cudaLaunchKernelEx(&cfg, kern, args...), "batched decode step");
 }
 
@@ -178,6 +187,7 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
   event_phase_.clear();
   mark(P_OTHER);  // the start
   auto enqueue = [&] {
+    stepping_ = true;  // the batched step's variants (feed_forward)
     embed_rows(d_ids, B);
     mark(P_OTHER);
     const int groups_att = std::max(8, 256 / std::max(hd, 1));  // attn_kernel's partials, as the decode step
@@ -197,20 +207,32 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
       if (l.mixer == MixerKind::GatedDeltaNet) {
         dense_rows(d.lin_in, xn_, B, proj_, proj_stride_, GEMM_STORE, 0, xs);
         mark(P_INPROJ);
-        launch(st, conv_batch_kernel, dim3(unsigned(div_up(C, 256)), unsigned(B)), 256, 0, 1,
+        launch(st, pdl(), conv_batch_kernel, dim3(unsigned(div_up(C, 256)), unsigned(B)), 256, 0, 1,
                static_cast<const float*>(proj_), proj_stride_, C, K, static_cast<const float*>(d.conv_w),
                reinterpret_cast<float* const*>(dev(o_conv + sl * B * sizeof(float*))), cv_);
         mark(P_CONV);
         const DeltaArgs* da = reinterpret_cast<const DeltaArgs*>(dev(o_delta + sl * B * sizeof(DeltaArgs)));
-        // As the decode step: a cluster of blocks per head (32 value columns
-        // each) where the shapes allow, else one block per head.
+        // Each head's state staged through shared memory where it fits
+        // (delta_staged.cuh); else as the decode step: a cluster of blocks
+        // per head (32 value columns each) where the shapes allow, else one
+        // block per head.
         const bool cluster = dv % 32 == 0 && dv / 32 <= 8 && (dk == 128 || dk == 64 || dk == 32);
-        if (cluster) {
+        if (delta_staged_ && delta_staged_fits(dk, dv, max_smem_)) {
+          const size_t smem = delta_staged_smem(dk, dv);
+          auto go = [&](auto kern) {
+            check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+                  "batched decode step: the delta rule's shared memory");
+            launch(st, pdl(), kern, dim3(unsigned(nv), unsigned(B)), dv * kStagedThreads, smem, 1, da);
+          };
+          if (dk == 128) go(delta_staged_batch_kernel<128>);
+          else if (dk == 64) go(delta_staged_batch_kernel<64>);
+          else go(delta_staged_batch_kernel<32>);
+        } else if (cluster) {
           const int cl = dv / 32;
           const dim3 g(unsigned(nv * cl), unsigned(B));
-          if (dk == 128) launch(st, delta_cluster_batch_kernel<128, 32, 8>, g, 256, 0, cl, da);
-          else if (dk == 64) launch(st, delta_cluster_batch_kernel<64, 32, 8>, g, 256, 0, cl, da);
-          else launch(st, delta_cluster_batch_kernel<32, 32, 8>, g, 256, 0, cl, da);
+          if (dk == 128) launch(st, pdl(), delta_cluster_batch_kernel<128, 32, 8>, g, 256, 0, cl, da);
+          else if (dk == 64) launch(st, pdl(), delta_cluster_batch_kernel<64, 32, 8>, g, 256, 0, cl, da);
+          else launch(st, pdl(), delta_cluster_batch_kernel<32, 32, 8>, g, 256, 0, cl, da);
         } else {
           const size_t smem = size_t(2 * dk) * 4;
           auto th = [&](int split) { return std::min(1024, std::max(32, (dv * split + 31) / 32 * 32)); };
@@ -219,7 +241,7 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
           if (dk == 128 && dv * 4 <= 1024) kern = delta_batch_kernel<128, 4>, threads = th(4);
           else if (dk == 64 && dv * 2 <= 1024) kern = delta_batch_kernel<64, 2>, threads = th(2);
           else if (dk == 32) kern = delta_batch_kernel<32, 1>;
-          launch(st, kern, dim3(unsigned(nv), unsigned(B)), threads, smem, 1, da);
+          launch(st, pdl(), kern, dim3(unsigned(nv), unsigned(B)), threads, smem, 1, da);
         }
         mark(P_DELTA_SCAN);
         dense_rows(d.out_proj, o_, B, x_, H, GEMM_ADD);
@@ -227,21 +249,21 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
       } else {
         dense_rows(d.qkv, xn_, B, proj_, proj_stride_, GEMM_STORE, 0, xs);
         mark(P_INPROJ);
-        launch(st, attn_prep_batch_kernel, dim3(unsigned(nh + 1), unsigned(B)), 128, prep_smem, 1,
+        launch(st, pdl(), attn_prep_batch_kernel, dim3(unsigned(nh + 1), unsigned(B)), 128, prep_smem, 1,
                reinterpret_cast<const AttnPrepArgs*>(dev(o_prep + sl * B * sizeof(AttnPrepArgs))));
         mark(P_ATTN_PREP);
         for (const Group& g : groups) {
           const AttnArgs* aa = reinterpret_cast<const AttnArgs*>(dev(o_attn + (sl * B + g.first) * sizeof(AttnArgs)));
           const dim3 grid(unsigned(nh * g.split), unsigned(g.end - g.first));
           switch (g.kvt) {
-            case KV_F32: launch(st, attn_batch_kernel<KV_F32>, grid, 256, attn_smem, g.split, aa); break;
-            case KV_BF16: launch(st, attn_batch_kernel<KV_BF16>, grid, 256, attn_smem, g.split, aa); break;
-            case KV_F16: launch(st, attn_batch_kernel<KV_F16>, grid, 256, attn_smem, g.split, aa); break;
-            default: launch(st, attn_batch_kernel<KV_FP8>, grid, 256, attn_smem, g.split, aa); break;
+            case KV_F32: launch(st, pdl(), attn_batch_kernel<KV_F32>, grid, 256, attn_smem, g.split, aa); break;
+            case KV_BF16: launch(st, pdl(), attn_batch_kernel<KV_BF16>, grid, 256, attn_smem, g.split, aa); break;
+            case KV_F16: launch(st, pdl(), attn_batch_kernel<KV_F16>, grid, 256, attn_smem, g.split, aa); break;
+            default: launch(st, pdl(), attn_batch_kernel<KV_FP8>, grid, 256, attn_smem, g.split, aa); break;
           }
         }
         if (nh2o)
-          launch(st, h2o_acc_batch_kernel, dim3(unsigned(div_up(max_cap, 128)), unsigned(nh2o)), 128, 0, 1,
+          launch(st, pdl(), h2o_acc_batch_kernel, dim3(unsigned(div_up(max_cap, 128)), unsigned(nh2o)), 128, 0, 1,
                  reinterpret_cast<const H2oAccArgs*>(dev(o_h2o + sl * nh2o * sizeof(H2oAccArgs))), nh);
         mark(P_ATTN);
         dense_rows(d.o_proj, o_, B, x_, H, GEMM_ADD);
@@ -251,9 +273,11 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
       const float* next_norm = li + 1 < layers.size() ? (*m_.L)[size_t(layers[li + 1].index)].in_norm : nullptr;
       normed = feed_forward(l, d, B, next_norm);
     }
-    advance_positions_kernel<<<div_up(B, 128), 128, 0, st>>>(reinterpret_cast<int* const*>(dev(o_pos)), B);
+    send(advance_positions_kernel, dim3(unsigned(div_up(B, 128))), dim3(128), 0, st,
+         reinterpret_cast<int* const*>(dev(o_pos)), B);
     check(cudaGetLastError(), "batched decode step");
     mark(P_OTHER);
+    stepping_ = false;
   };
   // A graph reads every per-sequence value from the arguments copied above,
   // so one serves every batch of the same shape. Not with the disk tier

@@ -18,6 +18,27 @@
 
 namespace flashmoe::cuda {
 
+// Warp 0: q, warp 1: k of value head h's key head (channels of a.conv),
+// l2-normed (q also by 1/sqrt(DK)), into shared q[DK], k[DK]; the other
+// warps nothing. After the wait; the caller syncs before reading them.
+template <int DK>
+__device__ __forceinline__ void delta_qk_normed(const DeltaArgs& a, int h, float* q, float* k) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = a.tiled ? h % a.nk : h / (a.nv / a.nk);
+  if (warp >= 2) return;
+  const int ch0 = warp * a.nk * DK + g * DK;
+  float v[DK / 32], ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < DK / 32; ++i) {
+    v[i] = a.conv[ch0 + i * 32 + lane];
+    ss += v[i] * v[i];
+  }
+  ss = warp_sum(ss);
+  const float r = warp ? 1.0f / sqrtf(ss + 1e-6f) : (1.0f / sqrtf(float(DK))) / sqrtf(ss + 1e-6f);
+  float* dst = warp ? k : q;
+#pragma unroll
+  for (int i = 0; i < DK / 32; ++i) dst[i * 32 + lane] = v[i] * r;
+}
+
 template <int DK, int CPB, int PARTS>
 __device__ __forceinline__ void delta_cluster_body(const DeltaArgs& a) {
   static_assert(DK % PARTS == 0 && DK % 32 == 0 && CPB * PARTS >= 64 && CPB <= 32, "delta_cluster_kernel shape");
@@ -36,21 +57,7 @@ __device__ __forceinline__ void delta_cluster_body(const DeltaArgs& a) {
   const float nwj = a.norm_w[j], dtb = a.dt_bias[h], nea = a.neg_exp_A[h];  // weights: before the wait too
   pdl_wait();
   pdl_trigger();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = a.tiled ? h % a.nk : h / (a.nv / a.nk);
-  if (warp < 2) {  // warp 0: q, warp 1: k of the key group, l2-normed (q also by 1/sqrt(dk))
-    const int ch0 = warp * a.nk * DK + g * DK;
-    float v[DK / 32], ss = 0.f;
-#pragma unroll
-    for (int i = 0; i < DK / 32; ++i) {
-      v[i] = a.conv[ch0 + i * 32 + lane];
-      ss += v[i] * v[i];
-    }
-    ss = warp_sum(ss);
-    const float r = warp ? 1.0f / sqrtf(ss + 1e-6f) : (1.0f / sqrtf(float(DK))) / sqrtf(ss + 1e-6f);
-    float* dst = warp ? k : q;
-#pragma unroll
-    for (int i = 0; i < DK / 32; ++i) dst[i * 32 + lane] = v[i] * r;
-  }
+  delta_qk_normed<DK>(a, h, q, k);
   const float beta = sigmoidf_(a.proj[a.boff + h]);
   const float decay = expf(nea * softplusf_(a.proj[a.aoff + h] + dtb));
   const int vch = 2 * a.nk * DK + h * dv + j;

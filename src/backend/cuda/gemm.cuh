@@ -68,6 +68,13 @@ struct GemmArgs {
   // F8W: rows per scale block; part p's fp32 scales at qs[p] are
   // [ceil(rows / qbrows)][ceil(K / qgroup)] (qb unused).
   int qbrows = 0;
+  // gemm_pipe_kernel: the weights prefetched into L2 this many k-stages at
+  // a time ahead of the shared-memory pipeline (0: not).
+  int l2_ahead = 0;
+  // swiglu (gemm_pipe_kernel, gemm_kernel): C also split into hi/lo bf16
+  // rows [rows][ldc] here (the next product's activations), where not null.
+  __nv_bfloat16* Chi = nullptr;
+  __nv_bfloat16* Clo = nullptr;
 };
 
 // Weight type tag of GGUF block weights.
@@ -126,7 +133,10 @@ __device__ __forceinline__ void gemm_epilogue(const GemmArgs& a, const float* cs
     for (int i = tid; i < BM * HB; i += THREADS) {
       const int m = i / HB, j = i % HB, col = blockIdx.x * HB + j;
       if (m >= rows || col >= a.half) continue;
-      a.C[size_t(a.crow ? a.crow[m0 + m] : m0 + m) * a.ldc + col] = siluf_(cs[m * ld + j]) * cs[m * ld + HB + j];
+      const size_t at = size_t(a.crow ? a.crow[m0 + m] : m0 + m) * a.ldc + col;
+      const float v = siluf_(cs[m * ld + j]) * cs[m * ld + HB + j];
+      a.C[at] = v;
+      if (a.Chi) split_bf16(v, a.Chi[at], a.Clo[at]);
     }
     return;
   }

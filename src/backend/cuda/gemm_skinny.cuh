@@ -84,7 +84,12 @@ __global__ void __launch_bounds__(skinny_threads(KW), NT <= 4 ? 2 : 1) skinny_ge
   const bool swiglu = a.mode == GEMM_SWIGLU;
   const __nv_bfloat16* W;
   int m0 = 0, rows = a.M;
+  // Under PDL (a batched decode step): a dense product's first weights are
+  // loaded before the wait (nothing writes them); the routed experts' tile
+  // list comes from the kernel before.
   if (a.tiles) {
+    pdl_wait();
+    pdl_trigger();
     if (int(blockIdx.z) >= *a.ntiles) return;
     const int* tl = a.tiles + 3 * blockIdx.z;
     W = static_cast<const __nv_bfloat16*>(a.wtab[tl[0]]);
@@ -136,6 +141,10 @@ __global__ void __launch_bounds__(skinny_threads(KW), NT <= 4 ? 2 : 1) skinny_ge
   };
   uint4 w[2][4];
   load_w(w, k0 + 64 * kw);
+  if (!a.tiles) {
+    pdl_wait();
+    pdl_trigger();
+  }
   for (int k = k0 + 64 * kw; k < k1; k += 64 * KW) {
     uint4 wn[2][4];
     load_w(wn, k + 64 * KW);  // in flight while these 64 columns are multiplied
@@ -222,7 +231,7 @@ __global__ void __launch_bounds__(skinny_threads(KW), NT <= 4 ? 2 : 1) skinny_ge
 // rows), on a device of `sms` SMs: K split over a cluster until the blocks
 // fill the SMs twice over, each block keeping at least 64 columns.
 inline cudaError_t launch_skinny_gemm(const GemmArgs& a, int sms, cudaStream_t st, int ntiles = 1,
-                                      int tile_rows = 0) {
+                                      int tile_rows = 0, bool pdl = false) {
   const int blocks = a.mode == GEMM_SWIGLU ? (a.half + kSkinnyRows / 2 - 1) / (kSkinnyRows / 2)
                                            : (a.N + kSkinnyRows - 1) / kSkinnyRows;
   const int M = a.tiles ? tile_rows : a.M;
@@ -234,11 +243,18 @@ inline cudaError_t launch_skinny_gemm(const GemmArgs& a, int sms, cudaStream_t s
   cfg.gridDim = dim3(unsigned(split), unsigned(blocks), unsigned(a.tiles ? ntiles : 1));
   cfg.blockDim = dim3(unsigned(skinny_threads(kSkinnyKWarps)));
   cfg.stream = st;
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim = {unsigned(split), 1, 1};
+  cudaLaunchAttribute at[2];
+  int n = 0;
+  if (split > 1) {
+    at[n].id = cudaLaunchAttributeClusterDimension;
+    at[n++].val.clusterDim = {unsigned(split), 1, 1};
+  }
+  if (pdl) {  // programmatic dependent launch: the kernel waits in pdl_wait()
+    at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
   cfg.attrs = at;
-  cfg.numAttrs = split > 1 ? 1 : 0;
+  cfg.numAttrs = n;
   auto go = [&](auto kern) { return cudaLaunchKernelEx(&cfg, kern, a, kslice); };
   constexpr int W = kSkinnyKWarps;
   if (M <= 8) return go(skinny_gemm_kernel<1, W>);

@@ -64,6 +64,9 @@ Prefill::Prefill(const PrefillModel& m, int max_tokens) : m_(m), tmax_(max_token
   profile_ = m.profile;
   batch_graph_ = m.batch_graph;
   expert_path_ = m.batch_experts;
+  delta_staged_ = m.batch_delta_staged;
+  pdl_ = m.batch_pdl;
+  expert_l2_ahead_ = m.batch_expert_l2_ahead;
   phase_ms_.assign(P_N, 0.0);
   step_ms_.assign(P_N, 0.0);
   auto smem = [](auto kern, size_t bytes) {
@@ -213,7 +216,7 @@ SplitRows Prefill::split(const float* A, int rows, int cols, bool x, bool side) 
   __nv_bfloat16* hi = side ? shi_ : x ? xhi_ : yhi_;
   __nv_bfloat16* lo = side ? slo_ : x ? xlo_ : ylo_;
   const int blocks = std::min(div_up(int64_t(rows) * cols, 256), sms_ * 8);
-  split_rows_kernel<<<blocks, 256, 0, side ? side_ : m_.stream>>>(A, rows, cols, cols, hi, lo);
+  send(split_rows_kernel, dim3(unsigned(blocks)), dim3(256), 0, side ? side_ : m_.stream, A, rows, cols, cols, hi, lo);
   return {hi, lo};
 }
 
@@ -222,7 +225,7 @@ void Prefill::gemm(int dt, const GemmArgs& a, int bm, int grid_y, SplitRows sp, 
   if (pipe(dt) && sp.hi) {
     const int gx = a.mode == GEMM_SWIGLU ? div_up(a.half, kPipeBN / 2) : div_up(a.N, kPipeBN);
     const dim3 grid(unsigned(gx), unsigned(std::max(grid_y, 1)));
-    auto go = [&](auto kern, size_t smem) { kern<<<grid, kPipeThreads, smem, s>>>(a, sp.hi, sp.lo); };
+    auto go = [&](auto kern, size_t smem) { send(kern, grid, dim3(kPipeThreads), smem, s, a, sp.hi, sp.lo); };
     // 64 columns of K per stage paid on every product but the tallest tiles
     // (64 rows: 140 registers and 110 KB per block, 2 blocks per SM), where
     // 32 was faster (bench/NOTES-cuda.md, prefill).
@@ -385,20 +388,26 @@ void Prefill::attend_in_order(const PrefillState& s, const DLayer& d, const KvLa
   mark(P_ATTN);
 }
 
+template <typename E>
+void Prefill::embed_rows_as(const int* d_ids, int T) {
+  send(embed_rows_kernel<E>, dim3(unsigned(T)), dim3(256), 0, m_.stream, static_cast<const E*>(m_.embed.p),
+       int(m_.c->hidden_size), d_ids, x_);
+}
+
 void Prefill::embed_rows(const int* d_ids, int T) {
   const int H = int(m_.c->hidden_size);
   cudaStream_t st = m_.stream;
   switch (m_.embed.dt) {
     case DT_GGUF: gembed_rows_kernel<<<T, 256, 0, st>>>(m_.embed.p, m_.embed.g, H, d_ids, x_); break;
-    case DT_F32: embed_rows_kernel<<<T, 256, 0, st>>>(static_cast<const float*>(m_.embed.p), H, d_ids, x_); break;
-    case DT_F16: embed_rows_kernel<<<T, 256, 0, st>>>(static_cast<const __half*>(m_.embed.p), H, d_ids, x_); break;
-    default:
-      embed_rows_kernel<<<T, 256, 0, st>>>(static_cast<const __nv_bfloat16*>(m_.embed.p), H, d_ids, x_);
+    case DT_F32: embed_rows_as<float>(d_ids, T); break;
+    case DT_F16: embed_rows_as<__half>(d_ids, T); break;
+    default: embed_rows_as<__nv_bfloat16>(d_ids, T);
   }
 }
 
 void Prefill::norm_rows(const float* x, const float* w, int T, float* y) {
-  norm_rows_kernel<<<T, row_threads(T), 0, m_.stream>>>(x, w, int(m_.c->hidden_size), m_.c->rms_norm_eps, y);
+  send(norm_rows_kernel, dim3(T), dim3(row_threads(T)), 0, m_.stream, x, w, int(m_.c->hidden_size),
+       m_.c->rms_norm_eps, y);
 }
 
 bool Prefill::skinny_fits(const DMat& W, const float* A, int T) {
@@ -423,7 +432,7 @@ bool Prefill::skinny(const DMat& W, const float* A, int T, int mode) const {
 }
 
 void Prefill::skinny_gemm(const GemmArgs& a, cudaStream_t s) {
-  check(launch_skinny_gemm(a, sms_, s ? s : m_.stream), "batched product of few rows");
+  check(launch_skinny_gemm(a, sms_, s ? s : m_.stream, 1, 0, pdl()), "batched product of few rows");
 }
 
 // Dense product: C[T][..] (=, +=, swiglu) = A[T][K] . W^T. A few rows of
@@ -515,7 +524,8 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
   auto dense = [&](const DMat& W, const float* A, float* C, int ldc, int mode, int half = 0, SplitRows sp = {}) {
     dense_rows(W, A, T, C, ldc, mode, half, sp);
   };
-  norm_split_rows_kernel<<<T, row_threads(T), 0, st>>>(x_, d.post_norm, H, c.rms_norm_eps, xn_, xhi_, xlo_);
+  send(norm_split_rows_kernel, dim3(T), dim3(row_threads(T)), 0, st, x_, d.post_norm, H, c.rms_norm_eps, xn_, xhi_,
+       xlo_);
   const SplitRows fs{xhi_, xlo_};
   mark(P_NORM);
   // The shared expert reads only xn_ (and its split): on side_ from here,
@@ -540,13 +550,13 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
   if (m_.moe_before) m_.moe_before(x_, T);
   dense(d.router, xn_, rl_, d.router.rows, GEMM_STORE, 0, fs);
   mark(P_ROUTER);
-  topk_rows_kernel<<<T, 32, 0, st>>>(rl_, d.router.rows, E, k, c.norm_topk_prob ? 1 : 0, d.has_shared ? 1 : 0, ids_,
-                                     w_, d.tc);
+  send(topk_rows_kernel, dim3(T), dim3(32), 0, st, rl_, d.router.rows, E, k, c.norm_topk_prob ? 1 : 0,
+       d.has_shared ? 1 : 0, ids_, w_, d.tc);
   if (m_.experts_needed) m_.experts_needed(l.moe_slot, ids_, T * k);
   const int edt = d.gg.n ? DT_GGUF : d.q.fp8 ? DT_FP8 : d.q.bits == 8 ? DT_Q8 : d.q.bits == 4 ? DT_Q4 : d.edt;
   const bool skinny = skinny_experts(T, edt), few = !skinny && few_rows_experts(T, edt);
   const int ebm = skinny ? kSkinnyExpertRows : few ? kFewRows : tile_rows(double(T) * k / std::max(E, 1));
-  route_lists_kernel<<<1, 512, 0, st>>>(ids_, T, k, E, ebm, tok_, dest_, tiles_, ntiles_);
+  send(route_lists_kernel, dim3(1), dim3(512), 0, st, ids_, T, k, E, ebm, tok_, dest_, tiles_, ntiles_);
   mark(P_ROUTE);
   const int ntiles = std::min(tiles_max_, div_up(int64_t(T) * k, ebm) + E);
   const void* const* gu_tab = d.gu_tab;
@@ -569,7 +579,7 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
     g.ldc = I;
     g.mode = GEMM_SWIGLU;
     g.half = I;
-    check(launch_skinny_gemm(g, sms_, st, ntiles, ebm), "batched step: experts gate/up (skinny)");
+    check(launch_skinny_gemm(g, sms_, st, ntiles, ebm, pdl()), "batched step: experts gate/up (skinny)");
     mark(P_EXPERTS_GU);
     g.A = hb_;
     g.lda = I;
@@ -582,7 +592,7 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
     g.crow = dest_;
     g.mode = GEMM_STORE;
     g.half = 0;
-    check(launch_skinny_gemm(g, sms_, st, ntiles, ebm), "batched step: experts down (skinny)");
+    check(launch_skinny_gemm(g, sms_, st, ntiles, ebm, pdl()), "batched step: experts down (skinny)");
     mark(P_EXPERTS_DOWN);
   } else if (few) {
     FewRowsArgs f;
@@ -632,6 +642,13 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
     g.qbrows = d.q.block_rows;
     g.qw[0] = 0, g.qs[0] = d.q.gate_s, g.qb[0] = d.q.gate_b;
     g.qw[1] = d.q.up_w, g.qs[1] = d.q.up_s, g.qb[1] = d.q.up_b;
+    // bf16: gate/up also writes the down product's activations split into
+    // hi/lo (no split kernel between them); in a batched decode step both
+    // prefetch their weights into L2 ahead of their pipelines.
+    const bool split_here = pipe(edt);
+    g.Chi = split_here ? yhi_ : nullptr;
+    g.Clo = split_here ? ylo_ : nullptr;
+    g.l2_ahead = stepping_ ? expert_l2_ahead_ : 0;
     gemm(edt, g, ebm, ntiles, fs);
     mark(P_EXPERTS_GU);
     g.A = hb_;
@@ -648,7 +665,8 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
     g.qsplit = H;
     g.qw[0] = 0, g.qs[0] = d.q.dn_s, g.qb[0] = d.q.dn_b;
     g.gm = d.gd;
-    gemm(edt, g, ebm, ntiles, pipe(edt) ? split(hb_, T * k, I, false) : SplitRows{});
+    g.Chi = g.Clo = nullptr;
+    gemm(edt, g, ebm, ntiles, split_here ? SplitRows{yhi_, ylo_} : SplitRows{});
     mark(P_EXPERTS_DOWN);
   }
   if (beside) {
@@ -660,10 +678,10 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
   }
   if (m_.moe_after) next_norm = nullptr;  // the norm of the sum over the GPUs, by the next layer
   if (next_norm)
-    moe_combine_norm_kernel<<<T, row_threads(T), 0, st>>>(x_, H, y_, d.has_shared ? ysh_ : nullptr, w_, k, next_norm,
-                                               c.rms_norm_eps, xn_);
+    send(moe_combine_norm_kernel, dim3(T), dim3(row_threads(T)), 0, st, x_, H, y_, d.has_shared ? ysh_ : nullptr, w_, k,
+         next_norm, c.rms_norm_eps, xn_);
   else
-    moe_combine_kernel<<<T, row_threads(T), 0, st>>>(x_, H, y_, d.has_shared ? ysh_ : nullptr, w_, k);
+    send(moe_combine_kernel, dim3(T), dim3(row_threads(T)), 0, st, x_, H, y_, d.has_shared ? ysh_ : nullptr, w_, k);
   if (m_.moe_after) m_.moe_after(x_, T);
   mark(P_COMBINE);
   check(cudaGetLastError(), "batched prefill: experts");

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backend/cuda/attention.cuh"
+#include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/device_model.cuh"
 #include "format/config.h"
 #include "model/plan.h"
@@ -53,6 +54,9 @@ struct PrefillModel {
   bool profile = false;  // DecodeOptions::prefill_profile
   bool batch_graph = false;  // DecodeOptions::batch_graph
   int batch_experts = 0;     // DecodeOptions::batch_experts
+  bool batch_delta_staged = true;  // DecodeOptions::batch_delta_staged
+  int batch_expert_l2_ahead = 0;   // DecodeOptions::batch_expert_l2_ahead
+  bool batch_pdl = false;          // DecodeOptions::batch_pdl
   // Disk tier: called after the routing of MoE layer mi (d_ids: the chunk's
   // T * k choices, on the device); returns with every chosen expert resident
   // and its table entry set on the stream. Null: all experts are resident.
@@ -104,6 +108,14 @@ class Prefill {
     expert_path_ = path;
     drop_batch_graphs();  // captured with the other path
   }
+  // The batched step's variants measured side by side in session 8's rounds
+  // (DecodeOptions::batch_delta_staged, batch_expert_l2_ahead, batch_pdl).
+  void set_step_variant(bool delta_staged, int expert_l2_ahead, bool pdl) {
+    delta_staged_ = delta_staged;
+    expert_l2_ahead_ = expert_l2_ahead;
+    pdl_ = pdl;
+    drop_batch_graphs();  // captured with the other variant
+  }
   // Tokens d_ids[0..T) (device) at positions pos..pos+T-1 through every
   // layer, T <= max_tokens(); *d_pos becomes pos + T. Enqueued on the stream.
   // A chunk that makes an h2o cache evict runs its attention token by token.
@@ -137,6 +149,8 @@ class Prefill {
                   bool side = false);
   // x_[t] = embed[d_ids[t]], and y[t] = rms_norm(x[t]) * (1 + w), for T rows.
   void embed_rows(const int* d_ids, int T);
+  template <typename E>
+  void embed_rows_as(const int* d_ids, int T);  // embed_rows of an embedding stored as E (prefill.cu)
   void norm_rows(const float* x, const float* w, int T, float* y);
   // Threads per block of the kernels with a block per row (norms, the
   // expert combine): 1024 where the T blocks leave most SMs idle (a batched
@@ -182,6 +196,30 @@ class Prefill {
   bool profile_ = false;
   bool batch_graph_ = false;
   int expert_path_ = 0;  // DecodeOptions::BatchExperts
+  bool delta_staged_ = true;  // DecodeOptions::batch_delta_staged
+  int expert_l2_ahead_ = 0;   // DecodeOptions::batch_expert_l2_ahead
+  bool stepping_ = false;     // inside step_batch (the batched step's variants apply)
+  bool pdl_ = false;          // DecodeOptions::batch_pdl
+  // Whether a launch of the batched decode step goes out with programmatic
+  // dependent launch (not under the profile: its events sit between kernels).
+  bool pdl() const { return stepping_ && pdl_ && !profile_; }
+  // kern<<<grid, block, smem, s>>>(args...), with PDL where pdl(): a kernel
+  // sent this way must wait in pdl_wait() before it reads or overwrites
+  // what the kernels before it use.
+  template <typename... K, typename... A>
+  void send(void (*kern)(K...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A... args) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl() ? 1 : 0;
+    check(cudaLaunchKernelEx(&cfg, kern, args...), "batched prefill / decode step: launch");
+  }
   // The shared expert's stream and its fork / join with m_.stream (each
   // record is a dependency edge when the step is captured in a graph).
   cudaStream_t side_ = nullptr;

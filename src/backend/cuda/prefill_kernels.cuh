@@ -11,6 +11,8 @@ namespace flashmoe::cuda {
 // x[t] = embed[ids[t]] (grid: T blocks).
 template <typename T>
 __global__ void embed_rows_kernel(const T* __restrict__ E, int H, const int* __restrict__ ids, float* __restrict__ x) {
+  pdl_wait();  // under PDL (a batched decode step): the kernel before has finished
+  pdl_trigger();
   const size_t tok = size_t(ids[blockIdx.x]);
   for (int i = threadIdx.x; i < H; i += blockDim.x) x[size_t(blockIdx.x) * H + i] = to_f<T>(E[tok * H + i]);
 }
@@ -18,6 +20,8 @@ __global__ void embed_rows_kernel(const T* __restrict__ E, int H, const int* __r
 // y[t] = x[t] / rms(x[t]) * (1 + w), zero-centred RMS norm (grid: T blocks).
 __global__ void norm_rows_kernel(const float* __restrict__ x, const float* __restrict__ w, int H, float eps,
                                  float* __restrict__ y) {
+  pdl_wait();  // under PDL (a batched decode step): the kernel before has finished
+  pdl_trigger();
   const float* xr = x + size_t(blockIdx.x) * H;
   float ss = 0.f;
   for (int i = threadIdx.x; i < H; i += blockDim.x) ss += xr[i] * xr[i];
@@ -186,6 +190,8 @@ __global__ void gated_norm_rows_kernel(DeltaRowsArgs a) {
 // counters see every choice, as in decode.
 __global__ void topk_rows_kernel(const float* __restrict__ logits, int lstride, int E, int k, int norm_topk,
                                  int has_shared, int* ids, float* w, TierCount tc) {
+  pdl_wait();  // under PDL (a batched decode step): the kernel before has finished
+  pdl_trigger();
   const int t = blockIdx.x;
   topk_warp(logits + size_t(t) * lstride, E, k, norm_topk, has_shared, ids + size_t(t) * k, w + size_t(t) * (k + 1),
             tc, ExpertSel{nullptr, nullptr, nullptr});
@@ -198,6 +204,8 @@ __global__ void topk_rows_kernel(const float* __restrict__ logits, int lstride, 
 __global__ void __launch_bounds__(512) route_lists_kernel(const int* __restrict__ ids, int T, int k, int E, int BM,
                                                           int* tok, int* dest, int* tiles, int* ntiles) {
   __shared__ int cnt[512], cur[512], sc[2][512], st[2][512];
+  pdl_wait();  // under PDL (a batched decode step): the kernel before has finished
+  pdl_trigger();
   const int e = threadIdx.x;
   cnt[e] = 0;
   __syncthreads();
@@ -237,6 +245,8 @@ __global__ void __launch_bounds__(512) route_lists_kernel(const int* __restrict_
 // outputs (and the shared expert's), in slot order (grid: T blocks).
 __global__ void moe_combine_kernel(float* __restrict__ x, int H, const float* __restrict__ y,
                                    const float* __restrict__ ysh, const float* __restrict__ w, int k) {
+  pdl_wait();  // under PDL (a batched decode step): the kernel before has finished
+  pdl_trigger();
   const int t = blockIdx.x;
   const float* wt = w + size_t(t) * (k + 1);
   for (int i = threadIdx.x; i < H; i += blockDim.x) {
@@ -252,6 +262,8 @@ __global__ void moe_combine_kernel(float* __restrict__ x, int H, const float* __
 __global__ void moe_combine_norm_kernel(float* __restrict__ x, int H, const float* __restrict__ y,
                                         const float* __restrict__ ysh, const float* __restrict__ w, int k,
                                         const float* __restrict__ nw, float eps, float* __restrict__ xn) {
+  pdl_wait();  // under PDL (a batched decode step): the kernel before has finished
+  pdl_trigger();
   const int t = blockIdx.x;
   const float* wt = w + size_t(t) * (k + 1);
   float* xr = x + size_t(t) * H;
