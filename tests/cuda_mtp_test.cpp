@@ -35,6 +35,11 @@ KvConfig fp8_head() {
   c.fp8_scale = Fp8ScaleMode::Head;
   return c;
 }
+KvConfig half_kv(KvDType t) {
+  KvConfig c;
+  c.dtype = t;
+  return c;
+}
 KvConfig window(int64_t w) {
   KvConfig c;
   c.window = w;
@@ -156,6 +161,73 @@ TEST(CudaMtp, GreedyWithMtpEqualsPlainDecoding) {
       std::printf("[cuda-mtp] %-10s N=%d %s\n", kv.describe().c_str(), draft, st.describe().c_str());
     }
   }
+}
+
+// The verify pass (a drafting state fed 2..8 tokens over a full cache: the
+// batched decode step with rows of one sequence, verify.cu) against the
+// batched prefill of a plain state and against the CPU, for every full-cache
+// KV format; each row's argmax on the device (feed_argmax_rows) against the
+// rows' logits; then take_back to every row against a state fed only the
+// kept tokens one at a time (the decode step): the same logits after one
+// more token and the same drafts. A windowed cache keeps the prefill path,
+// which has nothing to take back.
+TEST(CudaMtp, VerifyPassMatchesThePrefillAndTakesBackToAnyRow) {
+  REQUIRE_GPU();
+  auto model = QwenModel::load(coder_mini() + "/model");
+  auto cuda = CudaModel::upload(*model);
+  const Backend& b = gpu_view(*model, *cuda);
+  const int64_t V = model->config().vocab_size;
+  ThreadPool pool(2);
+  const std::vector<int32_t> text = code_prompt(90);
+  const std::vector<int32_t> ctx(text.begin(), text.begin() + 60), rows(text.begin() + 60, text.begin() + 65);
+  const int64_t p0 = int64_t(ctx.size()), n = int64_t(rows.size());
+  const int32_t more = text[70];
+  const std::vector<int32_t> steps = {text[71], text[72]};
+  for (const KvConfig& kv : {KvConfig{}, half_kv(KvDType::BF16), half_kv(KvDType::F16), fp8_head()}) {
+    Session ref(b, kv, pool), cpu(cpu_of(*model), kv, pool), s(b, kv, pool, true);
+    ref.feed(ctx);
+    cpu.feed(ctx);
+    s.feed(ctx);
+    EXPECT_TRUE(s.state().keeps_rows(n)) << kv.describe();
+    EXPECT_FALSE(ref.state().keeps_rows(n)) << "not a drafting state";
+    EXPECT_FALSE(s.state().keeps_rows(9)) << "more than 8 tokens";
+    const std::vector<float> want = ref.feed_all(rows), wcpu = cpu.feed_all(rows), got = s.feed_all(rows);
+    const float d = max_abs_diff(got.data(), want.data(), got.size()), dc = max_abs_diff(got.data(), wcpu.data(), got.size());
+    std::printf("[cuda-mtp] %-10s verify pass of %lld rows: max |d| vs the prefill %.3g (KL %.3g), vs the cpu %.3g (KL %.3g)\n",
+                kv.describe().c_str(), (long long)n, d, mean_kl(want, got, V), dc, mean_kl(wcpu, got, V));
+    EXPECT_LE(d, 2e-3f) << kv.describe();
+    EXPECT_LE(mean_kl(want, got, V), 1e-6) << kv.describe();
+    EXPECT_LE(mean_kl(wcpu, got, V), 1e-4) << kv.describe();
+    EXPECT_FALSE(s.take_back(p0)) << "before the pass";
+    Session a(b, kv, pool, true);
+    a.feed(ctx);
+    const std::vector<int32_t> best = a.feed_argmax_rows(rows);
+    for (int64_t t = 0; t < n; ++t) EXPECT_EQ(best[size_t(t)], argmax(got.data() + t * V, V)) << "row " << t;
+    for (int64_t k = 0; k < n; ++k) {
+      Session v(b, kv, pool, true), w(b, kv, pool, true);
+      v.feed(ctx);
+      w.feed(ctx);
+      v.feed_all(rows);
+      ASSERT_TRUE(v.take_back(p0 + k + 1)) << kv.describe() << " row " << k;
+      EXPECT_EQ(v.position(), p0 + k + 1);
+      for (int64_t t = 0; t <= k; ++t) w.feed({rows[size_t(t)]});
+      EXPECT_EQ(v.tokens(), w.tokens());
+      const std::vector<float> lv = v.feed({more}), lw = w.feed({more});
+      const float dl = max_abs_diff(lv.data(), lw.data(), size_t(V));
+      const std::vector<float> hv = draft_logits(v, text[73], steps), hw = draft_logits(w, text[73], steps);
+      const float dh = max_abs_diff(hv.data(), hw.data(), hv.size());
+      EXPECT_LE(dl, 2e-3f) << kv.describe() << " taken back to row " << k;
+      EXPECT_LE(dh, 2e-3f) << kv.describe() << " head after taking back to row " << k;
+      if (k == 0 || k == n - 1)
+        std::printf("[cuda-mtp] %-10s taken back to row %lld: next logits max |d| %.3g, drafts %.3g\n",
+                    kv.describe().c_str(), (long long)k, dl, dh);
+    }
+  }
+  Session wdw(b, window(32), pool, true);
+  wdw.feed(ctx);
+  EXPECT_FALSE(wdw.state().keeps_rows(n));
+  wdw.feed_all(rows);
+  EXPECT_FALSE(wdw.take_back(p0 + 1)) << "a windowed cache verifies through the prefill";
 }
 
 // A drafting state's snapshot carries the head: restored, it drafts and

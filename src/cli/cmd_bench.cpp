@@ -81,9 +81,12 @@ void print_tg(int tg, int depth, const Stat& st) {
 void run_batch_tg(const ModelOptions& opt, const Backend& b, int tg, int depth, int reps, int batch);
 
 // bench --mtp: the tg test decoded with speculative decoding, beside plain decoding.
+// Every draft length with every acceptance is one speculative run per
+// repetition, beside the same plain run.
 struct MtpBench {
-  int draft = 0;       // tokens drafted per pass (0: no --mtp)
-  double accept = -1;  // --mtp-accept: forced acceptance per drafted token (-1: the model decides)
+  std::vector<int> drafts;     // tokens drafted per pass (empty: no --mtp)
+  std::vector<double> accept;  // --mtp-accept: forced acceptance per drafted token (empty: the model decides)
+  bool refeed = false;         // --mtp-refeed: each run also with the roll-back by restore + re-feed
 };
 void run_mtp_tg(const ModelOptions& opt, const Backend& b, int tg, int depth, int reps, const MtpBench& mtp);
 
@@ -123,7 +126,7 @@ void run_bench(const ModelOptions& opt, const Backend& b, const std::string& wha
   }
   if (tg > 0 && batch > 1) {
     run_batch_tg(opt, b, tg, depth, reps, batch);
-  } else if (tg > 0 && mtp.draft > 0) {
+  } else if (tg > 0 && !mtp.drafts.empty()) {
     run_mtp_tg(opt, b, tg, depth, reps, mtp);
   } else if (tg > 0) {
     // Without --host-copies / --fp8-decode one run as the model was built;
@@ -212,21 +215,34 @@ void run_bench(const ModelOptions& opt, const Backend& b, const std::string& wha
 
 // `bench --mtp`: per repetition, plain greedy decoding (Backend::greedy, as
 // the tg test) and then speculative decoding (greedy_speculative on a
-// drafting state) of tg tokens each from the same first token and context;
-// the ratio is taken per repetition (side by side), the first repetition
-// warms up. Both time the feed of the first token and tg - 1 more.
+// drafting state) of tg tokens each from the same first token and context,
+// once per draft length and forced acceptance; the ratios are taken per
+// repetition (side by side), the first repetition warms up. Both time the
+// feed of the first token and tg - 1 more.
 void run_mtp_tg(const ModelOptions& opt, const Backend& b, int tg, int depth, int reps, const MtpBench& mtp) {
   ThreadPool pool(opt.threads);
   const ModelConfig& c = b.config();
   std::mt19937 rng(4321);
   std::uniform_int_distribution<int32_t> tok(0, int32_t(c.vocab_size - 1));
-  std::vector<double> plain, spec, ratio;
-  SpecStats total;
+  struct Run {
+    int draft;
+    double accept;  // < 0: the model decides
+    bool take_back;
+    std::vector<double> rate, ratio;
+    SpecStats total;
+  };
+  std::vector<Run> runs;
+  const std::vector<double> accepts = mtp.accept.empty() ? std::vector<double>{-1} : mtp.accept;
+  for (int n : mtp.drafts)
+    for (double a : accepts)
+      for (bool tb : {true, false})
+        if (tb || mtp.refeed) runs.push_back({n, a, tb, {}, {}, {}});
+  std::vector<double> plain;
   std::vector<int32_t> out(static_cast<size_t>(tg)), ctx(static_cast<size_t>(depth));
   for (int r = 0; r < reps + 1; ++r) {
     for (auto& i : ctx) i = tok(rng);
     const int32_t first = tok(rng);
-    double p = 0, q = 0;
+    double p = 0;
     {
       auto st = b.new_state(opt.kv);
       if (depth > 0) b.forward(*st, ctx.data(), depth, LogitsMode::None, nullptr, pool);
@@ -234,31 +250,36 @@ void run_mtp_tg(const ModelOptions& opt, const Backend& b, int tg, int depth, in
       b.greedy(*st, first, tg, out.data(), pool);
       p = double(tg) / seconds_since(t);
     }
-    {
+    if (r > 0) plain.push_back(p);
+    for (Run& run : runs) {
       Session s(b, opt.kv, pool, /*drafting=*/true);
       s.set_record_tokens(false);
       if (depth > 0) s.feed(ctx);
       SpecStats st;
       auto t = Clock::now();
       const std::vector<float>& l = s.feed({first});
-      greedy_speculative(s, l, tg, mtp.draft, &st, mtp.accept, uint64_t(r) + 1);
-      q = double(tg) / seconds_since(t);
-      if (r > 0) total.add(st);
+      greedy_speculative(s, l, tg, run.draft, &st, run.accept, uint64_t(r) + 1, run.take_back);
+      const double q = double(tg) / seconds_since(t);
+      if (r == 0) continue;
+      run.total.add(st);
+      run.rate.push_back(q);
+      run.ratio.push_back(q / p);
     }
-    if (r == 0) continue;
-    plain.push_back(p);
-    spec.push_back(q);
-    ratio.push_back(q / p);
   }
-  char label[96];
-  std::snprintf(label, sizeof label, "--mtp N=%d%s", mtp.draft, mtp.accept >= 0 ? ", forced acceptance" : "");
-  const Stat a = stats(plain), m = stats(spec), x = stats(ratio);
+  const Stat a = stats(plain);
   const std::string at = depth > 0 ? " @ d" + std::to_string(depth) : "";
   std::printf("| tg%d%s plain | %9.1f ± %-8.1f |\n", tg, at.c_str(), a.mean, a.sd);
-  std::printf("| tg%d%s %s | %9.1f ± %-8.1f |\n", tg, at.c_str(), label, m.mean, m.sd);
-  if (mtp.accept >= 0) std::printf("forced acceptance %.2f per drafted token\n", mtp.accept);
-  std::printf("%s\nspeculative / plain: %.3fx ± %.3f (per repetition, side by side)\n", total.describe().c_str(), x.mean,
-              x.sd);
+  for (const Run& run : runs) {
+    char label[128];
+    const char* how = run.take_back ? "" : ", re-fed";
+    if (run.accept >= 0)
+      std::snprintf(label, sizeof label, "--mtp N=%d, forced acceptance %.2f%s", run.draft, run.accept, how);
+    else std::snprintf(label, sizeof label, "--mtp N=%d%s", run.draft, how);
+    const Stat m = stats(run.rate), x = stats(run.ratio);
+    std::printf("| tg%d%s %s | %9.1f ± %-8.1f |\n", tg, at.c_str(), label, m.mean, m.sd);
+    std::printf("%s\n%s: speculative / plain %.3fx ± %.3f (per repetition, side by side)\n",
+                run.total.describe().c_str(), label, x.mean, x.sd);
+  }
 }
 
 // `bench --batch B`: B independent sequences decoding together, one
@@ -366,7 +387,9 @@ Registrar reg_bench(40, [](CLI::App& app) {
   auto fp8_decode = std::make_shared<std::vector<std::string>>();
   auto mtp = std::make_shared<bool>(false);
   auto draft = std::make_shared<std::optional<int>>();
-  auto accept = std::make_shared<double>(-1);
+  auto accept = std::make_shared<std::vector<double>>();
+  auto drafts = std::make_shared<std::vector<int>>();
+  auto refeed = std::make_shared<bool>(false);
   add_model_options(cmd, opt.get(), /*require_model=*/false);
   cmd->add_option("-p,--n-prompt", *pp, "Prompt tokens for the pp test (0: skip)")->check(integer_between(0, 1000000));
   cmd->add_option("-n,--n-gen", *tg, "Generated tokens for the tg test (0: skip)")->check(integer_between(0, 1000000));
@@ -421,9 +444,20 @@ Registrar reg_bench(40, [](CLI::App& app) {
                               "With --mtp: the verifier keeps each drafted token with this probability (0 to 1) "
                               "instead of comparing it with the model's choice, so the tg test runs at that "
                               "acceptance (for --synthetic, whose random head agrees with nothing); the tokens are "
-                              "then not the model's")
+                              "then not the model's. Several (comma-separated): one run each, side by side")
+                  ->delimiter(',')
                   ->check(between(0.0, 1.0))
                   ->group("Speculative decoding");
+  auto* drs = cmd->add_option("--spec-drafts", *drafts,
+                              "With --mtp: several draft lengths (comma-separated) instead of --spec-draft, one run "
+                              "each, side by side on the same model")
+                  ->delimiter(',')
+                  ->check(integer_between(1, 16))
+                  ->group("Speculative decoding");
+  auto* rf = cmd->add_flag("--mtp-refeed", *refeed,
+                           "With --mtp: each run also rolled back the other way (restore the state from before the "
+                           "verify pass, feed the kept tokens again), side by side with taking back the kept rows")
+                 ->group("Speculative decoding");
   cmd->add_flag("--no-graph", *no_graph, "On the GPU: plain kernel launches instead of a CUDA graph");
   cmd->add_option("--gguf-dense", opt->device.gpu.gguf_dense,
                   "On the GPU: dense GGUF matrices repacked (0, the default), repacked with the matvec cut for 3 "
@@ -433,12 +467,17 @@ Registrar reg_bench(40, [](CLI::App& app) {
       ->check(integer_between(0, 2147483647));
   // Every option's storage is captured: the callback runs after this function returned.
   cmd->callback([opt, pp, tg, depth, reps, synthetic, layers, no_graph, profile, experts, group, bandwidth, batch, ex, gr,
-                 bw, ly, weights, wt, host_copies, fp8_decode, mtp, draft, accept, acc] {
+                 bw, ly, weights, wt, host_copies, fp8_decode, mtp, draft, accept, acc, drafts, drs, refeed, rf] {
     finalize_model_options(opt.get());
     MtpBench mb;
-    mb.draft = spec_draft_from_flags(*mtp, *draft);
+    const int one = spec_draft_from_flags(*mtp, *draft);
     if (acc->count() && !*mtp) fail("--mtp-accept needs --mtp");
+    if (drs->count() && !*mtp) fail("--spec-drafts needs --mtp");
+    if (drs->count() && draft->has_value()) fail("bench: give --spec-draft or --spec-drafts, not both");
+    if (*mtp) mb.drafts = drs->count() ? *drafts : std::vector<int>{one};
     mb.accept = *accept;
+    if (rf->count() && !*mtp) fail("--mtp-refeed needs --mtp");
+    mb.refeed = *refeed;
     if (*mtp && *batch > 1) fail("bench: --mtp and --batch are separate tests; give one of them");
     if (bw->count()) {
       if (!opt->model_dir.empty() || !synthetic->empty())

@@ -63,6 +63,12 @@ std::vector<int32_t> Session::greedy(int64_t n) {
 SessionSnapshot Session::snapshot() const { return {tokens_, state_->snapshot()}; }
 SessionSnapshot Session::rollback_point() { return {tokens_, state_->rollback_point()}; }
 
+bool Session::take_back(int64_t position) {
+  if (!state_->take_back(position)) return false;
+  if (record_tokens_) tokens_.resize(size_t(position));
+  return true;
+}
+
 void Session::restore(const SessionSnapshot& snap) {
   if (record_tokens_ && snap.state->position() != int64_t(snap.tokens.size()))
     fail("session snapshot: position and token count disagree");
@@ -109,6 +115,26 @@ int32_t Session::feed_argmax(const std::vector<int32_t>& ids) {
   int32_t best = 0;
   run_forward(ids, LogitsMode::Last, nullptr, &best);
   if (record_tokens_) tokens_.insert(tokens_.end(), ids.begin(), ids.end());
+  return best;
+}
+
+std::vector<int32_t> Session::feed_argmax_rows(const std::vector<int32_t>& ids) {
+  if (ids.empty()) fail("nothing to feed: the token list is empty");
+  std::vector<int32_t> best(ids.size());
+  if (scheduler_) {  // the shared steps take logits
+    const std::vector<float> rows = feed_all(ids);
+    const int64_t V = backend_.config().vocab_size;
+    for (size_t t = 0; t < ids.size(); ++t) best[t] = argmax(rows.data() + t * size_t(V), V);
+  } else {
+    try {
+      backend_.forward_argmax_rows(*state_, ids.data(), int64_t(ids.size()), best.data(), *pool_);
+    } catch (...) {
+      reset();  // as run_forward
+      throw;
+    }
+    if (record_tokens_) tokens_.insert(tokens_.end(), ids.begin(), ids.end());
+  }
+  logits_.clear();
   return best;
 }
 

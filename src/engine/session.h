@@ -44,6 +44,9 @@ class Session {
   // (BatchItem::argmax): greedy decoding's feed. The logits are not kept
   // (greedy() then needs a feed() first).
   int32_t feed_argmax(const std::vector<int32_t>& ids);
+  // Feeds tokens and returns the argmax after every one of them (a greedy
+  // verify pass: Backend::forward_argmax_rows). The logits are not kept.
+  std::vector<int32_t> feed_argmax_rows(const std::vector<int32_t>& ids);
 
   // Greedy continuation: the argmax after the tokens fed so far, then n-1
   // more, each fed in turn (the last one is not fed). On a GPU without host
@@ -51,8 +54,8 @@ class Session {
   std::vector<int32_t> greedy(int64_t n);
 
   // A drafting session: n tokens the MTP head proposes after `next` (the
-  // token chosen from the last logits, not fed), each chosen by `pick`.
-  // Changes nothing.
+  // token chosen from the last logits, not fed), each chosen by `pick`
+  // (empty: the argmax, on a GPU picked on the device). Changes nothing.
   std::vector<int32_t> draft(int32_t next, int64_t n, const DraftPicker& pick);
   bool drafting() const { return drafting_; }
 
@@ -79,6 +82,9 @@ class Session {
   // A restore point for this session only (State::rollback_point: on a GPU
   // kept on the device), given to restore(); valid until the next one.
   SessionSnapshot rollback_point();
+  // The tokens fed after `position` taken back without a restore point,
+  // where the state kept what that needs (State::take_back): true.
+  bool take_back(int64_t position);
 
  private:
   void run_forward(const std::vector<int32_t>& ids, LogitsMode mode, float* out, int32_t* argmax = nullptr);

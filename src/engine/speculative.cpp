@@ -76,8 +76,33 @@ Speculator::Speculator(Session& session, Sampler& sampler, SpecStats* stats)
   if (!session.drafting()) fail("speculative decoding needs a drafting session (--mtp)");
 }
 
+bool Speculator::forced_keep() { return std::uniform_real_distribution<double>(0.0, 1.0)(forced_rng_) < forced_; }
+
+// Under plain greedy sampling p and q are one-hot: a draft is kept when it
+// is the verify pass's argmax, and at the first one not kept (or after the
+// last) the argmax is the token (the residual of one-hot p and q is p).
+Speculator::Round Speculator::greedy_round(int32_t next, int64_t n) {
+  const std::vector<int32_t> drafts = s_.draft(next, n, {});
+  mark(n + 1);
+  std::vector<int32_t> fed{next};
+  fed.insert(fed.end(), drafts.begin(), drafts.end());
+  const std::vector<int32_t> best = s_.feed_argmax_rows(fed);
+  Round r;
+  int64_t k = 0;
+  for (; k < n; ++k) {
+    const int32_t d = drafts[size_t(k)];
+    if (!(forced_ >= 0 ? forced_keep() : d == best[size_t(k)])) break;
+    r.tokens.push_back(d);
+  }
+  r.tokens.push_back(best[size_t(k)]);
+  r.accepted = k;
+  finish(fed, k, n);
+  return r;
+}
+
 Speculator::Round Speculator::round(int32_t next, int64_t n) {
   if (n < 1) fail("speculative round: nothing to draft");
+  if (!logits_wanted_ && !override_ && sampler_.params().is_plain_greedy()) return greedy_round(next, n);
   const bool hist = sampler_.params().uses_history();
   const int64_t V = s_.backend().config().vocab_size;
   // The history the penalties read at each position: what the session
@@ -102,7 +127,7 @@ Speculator::Round Speculator::round(int32_t next, int64_t n) {
   });
   history.resize(base);
 
-  before_ = s_.rollback_point();
+  mark(n + 1);
   std::vector<int32_t> fed{next};
   fed.insert(fed.end(), drafts.begin(), drafts.end());
   std::vector<float> logits = s_.feed_all(fed);
@@ -117,8 +142,7 @@ Speculator::Round Speculator::round(int32_t next, int64_t n) {
     const Dist p = target(k);
     const int32_t d = drafts[size_t(k)];
     const float pd = prob_of(p, d), qd = prob_of(q[size_t(k)], d);
-    const bool keep = forced_ >= 0 ? std::uniform_real_distribution<double>(0.0, 1.0)(forced_rng_) < forced_
-                                   : pd >= qd || (pd > 0 && sampler_.uniform() < double(pd) / double(qd));
+    const bool keep = forced_ >= 0 ? forced_keep() : pd >= qd || (pd > 0 && sampler_.uniform() < double(pd) / double(qd));
     if (!keep) {
       r.tokens.push_back(sampler_.draw(residual(p, q[size_t(k)])));
       break;
@@ -129,7 +153,17 @@ Speculator::Round Speculator::round(int32_t next, int64_t n) {
   r.accepted = k;
   if (k == n) r.tokens.push_back(sampler_.draw(target(n)));
   r.logits.assign(logits.begin(), logits.begin() + (k + 1) * V);
+  finish(fed, k, n);
+  return r;
+}
 
+void Speculator::mark(int64_t n) {
+  before_pos_ = s_.position();
+  const bool rows = take_back_ && s_.state().keeps_rows(n);
+  before_ = rows ? SessionSnapshot{} : s_.rollback_point();
+}
+
+void Speculator::finish(const std::vector<int32_t>& fed, int64_t k, int64_t n) {
   verified_.assign(fed.begin(), fed.begin() + k + 1);
   if (k < n) keep(k);
   if (stats_) {
@@ -142,7 +176,6 @@ Speculator::Round Speculator::round(int32_t next, int64_t n) {
     for (int64_t i = 0; i < n; ++i) stats_->drafted_at[size_t(i)]++;
     for (int64_t i = 0; i < k; ++i) stats_->accepted_at[size_t(i)]++;
   }
-  return r;
 }
 
 void Speculator::set_forced_acceptance(double rate, uint64_t seed) {
@@ -153,27 +186,32 @@ void Speculator::set_forced_acceptance(double rate, uint64_t seed) {
 
 void Speculator::keep(int64_t k) {
   if (k < 0 || size_t(k) + 1 > verified_.size()) fail("speculative round: cannot keep more than was verified");
-  if (s_.position() == before_.state->position() + int64_t(k) + 1) return;
-  // The GatedDeltaNet and conv states cannot step back: restore the state
-  // from before the verify pass and feed what is kept again.
+  const int64_t kept = before_pos_ + int64_t(k) + 1;
+  if (s_.position() == kept || (take_back_ && s_.take_back(kept))) return;
+  if (!before_.state) fail("speculative round: the state could not take back its verify pass");
+  // The GatedDeltaNet and conv states cannot step back (unless the verify
+  // pass kept them, as on a GPU): restore the state from before the verify
+  // pass and feed what is kept again.
   s_.restore(before_);
   s_.feed(std::vector<int32_t>(verified_.begin(), verified_.begin() + k + 1));
 }
 
 std::vector<int32_t> greedy_speculative(Session& s, const std::vector<float>& last_logits, int64_t n, int draft,
-                                        SpecStats* stats, double forced_accept, uint64_t seed) {
+                                        SpecStats* stats, double forced_accept, uint64_t seed, bool take_back) {
   SamplingParams greedy;
   greedy.temperature = 0;
   Sampler sampler(greedy);
-  return sample_speculative(s, sampler, last_logits, n, draft, stats, {}, forced_accept, seed);
+  return sample_speculative(s, sampler, last_logits, n, draft, stats, {}, forced_accept, seed, take_back);
 }
 
 std::vector<int32_t> sample_speculative(Session& s, Sampler& sampler, const std::vector<float>& last_logits,
                                         int64_t n, int draft, SpecStats* stats, Speculator::DraftOverride override,
-                                        double forced_accept, uint64_t seed) {
+                                        double forced_accept, uint64_t seed, bool take_back) {
   std::vector<int32_t> out;
   if (n <= 0) return out;
   Speculator spec(s, sampler, stats);
+  spec.set_logits_wanted(false);  // only the tokens leave here
+  spec.set_take_back(take_back);
   spec.set_draft_override(std::move(override));
   if (forced_accept >= 0) spec.set_forced_acceptance(forced_accept, seed);
   const bool hist = sampler.params().uses_history();

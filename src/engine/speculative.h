@@ -61,6 +61,15 @@ class Speculator {
   // verify pass of n + 1 tokens, the roll-back of what was not kept); the
   // tokens are no longer the model's. rate < 0: the rule (the default).
   void set_forced_acceptance(double rate, uint64_t seed);
+  // false: round() leaves Round::logits empty, and under plain greedy
+  // sampling without a draft override the drafts and the verify pass then
+  // pick their argmax on the device (Session::draft with no picker,
+  // feed_argmax_rows): ids cross to the host, not rows of logits.
+  void set_logits_wanted(bool on) { logits_wanted_ = on; }
+  // false: keep() never takes back (State::take_back) but restores the
+  // state from before the verify pass and feeds the kept tokens again
+  // (bench --mtp-refeed: the two roll-backs measured side by side).
+  void set_take_back(bool on) { take_back_ = on; }
   // After round(): the session is rolled back to hold next, c_1..c_k
   // (k <= a; the generation ended at c_k, or k = 0 to take back all).
   void keep(int64_t k);
@@ -69,26 +78,39 @@ class Speculator {
   Session& s_;
   Sampler& sampler_;
   SpecStats* stats_;
-  SessionSnapshot before_;          // the session before the last round's verify pass
+  // The session before the last round's verify pass: its position, and a
+  // restore point where the state cannot take back (State::keeps_rows).
+  int64_t before_pos_ = 0;
+  SessionSnapshot before_;
   std::vector<int32_t> verified_;   // next, c_1..c_a of the last round
   DraftOverride override_;
   double forced_ = -1;
   std::mt19937_64 forced_rng_;
+  bool logits_wanted_ = true;
+  bool take_back_ = true;
+  bool forced_keep();  // the next forced-acceptance draw
+  Round greedy_round(int32_t next, int64_t n);  // set_logits_wanted(false) under plain greedy
+  // Before the verify pass of n tokens: before_pos_, and before_ if needed.
+  void mark(int64_t n);
+  // The round's end: what was verified, the roll-back to it, the stats.
+  void finish(const std::vector<int32_t>& fed, int64_t k, int64_t n);
 };
 
 // Session::greedy with speculation: the argmax after what the session holds
 // (`last_logits`, its logits), then n-1 more, each fed but the last, with up
 // to `draft` drafted tokens per pass; the same tokens as Session::greedy.
 // forced_accept >= 0: Speculator::set_forced_acceptance(forced_accept, seed)
-// (benchmarks: the tokens are then not the greedy ones).
+// (benchmarks: the tokens are then not the greedy ones). take_back: as
+// Speculator::set_take_back.
 std::vector<int32_t> greedy_speculative(Session& s, const std::vector<float>& last_logits, int64_t n, int draft,
-                                        SpecStats* stats = nullptr, double forced_accept = -1, uint64_t seed = 0);
+                                        SpecStats* stats = nullptr, double forced_accept = -1, uint64_t seed = 0,
+                                        bool take_back = true);
 // The same with any sampler: the token drawn from `last_logits`, then n-1
 // more (each fed but the last), in distribution the tokens plain sampling
 // gives. `override`: as Speculator::set_draft_override (tests).
 std::vector<int32_t> sample_speculative(Session& s, Sampler& sampler, const std::vector<float>& last_logits,
                                         int64_t n, int draft, SpecStats* stats = nullptr,
                                         Speculator::DraftOverride override = {}, double forced_accept = -1,
-                                        uint64_t seed = 0);
+                                        uint64_t seed = 0, bool take_back = true);
 
 }  // namespace flashmoe

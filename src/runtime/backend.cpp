@@ -22,6 +22,13 @@ void Backend::draft(State&, int32_t, int64_t, const DraftPicker&, int32_t*, Thre
        ")");
 }
 
+void Backend::forward_argmax_rows(State& st, const int32_t* ids, int64_t n, int32_t* best, ThreadPool& pool) const {
+  const int64_t V = config().vocab_size;
+  std::vector<float> rows(size_t(std::max<int64_t>(n, 0) * V));
+  forward(st, ids, n, LogitsMode::All, rows.data(), pool);
+  for (int64_t t = 0; t < n; ++t) best[t] = argmax(rows.data() + t * V, V);
+}
+
 BatchArgmax::BatchArgmax(const BatchItem* items, int64_t count, int64_t vocab)
     : items_(items, items + std::max<int64_t>(count, 0)), vocab_(vocab) {
   size_t rows = 0;

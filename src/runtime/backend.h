@@ -48,6 +48,15 @@ class State {
   // until its next rollback_point(). The default is a snapshot(); a backend
   // may keep it on its device and copy only what later tokens overwrite.
   virtual std::unique_ptr<StateSnapshot> rollback_point() { return snapshot(); }
+  // Takes back the tokens fed after `position` when the last forward pass
+  // kept what that needs (a GPU's verify pass keeps the recurrent states
+  // after each of its tokens) and `position` lies within that pass: true.
+  // Otherwise false and nothing changes (restore a rollback_point() and
+  // feed again). The default keeps nothing.
+  virtual bool take_back(int64_t /*position*/) { return false; }
+  // Whether feeding n tokens now keeps what take_back needs to return to
+  // any of them (then no rollback_point() is needed before).
+  virtual bool keeps_rows(int64_t /*n*/) { return false; }
   // The positions the KV cache of attention layer `layer` (0-based among the
   // attention layers) holds, ascending (tests of the retention policies).
   virtual std::vector<int64_t> kv_positions(int layer) const = 0;
@@ -99,7 +108,9 @@ class BatchArgmax {
   int64_t vocab_;
 };
 
-// Picks draft token `step` (0-based) from the MTP head's logits [vocab].
+// Picks draft token `step` (0-based) from the MTP head's logits [vocab]; an
+// empty one (Backend::draft) picks the argmax (ties: the lower id), on a
+// GPU on the device (greedy drafting: no logits copied to the host).
 using DraftPicker = std::function<int32_t(const float* logits, int64_t step)>;
 
 class Backend {
@@ -141,6 +152,10 @@ class Backend {
   // Greedy decoding: feeds `first`, then each argmax in turn, n steps; out
   // receives the n argmax ids (on a GPU without a host round trip per token).
   virtual void greedy(State& st, int32_t first, int64_t n, int32_t* out, ThreadPool& pool) const = 0;
+  // forward() of n tokens wanting only the argmax of each token's logits
+  // (best[n]; ties: the lower id): a greedy verify pass, which a GPU answers
+  // with n ids instead of n rows of logits. The default takes the rows.
+  virtual void forward_argmax_rows(State& st, const int32_t* ids, int64_t n, int32_t* best, ThreadPool& pool) const;
 
   // Self-speculative decoding with the model's multi-token-prediction head
   // (engine/speculative.h). A drafting state is a state (forward, snapshot,

@@ -114,7 +114,9 @@ std::unique_ptr<State> CpuBackend::new_drafting_state(const KvConfig& kv) const 
 
 void CpuBackend::draft(State& st, int32_t next, int64_t n, const DraftPicker& pick, int32_t* drafted,
                        ThreadPool& pool) const {
-  cpu::mtp_draft(*model_, cpu_state(st).state, next, n, pick, drafted, pool);
+  const int64_t V = config().vocab_size;
+  const DraftPicker best = [V](const float* logits, int64_t) { return int32_t(argmax(logits, V)); };
+  cpu::mtp_draft(*model_, cpu_state(st).state, next, n, pick ? pick : best, drafted, pool);
 }
 
 void CpuBackend::forward(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits,

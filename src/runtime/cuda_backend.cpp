@@ -89,6 +89,14 @@ class CudaBackendState final : public State {
     st.reset();  // before the new one: the device need not hold both
     st = b_.device().load_state(s->image);
   }
+  bool keeps_rows(int64_t n) override {
+    CallGuard g(b_.call_lock());
+    return b_.device().keeps_rows(*st, n);
+  }
+  bool take_back(int64_t position) override {
+    CallGuard g(b_.call_lock());
+    return b_.device().take_back(*st, position);
+  }
   std::vector<int64_t> kv_positions(int layer) const override {
     CallGuard g(b_.call_lock());
     return b_.device().kv_positions(*st, layer);
@@ -160,6 +168,12 @@ void CudaBackend::greedy(State& st, int32_t first, int64_t n, int32_t* out, Thre
   CudaBackendState& s = device_state(st);
   CallGuard g(lock_);
   device_->decode_greedy(*s.st, first, n, out);
+}
+
+void CudaBackend::forward_argmax_rows(State& st, const int32_t* ids, int64_t n, int32_t* best, ThreadPool&) const {
+  CudaBackendState& s = device_state(st);
+  CallGuard g(lock_);
+  device_->forward_argmax_rows(*s.st, ids, n, best);
 }
 
 int64_t CudaBackend::weight_bytes_total() const { return device_->weight_bytes_total(); }

@@ -30,6 +30,8 @@ class CudaBackend final : public Backend {
   // The decode tokens of several sequences in one batched step (CudaModel::forward_batch).
   void forward_batch(const BatchItem* items, int64_t count, ThreadPool& pool) const override;
   void greedy(State& st, int32_t first, int64_t n, int32_t* out, ThreadPool& pool) const override;
+  // A drafting state's verify pass picks each row's argmax on the device (CudaModel::forward_argmax_rows).
+  void forward_argmax_rows(State& st, const int32_t* ids, int64_t n, int32_t* best, ThreadPool& pool) const override;
   int64_t weight_bytes_total() const override;
   int64_t weight_bytes_per_token() const override;
   std::string expert_stats(int64_t tokens = 0) const override;

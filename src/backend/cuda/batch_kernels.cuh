@@ -33,6 +33,64 @@ __global__ void __launch_bounds__(CPB * PARTS) delta_cluster_batch_kernel(const 
   delta_cluster_body<DK, CPB, PARTS>(a);
 }
 
+// A verify pass (step_batch over consecutive tokens of one sequence): the
+// rows' conv1d + SiLU in order, a thread per channel, the arithmetic of
+// conv_body; the window after row t goes to states[t] (the one before row
+// 0 is read from states[n - 1], the sequence's state, which the last row
+// leaves), so CudaModel::take_back finds the state after any row.
+static __global__ void conv_verify_kernel(const float* __restrict__ u, int ustride, int C, int K,
+                                          const float* __restrict__ taps, float* const* states, float* __restrict__ out,
+                                          int n) {
+  constexpr int kMaxK = 8;  // Prefill::unsupported: conv kernels of 1..8
+  const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+  if (ch >= C) return;
+  const size_t at = size_t(ch) * (K - 1);
+  float tp[kMaxK], st[kMaxK];
+#pragma unroll
+  for (int j = 0; j < kMaxK; ++j) {
+    tp[j] = j < K ? taps[size_t(ch) * K + j] : 0.f;
+    st[j] = j < K - 1 ? states[n - 1][at + j] : 0.f;
+  }
+  for (int t = 0; t < n; ++t) {
+    const float v = u[size_t(t) * ustride + ch];
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j)
+      if (j == K - 1) acc = tp[j] * v;
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j)
+      if (j < K - 1) acc += tp[j] * st[j];
+#pragma unroll
+    for (int j = 0; j + 1 < kMaxK; ++j)
+      if (j + 1 < K - 1) st[j] = st[j + 1];
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j)
+      if (j == K - 2) st[j] = v;
+    float* sp = states[t] + at;
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j)
+      if (j < K - 1) sp[j] = st[j];
+    out[size_t(t) * C + ch] = siluf_(acc);
+  }
+}
+
+// The same for the delta rule: as[t] holds row t's inputs, output and
+// where the state after it goes (as[n - 1].S: the sequence's state, read
+// before row 0); each thread's state rows stay in registers from row to row.
+template <int DK, int CPB, int PARTS>
+__global__ void __launch_bounds__(CPB * PARTS) delta_cluster_verify_kernel(const DeltaArgs* as, int n) {
+  const DeltaArgs& last = as[n - 1];
+  const DeltaClusterPlace<DK, CPB, PARTS> p(last.dv);
+  float s[DK / PARTS];
+#pragma unroll
+  for (int i = 0; i < DK / PARTS; ++i) s[i] = last.S[p.offset + size_t(i) * last.dv];
+  const float nwj = last.norm_w[p.j], dtb = last.dt_bias[p.h], nea = last.neg_exp_A[p.h];
+  for (int t = 0; t < n; ++t) {
+    const DeltaArgs a = as[t];
+    delta_cluster_token<DK, CPB, PARTS>(a, p, s, a.S + p.offset, nwj, dtb, nea);
+  }
+}
+
 static __global__ void attn_prep_batch_kernel(const AttnPrepArgs* as) { attn_prep_body(as[blockIdx.y], 0); }
 
 template <int KVT>
@@ -59,6 +117,9 @@ static __global__ void argmax_rows_kernel(const float* __restrict__ logits, int 
   const int bi = block_argmax(logits + size_t(blockIdx.x) * V, V);
   if (threadIdx.x == 0) out[blockIdx.x] = bi;
 }
+
+// A verify pass: the sequence's position (*pos) after its rows (rows: their positions).
+static __global__ void verify_position_kernel(int* const* pos, const int* rows, int n) { **pos = rows[n - 1] + 1; }
 
 // Every sequence's position one further (the decode step's advance_kernel).
 static __global__ void advance_positions_kernel(int* const* pos, int n) {

@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/prefill.cuh"
+#include "core/error.h"
 
 namespace flashmoe::cuda {
 
@@ -77,7 +78,7 @@ void Prefill::drop_batch_graphs() {
   batch_graphs_.clear();
 }
 
-void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
+void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids, const VerifyRows* verify) {
   const ModelConfig& c = *m_.c;
   cudaStream_t st = m_.stream;
   const int H = int(c.hidden_size);
@@ -86,14 +87,20 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
   const int nh = int(c.num_heads), nkv = int(c.num_kv_heads), hd = int(c.head_dim);
   int nlin = 0, nattn = 0;
   for (const LayerPlan& l : m_.plan->layers) ++(l.mixer == MixerKind::GatedAttention ? nattn : nlin);
+  // A verify pass: every row is a token of seqs[0].
+  auto seq = [&](int b) -> const PrefillState& { return seqs[verify ? 0 : b]; };
+  const bool cluster = dv % 32 == 0 && dv / 32 <= 8 && (dk == 128 || dk == 64 || dk == 32);
+  if (verify && (!cluster || (!seqs[0].kvl->empty() && ((*seqs[0].kvl)[0].acc || (*seqs[0].kvl)[0].window))))
+    fail("batched step: a verify pass of this model or KV cache (CudaModel::verify_fits)");
+  const size_t conv_n = size_t(C) * size_t(K - 1), ssm_n = size_t(nv) * dk * dv;  // floats of one state
   // Attention's kernels are instances per KV storage type: the sequences
   // in order of it (their rows stay in the caller's order).
   std::vector<int> order(static_cast<size_t>(B));
   for (int b = 0; b < B; ++b) order[size_t(b)] = b;
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return seqs[a].kvt < seqs[b].kvt; });
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return seq(a).kvt < seq(b).kvt; });
   std::vector<int> h2o;  // the sequences with scored eviction (h2o, tova)
   for (int b = 0; b < B; ++b)
-    if (!seqs[b].kvl->empty() && (*seqs[b].kvl)[0].acc) h2o.push_back(b);
+    if (!seq(b).kvl->empty() && (*seq(b).kvl)[0].acc) h2o.push_back(b);
   const int nh2o = int(h2o.size());
 
   Blob blob;
@@ -101,12 +108,25 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
   const size_t o_conv = blob.take<float*>(size_t(nlin) * B), o_delta = blob.take<DeltaArgs>(size_t(nlin) * B);
   const size_t o_prep = blob.take<AttnPrepArgs>(size_t(nattn) * B), o_attn = blob.take<AttnArgs>(size_t(nattn) * B);
   const size_t o_h2o = blob.take<H2oAccArgs>(size_t(nattn) * nh2o);
+  // A verify pass: the rows' positions, and the sequence's (the graph reads it from here).
+  const size_t o_rowpos = blob.take<int>(size_t(B)), o_seqpos = blob.take<int*>(1);
   char* hb = static_cast<char*>(batch_args(blob.n));
   char* db = static_cast<char*>(args_dev_);
   auto host = [&](size_t off) { return hb + off; };
   std::memcpy(host(o_ids), ids, size_t(B) * 4);
   int** pos = reinterpret_cast<int**>(host(o_pos));
-  for (int b = 0; b < B; ++b) pos[b] = seqs[b].d_pos;
+  int* rowpos = reinterpret_cast<int*>(host(o_rowpos));
+  int* d_rowpos = reinterpret_cast<int*>(db + o_rowpos);
+  *reinterpret_cast<int**>(host(o_seqpos)) = seqs[0].d_pos;
+  for (int b = 0; b < B; ++b) {
+    rowpos[b] = verify ? int(verify->p0) + b : 0;
+    pos[b] = verify ? d_rowpos + b : seqs[b].d_pos;
+  }
+  // Where the recurrent states after row b go: a verify pass keeps every
+  // row's (the last row's in the sequence's own state, as a step's).
+  auto kept = [&](const std::vector<float*>* rows, const std::vector<float*>* own, size_t sl, int b, size_t n) {
+    return verify && b + 1 < B ? (*rows)[sl] + size_t(b) * n : (*own)[sl];
+  };
   float** convs = reinterpret_cast<float**>(host(o_conv));
   DeltaArgs* deltas = reinterpret_cast<DeltaArgs*>(host(o_delta));
   AttnPrepArgs* preps = reinterpret_cast<AttnPrepArgs*>(host(o_prep));
@@ -117,7 +137,7 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
     const size_t sl = size_t(l.state_slot);
     if (l.mixer == MixerKind::GatedDeltaNet) {
       for (int b = 0; b < B; ++b) {
-        convs[sl * B + b] = (*seqs[b].conv)[sl];
+        convs[sl * B + b] = kept(verify ? verify->conv_rows : nullptr, seq(b).conv, sl, b, conv_n);
         DeltaArgs& a = deltas[sl * B + b];
         a.conv = cv_ + size_t(b) * C;
         a.proj = proj_ + size_t(b) * proj_stride_;
@@ -127,7 +147,7 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
         a.dt_bias = d.dt_bias;
         a.neg_exp_A = d.neg_exp_A;
         a.norm_w = d.gnorm;
-        a.S = (*seqs[b].ssm)[sl];
+        a.S = kept(verify ? verify->ssm_rows : nullptr, seq(b).ssm, sl, b, ssm_n);
         a.out = o_ + size_t(b) * nv * dv;
         a.nk = nk;
         a.tiled = d.v_tiled ? 1 : 0;
@@ -140,16 +160,16 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
     }
     for (int j = 0; j < B; ++j) {
       const int b = order[size_t(j)];
-      const PrefillState& s = seqs[b];
+      const PrefillState& s = seq(b);
       const KvLayer& kv = (*s.kvl)[sl];
-      preps[sl * B + j] = attn_prep_args(c, d, proj_ + size_t(b) * proj_stride_, q_ + size_t(b) * nh * hd, s.d_pos,
+      preps[sl * B + j] = attn_prep_args(c, d, proj_ + size_t(b) * proj_stride_, q_ + size_t(b) * nh * hd, pos[b],
                                          m_.inv_freq, kv, s.ns, s.kvt);
       AttnArgs& a = attns[sl * B + j];
       a.q = q_ + size_t(b) * nh * hd;
       a.gate = proj_ + size_t(b) * proj_stride_;
       a.scores = s.scores;
       a.out = o_ + size_t(b) * nh * hd;
-      a.pos = s.d_pos;
+      a.pos = pos[b];
       a.kv = kv;
       a.nh = nh;
       a.nkv = nkv;
@@ -160,7 +180,7 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
       a.split = 1;  // set per group below
     }
     for (int j = 0; j < nh2o; ++j) {
-      const PrefillState& s = seqs[h2o[size_t(j)]];
+      const PrefillState& s = seq(h2o[size_t(j)]);
       h2os[sl * nh2o + j] = H2oAccArgs{(*s.kvl)[sl], s.scores, s.d_pos};
     }
   }
@@ -171,7 +191,7 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
   std::vector<Group> groups;
   int max_cap = 1;
   for (int j = 0; j < B; ++j) {
-    const PrefillState& s = seqs[order[size_t(j)]];
+    const PrefillState& s = seq(order[size_t(j)]);
     if (groups.empty() || groups.back().kvt != s.kvt) groups.push_back({s.kvt, j, j, 1});
     groups.back().end = j + 1;
     groups.back().split = std::max(groups.back().split, s.attn_split);
@@ -207,17 +227,30 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
       if (l.mixer == MixerKind::GatedDeltaNet) {
         dense_rows(d.lin_in, xn_, B, proj_, proj_stride_, GEMM_STORE, 0, xs);
         mark(P_INPROJ);
-        launch(st, pdl(), conv_batch_kernel, dim3(unsigned(div_up(C, 256)), unsigned(B)), 256, 0, 1,
-               static_cast<const float*>(proj_), proj_stride_, C, K, static_cast<const float*>(d.conv_w),
-               reinterpret_cast<float* const*>(dev(o_conv + sl * B * sizeof(float*))), cv_);
+        float* const* convs_dev = reinterpret_cast<float* const*>(dev(o_conv + sl * B * sizeof(float*)));
+        if (verify)  // no dependent launch: the verify kernels do not wait in pdl_wait()
+          launch(st, false, conv_verify_kernel, dim3(unsigned(div_up(C, 256))), 256, 0, 1,
+                 static_cast<const float*>(proj_), proj_stride_, C, K, static_cast<const float*>(d.conv_w), convs_dev,
+                 cv_, B);
+        else
+          launch(st, pdl(), conv_batch_kernel, dim3(unsigned(div_up(C, 256)), unsigned(B)), 256, 0, 1,
+                 static_cast<const float*>(proj_), proj_stride_, C, K, static_cast<const float*>(d.conv_w), convs_dev,
+                 cv_);
         mark(P_CONV);
         const DeltaArgs* da = reinterpret_cast<const DeltaArgs*>(dev(o_delta + sl * B * sizeof(DeltaArgs)));
-        // Each head's state staged through shared memory where it fits
+        // Verify rows (one sequence): one cluster per head walks the rows.
+        // Else each head's state staged through shared memory where it fits
         // (delta_staged.cuh); else as the decode step: a cluster of blocks
         // per head (32 value columns each) where the shapes allow, else one
         // block per head.
         const bool cluster = dv % 32 == 0 && dv / 32 <= 8 && (dk == 128 || dk == 64 || dk == 32);
-        if (delta_staged_ && delta_staged_fits(dk, dv, max_smem_)) {
+        if (verify) {
+          const int cl = dv / 32;
+          const dim3 g(unsigned(nv * cl));
+          if (dk == 128) launch(st, false, delta_cluster_verify_kernel<128, 32, 8>, g, 256, 0, cl, da, B);
+          else if (dk == 64) launch(st, false, delta_cluster_verify_kernel<64, 32, 8>, g, 256, 0, cl, da, B);
+          else launch(st, false, delta_cluster_verify_kernel<32, 32, 8>, g, 256, 0, cl, da, B);
+        } else if (delta_staged_ && delta_staged_fits(dk, dv, max_smem_)) {
           const size_t smem = delta_staged_smem(dk, dv);
           auto go = [&](auto kern) {
             check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
@@ -273,16 +306,18 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
       const float* next_norm = li + 1 < layers.size() ? (*m_.L)[size_t(layers[li + 1].index)].in_norm : nullptr;
       normed = feed_forward(l, d, B, next_norm);
     }
-    send(advance_positions_kernel, dim3(unsigned(div_up(B, 128))), dim3(128), 0, st,
-         reinterpret_cast<int* const*>(dev(o_pos)), B);
+    if (verify) verify_position_kernel<<<1, 1, 0, st>>>(reinterpret_cast<int* const*>(dev(o_seqpos)), d_rowpos, B);
+    else send(advance_positions_kernel, dim3(unsigned(div_up(B, 128))), dim3(128), 0, st,
+              reinterpret_cast<int* const*>(dev(o_pos)), B);
     check(cudaGetLastError(), "batched decode step");
     mark(P_OTHER);
     stepping_ = false;
   };
   // A graph reads every per-sequence value from the arguments copied above,
   // so one serves every batch of the same shape. Not with the disk tier
-  // (the host reads the routing between kernels) or the profile.
-  if (!batch_graph_ || m_.experts_needed || profile_) {
+  // (the host reads the routing between kernels) or the profile; a verify
+  // pass always (it stands in for a graph-captured decode step).
+  if ((!batch_graph_ && !verify) || m_.experts_needed || profile_) {
     enqueue();
     if (profile_) {
       collect(step_ms_);
@@ -291,7 +326,7 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids) {
     }
     return;
   }
-  std::string key = std::to_string(B) + "/" + std::to_string(nh2o) + "/" + std::to_string(div_up(max_cap, 128));
+  std::string key = (verify ? "v" : "") + std::to_string(B) + "/" + std::to_string(nh2o) + "/" + std::to_string(div_up(max_cap, 128));
   for (const Group& g : groups)
     key += "/" + std::to_string(g.kvt) + ":" + std::to_string(g.end - g.first) + ":" + std::to_string(g.split);
   auto it = batch_graphs_.find(key);

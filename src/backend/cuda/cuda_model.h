@@ -111,7 +111,8 @@ struct CudaBatchItem {
   int32_t* argmax = nullptr;
 };
 
-// Picks draft token `step` (0-based) from the MTP head's logits [vocab] (host memory).
+// Picks draft token `step` (0-based) from the MTP head's logits [vocab]
+// (host memory); empty: the argmax, picked on the device.
 using CudaDraftPicker = std::function<int32_t(const float* logits, int64_t step)>;
 
 class CudaModel {
@@ -159,6 +160,14 @@ class CudaModel {
   void mark_rollback(CudaState& st) const;
   void rollback(CudaState& st) const;
   int64_t rollback_position(const CudaState& st) const;  // the mark's position, -1 without one
+  // Takes back the tokens fed after `position` where the last forward()
+  // was a verify pass (a drafting state fed 2..8 tokens over a full cache:
+  // it keeps the recurrent states after each of its tokens) and `position`
+  // is within it: true. Otherwise false, with nothing changed (roll back
+  // to a mark and feed again).
+  bool take_back(CudaState& st, int64_t position) const;
+  // Whether feeding n tokens to st now is such a verify pass.
+  bool keeps_rows(CudaState& st, int64_t n) const;
 
   // The positions the KV cache of full-attention layer `layer` (0-based
   // among those layers) holds, ascending, as KvCache::positions() (tests).
@@ -176,6 +185,9 @@ class CudaModel {
   // Greedy decoding without host round trips: feeds `first`, then each
   // argmax in turn, n steps; out receives the n argmax ids.
   void decode_greedy(CudaState& st, int32_t first, int64_t n, int32_t* out) const;
+  // forward() wanting each token's argmax only (best[n]; ties: the lower
+  // id): on the device for a verify pass, else from the rows of logits.
+  void forward_argmax_rows(CudaState& st, const int32_t* ids, int64_t n, int32_t* best) const;
 
   // Graph capture of the decode step (default on); off: plain launches.
   void set_use_graph(bool on);

@@ -39,24 +39,36 @@ __device__ __forceinline__ void delta_qk_normed(const DeltaArgs& a, int h, float
   for (int i = 0; i < DK / 32; ++i) dst[i * 32 + lane] = v[i] * r;
 }
 
+// This thread's place in delta_cluster_body's layout: value head h, its
+// column j, the first of its R = DK / PARTS state rows (offset: of that
+// state element in a [nv][dk][dv] state).
 template <int DK, int CPB, int PARTS>
-__device__ __forceinline__ void delta_cluster_body(const DeltaArgs& a) {
+struct DeltaClusterPlace {
   static_assert(DK % PARTS == 0 && DK % 32 == 0 && CPB * PARTS >= 64 && CPB <= 32, "delta_cluster_kernel shape");
-  constexpr int R = DK / PARTS;  // state rows per thread
+  static constexpr int R = DK / PARTS;  // state rows per thread
+  int CL, h, rank, col, part, j;
+  size_t offset;
+  __device__ __forceinline__ explicit DeltaClusterPlace(int dv) {
+    CL = dv / CPB;
+    h = blockIdx.x / CL, rank = blockIdx.x % CL;
+    col = threadIdx.x % CPB, part = threadIdx.x / CPB;
+    j = rank * CPB + col;
+    offset = (size_t(h) * DK + size_t(part) * R) * dv + j;
+  }
+};
+
+// One token of the delta rule on this thread's state rows s (registers),
+// which end up stored at S (this thread's first element; rows dv apart),
+// and its gated-normed output; nwj, dtb, nea: the column's norm weight, the
+// head's dt bias and -exp(A).
+template <int DK, int CPB, int PARTS>
+__device__ __forceinline__ void delta_cluster_token(const DeltaArgs& a, const DeltaClusterPlace<DK, CPB, PARTS>& p,
+                                                    float (&s)[DK / PARTS], float* S, float nwj, float dtb, float nea) {
+  constexpr int R = DK / PARTS;
   __shared__ float q[DK], k[DK];
   __shared__ float red[PARTS][CPB];
   __shared__ float sq_block;
-  const int dv = a.dv, CL = dv / CPB;
-  const int h = blockIdx.x / CL, rank = blockIdx.x % CL;
-  const int col = threadIdx.x % CPB, part = threadIdx.x / CPB;
-  const int j = rank * CPB + col;  // value column
-  float* S = a.S + (size_t(h) * DK + size_t(part) * R) * dv + j;
-  float s[R];
-#pragma unroll
-  for (int i = 0; i < R; ++i) s[i] = S[size_t(i) * dv];
-  const float nwj = a.norm_w[j], dtb = a.dt_bias[h], nea = a.neg_exp_A[h];  // weights: before the wait too
-  pdl_wait();
-  pdl_trigger();
+  const int dv = a.dv, CL = p.CL, h = p.h, col = p.col, part = p.part, j = p.j;
   delta_qk_normed<DK>(a, h, q, k);
   const float beta = sigmoidf_(a.proj[a.boff + h]);
   const float decay = expf(nea * softplusf_(a.proj[a.aoff + h] + dtb));
@@ -114,6 +126,19 @@ __device__ __forceinline__ void delta_cluster_body(const DeltaArgs& a) {
     const float rn = 1.0f / sqrtf(ss / float(dv) + a.eps);
     a.out[h * dv + j] = o * rn * nwj * siluf_(a.proj[a.zoff + h * dv + j]);
   }
+}
+
+template <int DK, int CPB, int PARTS>
+__device__ __forceinline__ void delta_cluster_body(const DeltaArgs& a) {
+  const DeltaClusterPlace<DK, CPB, PARTS> p(a.dv);
+  float* S = a.S + p.offset;
+  float s[DK / PARTS];
+#pragma unroll
+  for (int i = 0; i < DK / PARTS; ++i) s[i] = S[size_t(i) * a.dv];
+  const float nwj = a.norm_w[p.j], dtb = a.dt_bias[p.h], nea = a.neg_exp_A[p.h];  // weights: before the wait too
+  pdl_wait();
+  pdl_trigger();
+  delta_cluster_token<DK, CPB, PARTS>(a, p, s, S, nwj, dtb, nea);
 }
 template <int DK, int CPB, int PARTS>
 __global__ void __launch_bounds__(CPB * PARTS) delta_cluster_kernel(DeltaArgs a) {

@@ -93,6 +93,11 @@ void CudaModel::forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode
   const int64_t V = m.c.vocab_size;
   check_token_ids(m.c, ids, n);
   CK(cudaSetDevice(m.dev));
+  s.verify_n = 0;  // what take_back could return to is gone
+  if (m.verify_fits(s, n)) {
+    m.verify(s, ids, n, mode, logits, nullptr);
+    return;
+  }
   // A single-token step is decoding: snapkv cuts the prompt now (as the CPU).
   if (n == 1) m.snapkv_begin_decode(s);
   m.ensure_cap(s, s.pos + n);
@@ -155,6 +160,7 @@ void CudaModel::decode_greedy(CudaState& st, int32_t first, int64_t n, int32_t* 
   CudaState::Impl& s = *st.p_;
   check_token_ids(m.c, &first, 1);
   CK(cudaSetDevice(m.dev));
+  s.verify_n = 0;
   m.snapkv_begin_decode(s);
   m.ensure_cap(s, s.pos + n);
   if (s.head) m.ensure_cap(*s.head, s.pos + n);

@@ -7,6 +7,7 @@
 //   forward_batch.cu forward_batch: several sequences' tokens in one batched step (batch_step.cu)
 //   state.cu         per-conversation state: new_state, save/load, kv_positions, KV growth
 //   mtp.cu           the MTP head: its upload, keeping its KV cache in step, drafting
+//   verify.cu        speculative decoding's verify pass (step_batch over one sequence's rows), take_back
 //   cuda_bench.cu    benchmark-only entry points (synthetic weights, bandwidths, profile)
 #pragma once
 #include <cuda_runtime.h>
@@ -31,6 +32,11 @@ namespace flashmoe {
 
 namespace cuda {
 constexpr int kRing = 8192;  // token-id ring on the device (prompt chunks, generated ids)
+// The most tokens a verify pass (verify.cu) takes: --spec-draft 7 and the
+// token before the drafts; longer ones go through the batched prefill.
+constexpr int kVerifyRows = 8;
+// Greedy drafts picked on the device per draft() call (more: on the host).
+constexpr int kDeviceDrafts = 64;
 
 // The decode step's kernels by class, for the per-class profile (cuda_bench.cu).
 enum KernelClass { K_EMBED, K_PROJ, K_CONV, K_DELTA, K_ATTN, K_OUT, K_ROUTER, K_EXPERTS, K_LMHEAD, K_ARGMAX, K_N };
@@ -73,6 +79,16 @@ struct CudaState::Impl {
   // buffers that tokens fed after it overwrite, and its position (-1: none).
   std::vector<void*> bak;
   int64_t bak_pos = -1;
+  // A drafting state's verify pass (verify.cu): per linear layer the conv
+  // and delta-rule states after each of its first kVerifyRows - 1 rows, the
+  // head's hidden state after each row, take_back's copies to return to
+  // each row (device, RowCopy), and the last pass's first position and rows
+  // (verify_n 0: nothing to take back; any other forward pass clears it).
+  std::vector<float*> conv_rows, ssm_rows;
+  float* head_rows = nullptr;
+  void* verify_jobs = nullptr;
+  int64_t verify_p0 = 0;
+  int verify_n = 0;
 
   void drop_graphs() {
     for (auto& g : graphs)
@@ -95,6 +111,10 @@ struct CudaState::Impl {
                     static_cast<void*>(head_scratch.vs), static_cast<void*>(head_hidden)})
       cudaFree(p);
     for (void* p : bak) cudaFree(p);
+    for (float* p : conv_rows) cudaFree(p);
+    for (float* p : ssm_rows) cudaFree(p);
+    cudaFree(head_rows);
+    cudaFree(verify_jobs);
     for (void* p : {static_cast<void*>(scores), static_cast<void*>(d_pos), static_cast<void*>(d_base),
                     static_cast<void*>(d_ids), static_cast<void*>(d_out), static_cast<void*>(d_step)})
       cudaFree(p);
@@ -111,6 +131,7 @@ struct DeviceMtp {
   FfnKind ffn = FfnKind::RoutedMoE;
   float *in = nullptr, *out = nullptr, *hn = nullptr;  // [2H], [H], [H] scratch
   int* tok = nullptr;  // the drafted token fed to the next draft step (device)
+  int* drafted = nullptr;  // [kDeviceDrafts]: greedy drafting's ids (device)
 };
 
 struct CudaModel::Impl : Launcher {
@@ -356,6 +377,18 @@ struct CudaModel::Impl : Launcher {
   // What the batched prefill reads and writes of state s (its KV layers,
   // conv and delta states, retention scores, position).
   PrefillState prefill_state(CudaState::Impl& s) const;
+
+  // verify.cu
+  // Whether n tokens fed to state s take the verify pass: a drafting state,
+  // 2..kVerifyRows tokens, a full KV cache, shapes the batched step covers.
+  bool verify_fits(CudaState::Impl& s, int64_t n);
+  // The verify pass: n tokens through Prefill::step_batch as rows of s
+  // (VerifyRows), the head kept in step, the states after each row kept for
+  // take_back; the logits as forward() (mode, out) and, where best is not
+  // null, each row's argmax picked on the device (best[n]). Synchronizes.
+  void verify(CudaState::Impl& s, const int32_t* ids, int64_t n, LogitsMode mode, float* out, int32_t* best);
+  // The buffers of those kept states and take_back's copies, at first use.
+  void keep_verify_rows(CudaState::Impl& s);
 
   // mtp.cu
   std::unique_ptr<DeviceMtp> mtp;  // when the checkpoint has an MTP head

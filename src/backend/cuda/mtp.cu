@@ -12,6 +12,7 @@
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/model_impl.cuh"
+#include "core/argmax.h"
 #include "core/error.h"
 #include "model/plan.h"
 
@@ -55,6 +56,14 @@ __global__ void norm_kernel(const float* __restrict__ x, const float* __restrict
   for (int i = threadIdx.x; i < H; i += blockDim.x) y[i] = x[i] * r * (1.0f + w[i]);
 }
 
+// Greedy drafting: the head's argmax (block_argmax's ties) becomes the next
+// step's token and draft k.
+__global__ void draft_argmax_kernel(const float* __restrict__ logits, int V, int* tok, int* drafted) {
+  pdl_wait();
+  const int bi = block_argmax(logits, V);
+  if (threadIdx.x == 0) *tok = *drafted = bi;
+}
+
 __global__ void set_pos_kernel(int* p, int v) {
   pdl_wait();
   *p = v;
@@ -88,6 +97,7 @@ void CudaModel::Impl::upload_mtp(const QwenModel& model) {
   d->hn = alloc_f(size_t(H), "MTP activations");
   d->tok = static_cast<int*>(alloc(4, "MTP token"));
   CK(cudaMemset(d->tok, 0, 4));
+  d->drafted = static_cast<int*>(alloc(kDeviceDrafts * 4, "MTP drafts"));
   mtp = std::move(d);
 }
 
@@ -172,17 +182,32 @@ void CudaModel::draft(CudaState& st, int32_t next, int64_t n, const CudaDraftPic
     }
   } back{s, copy};
   const int64_t V = m.c.vocab_size;
+  // No picker: each step's argmax on the device feeds the next step, one
+  // copy of the ids at the end (no host round trip per draft).
+  const bool on_device = !pick && n <= kDeviceDrafts;
   int32_t tok = next;
   const float* hidden = s.head_hidden;
   for (int64_t k = 0; k < n; ++k) {
-    m.pinned_ids[0] = tok;
-    CK(cudaMemcpyAsync(m.mtp->tok, m.pinned_ids, 4, cudaMemcpyHostToDevice, m.stream));
+    if (k == 0 || !on_device) {
+      m.pinned_ids[0] = tok;
+      CK(cudaMemcpyAsync(m.mtp->tok, m.pinned_ids, 4, cudaMemcpyHostToDevice, m.stream));
+    }
     m.head_step(hs, hidden, m.mtp->tok, int(h0 + k), true);
+    hidden = m.mtp->out;  // read by the next step's first kernel, rewritten by its last
+    if (on_device) {
+      m.go(draft_argmax_kernel, 1, 1024, 0, static_cast<const float*>(m.logits), int(V), m.mtp->tok,
+           m.mtp->drafted + k);
+      continue;
+    }
     CK(cudaMemcpyAsync(m.pinned_logits, m.logits, size_t(V) * 4, cudaMemcpyDeviceToHost, m.stream));
     CK(cudaStreamSynchronize(m.stream));
-    tok = drafted[k] = pick(m.pinned_logits, k);
+    tok = drafted[k] = pick ? pick(m.pinned_logits, k) : int32_t(argmax(m.pinned_logits, V));
     check_token_ids(m.c, &tok, 1);
-    hidden = m.mtp->out;  // read by the next step's first kernel, rewritten by its last
+  }
+  if (on_device) {
+    CK(cudaMemcpyAsync(m.pinned_ids, m.mtp->drafted, size_t(n) * 4, cudaMemcpyDeviceToHost, m.stream));
+    CK(cudaStreamSynchronize(m.stream));
+    std::memcpy(drafted, m.pinned_ids, size_t(n) * 4);
   }
 }
 

@@ -87,6 +87,20 @@ struct PrefillState {
   float* const* snap_q = nullptr;
 };
 
+// A verify pass of speculative decoding through step_batch: its rows are
+// consecutive tokens of ONE sequence (seqs[0]) at positions p0, p0 + 1, ..
+// Attention is causal over them (every row's K/V is stored before any row
+// attends, and row t reads up to its own position: a full cache only, not
+// h2o); conv1d and the delta rule walk the rows in order, and the
+// recurrent states after each row t < B - 1 are kept, at conv_rows[l] +
+// t * C * (K - 1) and ssm_rows[l] + t * nv * dk * dv floats for linear
+// layer l, so a rejected draft rolls back by a copy (CudaModel::take_back).
+struct VerifyRows {
+  int64_t p0 = 0;
+  const std::vector<float*>* conv_rows = nullptr;
+  const std::vector<float*>* ssm_rows = nullptr;
+};
+
 class Prefill {
  public:
   // Why the batched path cannot run this model (empty: it can); the caller
@@ -133,7 +147,8 @@ class Prefill {
   // sequence over its own state and KV cache (batch_kernels.cuh: the decode
   // step's kernel bodies, one launch per layer for all of them). Enqueued
   // on the stream (batch_step.cu).
-  void step_batch(const PrefillState* seqs, int B, const int32_t* ids);
+  // verify: B rows of seqs[0] instead (VerifyRows).
+  void step_batch(const PrefillState* seqs, int B, const int32_t* ids, const VerifyRows* verify = nullptr);
   // Logits of the last step's (or chunk's) rows [0, n): row r into host
   // memory dst[r] ([V]) through one copy to pinned memory, and the argmax of
   // row r (ties: the lower id) picked on the device into *best[r]; rows with

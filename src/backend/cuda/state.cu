@@ -339,6 +339,7 @@ void CudaModel::rollback(CudaState& st) const {
   for (size_t i = 0; i < bufs.size(); ++i)
     CK(cudaMemcpyAsync(bufs[i].first, s.bak[i], bufs[i].second, cudaMemcpyDeviceToDevice, m.stream));
   s.pos = s.bak_pos;
+  s.verify_n = 0;
   m.pinned_ids[0] = int32_t(s.pos);
   CK(cudaMemcpyAsync(s.d_pos, m.pinned_ids, 4, cudaMemcpyHostToDevice, m.stream));
   CK(cudaStreamSynchronize(m.stream));  // before pinned_ids is written again
