@@ -119,9 +119,11 @@ TEST(ServeSynthetic, StreamedChatEqualsGreedyDecodingOfTheSameSyntheticModel) {
   std::vector<std::string> want;
   for (int32_t id : ref.generated) want.push_back(shown(tok, id));
   EXPECT_EQ(got, want);
-  for (int32_t id : ref.generated)
-    if (size_t(id) >= tok.vocab_size())
+  for (int32_t id : ref.generated) {
+    if (size_t(id) >= tok.vocab_size()) {
       EXPECT_NE(text.find("<|id_" + std::to_string(id) + "|>"), std::string::npos) << text;
+    }
+  }
 
   // `generate --synthetic` decodes the same ids from the same prompt.
   std::string ids;
