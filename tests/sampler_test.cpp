@@ -2,9 +2,7 @@
 // answers can be worked out on paper.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
-#include <random>
 #include <fstream>
 #include <set>
 
@@ -39,84 +37,7 @@ std::vector<float> random_logits(size_t n, uint32_t seed) {
   return l;
 }
 
-// candidates() as it was written before its nucleus was found by a partial
-// sort: the whole filtered vocabulary sorted, then the filters in turn (the
-// reference the faster code must equal bit for bit).
-std::vector<std::pair<int32_t, float>> candidates_by_full_sort(const std::vector<float>& logits,
-                                                               const SamplingParams& p) {
-  const float inv_t = 1.0f / p.temperature;
-  const float max_l = *std::max_element(logits.begin(), logits.end());
-  std::vector<std::pair<int32_t, float>> c;
-  double sum = 0;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    const float e = std::exp((logits[i] - max_l) * inv_t);
-    sum += e;
-    c.emplace_back(int32_t(i), e);
-  }
-  for (auto& x : c) x.second = float(x.second / sum);
-  auto by_prob = [](const auto& a, const auto& b) { return a.second != b.second ? a.second > b.second : a.first < b.first; };
-  if (p.top_k > 0 && size_t(p.top_k) < c.size()) {
-    std::nth_element(c.begin(), c.begin() + (p.top_k - 1), c.end(), by_prob);
-    const float kth = c[size_t(p.top_k - 1)].second;
-    c.erase(std::partition(c.begin() + p.top_k, c.end(), [&](const auto& x) { return x.second >= kth; }), c.end());
-  } else if (p.top_p < 1.0f) {
-    const float eps = (1.0f - p.top_p) / float(logits.size());
-    c.erase(std::remove_if(c.begin(), c.end(), [&](const auto& x) { return x.second < eps; }), c.end());
-  }
-  std::sort(c.begin(), c.end(), by_prob);
-  auto renorm = [&] {
-    double s = 0;
-    for (const auto& x : c) s += x.second;
-    for (auto& x : c) x.second = float(x.second / s);
-  };
-  if (p.top_k > 0) renorm();
-  if (p.top_p < 1.0f) {
-    double cum = 0;
-    size_t keep = 0;
-    while (keep < c.size() && (keep == 0 || cum < p.top_p)) cum += c[keep++].second;
-    c.resize(keep);
-    renorm();
-  }
-  if (p.min_p > 0.0f) {
-    const float cut = p.min_p * c.front().second;
-    size_t keep = 1;
-    while (keep < c.size() && c[keep].second >= cut) ++keep;
-    c.resize(keep);
-    renorm();
-  }
-  return c;
-}
-
 }  // namespace
-
-// The nucleus (top_p) found by ordering the vocabulary a chunk at a time
-// equals the one a full sort finds: the same ids, order and probabilities
-// (bitwise), with and without top_k and min_p, with ties, and with nuclei
-// well past the first chunk of 64.
-TEST(Sampler, CandidatesEqualAFullSortOfTheVocabulary) {
-  int past_first_chunk = 0;
-  for (size_t V : {size_t(2), size_t(300), size_t(4096)})
-    for (bool grid : {false, true})
-      for (float temperature : {0.3f, 0.7f, 1.5f})
-        for (float top_p : {0.5f, 0.95f, 0.999f, 1.0f})
-          for (int top_k : {0, 40, int(V) + 5})
-            for (float min_p : {0.0f, 0.05f}) {
-              std::vector<float> l = random_logits(V, uint32_t(V * 7 + (grid ? 1 : 0)));
-              if (grid)
-                for (auto& x : l) x = std::round(x * 2) / 2;  // many exact ties
-              SamplingParams p;
-              p.temperature = temperature;
-              p.top_p = top_p;
-              p.top_k = top_k;
-              p.min_p = min_p;
-              const auto want = candidates_by_full_sort(l, p);
-              const auto got = Sampler::candidates(l, p);
-              ASSERT_EQ(got, want) << "V " << V << " temperature " << temperature << " top_p " << top_p << " top_k "
-                                   << top_k << " min_p " << min_p << (grid ? " ties" : "");
-              past_first_chunk += top_p < 1.0f && want.size() > 64 ? 1 : 0;
-            }
-  EXPECT_GT(past_first_chunk, 0);
-}
 
 TEST(Sampler, GreedyIsArgmax) {
   SamplingParams p;

@@ -54,31 +54,6 @@ std::vector<T>& scratch(size_t n) {
   if (v.size() < n) v.assign(n, T(0));
   return v;
 }
-
-using Candidate = std::pair<int32_t, float>;
-
-// Probability descending, then id: one strict order, so any two ways of
-// sorting (whole, or a chunk at a time) put every candidate in one place.
-bool before(const Candidate& a, const Candidate& b) { return a.second != b.second ? a.second > b.second : a.first < b.first; }
-
-// Walks c in before() order, calling visit(c[i]) for i = 0, 1, ... until it
-// returns false; returns how many were visited. c is ordered a chunk at a
-// time (nth_element, then a sort of the chunk: 64, then 4x more each time)
-// only as far as the walk goes, which for the nucleus or a draw is usually
-// the first chunk: sorting the whole vocabulary was most of a sampled
-// token's cost (4,096 ids: ~0.1 ms; 248k: ~15 ms). c[0, returned) is then
-// exactly what a sort of all of c puts there.
-template <typename Visit>
-size_t walk_in_order(std::vector<Candidate>& c, Visit visit) {
-  for (size_t done = 0, chunk = 64; done < c.size(); chunk *= 4) {
-    const size_t end = std::min(c.size(), done + chunk);
-    if (end < c.size()) std::nth_element(c.begin() + ptrdiff_t(done), c.begin() + ptrdiff_t(end - 1), c.end(), before);
-    std::sort(c.begin() + ptrdiff_t(done), c.begin() + ptrdiff_t(end), before);
-    for (; done < end; ++done)
-      if (!visit(c[done])) return done + 1;
-  }
-  return c.size();
-}
 }  // namespace
 
 void Sampler::apply_logit_bias(std::span<float> logits, const std::vector<std::pair<int32_t, float>>& bias) {
@@ -121,7 +96,7 @@ std::vector<std::pair<int32_t, float>> Sampler::candidates(std::span<const float
   const float inv_t = 1.0f / p.temperature;
   const float max_l = *std::max_element(logits.begin(), logits.end());
   // Probabilities over the whole vocab (temperature applied).
-  std::vector<Candidate> c;
+  std::vector<std::pair<int32_t, float>> c;
   c.reserve(logits.size());
   double sum = 0;
   for (size_t i = 0; i < logits.size(); ++i) {
@@ -130,48 +105,36 @@ std::vector<std::pair<int32_t, float>> Sampler::candidates(std::span<const float
     c.emplace_back(int32_t(i), e);
   }
   for (auto& x : c) x.second = float(x.second / sum);
+  auto by_prob = [](const auto& a, const auto& b) { return a.second != b.second ? a.second > b.second : a.first < b.first; };
+
+  if (p.top_k > 0 && size_t(p.top_k) < c.size()) {
+    std::nth_element(c.begin(), c.begin() + (p.top_k - 1), c.end(), by_prob);
+    const float kth = c[size_t(p.top_k - 1)].second;
+    // Like HF, ties with the k-th value stay in.
+    auto keep_end = std::partition(c.begin() + p.top_k, c.end(), [&](const auto& x) { return x.second >= kth; });
+    c.erase(keep_end, c.end());
+  } else if (p.top_p < 1.0f) {
+    // Tokens each below (1 - top_p) / V sum to less than 1 - top_p, so the
+    // nucleus never reaches them: drop them before sorting the vocab.
+    const float eps = (1.0f - p.top_p) / float(logits.size());
+    c.erase(std::remove_if(c.begin(), c.end(), [&](const auto& x) { return x.second < eps; }), c.end());
+  }
+  std::sort(c.begin(), c.end(), by_prob);
 
   auto renorm = [&] {
     double s = 0;
     for (const auto& x : c) s += x.second;
     for (auto& x : c) x.second = float(x.second / s);
   };
-  // Keep the highest-probability prefix until its mass reaches top_p (the
-  // token crossing the threshold stays; HF's "cumprob <= 1 - top_p" rule);
-  // c[0, returned) is that prefix in order.
-  auto nucleus = [&] {
+  if (p.top_k > 0) renorm();
+  if (p.top_p < 1.0f) {
+    // Keep the highest-probability prefix until its mass reaches top_p (the
+    // token crossing the threshold stays; HF's "cumprob <= 1 - top_p" rule).
     double cum = 0;
-    return walk_in_order(c, [&](const Candidate& x) {
-      cum += x.second;
-      return cum < p.top_p;
-    });
-  };
-  if (p.top_k > 0 && size_t(p.top_k) < c.size()) {
-    std::nth_element(c.begin(), c.begin() + (p.top_k - 1), c.end(), before);
-    const float kth = c[size_t(p.top_k - 1)].second;
-    // Like HF, ties with the k-th value stay in.
-    auto keep_end = std::partition(c.begin() + p.top_k, c.end(), [&](const auto& x) { return x.second >= kth; });
-    c.erase(keep_end, c.end());
-    std::sort(c.begin(), c.end(), before);
+    size_t keep = 0;
+    while (keep < c.size() && (keep == 0 || cum < p.top_p)) cum += c[keep++].second;
+    c.resize(keep);
     renorm();
-    if (p.top_p < 1.0f) {
-      c.resize(nucleus());
-      renorm();
-    }
-  } else if (p.top_p < 1.0f) {
-    // Tokens each below (1 - top_p) / V sum to less than 1 - top_p, so the
-    // nucleus never reaches them: drop them first.
-    const float eps = (1.0f - p.top_p) / float(logits.size());
-    c.erase(std::remove_if(c.begin(), c.end(), [&](const auto& x) { return x.second < eps; }), c.end());
-    if (p.top_k > 0) {  // a top_k of the whole vocabulary renormalises it (in order, so the same sums)
-      std::sort(c.begin(), c.end(), before);
-      renorm();
-    }
-    c.resize(nucleus());
-    renorm();
-  } else {
-    std::sort(c.begin(), c.end(), before);
-    if (p.top_k > 0) renorm();
   }
   if (p.min_p > 0.0f) {
     const float cut = p.min_p * c.front().second;
@@ -205,7 +168,7 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   }
   const float inv_t = 1.0f / p.temperature;
   const float max_l = *std::max_element(l.begin(), l.end());
-  thread_local std::vector<Candidate> c;
+  thread_local std::vector<std::pair<int32_t, float>> c;
   c.clear();
   c.reserve(l.size());
   double sum = 0;
@@ -215,13 +178,18 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     c.emplace_back(int32_t(i), e);
   }
   for (auto& x : c) x.second = float(x.second / sum);
+  auto by_prob = [](const auto& a, const auto& b) { return a.second != b.second ? a.second > b.second : a.first < b.first; };
   const double u = uniform();
   double cum = 0;
-  const size_t walked = walk_in_order(c, [&](const Candidate& x) {
-    cum += x.second;
-    return !(u < cum);
-  });
-  if (u < cum) return c[walked - 1].first;
+  for (size_t done = 0, chunk = 64; done < c.size(); chunk *= 4) {
+    const size_t end = std::min(c.size(), done + chunk);
+    if (end < c.size()) std::nth_element(c.begin() + ptrdiff_t(done), c.begin() + ptrdiff_t(end - 1), c.end(), by_prob);
+    std::sort(c.begin() + ptrdiff_t(done), c.begin() + ptrdiff_t(end), by_prob);
+    for (; done < end; ++done) {
+      cum += c[done].second;
+      if (u < cum) return c[done].first;
+    }
+  }
   for (auto it = c.rbegin(); it != c.rend(); ++it)  // as draw(): rounding left u past the sum
     if (it->second > 0) return it->first;
   return c.front().first;
