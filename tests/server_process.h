@@ -57,8 +57,11 @@ inline int wait_exit(pid_t pid, std::chrono::milliseconds timeout) {
   }
 }
 
+// ServerProcess's model when `extra` names the model itself (--synthetic): no -m.
+inline const std::string kNoModel = "(none)";
+
 // One `flashmoe serve` child process on a random free high port, serving
-// models/coder-mini unless given another model directory.
+// models/coder-mini unless given another model directory (or kNoModel).
 class ServerProcess {
  public:
   explicit ServerProcess(std::vector<std::string> extra, std::string model = "") {
@@ -67,7 +70,8 @@ class ServerProcess {
     for (int attempt = 0; attempt < 8 && port_ == 0; ++attempt) {
       int port = 20000 + int(rng() % 40000);
       std::string log = dir_.path + "/serve.log";
-      std::vector<std::string> args = {FLASHMOE_BINARY, "serve", "-m", model, "--port", std::to_string(port)};
+      std::vector<std::string> args = {FLASHMOE_BINARY, "serve", "--port", std::to_string(port)};
+      if (model != kNoModel) args.insert(args.end(), {"-m", model});
       args.insert(args.end(), extra.begin(), extra.end());
       pid_ = spawn(args, log);
       // Ours once it printed its banner (after binding), not merely when

@@ -162,6 +162,26 @@ TEST(Tokenizer, LookupsAndSpecialTokens) {
   EXPECT_EQ(t.decode(plain), "<|im_end|><think>");
 }
 
+// serve --synthetic: a model vocabulary past the tokenizer's (the 35B
+// synthetic's 248,320 ids against Qwen3's 151,669) spells the ids the
+// tokenizer lacks as "<|id_N|>"; the tokenizer's own ids and encoding are
+// unchanged.
+TEST(Tokenizer, MissingIdsOfALargerModelVocabularyAreSpelledOut) {
+  Tokenizer t = Tokenizer::load(tokenizer_path("coder-mini"));
+  const std::vector<int32_t> before = t.encode("def f(x): return <|id_4100|>");
+  EXPECT_EQ(t.decode(std::vector<int32_t>{4100}), "");  // as HF: unknown ids are skipped
+  t.spell_missing_ids(4200);
+  EXPECT_EQ(t.vocab_size(), 4200u);
+  EXPECT_EQ(t.decode(std::vector<int32_t>{4100, 4199}), "<|id_4100|><|id_4199|>");
+  EXPECT_EQ(t.token_to_piece(4096), "<|id_4096|>");
+  EXPECT_FALSE(t.is_special(4100));
+  EXPECT_EQ(t.decode(std::vector<int32_t>{4200}), "");  // past the model's vocabulary: still nothing
+  EXPECT_EQ(t.token_to_piece(4093), "<|im_end|>");
+  EXPECT_EQ(t.encode("def f(x): return <|id_4100|>"), before);
+  StreamDecoder d(t, /*skip_special=*/true);
+  EXPECT_EQ(d.feed(4150), "<|id_4150|>");
+}
+
 TEST(Tokenizer, InvalidUtf8IsRejectedWithPosition) {
   try {
     tok("qwen3").encode("abc\xFF" "def");

@@ -15,6 +15,7 @@
 #include "engine/speculative.h"
 #include "experts/expert_layout.h"
 #include "cli/generation_options.h"
+#include "cli/synthetic_options.h"
 #include "kv/presets.h"
 #include "model/weight_bytes.h"
 #include "runtime/bench_support.h"
@@ -37,41 +38,6 @@ Stat stats(const std::vector<double>& v) {
   return s;
 }
 
-// A model of a published size with random weights, built on the device
-// (--device cpu: in host memory, for the CPU backend).
-std::unique_ptr<Backend> synthetic_model(const ModelOptions& opt, const std::string& preset, int layers,
-                                         const std::string& experts, int group, bool fp8_weights, bool mtp_head,
-                                         std::string* what) {
-  const DeviceRequest& d = opt.device;
-  ModelConfig c = model_preset(preset);
-  if (layers > c.num_layers)
-    fail("bench: --layers " + std::to_string(layers) + " is more than " + preset + "'s " +
-         std::to_string(c.num_layers) + " layers");
-  if (layers > 0) {
-    c.num_layers = layers;
-    c.layer_kinds.resize(size_t(layers));
-    c.layer_is_moe.resize(size_t(layers));
-  }
-  if (opt.experts.experts_per_token > 0) limit_experts_per_token(&c, opt.experts.experts_per_token);
-  const QuantKind q = fp8_weights ? QuantKind::Fp8Block : parse_expert_format(experts, "bench --experts");
-  const std::string ex = q == QuantKind::None       ? std::string()
-                         : q == QuantKind::Fp8Block ? ", fp8 experts in 128x128 blocks"
-                                                    : ", " + experts + " experts in groups of " + std::to_string(group);
-  *what = "synthetic " + preset +
-          (fp8_weights ? " (random FP8 weights in 128x128 blocks; embedding, lm_head and router bf16"
-                       : " (random bf16 weights" + ex) +
-          ", " + std::to_string(c.num_layers) + " layers" +
-          (opt.experts.experts_per_token > 0 ? ", --moe-top-k " + std::to_string(c.num_experts_per_tok) : std::string()) +
-          (mtp_head ? ", a random MTP head" : "") + ")";
-  if (d.device == "cpu") {
-    ThreadPool pool(opt.threads);
-    return synthetic_cpu_backend(c, q, group, pool, fp8_weights, mtp_head);
-  }
-  const Obstacle gpu = gpu_presence();
-  if (gpu) fail(device_words(d) + ": no usable GPU (" + gpu.message + "); " + device_advice(DeviceFailure::Unavailable));
-  return synthetic_backend(c, q, group, d.gpu, fp8_weights, mtp_head);
-}
-
 // "| tg128 |" or, at a context depth, "| tg128 @ d4096 |" (llama-bench's naming).
 void print_tg(int tg, int depth, const Stat& st) {
   if (depth > 0) std::printf("| tg%d @ d%d | %9.1f ± %-8.1f |\n", tg, depth, st.mean, st.sd);
@@ -90,12 +56,86 @@ struct MtpBench {
 };
 void run_mtp_tg(const ModelOptions& opt, const Backend& b, int tg, int depth, int reps, const MtpBench& mtp);
 
-// Prompt processing through one forward pass per repetition, generation
-// through Backend::greedy (on a GPU: CUDA-graph replays, no host round trip
-// per token), then what decode achieves of the weight memory's bandwidth.
+// The tg test of one sequence: generation through Backend::greedy (on a
+// GPU: CUDA-graph replays, no host round trip per token), then what decode
+// achieves of the weight memory's bandwidth.
+void run_single_tg(const ModelOptions& opt, const Backend& b, int tg, int depth, int reps,
+                   const std::vector<std::string>& host_copies, const std::vector<std::string>& fp8_decode,
+                   std::mt19937& rng, ThreadPool& pool) {
+  const ModelConfig& c = b.config();
+  std::uniform_int_distribution<int32_t> tok(0, int32_t(c.vocab_size - 1));
+  // Without --host-copies / --fp8-decode one run as the model was built;
+  // with one of them one per value, on the same model, side by side.
+  const std::vector<std::string> variants = !host_copies.empty()  ? host_copies
+                                            : !fp8_decode.empty() ? fp8_decode
+                                                                  : std::vector<std::string>{""};
+  for (size_t vi = 0; vi < variants.size(); ++vi) {
+    if (!fp8_decode.empty()) {
+      if (!set_fp8_decode(b, variants[vi] == "staged"))
+        fail("bench --fp8-decode: the FP8 decode kernels run on the GPU (--device cuda)");
+      std::printf("fp8 decode kernels: %s\n", variants[vi] == "staged" ? "staged (codes in shared memory)"
+                                                                     : "regs (codes in registers, session 6)");
+    } else if (!variants[vi].empty()) {
+      // off | N | Na (--host-copies below)
+      const std::string& v = variants[vi];
+      const bool on = v != "off";
+      const int n = on ? v[0] - '0' : 0;
+      const bool next = on && v.size() == 1;
+      if (!set_host_copies(b, on, n, next))
+        fail("bench --host-copies: the model has no host tier of q4/q8 experts (a GPU, q4/q8 experts and "
+             "--gpu-expert-cache below what they need)");
+      if (!on)
+        std::printf("host-tier experts: zero-copy expert kernels (the decode graph)\n");
+      else
+        std::printf("host-tier experts: copy engine, %d copied ahead per MoE layer (%s)\n", n,
+                    next ? "predicted at the previous MoE layer's router" : "predicted from the layer's input");
+    }
+    std::vector<double> rate;
+    std::vector<int32_t> out(static_cast<size_t>(tg)), ctx(static_cast<size_t>(depth));
+    for (auto& i : ctx) i = tok(rng);
+    for (int r = 0; r < reps + 1; ++r) {  // the first run warms up (caches, pages, the graph capture)
+      auto st = b.new_state(opt.kv);
+      if (depth > 0) b.forward(*st, ctx.data(), depth, LogitsMode::None, nullptr, pool);  // the context, not timed
+      if (r == 1) b.reset_expert_stats();
+      auto t = Clock::now();
+      b.greedy(*st, tok(rng), tg, out.data(), pool);
+      if (r > 0) rate.push_back(double(tg) / seconds_since(t));
+    }
+    Stat st = stats(rate);
+    print_tg(tg, depth, st);
+    const double bytes = double(b.weight_bytes_per_token());
+    const double gbps = st.mean * bytes / 1e9;
+    const Bandwidth copy = weight_memory_bandwidth(b, pool);
+    std::printf("decode reads %.2f MB of weights per token -> %.2f GB/s; %s: %.1f GB/s; decode at %.0f%% of that "
+                "roofline (roofline %.1f tokens/s)\n",
+                bytes / 1e6, gbps, copy.what.c_str(), copy.gbps, 100.0 * gbps / copy.gbps, copy.gbps * 1e9 / bytes);
+    const ExpertTierStats ts = b.tier_stats();
+    if (ts.enabled) {
+      // Experts read over the host link per token, and the speed that link
+      // alone would allow (the VRAM part runs at the roofline above).
+      const double tokens = double(tg) * reps;
+      const double host_bytes = double(ts.host_hits) * double(ts.expert_bytes) / tokens;
+      const double link = host_link_gbps(b);
+      const double t_link = host_bytes / (link * 1e9), t_vram = (bytes - host_bytes) / (copy.gbps * 1e9);
+      std::printf("%s\n", b.expert_stats(int64_t(tokens)).c_str());
+      std::printf("host->device link (cudaMemcpy from pinned memory): %.1f GB/s; link-bound decode %.1f tokens/s "
+                  "(link + VRAM roofline: %.1f tokens/s); tg at %.0f%% of the link bound\n",
+                  link, host_bytes > 0 ? 1.0 / t_link : 0.0, 1.0 / (t_link + t_vram),
+                  host_bytes > 0 ? 100.0 * st.mean * t_link : 0.0);
+      if (vi == 0) {
+        const std::string rates = host_link_rates(b);
+        if (!rates.empty()) std::printf("host link rates: %s\n", rates.c_str());
+      }
+    }
+  }
+}
+
+// Prompt processing through one forward pass per repetition, then the tg
+// test once per --batch value.
 void run_bench(const ModelOptions& opt, const Backend& b, const std::string& what, int pp, int tg, int depth,
-               int reps, bool no_graph, int profile_steps, int batch, const std::vector<std::string>& host_copies,
-               const std::vector<std::string>& fp8_decode, const MtpBench& mtp) {
+               int reps, bool no_graph, int profile_steps, const std::vector<int>& batches,
+               const std::vector<std::string>& host_copies, const std::vector<std::string>& fp8_decode,
+               const MtpBench& mtp) {
   ThreadPool pool(opt.threads);
   set_decode_graph(b, !no_graph);
   const ModelConfig& c = b.config();
@@ -124,74 +164,13 @@ void run_bench(const ModelOptions& opt, const Backend& b, const std::string& wha
     Stat st = stats(rate);
     std::printf("| pp%-3d | %9.1f ± %-8.1f |\n", pp, st.mean, st.sd);
   }
-  if (tg > 0 && batch > 1) {
-    run_batch_tg(opt, b, tg, depth, reps, batch);
-  } else if (tg > 0 && !mtp.drafts.empty()) {
+  if (tg > 0 && !mtp.drafts.empty()) {
     run_mtp_tg(opt, b, tg, depth, reps, mtp);
   } else if (tg > 0) {
-    // Without --host-copies / --fp8-decode one run as the model was built;
-    // with one of them one per value, on the same model, side by side.
-    const std::vector<std::string> variants = !host_copies.empty()  ? host_copies
-                                              : !fp8_decode.empty() ? fp8_decode
-                                                                    : std::vector<std::string>{""};
-    for (size_t vi = 0; vi < variants.size(); ++vi) {
-      if (!fp8_decode.empty()) {
-        if (!set_fp8_decode(b, variants[vi] == "staged"))
-          fail("bench --fp8-decode: the FP8 decode kernels run on the GPU (--device cuda)");
-        std::printf("fp8 decode kernels: %s\n", variants[vi] == "staged" ? "staged (codes in shared memory)"
-                                                                       : "regs (codes in registers, session 6)");
-      } else if (!variants[vi].empty()) {
-        // off | N | Na (--host-copies below)
-        const std::string& v = variants[vi];
-        const bool on = v != "off";
-        const int n = on ? v[0] - '0' : 0;
-        const bool next = on && v.size() == 1;
-        if (!set_host_copies(b, on, n, next))
-          fail("bench --host-copies: the model has no host tier of q4/q8 experts (a GPU, q4/q8 experts and "
-               "--gpu-expert-cache below what they need)");
-        if (!on)
-          std::printf("host-tier experts: zero-copy expert kernels (the decode graph)\n");
-        else
-          std::printf("host-tier experts: copy engine, %d copied ahead per MoE layer (%s)\n", n,
-                      next ? "predicted at the previous MoE layer's router" : "predicted from the layer's input");
-      }
-      std::vector<double> rate;
-      std::vector<int32_t> out(static_cast<size_t>(tg)), ctx(static_cast<size_t>(depth));
-      for (auto& i : ctx) i = tok(rng);
-      for (int r = 0; r < reps + 1; ++r) {  // the first run warms up (caches, pages, the graph capture)
-        auto st = b.new_state(opt.kv);
-        if (depth > 0) b.forward(*st, ctx.data(), depth, LogitsMode::None, nullptr, pool);  // the context, not timed
-        if (r == 1) b.reset_expert_stats();
-        auto t = Clock::now();
-        b.greedy(*st, tok(rng), tg, out.data(), pool);
-        if (r > 0) rate.push_back(double(tg) / seconds_since(t));
-      }
-      Stat st = stats(rate);
-      print_tg(tg, depth, st);
-      const double bytes = double(b.weight_bytes_per_token());
-      const double gbps = st.mean * bytes / 1e9;
-      const Bandwidth copy = weight_memory_bandwidth(b, pool);
-      std::printf("decode reads %.2f MB of weights per token -> %.2f GB/s; %s: %.1f GB/s; decode at %.0f%% of that "
-                  "roofline (roofline %.1f tokens/s)\n",
-                  bytes / 1e6, gbps, copy.what.c_str(), copy.gbps, 100.0 * gbps / copy.gbps, copy.gbps * 1e9 / bytes);
-      const ExpertTierStats ts = b.tier_stats();
-      if (ts.enabled) {
-        // Experts read over the host link per token, and the speed that link
-        // alone would allow (the VRAM part runs at the roofline above).
-        const double tokens = double(tg) * reps;
-        const double host_bytes = double(ts.host_hits) * double(ts.expert_bytes) / tokens;
-        const double link = host_link_gbps(b);
-        const double t_link = host_bytes / (link * 1e9), t_vram = (bytes - host_bytes) / (copy.gbps * 1e9);
-        std::printf("%s\n", b.expert_stats(int64_t(tokens)).c_str());
-        std::printf("host->device link (cudaMemcpy from pinned memory): %.1f GB/s; link-bound decode %.1f tokens/s "
-                    "(link + VRAM roofline: %.1f tokens/s); tg at %.0f%% of the link bound\n",
-                    link, host_bytes > 0 ? 1.0 / t_link : 0.0, 1.0 / (t_link + t_vram),
-                    host_bytes > 0 ? 100.0 * st.mean * t_link : 0.0);
-        if (vi == 0) {
-          const std::string rates = host_link_rates(b);
-          if (!rates.empty()) std::printf("host link rates: %s\n", rates.c_str());
-        }
-      }
+    // Each --batch value on the same model, in the order given.
+    for (int batch : batches) {
+      if (batch > 1) run_batch_tg(opt, b, tg, depth, reps, batch);
+      else run_single_tg(opt, b, tg, depth, reps, host_copies, fp8_decode, rng, pool);
     }
   }
   if (profile_steps > 0) {
@@ -374,15 +353,11 @@ Registrar reg_bench(40, [](CLI::App& app) {
   auto tg = std::make_shared<int>(128);
   auto depth = std::make_shared<int>(0);
   auto reps = std::make_shared<int>(3);
-  auto synthetic = std::make_shared<std::string>();
-  auto layers = std::make_shared<int>(0);
+  auto synthetic = std::make_shared<SyntheticOptions>();
   auto no_graph = std::make_shared<bool>(false);
   auto profile = std::make_shared<int>(0);
-  auto experts = std::make_shared<std::string>("bf16");
-  auto group = std::make_shared<int>(64);
-  auto weights = std::make_shared<std::string>("bf16");
   auto bandwidth = std::make_shared<bool>(false);
-  auto batch = std::make_shared<int>(1);
+  auto batch = std::make_shared<std::vector<int>>(std::vector<int>{1});
   auto host_copies = std::make_shared<std::vector<std::string>>();
   auto fp8_decode = std::make_shared<std::vector<std::string>>();
   auto mtp = std::make_shared<bool>(false);
@@ -397,27 +372,15 @@ Registrar reg_bench(40, [](CLI::App& app) {
                   "Context tokens (random, prefilled before each tg run and not timed): tg at that depth")
       ->check(integer_between(0, 1000000));
   cmd->add_option("-r,--repetitions", *reps, "Repetitions of each test")->check(integer_between(1, 1000));
-  cmd->add_option("--synthetic", *synthetic,
-                  "Random bf16 weights of a published size instead of -m (qwen3.5-35b-a3b, qwen3.5-122b-a10b, "
-                  "qwen3.5-397b-a17b, qwen3-next-80b-a3b): built on the GPU, or with --device cpu in host memory (its "
-                  "embedding tied to the lm_head); all its layers unless --layers");
-  auto* ly = cmd->add_option("--layers", *layers, "With --synthetic: only the first N layers (0: all)")
-      ->check(integer_between(0, 2147483647));
-  auto* ex = cmd->add_option("--experts", *experts,
-                              "With --synthetic: the routed experts' format, bf16 (default), q8, q4 (as flashmoe pack "
-                              "writes them) or fp8 (E4M3 in 128x128 blocks, as Qwen's FP8 releases store them)");
-  auto* wt = cmd->add_option("--weights", *weights,
-                             "With --synthetic: bf16 (default), or fp8: every linear weight an FP8 release converts "
-                             "(projections, shared and routed experts) in E4M3 128x128 blocks; embedding, lm_head and "
-                             "router stay bf16");
-  auto* gr = cmd->add_option("--group", *group, "With --synthetic --experts q8|q4: quantisation group size (default 64)")
-                      ->check(integer_between(1, 2147483647));
+  add_synthetic_options(cmd, synthetic.get());
   auto* bw = cmd->add_flag("--bandwidth", *bandwidth,
                            "A run of its own, instead of pp/tg: the host's DRAM read bandwidth (a read-only streaming sum "
                            "over 4 x the last-level cache, at least 256 MiB, on -t threads); no model");
   cmd->add_option("--batch", *batch,
                   "The tg test with B independent sequences decoding together (one batched forward pass per step): "
-                  "aggregate and per-sequence tokens/s, and the roofline of the bytes a step reads (default 1)")
+                  "aggregate and per-sequence tokens/s, and the roofline of the bytes a step reads (default 1); "
+                  "comma-separated: each B in turn on the same model")
+      ->delimiter(',')
       ->check(integer_between(1, 4096));
   cmd->add_option("--host-copies", *host_copies,
                   "On the GPU with a host tier of q4/q8 experts: the tg test once per value (comma-separated) on the "
@@ -466,8 +429,8 @@ Registrar reg_bench(40, [](CLI::App& app) {
   cmd->add_option("--profile", *profile, "On the GPU: time each kernel class over N decode steps, and each phase of the batched prefill and of the batched decode steps of --batch (printed when the model is released)")
       ->check(integer_between(0, 2147483647));
   // Every option's storage is captured: the callback runs after this function returned.
-  cmd->callback([opt, pp, tg, depth, reps, synthetic, layers, no_graph, profile, experts, group, bandwidth, batch, ex, gr,
-                 bw, ly, weights, wt, host_copies, fp8_decode, mtp, draft, accept, acc, drafts, drs, refeed, rf] {
+  cmd->callback([opt, pp, tg, depth, reps, synthetic, no_graph, profile, bandwidth, batch, bw, host_copies, fp8_decode,
+                 mtp, draft, accept, acc, drafts, drs, refeed, rf] {
     finalize_model_options(opt.get());
     MtpBench mb;
     const int one = spec_draft_from_flags(*mtp, *draft);
@@ -478,34 +441,28 @@ Registrar reg_bench(40, [](CLI::App& app) {
     mb.accept = *accept;
     if (rf->count() && !*mtp) fail("--mtp-refeed needs --mtp");
     mb.refeed = *refeed;
-    if (*mtp && *batch > 1) fail("bench: --mtp and --batch are separate tests; give one of them");
+    const bool batched = std::any_of(batch->begin(), batch->end(), [](int b) { return b > 1; });
+    if (*mtp && batched) fail("bench: --mtp and --batch are separate tests; give one of them");
     if (bw->count()) {
-      if (!opt->model_dir.empty() || !synthetic->empty())
+      if (!opt->model_dir.empty() || synthetic->given())
         fail("bench: --bandwidth is a run of its own: give it without -m/--model or --synthetic");
       run_bandwidth(opt->threads);
       return;
     }
     opt->device.gpu.prefill_profile = *profile > 0;
-    if (!host_copies->empty() && *batch > 1)
+    if (!host_copies->empty() && batched)
       fail("bench: --host-copies is for the single-sequence tg test, not --batch");
-    if (!fp8_decode->empty() && (*batch > 1 || !host_copies->empty()))
+    if (!fp8_decode->empty() && (batched || !host_copies->empty()))
       fail("bench: --fp8-decode is for the single-sequence tg test, without --batch or --host-copies");
-    if (opt->model_dir.empty() == synthetic->empty())
-      fail(synthetic->empty() ? "bench: give a model with -m/--model, or --synthetic, or --bandwidth"
-                              : "bench: give either -m/--model or --synthetic, not both");
+    if (opt->model_dir.empty() && !synthetic->given())
+      fail("bench: give a model with -m/--model, or --synthetic, or --bandwidth");
+    check_synthetic_options("bench", *synthetic, *opt);
     // The memory plan reserves one conversation's KV cache for what the tests feed.
     opt->device.gpu.plan_context = std::max<int64_t>(2048, int64_t(*pp) + *depth + *tg + 16);
-    if (!synthetic->empty()) {
-      if (*weights != "bf16" && *weights != "fp8")
-        fail("bench --weights: unknown weight format '" + *weights + "' (expected bf16 or fp8)");
-      const bool fp8 = *weights == "fp8";
-      if (fp8 && ex->count() && *experts != "fp8")
-        fail("bench: --weights fp8 makes the routed experts fp8 too; leave out --experts " + *experts);
-      if (gr->count() && (fp8 || *experts == "fp8"))
-        fail("bench: --group is for --experts q8|q4 (FP8 blocks are 128x128)");
+    if (synthetic->given()) {
       std::string what;
       const auto t0 = Clock::now();
-      auto b = synthetic_model(*opt, *synthetic, *layers, *experts, *group, fp8, *mtp, &what);
+      auto b = build_synthetic_model(*opt, *synthetic, *mtp, &what);
       // Building a model larger than VRAM pins its host tier: that time is part of starting it.
       if (opt->stats) {
         std::fprintf(stderr, "synthetic model built in %.1f s", seconds_since(t0));
@@ -517,10 +474,6 @@ Registrar reg_bench(40, [](CLI::App& app) {
       run_bench(*opt, *b, what, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch, *host_copies, *fp8_decode, mb);
       return;
     }
-    if (ex->count() || gr->count() || wt->count())
-      fail("bench: --experts, --weights and --group are for --synthetic (a model's weights are in the format it was "
-           "stored or packed in)");
-    if (ly->count()) fail("bench: --layers is for --synthetic (a model from -m runs all its layers)");
     std::unique_ptr<Backend> b = load_model(*opt);
     run_bench(*opt, *b, opt->model_dir, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch, *host_copies, *fp8_decode,
               mb);

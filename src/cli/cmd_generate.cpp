@@ -6,6 +6,7 @@
 #include "cli/validators.h"
 #include "cli/common.h"
 #include "cli/generation_options.h"
+#include "cli/synthetic_options.h"
 #include "engine/speculative.h"
 
 namespace flashmoe::cli {
@@ -20,7 +21,9 @@ Registrar reg_generate(11, [](CLI::App& app) {
   auto print_ids = std::make_shared<bool>(false);
   auto mtp = std::make_shared<bool>(false);
   auto draft = std::make_shared<std::optional<int>>();
-  add_model_options(cmd, opt.get());
+  auto synthetic = std::make_shared<SyntheticOptions>();
+  add_model_options(cmd, opt.get(), /*require_model=*/false);
+  add_synthetic_options(cmd, synthetic.get());
   cmd->add_option("--ids", *ids, "Comma-separated prompt token ids")->required();
   cmd->add_option("-n,--n-predict", *n, "Number of tokens to generate")->check(integer_between(0, 2147483647));
   cmd->add_flag("--greedy", *greedy, "Greedy decoding (argmax); the only mode of this command");
@@ -28,11 +31,14 @@ Registrar reg_generate(11, [](CLI::App& app) {
   add_speculative_options(cmd, mtp.get(), draft.get());
   // Every option's storage is captured explicitly: CLI11 writes flags through
   // these pointers, so each must live as long as the command does.
-  cmd->callback([opt, ids, n, greedy, print_ids, mtp, draft] {
+  cmd->callback([opt, synthetic, ids, n, greedy, print_ids, mtp, draft] {
     const int spec_draft = spec_draft_from_flags(*mtp, *draft);
     finalize_model_options(opt.get());
+    check_synthetic_options("generate", *synthetic, *opt);
     std::vector<int32_t> tok = parse_ids(*ids);
-    std::unique_ptr<Backend> backend = load_model(*opt);
+    std::string what;
+    std::unique_ptr<Backend> backend =
+        synthetic->given() ? build_synthetic_model(*opt, *synthetic, spec_draft > 0, &what) : load_model(*opt);
     ThreadPool pool(opt->threads);
     Session s(*backend, opt->kv, pool, spec_draft > 0);
     SpecStats spec;

@@ -20,6 +20,7 @@
 #include "cli/validators.h"
 #include "cli/common.h"
 #include "cli/generation_options.h"
+#include "cli/synthetic_options.h"
 #include "cli/text_model.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -32,6 +33,8 @@ namespace {
 
 struct ServeArgs {
   ModelOptions model;
+  SyntheticOptions synthetic;
+  std::string tokenizer;  // with --synthetic
   server::ServerConfig cfg;
   std::string alias;
   int64_t ctx_size = 0;
@@ -67,6 +70,7 @@ ChatTemplate load_template_override(const std::string& path, const std::optional
 std::string model_id(const std::string& path) {
   std::filesystem::path p = std::filesystem::path(path).lexically_normal();
   if (p.filename().empty()) p = p.parent_path();
+  if (p.filename() == "config.json") p = p.parent_path();  // --synthetic DIR/config.json: DIR
   std::string id = p.filename().string();
   return id.empty() || id == "." ? "model" : id;
 }
@@ -74,7 +78,13 @@ std::string model_id(const std::string& path) {
 Registrar reg_serve(30, [](CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (chat/completions, completions, models, metrics)");
   auto a = std::make_shared<ServeArgs>();
-  add_model_options(cmd, &a->model);
+  add_model_options(cmd, &a->model, /*require_model=*/false);
+  add_synthetic_options(cmd, &a->synthetic);
+  cmd->add_option("--tokenizer", a->tokenizer,
+                  "With --synthetic: the tokenizer (a directory holding tokenizer.json, and tokenizer_config.json "
+                  "for the chat template; or the file) that turns requests into ids and ids into text; ids of the "
+                  "model it does not have come out as the text <|id_N|>")
+      ->group("Synthetic model");
   const char* g = "Server";
   cmd->add_option("--host", a->cfg.host, "Address to bind (default 127.0.0.1: this machine only)")->group(g);
   cmd->add_option("--port", a->cfg.port, "Port (default 8080; 0: any free port, printed at startup)")
@@ -103,6 +113,10 @@ Registrar reg_serve(30, [](CLI::App& app) {
                   "next step. A GPU's steps are far shorter than a CPU's: a smaller value keeps one late request "
                   "from holding up the rest")
       ->check(integer_between(0, 1000000))->group(g);
+  // Hidden, for batch-serve's GPU rounds only (A/B in one call; the loser leaves after them).
+  cmd->add_option("--stream-write-ahead", a->cfg.stream_write_ahead,
+                  "1 (default): a stream's chunk is written while generation goes on; 0: each waited for at once")
+      ->group("");
   cmd->add_option("--queue", a->cfg.queue, "Requests waiting for a free slot before answering 503 (default 32)")
       ->check(integer_between(0, 4096))->group(g);
   cmd->add_option("--max-body", a->cfg.max_body,
@@ -131,6 +145,12 @@ Registrar reg_serve(30, [](CLI::App& app) {
       ->check(integer_at_least(0))->group(g);
   cmd->callback([a] {
     finalize_model_options(&a->model);
+    check_synthetic_options("serve", a->synthetic, a->model);
+    if (a->synthetic.given() && a->tokenizer.empty())
+      fail("serve --synthetic needs --tokenizer DIR: a synthetic model has no tokenizer of its own (e.g. the real "
+           "model's directory, or models/coder-mini)");
+    if (!a->synthetic.given() && !a->tokenizer.empty())
+      fail("serve: --tokenizer is for --synthetic (a model from -m brings its own tokenizer)");
     // Before any thread exists, so every thread inherits the mask and only
     // the waiter below sees these signals.
     sigset_t sigs;
@@ -147,10 +167,12 @@ Registrar reg_serve(30, [](CLI::App& app) {
       setrlimit(RLIMIT_NOFILE, &fds);
     }
 
-    TextModel tm = load_text_model(a->model);
+    std::string what;
+    TextModel tm = a->synthetic.given() ? load_synthetic_text_model(a->model, a->synthetic, a->tokenizer, &what)
+                                        : load_text_model(a->model);
     if (!a->chat_template.empty()) tm.chat.emplace(load_template_override(a->chat_template, tm.chat));
     server::ServedModel sm;
-    sm.id = a->alias.empty() ? model_id(a->model.model_dir) : a->alias;
+    sm.id = !a->alias.empty() ? a->alias : model_id(a->synthetic.given() ? a->synthetic.name : a->model.model_dir);
     sm.backend = tm.backend.get();
     sm.tokenizer = &tm.tokenizer;
     sm.chat = tm.chat ? &*tm.chat : nullptr;
@@ -176,6 +198,7 @@ Registrar reg_serve(30, [](CLI::App& app) {
     server::HttpServer srv(a->cfg, sm);
     int port = srv.bind();
     const std::string device = sm.backend->label();
+    if (!what.empty()) std::fprintf(stderr, "flashmoe serve: %s; tokenizer %s\n", what.c_str(), a->tokenizer.c_str());
     std::fprintf(stderr,
                  "flashmoe serve: model '%s' on http://%s:%d (device %s, %d threads, batches of up to %d requests "
                  "and %lld tokens per step, queue %d, state cache %zu, context %lld)\n",

@@ -1,5 +1,7 @@
 #include "cli/text_model.h"
 
+#include <filesystem>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -7,6 +9,19 @@
 #include "tokenizer/gguf_tokenizer.h"
 
 namespace flashmoe::cli {
+
+namespace {
+// tokenizer_config.json's template, or none when there is no usable one:
+// plain completion still works; --chat will say so.
+std::optional<ChatTemplate> usable_chat_template(const std::string& tokenizer_config) {
+  if (tokenizer_config.empty()) return std::nullopt;
+  try {
+    return ChatTemplate::load(tokenizer_config);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+}  // namespace
 
 TextModel load_text_model(const ModelOptions& opt) {
   const std::string& path = opt.model_dir;
@@ -20,13 +35,30 @@ TextModel load_text_model(const ModelOptions& opt) {
     fail("no tokenizer.json found for " + path + " (looked in the model directory and next to it)");
   Tokenizer tok = Tokenizer::load(files.tokenizer_json);
   TextModel tm{files, load_model(opt), std::move(tok), std::nullopt};
-  if (!files.tokenizer_config.empty()) {
-    try {
-      tm.chat.emplace(ChatTemplate::load(files.tokenizer_config));
-    } catch (const Error&) {
-      // No usable template: plain completion still works; --chat will say so.
-    }
-  }
+  tm.chat = usable_chat_template(files.tokenizer_config);
+  return tm;
+}
+
+TextModel load_synthetic_text_model(const ModelOptions& opt, const SyntheticOptions& s, const std::string& tokenizer,
+                                    std::string* what) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  ModelFiles files;
+  files.model_dir = "synthetic " + s.name;  // names the model in messages (no chat template found for ...)
+  const fs::path dir = fs::is_directory(tokenizer, ec) ? fs::path(tokenizer) : fs::path(tokenizer).parent_path();
+  files.tokenizer_json = fs::is_directory(tokenizer, ec) ? (dir / "tokenizer.json").string() : tokenizer;
+  if (!fs::is_regular_file(files.tokenizer_json, ec))
+    fail("--tokenizer " + tokenizer + ": no tokenizer.json there (give a directory holding one, or the file)");
+  if (fs::is_regular_file(dir / "tokenizer_config.json", ec)) files.tokenizer_config = (dir / "tokenizer_config.json").string();
+  Tokenizer tok = Tokenizer::load(files.tokenizer_json);
+  TextModel tm{files, build_synthetic_model(opt, s, /*mtp_head=*/false, what), std::move(tok), std::nullopt};
+  const size_t vocab = size_t(tm.backend->config().vocab_size);
+  if (tm.tokenizer.vocab_size() > vocab)
+    fail("--tokenizer " + tokenizer + " has " + std::to_string(tm.tokenizer.vocab_size()) +
+         " token ids, more than the vocabulary of " + std::to_string(vocab) + " of --synthetic " + s.name +
+         " (its prompts would hold ids the model does not have)");
+  tm.tokenizer.spell_missing_ids(vocab);
+  tm.chat = usable_chat_template(files.tokenizer_config);
   return tm;
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cli/common.h"
+#include "cli/synthetic_options.h"
 #include "format/model_files.h"
 #include "runtime/backend.h"
 #include "tokenizer/chat_template.h"
@@ -27,5 +28,14 @@ struct TextModel {
 
 // Throws Error naming what is missing (model dir, tokenizer.json).
 TextModel load_text_model(const ModelOptions& opt);
+
+// --synthetic with --tokenizer DIR: the synthetic model (random weights,
+// as bench builds it) with DIR's tokenizer.json and chat template (its
+// tokenizer_config.json, when there); ids of the model the tokenizer lacks
+// decode to "<|id_N|>" (Tokenizer::spell_missing_ids). Throws Error when
+// DIR holds no tokenizer.json or the tokenizer has ids beyond the model's
+// vocabulary. `what` receives the model's description.
+TextModel load_synthetic_text_model(const ModelOptions& opt, const SyntheticOptions& s, const std::string& tokenizer,
+                                    std::string* what);
 
 }  // namespace flashmoe::cli

@@ -86,7 +86,10 @@ void BatchScheduler::forward(State& st, const int32_t* ids, int64_t n, LogitsMod
     return;
   }
   pending_.push_back(&r);
-  work_cv_.notify_all();
+  // The loop waits for a first request, then for every attached session's:
+  // only those two wake it (one wake-up per session handing in was a
+  // context switch each on a machine of few cores, in series with the step).
+  if (pending_.size() == 1 || int64_t(pending_.size()) >= attached_) work_cv_.notify_all();
   done_cv_.wait(lock, [&] { return r.finished; });
   if (r.error) std::rethrow_exception(r.error);
 }

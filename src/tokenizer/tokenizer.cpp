@@ -210,6 +210,17 @@ bool Tokenizer::is_special(int32_t id) const {
 
 size_t Tokenizer::vocab_size() const { return impl_->piece.size(); }
 
+void Tokenizer::spell_missing_ids(size_t model_vocab) {
+  Impl& m = *impl_;
+  if (model_vocab > m.piece.size()) {
+    m.piece.resize(model_vocab);
+    m.token.resize(model_vocab);
+    m.special.resize(model_vocab, false);
+  }
+  for (size_t id = 0; id < m.piece.size(); ++id)
+    if (m.piece[id].empty()) m.piece[id] = m.token[id] = "<|id_" + std::to_string(id) + "|>";
+}
+
 const std::string& Tokenizer::path() const { return impl_->path; }
 
 std::string StreamDecoder::feed(int32_t id) {

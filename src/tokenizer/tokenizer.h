@@ -47,6 +47,14 @@ class Tokenizer {
   // Highest id + 1, counting added tokens (what embeddings must cover).
   size_t vocab_size() const;
 
+  // For a model whose vocabulary is larger than this tokenizer's (a
+  // synthetic model served with a real tokenizer, `serve --synthetic`):
+  // every id below `model_vocab` that the tokenizer does not have decodes
+  // to the text "<|id_N|>" (N the id) instead of nothing, so each generated
+  // token shows; encode never produces these ids (typing "<|id_N|>" encodes
+  // the text), and vocab_size() becomes model_vocab.
+  void spell_missing_ids(size_t model_vocab);
+
   const std::string& path() const;
 
  private:

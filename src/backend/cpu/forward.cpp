@@ -70,10 +70,14 @@ void forward_step(const QwenModel& m, const std::vector<StepPart>& parts, Thread
   x.resize(size_t(n * H));
   xn.resize(size_t(n * H));
   out.resize(size_t(n * H));
+  // Every sequence's embedding rows in one parallel loop (a loop per
+  // sequence was a barrier per decoding sequence of the step).
+  std::vector<const int32_t*> row_ids(static_cast<size_t>(n));
   for (const StepPart& p : parts)
-    pool.parallel_for(p.rows.n, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) load_row(w.embed, p.ids[t], x.data() + (p.rows.row0 + t) * H);
-    }, kRowGrain);
+    for (int64_t t = 0; t < p.rows.n; ++t) row_ids[size_t(p.rows.row0 + t)] = p.ids + t;
+  pool.parallel_for(n, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) load_row(w.embed, *row_ids[size_t(r)], x.data() + r * H);
+  }, kRowGrain);
   auto capture = [&](int64_t layer) {
     if (hidden) (*hidden)[size_t(layer)].insert((*hidden)[size_t(layer)].end(), x.begin(), x.end());
   };
