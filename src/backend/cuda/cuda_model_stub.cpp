@@ -38,6 +38,7 @@ void CudaModel::mark_rollback(CudaState&) const { no_cuda(); }
 void CudaModel::rollback(CudaState&) const { no_cuda(); }
 int64_t CudaModel::rollback_position(const CudaState&) const { no_cuda(); }
 std::vector<int64_t> CudaModel::kv_positions(const CudaState&, int) const { no_cuda(); }
+std::vector<int64_t> CudaModel::kv_selected(const CudaState&, int, int) const { no_cuda(); }
 void CudaModel::forward(CudaState&, const int32_t*, int64_t, LogitsMode, float*) const { no_cuda(); }
 void CudaModel::decode_greedy(CudaState&, int32_t, int64_t, int32_t*) const { no_cuda(); }
 void CudaModel::forward_batch(const CudaBatchItem*, int64_t) const { no_cuda(); }
