@@ -223,13 +223,16 @@ TEST(CudaKvPolicies, QuestReadsTheCpusPages) {
         for (size_t i = 0; i < prompt.size(); ++i) {
           a = cpu.feed({prompt[i]});
           b = gpu.feed({prompt[i]});
-          if (same_pages("prompt token " + std::to_string(i)))
+          if (same_pages("prompt token " + std::to_string(i))) {
             EXPECT_LE(max_abs_diff(a.data(), b.data(), size_t(V)), tol) << label << " prompt token " << i;
+          }
         }
       } else {
         a = cpu.feed(prompt);
         b = gpu.feed(prompt);
-        if (same_pages("after the prompt")) EXPECT_LE(max_abs_diff(a.data(), b.data(), size_t(V)), tol) << label;
+        if (same_pages("after the prompt")) {
+          EXPECT_LE(max_abs_diff(a.data(), b.data(), size_t(V)), tol) << label;
+        }
       }
       // The prompt outgrew the budget: the choice is a real one.
       ASSERT_LT(int64_t(gpu.state().kv_selected(0, 0).size()), int64_t(prompt.size())) << label;
@@ -240,8 +243,9 @@ TEST(CudaKvPolicies, QuestReadsTheCpusPages) {
         fed.push_back(next);
         a = cpu.feed({next});
         b = gpu.feed({next});
-        if (same_pages("decode step " + std::to_string(step)))
+        if (same_pages("decode step " + std::to_string(step))) {
           EXPECT_LE(max_abs_diff(a.data(), b.data(), size_t(V)), tol) << label << " step " << step;
+        }
         if (step == 3) mid = gpu.snapshot();
       }
       Session r(gpu_view(*model, *cuda), c.kv, pool);
