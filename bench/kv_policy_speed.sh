@@ -6,7 +6,7 @@
 #
 #   bench/kv_policy_speed.sh BUILD_DIR "MODEL_ARGS" [DEPTH] [BUDGET] [N] [ROUNDS] [ONLY]
 # ONLY: the policies to run, by their first word, comma-separated (e.g.
-# full,streaming,snapkv,rotated); default all.
+# full,streaming,snapkv,rotated,quest,quest16); default all.
 #   CPU:  bench/kv_policy_speed.sh build "-m models/coder-mini/model -t 2" 4096 1024 32 2
 #   H200: bench/kv_policy_speed.sh build "--device cuda --synthetic qwen3.5-35b-a3b --kv-dtype fp8" 4096 2048 128 2
 set -euo pipefail
@@ -17,12 +17,19 @@ D="${3:-4096}"; B="${4:-1024}"; N="${5:-32}"; ROUNDS="${6:-2}"; ONLY="${7:-}"
 POLICIES=("full|" "window $B|--kv-window $B" "streaming $B|--kv-streaming $B" "h2o $B|--kv-h2o $B"
           "tova $B|--kv-tova $B")
 # SnapKV (the prompt cut to B at the first decoded token, inside the timed
-# tg run); the Quest store (fp8, pages of 4, B read per query, a quarter of
-# them the recent positions) on the CPU only.
+# tg run).
 POLICIES+=("snapkv $B|--kv-snapkv $B")
 # fp8 with Hadamard-rotated K and V (the query rotated, the output rotated back).
 case "$MODEL_ARGS" in
   *"--kv-dtype fp8"*) POLICIES+=("rotated full|--kv-fp8-scale rotated") ;;
+esac
+# The Quest store: pages of 4, B read per query, a quarter of them the
+# recent positions (fp8 head scales on the CPU, the model args' KV dtype on
+# the GPU); quest16: pages of 16 (a quarter of the pages to score).
+QUEST="--kv-resident $B --kv-recent 0.25"
+case "$MODEL_ARGS" in
+  *"--device cuda"*) POLICIES+=("quest $B|$QUEST --kv-page 4" "quest16 $B|$QUEST --kv-page 16") ;;
+  *) POLICIES+=("quest $B|--kv-dtype fp8 --kv-fp8-scale head $QUEST --kv-page 4") ;;
 esac
 if [ -n "$ONLY" ]; then
   KEEP=()
@@ -32,10 +39,6 @@ if [ -n "$ONLY" ]; then
   done
   POLICIES=("${KEEP[@]}")
 fi
-case "$MODEL_ARGS" in
-  *"--device cuda"*) ;;
-  *) POLICIES+=("quest $B|--kv-dtype fp8 --kv-fp8-scale head --kv-resident $B --kv-page 4 --kv-recent 0.25") ;;
-esac
 declare -A sum cnt
 for r in $(seq 1 "$ROUNDS"); do
   for p in "${POLICIES[@]}"; do

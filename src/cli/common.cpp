@@ -80,9 +80,6 @@ void finalize_model_options(ModelOptions* opt) {
   // The CUDA attention kernels read keys without offsets.
   if (opt->kv.dtype == KvDType::FP8 && opt->kv.fp8_scale == Fp8ScaleMode::Channel && opt->device.cpu_only.empty())
     opt->device.cpu_only = "--kv-fp8-scale channel";
-  // The CUDA KV layers have no page store.
-  if (opt->kv.retention() == KvRetention::Quest && opt->device.cpu_only.empty())
-    opt->device.cpu_only = "--kv-resident";
   // "GB" or "N%" into gb or fraction.
   auto size = [](const std::string& flag, const std::string& v, double* gb, double* fraction) {
     const bool pct = v.back() == '%';

@@ -77,7 +77,7 @@ void add_kv_options(CLI::App* cmd, KvConfig* cfg) {
          "Quest-style retrieval: every position stays stored (in --kv-dtype; fp8 for the bounded-memory use), in "
          "pages with per-channel key bounds; each query attends over at most N positions: the first page, the "
          "newest page (the last F x N positions with --kv-recent F) and the pages whose key bounds score highest for "
-         "that query (CPU only; docs/kv-quality.md measures --kv-page 4 --kv-recent 0.25 best)")
+         "that query (docs/kv-quality.md measures --kv-page 4 --kv-recent 0.25 best)")
       ->check(integer_at_least(1))
       ->type_name("N")
       ->group(group);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/thread_pool.h"
 #include "format/config.h"
 #include "kv/kv_config.h"
@@ -60,6 +61,12 @@ class State {
   // The positions the KV cache of attention layer `layer` (0-based among the
   // attention layers) holds, ascending (tests of the retention policies).
   virtual std::vector<int64_t> kv_positions(int layer) const = 0;
+  // --kv-resident: the slots the last attention of layer `layer` read for
+  // KV head kv_head, ascending (tests of the Quest store).
+  virtual std::vector<int64_t> kv_selected(int layer, int kv_head) const {
+    (void)layer, (void)kv_head;
+    fail("kv_selected: not available on this backend");
+  }
 };
 
 // Counters of where routed experts came from (--stats): the expert store on

@@ -86,6 +86,10 @@ class CpuState final : public State {
     if (layer < 0 || size_t(layer) >= state.kv.size()) fail("kv_positions: no attention layer " + std::to_string(layer));
     return state.kv[size_t(layer)].positions();
   }
+  std::vector<int64_t> kv_selected(int layer, int kv_head) const override {
+    if (layer < 0 || size_t(layer) >= state.kv.size()) fail("kv_selected: no attention layer " + std::to_string(layer));
+    return state.kv[size_t(layer)].quest_selected(kv_head);
+  }
   ModelState state;
 
  private:

@@ -101,6 +101,10 @@ class CudaBackendState final : public State {
     CallGuard g(b_.call_lock());
     return b_.device().kv_positions(*st, layer);
   }
+  std::vector<int64_t> kv_selected(int layer, int kv_head) const override {
+    CallGuard g(b_.call_lock());
+    return b_.device().kv_selected(*st, layer, kv_head);
+  }
   std::unique_ptr<CudaState> st;
 
  private:

@@ -3,10 +3,11 @@
 // and attn (scores, softmax, weighted values, output gate), every KV format
 // (FP8 decoded inline with its per-position / per-head scales), every
 // retention policy (h2o: the victim picked in attn_prep, the scores summed
-// by h2o_acc_kernel).
+// by h2o_acc_kernel; quest: the positions quest.cuh chose).
 #pragma once
 #include <cooperative_groups.h>
 
+#include <array>
 #include <climits>
 
 #include "backend/cuda/device_model.cuh"
@@ -46,7 +47,33 @@ struct KvLayer {
   // rotates the query too; the attention's output is in the rotated basis
   // and rot_gate_kernel rotates it back (and gates it).
   int rot = 0;
+  // quest (--kv-resident N, quest.cuh): stored as `full` (slot = position);
+  // pages of qpage slots, each with the per-channel minimum and maximum of
+  // its decoded keys per KV head; each query attends over the pages
+  // quest_select_kernel chose for its KV head (qsel, qn) instead of [0, n).
+  int quest = 0;         // N, the positions one query reads at most (0: not quest)
+  int qpage = 0;         // P
+  int qrecent = 0;       // floor(F x N) with --kv-recent F, else 0 (the newest page alone)
+  int qlayer = 0;        // one choice per layer (all query heads' bounds) instead of per KV head
+  int qpcap = 0;         // pages the bounds hold: the pitch of kmin / kmax / qub
+  int qmaxp = 0;         // pages one choice holds at most: the pitch of qsel
+  float* kmin = nullptr;  // [nkv][hd][qpcap]: page-minor, so a warp reads 32 pages' channel c at once
+  float* kmax = nullptr;
+  float* qub = nullptr;   // [nkv][qpcap]: the pages' bounds for the current query
+  int* qsel = nullptr;    // [nkv][qmaxp]: the chosen pages, ascending
+  int* qn = nullptr;      // [nkv]: the positions they hold
 };
+
+// Every device buffer a KvLayer owns (null where its policy has none).
+inline std::array<void*, 11> kv_layer_buffers(const KvLayer& l) {
+  return {l.k, l.v, l.ks, l.vs, l.acc, l.kpos, l.kmin, l.kmax, l.qub, l.qsel, l.qn};
+}
+
+// quest: the slot of the i-th position a query of KV head kvh reads (the
+// chosen pages are whole but the newest, so i / P indexes them).
+__device__ __forceinline__ int quest_slot(const KvLayer& L, int kvh, int i) {
+  return L.qsel[kvh * L.qmaxp + i / L.qpage] * L.qpage + i % L.qpage;
+}
 
 // x <- H x in shared memory (n a power of two; every thread of the block
 // calls it after x is written): the butterflies of the CPU's
@@ -400,9 +427,14 @@ __device__ __forceinline__ void attn_body(const AttnArgs& a) {
   __shared__ float ml[2];  // this block's max and sum
   const int P = a.split, h = blockIdx.x / P, b = blockIdx.x % P;
   const int hd = a.hd, group = a.nh / a.nkv, kvh = h / group;
-  const int n = kv_valid(a.kv, *a.pos), row = a.nkv * hd;
-  const int chunk = (n + P - 1) / P, s_beg = min(n, b * chunk), s_end = min(n, s_beg + chunk);
-  if (a.prefetch) {
+  const bool quest = a.kv.quest > 0;
+  int n = quest ? 0 : kv_valid(a.kv, *a.pos);
+  const int row = a.nkv * hd;
+  int chunk = (n + P - 1) / P, s_beg = min(n, b * chunk), s_end = min(n, s_beg + chunk);
+  // quest: the i-th position read is in slot quest_slot(i), chosen by the
+  // kernel just before (so nothing to prefetch before the wait).
+  auto slot_of = [&](int i) { return quest ? quest_slot(a.kv, kvh, i) : i; };
+  if (a.prefetch && !quest) {
     // The rows of earlier positions (complete since the last step) into L2
     // before the wait, shared out over the blocks of this KV head; only the
     // current position's row comes from attn_prep.
@@ -419,6 +451,10 @@ __device__ __forceinline__ void attn_body(const AttnArgs& a) {
   }
   pdl_wait();
   pdl_trigger();
+  if (quest) {
+    n = a.kv.qn[kvh];
+    chunk = (n + P - 1) / P, s_beg = min(n, b * chunk), s_end = min(n, s_beg + chunk);
+  }
   float* q = sm;
   float* part = sm + hd;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
@@ -438,7 +474,7 @@ __device__ __forceinline__ void attn_body(const AttnArgs& a) {
     size_t off[kU];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const int s = min(s0 + u * nw, s_end - 1);
+      const int s = slot_of(min(s0 + u * nw, s_end - 1));
       d[u] = 0.f;
       off[u] = size_t(s) * row + size_t(kvh) * hd;
       ksc[u] = 1.f;
@@ -495,10 +531,11 @@ __device__ __forceinline__ void attn_body(const AttnArgs& a) {
 #pragma unroll 4
       for (int s = s_beg + warp; s < s_end; s += nw) {
         const float p = sc[s];
+        const int slot = slot_of(s);
         float vs = 1.f;
-        if constexpr (KVT == KV_FP8) vs = a.kv.vs[size_t(s) * a.ns + (a.ns == 1 ? 0 : kvh)];
+        if constexpr (KVT == KV_FP8) vs = a.kv.vs[size_t(slot) * a.ns + (a.ns == 1 ? 0 : kvh)];
         float v[8];
-        kv_load8<KVT>(a.kv.v, size_t(s) * row + size_t(kvh) * hd + lane * 8, v);
+        kv_load8<KVT>(a.kv.v, size_t(slot) * row + size_t(kvh) * hd + lane * 8, v);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           if constexpr (KVT == KV_FP8) v[i] *= vs;
@@ -521,8 +558,9 @@ __device__ __forceinline__ void attn_body(const AttnArgs& a) {
       float acc = 0.f;
 #pragma unroll 8
       for (int s = grp; s < n; s += groups) {
-        float v = kv_load<KVT>(a.kv.v, size_t(s) * row + size_t(kvh) * hd + d);
-        if constexpr (KVT == KV_FP8) v *= a.kv.vs[size_t(s) * a.ns + (a.ns == 1 ? 0 : kvh)];
+        const int slot = slot_of(s);
+        float v = kv_load<KVT>(a.kv.v, size_t(slot) * row + size_t(kvh) * hd + d);
+        if constexpr (KVT == KV_FP8) v *= a.kv.vs[size_t(slot) * a.ns + (a.ns == 1 ? 0 : kvh)];
         acc += sc[s] * v;
       }
       part[grp * hd + d] = acc;

@@ -172,6 +172,9 @@ class CudaModel {
   // The positions the KV cache of full-attention layer `layer` (0-based
   // among those layers) holds, ascending, as KvCache::positions() (tests).
   std::vector<int64_t> kv_positions(const CudaState& st, int layer) const;
+  // --kv-resident: the slots the last attention of layer `layer` read for
+  // KV head kv_head, ascending, as KvCache::quest_selected() (tests).
+  std::vector<int64_t> kv_selected(const CudaState& st, int layer, int kv_head) const;
 
   // Same contract as cpu::forward (backend/cpu/forward.h): ids checked against the vocabulary first.
   void forward(CudaState& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits) const;

@@ -40,6 +40,7 @@ int64_t CudaModel::rollback_position(const CudaState&) const { no_cuda(); }
 bool CudaModel::take_back(CudaState&, int64_t) const { no_cuda(); }
 bool CudaModel::keeps_rows(CudaState&, int64_t) const { no_cuda(); }
 std::vector<int64_t> CudaModel::kv_positions(const CudaState&, int) const { no_cuda(); }
+std::vector<int64_t> CudaModel::kv_selected(const CudaState&, int, int) const { no_cuda(); }
 void CudaModel::forward(CudaState&, const int32_t*, int64_t, LogitsMode, float*) const { no_cuda(); }
 void CudaModel::decode_greedy(CudaState&, int32_t, int64_t, int32_t*) const { no_cuda(); }
 void CudaModel::forward_argmax_rows(CudaState&, const int32_t*, int64_t, int32_t*) const { no_cuda(); }

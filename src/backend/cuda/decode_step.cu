@@ -461,8 +461,8 @@ void CudaModel::Impl::delta_net(CudaState::Impl& s, const DLayer& d, int sl) {
 }
 
 // A gated attention layer's mixer (KV cache sl): q/k/v projection (input
-// norm fused), rope + KV store, attention, h2o's scores, o_proj (+ the
-// folded router).
+// norm fused), rope + KV store, quest's choice of pages, attention, h2o's
+// scores, o_proj (+ the folded router).
 void CudaModel::Impl::attention(CudaState::Impl& s, const DLayer& d, int sl) {
   const ModelConfig& m = c;
   const int nh = int(m.num_heads), nkv = int(m.num_kv_heads), hd = int(m.head_dim);
@@ -483,9 +483,16 @@ void CudaModel::Impl::attention(CudaState::Impl& s, const DLayer& d, int sl) {
   a.ns = s.ns;
   a.scale = 1.0f / std::sqrt(float(hd));
   a.prefetch = 1;
+  const KvLayer& kv = s.kvl[size_t(sl)];
+  if (kv.quest) {  // the pages this query reads (quest.cuh)
+    go(quest_score_kernel, quest_score_blocks(kv, nkv), kQuestWarps * 32, size_t(nh / nkv) * hd * 4, kv,
+       static_cast<const float*>(q), static_cast<const int*>(s.d_pos), s.kvt, nh, nkv, hd, s.ns);
+    go(quest_select_kernel, nkv, kQuestSelectThreads, 0, kv, static_cast<const int*>(s.d_pos), nkv);
+    mark(K_ATTN);
+  }
   const int groups = std::max(8, 256 / hd);  // 8: the warps' partials (attn_kernel)
   const size_t smem = size_t(2 * hd + groups * hd) * 4;
-  a.split = attn_blocks(s.cap, hd);
+  a.split = attn_blocks(attn_positions(s), hd);
   cluster_next = a.split;
   switch (s.kvt) {
     case KV_F32: go(attn_kernel<KV_F32>, nh * a.split, 256, smem, a); break;

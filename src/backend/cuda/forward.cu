@@ -83,7 +83,7 @@ PrefillState CudaModel::Impl::prefill_state(CudaState::Impl& s) const {
   ps.el = s.el;
   ps.d_pos = s.d_pos;
   ps.scores = s.scores;
-  ps.attn_split = attn_blocks(s.cap, s.hd);
+  ps.attn_split = attn_blocks(attn_positions(s), s.hd);
   return ps;
 }
 

@@ -49,11 +49,15 @@ void CudaModel::forward_batch(const CudaBatchItem* items, int64_t count) const {
   if (single.empty()) return;
   CK(cudaSetDevice(m.dev));
   for (const CudaBatchItem* it : single) m.snapkv_begin_decode(*it->state->p_);  // decoding: snapkv cuts its prompt
-  // fp8 `rotated` states one at a time: the batched step does not rotate
-  // their attention output back (rot_gate_kernel).
-  bool rotated = false;
-  for (const CudaBatchItem* it : single) rotated = rotated || (!it->state->p_->kvl.empty() && it->state->p_->kvl[0].rot);
-  Prefill* pf = single.size() > 1 && !rotated ? m.batched() : nullptr;
+  // fp8 `rotated` and Quest states one at a time: the batched step does
+  // not rotate their attention output back (rot_gate_kernel) nor choose
+  // pages (quest.cuh).
+  bool alone_only = false;
+  for (const CudaBatchItem* it : single) {
+    const std::vector<KvLayer>& kvl = it->state->p_->kvl;
+    alone_only = alone_only || (!kvl.empty() && (kvl[0].rot || kvl[0].quest));
+  }
+  Prefill* pf = single.size() > 1 && !alone_only ? m.batched() : nullptr;
   if (!pf) {  // one sequence (the graph-captured decode step keeps its speed), or no batched path
     for (const CudaBatchItem* it : single) alone(*it);
     return;

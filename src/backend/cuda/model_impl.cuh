@@ -12,6 +12,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "backend/cuda/host_prefetch.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/prefill.cuh"
+#include "backend/cuda/quest.cuh"
 #include "core/matrix.h"
 #include "model/plan.h"
 
@@ -101,9 +103,7 @@ struct CudaState::Impl {
     cudaSetDevice(dev);
     drop_graphs();
     for (auto& l : kvl)
-      for (void* p : {l.k, l.v, static_cast<void*>(l.ks), static_cast<void*>(l.vs), static_cast<void*>(l.acc),
-                      static_cast<void*>(l.kpos)})
-        cudaFree(p);
+      for (void* p : kv_layer_buffers(l)) cudaFree(p);
     for (float* p : conv) cudaFree(p);
     for (float* p : ssm) cudaFree(p);
     for (float* p : snap_q) cudaFree(p);
@@ -300,6 +300,11 @@ struct CudaModel::Impl : Launcher {
   // window on 2 blocks per head: h2b in bench/NOTES-cuda.md). The graph is
   // captured per capacity (ensure_cap drops it), so this follows the cache.
   int attn_blocks(int cap, int hd) const;
+  // The positions a query of s reads at most, which attn_blocks sizes for:
+  // the capacity, or the resident budget of a Quest store.
+  static int attn_positions(const CudaState::Impl& s) {
+    return s.kv.resident > 0 ? int(std::min<int64_t>(s.cap, s.kv.resident)) : s.cap;
+  }
   // The delta step on delta_cluster_kernel (a cluster of blocks per head) where
   // its shapes allow; false: the caller launches delta_kernel.
   bool delta_cluster(const DeltaArgs& a);

@@ -13,6 +13,7 @@
 #include "backend/cuda/gemm_skinny.cuh"
 #include "backend/cuda/gguf_kernels.cuh"
 #include "backend/cuda/prefill_kernels.cuh"
+#include "backend/cuda/quest.cuh"
 #include "kv/kv_config.h"
 
 namespace flashmoe::cuda {
@@ -323,6 +324,10 @@ void Prefill::attend_chunk(const PrefillState& s, const DLayer& d, const KvLayer
     h2o_rows_sum_kernel<<<unsigned(div_up(n, 256)), 256, 0, st>>>(kv, h.part, int(g2.y), n);
   }
   if (kv.rot) rot_gate_kernel<<<dim3(unsigned(nh), unsigned(T)), 128, size_t(hd) * 4, st>>>(o_, proj_, proj_stride_, nh, hd);
+  // quest (the whole chunk within the resident budget: full attention): the
+  // bounds of the pages the chunk wrote.
+  if (kv.quest)
+    quest_bounds_kernel<<<quest_bounds_blocks(kv, nkv, p0, p0 + T), 256, 0, st>>>(kv, s.kvt, nkv, hd, s.ns, p0, p0 + T);
   mark(P_ATTN);
   if (staged) kv_commit_kernel<<<T, 256, 0, st>>>(kv, stage, p0, T, nkv * hd, s.ns, int(s.el));
   mark(P_OTHER);
@@ -348,9 +353,17 @@ void launch_pdl(cudaStream_t st, void (*kern)(K...), int grid, int block, size_t
   check(cudaLaunchKernelEx(&cfg, kern, args...), "batched prefill: attention in order");
 }
 
-// The same one token at a time, each through attn_prep, attn and
-// h2o_acc as a decode step runs them (same victims, same scores), each
-// launch overlapping the end of the one before.
+// Whether a chunk's attention goes token by token (attend_in_order): an
+// h2o cache that evicts in it (each victim depends on the scores of every
+// token before), or a Quest store past its resident budget (each query
+// chooses its own pages).
+static bool in_order(const KvLayer& kv, int p0, int T) {
+  return (kv.acc && p0 + T > kv.cap) || (kv.quest && p0 + T > kv.quest);
+}
+
+// The same one token at a time, each through attn_prep, (quest's choice,)
+// attn and h2o_acc as a decode step runs them (same victims, same scores,
+// same pages), each launch overlapping the end of the one before.
 void Prefill::attend_in_order(const PrefillState& s, const DLayer& d, const KvLayer& kv, int T) {
   const ModelConfig& c = *m_.c;
   cudaStream_t st = m_.stream;
@@ -361,6 +374,12 @@ void Prefill::attend_in_order(const PrefillState& s, const DLayer& d, const KvLa
     AttnPrepArgs p = attn_prep_args(c, d, proj_ + size_t(t) * proj_stride_, q_ + size_t(t) * nh * hd, seq_ + t,
                                     m_.inv_freq, kv, s.ns, s.kvt);
     launch_pdl(st, attn_prep_kernel, nh + 1, 128, prep_smem, 1, p);
+    if (kv.quest) {  // this token's pages, as the decode step chooses them
+      launch_pdl(st, quest_score_kernel, quest_score_blocks(kv, nkv), kQuestWarps * 32, size_t(nh / nkv) * hd * 4, 1,
+                 kv, static_cast<const float*>(q_ + size_t(t) * nh * hd), static_cast<const int*>(seq_ + t), s.kvt, nh,
+                 nkv, hd, s.ns);
+      launch_pdl(st, quest_select_kernel, nkv, kQuestSelectThreads, 0, 1, kv, static_cast<const int*>(seq_ + t), nkv);
+    }
     AttnArgs a;
     a.q = q_ + size_t(t) * nh * hd;
     a.gate = kv.rot ? nullptr : proj_ + size_t(t) * proj_stride_;  // rotated: gated below
@@ -381,8 +400,9 @@ void Prefill::attend_in_order(const PrefillState& s, const DLayer& d, const KvLa
       case KV_F16: launch_pdl(st, attn_kernel<KV_F16>, nh * a.split, 256, smem, a.split, a); break;
       default: launch_pdl(st, attn_kernel<KV_FP8>, nh * a.split, 256, smem, a.split, a); break;
     }
-    launch_pdl(st, h2o_acc_kernel, div_up(kv.cap, 128), 128, 0, 1, kv, static_cast<const float*>(s.scores), nh,
-               static_cast<const int*>(seq_ + t));
+    if (kv.acc)
+      launch_pdl(st, h2o_acc_kernel, div_up(kv.cap, 128), 128, 0, 1, kv, static_cast<const float*>(s.scores), nh,
+                 static_cast<const int*>(seq_ + t));
   }
   if (kv.rot) rot_gate_kernel<<<dim3(unsigned(nh), unsigned(T)), 128, size_t(hd) * 4, st>>>(o_, proj_, proj_stride_, nh, hd);
   mark(P_ATTN);
@@ -708,9 +728,10 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
   const int H = int(c.hidden_size), p0 = int(pos);
   event_phase_.clear();
   mark(P_OTHER);  // the start
-  // An h2o cache that evicts in this chunk: the positions of its tokens for
+  // Attention in order (an h2o cache that evicts in this chunk, a Quest
+  // store past its budget): the positions of its tokens for
   // attend_in_order's kernels (which take them by pointer, as a decode step).
-  if (!s.kvl->empty() && (*s.kvl)[0].acc && p0 + T > (*s.kvl)[0].cap)
+  if (!s.kvl->empty() && in_order(s.kvl->front(), p0, T))
     fill_seq_kernel<<<unsigned(div_up(T, 256)), 256, 0, st>>>(seq_, p0, T);
   auto dense = [&](const DMat& W, const float* A, float* C, int ldc, int mode, int half = 0, SplitRows sp = {}) {
     dense_rows(W, A, T, C, ldc, mode, half, sp);
@@ -783,7 +804,7 @@ void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
       // h2o evicting: each token's victim depends on the scores of the
       // attention of every token before it, so attention goes token by
       // token (the decode step's kernels); the rest of the layer stays batched.
-      if (kv.acc && p0 + T > kv.cap) attend_in_order(s, d, kv, T);
+      if (in_order(kv, p0, T)) attend_in_order(s, d, kv, T);
       else attend_chunk(s, d, kv, p0, T);
       if (s.snap_q) observe_queries(s.snap_q[sl], p0, T);
       dense(d.o_proj, o_, x_, H, GEMM_ADD);

@@ -2,6 +2,7 @@
 // policy), conv and delta-rule states, the token ring; copied to host
 // memory and back (conversation snapshots).
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -15,6 +16,28 @@ namespace flashmoe {
 CudaState::~CudaState() = default;
 int64_t CudaState::position() const { return p_->pos; }
 
+
+namespace {
+// quest: pages of bounds for a capacity of cap slots (the newest page may
+// be partial).
+int quest_pages(int cap, int page) { return cap / page + 1; }
+
+// quest: l.kmin / kmax / qub for l.cap slots; the bounds of the pages held
+// so far copied from the old buffers (row pitch old qpcap), which are freed.
+void grow_quest_pages(KvLayer& l, int nkv, int hd) {
+  const int np = quest_pages(l.cap, l.qpage), op = l.qpcap;
+  const size_t rows = size_t(nkv) * hd;
+  for (float** b : {&l.kmin, &l.kmax}) {
+    float* nb = static_cast<float*>(dev_alloc(rows * np * 4, "quest page bounds"));
+    if (*b) CK(cudaMemcpy2D(nb, size_t(np) * 4, *b, size_t(op) * 4, size_t(op) * 4, rows, cudaMemcpyDeviceToDevice));
+    cudaFree(*b);
+    *b = nb;
+  }
+  cudaFree(l.qub);
+  l.qub = static_cast<float*>(dev_alloc(size_t(nkv) * np * 4, "quest page scores"));
+  l.qpcap = np;
+}
+}  // namespace
 
 // Full retention: grow the KV storage (and scores) to hold `slots`.
 void CudaModel::Impl::ensure_cap(CudaState::Impl& s, int64_t slots) {
@@ -41,6 +64,7 @@ void CudaModel::Impl::ensure_cap(CudaState::Impl& s, int64_t slots) {
       }
     }
     for (void* p : {l.k, l.v, static_cast<void*>(l.ks), static_cast<void*>(l.vs)}) cudaFree(p);
+    if (l.quest) grow_quest_pages(n, s.nkv, s.hd);
     l = n;
   }
   cudaFree(s.scores);
@@ -74,9 +98,7 @@ KvLayer CudaModel::Impl::new_kv_layer(const CudaState::Impl& s) const {
     bool done = false;
     ~Guard() {
       if (!done)
-        for (void* p : {l.k, l.v, static_cast<void*>(l.ks), static_cast<void*>(l.vs), static_cast<void*>(l.acc),
-                        static_cast<void*>(l.kpos)})
-          cudaFree(p);
+        for (void* p : kv_layer_buffers(l)) cudaFree(p);
     }
   } g{b};
   b.k = dev_alloc(size_t(s.cap) * row * s.el, "KV cache");
@@ -91,6 +113,18 @@ KvLayer CudaModel::Impl::new_kv_layer(const CudaState::Impl& s) const {
     b.kpos = static_cast<int*>(dev_alloc(size_t(s.cap) * 4, "h2o positions"));
     CK(cudaMemset(b.acc, 0, size_t(s.cap) * 4));
     CK(cudaMemset(b.kpos, 0xff, size_t(s.cap) * 4));  // -1: free
+  }
+  if (s.kv.retention() == KvRetention::Quest) {
+    const KvConfig& kv = s.kv;
+    b.quest = int(kv.resident);
+    b.qpage = int(kv.page);
+    b.qrecent = kv.recent_set ? int(std::floor(kv.recent_fraction * double(kv.resident))) : 0;
+    b.qlayer = kv.quest_select == QuestSelect::Layer ? 1 : 0;
+    b.qmaxp = int(kv.resident / kv.page) + 2;
+    grow_quest_pages(b, s.nkv, s.hd);
+    b.qsel = static_cast<int*>(dev_alloc(size_t(s.nkv) * b.qmaxp * 4, "quest pages chosen"));
+    b.qn = static_cast<int*>(dev_alloc(size_t(s.nkv) * 4, "quest pages chosen"));
+    CK(cudaMemset(b.qn, 0, size_t(s.nkv) * 4));
   }
   g.done = true;
   return b;
@@ -124,9 +158,8 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv, bool draftin
   if (rot && (m.c.head_dim & (m.c.head_dim - 1)) != 0)
     fail(std::string("--kv-fp8-scale rotated needs a power-of-two head_dim (this model's is ") +
          std::to_string(m.c.head_dim) + ")");
-  if (ret == KvRetention::Quest)
-    fail_device(DeviceFailure::Unsupported,
-                "CUDA backend: --kv-resident (the Quest page store) is not implemented (CPU only)");
+  if (ret == KvRetention::Quest && kv.resident > (int64_t(1) << 30))
+    fail_device(DeviceFailure::Unsupported, "CUDA backend: --kv-resident above 2^30 positions is not supported");
   // rotated: per-head scales over the rotated rows, as the CPU.
   s.ns = kv.dtype != KvDType::FP8 ? 0 : kv.fp8_scale == Fp8ScaleMode::Position ? 1 : s.nkv;
   if (s.ns > 64) fail_device(DeviceFailure::Unsupported, "CUDA backend: more than 64 KV heads with per-head fp8 scales is not supported");
@@ -166,6 +199,8 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv, bool draftin
                   "CUDA backend: --mtp with routed experts outside VRAM (--gpu-expert-cache) is not implemented");
     if (!m.mtp) fail("--mtp: the model has no MTP head (no mtp.* tensors in its checkpoint)");
     if (s.h2o) fail_device(DeviceFailure::Unsupported, "CUDA backend: --mtp with h2o or tova retention is not implemented");
+    if (ret == KvRetention::Quest)
+      fail_device(DeviceFailure::Unsupported, "CUDA backend: --mtp with --kv-resident is not implemented");
     s.head = std::make_unique<CudaState::Impl>();
     CudaState::Impl& h = *s.head;
     h.dev = s.dev, h.kv = s.kv, h.cap = s.cap, h.window = s.window, h.sinks = s.sinks, h.kvt = s.kvt, h.ns = s.ns;
@@ -283,6 +318,14 @@ std::unique_ptr<CudaState> CudaModel::load_state(const CudaStateImage& img) cons
   s.pos = img.pos;
   const int p32 = int(img.pos);
   CK(cudaMemcpy(s.d_pos, &p32, 4, cudaMemcpyHostToDevice));
+  // quest: the page bounds are not in the image; recomputed from the keys.
+  if (p32 > 0)
+    for (const KvLayer& l : s.kvl)
+      if (l.quest)
+        quest_bounds_kernel<<<quest_bounds_blocks(l, s.nkv, 0, p32), 256, 0, m.stream>>>(l, s.kvt, s.nkv, s.hd, s.ns,
+                                                                                        0, p32);
+  CK(cudaGetLastError());
+  CK(cudaStreamSynchronize(m.stream));
   if (s.head) s.head->pos = std::max<int64_t>(img.pos - 1, 0);
   return st;
 }
@@ -374,6 +417,24 @@ std::vector<int64_t> CudaModel::kv_positions(const CudaState& st, int layer) con
   const int64_t W = s.window, S = s.sinks;
   for (int64_t p = 0; p < s.pos; ++p)
     if (W == 0 || p >= s.pos - (W - S) || p < S) out.push_back(p);
+  return out;
+}
+
+std::vector<int64_t> CudaModel::kv_selected(const CudaState& st, int layer, int kv_head) const {
+  const Impl& m = *p_;
+  const CudaState::Impl& s = *st.p_;
+  if (layer < 0 || size_t(layer) >= s.kvl.size()) fail("kv_selected: no full-attention layer " + std::to_string(layer));
+  if (kv_head < 0 || kv_head >= s.nkv) fail("kv_selected: no KV head " + std::to_string(kv_head));
+  const KvLayer& l = s.kvl[size_t(layer)];
+  if (!l.quest) fail("kv_selected: the cache is not a Quest store (--kv-resident)");
+  CK(cudaSetDevice(m.dev));
+  CK(cudaStreamSynchronize(m.stream));
+  int n = 0;
+  std::vector<int> pages(size_t(l.qmaxp));
+  CK(cudaMemcpy(&n, l.qn + kv_head, 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(pages.data(), l.qsel + size_t(kv_head) * l.qmaxp, pages.size() * 4, cudaMemcpyDeviceToHost));
+  std::vector<int64_t> out(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) out[size_t(i)] = int64_t(pages[size_t(i / l.qpage)]) * l.qpage + i % l.qpage;
   return out;
 }
 
