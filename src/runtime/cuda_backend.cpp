@@ -280,8 +280,6 @@ CudaOptions cuda_options(const GpuOptions& o, const ModelFootprint* f) {
   c.host_cache_gb = o.host_cache_gb;
   c.host_cache_fraction = o.host_cache_fraction;
   c.decode.prefill_profile = o.prefill_profile;
-  c.decode.gguf_dense_repack = o.gguf_dense != 1;
-  c.decode.gguf_dense_blocks = o.gguf_dense == 3 ? 3 : 2;
   MachineMemory mm;
   if (f && CudaModel::memory_info(&mm.vram_free, &mm.vram_total)) {  // without a GPU the upload says so
     probe_host_memory(&mm);
