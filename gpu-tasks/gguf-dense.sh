@@ -2,12 +2,12 @@
 # Dense GGUF matrices (in-/out-projections, lm_head) repacked at upload for
 # the decode matvec (src/backend/cuda/gguf_dense_layout.cuh,
 # gguf_dense_matvec.cuh), checked and timed on the H200 at the
-# Qwen3.5-35B-A3B shape, against the file's blocks (--gguf-dense 1,
-# session 6's staged kernels) and the repacked kernel cut for 3 blocks an
-# SM instead of 2 (--gguf-dense 3) in the same call. Needs build/flashmoe and
+# Qwen3.5-35B-A3B shape (round 2: the default only; round 1 measured it
+# against the file's blocks and a 3-blocks-an-SM cut, both removed since).
+# Needs build/flashmoe and
 # build/flashmoe_tests built, the 35B-shaped Q4_K_M file at
 # /tmp/gguf35b/q4_k_m.gguf (bench/gguf_random_35b.py; the lead's round makes
-# it). About 45 s. Prediction: bench/NOTES-cuda.md "Session 8: dense GGUF
+# it). About 35 s. Prediction: bench/NOTES-cuda.md "Session 8: dense GGUF
 # matrices repacked".
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,5 +39,4 @@ if [ $rc -eq 0 ] && echo "$T" | grep -qE "PASSED.* [1-9][0-9]* test"; then
 else
   echo "FAIL: CudaGgufOps / CudaGgufDense / CudaGgufModel / DenseRepack (rc $rc; $OUT/tests.txt)"
 fi
-[ -f $F ] && bench file-blocks 512 --gguf-dense 1
-[ -f $F ] && bench repacked-3-blocks 0 --gguf-dense 3
+[ -f $F ] && bench repacked-again 0

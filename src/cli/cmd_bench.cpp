@@ -422,10 +422,6 @@ Registrar reg_bench(40, [](CLI::App& app) {
                            "verify pass, feed the kept tokens again), side by side with taking back the kept rows")
                  ->group("Speculative decoding");
   cmd->add_flag("--no-graph", *no_graph, "On the GPU: plain kernel launches instead of a CUDA graph");
-  cmd->add_option("--gguf-dense", opt->device.gpu.gguf_dense,
-                  "On the GPU: dense GGUF matrices repacked (0, the default), repacked with the matvec cut for 3 "
-                  "blocks an SM (3), or in the file's blocks (1): the variants measured side by side")
-      ->check(CLI::IsMember({0, 1, 3}));
   cmd->add_option("--profile", *profile, "On the GPU: time each kernel class over N decode steps, and each phase of the batched prefill and of the batched decode steps of --batch (printed when the model is released)")
       ->check(integer_between(0, 2147483647));
   // Every option's storage is captured: the callback runs after this function returned.

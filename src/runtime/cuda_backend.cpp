@@ -298,8 +298,6 @@ CudaOptions cuda_options(const GpuOptions& o, const ModelFootprint* f) {
   c.host_cache_gb = o.host_cache_gb;
   c.host_cache_fraction = o.host_cache_fraction;
   c.decode.prefill_profile = o.prefill_profile;
-  c.decode.gguf_dense_repack = o.gguf_dense != 1;
-  c.decode.gguf_dense_blocks = o.gguf_dense == 3 ? 3 : 2;
   c.decode.gguf_expert_chunks = o.gguf_expert_chunks;
   c.decode.gguf_chunk_rows = o.gguf_chunk_rows;
   MachineMemory mm;

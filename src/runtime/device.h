@@ -39,10 +39,6 @@ struct GpuOptions {
   // bench --profile: time per phase of the batched prefill, printed to stderr
   // when the model is released.
   bool prefill_profile = false;
-  // bench --gguf-dense: dense GGUF matrices repacked (0), repacked with the
-  // kernel cut for 3 blocks an SM (3), or in the file's blocks (1)
-  // (DecodeOptions::gguf_dense_repack / gguf_dense_blocks; session 8's rounds).
-  int gguf_dense = 0;
   // --gguf-experts stored: GGUF routed experts as the file stores them
   // (DecodeOptions::gguf_expert_chunks false).
   bool gguf_expert_chunks = true;

@@ -97,14 +97,10 @@ struct DecodeOptions {
   bool prefill_profile = false;
 
   // Dense GGUF matrices (projections, lm_head) repacked at upload for the
-  // decode matvec (gguf_dense_layout.cuh). false: the file's blocks and the
-  // staged kernels (bench --gguf-dense file: the two measured side by side
-  // during session 8's rounds; the loser leaves the code).
+  // decode matvec (gguf_dense_layout.cuh). false (tests: the reference the
+  // repacked path is checked against): the file's blocks on the staged
+  // kernels (gguf_staged.cuh), measured slower in session 8's rounds.
   bool gguf_dense_repack = true;
-  // Benchmarks: the repacked matvec's kernel cut for 2 or 3 blocks an SM
-  // (registers; gdense_matvec_kernel), measured side by side in session 8's
-  // rounds (bench --gguf-dense); the loser leaves the code.
-  int gguf_dense_blocks = 2;
 };
 
 }  // namespace flashmoe

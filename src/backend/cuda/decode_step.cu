@@ -35,8 +35,7 @@ void CudaModel::Impl::set_kernel_attributes() {
   CK(cudaFuncSetAttribute(gmatvec_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(ggate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(gmatvec_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
-  CK(cudaFuncSetAttribute(gdense_matvec_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
-  CK(cudaFuncSetAttribute(gdense_matvec_kernel<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  CK(cudaFuncSetAttribute(gdense_matvec_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(ggate_up_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(gdown_staged_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(gdown_staged_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
@@ -66,15 +65,12 @@ void CudaModel::Impl::mark(int cls) {
 void CudaModel::Impl::matvec(const DMat& W, const float* xin, const float* nw, float* y, int acc, int cls, float* xcopy) {
   if (W.dt == DT_GGUF && gmat_dense(W.g) && gdense_smem(W.cols) <= size_t(prop.sharedMemPerBlockOptin) - 4096) {
     const size_t smem = gdense_smem(W.cols);
-    auto run = [&](auto kern) {
-      const int resident = prop.multiProcessorCount * per_sm(reinterpret_cast<const void*>(kern), smem);
-      const int split = gdense_split(W.g, W.cols, resident), rpb = kWarps / split;
-      const int blocks = std::min((gdense_units(W.g) + rpb - 1) / rpb, resident);
-      go(kern, blocks, kThreads, smem, static_cast<const void*>(W.p), W.g, W.cols, split, xin, nw, c.rms_norm_eps, y,
-         acc, xcopy);
-    };
-    if (opts.decode.gguf_dense_blocks == 3) run(gdense_matvec_kernel<3>);
-    else run(gdense_matvec_kernel<2>);
+    const int resident =
+        prop.multiProcessorCount * per_sm(reinterpret_cast<const void*>(gdense_matvec_kernel), smem);
+    const int split = gdense_split(W.g, W.cols, resident), rpb = kWarps / split;
+    const int blocks = std::min((gdense_units(W.g) + rpb - 1) / rpb, resident);
+    go(gdense_matvec_kernel, blocks, kThreads, smem, static_cast<const void*>(W.p), W.g, W.cols, split, xin, nw,
+       c.rms_norm_eps, y, acc, xcopy);
     mark(cls);
     return;
   }

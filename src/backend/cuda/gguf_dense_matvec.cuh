@@ -87,11 +87,9 @@ __device__ __forceinline__ void gdense_rows(const uint8_t* rows, size_t rb, int 
 
 // y[r] (+)= W[r,:] . norm(x) (norm skipped when nw is null), every part of
 // g repacked. Shared memory (gdense_smem): x, x swizzled, the group sums.
-// MINB: blocks an SM the registers are cut for (2: 127 registers, no
-// spills; 3: 80, ~100 bytes spilled; DecodeOptions::gguf_dense_blocks,
-// measured side by side in session 8's rounds).
-template <int MINB>
-__global__ void __launch_bounds__(kThreads, MINB) gdense_matvec_kernel(const void* __restrict__ W, GMat g, int cols,
+// Registers cut for 2 blocks an SM (127, no spills; cut for 3: 80
+// registers, ~100 bytes spilled, measured slower in session 8's rounds).
+static __global__ void __launch_bounds__(kThreads, 2) gdense_matvec_kernel(const void* __restrict__ W, GMat g, int cols,
                                                                         int split, const float* __restrict__ x,
                                                                         const float* __restrict__ nw, float eps,
                                                                         float* __restrict__ y, int accumulate,

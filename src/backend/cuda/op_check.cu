@@ -545,8 +545,7 @@ static const void* up_stacked(Buffers& b, const std::vector<Matrix>& parts, bool
 }
 
 std::vector<float> gguf_dense_matvec(const std::vector<Matrix>& parts, const std::vector<float>& x,
-                                     const std::vector<float>& norm_w, float eps, const std::vector<float>& y0,
-                                     int blocks_per_sm) {
+                                     const std::vector<float>& norm_w, float eps, const std::vector<float>& y0) {
   Launcher l = device();
   const int cols = int(parts.at(0).cols);
   for (const Matrix& p : parts)
@@ -560,16 +559,14 @@ std::vector<float> gguf_dense_matvec(const std::vector<Matrix>& parts, const std
   float* dy = y0.empty() ? b.zeros<float>(size_t(rows)) : b.up(y0.data(), y0.size());
   // As CudaModel::Impl::matvec.
   const size_t smem = gdense_smem(cols);
-  auto run = [&](auto kern) {
-    if (smem > 48 * 1024) CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    const int resident = l.prop.multiProcessorCount * l.per_sm(reinterpret_cast<const void*>(kern), smem);
-    const int split = gdense_split(g, cols, resident), rpb = kWarps / split;
-    const int blocks = std::min((gdense_units(g) + rpb - 1) / rpb, resident);
-    l.go(kern, blocks, kThreads, smem, dW, g, cols, split, dx, dn, eps, dy, y0.empty() ? 0 : 1,
-         static_cast<float*>(nullptr));
-  };
-  if (blocks_per_sm == 3) run(gdense_matvec_kernel<3>);
-  else run(gdense_matvec_kernel<2>);
+  if (smem > 48 * 1024)
+    CK(cudaFuncSetAttribute(gdense_matvec_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const int resident =
+      l.prop.multiProcessorCount * l.per_sm(reinterpret_cast<const void*>(gdense_matvec_kernel), smem);
+  const int split = gdense_split(g, cols, resident), rpb = kWarps / split;
+  const int blocks = std::min((gdense_units(g) + rpb - 1) / rpb, resident);
+  l.go(gdense_matvec_kernel, blocks, kThreads, smem, dW, g, cols, split, dx, dn, eps, dy, y0.empty() ? 0 : 1,
+       static_cast<float*>(nullptr));
   CK(cudaDeviceSynchronize());
   return down(dy, size_t(rows));
 }

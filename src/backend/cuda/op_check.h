@@ -99,11 +99,9 @@ std::vector<float> gguf_gemm(const Matrix& W, const std::vector<float>& A, int T
 // y0 + W . xn (y0 empty: zeros) for the parts of W (stacked rows, same
 // columns, GGUF kinds with a repacked form) repacked as the upload repacks
 // the decode step's dense matrices, through gdense_matvec_kernel; xn =
-// rmsnorm_zc(x, norm_w, eps), or x when norm_w is empty. blocks_per_sm:
-// the kernel's register cut (DecodeOptions::gguf_dense_blocks).
+// rmsnorm_zc(x, norm_w, eps), or x when norm_w is empty.
 std::vector<float> gguf_dense_matvec(const std::vector<Matrix>& parts, const std::vector<float>& x,
-                                     const std::vector<float>& norm_w, float eps, const std::vector<float>& y0,
-                                     int blocks_per_sm = 2);
+                                     const std::vector<float>& norm_w, float eps, const std::vector<float>& y0);
 
 // The routed experts of a batched step with few rows per picked expert
 // (few_rows_kernel: gate/up with SiLU, then down) over the tile list of

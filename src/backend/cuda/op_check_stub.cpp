@@ -30,7 +30,7 @@ std::vector<float> gguf_experts(const std::vector<GgufExpert>&, const std::vecto
 }
 std::vector<float> gguf_gemm(const Matrix&, const std::vector<float>&, int, int, bool) { no_cuda(); }
 std::vector<float> gguf_dense_matvec(const std::vector<Matrix>&, const std::vector<float>&, const std::vector<float>&,
-                                     float, const std::vector<float>&, int) {
+                                     float, const std::vector<float>&) {
   no_cuda();
 }
 std::vector<float> few_rows_experts(const std::vector<DenseExpert>&, const std::vector<float>&, int,
