@@ -32,7 +32,7 @@ enum : int {
 // weights, the codes of each 32 in one 16-byte chunk, the scales as f32.
 // Values between QuantKind's and 32 (from 32 on: branch gguf-dense's kinds).
 enum : int { GQ_Q4_K_C32 = 16, GQ_Q6_K_C32 = 17 };
-static_assert(GQ_Q4_K_C32 > GQ_IQ4_XS, "the chunk kinds are not QuantKinds");
+static_assert(int(GQ_Q4_K_C32) > int(GQ_IQ4_XS), "the chunk kinds are not QuantKinds");
 
 FM_HD int gguf_block_elems(int k) {
   return k == GQ_Q4_K || k == GQ_Q5_K || k == GQ_Q6_K || k == GQ_IQ4_XS || k == GQ_Q4_K_C32 || k == GQ_Q6_K_C32
