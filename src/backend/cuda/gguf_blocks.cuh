@@ -33,7 +33,7 @@ enum : int {
 // weights, the codes of each 32 in one 16-byte chunk, the scales as f32.
 // Values between QuantKind's and 32 (from 32 on: branch gguf-dense's kinds).
 enum : int { GQ_Q4_K_C32 = 16, GQ_Q6_K_C32 = 17 };
-static_assert(GQ_Q4_K_C32 > GQ_IQ4_XS, "the chunk kinds are not QuantKinds");
+static_assert(int(GQ_Q4_K_C32) > int(GQ_IQ4_XS), "the chunk kinds are not QuantKinds");
 
 // Repacked kinds (kGDense + a file kind: dense matrices repacked at upload,
 // gguf_dense_layout.cuh) are read through the same three functions.
