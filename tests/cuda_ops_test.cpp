@@ -29,7 +29,6 @@
 namespace cuda_ops_test {
 
 using namespace flashmoe;
-using Fp8Decode = DecodeOptions::Fp8Decode;
 
 namespace {
 
@@ -324,9 +323,8 @@ Matrix random_fp8(std::mt19937& rng, int block_rows, int group, int rows, int co
 // decodes every code exactly): the 35B's shapes in 128 x 128 blocks, and
 // sizes that leave partial blocks and steps (an expert of 64, 80 or 112
 // columns, a hidden size of 208 in blocks of 64) on the tensor cores
-// (gate_up_fp8_mma_kernel, down_fp8_mma_kernel, with each way a warp
-// streams its codes: fp8_staged.cuh); blocks of 32 x 48 on the FFMA
-// kernels (gate_up_fp8_kernel, down_fp8_kernel).
+// (gate_up_fp8_mma_kernel, down_fp8_mma_kernel); blocks of 32 x 48 on the
+// FFMA kernels (gate_up_fp8_kernel, down_fp8_kernel).
 TEST(CudaOps, Fp8ExpertsMatchCpu) {
   REQUIRE_GPU();
   std::mt19937 rng(23);
@@ -353,13 +351,11 @@ TEST(CudaOps, Fp8ExpertsMatchCpu) {
         h[size_t(r)] = cpu::silu(cpu::quant_dot_row(e.gate, r, xn.data())) * cpu::quant_dot_row(e.up, r, xn.data());
       for (int r = 0; r < c.H; ++r) want[size_t(r)] += w[size_t(j)] * cpu::quant_dot_row(e.down, r, h.data());
     }
-    for (Fp8Decode p : {Fp8Decode::Staged, Fp8Decode::InRegs}) {
-      const std::vector<float> got = cuda_ops::quant_experts(experts, w, x, nw, eps, p);
-      ASSERT_EQ(got.size(), want.size());
-      // A wrong scale block or code decode moves the result by far more.
-      EXPECT_LE(rel_err(got, want), 1e-4f) << "fp8 blocks " << c.block_rows << "x" << c.group << ", H " << c.H
-                                           << ", I " << c.I << ", k " << c.k << ", policy " << int(p);
-    }
+    const std::vector<float> got = cuda_ops::quant_experts(experts, w, x, nw, eps);
+    ASSERT_EQ(got.size(), want.size());
+    // A wrong scale block or code decode moves the result by far more.
+    EXPECT_LE(rel_err(got, want), 1e-4f) << "fp8 blocks " << c.block_rows << "x" << c.group << ", H " << c.H << ", I "
+                                         << c.I << ", k " << c.k;
     EXPECT_GT(rel_err(x, want), 1e-2f);  // the experts did move x (well past the tolerance)
   }
 }
@@ -369,8 +365,8 @@ TEST(CudaOps, Fp8ExpertsMatchCpu) {
 // (few rows: split over warps; columns past the norm's preload), rows not
 // a multiple of the 16-row tile and columns not of the block (208: a
 // partial block and a partial step), 8192 columns (two batches a warp:
-// fp8_staged.cuh), more tiles than one resident wave (blocks taking two),
-// with each way a warp streams its codes; on the FFMA
+// fp8_staged.cuh), more tiles than one resident wave (blocks taking two);
+// on the FFMA
 // kernel (matvec_fp8_kernel)
 // partial blocks of 48 columns; and a slice starting 37 rows into its
 // block row (the per-row scales a stacked device matrix carries).
@@ -396,13 +392,11 @@ TEST(CudaOps, Fp8MatvecMatchesCpu) {
           std::vector<float> xn = x, want(static_cast<size_t>(W.rows));
           if (norm) cpu::rmsnorm_zc(x.data(), nw.data(), s.cols, eps, xn.data());
           for (int64_t r = 0; r < W.rows; ++r) want[size_t(r)] = cpu::quant_dot_row(W, r, xn.data());
-          for (Fp8Decode p : {Fp8Decode::Staged, Fp8Decode::InRegs}) {
-            const std::vector<float> got = cuda_ops::matvec(W, x, nw, eps, three, p);
-            ASSERT_EQ(got.size(), want.size());
-            EXPECT_LE(rel_err(got, want), 1e-5f) << s.rows << "x" << s.cols << " blocks " << s.block_rows << "x"
-                                                 << s.group << " from row " << r0 << " norm " << norm << " three "
-                                                 << three << " policy " << int(p);
-          }
+          const std::vector<float> got = cuda_ops::matvec(W, x, nw, eps, three);
+          ASSERT_EQ(got.size(), want.size());
+          EXPECT_LE(rel_err(got, want), 1e-5f) << s.rows << "x" << s.cols << " blocks " << s.block_rows << "x"
+                                               << s.group << " from row " << r0 << " norm " << norm << " three "
+                                               << three;
         }
 }
 

@@ -57,18 +57,14 @@ TEST(BenchCli, BatchReportsAggregateAndTheExpertUnionRoofline) {
 }
 
 // bench --host-copies: the copy engine's path needs a GPU's host tier of
-// q4/q8 experts; bench --fp8-decode the GPU; the values and the
-// single-sequence test are checked.
-TEST(BenchCli, HostCopiesAndFp8DecodeAreCheckedAndNeedTheGpu) {
+// q4/q8 experts; the values and the single-sequence test are checked.
+TEST(BenchCli, HostCopiesAreCheckedAndNeedAHostTier) {
   const std::pair<const char*, const char*> cases[] = {
       {" --device cpu -p 0 -n 2 -r 1 --host-copies 1", "no host tier of q4/q8 experts"},
       {" --device cpu -p 0 -n 2 -r 1 --host-copies off", "no host tier of q4/q8 experts"},
       {" --device cpu -p 0 -n 2 -r 1 --host-copies 5", "expected off, N or Na with N 0-4, got '5'"},
       {" --device cpu -p 0 -n 2 -r 1 --host-copies 1x", "expected off, N or Na with N 0-4, got '1x'"},
       {" --device cpu -p 0 -n 2 -r 1 --batch 2 --host-copies 1", "--host-copies is for the single-sequence"},
-      {" --device cpu -p 0 -n 2 -r 1 --fp8-decode staged,regs", "the FP8 decode kernels run on the GPU"},
-      {" --device cpu -p 0 -n 2 -r 1 --fp8-decode fast", "fast"},
-      {" --device cpu -p 0 -n 2 -r 1 --batch 2 --fp8-decode regs", "--fp8-decode is for the single-sequence"},
   };
   for (const auto& [args, want] : cases) {
     const CmdResult r = run_flashmoe("bench -m " + kModel + args);

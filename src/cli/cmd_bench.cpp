@@ -60,22 +60,15 @@ void run_mtp_tg(const ModelOptions& opt, const Backend& b, int tg, int depth, in
 // GPU: CUDA-graph replays, no host round trip per token), then what decode
 // achieves of the weight memory's bandwidth.
 void run_single_tg(const ModelOptions& opt, const Backend& b, int tg, int depth, int reps,
-                   const std::vector<std::string>& host_copies, const std::vector<std::string>& fp8_decode,
+                   const std::vector<std::string>& host_copies,
                    std::mt19937& rng, ThreadPool& pool) {
   const ModelConfig& c = b.config();
   std::uniform_int_distribution<int32_t> tok(0, int32_t(c.vocab_size - 1));
-  // Without --host-copies / --fp8-decode one run as the model was built;
-  // with one of them one per value, on the same model, side by side.
-  const std::vector<std::string> variants = !host_copies.empty()  ? host_copies
-                                            : !fp8_decode.empty() ? fp8_decode
-                                                                  : std::vector<std::string>{""};
+  // Without --host-copies one run as the model was built; with it one per
+  // value, on the same model, side by side.
+  const std::vector<std::string> variants = host_copies.empty() ? std::vector<std::string>{""} : host_copies;
   for (size_t vi = 0; vi < variants.size(); ++vi) {
-    if (!fp8_decode.empty()) {
-      if (!set_fp8_decode(b, variants[vi] == "staged"))
-        fail("bench --fp8-decode: the FP8 decode kernels run on the GPU (--device cuda)");
-      std::printf("fp8 decode kernels: %s\n", variants[vi] == "staged" ? "staged (codes in shared memory)"
-                                                                     : "regs (codes in registers, session 6)");
-    } else if (!variants[vi].empty()) {
+    if (!variants[vi].empty()) {
       // off | N | Na (--host-copies below)
       const std::string& v = variants[vi];
       const bool on = v != "off";
@@ -134,7 +127,7 @@ void run_single_tg(const ModelOptions& opt, const Backend& b, int tg, int depth,
 // test once per --batch value.
 void run_bench(const ModelOptions& opt, const Backend& b, const std::string& what, int pp, int tg, int depth,
                int reps, bool no_graph, int profile_steps, const std::vector<int>& batches,
-               const std::vector<std::string>& host_copies, const std::vector<std::string>& fp8_decode,
+               const std::vector<std::string>& host_copies,
                const MtpBench& mtp) {
   ThreadPool pool(opt.threads);
   set_decode_graph(b, !no_graph);
@@ -170,7 +163,7 @@ void run_bench(const ModelOptions& opt, const Backend& b, const std::string& wha
     // Each --batch value on the same model, in the order given.
     for (int batch : batches) {
       if (batch > 1) run_batch_tg(opt, b, tg, depth, reps, batch);
-      else run_single_tg(opt, b, tg, depth, reps, host_copies, fp8_decode, rng, pool);
+      else run_single_tg(opt, b, tg, depth, reps, host_copies, rng, pool);
     }
   }
   if (profile_steps > 0) {
@@ -359,7 +352,6 @@ Registrar reg_bench(40, [](CLI::App& app) {
   auto bandwidth = std::make_shared<bool>(false);
   auto batch = std::make_shared<std::vector<int>>(std::vector<int>{1});
   auto host_copies = std::make_shared<std::vector<std::string>>();
-  auto fp8_decode = std::make_shared<std::vector<std::string>>();
   auto mtp = std::make_shared<bool>(false);
   auto draft = std::make_shared<std::optional<int>>();
   auto accept = std::make_shared<std::vector<double>>();
@@ -396,12 +388,6 @@ Registrar reg_bench(40, [](CLI::App& app) {
             return ok ? std::string() : "expected off, N or Na with N 0-4, got '" + v + "'";
           },
           "off|N|Na"));
-  // Until the H200 rounds of session 8 decide (bench/NOTES-cuda.md); then it leaves with the loser.
-  cmd->add_option("--fp8-decode", *fp8_decode,
-                  "On the GPU: the tg test once per value (comma-separated) on the same model: how the FP8 decode "
-                  "kernels stream their codes: staged (copied into shared memory, the default) or regs (in registers)")
-      ->delimiter(',')
-      ->check(CLI::IsMember({"staged", "regs"}));
   add_speculative_options(cmd, mtp.get(), draft.get());
   auto* acc = cmd->add_option("--mtp-accept", *accept,
                               "With --mtp: the verifier keeps each drafted token with this probability (0 to 1) "
@@ -425,7 +411,7 @@ Registrar reg_bench(40, [](CLI::App& app) {
   cmd->add_option("--profile", *profile, "On the GPU: time each kernel class over N decode steps, and each phase of the batched prefill and of the batched decode steps of --batch (printed when the model is released)")
       ->check(integer_between(0, 2147483647));
   // Every option's storage is captured: the callback runs after this function returned.
-  cmd->callback([opt, pp, tg, depth, reps, synthetic, no_graph, profile, bandwidth, batch, bw, host_copies, fp8_decode,
+  cmd->callback([opt, pp, tg, depth, reps, synthetic, no_graph, profile, bandwidth, batch, bw, host_copies,
                  mtp, draft, accept, acc, drafts, drs, refeed, rf] {
     finalize_model_options(opt.get());
     MtpBench mb;
@@ -448,8 +434,6 @@ Registrar reg_bench(40, [](CLI::App& app) {
     opt->device.gpu.prefill_profile = *profile > 0;
     if (!host_copies->empty() && batched)
       fail("bench: --host-copies is for the single-sequence tg test, not --batch");
-    if (!fp8_decode->empty() && (batched || !host_copies->empty()))
-      fail("bench: --fp8-decode is for the single-sequence tg test, without --batch or --host-copies");
     if (opt->model_dir.empty() && !synthetic->given())
       fail("bench: give a model with -m/--model, or --synthetic, or --bandwidth");
     check_synthetic_options("bench", *synthetic, *opt);
@@ -467,12 +451,11 @@ Registrar reg_bench(40, [](CLI::App& app) {
           std::fprintf(stderr, "; VRAM free after it: %.1f of %.1f GB", double(fr) / 1e9, double(tot) / 1e9);
         std::fprintf(stderr, "\n");
       }
-      run_bench(*opt, *b, what, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch, *host_copies, *fp8_decode, mb);
+      run_bench(*opt, *b, what, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch, *host_copies, mb);
       return;
     }
     std::unique_ptr<Backend> b = load_model(*opt);
-    run_bench(*opt, *b, opt->model_dir, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch, *host_copies, *fp8_decode,
-              mb);
+    run_bench(*opt, *b, opt->model_dir, *pp, *tg, *depth, *reps, *no_graph, *profile, *batch, *host_copies, mb);
     // The measured runs' expert reads (the counters restart after the warm-up run).
     print_expert_stats(*opt, *b, "measured runs:");
   });

@@ -180,14 +180,6 @@ bool set_host_copies(const Backend& b, bool on, int n, bool next) {
   return cuda_set_host_copies(c->device_for_bench(), on, n, next) == on;
 }
 
-bool set_fp8_decode(const Backend& b, bool staged) {
-  const CudaBackend* c = as_cuda(b);
-  if (!c) return false;
-  cuda_set_fp8_decode(c->device_for_bench(),
-                      staged ? DecodeOptions::Fp8Decode::Staged : DecodeOptions::Fp8Decode::InRegs);
-  return true;
-}
-
 bool gpu_memory_info(int64_t* free_bytes, int64_t* total_bytes) {
   return CudaModel::memory_info(free_bytes, total_bytes);
 }

@@ -54,9 +54,6 @@ std::string host_link_rates(const Backend& b);
 // zero-copy expert kernels (off); false where the backend has no host tier
 // of q4/q8 experts.
 bool set_host_copies(const Backend& b, bool on, int n, bool next);
-// The GPU's FP8 decode kernels streaming their codes staged in shared
-// memory or in registers (DecodeOptions::fp8_decode); false off the GPU.
-bool set_fp8_decode(const Backend& b, bool staged);
 
 // Free and total GPU memory (cudaMemGetInfo); false without a usable GPU.
 bool gpu_memory_info(int64_t* free_bytes, int64_t* total_bytes);

@@ -465,13 +465,6 @@ bool cuda_set_host_copies(CudaModel& model, bool on, int n, bool next) {
   return m.host_copies;
 }
 
-void cuda_set_fp8_decode(CudaModel& model, DecodeOptions::Fp8Decode how) {
-  CudaModel::Impl& m = CudaModelAccess::impl(model);
-  CK(cudaSetDevice(m.dev));
-  CK(cudaStreamSynchronize(m.stream));
-  m.opts.decode.fp8_decode = how;  // a new state captures its own graphs
-}
-
 std::vector<CudaKernelTime> cuda_profile_decode(const CudaModel& model, CudaState& st, int32_t first, int steps) {
   CudaModel::Impl& m = CudaModelAccess::impl(model);
   CudaState::Impl& s = *st.p_;

@@ -65,9 +65,6 @@ std::string cuda_link_rates(const CudaModel& m);
 // kernels and the decode graph). Returns whether it is on (false where the
 // model has no host tier of q4/q8 experts).
 bool cuda_set_host_copies(CudaModel& m, bool on, int n = 1, bool next = true);
-// How the FP8 decode kernels stream their codes (DecodeOptions::fp8_decode),
-// switched on a loaded model (bench: both measured on one model).
-void cuda_set_fp8_decode(CudaModel& m, DecodeOptions::Fp8Decode how);
 // Time per kernel class of `steps` decode steps (plain launches, events
 // between kernels), feeding `first` then each argmax; advances `st` by
 // `steps` tokens.

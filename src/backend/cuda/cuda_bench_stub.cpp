@@ -21,7 +21,6 @@ double cuda_copy_bandwidth_gbps(const CudaModel&) { no_cuda(); }
 double cuda_host_link_gbps(const CudaModel&) { no_cuda(); }
 std::string cuda_link_rates(const CudaModel&) { no_cuda(); }
 bool cuda_set_host_copies(CudaModel&, bool, int, bool) { no_cuda(); }
-void cuda_set_fp8_decode(CudaModel&, DecodeOptions::Fp8Decode) { no_cuda(); }
 std::vector<CudaKernelTime> cuda_profile_decode(const CudaModel&, CudaState&, int32_t, int) { no_cuda(); }
 
 }  // namespace flashmoe

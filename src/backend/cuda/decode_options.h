@@ -82,14 +82,6 @@ struct DecodeOptions {
   // Row pairs a warp of the chunk layout's gate_up takes at once (1 or 2;
   // --gguf-experts chunks2: 2), measured side by side in session 8's rounds.
   int gguf_chunk_rows = 1;
-  // How the FP8 decode kernels (fp8_matvec.cuh, fp8_router.cuh,
-  // fp8_experts.cuh) stream a warp's codes (fp8_staged.cuh): Staged, each
-  // lane's whole slice copied into shared memory (cp.async) before any
-  // math; InRegs, three steps in registers (session 6). Both until the H200
-  // rounds of session 8 decide (bench --fp8-decode staged,regs); then the
-  // loser leaves the code.
-  enum class Fp8Decode { Staged, InRegs };
-  Fp8Decode fp8_decode = Fp8Decode::Staged;
 
   // Benchmarks: time per phase of the batched prefill and of the batched
   // decode steps (forward_batch), printed to stderr when the model is

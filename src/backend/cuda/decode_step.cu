@@ -45,8 +45,7 @@ void CudaModel::Impl::set_kernel_attributes() {
   CK(cudaFuncSetAttribute(gc_gate_up_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(gc_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(matvec_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
-  CK(cudaFuncSetAttribute(matvec_fp8_mma_kernel<F8Staged>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
-  CK(cudaFuncSetAttribute(matvec_fp8_mma_kernel<F8InRegs>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  CK(cudaFuncSetAttribute(matvec_fp8_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
 }
 
 void CudaModel::Impl::mark(int cls) {
@@ -134,23 +133,17 @@ void CudaModel::Impl::matvec(const DMat& W, const float* xin, const float* nw, f
 // rules; up to 4 rows per warp at a time (a row is half a bf16 row's bytes).
 void CudaModel::Impl::matvec_fp8(const DMat& W, const float* xin, const float* nw, float* y, int acc, int cls,
                                  float* xcopy) {
-  if (W.group % kF8Step == 0) {  // the tensor cores (fp8_mma.cuh), policy P (fp8_staged.cuh)
-    auto launch = [&](auto policy) {
-      using P = decltype(policy);
-      const int split = f8_mma_split<P>(W.rows, W.cols, prop.multiProcessorCount), tpb = kWarps / split;
-      const size_t smem = f8_mma_matvec_smem<P>(W.cols, f8_norm_fused(nw, W.cols));
-      const int tiles = (W.rows + 15) / 16;
-      const int blocks = std::min((tiles + tpb - 1) / tpb,
-                                  prop.multiProcessorCount *
-                                      per_sm(reinterpret_cast<const void*>(matvec_fp8_mma_kernel<P>), smem));
-      // The L2 prefetch of a warp's first tile where the codes it has in
-      // flight do not cover its slice.
-      const bool pf = P::kWarpBytes == 0 || f8_padded((W.cols + split - 1) / split) > P::kPiece;
-      go(matvec_fp8_mma_kernel<P>, blocks, kThreads, smem, static_cast<const uint8_t*>(W.p), W.row_scales(), W.group,
-         W.rows, W.cols, xin, nw, c.rms_norm_eps, y, acc, split, pf ? 1 : 0, xcopy);
-    };
-    if (opts.decode.fp8_decode == DecodeOptions::Fp8Decode::Staged) launch(F8Staged{});
-    else launch(F8InRegs{});
+  if (W.group % kF8Step == 0) {  // the tensor cores (fp8_mma.cuh), codes staged (fp8_staged.cuh)
+    const int split = f8_mma_split(W.rows, W.cols, prop.multiProcessorCount), tpb = kWarps / split;
+    const size_t smem = f8_mma_matvec_smem(W.cols, f8_norm_fused(nw, W.cols));
+    const int tiles = (W.rows + 15) / 16;
+    const int blocks = std::min((tiles + tpb - 1) / tpb,
+                                prop.multiProcessorCount *
+                                    per_sm(reinterpret_cast<const void*>(matvec_fp8_mma_kernel), smem));
+    // The L2 prefetch of a warp's first tile where its first batch does not cover its slice.
+    const bool pf = f8_padded((W.cols + split - 1) / split) > F8Staged::kPiece;
+    go(matvec_fp8_mma_kernel, blocks, kThreads, smem, static_cast<const uint8_t*>(W.p), W.row_scales(), W.group,
+       W.rows, W.cols, xin, nw, c.rms_norm_eps, y, acc, split, pf ? 1 : 0, xcopy);
     mark(cls);
     return;
   }
@@ -186,22 +179,17 @@ void CudaModel::Impl::outproj_router(const DLayer& d, const DMat& W) {
   a.sel = ExpertSel{d.gu_tab, d.down_tab, sel};
   a.done = presel_done;
   a.splitR = split_for(a.rowsR, a.H + a.O, 4);
-  if (W.dt == DT_FP8) {  // the projection on the tensor cores (fp8_router.cuh), policy P (fp8_staged.cuh)
-    auto launch = [&](auto policy) {
-      using P = decltype(policy);
-      const int sms = prop.multiProcessorCount, rpbR = kWarps / a.splitR;
-      a.splitA = f8_mma_split<P>(W.rows, W.cols, sms);
-      const size_t smem = f8_outproj_smem<P>(W.cols);
-      const void* fn = reinterpret_cast<const void*>(outproj_router_fp8_kernel<P>);
-      if (smem > 48 * 1024) CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-      const int resident = per_sm(fn, smem) * sms, tpb = kWarps / a.splitA;
-      a.nbR = (a.rowsR + rpbR - 1) / rpbR;
-      a.nbA = std::min(((W.rows + 15) / 16 + tpb - 1) / tpb, std::max(sms, resident - a.nbR));
-      go(outproj_router_fp8_kernel<P>, a.nbR + a.nbA, kThreads, smem, static_cast<const uint8_t*>(W.p),
-         W.row_scales(), W.group, a);
-    };
-    if (opts.decode.fp8_decode == DecodeOptions::Fp8Decode::Staged) launch(F8Staged{});
-    else launch(F8InRegs{});
+  if (W.dt == DT_FP8) {  // the projection on the tensor cores (fp8_router.cuh)
+    const int sms = prop.multiProcessorCount, rpbR = kWarps / a.splitR;
+    a.splitA = f8_mma_split(W.rows, W.cols, sms);
+    const size_t smem = f8_outproj_smem(W.cols);
+    const void* fn = reinterpret_cast<const void*>(outproj_router_fp8_kernel);
+    if (smem > 48 * 1024) CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    const int resident = per_sm(fn, smem) * sms, tpb = kWarps / a.splitA;
+    a.nbR = (a.rowsR + rpbR - 1) / rpbR;
+    a.nbA = std::min(((W.rows + 15) / 16 + tpb - 1) / tpb, std::max(sms, resident - a.nbR));
+    go(outproj_router_fp8_kernel, a.nbR + a.nbA, kThreads, smem, static_cast<const uint8_t*>(W.p), W.row_scales(),
+       W.group, a);
     mark(K_OUT);
     return;
   }
@@ -368,11 +356,10 @@ void CudaModel::Impl::moe_launch_q(const MoeArgs& a, int slots, const QExpert& q
     // each), down in tiles of 16 x rows (a block of kDnWarps warps each).
     if (q.group % kF8Step == 0 && (sdt != DT_FP8 || !a.has_shared || a.s_group % kF8Step == 0)) {
       const bool f8s = sdt == DT_FP8;  // the kernels' TS = F8Rows
-      auto mma = [&](auto policy, auto gu, auto dn) {
-        using P = decltype(policy);
-        const size_t m1 = f8_mma_gate_up_smem<P>(a.H, f8_gate_up_xf(a, f8s));
-        const int dw = f8_down_warps<P>(a, f8s);
-        const size_t m2 = f8_mma_down_smem<P>(a.k, a.I, a.Is, f8s && a.has_shared, dw);
+      const size_t m1 = f8_mma_gate_up_smem(a.H, f8_gate_up_xf(a, f8s));
+      const int dw = f8_down_warps(a, f8s);
+      const size_t m2 = f8_mma_down_smem(a.k, a.I, a.Is, f8s && a.has_shared, dw);
+      auto mma = [&](auto gu, auto dn) {
         if (m1 > 48 * 1024) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m1)));
         if (m2 > 48 * 1024) CK(cudaFuncSetAttribute(dn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m2)));
         const int resident = per_sm(reinterpret_cast<const void*>(gu), m1) * prop.multiProcessorCount;
@@ -383,17 +370,12 @@ void CudaModel::Impl::moe_launch_q(const MoeArgs& a, int slots, const QExpert& q
         go(dn, std::min((a.H + 15) / 16, dres), dw * 32, m2, a, q);
         mark(K_EXPERTS);
       };
-      auto with = [&](auto policy) {
-        using P = decltype(policy);
-        switch (sdt) {
-          case DT_FP8: mma(policy, gate_up_fp8_mma_kernel<P, F8Rows>, down_fp8_mma_kernel<P, F8Rows>); break;
-          case DT_F32: mma(policy, gate_up_fp8_mma_kernel<P, float>, down_fp8_mma_kernel<P, float>); break;
-          case DT_F16: mma(policy, gate_up_fp8_mma_kernel<P, __half>, down_fp8_mma_kernel<P, __half>); break;
-          default: mma(policy, gate_up_fp8_mma_kernel<P, __nv_bfloat16>, down_fp8_mma_kernel<P, __nv_bfloat16>);
-        }
-      };
-      if (opts.decode.fp8_decode == DecodeOptions::Fp8Decode::Staged) with(F8Staged{});
-      else with(F8InRegs{});
+      switch (sdt) {
+        case DT_FP8: mma(gate_up_fp8_mma_kernel<F8Rows>, down_fp8_mma_kernel<F8Rows>); break;
+        case DT_F32: mma(gate_up_fp8_mma_kernel<float>, down_fp8_mma_kernel<float>); break;
+        case DT_F16: mma(gate_up_fp8_mma_kernel<__half>, down_fp8_mma_kernel<__half>); break;
+        default: mma(gate_up_fp8_mma_kernel<__nv_bfloat16>, down_fp8_mma_kernel<__nv_bfloat16>);
+      }
       return;
     }
     switch (sdt) {

@@ -200,10 +200,9 @@ __host__ __device__ inline bool f8_gate_up_xf(const MoeArgs& a, bool f8s) {
   return !(a.norm_w && a.H <= kNormPer * kThreads) || (a.has_shared && !f8s);
 }
 // Its dynamic shared memory: x normed (fp32, where f8_gate_up_xf), x split
-// for the mma, then policy P's slots.
-template <class P>
+// for the mma, then the warps' slots (fp8_staged.cuh).
 inline size_t f8_mma_gate_up_smem(int H, bool xf) {
-  return (xf ? size_t(H) * 4 : 0) + (f8_split_bytes(H) + 15) / 16 * 16 + f8_warp_bufs<P>(kWarps);
+  return (xf ? size_t(H) * 4 : 0) + (f8_split_bytes(H) + 15) / 16 * 16 + f8_warp_bufs(kWarps);
 }
 
 // h[j][r] = silu(gate_j[r] . xn) * (up_j[r] . xn); blockIdx.y = slot j (as
@@ -212,15 +211,14 @@ inline size_t f8_mma_gate_up_smem(int H, bool xf) {
 // so a lane with t = 0 ends with both sums of one h row; kGuSplit warps
 // share a tile's columns. The shared expert in FP8 (TS = F8Rows) is
 // tiled the same way; in a float type it keeps row_dot, a warp per row.
-// P: how a warp streams its codes (fp8_staged.cuh).
-template <class P, typename TS>
+template <typename TS>
 __global__ void __launch_bounds__(kThreads, 3) gate_up_fp8_mma_kernel(MoeArgs a, QExpert q) {
   extern __shared__ __align__(16) float xs[];  // f8_mma_gate_up_smem: [H] x normed (xf), its split, the slots
   __shared__ float part[kWarps][16];
   constexpr bool f8s = std::is_same_v<TS, F8Rows>;
   const bool xf = f8_gate_up_xf(a, f8s);
   __half* sp = reinterpret_cast<__half*>(xs + (xf ? a.H : 0));
-  uint4* buf = f8_warp_buf<P>(reinterpret_cast<char*>(sp) + (f8_split_bytes(a.H) + 15) / 16 * 16);
+  uint4* buf = f8_warp_buf(reinterpret_cast<char*>(sp) + (f8_split_bytes(a.H) + 15) / 16 * 16);
   const int j = blockIdx.y;
   const bool shared = j == a.k;
   const int I = shared ? a.Is : a.I;
@@ -252,16 +250,14 @@ __global__ void __launch_bounds__(kThreads, 3) gate_up_fp8_mma_kernel(MoeArgs a,
     }
     return R;
   };
-  // The warp's first tile's first codes, in flight while x is normed and
-  // split: an FP8 shared expert's before the wait, a routed one's once its
+  // The warp's first tile's codes, in flight while x is normed and split:
+  // an FP8 shared expert's before the wait, a routed one's once its
   // pointer is known (not where this block picks the experts itself).
-  typename P::First first;
+  F8Batch first;
   const int rg_first = blockIdx.x * tpb + lt;
   const bool have_first = (shared ? f8s : !pick) && rg_first < ngroups && k0 < k1;
-  constexpr bool l2 = P::kWarpBytes == 0;  // the rest of the first tile into L2 (the codes in registers)
   if (f8s && shared) {  // known before the wait
-    if (l2) f8_tile_prefetch(tile_rows(rg_first), k0, k1, lane);
-    if (have_first) P::first(tile_rows(rg_first), k0, k1, group, lane, first, buf);
+    if (have_first) F8Staged::first(tile_rows(rg_first), k0, k1, group, lane, first, buf);
   }
   if (pick && warp == 0) prefetch_tables(a.tsel, a.E);
   NormPre pre;
@@ -270,8 +266,7 @@ __global__ void __launch_bounds__(kThreads, 3) gate_up_fp8_mma_kernel(MoeArgs a,
   pdl_trigger();
   if (!shared && !pick) {
     B = static_cast<const uint8_t*>(a.sel ? a.sel[j] : a.gu_tab[a.ids[j]]);
-    if (l2) f8_tile_prefetch(tile_rows(rg_first), k0, k1, lane);
-    if (have_first) P::first(tile_rows(rg_first), k0, k1, group, lane, first, buf);
+    if (have_first) F8Staged::first(tile_rows(rg_first), k0, k1, group, lane, first, buf);
   }
   // x normed and split in one pass where no float copy is needed (only a
   // float shared expert reads xs).
@@ -301,9 +296,9 @@ __global__ void __launch_bounds__(kThreads, 3) gate_up_fp8_mma_kernel(MoeArgs a,
     float d0 = 0.f, d1 = 0.f;
     if (rg < ngroups && k0 < k1) {
       const F8TileRows R = tile_rows(rg);
-      typename P::First F = first;
-      if (!(have_first && rg == rg_first)) P::first(R, k0, k1, group, lane, F, buf);
-      P::dot(R, X, k0, k1, group, lane, F, buf, d0, d1);
+      F8Batch F = first;
+      if (!(have_first && rg == rg_first)) F8Staged::first(R, k0, k1, group, lane, F, buf);
+      F8Staged::dot(R, X, k0, k1, group, lane, F, buf, d0, d1);
     }
     if ((lane & 3) == 0) part[warp][g] = d0, part[warp][g + 8] = d1;
     __syncthreads();
@@ -321,45 +316,43 @@ __global__ void __launch_bounds__(kThreads, 3) gate_up_fp8_mma_kernel(MoeArgs a,
 
 constexpr int kDnWarps = 16;  // down: most warps per block (one 16-row tile per block)
 
-// down's warps per block: kDnWarps (F8InRegs; a float shared expert's 16
-// rows take a warp each), else one per piece of P::kPiece columns of the
-// slots (F8Staged: one batch each), at most kDnWarps. f8s: the shared
-// expert, where there is one, is FP8.
-template <class P>
+constexpr int kDnPiece = F8Staged::kPiece;  // down: columns of one slot a warp takes (one batch)
+
+// down's warps per block: one per piece of kDnPiece columns of the slots,
+// at most kDnWarps; kDnWarps with a float shared expert (its 16 rows take
+// a warp each). f8s: the shared expert, where there is one, is FP8.
 inline int f8_down_warps(const MoeArgs& a, bool f8s) {
-  if (P::kWarpBytes == 0 || (a.has_shared && !f8s)) return kDnWarps;
+  if (a.has_shared && !f8s) return kDnWarps;
   const bool fs = a.has_shared && f8s;
   const int widest = std::max(a.I, fs ? a.Is : 0);
-  return std::min(kDnWarps, (a.k + (fs ? 1 : 0)) * ((widest + P::kPiece - 1) / P::kPiece));
+  return std::min(kDnWarps, (a.k + (fs ? 1 : 0)) * ((widest + kDnPiece - 1) / kDnPiece));
 }
 // Its dynamic shared memory: each slot's h split for the mma (the routed
-// slots', and an FP8 shared expert's), then policy P's slots for `warps`.
-template <class P>
+// slots', and an FP8 shared expert's), then the slots of `warps` warps.
 inline size_t f8_mma_down_smem(int k, int I, int Is, bool f8_shared, int warps) {
   const size_t h = size_t(k + (f8_shared ? 1 : 0)) * f8_split_bytes(std::max(I, f8_shared ? Is : 0));
-  return (h + 15) / 16 * 16 + f8_warp_bufs<P>(warps);
+  return (h + 15) / 16 * 16 + f8_warp_bufs(warps);
 }
 
 // x[r] += sum_j w_j * down_j[r] . h_j (as down_fp8_kernel): a block takes
 // 16 rows of x; each slot's h is split for the mma (a warp per slot), the
-// slots' columns go out in pieces of P::kPiece to the block's warps
+// slots' columns go out in pieces of kDnPiece to the block's warps
 // (f8_down_warps), whose sums (each weighted by its slot's w) are added in
 // a fixed order. The shared expert is one more slot in FP8 (TS = F8Rows),
-// else row_dot by a warp per row (16 warps: F8InRegs).
-template <class P, typename TS>
+// else row_dot by a warp per row (16 warps).
+template <typename TS>
 __global__ void __launch_bounds__(kDnWarps * 32, 1) down_fp8_mma_kernel(MoeArgs a, QExpert q) {
   extern __shared__ __align__(16) uint8_t hs[];  // f8_mma_down_smem: [slots] h split (of the widest), the slots
   __shared__ const uint8_t* ptr[32];
   __shared__ float wj[33], inv[33], extra[16];
   __shared__ float part[kDnWarps][16];
   constexpr bool f8s = std::is_same_v<TS, F8Rows>;
-  constexpr int kDnPiece = P::kPiece;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, k = a.k;
   const int nw = int(blockDim.x) >> 5;
   const int ns = k + (f8s && a.has_shared ? 1 : 0);
   const int widest = max(a.I, ns > k ? a.Is : 0), npiece = (widest + kDnPiece - 1) / kDnPiece;
   const size_t sb = f8_split_bytes(widest);
-  uint4* buf = f8_warp_buf<P>(hs + (size_t(ns) * sb + 15) / 16 * 16);
+  uint4* buf = f8_warp_buf(hs + (size_t(ns) * sb + 15) / 16 * 16);
   pdl_wait();
   pdl_trigger();
   if (int(threadIdx.x) < k) ptr[threadIdx.x] = static_cast<const uint8_t*>(
@@ -383,20 +376,14 @@ __global__ void __launch_bounds__(kDnWarps * 32, 1) down_fp8_mma_kernel(MoeArgs 
     return R;
   };
   __syncthreads();
-  // The first tile's rows into L2 while h is split (F8InRegs); the warp's
-  // first unit's first codes on their way.
-  if (P::kWarpBytes == 0)
-    for (int u = warp; u < ns * npiece; u += nw) {
-      const int s = u / npiece, len = s < k ? a.I : a.Is, c0 = (u % npiece) * kDnPiece;
-      if (c0 < len) f8_tile_prefetch(unit_rows(s, blockIdx.x), c0, min(len, c0 + kDnPiece), lane);
-    }
-  typename P::First first;
+  // The warp's first unit's codes on their way while h is split.
+  F8Batch first;
   bool have_first = false;
   if (warp < ns * npiece && int(blockIdx.x) * 16 < a.H) {
     const int s = warp / npiece, len = s < k ? a.I : a.Is, c0 = (warp % npiece) * kDnPiece;
     have_first = c0 < len;
     if (have_first)
-      P::first(unit_rows(s, blockIdx.x), c0, min(len, c0 + kDnPiece), s < k ? q.group : a.s_group, lane, first, buf);
+      F8Staged::first(unit_rows(s, blockIdx.x), c0, min(len, c0 + kDnPiece), s < k ? q.group : a.s_group, lane, first, buf);
   }
   for (int s = warp; s < ns; s += nw) {
     const F8Split X = f8_split_warp(a.hb + s * a.maxI, s < k ? a.I : a.Is, reinterpret_cast<__half*>(hs + s * sb), lane);
@@ -412,10 +399,10 @@ __global__ void __launch_bounds__(kDnWarps * 32, 1) down_fp8_mma_kernel(MoeArgs 
       const F8Split X{reinterpret_cast<const __half*>(hs + s * sb), f8_padded(len) + 8, inv[s]};
       float d0, d1;
       const int c1 = min(len, c0 + kDnPiece);
-      typename P::First F = first;
+      F8Batch F = first;
       const int grp = s < k ? q.group : a.s_group;
-      if (!(have_first && u == warp && tile == int(blockIdx.x))) P::first(R, c0, c1, grp, lane, F, buf);
-      P::dot(R, X, c0, c1, grp, lane, F, buf, d0, d1);
+      if (!(have_first && u == warp && tile == int(blockIdx.x))) F8Staged::first(R, c0, c1, grp, lane, F, buf);
+      F8Staged::dot(R, X, c0, c1, grp, lane, F, buf, d0, d1);
       const float f = wj[s] * X.inv;
       acc0 = fmaf(d0, f, acc0);
       acc1 = fmaf(d1, f, acc1);

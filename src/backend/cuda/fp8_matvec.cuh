@@ -145,32 +145,24 @@ static __global__ void __launch_bounds__(kThreads, 4)
   fp8_matvec_rows(W, S, group, rows, cols, xs, y, accumulate, split, per);
 }
 
-// Warps per 16-row tile in matvec_fp8_mma_kernel. F8InRegs: doubled while
-// the tiles give fewer than 16 warps per SM (the loads in flight that HBM
-// speed needs) and each warp keeps at least two steps of every row.
-// F8Staged: doubled until a warp's slice is one batch (kF8Batch steps), then
-// while the tiles give fewer than 4 warps per SM.
-template <class P>
+// Warps per 16-row tile in matvec_fp8_mma_kernel: doubled until a warp's
+// slice is one batch (kF8Batch steps, fp8_staged.cuh), then while the tiles
+// give fewer than 4 warps per SM.
 inline int f8_mma_split(int rows, int cols, int sms) {
   const int tiles = (rows + 15) / 16;
   int s = 1;
-  if constexpr (std::is_same_v<P, F8Staged>) {
-    while (s < kWarps && f8_padded((cols + s - 1) / s) > kF8Batch * kF8Step) s *= 2;
-    while (s < kWarps && tiles * s < 4 * sms && cols / (2 * s) >= 2 * kF8Step) s *= 2;
-  } else {
-    while (s < kWarps && tiles * s < 16 * sms && cols / (2 * s) >= 2 * kF8Step) s *= 2;
-  }
+  while (s < kWarps && f8_padded((cols + s - 1) / s) > kF8Batch * kF8Step) s *= 2;
+  while (s < kWarps && tiles * s < 4 * sms && cols / (2 * s) >= 2 * kF8Step) s *= 2;
   return s;
 }
 // Whether matvec_fp8_mma_kernel norms and splits x in one pass (no fp32 copy
 // of the normed x in shared memory): its condition (NormPre::on).
 __host__ __device__ inline bool f8_norm_fused(const float* nw, int cols) { return nw && cols <= kNormPer * kThreads; }
 // Its dynamic shared memory: x normed (fp32, unless fused), x split for the
-// mma, then policy P's per-warp slots.
-template <class P>
+// mma, then the warps' slots (fp8_staged.cuh).
 inline size_t f8_mma_matvec_smem(int cols, bool fused) {
   const size_t a = (fused ? 0 : size_t(cols) * 4) + (f8_split_bytes(cols) + 15) / 16 * 16;
-  return a + f8_warp_bufs<P>(kWarps);
+  return a + f8_warp_bufs(kWarps);
 }
 
 // The tiles' rows of W for lane g of a warp: rows tile * 16 + g and + 8.
@@ -207,13 +199,12 @@ __device__ __forceinline__ F8WarpSlice f8_warp_slice(int cols, int split, int bi
 // 64, by this block (bid of the nb blocks doing W): a warp takes a tile of
 // 16 rows times a slice of the columns (`split` warps per tile, partial
 // sums added in a fixed order), blocks stride over the tiles. first: the
-// warp's first tile's first codes (f8_matvec_first) where have_first; buf:
-// the warp's slots (policy P).
-template <class P>
+// warp's first tile's codes (f8_matvec_first) where have_first; buf: the
+// warp's slots (fp8_staged.cuh).
 __device__ __forceinline__ void f8_matvec_tiles(const uint8_t* __restrict__ W, const float* __restrict__ S, int group,
                                                 int rows, int cols, const F8Split& X, float* __restrict__ y,
                                                 int accumulate, int split, int bid, int nb,
-                                                const typename P::First& first, bool have_first, uint4* buf) {
+                                                const F8Batch& first, bool have_first, uint4* buf) {
   __shared__ float part[kWarps][16];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
   const F8WarpSlice ws = f8_warp_slice(cols, split, bid);
@@ -224,9 +215,9 @@ __device__ __forceinline__ void f8_matvec_tiles(const uint8_t* __restrict__ W, c
     float d0 = 0.f, d1 = 0.f;
     if (tile < ntiles && k0 < k1) {
       const F8TileRows R = f8_dmat_rows(W, S, rows, cols, nbc, tile, g);
-      typename P::First F = first;
-      if (!(have_first && t0 == bid * tpb)) P::first(R, k0, k1, group, lane, F, buf);
-      P::dot(R, X, k0, k1, group, lane, F, buf, d0, d1);
+      F8Batch F = first;
+      if (!(have_first && t0 == bid * tpb)) F8Staged::first(R, k0, k1, group, lane, F, buf);
+      F8Staged::dot(R, X, k0, k1, group, lane, F, buf, d0, d1);
     }
     if (split == 1) {
       if ((lane & 3) == 0 && tile < ntiles) {
@@ -260,26 +251,25 @@ __device__ __forceinline__ void f8_matvec_prefetch(const uint8_t* W, const float
                      ws.k0, ws.k1, threadIdx.x & 31);
 }
 
-// The first codes of this warp's first tile (as f8_matvec_tiles) on their
-// way (policy P): the weights are known before the PDL wait, so these loads
+// The codes of this warp's first tile (as f8_matvec_tiles) on their way
+// (fp8_staged.cuh): the weights are known before the PDL wait, so these loads
 // are in flight while the previous kernel ends and x is normed and split.
 // Whether the warp has a first tile.
-template <class P>
 __device__ __forceinline__ bool f8_matvec_first(const uint8_t* W, const float* S, int group, int rows, int cols,
-                                                int split, int bid, typename P::First& F, uint4* buf) {
+                                                int split, int bid, F8Batch& F, uint4* buf) {
   const F8WarpSlice ws = f8_warp_slice(cols, split, bid);
   if (!(ws.tile < (rows + 15) / 16 && ws.k0 < ws.k1)) return false;
-  P::first(f8_dmat_rows(W, S, rows, cols, (cols + group - 1) / group, ws.tile, (threadIdx.x & 31) >> 2), ws.k0,
+  F8Staged::first(f8_dmat_rows(W, S, rows, cols, (cols + group - 1) / group, ws.tile, (threadIdx.x & 31) >> 2), ws.k0,
            ws.k1, group, threadIdx.x & 31, F, buf);
   return true;
 }
 
 // y[r] (+)= W[r,:] . norm(x) (norm skipped when nw is null) for a DT_FP8 W
 // whose block width is a multiple of 64, on the tensor cores
-// (f8_matvec_tiles, policy P). pf: prefetch the first tile's rows into L2
-// before the PDL wait (its first codes go out there in any case).
-template <class P>
-__global__ void __launch_bounds__(kThreads, 3)
+// (f8_matvec_tiles). pf: prefetch the first tile's rows into L2 before the
+// PDL wait, where its first batch of codes (which goes out there in any
+// case) does not cover the warp's slice.
+static __global__ void __launch_bounds__(kThreads, 3)
     matvec_fp8_mma_kernel(const uint8_t* __restrict__ W, const float* __restrict__ S, int group, int rows, int cols,
                           const float* __restrict__ x, const float* __restrict__ nw, float eps, float* __restrict__ y,
                           int accumulate, int split, int pf, float* __restrict__ xcopy) {
@@ -288,10 +278,10 @@ __global__ void __launch_bounds__(kThreads, 3)
   extern __shared__ __align__(16) float xs[];
   const bool fused = f8_norm_fused(nw, cols);
   __half* sp = reinterpret_cast<__half*>(xs + (fused ? 0 : cols));
-  uint4* buf = f8_warp_buf<P>(reinterpret_cast<char*>(sp) + (f8_split_bytes(cols) + 15) / 16 * 16);
+  uint4* buf = f8_warp_buf(reinterpret_cast<char*>(sp) + (f8_split_bytes(cols) + 15) / 16 * 16);
   if (pf) f8_matvec_prefetch(W, S, group, rows, cols, split, blockIdx.x);
-  typename P::First first;
-  const bool have_first = f8_matvec_first<P>(W, S, group, rows, cols, split, blockIdx.x, first, buf);
+  F8Batch first;
+  const bool have_first = f8_matvec_first(W, S, group, rows, cols, split, blockIdx.x, first, buf);
   NormPre pre;
   norm_preload(nw, cols, true, pre);
   pdl_wait();
@@ -306,7 +296,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     load_x(x, nw, eps, cols, xs, &pre);
     X = f8_split_block(xs, cols, sp);
   }
-  f8_matvec_tiles<P>(W, S, group, rows, cols, X, y, accumulate, split, blockIdx.x, gridDim.x, first, have_first, buf);
+  f8_matvec_tiles(W, S, group, rows, cols, X, y, accumulate, split, blockIdx.x, gridDim.x, first, have_first, buf);
 }
 
 }  // namespace flashmoe::cuda

@@ -33,29 +33,24 @@ __global__ void fold_router_fp8_kernel(const T* __restrict__ Wr, int rows, const
   }
 }
 
-// Its dynamic shared memory: o split for the mma, then policy P's slots.
-template <class P>
-inline size_t f8_outproj_smem(int O) {
-  return (f8_split_bytes(O) + 15) / 16 * 16 + f8_warp_bufs<P>(kWarps);
-}
+// Its dynamic shared memory: o split for the mma, then the warps' slots.
+inline size_t f8_outproj_smem(int O) { return (f8_split_bytes(O) + 15) / 16 * 16 + f8_warp_bufs(kWarps); }
 
 // Blocks [0, nbA): x += W_out . o for an FP8 W_out [H][O] (block width a multiple of 64),
 // o = cat + H split into shared memory (f8_outproj_smem) by each block; the
 // others the folded router (as outproj_router_kernel's). The projection's
 // blocks come first: where the slots make fewer blocks resident than the
 // grid has, the router's short blocks wait for a slot, not the projection.
-// splitA: warps per tile (f8_mma_split); P: how a warp streams its codes.
-template <class P>
-__global__ void __launch_bounds__(kThreads, 3)
+// splitA: warps per tile (f8_mma_split).
+static __global__ void __launch_bounds__(kThreads, 3)
     outproj_router_fp8_kernel(const uint8_t* __restrict__ W, const float* __restrict__ S, int group, OutRouterArgs a) {
   extern __shared__ __align__(16) __half os[];
-  uint4* buf = f8_warp_buf<P>(reinterpret_cast<char*>(os) + (f8_split_bytes(a.O) + 15) / 16 * 16);
+  uint4* buf = f8_warp_buf(reinterpret_cast<char*>(os) + (f8_split_bytes(a.O) + 15) / 16 * 16);
   const int bid = int(blockIdx.x);
-  typename P::First first;
+  F8Batch first;
   bool have_first = false;
   if (bid < a.nbA) {
-    if (P::kWarpBytes == 0) f8_matvec_prefetch(W, S, group, a.H, a.O, a.splitA, bid);
-    have_first = f8_matvec_first<P>(W, S, group, a.H, a.O, a.splitA, bid, first, buf);
+    have_first = f8_matvec_first(W, S, group, a.H, a.O, a.splitA, bid, first, buf);
   }
   if (a.sel.out && bid == a.nbA && threadIdx.x < 32) prefetch_tables(a.sel, a.E);
   pdl_wait();
@@ -65,7 +60,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     return;
   }
   const F8Split X = f8_split_block(a.cat + a.H, a.O, os);
-  f8_matvec_tiles<P>(W, S, group, a.H, a.O, X, a.x, 1, a.splitA, bid, a.nbA, first, have_first, buf);
+  f8_matvec_tiles(W, S, group, a.H, a.O, X, a.x, 1, a.splitA, bid, a.nbA, first, have_first, buf);
 }
 
 }  // namespace flashmoe::cuda

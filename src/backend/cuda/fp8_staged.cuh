@@ -1,16 +1,9 @@
 // How a warp of the FP8 decode kernels (fp8_matvec.cuh, fp8_router.cuh,
-// fp8_experts.cuh) streams a tile's codes into the mma (fp8_mma.cuh): two
-// policies with one interface, measured side by side on the H200
-// (DecodeOptions::fp8_decode, bench --fp8-decode; bench/NOTES-cuda.md, FP8
-// decode kernels, session 8).
+// fp8_experts.cuh) streams a tile's codes into the mma (fp8_mma.cuh).
 //
-// F8InRegs (session 6): kF8Ahead + 1 steps of codes in registers, one more
-// load issued per step multiplied; a block's scales loaded when the block
-// before it ends.
-//
-// F8Staged: a lane copies all its steps of a range (up to kF8Batch = 8
-// steps, 512 columns: a warp's whole slice at the 35B shape) into its own
-// slots of shared memory with cp.async before any math, the block scales of
+// A lane copies all its steps of a range (up to kF8Batch = 8 steps, 512
+// columns: a warp's whole slice at the 35B shape) into its own slots of
+// shared memory with cp.async before any math, the block scales of
 // every step into registers with them, then multiplies the steps in order,
 // each as soon as its copy landed (cp.async.wait_group per step). Why:
 // ncu on the session-7 kernels showed 13-26% of DRAM bandwidth, long
@@ -21,27 +14,14 @@
 // warps per SM), so at the 35B shape one load round trip per warp, issued
 // before the kernel's PDL wait where the rows are known. Each lane reads
 // back only the slots it copied, so no barrier is needed: wait_group makes
-// a thread's own copies visible to it.
+// a thread's own copies visible to it. Measured against the session-6 loop
+// (three steps in registers) on the H200: bench/NOTES-cuda.md, "FP8 decode:
+// a warp's codes staged in shared memory".
 #pragma once
 #include "backend/cuda/fp8_mma.cuh"
 
 namespace flashmoe::cuda {
 
-// ---------------------------------------------------------------- F8InRegs
-struct F8InRegs {
-  using First = F8First;
-  static constexpr int kPiece = 256;       // down: columns of one slot a warp takes at a time
-  static constexpr size_t kWarpBytes = 0;  // shared memory per warp
-  __device__ static void first(const F8TileRows& R, int k0, int k1, int group, int lane, First& F, uint4*) {
-    f8_tile_first(R, k0, k1, group, lane, F);
-  }
-  __device__ static void dot(const F8TileRows& R, const F8Split& X, int k0, int k1, int group, int lane, First& F,
-                             uint4*, float& d0, float& d1) {
-    f8_tile_dot_from(R, X, k0, k1, group, lane, F, d0, d1);
-  }
-};
-
-// ---------------------------------------------------------------- F8Staged
 constexpr int kF8Batch = 8;  // steps a lane has in flight at once (512 columns)
 
 __device__ __forceinline__ void f8_cp16(uint4* dst, const void* src) {
@@ -142,16 +122,12 @@ struct F8Staged {
   }
 };
 
-// Policy p's shared memory for a block of `warps` warps (after the rest,
-// which the caller rounds to 16 bytes).
-template <class P>
-inline size_t f8_warp_bufs(int warps) {
-  return P::kWarpBytes * size_t(warps);
-}
+// The warps' slots in a block of `warps` warps: shared memory after the
+// rest (which the caller rounds to 16 bytes).
+inline size_t f8_warp_bufs(int warps) { return F8Staged::kWarpBytes * size_t(warps); }
 // This warp's slots in a block's shared memory at `at` (16-byte aligned).
-template <class P>
 __device__ __forceinline__ uint4* f8_warp_buf(void* at) {
-  return reinterpret_cast<uint4*>(static_cast<char*>(at) + P::kWarpBytes * (threadIdx.x >> 5));
+  return reinterpret_cast<uint4*>(static_cast<char*>(at) + F8Staged::kWarpBytes * (threadIdx.x >> 5));
 }
 
 }  // namespace flashmoe::cuda

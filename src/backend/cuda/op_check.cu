@@ -78,8 +78,7 @@ Launcher device() {
 
 // The FP8 matvec (matvec_fp8_kernel) as CudaModel::Impl::matvec_fp8 runs
 // it, on W laid out as upload_fp8_rows writes a DT_FP8 matrix; `per` rows
-// per warp at a time; on the tensor cores with policy P.
-template <class P>
+// per warp at a time.
 std::vector<float> matvec_fp8(Launcher& l, const Matrix& W, const std::vector<float>& x,
                               const std::vector<float>& norm_w, float eps, int per) {
   if (W.cols % 16 || W.group % 16) fail("op check: FP8 matvec needs columns and block width in multiples of 16");
@@ -100,15 +99,15 @@ std::vector<float> matvec_fp8(Launcher& l, const Matrix& W, const std::vector<fl
   const float* dn = norm_w.empty() ? nullptr : b.up(norm_w.data(), norm_w.size());
   float* dy = b.zeros<float>(size_t(rows));
   if (m.group % kF8Step == 0) {  // the tensor cores, as CudaModel::Impl::matvec_fp8
-    const int split = f8_mma_split<P>(rows, cols, l.prop.multiProcessorCount), tpb = kWarps / split;
-    const size_t smem = f8_mma_matvec_smem<P>(cols, f8_norm_fused(dn, cols));
+    const int split = f8_mma_split(rows, cols, l.prop.multiProcessorCount), tpb = kWarps / split;
+    const size_t smem = f8_mma_matvec_smem(cols, f8_norm_fused(dn, cols));
     if (smem > 48 * 1024)
-      CK(cudaFuncSetAttribute(matvec_fp8_mma_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      CK(cudaFuncSetAttribute(matvec_fp8_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     const int tiles = (rows + 15) / 16;
     const int blocks = std::min((tiles + tpb - 1) / tpb,
                                 l.prop.multiProcessorCount *
-                                    l.per_sm(reinterpret_cast<const void*>(matvec_fp8_mma_kernel<P>), smem));
-    l.go(matvec_fp8_mma_kernel<P>, blocks, kThreads, smem, dW, reinterpret_cast<const float*>(dW + m.scale_offset()),
+                                    l.per_sm(reinterpret_cast<const void*>(matvec_fp8_mma_kernel), smem));
+    l.go(matvec_fp8_mma_kernel, blocks, kThreads, smem, dW, reinterpret_cast<const float*>(dW + m.scale_offset()),
          m.group, rows, cols, dx, dn, eps, dy, 0, split, 1, static_cast<float*>(nullptr));
     CK(cudaDeviceSynchronize());
     return down(dy, size_t(rows));
@@ -129,11 +128,9 @@ std::vector<float> matvec_fp8(Launcher& l, const Matrix& W, const std::vector<fl
 }  // namespace
 
 std::vector<float> matvec(const Matrix& W, const std::vector<float>& x, const std::vector<float>& norm_w, float eps,
-                          bool three_rows, DecodeOptions::Fp8Decode fp8) {
+                          bool three_rows) {
   Launcher l = device();
-  if (W.fp8())
-    return fp8 == DecodeOptions::Fp8Decode::Staged ? matvec_fp8<F8Staged>(l, W, x, norm_w, eps, three_rows ? 3 : 4)
-                                                   : matvec_fp8<F8InRegs>(l, W, x, norm_w, eps, three_rows ? 3 : 4);
+  if (W.fp8()) return matvec_fp8(l, W, x, norm_w, eps, three_rows ? 3 : 4);
   if (W.quantized()) fail("op check: matvec takes bf16, f16, f32 or FP8 block weights");
   const int dt = dt_of(W.dtype), rows = int(W.rows), cols = int(W.cols);
   Buffers b;
@@ -284,8 +281,7 @@ std::vector<float> attention(const AttnDecode& in, int split, bool prefetch) {
 }
 
 std::vector<float> quant_experts(const std::vector<QuantExpert>& experts, const std::vector<float>& w,
-                                 const std::vector<float>& x, const std::vector<float>& norm_w, float eps,
-                                 DecodeOptions::Fp8Decode fp8) {
+                                 const std::vector<float>& x, const std::vector<float>& norm_w, float eps) {
   Launcher l = device();
   const int k = int(experts.size()), H = int(x.size());
   if (k < 1 || k > 32) fail("op check: 1 to 32 experts");
@@ -344,13 +340,11 @@ std::vector<float> quant_experts(const std::vector<QuantExpert>& experts, const 
     l.go(gu, g1, kThreads, s1, a, q);
     l.go(dn, blocks, kThreads, s2, a, q);
   };
-  // The tensor cores, as CudaModel::Impl::moe_launch_q<0>, policy P.
-  auto mma = [&](auto policy) {
-    using P = decltype(policy);
-    const int dw = f8_down_warps<P>(a, false);
-    const size_t m1 = f8_mma_gate_up_smem<P>(H, f8_gate_up_xf(a, false)), m2 = f8_mma_down_smem<P>(k, I, 0, false, dw);
-    auto gu = gate_up_fp8_mma_kernel<P, __nv_bfloat16>;
-    auto dn = down_fp8_mma_kernel<P, __nv_bfloat16>;
+  if (q.fp8 && q.group % kF8Step == 0) {  // the tensor cores, as CudaModel::Impl::moe_launch_q<0>
+    const int dw = f8_down_warps(a, false);
+    const size_t m1 = f8_mma_gate_up_smem(H, f8_gate_up_xf(a, false)), m2 = f8_mma_down_smem(k, I, 0, false, dw);
+    auto gu = gate_up_fp8_mma_kernel<__nv_bfloat16>;
+    auto dn = down_fp8_mma_kernel<__nv_bfloat16>;
     if (m1 > 48 * 1024) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m1)));
     if (m2 > 48 * 1024) CK(cudaFuncSetAttribute(dn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m2)));
     const int resident = l.per_sm(reinterpret_cast<const void*>(gu), m1) * l.prop.multiProcessorCount;
@@ -358,10 +352,6 @@ std::vector<float> quant_experts(const std::vector<QuantExpert>& experts, const 
     l.go(gu, dim3(std::max(1, std::min(need, resident / k)), k), kThreads, m1, a, q);
     const int dres = l.per_sm(reinterpret_cast<const void*>(dn), m2, dw * 32) * l.prop.multiProcessorCount;
     l.go(dn, std::min((H + 15) / 16, dres), dw * 32, m2, a, q);
-  };
-  if (q.fp8 && q.group % kF8Step == 0) {
-    if (fp8 == DecodeOptions::Fp8Decode::Staged) mma(F8Staged{});
-    else mma(F8InRegs{});
   } else if (q.fp8) run(gate_up_fp8_kernel<__nv_bfloat16>, down_fp8_kernel<__nv_bfloat16>);
   else if (bits == 8) run(gate_up_q_kernel<8, __nv_bfloat16>, down_q_kernel<8, __nv_bfloat16>);
   else run(gate_up_q_kernel<4, __nv_bfloat16>, down_q_kernel<4, __nv_bfloat16>);

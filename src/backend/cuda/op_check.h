@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "backend/cuda/decode_options.h"
 #include "core/matrix.h"
 
 namespace flashmoe::cuda_ops {
@@ -18,9 +17,9 @@ namespace flashmoe::cuda_ops {
 // W in FP8 blocks (columns and block width multiples of 16): through
 // matvec_fp8_kernel on W as a DT_FP8 matrix (per-row scales), 3 rows per
 // warp at a time, else 4; blocks a multiple of 64 columns wide through
-// matvec_fp8_mma_kernel with the streaming policy fp8 (fp8_staged.cuh).
+// matvec_fp8_mma_kernel.
 std::vector<float> matvec(const Matrix& W, const std::vector<float>& x, const std::vector<float>& norm_w, float eps,
-                          bool three_rows, DecodeOptions::Fp8Decode fp8 = DecodeOptions::Fp8Decode::Staged);
+                          bool three_rows);
 
 // The decode step's router top-k (topk_kernel): softmax over logits[0, E),
 // the k largest (ties: the lower index), their weights renormalised when
@@ -59,14 +58,12 @@ std::vector<float> attention(const AttnDecode& a, int split, bool prefetch);
 // down_fp8_kernel; block_row0 0): x + sum_j w[j] * down_j(silu(gate_j xn)
 // * up_j xn), xn = rmsnorm_zc(x, norm_w, eps). Every matrix quantised alike
 // (kind, group, block rows); gate and up [I][H], down [H][I]. FP8 blocks a
-// multiple of 64 columns wide: the tensor-core kernels with the streaming
-// policy fp8 (fp8_staged.cuh).
+// multiple of 64 columns wide: the tensor-core kernels.
 struct QuantExpert {
   Matrix gate, up, down;
 };
 std::vector<float> quant_experts(const std::vector<QuantExpert>& experts, const std::vector<float>& w,
-                                 const std::vector<float>& x, const std::vector<float>& norm_w, float eps,
-                                 DecodeOptions::Fp8Decode fp8 = DecodeOptions::Fp8Decode::Staged);
+                                 const std::vector<float>& x, const std::vector<float>& norm_w, float eps);
 
 // y = W . x for W in a GGUF block format (Q8_0 ... IQ4_XS), through the
 // decode step's gmatvec_staged_kernel (staged: runs of rows copied into

@@ -10,15 +10,14 @@ namespace {
 [[noreturn]] void no_cuda() { fail_device(DeviceFailure::Unavailable, "this build has no CUDA backend"); }
 }  // namespace
 
-std::vector<float> matvec(const Matrix&, const std::vector<float>&, const std::vector<float>&, float, bool,
-                          DecodeOptions::Fp8Decode) {
+std::vector<float> matvec(const Matrix&, const std::vector<float>&, const std::vector<float>&, float, bool) {
   no_cuda();
 }
 void topk(const std::vector<float>&, int, int, bool, bool, std::vector<int>*, std::vector<float>*) { no_cuda(); }
 std::vector<float> delta_step(DeltaStep&, bool) { no_cuda(); }
 std::vector<float> attention(const AttnDecode&, int, bool) { no_cuda(); }
 std::vector<float> quant_experts(const std::vector<QuantExpert>&, const std::vector<float>&, const std::vector<float>&,
-                                 const std::vector<float>&, float, DecodeOptions::Fp8Decode) {
+                                 const std::vector<float>&, float) {
   no_cuda();
 }
 
