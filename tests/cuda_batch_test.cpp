@@ -301,13 +301,11 @@ TEST(CudaBatch, EachExpertProductMatchesEachSequenceAlone) {
 }
 
 // The batched step's variants (the delta rule staged through shared memory
-// or on the cluster kernel; the experts' weights prefetched into L2 or
-// not; programmatic dependent launch or not), with plain launches and in
-// graphs, the routed experts through the tiled product (the one that
-// prefetches, and whose gate/up writes the down product's split
-// activations) and the default's choice at these few rows (the skinny
-// product: its grouped tiles under PDL), the odd sequences taking only
-// their argmax.
+// or on the cluster kernel; programmatic dependent launch or not), with
+// plain launches and in graphs, the routed experts through the tiled
+// product (whose gate/up writes the down product's split activations) and
+// the default's choice at these few rows (the skinny product: its grouped
+// tiles under PDL), the odd sequences taking only their argmax.
 TEST(CudaBatch, EachStepVariantMatchesEachSequenceAlone) {
   REQUIRE_GPU();
   ModelConfig c = model_preset("qwen3.5-35b-a3b");
@@ -322,24 +320,21 @@ TEST(CudaBatch, EachStepVariantMatchesEachSequenceAlone) {
   ThreadPool pool(2);
   using Path = DecodeOptions::BatchExperts;
   struct Variant {
-    bool staged;
-    int l2;
-    bool pdl, graphs;
+    bool staged, pdl, graphs;
     Path experts;
   };
-  for (const Variant v : {Variant{false, 0, false, false, Path::Tiled}, Variant{true, 0, false, false, Path::Tiled},
-                          Variant{false, 2, false, false, Path::Tiled}, Variant{false, 0, true, false, Path::Auto},
-                          Variant{true, 4, true, true, Path::Tiled}, Variant{true, 4, true, true, Path::Auto}}) {
-    cuda_set_batch_step_variant(dev, v.staged, v.l2, v.pdl);
+  for (const Variant v : {Variant{false, false, false, Path::Tiled}, Variant{true, false, false, Path::Tiled},
+                          Variant{false, true, false, Path::Auto}, Variant{true, true, true, Path::Tiled},
+                          Variant{true, true, true, Path::Auto}}) {
+    cuda_set_batch_step_variant(dev, v.staged, v.pdl);
     cuda_set_batch_graph(dev, v.graphs);
     cuda_set_batch_experts(dev, v.experts);
-    const std::string name = std::string("35b-shapes ") + (v.staged ? "staged" : "cluster") + " l2 " +
-                             std::to_string(v.l2) + (v.pdl ? " pdl" : "") + (v.graphs ? " graphs" : "") +
-                             (v.experts == Path::Tiled ? " tiled" : " auto");
+    const std::string name = std::string("35b-shapes ") + (v.staged ? "staged" : "cluster") + (v.pdl ? " pdl" : "") +
+                             (v.graphs ? " graphs" : "") + (v.experts == Path::Tiled ? " tiled" : " auto");
     expect_batch_matches_alone(*b, KvConfig{}, seqs, name, pool, true);
   }
   const DecodeOptions defaults;
-  cuda_set_batch_step_variant(dev, defaults.batch_delta_staged, defaults.batch_expert_l2_ahead, defaults.batch_pdl);
+  cuda_set_batch_step_variant(dev, defaults.batch_delta_staged, defaults.batch_pdl);
   cuda_set_batch_experts(dev, Path::Auto);
   cuda_set_batch_graph(dev, false);
 }
@@ -397,27 +392,23 @@ TEST(CudaBatchBench, DISABLED_DecodeThroughputAt35b) {
     const char* name;
     std::vector<int> batches;
     bool delta_staged;  // DecodeOptions::batch_delta_staged
-    int l2_ahead;       // DecodeOptions::batch_expert_l2_ahead
     bool pdl;           // DecodeOptions::batch_pdl
   };
   // Experts chosen per B, graphs. The routed-expert paths
   // (DecodeOptions::batch_experts) were measured side by side in session 6
   // (bench/NOTES-cuda.md, batch-fixed). Session 8's variants side by side:
-  // session 7's kernels (cluster delta rule, no L2 prefetch, no PDL), all
-  // three changes (the default), each alone, the prefetch distance; B = 1
-  // (the decode step, which none of them touches) first and last.
+  // session 7's kernels (cluster delta rule, no PDL), both changes (the
+  // default), each alone; B = 1 (the decode step, which neither touches)
+  // first and last.
   double tps1 = 0;
   cuda_set_batch_graph(dev, true);
-  for (const Run& run : {Run{"s7 (cluster, no l2, no pdl)", {1, 8, 32, 64}, false, 0, false},
-                         Run{"staged, l2 4, pdl (default)", {8, 32, 64}, true, 4, true},
-                         Run{"staged only", {32}, true, 0, false},
-                         Run{"l2 4 only", {32}, false, 4, false},
-                         Run{"pdl only", {8, 32}, false, 0, true},
-                         Run{"staged, pdl, no l2", {32}, true, 0, true},
-                         Run{"staged, pdl, l2 2", {32}, true, 2, true},
-                         Run{"staged, pdl, l2 8", {32}, true, 8, true},
-                         Run{"s7 again", {1, 32}, false, 0, false}}) {
-    cuda_set_batch_step_variant(dev, run.delta_staged, run.l2_ahead, run.pdl);
+  for (const Run& run : {Run{"s7 (cluster, no pdl)", {1, 8, 32, 64}, false, false},
+                         Run{"staged, pdl (default)", {8, 32, 64}, true, true},
+                         Run{"staged only", {32}, true, false},
+                         Run{"pdl only", {8, 32}, false, true},
+                         Run{"s7 again", {1, 32}, false, false},
+                         Run{"default again", {32}, true, true}}) {
+    cuda_set_batch_step_variant(dev, run.delta_staged, run.pdl);
     std::printf("[batch-bench] %s\n", run.name);
     for (int B : run.batches) {
       std::vector<std::unique_ptr<State>> st;
@@ -465,7 +456,7 @@ TEST(CudaBatchBench, DISABLED_DecodeThroughputAt35b) {
     }
   }
   const DecodeOptions defaults;
-  cuda_set_batch_step_variant(dev, defaults.batch_delta_staged, defaults.batch_expert_l2_ahead, defaults.batch_pdl);
+  cuda_set_batch_step_variant(dev, defaults.batch_delta_staged, defaults.batch_pdl);
   cuda_set_batch_graph(dev, false);
 }
 

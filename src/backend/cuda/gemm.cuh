@@ -68,9 +68,6 @@ struct GemmArgs {
   // F8W: rows per scale block; part p's fp32 scales at qs[p] are
   // [ceil(rows / qbrows)][ceil(K / qgroup)] (qb unused).
   int qbrows = 0;
-  // gemm_pipe_kernel: the weights prefetched into L2 this many k-stages at
-  // a time ahead of the shared-memory pipeline (0: not).
-  int l2_ahead = 0;
   // swiglu (gemm_pipe_kernel, gemm_kernel): C also split into hi/lo bf16
   // rows [rows][ldc] here (the next product's activations), where not null.
   __nv_bfloat16* Chi = nullptr;

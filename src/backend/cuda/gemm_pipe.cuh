@@ -66,10 +66,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool ok
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
-// bytes (a multiple of 16) from p (16-byte aligned) into L2, no registers or shared memory.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* p, unsigned bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-}
 
 // a.A unused: the activations are ahi/alo [rows][K] (row m of output row m:
 // arow[m] or m). Modes, gathering, scattering and grouping as gemm_kernel.
@@ -99,21 +95,6 @@ __global__ void __launch_bounds__(kPipeThreads) gemm_pipe_kernel(GemmArgs a, con
   const bool swiglu = a.mode == GEMM_SWIGLU;
   if (swiglu ? int(blockIdx.x) * HB >= a.half : int(blockIdx.x) * kPipeBN >= a.N) return;
   const int tid = threadIdx.x, warp = tid >> 5, wm = warp / S::WN, wn = warp % S::WN;
-  // Weight row n of this block's kPipeBN (swiglu: half gate rows, half the
-  // up rows that pair with them), or null past the matrix.
-  auto weight_row = [&](int n) -> const __nv_bfloat16* {
-    int wr;
-    bool ok;
-    if (swiglu) {
-      const int j = blockIdx.x * HB + (n % HB);
-      ok = j < a.half;
-      wr = n < HB ? j : a.half + j;
-    } else {
-      wr = blockIdx.x * kPipeBN + n;
-      ok = wr < a.N;
-    }
-    return ok ? W + size_t(wr) * a.K : nullptr;
-  };
   auto stage_a = [&](int s, int lohi) {
     return reinterpret_cast<__nv_bfloat16*>(smem + size_t(s) * S::kStage) + size_t(lohi) * BM * kPipeLd;
   };
@@ -139,14 +120,21 @@ __global__ void __launch_bounds__(kPipeThreads) gemm_pipe_kernel(GemmArgs a, con
       src[u] = m < m1 ? base + size_t(a.arow ? a.arow[m] : m) * a.K + c : nullptr;
       dst_off[u] = row * kPipeLd + c;
     } else {
-      const __nv_bfloat16* w = weight_row(row - 2 * BM);
-      src[u] = w ? w + c : nullptr;
+      const int n = row - 2 * BM;
+      int wr;
+      bool ok;
+      if (swiglu) {
+        const int j = blockIdx.x * HB + (n % HB);
+        ok = j < a.half;
+        wr = n < HB ? j : a.half + j;
+      } else {
+        wr = blockIdx.x * kPipeBN + n;
+        ok = wr < a.N;
+      }
+      src[u] = ok ? W + size_t(wr) * a.K + c : nullptr;
       dst_off[u] = row * kPipeLd + c;
     }
   }
-  // a.l2_ahead: thread n < kPipeBN prefetches weight row n into L2, l2_ahead
-  // stages at a time, from the first stage past the shared-memory pipeline.
-  const __nv_bfloat16* l2_row = a.l2_ahead && tid < kPipeBN ? weight_row(tid) : nullptr;
   const int nk = (a.K + kPipeBK - 1) / kPipeBK;
   auto issue = [&](int kt) {
     if (kt < nk) {
@@ -170,10 +158,6 @@ __global__ void __launch_bounds__(kPipeThreads) gemm_pipe_kernel(GemmArgs a, con
 #pragma unroll
   for (int s = 0; s < kPipeStages - 1; ++s) issue(s);
   for (int kt = 0; kt < nk; ++kt) {
-    if (l2_row && kt % a.l2_ahead == 0) {
-      const int c0 = (kt + kPipeStages) * kPipeBK;
-      if (c0 < a.K) prefetch_l2_bulk(l2_row + c0, unsigned(min(a.l2_ahead * kPipeBK, a.K - c0)) * 2u);
-    }
     cp_async_wait<kPipeStages - 2>();
     __syncthreads();
     issue(kt + kPipeStages - 1);

@@ -67,7 +67,6 @@ Prefill::Prefill(const PrefillModel& m, int max_tokens) : m_(m), tmax_(max_token
   expert_path_ = m.batch_experts;
   delta_staged_ = m.batch_delta_staged;
   pdl_ = m.batch_pdl;
-  expert_l2_ahead_ = m.batch_expert_l2_ahead;
   phase_ms_.assign(P_N, 0.0);
   step_ms_.assign(P_N, 0.0);
   auto smem = [](auto kern, size_t bytes) {
@@ -663,12 +662,10 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
     g.qw[0] = 0, g.qs[0] = d.q.gate_s, g.qb[0] = d.q.gate_b;
     g.qw[1] = d.q.up_w, g.qs[1] = d.q.up_s, g.qb[1] = d.q.up_b;
     // bf16: gate/up also writes the down product's activations split into
-    // hi/lo (no split kernel between them); in a batched decode step both
-    // prefetch their weights into L2 ahead of their pipelines.
+    // hi/lo (no split kernel between them).
     const bool split_here = pipe(edt);
     g.Chi = split_here ? yhi_ : nullptr;
     g.Clo = split_here ? ylo_ : nullptr;
-    g.l2_ahead = stepping_ ? expert_l2_ahead_ : 0;
     gemm(edt, g, ebm, ntiles, fs);
     mark(P_EXPERTS_GU);
     g.A = hb_;

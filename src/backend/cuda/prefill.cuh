@@ -55,8 +55,7 @@ struct PrefillModel {
   bool batch_graph = false;  // DecodeOptions::batch_graph
   int batch_experts = 0;     // DecodeOptions::batch_experts
   bool batch_delta_staged = true;  // DecodeOptions::batch_delta_staged
-  int batch_expert_l2_ahead = 0;   // DecodeOptions::batch_expert_l2_ahead
-  bool batch_pdl = false;          // DecodeOptions::batch_pdl
+  bool batch_pdl = true;           // DecodeOptions::batch_pdl
   // Disk tier: called after the routing of MoE layer mi (d_ids: the chunk's
   // T * k choices, on the device); returns with every chosen expert resident
   // and its table entry set on the stream. Null: all experts are resident.
@@ -123,10 +122,9 @@ class Prefill {
     drop_batch_graphs();  // captured with the other path
   }
   // The batched step's variants measured side by side in session 8's rounds
-  // (DecodeOptions::batch_delta_staged, batch_expert_l2_ahead, batch_pdl).
-  void set_step_variant(bool delta_staged, int expert_l2_ahead, bool pdl) {
+  // (DecodeOptions::batch_delta_staged, batch_pdl).
+  void set_step_variant(bool delta_staged, bool pdl) {
     delta_staged_ = delta_staged;
-    expert_l2_ahead_ = expert_l2_ahead;
     pdl_ = pdl;
     drop_batch_graphs();  // captured with the other variant
   }
@@ -212,9 +210,8 @@ class Prefill {
   bool batch_graph_ = false;
   int expert_path_ = 0;  // DecodeOptions::BatchExperts
   bool delta_staged_ = true;  // DecodeOptions::batch_delta_staged
-  int expert_l2_ahead_ = 0;   // DecodeOptions::batch_expert_l2_ahead
-  bool stepping_ = false;     // inside step_batch (the batched step's variants apply)
-  bool pdl_ = false;          // DecodeOptions::batch_pdl
+  bool stepping_ = false;     // inside step_batch (PDL applies)
+  bool pdl_ = true;           // DecodeOptions::batch_pdl
   // Whether a launch of the batched decode step goes out with programmatic
   // dependent launch (not under the profile: its events sit between kernels).
   bool pdl() const { return stepping_ && pdl_ && !profile_; }
