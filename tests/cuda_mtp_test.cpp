@@ -13,6 +13,7 @@
 #include "engine/session.h"
 #include "engine/speculative.h"
 #include "test_util.h"
+#include "tokenizer/tokenizer.h"
 
 namespace cuda_mtp_test {
 
@@ -23,10 +24,24 @@ namespace {
 
 std::string coder_mini() { return source_path("models/coder-mini"); }
 
-// The first n ids of coder-mini's reference text (code: the head drafts well there).
+// The first n ids of coder-mini's reference text (code: the head drafts
+// well there); where the copy of coder-mini has no reference text (the GPU
+// machine's), a few lines of code repeated, through its tokenizer.
 std::vector<int32_t> code_prompt(size_t n) {
-  RefTensor ids = load_ref(coder_mini() + "/reference.safetensors", "ids");
-  return std::vector<int32_t>(ids.ids.begin(), ids.ids.begin() + int64_t(std::min(n, ids.ids.size())));
+  const std::string ref = coder_mini() + "/reference.safetensors";
+  std::vector<int32_t> ids;
+  if (std::filesystem::exists(ref)) {
+    ids = load_ref(ref, "ids").ids;
+  } else {
+    const Tokenizer tok = Tokenizer::load(coder_mini() + "/tokenizer.json");
+    std::string text;
+    while (ids.size() < n) {
+      text += "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n\n";
+      ids = tok.encode(text);
+    }
+  }
+  ids.resize(std::min(n, ids.size()));
+  return ids;
 }
 
 KvConfig fp8_head() {
