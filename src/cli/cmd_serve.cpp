@@ -113,10 +113,6 @@ Registrar reg_serve(30, [](CLI::App& app) {
                   "next step. A GPU's steps are far shorter than a CPU's: a smaller value keeps one late request "
                   "from holding up the rest")
       ->check(integer_between(0, 1000000))->group(g);
-  // Hidden, for batch-serve's GPU rounds only (A/B in one call; the loser leaves after them).
-  cmd->add_option("--stream-write-ahead", a->cfg.stream_write_ahead,
-                  "1 (default): a stream's chunk is written while generation goes on; 0: each waited for at once")
-      ->group("");
   cmd->add_option("--queue", a->cfg.queue, "Requests waiting for a free slot before answering 503 (default 32)")
       ->check(integer_between(0, 4096))->group(g);
   cmd->add_option("--max-body", a->cfg.max_body,

@@ -241,13 +241,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     });
   }
 
-  // Runs on a worker: the headers, then each chunk the API's stream writes.
-  // One chunk is in flight at a time: a write starts the chunk and returns
-  // at once, and the next write first waits for it (within the write
-  // timeout). So a generation waits on the I/O thread only when its client
-  // is a whole token behind (it goes at the client's pace and stops when
-  // the client has gone, a token later than a write waited for at once),
-  // not for every token's hand-off to the I/O thread and back.
+  // Runs on a worker: the headers, then each chunk the API's stream writes,
+  // each write waited for (so the generation goes at the client's pace and
+  // stops when the client has gone or does not read within the write
+  // timeout).
   void stream_response(HttpResponse& res, const HttpRequest& req) {
     srv_.api.record(req.method, req.path, res.status);
     auto head = std::make_shared<http::response<http::empty_body>>(http::int_to_status(unsigned(res.status)), version_);
@@ -256,37 +253,30 @@ class Connection : public std::enable_shared_from_this<Connection> {
     for (const auto& [k, v] : res.headers) head->set(k, v);
     head->chunked(true);
     head->keep_alive(keep_alive_);
-    bool ok = finished(start([this, head](auto done) {
+    bool ok = wait_for([this, head](auto done) {
       auto sr = std::make_shared<http::response_serializer<http::empty_body>>(*head);
       http::async_write_header(stream_, *sr, [sr, done](beast::error_code ec, size_t) { done(ec); });
-    }));
+    });
     struct Sink : EventSink {
       Connection* c;
       bool ok;
-      std::future<bool> in_flight;  // the last chunk's write
-      bool settle() {
-        if (in_flight.valid()) ok = c->finished(std::move(in_flight)) && ok;
-        return ok;
-      }
       bool write(std::string_view chunk) override {
         if (!ok) return false;
         if (chunk.empty()) return true;
-        if (!settle()) return false;
         auto data = std::make_shared<std::string>(chunk);
-        in_flight = c->start([c = c, data](auto done) {
+        ok = c->wait_for([c = c, data](auto done) {
           net::async_write(c->stream_, http::make_chunk(net::buffer(*data)),
                            [data, done](beast::error_code ec, size_t) { done(ec); });
         });
-        if (!c->cfg().stream_write_ahead) return settle();
-        return true;
+        return ok;
       }
     } sink;
     sink.c = this;
     sink.ok = ok;
     res.stream(sink);
-    ok = sink.settle() && finished(start([this](auto done) {
+    ok = sink.ok && wait_for([this](auto done) {
       net::async_write(stream_, http::make_chunk_last(), [done](beast::error_code ec, size_t) { done(ec); });
-    }));
+    });
     net::dispatch(stream_.get_executor(), [self = shared_from_this(), ok, keep = head->keep_alive()] {
       self->answering_ = false;
       if (!ok || !keep || self->srv_.stopping) return self->close();
@@ -294,23 +284,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
     });
   }
 
-  // Starts an asynchronous write on the connection's strand (within the
-  // write timeout); the future says whether it completed.
+  // Starts an asynchronous write on the connection's strand and blocks this
+  // (worker) thread until it completes or the write timeout passes.
   template <class Start>
-  std::future<bool> start(Start begin) {
+  bool wait_for(Start start) {
     auto p = std::make_shared<std::promise<bool>>();
     auto f = p->get_future();
-    // The operation holds the connection, so it may outlive the wait.
-    net::dispatch(stream_.get_executor(), [self = shared_from_this(), p, begin] {
+    // The operation holds the connection, so it may outlive this wait.
+    net::dispatch(stream_.get_executor(), [self = shared_from_this(), p, start] {
       self->stream_.expires_after(std::chrono::milliseconds(self->cfg().write_timeout_ms));
-      begin([p, self](beast::error_code ec) { p->set_value(!ec); });
+      start([p, self](beast::error_code ec) { p->set_value(!ec); });
     });
-    return f;
-  }
-  // Blocks this (worker) thread until a write start()ed completes; false if
-  // it failed, or did not end by a backstop past the write deadline (in
-  // case the I/O threads stopped).
-  bool finished(std::future<bool> f) {
+    // A backstop past the write deadline, in case the I/O threads stopped.
     if (f.wait_for(std::chrono::milliseconds(cfg().write_timeout_ms) + std::chrono::seconds(2)) !=
         std::future_status::ready)
       return false;

@@ -36,10 +36,6 @@ struct ServerConfig {
   int threads = 1;                  // the scheduler's threads: every step's forward pass uses them all
   int64_t batch_tokens = 512;       // tokens per step: every decoding request's token plus prompt chunks
   int64_t batch_gather_us = 3000;   // a step waits up to this (or half the last step) for late sessions
-  // A stream's chunk written while the generation goes on (waited for
-  // before the next one); false: each write waited for at once (before
-  // round 1 of batch-serve: measured side by side, the loser leaves).
-  bool stream_write_ahead = true;
   int max_tokens = 4096;            // default for max_tokens, and the most a request may ask for
   bool access_log = false;          // one line per request on stderr
 };

@@ -33,14 +33,23 @@ void rows_kernel(const Matrix& W, int64_t r0, int64_t r1, const float* x, int64_
     for (int64_t r = r0; r < r1; ++r) y[r] = quant_dot_row(W, r, x);
     return;
   }
-  if (n == 1) {
+  // One to three tokens of a bf16 / f16 / f32 matrix: each token against the
+  // stored rows. Widening a block of rows pays when the panel's 4 x 4 tiles
+  // reuse it; for fewer than four tokens every product went through
+  // dot4_mixed on the widened rows anyway, and the widening (a store and a
+  // reload of every weight) cost more than converting in registers once per
+  // token: the batched step's routed experts, each picked by 1-3 of the
+  // step's tokens. The same bits either way (simd.h: a row's product from its
+  // storage type or from its exact fp32 widening).
+  if (n < 4 && !W.quantized()) {
     const size_t rb = W.row_bytes();
-    int64_t r = r0;
-    for (; r + 4 <= r1; r += 4)
-      simd::dot4_mixed(W.dtype, static_cast<const uint8_t*>(W.data) + size_t(r) * rb, rb, x, W.cols, y + r);
-    for (; r < r1; ++r) {
-      const uint8_t* row = static_cast<const uint8_t*>(W.data) + size_t(r) * W.row_bytes();
-      y[r] = simd::dot_mixed(W.dtype, row, x, W.cols);
+    for (int64_t t = 0; t < n; ++t) {
+      const float* xt = x + t * ldx;
+      float* yt = y + t * ldy;
+      int64_t r = r0;
+      for (; r + 4 <= r1; r += 4)
+        simd::dot4_mixed(W.dtype, static_cast<const uint8_t*>(W.data) + size_t(r) * rb, rb, xt, W.cols, yt + r);
+      for (; r < r1; ++r) yt[r] = simd::dot_mixed(W.dtype, static_cast<const uint8_t*>(W.data) + size_t(r) * rb, xt, W.cols);
     }
     return;
   }

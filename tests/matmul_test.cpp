@@ -1,0 +1,68 @@
+// cpu::matmul over several tokens: every token's outputs have the bits of
+// that token's product alone (what lets a batched step give each sequence
+// its answer alone), for every token count around the paths' edges (one to
+// three tokens from the stored rows, four and more through the widened
+// panel), and are within float rounding of double-precision sums computed
+// here.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/matmul.h"
+#include "core/dtype.h"
+#include "core/matrix.h"
+#include "core/thread_pool.h"
+
+namespace matmul_test {
+
+using namespace flashmoe;
+
+TEST(CpuMatmul, EachTokenGetsTheBitsOfItsProductAlone) {
+  const int64_t R = 37, K = 200;  // a tail of rows past the blocks of 4 and 16, a masked tail of columns
+  std::mt19937 g(5);
+  std::uniform_real_distribution<float> d(-1, 1);
+  std::vector<float> wf(size_t(R * K));
+  for (auto& v : wf) v = d(g);
+  std::vector<uint16_t> wb(wf.size()), wh(wf.size());
+  for (size_t i = 0; i < wf.size(); ++i) {
+    wb[i] = f32_to_bf16(wf[i]);
+    wh[i] = f32_to_f16(wf[i]);
+  }
+  ThreadPool serial(1), two(2);
+  for (DType t : {DType::BF16, DType::F16, DType::F32}) {
+    Matrix W;
+    W.dtype = t;
+    W.rows = R;
+    W.cols = K;
+    W.data = t == DType::BF16 ? static_cast<const void*>(wb.data())
+             : t == DType::F16 ? static_cast<const void*>(wh.data())
+                               : static_cast<const void*>(wf.data());
+    auto weight = [&](int64_t r, int64_t k) {
+      const size_t i = size_t(r * K + k);
+      return t == DType::BF16 ? bf16_to_f32(wb[i]) : t == DType::F16 ? f16_to_f32(wh[i]) : wf[i];
+    };
+    for (int64_t n = 1; n <= 9; ++n)
+      for (ThreadPool* pool : {&serial, &two}) {
+        std::vector<float> x(size_t(n * K)), y(size_t(n * R));
+        for (auto& v : x) v = d(g);
+        cpu::matmul(*pool, W, x.data(), n, y.data());
+        for (int64_t j = 0; j < n; ++j) {
+          std::vector<float> alone(static_cast<size_t>(R));
+          cpu::matmul(*pool, W, x.data() + j * K, 1, alone.data());
+          for (int64_t r = 0; r < R; ++r) {
+            const float got = y[size_t(j * R + r)];
+            ASSERT_EQ(std::memcmp(&got, &alone[size_t(r)], 4), 0)
+                << "dtype " << int(t) << ", " << n << " tokens, token " << j << ", row " << r;
+            double want = 0;
+            for (int64_t k = 0; k < K; ++k) want += double(weight(r, k)) * double(x[size_t(j * K + k)]);
+            EXPECT_NEAR(got, want, 1e-4) << "dtype " << int(t) << ", " << n << " tokens, token " << j << ", row " << r;
+          }
+        }
+      }
+  }
+}
+
+}  // namespace matmul_test
