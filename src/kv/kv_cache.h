@@ -142,7 +142,7 @@ class KvCache {
   // fp8 `channel`: adds the queries of `tokens` tokens ([tokens][num_heads *
   // head_dim], as given to attend) to each KV head's second moment of
   // rotated queries (its G query heads pooled); the keys appended after are
-  // rounded against it (fp8/qk_rounding.h).
+  // rounded against it (kv/qk_rounding.h).
   void add_query_moments(const float* q, int64_t tokens, int64_t num_heads);
   // snapkv: the prompt is over; compress (once). No-op for the others.
   void begin_decode();
