@@ -49,7 +49,7 @@ double qk_error(const float* x, const uint8_t* code, int64_t d, float scale, con
   return sum;
 }
 
-void e4m3_encode_qk(const float* x, int64_t d, float scale, const std::vector<double>& L, uint8_t* out) {
+double e4m3_encode_qk(const float* x, int64_t d, float scale, const std::vector<double>& L, uint8_t* out) {
   std::vector<uint8_t> fed(static_cast<size_t>(d));
   std::vector<double> e(static_cast<size_t>(d));
   for (int64_t i = d - 1; i >= 0; --i) {
@@ -60,8 +60,10 @@ void e4m3_encode_qk(const float* x, int64_t d, float scale, const std::vector<do
     e[size_t(i)] = double(x[i]) - double(e4m3_decode(fed[size_t(i)]) * scale);
   }
   e4m3_encode_scaled(x, d, scale, out);  // nearest codes
-  if (qk_error(x, fed.data(), d, scale, L) < qk_error(x, out, d, scale, L))
-    for (int64_t i = 0; i < d; ++i) out[i] = fed[size_t(i)];
+  const double err_fed = qk_error(x, fed.data(), d, scale, L), err_near = qk_error(x, out, d, scale, L);
+  if (!(err_fed < err_near)) return err_near;
+  for (int64_t i = 0; i < d; ++i) out[i] = fed[size_t(i)];
+  return err_fed;
 }
 
 float e4m3_encode_qk_best_scale(const float* x, int64_t d, const std::vector<double>& L, uint8_t* out) {
@@ -76,8 +78,7 @@ float e4m3_encode_qk_best_scale(const float* x, int64_t d, const std::vector<dou
   double best = INFINITY;
   for (int j = 0; j < kE4m3ScaleCandidates; ++j) {
     const float s = e4m3_scale_candidate(mx, j);
-    e4m3_encode_qk(x, d, s, L, codes.data());
-    const double e = qk_error(x, codes.data(), d, s, L);
+    const double e = e4m3_encode_qk(x, d, s, L, codes.data());
     if (e < best) {
       best = e;
       best_s = s;

@@ -31,9 +31,9 @@ double qk_error(const float* x, const uint8_t* code, int64_t d, float scale, con
 
 // The codes of x / scale (d elements) chosen by the error feedback above
 // through L (from damped_cholesky); of those and the nearest codes, the
-// pair with the smaller qk_error is written to out (so never worse than
-// rounding to nearest under L L^T).
-void e4m3_encode_qk(const float* x, int64_t d, float scale, const std::vector<double>& L, uint8_t* out);
+// ones with the smaller qk_error are written to out (so never worse than
+// rounding to nearest under L L^T); returns their qk_error.
+double e4m3_encode_qk(const float* x, int64_t d, float scale, const std::vector<double>& L, uint8_t* out);
 
 // fp8 `channel` keys: of the kE4m3ScaleCandidates scales, the one whose
 // e4m3_encode_qk codes have the least qk_error (ties: the earlier); writes
