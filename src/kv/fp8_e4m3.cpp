@@ -68,6 +68,10 @@ float e4m3_block_scale(const float* x, int64_t n) {
   return mx > 0.0f ? mx / 240.0f : 1.0f;
 }
 
+float e4m3_scale_candidate(float absmax, int j) {
+  return absmax / (j == 0 ? 240.0f : 224.0f * std::exp2(float(j - 1) / 16.0f));
+}
+
 float e4m3_mse_scale(const float* x, int64_t n) {
   float mx = 0.0f;
   for (int64_t i = 0; i < n; ++i) mx = std::max(mx, std::fabs(x[i]));
@@ -79,9 +83,8 @@ float e4m3_mse_scale(const float* x, int64_t n) {
   const float* t = e4m3_table();
   float best_s = mx / 240.0f;
   double best_e = INFINITY;
-  for (int j = -1; j < 16; ++j) {
-    const float target = j < 0 ? 240.0f : 224.0f * std::exp2(float(j) / 16.0f);
-    const float s = mx / target;
+  for (int j = 0; j < kE4m3ScaleCandidates; ++j) {
+    const float s = e4m3_scale_candidate(mx, j);
     double e = 0;
     for (int64_t i = 0; i < n; ++i) {
       const double d = double(x[i]) - double(t[e4m3_encode(x[i] / s)] * s);

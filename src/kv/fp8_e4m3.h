@@ -23,6 +23,11 @@ void e4m3_encode_scaled(const float* x, int64_t n, float scale, uint8_t* out);
 // The per-block scale used by the KV cache: absmax / 240, or 1 when absmax is 0.
 float e4m3_block_scale(const float* x, int64_t n);
 
+// The candidate scales of fp8 `channel` rows, absmax > 0: j = 0 is
+// absmax / 240 (the block scale), j = 1..16 absmax / (224 x 2^((j-1)/16)).
+constexpr int kE4m3ScaleCandidates = 17;
+float e4m3_scale_candidate(float absmax, int j);
+
 // The scale of fp8 `channel` rows: of the 17 scales absmax / 240 (the
 // block scale) and absmax / (224 x 2^(j/16)), j = 0..15 (the absmax landing
 // anywhere in the octave [224, 448) of E4M3's range: every alignment of the

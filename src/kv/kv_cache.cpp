@@ -10,9 +10,17 @@
 #include "core/simd.h"
 #include "kv/fp8_e4m3.h"
 #include "kv/kv_kernels.h"
+#include "kv/qk_rounding.h"
 #include "kv/snapkv_select.h"
 
 namespace flashmoe {
+
+namespace {
+// fp8 `channel` keys: H + kQkDamping x (trace(H) / d) I. The queries seen so
+// far stand in for the ones still to come; a smaller damping trusts them
+// more. Measured on coder-mini (bench/NOTES.md): 1 of {0.3, 1, 3} best.
+constexpr double kQkDamping = 1.0;
+}  // namespace
 
 KvCache::KvCache(int64_t num_kv_heads, int64_t head_dim, const KvConfig& cfg)
     : nkv_(num_kv_heads), hd_(head_dim), row_(num_kv_heads * head_dim), cfg_(cfg) {
@@ -66,6 +74,9 @@ void KvCache::clear() {
     kmax_.clear(); kmax_.shrink_to_fit();
     kz_.clear(); kz_.shrink_to_fit();
     kacc_.clear(); kacc_.shrink_to_fit();
+    qmom_.clear(); qmom_.shrink_to_fit();
+    qchol_.clear();
+    qchol_stale_ = false;
     sel_.clear();
     sel_all_ = true;
   } else if (!acc_.empty()) {
@@ -76,8 +87,8 @@ void KvCache::clear() {
 size_t KvCache::bytes() const {
   return k_.capacity() + v_.capacity() +
          (ks_.capacity() + vs_.capacity() + acc_.capacity() + kmin_.capacity() + kmax_.capacity() + kz_.capacity() +
-          kacc_.capacity()) * sizeof(float) +
-         pos_.capacity() * sizeof(int64_t);
+          kacc_.capacity() + qmom_.capacity()) * sizeof(float) +
+         pos_.capacity() * sizeof(int64_t) + qchol_.size() * size_t(hd_ * hd_) * sizeof(double);
 }
 
 void KvCache::ensure_slots(int64_t slots) {
@@ -123,6 +134,13 @@ void KvCache::store(int64_t slot, const float* k, const float* v) {
       k = rot_.data();
       v = rot_.data() + row_;
     }
+    if (channel_ && qchol_stale_) {  // queries were added since the last key
+      qchol_.resize(size_t(nkv_));
+      for (int64_t h = 0; h < nkv_; ++h)
+        if (!fp8::damped_cholesky(qmom_.data() + h * hd_ * hd_, hd_, kQkDamping, qchol_[size_t(h)]))
+          qchol_[size_t(h)].clear();
+      qchol_stale_ = false;
+    }
     if (channel_) {
       // Minus the page's offsets, the mean of the previous page's rotated
       // keys (0 for page 0): the channels a key keeps nearly constant leave
@@ -146,12 +164,17 @@ void KvCache::store(int64_t slot, const float* k, const float* v) {
     for (int64_t b = 0; b < ns_; ++b) {
       const float* kb = k + b * block;
       const float* vb = v + b * block;
-      // channel: the least-squares scale of 17 (fp8::e4m3_mse_scale).
-      const float sk = channel_ ? fp8::e4m3_mse_scale(kb, block) : fp8::e4m3_block_scale(kb, block);
+      uint8_t* kc = k_.data() + off + size_t(b * block);
+      if (channel_ && b < int64_t(qchol_.size()) && !qchol_[size_t(b)].empty()) {
+        ks_[size_t(slot * ns_ + b)] = fp8::e4m3_encode_qk_best_scale(kb, block, qchol_[size_t(b)], kc);
+      } else {
+        // channel: the least-squares scale of 17 (fp8::e4m3_mse_scale).
+        const float sk = channel_ ? fp8::e4m3_mse_scale(kb, block) : fp8::e4m3_block_scale(kb, block);
+        ks_[size_t(slot * ns_ + b)] = sk;
+        fp8::e4m3_encode_scaled(kb, block, sk, kc);
+      }
       const float sv = channel_ ? fp8::e4m3_mse_scale(vb, block) : fp8::e4m3_block_scale(vb, block);
-      ks_[size_t(slot * ns_ + b)] = sk;
       vs_[size_t(slot * ns_ + b)] = sv;
-      fp8::e4m3_encode_scaled(kb, block, sk, k_.data() + off + size_t(b * block));
       fp8::e4m3_encode_scaled(vb, block, sv, v_.data() + off + size_t(b * block));
     }
   }
@@ -290,6 +313,23 @@ void KvCache::append(int64_t pos, const float* k, const float* v) {
   pos_[size_t(slot)] = pos;
   last_pos_ = pos;
   ++appended_;
+}
+
+// ---------------------------------------------------------------- fp8 channel: query moments
+
+void KvCache::add_query_moments(const float* q, int64_t tokens, int64_t num_heads) {
+  if (!wants_query_moments()) return;
+  check_heads(num_heads);
+  const int64_t G = num_heads / nkv_;
+  if (qmom_.empty()) qmom_.assign(size_t(nkv_ * hd_ * hd_), 0.0f);
+  std::vector<float> r(static_cast<size_t>(hd_));
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t h = 0; h < num_heads; ++h) {
+      r.assign(q + (t * num_heads + h) * hd_, q + (t * num_heads + h + 1) * hd_);
+      kv_kernels::hadamard_ortho(r.data(), hd_);  // keys are stored rotated
+      fp8::add_outer_product(qmom_.data() + (h / G) * hd_ * hd_, r.data(), hd_);
+    }
+  qchol_stale_ = true;
 }
 
 // ---------------------------------------------------------------- snapkv

@@ -21,6 +21,10 @@
 //   move), decoded as z + scale * value, and the per-head scales of K and V
 //   chosen by least squares (fp8::e4m3_mse_scale). Keys of partially
 //   RoPE'd heads keep most channels near a constant; less is left to round.
+//   Once queries are given (add_query_moments, before the keys they
+//   precede), each key's codes and scale minimise e^T H e instead of e^T e,
+//   H the second moment of the rotated queries seen so far
+//   (kv/qk_rounding.h): the error of q.k, which is what attention reads.
 // attend() decodes inline with one kernel instantiation per storage type.
 //
 // Retention (the model calls append(pos) then attend() for each token, in
@@ -132,6 +136,14 @@ class KvCache {
   // snapkv: the query ([num_heads * head_dim], as given to attend) of the
   // token most recently appended; the last kSnapObserved are kept.
   void observe_query(const float* q, int64_t num_heads, float scale);
+  // fp8 `channel`: whether the keys' roundings want the queries that will
+  // read them (add_query_moments before the keys of the same tokens).
+  bool wants_query_moments() const { return channel_; }
+  // fp8 `channel`: adds the queries of `tokens` tokens ([tokens][num_heads *
+  // head_dim], as given to attend) to each KV head's second moment of
+  // rotated queries (its G query heads pooled); the keys appended after are
+  // rounded against it (kv/qk_rounding.h).
+  void add_query_moments(const float* q, int64_t tokens, int64_t num_heads);
   // snapkv: the prompt is over; compress (once). No-op for the others.
   void begin_decode();
   bool compressed() const { return compressed_; }
@@ -207,11 +219,17 @@ class KvCache {
   // fp8 `channel`: `rotated`, with each key stored minus a per-channel
   // offset, one row [kv_head][head_dim] per page of kFp8OffsetPage slots
   // (the mean of the previous page's rotated keys; 0 for page 0), and
-  // per-head scales chosen by least squares (fp8::e4m3_mse_scale).
+  // per-head scales chosen by least squares (fp8::e4m3_mse_scale) for V,
+  // and for K until a query is seen;
   bool channel_ = false;
   std::vector<float> kz_;    // [page][row_] key offsets
   std::vector<float> kacc_;  // [row_]: sum of the current page's rotated keys
   std::vector<float> ctr_;   // store(): the centered key row
+  // after that, K's codes and scale are chosen against the second moment
+  // of the queries seen so far (kv/qk_rounding.h).
+  std::vector<float> qmom_;  // [kv_head][head_dim][head_dim] sum of rotated q q^T
+  std::vector<std::vector<double>> qchol_;  // per KV head: its damped Cholesky factor; empty: no query yet
+  bool qchol_stale_ = false;  // queries added since qchol_ was computed
   AttendScratch scratch_;   // attend()'s
   // quest: [page][kv_head][head_dim] key minimum and maximum per channel.
   std::vector<float> kmin_, kmax_;

@@ -88,6 +88,9 @@ void attention_over(const ModelConfig& c, const AttentionWeights& w, const float
     KvCache& cache = *seq.cache;
     // A single-token step is decoding: snapkv compresses the prompt now.
     if (seq.n == 1) cache.begin_decode();
+    // fp8 channel: the keys are rounded against the queries that read them;
+    // this chunk's queries exist before its keys are written.
+    if (cache.wants_query_moments()) cache.add_query_moments(q.data() + seq.row0 * nh * hd, seq.n, nh);
     if (cache.supports_prefix_attention()) {
       for (int64_t t = seq.row0; t < seq.row0 + seq.n; ++t)
         cache.append(pos[size_t(t)], k.data() + t * kv_row, v.data() + t * kv_row);
