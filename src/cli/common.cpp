@@ -48,15 +48,11 @@ void add_model_options(CLI::App* cmd, ModelOptions* opt, bool require_model) {
                   "(each step waits for them; prompts go in chunks of host slots / top-k tokens)")
       ->type_name("GB|N%");
   cmd->add_option_function<std::string>(
-         "--gguf-experts",
-         [opt](const std::string& v) {
-           opt->device.gpu.gguf_expert_chunks = v != "stored";
-           opt->device.gpu.gguf_chunk_rows = v == "chunks2" ? 2 : 1;
-         },
+         "--gguf-experts", [opt](const std::string& v) { opt->device.gpu.gguf_expert_chunks = v == "chunks"; },
          "On the GPU, a GGUF model's routed Q4_K / Q6_K experts in VRAM: chunks (default: rearranged at load for "
          "the decode kernels, 33% / 22% more bytes, where VRAM allows; docs/gguf.md) or stored (as the file stores "
-         "them); chunks2: chunks, two rows a warp at once in gate_up (being measured)")
-      ->check(CLI::IsMember({"chunks", "chunks2", "stored"}));
+         "them)")
+      ->check(CLI::IsMember({"chunks", "stored"}));
   cmd->add_option("--gpus", opt->device.gpus,
                   "Run on GPUs 0..N-1 at once (expert parallel over NCCL: each GPU holds the whole model but a "
                   "share of the routed experts, one all-reduce per MoE layer; docs/multi-gpu.md). 1 runs the same "

@@ -299,7 +299,6 @@ CudaOptions cuda_options(const GpuOptions& o, const ModelFootprint* f) {
   c.host_cache_fraction = o.host_cache_fraction;
   c.decode.prefill_profile = o.prefill_profile;
   c.decode.gguf_expert_chunks = o.gguf_expert_chunks;
-  c.decode.gguf_chunk_rows = o.gguf_chunk_rows;
   MachineMemory mm;
   if (f && CudaModel::memory_info(&mm.vram_free, &mm.vram_total)) {  // without a GPU the upload says so
     probe_host_memory(&mm);

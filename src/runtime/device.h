@@ -42,7 +42,6 @@ struct GpuOptions {
   // --gguf-experts stored: GGUF routed experts as the file stores them
   // (DecodeOptions::gguf_expert_chunks false).
   bool gguf_expert_chunks = true;
-  int gguf_chunk_rows = 1;  // --gguf-experts chunks2: 2 (DecodeOptions::gguf_chunk_rows)
   // --gpus N (0..N-1) / --devices LIST: the GPUs of an expert-parallel run
   // over NCCL (runtime/multi_gpu_backend.h), one rank each; empty: one GPU
   // without NCCL (the default).

@@ -77,9 +77,6 @@ struct DecodeOptions {
   // allows: upload.cu); false (--gguf-experts stored): as the file stores
   // them, read by gguf_staged.cuh's kernels (25% fewer bytes for Q4_K).
   bool gguf_expert_chunks = true;
-  // Row pairs a warp of the chunk layout's gate_up takes at once (1 or 2;
-  // --gguf-experts chunks2: 2), measured side by side in session 8's rounds.
-  int gguf_chunk_rows = 1;
 
   // Benchmarks: time per phase of the batched prefill and of the batched
   // decode steps (forward_batch), printed to stderr when the model is

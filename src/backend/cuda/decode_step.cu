@@ -41,8 +41,7 @@ void CudaModel::Impl::set_kernel_attributes() {
   CK(cudaFuncSetAttribute(gdown_staged_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(gdown_staged_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(gdown_staged_kernel<kDownRun>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
-  CK(cudaFuncSetAttribute(gc_gate_up_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
-  CK(cudaFuncSetAttribute(gc_gate_up_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  CK(cudaFuncSetAttribute(gc_gate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(gc_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(matvec_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(matvec_fp8_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
@@ -510,7 +509,7 @@ void CudaModel::Impl::ffn_launch(const DLayer& d, const MoeArgs& a, int slots) {
   if (d.gg.n || d.s_gu.dt == DT_GGUF) {
     const GExperts ge{d.gg, d.gd, d.s_gu.g, d.s_down.g};
     if (a.k > 0 && gguf_chunked(d)) {
-      gc_experts_launch(*this, a, ge, slots, opts.decode.gguf_chunk_rows, [&] { mark(K_EXPERTS); });
+      gc_experts_launch(*this, a, ge, slots, [&] { mark(K_EXPERTS); });
       return;
     }
     int S1, S2;

@@ -21,25 +21,23 @@ namespace flashmoe::cuda {
 constexpr int kGcLoads = 4;  // chunks each lane has in flight
 
 // h[j][r] = silu(gate_j[r] . xn) * (up_j[r] . xn); blockIdx.y = slot j (j
-// == k: the shared expert). A warp takes R consecutive row pairs at once,
-// each 2 * H / 32 chunks spread over the lanes, kGcLoads a lane per row at
-// a time (R * kGcLoads chunks a lane in flight).
-template <int R>
-__global__ void __launch_bounds__(kThreads) gc_gate_up_kernel(MoeArgs a, GExperts ge) {
+// == k: the shared expert). A warp's row pair is 2 * H / 32 chunks spread
+// over the lanes, kGcLoads a lane at a time.
+static __global__ void __launch_bounds__(kThreads) gc_gate_up_kernel(MoeArgs a, GExperts ge) {
   extern __shared__ __align__(16) float xs[];  // [H] x normed, [H] chunk-major, [H / 8] sums
   const int j = blockIdx.y;
   const bool shared = j == a.k;
   const int I = shared ? a.Is : a.I;
-  if (int(blockIdx.x) * kWarps * R >= I) return;
+  if (int(blockIdx.x) * kWarps >= I) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int r_first = (blockIdx.x * kWarps + warp) * R, step = gridDim.x * kWarps * R;
+  const int r_first = blockIdx.x * kWarps + warp, step = gridDim.x * kWarps;
   const GMat& g = shared ? ge.sgu : ge.gu;
   if (shared) {  // its rows are known before the wait
     for (int r = r_first; r < I; r += step)
-      for (int i = 0; i < 2 * R; ++i) {
+      for (int part = 0; part < 2; ++part) {
         int kind;
-        const int row_i = (i & 1) * I + r + i / 2;
-        if (r + i / 2 < I) warp_prefetch(gmat_row(g, a.s_gu, a.H, row_i, kind), gguf_row_bytes(kind, a.H), lane);
+        const uint8_t* row = gmat_row(g, a.s_gu, a.H, part * I + r, kind);
+        warp_prefetch(row, gguf_row_bytes(kind, a.H), lane);
       }
   } else if (a.logits && warp == 0) {
     prefetch_tables(a.tsel, a.E);
@@ -50,26 +48,20 @@ __global__ void __launch_bounds__(kThreads) gc_gate_up_kernel(MoeArgs a, GExpert
   pdl_trigger();
   const void* B = shared ? a.s_gu : a.logits ? pick_block_expert(a, j, 1.0f) : a.sel ? a.sel[j] : a.gu_tab[a.ids[j]];
   const int cpr = a.H / 32;
-  int kg[R], ku[R];
-  const uint8_t *gr[R], *ur[R];
+  int kg = 0, ku = 0;
+  const uint8_t *gr = nullptr, *ur = nullptr;
   auto rows = [&](int r) {
-FM_UNROLL
-    for (int i = 0; i < R; ++i) {
-      const int ri = min(r + i, I - 1);  // past the end: a valid row, never summed
-      gr[i] = gmat_row(g, B, a.H, ri, kg[i]);
-      ur[i] = gmat_row(g, B, a.H, I + ri, ku[i]);
-    }
+    gr = gmat_row(g, B, a.H, r, kg);
+    ur = gmat_row(g, B, a.H, I + r, ku);
   };
-  GChunk L[R][kGcLoads];
+  GChunk L[kGcLoads];
   auto issue = [&](int i0) {
 FM_UNROLL
-    for (int i = 0; i < R; ++i)
-FM_UNROLL
-      for (int t = 0; t < kGcLoads; ++t) {
-        const int idx = i0 + 32 * t;
-        const bool up = idx >= cpr;
-        if (idx < 2 * cpr) gchunk_load(up ? ku[i] : kg[i], up ? ur[i] : gr[i], up ? idx - cpr : idx, L[i][t]);
-      }
+    for (int t = 0; t < kGcLoads; ++t) {
+      const int idx = i0 + 32 * t;
+      const bool up = idx >= cpr;
+      if (idx < 2 * cpr) gchunk_load(up ? ku : kg, up ? ur : gr, up ? idx - cpr : idx, L[t]);
+    }
   };
   if (!shared && r_first < I) {  // in flight while x is normed and staged
     rows(r_first);
@@ -81,40 +73,30 @@ FM_UNROLL
   stage_chunks<4>(xs, a.H, reinterpret_cast<float4*>(xs + a.H), xs + 2 * a.H);
   __syncthreads();
   for (int r = r_first; r < I; r += step) {
-    float gv[R], uv[R];
-FM_UNROLL
-    for (int i = 0; i < R; ++i) gv[i] = uv[i] = 0.f;
+    float gv = 0.f, uv = 0.f;
     if (shared || r != r_first) rows(r);
     if (shared) {
-FM_UNROLL
-      for (int i = 0; i < R; ++i)
-        if (r + i < I) {
-          gv[i] = gguf_lane_row_dot(kg[i], gr[i], xs, a.H, lane);
-          uv[i] = gguf_lane_row_dot(ku[i], ur[i], xs, a.H, lane);
-        }
+      gv = gguf_lane_row_dot(kg, gr, xs, a.H, lane);
+      uv = gguf_lane_row_dot(ku, ur, xs, a.H, lane);
     } else {
       for (int i0 = lane; i0 < 2 * cpr; i0 += 32 * kGcLoads) {
         if (r != r_first || i0 != lane) issue(i0);
 FM_UNROLL
-        for (int i = 0; i < R; ++i)
-FM_UNROLL
-          for (int t = 0; t < kGcLoads; ++t) {
-            const int idx = i0 + 32 * t;
-            const bool up = idx >= cpr;
-            const int ch = up ? idx - cpr : idx;
-            if (idx < 2 * cpr) {
-              const float d = gchunk_dot(up ? ku[i] : kg[i], L[i][t], xq + 4 * ch, s8 + ch, cpr);
-              if (up) uv[i] += d;
-              else gv[i] += d;
-            }
+        for (int t = 0; t < kGcLoads; ++t) {
+          const int idx = i0 + 32 * t;
+          const bool up = idx >= cpr;
+          const int ch = up ? idx - cpr : idx;
+          if (idx < 2 * cpr) {
+            const float d = gchunk_dot(up ? ku : kg, L[t], xq + 4 * ch, s8 + ch, cpr);
+            if (up) uv += d;
+            else gv += d;
           }
+        }
       }
     }
-FM_UNROLL
-    for (int i = 0; i < R; ++i) {
-      const float gs = warp_sum(gv[i]), us = warp_sum(uv[i]);
-      if (lane == 0 && r + i < I) a.hb[j * a.maxI + r + i] = siluf_(gs) * us;
-    }
+    gv = warp_sum(gv);
+    uv = warp_sum(uv);
+    if (lane == 0) a.hb[j * a.maxI + r] = siluf_(gv) * uv;
   }
 }
 
@@ -259,17 +241,12 @@ inline bool gc_experts_take(const GExperts& ge, int H, int I, int k, size_t smem
 
 // The two kernels of a layer (gate_up, then down); after() runs after each
 // launch (the decode step's profile marks).
-// rows: the gate_up kernel's R (1 or 2; DecodeOptions::gguf_chunk_rows).
 template <typename After>
-void gc_experts_launch(Launcher& l, const MoeArgs& a, const GExperts& ge, int slots, int rows, After after) {
+void gc_experts_launch(Launcher& l, const MoeArgs& a, const GExperts& ge, int slots, After after) {
   const size_t s1 = gc_gate_up_smem(a.H), s2 = gc_down_smem(a.k, a.I);
-  auto gate_up = [&](auto kern, int R) {
-    const int resident = l.per_sm(reinterpret_cast<const void*>(kern), s1) * l.prop.multiProcessorCount;
-    const dim3 g1(std::max(1, std::min((a.maxI + kWarps * R - 1) / (kWarps * R), resident / slots)), slots);
-    l.go(kern, g1, kThreads, s1, a, ge);
-  };
-  if (rows == 2) gate_up(gc_gate_up_kernel<2>, 2);
-  else gate_up(gc_gate_up_kernel<1>, 1);
+  const int resident = l.per_sm(reinterpret_cast<const void*>(gc_gate_up_kernel), s1) * l.prop.multiProcessorCount;
+  const dim3 g1(std::max(1, std::min((a.maxI + kWarps - 1) / kWarps, resident / slots)), slots);
+  l.go(gc_gate_up_kernel, g1, kThreads, s1, a, ge);
   after();
   const int blocks = std::min((a.H + kWarps - 1) / kWarps,
                               l.per_sm(reinterpret_cast<const void*>(gc_down_kernel), s2) * l.prop.multiProcessorCount);

@@ -413,7 +413,7 @@ std::vector<float> gguf_matvec(const Matrix& W, const std::vector<float>& x, boo
 
 std::vector<float> gguf_experts(const std::vector<GgufExpert>& experts, const std::vector<float>& logits, int k,
                                 const std::vector<float>& x, const std::vector<float>& norm_w, float eps,
-                                std::vector<int>* ids, std::vector<float>* w, bool chunks, int chunk_rows) {
+                                std::vector<int>* ids, std::vector<float>* w, bool chunks) {
   Launcher l = device();
   const int E = int(experts.size());
   if (E < 1 || k < 1 || k > E || k >= kDownSlotsMax || logits.size() != size_t(E) || E > 512)
@@ -494,10 +494,9 @@ std::vector<float> gguf_experts(const std::vector<GgufExpert>& experts, const st
   if (chunks) {
     const size_t smem = size_t(l.prop.sharedMemPerBlockOptin) - 4096;
     if (!gc_experts_take(ge, H, I, k, smem)) fail("op check: GGUF experts: the chunk kernels do not take this layer");
-    CK(cudaFuncSetAttribute(gc_gate_up_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    CK(cudaFuncSetAttribute(gc_gate_up_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    CK(cudaFuncSetAttribute(gc_gate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     CK(cudaFuncSetAttribute(gc_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    gc_experts_launch(l, a, ge, k, chunk_rows, [] {});
+    gc_experts_launch(l, a, ge, k, [] {});
     CK(cudaDeviceSynchronize());
     *ids = down(dids, size_t(k));
     *w = down(dw, size_t(k));

@@ -79,15 +79,13 @@ std::vector<float> gguf_matvec(const Matrix& W, const std::vector<float>& x, boo
 // each of the three in one block kind across the experts. ids, w: the pick.
 // chunks: the experts rearranged into the chunk layout as upload.cu does
 // (Q4_K / Q6_K; gguf_chunks.cuh) and read by gguf_chunk_experts.cuh's
-// kernels instead (the same pick inside gate_up), gate_up chunk_rows row
-// pairs a warp at once.
+// kernels instead (the same pick inside gate_up).
 struct GgufExpert {
   Matrix gate, up, down;
 };
 std::vector<float> gguf_experts(const std::vector<GgufExpert>& experts, const std::vector<float>& logits, int k,
                                 const std::vector<float>& x, const std::vector<float>& norm_w, float eps,
-                                std::vector<int>* ids, std::vector<float>* w, bool chunks = false,
-                                int chunk_rows = 1);
+                                std::vector<int>* ids, std::vector<float>* w, bool chunks = false);
 // C = A . W^T (A: T rows of W.cols) for W in a GGUF block format, through
 // the batched prefill's product (gemm_kernel<GB>, bm rows per tile: 16, 32, 64).
 // repacked: W's rows repacked as the upload repacks dense matrices (gguf_dense_layout.cuh).
