@@ -3,7 +3,7 @@
 # (--kv-resident N --kv-page P --kv-recent F) on CUDA. No build:
 # build/flashmoe and build/flashmoe_tests must be there. Each stage stops at
 # what is left of LIMIT seconds.
-#   LIMIT=60 bash gpu-tasks/kv-quest-cuda.sh [ROUNDS]   (needs models/coder-mini for the test)
+#   LIMIT=50 bash gpu-tasks/kv-quest-cuda.sh [ROUNDS]   (needs models/coder-mini for the test)
 # 1. CudaKvPolicies.QuestReadsTheCpusPages: coder-mini, 6 configurations
 #    (f32, bf16 per layer, f16, fp8 position / head / rotated, with and
 #    without --kv-recent), the 200-token prompt token by token, in one chunk
@@ -17,11 +17,12 @@
 #    full, streaming 2048, quest 2048 (pages of 4), quest16 2048 (pages of
 #    16), interleaved over ROUNDS rounds (bench/kv_policy_speed.sh).
 #    Prediction in bench/NOTES-cuda.md ("The Quest store on the GPU").
+# 3. pp4096, full and quest 2048 (the prompt past the budget in order).
 # Needs the device call that carries models/coder-mini (model/, tokenizer,
 # eval/: the test's prompt is the held-out code, tokenized); no tests/fixtures.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS="${1:-2}"; LIMIT="${LIMIT:-60}"
+ROUNDS="${1:-2}"; LIMIT="${LIMIT:-50}"
 test -x build/flashmoe && test -x build/flashmoe_tests || { echo "FAIL: build/ not ready"; exit 1; }
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/kv-quest"
 T0=$SECONDS
@@ -36,7 +37,7 @@ stage() {  # name filter [grep pattern for lines to show] [seconds at most]
   if [ $rc -eq 0 ]; then echo "PASS: $1 ($((SECONDS-T0)) s)"; elif [ $rc -eq 124 ]; then echo "TIMEOUT: $1"; else echo "FAIL: $1 rc=$rc ($((SECONDS-T0)) s)"; fi
 }
 if [ -d models/coder-mini ]; then
-  stage quest 'CudaKvPolicies.QuestReadsTheCpusPages' 'quest-vs-cpu' 30
+  stage quest 'CudaKvPolicies.QuestReadsTheCpusPages' 'quest-vs-cpu' 20
 else
   echo "SKIP: quest test (no models/coder-mini)"
 fi
@@ -47,4 +48,14 @@ if [ "$L" -ge 12 ]; then
 else
   echo "SKIP: speed (no time left)"
 fi
+# 3. Prefill of 4,096 tokens (pp4096): full vs quest 2048, whose tokens past
+#    the budget attend token by token (each chooses its pages).
+for p in "full|" "quest 2048|--kv-resident 2048 --kv-page 4 --kv-recent 0.25"; do
+  L=$(left)
+  if [ "$L" -lt 6 ]; then echo "SKIP: pp4096 ${p%%|*} (no time left)"; continue; fi
+  # shellcheck disable=SC2086
+  pp=$(timeout "$L" ./build/flashmoe bench --device cuda --synthetic qwen3.5-35b-a3b --kv-dtype fp8 ${p#*|} -p 4096 -n 0 -r 1 2>/dev/null |
+       awk -F'|' '/pp[0-9]/ {gsub(/ /,"",$3); split($3,a,"±"); print a[1]}')
+  echo "pp4096 ${p%%|*}: $pp tok/s"
+done
 echo "kv-quest-cuda done at $((SECONDS-T0)) s"

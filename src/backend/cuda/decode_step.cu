@@ -464,7 +464,7 @@ void CudaModel::Impl::attention(CudaState::Impl& s, const DLayer& d, int sl) {
   if (kv.quest) {  // the pages this query reads (quest.cuh)
     go(quest_score_kernel, quest_score_blocks(kv, nkv), kQuestWarps * 32, size_t(nh / nkv) * hd * 4, kv,
        static_cast<const float*>(q), static_cast<const int*>(s.d_pos), s.kvt, nh, nkv, hd, s.ns);
-    go(quest_select_kernel, nkv, kQuestSelectThreads, 0, kv, static_cast<const int*>(s.d_pos), nkv);
+    go(quest_select_kernel, nkv, kQuestSelectThreads, 0, kv, static_cast<const int*>(s.d_pos), nkv, hd * int(s.el));
     mark(K_ATTN);
   }
   const int groups = std::max(8, 256 / hd);  // 8: the warps' partials (attn_kernel)

@@ -377,7 +377,8 @@ void Prefill::attend_in_order(const PrefillState& s, const DLayer& d, const KvLa
       launch_pdl(st, quest_score_kernel, quest_score_blocks(kv, nkv), kQuestWarps * 32, size_t(nh / nkv) * hd * 4, 1,
                  kv, static_cast<const float*>(q_ + size_t(t) * nh * hd), static_cast<const int*>(seq_ + t), s.kvt, nh,
                  nkv, hd, s.ns);
-      launch_pdl(st, quest_select_kernel, nkv, kQuestSelectThreads, 0, 1, kv, static_cast<const int*>(seq_ + t), nkv);
+      launch_pdl(st, quest_select_kernel, nkv, kQuestSelectThreads, 0, 1, kv, static_cast<const int*>(seq_ + t), nkv,
+                 hd * int(s.el));
     }
     AttnArgs a;
     a.q = q_ + size_t(t) * nh * hd;

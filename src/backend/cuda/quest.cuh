@@ -110,9 +110,24 @@ static __global__ void __launch_bounds__(kQuestWarps * 32)
     for (int g = warp; g < G; g += kQuestWarps) {
       const float* qg = qs + g * hd;
       float u = 0.f;  // the CPU's order: channel 0 first
-      for (int c = 0; c < hd; ++c) {
-        const float qc = qg[c];
-        u += fmaxf(qc * mn[size_t(c) * L.qpcap], qc * mx[size_t(c) * L.qpcap]);
+      // kBatch channels' bounds loaded before any is used: 2 x kBatch loads
+      // in flight per thread (one at a time, the 256 channels were a chain
+      // of memory latencies whatever the page count: round 1, q1).
+      constexpr int kBatch = 16;
+      for (int c0 = 0; c0 < hd; c0 += kBatch) {
+        float lo[kBatch], hi[kBatch];
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) {
+          const size_t o = size_t(min(c0 + k, hd - 1)) * L.qpcap;
+          lo[k] = mn[o];
+          hi[k] = mx[o];
+        }
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k)
+          if (c0 + k < hd) {
+            const float qc = qg[c0 + k];
+            u += fmaxf(qc * lo[k], qc * hi[k]);
+          }
       }
       best = fmaxf(best, u);
     }
@@ -146,7 +161,9 @@ constexpr int kQuestSelectThreads = 1024;
 // >= the take-th largest, found bit by bit from the top (each round counts
 // the keys at or above a trial value: __syncthreads_count); keys are
 // distinct (the page is in them), so exactly `take` pass.
-static __global__ void __launch_bounds__(kQuestSelectThreads) quest_select_kernel(KvLayer L, const int* pos, int nkv) {
+// row_bytes: one KV head's K (or V) row of a slot.
+static __global__ void __launch_bounds__(kQuestSelectThreads)
+    quest_select_kernel(KvLayer L, const int* pos, int nkv, int row_bytes) {
   __shared__ int warp_n[kQuestSelectThreads / 32];
   pdl_wait();
   pdl_trigger();
@@ -159,14 +176,10 @@ static __global__ void __launch_bounds__(kQuestSelectThreads) quest_select_kerne
   }
   const QuestPlan pl = quest_plan(L, n);
   const int cand = pl.recent0 - 1, take = max(pl.take, 0);  // candidates: pages 1 .. recent0 - 1
-  constexpr int kHeld = 4;  // keys a thread keeps in registers (more are re-read)
-  uint64_t held[kHeld];
-#pragma unroll
-  for (int r = 0; r < kHeld; ++r) {
-    const int i = threadIdx.x + r * blockDim.x;
-    held[r] = i < cand ? quest_key_of(L, nkv, kvh, 1 + i) : 0;
-  }
-  auto key = [&](int r, int i) { return r < kHeld ? held[r] : quest_key_of(L, nkv, kvh, 1 + i); };
+  // The first candidate of each thread in a register (one pass when
+  // there are at most blockDim of them); the others re-read.
+  const uint64_t held = int(threadIdx.x) < cand ? quest_key_of(L, nkv, kvh, 1 + threadIdx.x) : 0;
+  auto key = [&](int r, int i) { return r == 0 ? held : quest_key_of(L, nkv, kvh, 1 + i); };
   uint64_t t = 0;
   if (take > 0) {
     const int low = 32 - __clz(pl.recent0);  // bits of a page index
@@ -202,7 +215,19 @@ static __global__ void __launch_bounds__(kQuestSelectThreads) quest_select_kerne
     __syncthreads();  // warp_n is rewritten next round
   }
   for (int j = pl.recent0 + int(threadIdx.x); j <= pl.last; j += blockDim.x) out[1 + take + (j - pl.recent0)] = j;
-  if (threadIdx.x == 0) L.qn[kvh] = P * (1 + take + (pl.last - pl.recent0)) + (n - pl.last * P);
+  const int chosen = P * (1 + take + (pl.last - pl.recent0)) + (n - pl.last * P);
+  if (threadIdx.x == 0) L.qn[kvh] = chosen;
+  // The chosen K and V rows into L2 now, all at once (attn_kernel cannot
+  // prefetch them before its wait, as it does for the other policies:
+  // until here nobody knew them).
+  __syncthreads();  // out[] complete
+  const int lines = (row_bytes + 127) / 128;
+  for (int t2 = threadIdx.x; t2 < chosen * lines; t2 += blockDim.x) {
+    const int i = t2 / lines;
+    const size_t off = (size_t(quest_slot(L, kvh, i)) * nkv + kvh) * row_bytes + size_t(t2 % lines) * 128;
+    prefetch_l2(static_cast<const char*>(L.k) + off);
+    prefetch_l2(static_cast<const char*>(L.v) + off);
+  }
 }
 
 }  // namespace flashmoe::cuda
