@@ -8,10 +8,12 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "backend/cuda/cuda_bench.h"
 #include "backend/cuda/cuda_model.h"
 #include "core/argmax.h"
 #include "engine/session.h"
 #include "engine/speculative.h"
+#include "kv/presets.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -312,6 +314,37 @@ TEST(CudaMtp, RestorePointIsExactAndCheaperThanASnapshot) {
                 kv.describe().c_str(), ctx.size(), snap, dev);
     EXPECT_LT(dev, snap) << kv.describe();
   }
+}
+
+// A synthetic model's random head (bench --mtp --synthetic) drafts on the
+// device: greedy drafts (each step's argmax on the device, one copy of the
+// ids at the end) equal the same drafts picked on the host from each step's
+// logits. (Its buffers once lacked the device drafts: bench --mtp failed.)
+TEST(CudaMtp, SyntheticHeadDraftsOnTheDeviceAsOnTheHost) {
+  REQUIRE_GPU();
+  ModelConfig c = model_preset("qwen3.5-35b-a3b");
+  c.num_layers = 4;
+  c.layer_kinds.resize(4);
+  c.layer_is_moe.resize(4);
+  CudaSyntheticOptions so;
+  so.mtp_head = true;
+  auto m = cuda_synthetic_model(c, 11, {}, so);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 9; ++i) prompt.push_back(int32_t((i * 7919 + 5) % c.vocab_size));
+  const int64_t V = c.vocab_size;
+  constexpr int64_t kDrafts = 4;
+  auto drafts = [&](bool on_host) {
+    auto st = m->new_state(KvConfig{}, true);
+    m->forward(*st, prompt.data(), int64_t(prompt.size()), LogitsMode::None, nullptr);
+    std::vector<int32_t> out(kDrafts);
+    CudaDraftPicker pick;
+    if (on_host) pick = [&](const float* l, int64_t) { return int32_t(argmax(l, V)); };
+    m->draft(*st, prompt.back(), kDrafts, pick, out.data());
+    return out;
+  };
+  const std::vector<int32_t> dev = drafts(false), host = drafts(true);
+  EXPECT_EQ(dev, host);
+  for (int32_t t : dev) EXPECT_TRUE(t >= 0 && t < V) << t;
 }
 
 }  // namespace cuda_mtp_test

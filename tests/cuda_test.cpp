@@ -441,7 +441,9 @@ TEST(CudaTiers, ExpertsCopiedAheadGiveTheSameLogits) {
     CudaOptions o;
     o.plan_vram_slots = 100;  // of 256
     auto tiered = cuda_synthetic_model(c, 7, o, q4);
-    check(*tiered, 1, "as loaded (1 ahead, at the previous router)", false);
+    check(*tiered, 2, "as loaded (2 ahead, at the previous router)", false);
+    ASSERT_TRUE(cuda_set_host_copies(*tiered, true, 1, true));
+    check(*tiered, 1, "1 ahead, at the previous router", false);
     ASSERT_FALSE(cuda_set_host_copies(*tiered, false));  // the zero-copy kernels
     run(*tiered, &got_ids, &got);
     EXPECT_EQ(got_ids, want_ids);
@@ -459,7 +461,7 @@ TEST(CudaTiers, ExpertsCopiedAheadGiveTheSameLogits) {
     o.plan_vram_slots = 100;
     o.decode.prefetch_mispredict = true;
     auto wrong = cuda_synthetic_model(c, 7, o, q4);
-    check(*wrong, 1, "forced wrong, 1 ahead at the previous router", true);
+    check(*wrong, 2, "forced wrong, 2 ahead at the previous router (as loaded)", true);
     ASSERT_TRUE(cuda_set_host_copies(*wrong, true, 2, false));
     check(*wrong, 2, "forced wrong, 2 ahead from the input", true);
   }

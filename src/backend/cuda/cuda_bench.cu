@@ -277,11 +277,7 @@ std::unique_ptr<CudaModel> cuda_synthetic_model(const ModelConfig& cfg, uint64_t
     h->final_norm = cst(size_t(H), 0.f, "MTP norm");
     h->layer = make_layer(l, false);
     h->ffn = l.ffn;
-    h->in = m.alloc_f(size_t(2 * H), "MTP activations");
-    h->out = m.alloc_f(size_t(H), "MTP activations");
-    h->hn = m.alloc_f(size_t(H), "MTP activations");
-    h->tok = static_cast<int*>(m.alloc(4, "MTP token"));
-    CK(cudaMemsetAsync(h->tok, 0, 4, m.stream));
+    m.alloc_mtp_buffers(*h);
     m.mtp = std::move(h);
   }
   CK(cudaStreamSynchronize(m.stream));

@@ -346,6 +346,7 @@ void CudaModel::Impl::moe_launch_q(const MoeArgs& a, int slots, const QExpert& q
     const dim3 g1(std::max(1, std::min((a.maxI + kWarps - 1) / kWarps, resident / slots)), slots);
     go(gu, g1, kThreads, s1, a, q);
     mark(K_EXPERTS);
+    release_copies();
     go(dn, blocks, kThreads, s2, a, q);
     mark(K_EXPERTS);
   };
@@ -598,10 +599,13 @@ void CudaModel::Impl::routed_moe(const DLayer& d, int mi) {
     a.pf_slot = pf_slot;
     a.pf_flag = pf_flag;
     a.pf_seq = seq;
+    a.pf_stuck = &pf_rest_dev->stuck;
+    rest_seq = seq;
+    rest_mi = mi;
   }
   if (ep) ep_before_ffn();
   ffn_launch(d, a, slots);
-  if (seq) prefetch_rest(seq, mi);
+  release_copies();  // where the launch did not (it does right after gate_up)
   if (ep) ep_after_ffn();
 }
 
@@ -764,9 +768,25 @@ unsigned CudaModel::Impl::prefetch_copy(const DLayer& d, int mi) {
   return seq;
 }
 
+// The copies the layer's gate_up kernel (just launched) waits for, issued
+// before anything else is launched: the first launch of a kernel may load
+// its module, and CUDA's lazy loading may synchronise the context to do
+// so, which would wait for the gate_up kernel while it waits for copies
+// the host had not issued yet (the 397B after a prompt hung so, with the
+// decode step's kernels first launched there and VRAM nearly full).
+void CudaModel::Impl::release_copies() {
+  if (!rest_seq) return;
+  const unsigned seq = rest_seq;
+  rest_seq = 0;
+  prefetch_rest(seq, rest_mi);
+}
+
 void CudaModel::Impl::prefetch_rest(unsigned seq, int mi) {
   // The expert kernels are enqueued: their blocks of a listed slot wait for its flag.
   CK(cudaEventSynchronize(pf_staged));
+  if (reinterpret_cast<volatile PrefetchRest*>(pf_rest)->stuck)
+    fail("CUDA backend: an expert kernel waited more than " + std::to_string(kCopyWaitLimitNs / 1000000000ull) +
+         " s for a host-tier expert's copy that never arrived (bench --host-copies off avoids the copy path)");
   int n = 0;
   for (int j = 0; j < int(c.num_experts_per_tok); ++j) {
     const void* g = pf_rest->gu[j];

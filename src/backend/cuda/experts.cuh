@@ -3,6 +3,7 @@
 // shared expert (or a dense MLP as one slot), then down, weighted and added
 // to the residual.
 #pragma once
+#include "backend/cuda/host_prefetch.cuh"
 #include "backend/cuda/router.cuh"
 
 namespace flashmoe::cuda {
@@ -43,6 +44,7 @@ struct MoeArgs {
   const int* pf_slot = nullptr;
   const unsigned* pf_flag = nullptr;
   unsigned pf_seq = 0;
+  unsigned* pf_stuck = nullptr;  // set when a wait passed its limit (PrefetchRest::stuck)
 };
 
 // The routed expert of slot j when a gate_up block picks the experts itself
@@ -83,10 +85,18 @@ __device__ __forceinline__ void wait_copied_thread(const MoeArgs& a, int j) {
   const int p = a.pf_slot[j];
   if (p < 0) return;
   unsigned v;
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   for (;;) {
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(a.pf_flag + p) : "memory");
     if (v == a.pf_seq) break;
     __nanosleep(200);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (t - t0 > kCopyWaitLimitNs) {  // a copy that was never issued: say so, do not hang
+      *reinterpret_cast<volatile unsigned*>(a.pf_stuck) = 1;
+      __threadfence_system();
+      break;
+    }
   }
 }
 // The same for a whole block of slot j (uniform over the block).

@@ -72,7 +72,15 @@ constexpr int kSeqRing = 1024;
 struct PrefetchRest {
   const void* gu[kRestMax];
   const void* dn[kRestMax];
+  // Set by an expert kernel that waited kCopyWaitLimitNs for a copy
+  // (wait_copied_thread): the host fails the step instead of hanging.
+  unsigned stuck;
 };
+
+// How long an expert kernel waits for a copy before it gives up and says
+// so: copies take well under a millisecond, so only a copy that was never
+// issued waits this long.
+constexpr unsigned long long kCopyWaitLimitNs = 20000000000ull;
 
 // What the pick leaves for the host (pinned, device-mapped memory): the
 // sources of the n copies (null: fewer host-tier experts than n).

@@ -348,6 +348,11 @@ struct CudaModel::Impl : Launcher {
   void prefetch_rest(unsigned seq, int mi);
   // On the copy stream, after the copies into staging slot p: its flag = seq.
   void flag_copied(int p, unsigned seq);
+  // The MoE layer whose after-router copies are still to issue (0: none):
+  // release_copies() issues them right after the layer's gate_up launch.
+  unsigned rest_seq = 0;
+  int rest_mi = 0;
+  void release_copies();
   // The copy engine's path on (n copies ahead per MoE layer, 0-4; next:
   // predicted at the previous MoE layer's router) or off (the zero-copy
   // kernels); on, the decode step runs as plain launches (upload.cu). Off
@@ -398,6 +403,9 @@ struct CudaModel::Impl : Launcher {
   // mtp.cu
   std::unique_ptr<DeviceMtp> mtp;  // when the checkpoint has an MTP head
   void upload_mtp(const QwenModel& model);
+  // The head's activations, token and drafts buffers (a loaded head and a
+  // synthetic one alike).
+  void alloc_mtp_buffers(DeviceMtp& d);
   // A KV layer of state s's shape and capacity (state.cu), allocated.
   KvLayer new_kv_layer(const CudaState::Impl& s) const;
   // The head once on (hidden [H], the token at *tok) at head position hpos:

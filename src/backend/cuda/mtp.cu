@@ -80,7 +80,6 @@ void CudaModel::Impl::upload_mtp(const QwenModel& model) {
   const MtpWeights& w = *model.weights().mtp;
   const LayerPlan& l = *model.plan().mtp;
   auto d = std::make_unique<DeviceMtp>();
-  const int64_t H = c.hidden_size;
   d->fc = upload_rows({w.fc}, "MTP fc", -1, true);
   if (d->fc.dt == DT_GGUF) fail_device(DeviceFailure::Unsupported, "CUDA backend: the MTP head's fc in GGUF blocks");
   d->norm_embedding = upload_vec(w.norm_embedding, "MTP norm");
@@ -92,13 +91,18 @@ void CudaModel::Impl::upload_mtp(const QwenModel& model) {
   ExpertStore& store = model.mtp_expert_store() ? *model.mtp_expert_store() : model.expert_store();
   d->layer = upload_layer(*this, l, w.layer, store, 0, "MTP layer ", false, tiered, gu, dn);
   d->ffn = l.ffn;
-  d->in = alloc_f(size_t(2 * H), "MTP activations");
-  d->out = alloc_f(size_t(H), "MTP activations");
-  d->hn = alloc_f(size_t(H), "MTP activations");
-  d->tok = static_cast<int*>(alloc(4, "MTP token"));
-  CK(cudaMemset(d->tok, 0, 4));
-  d->drafted = static_cast<int*>(alloc(kDeviceDrafts * 4, "MTP drafts"));
+  alloc_mtp_buffers(*d);
   mtp = std::move(d);
+}
+
+void CudaModel::Impl::alloc_mtp_buffers(DeviceMtp& d) {
+  const int H = int(c.hidden_size);
+  d.in = alloc_f(size_t(2 * H), "MTP activations");
+  d.out = alloc_f(size_t(H), "MTP activations");
+  d.hn = alloc_f(size_t(H), "MTP activations");
+  d.tok = static_cast<int*>(alloc(4, "MTP token"));
+  CK(cudaMemset(d.tok, 0, 4));
+  d.drafted = static_cast<int*>(alloc(kDeviceDrafts * 4, "MTP drafts"));
 }
 
 void CudaModel::Impl::head_step(CudaState::Impl& hs, const float* hidden, const int* tok, int hpos, bool full) {

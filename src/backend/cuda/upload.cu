@@ -410,19 +410,16 @@ void CudaModel::Impl::init_common() {
   // Below that it is not measured, and the plain launches it
   // needs cost ~5% on a model read mostly from VRAM (the 35B: 248 against
   // 261 tokens/s), so the zero-copy kernels and the graph stay.
-  // Off by default since session 8: on the H200 a decode step after any
-  // prompt (a forward of more than one token on the model) never finished
-  // with the copies on (10 and 60 layers of the 397B; -p 0 runs were fine),
-  // so the zero-copy kernels serve every run until that is found and fixed;
-  // `bench --host-copies 2` still measures the copies on prompt-less runs
-  // (docs/huge-models.md).
-  set_host_copies(false, 2, true);
+  // (Session 8 found a decode after a prompt hanging on the 397B with this
+  // path on: CUDA's lazy module loading; release_copies() in decode_step.cu.)
+  set_host_copies(tiers && tiers->host_slots() * 5 >= int(c.num_experts) * 2, 2, true);
 }
 
 void CudaModel::Impl::set_host_copies(bool on, int n, bool next) {
   n = std::clamp(n, 0, kPrefetchMax / 2);
   if (pf_stream) CK(cudaStreamSynchronize(pf_stream));
   pf_outstanding = false;
+  rest_seq = 0;
   // No host tier to copy from (the disk tier reads its experts between the
   // router and the kernels), or more routed slots than staging slots.
   if (!tiers || disk || c.num_experts_per_tok > kRestMax) on = false;
