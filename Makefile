@@ -10,7 +10,7 @@ CMAKE_FLAGS ?=
 ASAN_BUILD ?= build-asan
 SAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 COV_IGNORE = -fsanitize-coverage-ignorelist=$(CURDIR)/fuzz/coverage_ignore.txt
-# Seconds per fuzz target: `make test` runs each for 10 s (a smoke run in CI),
+# Seconds per fuzz target: `make test` runs each for 5 s (a smoke run in CI),
 # `make fuzz` for 60 s; FUZZ_SECONDS=N overrides both.
 FUZZ_SECONDS ?=
 FUZZ_TARGETS = safetensors gguf config tokenizer_load tokenizer_encode chat_template manifest openai_request json_schema
@@ -52,7 +52,7 @@ asan-build:
 test-asan: asan-build
 	cd $(ASAN_BUILD) && FLASHMOE_SANITIZER=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
-	@JOBS=$(JOBS) fuzz/run.sh $(ASAN_BUILD) $(or $(FUZZ_SECONDS),10) $(FUZZ_TARGETS)
+	@JOBS=$(JOBS) fuzz/run.sh $(ASAN_BUILD) $(or $(FUZZ_SECONDS),5) $(FUZZ_TARGETS)
 
 # Each target runs FUZZ_SECONDS (default 60) from its seed corpus; new inputs
 # go to $(ASAN_BUILD)/corpus/<target>, crashes to $(ASAN_BUILD)/crashes/.
