@@ -1,6 +1,7 @@
 #!/bin/bash
 # Branch serve-speed on the H200, build/ already built (bench/cuda_device_run.sh
-# build), within ~90 s:
+# build), within ~4 minutes:
+#   0. CudaBatch.ScheduledGreedyGenerateEqualsTheLogitsPath and CudaServe.*;
 #   1. the GPU: `flashmoe serve --synthetic qwen3.5-35b-a3b --tokenizer
 #      models/coder-mini --device cuda --parallel 32` with 1, 8 and 32
 #      streaming python clients (bench/server_stream_bench.py, greedy, one
@@ -41,13 +42,23 @@ g = lambda k: float(m.get(k, 0))
 print(f'[$1] {g(\"flashmoe_batch_steps_total\"):.0f} steps, {g(\"flashmoe_batch_step_sequences_total\"):.0f} sequence-steps, {g(\"flashmoe_state_cache_entries\"):.0f} snapshots ({g(\"flashmoe_state_cache_bytes\") / 1e6:.0f} MB) so far')" 2>&1 | tail -1
 }
 
+# 0. The device tests of what changed: the scheduled greedy path (argmax on
+#    the device, prompt included) against forward() with host logits, and
+#    the GPU server's answers against the CPU server's.
+if [ -x build/flashmoe_tests ]; then
+  timeout 150 ./build/flashmoe_tests --gtest_filter='CudaBatch.ScheduledGreedy*:CudaServe.*' > $D/tests.log 2>&1
+  echo "[tests] rc $?: $(grep -E '^\[  (PASSED|FAILED) |^\[  FAILED  \] [A-Z]' $D/tests.log | tr '\n' ' ')"
+else
+  echo "SKIPPED tests (no build/flashmoe_tests)"
+fi
+
 # 1. The GPU server on the 35B synthetic (default cache and --state-cache 0), then bench --batch.
 bins="new"; [ -n "$BASE" ] && [ -x "$BASE" ] && bins="base new"
 for bin in $bins; do
   B=./build/flashmoe; [ $bin = base ] && B=$BASE
   for cache in default 0; do
     extra=""; [ $cache = 0 ] && extra="--state-cache 0"
-    [ $(elapsed) -lt 200 ] || { echo "SKIPPED $bin cache $cache (time)"; continue; }
+    [ $(elapsed) -lt 330 ] || { echo "SKIPPED $bin cache $cache (time)"; continue; }
     timeout 40 $B serve --synthetic qwen3.5-35b-a3b --tokenizer models/coder-mini --device cuda --port $port \
       --parallel 32 --queue 64 $extra 2> $D/serve35b-$bin-$cache.log &
     pid=$!
