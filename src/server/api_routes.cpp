@@ -490,8 +490,13 @@ struct ApiRoutes::Impl {
             }
           } at_exit{std::move(o.store), lease};
           if (!ok) return;  // the client has gone
-          if (o.r.finish_reason == "cancelled") {  // by a shutdown: say so, no finish chunk, no [DONE]
-            error_event(ApiError(503, "the server is shutting down; the answer was not finished", "server_error"));
+          if (o.r.finish_reason == "cancelled") {  // no finish chunk, no [DONE]
+            // By a shutdown, or by the client's closed connection (seen by
+            // poll() before a write failed; the event then goes nowhere).
+            if (stopping)
+              error_event(ApiError(503, "the server is shutting down; the answer was not finished", "server_error"));
+            else
+              error_event(ApiError(400, "the request was cancelled: the client closed its connection"));
             return;
           }
           if (!write(a.stream_flush())) return;
