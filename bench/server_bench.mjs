@@ -76,14 +76,17 @@ if (mode === "ttft") {
   const s = (performance.now() - t0) / 1000;
   console.log(`${clients} clients: ${tokens} tokens in ${s.toFixed(2)} s = ${(tokens / s).toFixed(1)} generated tokens/s total`);
 } else if (mode === "streaming") {
+  // TEMPERATURE (optional, default 0.7): 0 is greedy, which the server
+  // decodes by the argmax alone (as `flashmoe bench --batch`).
   const [clients, requests, maxTokens] = rest.map(Number);
+  const temperature = rest.length > 3 ? Number(rest[3]) : 0.7;
   let tokens = 0;
   const ttfts = [], gaps = [];
   const t0 = performance.now();
   await Promise.all(Array.from({ length: clients }, async (_, c) => {
     for (let i = 0; i < requests; i++) {
       const r = await chat({ messages: [{ role: "user", content: `Client ${c} request ${i}: write a sorting function.` }],
-                             max_tokens: maxTokens, temperature: 0.7, seed: c * 1000 + i, ignore_eos: true,
+                             max_tokens: maxTokens, temperature, seed: c * 1000 + i, ignore_eos: true,
                              stream: true, stream_options: { include_usage: true } });
       tokens += r.usage.completion_tokens;
       ttfts.push(r.ttft);
@@ -93,7 +96,7 @@ if (mode === "ttft") {
   const s = (performance.now() - t0) / 1000;
   const pct = (v, p) => { const a = [...v].sort((x, y) => x - y); return a[Math.min(a.length - 1, Math.floor(p * a.length))]; };
   const ms = (x) => (x * 1000).toFixed(1);
-  console.log(`${clients} streaming clients: ${tokens} tokens in ${s.toFixed(2)} s = ${(tokens / s).toFixed(1)} tokens/s ` +
+  console.log(`${clients} streaming clients (temperature ${temperature}): ${tokens} tokens in ${s.toFixed(2)} s = ${(tokens / s).toFixed(1)} tokens/s ` +
               `aggregate; TTFT p50 ${ms(pct(ttfts, 0.5))} / p90 ${ms(pct(ttfts, 0.9))} / p99 ${ms(pct(ttfts, 0.99))} ms; ` +
               `inter-token p50 ${ms(pct(gaps, 0.5))} / p90 ${ms(pct(gaps, 0.9))} / p99 ${ms(pct(gaps, 0.99))} ms`);
 } else if (mode === "soak") {
@@ -101,6 +104,6 @@ if (mode === "ttft") {
   const [clients, requests, maxTokens] = rest.map(Number);
   process.exitCode = await soak(url, clients, requests, maxTokens);
 } else {
-  console.error("usage: server_bench.mjs ttft URL HISTORY_FILE | throughput|soak|streaming URL CLIENTS REQUESTS MAX_TOKENS");
+  console.error("usage: server_bench.mjs ttft URL HISTORY_FILE | throughput|soak URL CLIENTS REQUESTS MAX_TOKENS | streaming URL CLIENTS REQUESTS MAX_TOKENS [TEMPERATURE]");
   process.exit(2);
 }

@@ -170,6 +170,80 @@ TEST(BatchScheduler, LongPromptDoesNotStallDecoding) {
                                         << admission_s << " s";
 }
 
+// A long prompt whose request is cancelled part-way (its client gone)
+// leaves at the next step: its feed throws ForwardCancelled, the session
+// starts over, the steps stop waiting for it, and a decoding request next
+// to it goes on with the tokens it gets alone.
+TEST(BatchScheduler, CancelledPromptLeavesWithinAStep) {
+  auto model = QwenModel::load(fixture_dir("tiny-qwen35moe") + "/model");
+  const Backend& b = cpu_of(*model);
+  const int64_t V = model->config().vocab_size, budget = 32, long_len = 2048;
+  ThreadPool pool(2);
+  std::vector<int32_t> long_prompt(static_cast<size_t>(long_len));
+  std::mt19937 rng(7);
+  for (auto& t : long_prompt) t = int32_t(rng() % uint32_t(V));
+  KvConfig kv;
+  kv.window = 256;
+  kv.window_set = true;
+  BatchSchedulerOptions so;
+  so.step_tokens = budget;
+  so.gather = std::chrono::milliseconds(50);  // steps wait for both sessions (a loaded machine too)
+  BatchScheduler sched(b, pool, so);
+  std::atomic<const State*> long_state{nullptr};
+  std::atomic<int64_t> long_steps{0};
+  std::atomic<bool> cancel{false};
+  // The long prompt's client goes away after 3 of its 64 steps.
+  sched.set_step_observer([&](const BatchStepInfo& s) {
+    if (std::find(s.states.begin(), s.states.end(), long_state.load()) != s.states.end() && ++long_steps == 3)
+      cancel = true;
+  });
+  // The decoding request's ids alone, for comparison.
+  const int decode_tokens = 24;
+  std::vector<int32_t> alone;
+  {
+    Session a(b, kv, pool);
+    const std::vector<float>* l = &a.feed({5, 6, 7});
+    for (int t = 0; t < decode_tokens; ++t) {
+      alone.push_back(argmax(l->data(), V));
+      l = &a.feed({alone.back()});
+    }
+  }
+  std::atomic<bool> long_started{false};
+  std::vector<int32_t> batched;
+  std::thread short_req([&] {
+    Session s(sched, kv);
+    const std::vector<float>* l = &s.feed({5, 6, 7});
+    while (!long_started) std::this_thread::yield();
+    for (int t = 0; t < decode_tokens; ++t) {
+      batched.push_back(argmax(l->data(), V));
+      l = &s.feed({batched.back()});
+    }
+  });
+  {
+    Session s(sched, kv);
+    long_state = &s.state();
+    s.set_cancel([&] { return cancel.load(); });
+    long_started = true;
+    EXPECT_THROW(s.feed(long_prompt), ForwardCancelled);
+    EXPECT_EQ(s.position(), 0) << "a cancelled feed leaves a fresh state";
+    EXPECT_TRUE(s.tokens().empty());
+    // Gone at the step after the cancel: 3 of the prompt's 64 steps ran.
+    EXPECT_EQ(long_steps.load(), 3);
+    // Not cancelled any more: the session feeds again from the start.
+    s.set_cancel({});
+    EXPECT_EQ(s.feed({1, 2, 3}).size(), size_t(V));
+    EXPECT_EQ(s.position(), 3);
+  }
+  short_req.join();
+  EXPECT_EQ(batched, alone);
+  EXPECT_EQ(sched.counters().attached, 0);
+  // Cancelled before it was handed in: thrown at once, nothing run.
+  Session late(sched, kv);
+  late.set_cancel([] { return true; });
+  EXPECT_THROW(late.feed({1, 2}), ForwardCancelled);
+  EXPECT_EQ(late.position(), 0);
+}
+
 TEST(BatchScheduler, BadIdFailsOnlyItsOwnRequest) {
   auto model = QwenModel::load(fixture_dir("tiny-qwen35moe") + "/model");
   const Backend& b = cpu_of(*model);

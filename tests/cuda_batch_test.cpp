@@ -10,7 +10,12 @@
 #include <cmath>
 #include <cstdio>
 
+#include <thread>
+
+#include "engine/batch_scheduler.h"
+#include "engine/generator.h"
 #include "kv/presets.h"
+#include "tokenizer/tokenizer.h"
 #include "runtime/bench_support.h"
 #include "test_util.h"
 #include "backend/cuda/cuda_bench.h"
@@ -222,6 +227,45 @@ TEST(CudaBatch, CoderMiniMatchesEachSequenceAloneForEveryKvConfig) {
   const std::vector<Seq> seqs = schedule(load_ref(dir + "/reference.safetensors", "ids").ids);
   ThreadPool pool(2);
   for (const auto& [name, kv] : kv_formats()) expect_batch_matches_alone(b, kv, seqs, "coder-mini " + name, pool);
+}
+
+// The server's greedy path on the GPU: generate() through a BatchScheduler
+// (several requests at once, joining at different times) asks for the
+// argmax alone, for the prompt's last token and every later one, picked on
+// the device (BatchItem::argmax); each request's ids equal its run alone
+// through forward() with the logits on the host and their argmax there.
+TEST(CudaBatch, ScheduledGreedyGenerateEqualsTheLogitsPath) {
+  REQUIRE_GPU();
+  const std::string dir = source_path("models/coder-mini");
+  auto model = QwenModel::load(dir + "/model");
+  auto cuda = CudaModel::upload(*model);
+  const Backend& b = gpu_view(*model, *cuda);
+  Tokenizer tok = Tokenizer::load(dir);
+  const char* texts[] = {"def add(a, b):\n", "class Stack:\n    def __init__(self):\n", "import os\n",
+                         "SELECT name FROM users WHERE", "x = [i * i for i in range(10)]\nprint(",
+                         "fn main() {\n    let v = vec![1, 2, 3];\n"};
+  const int n = 6, gen = 16;
+  std::vector<Seq> seqs;
+  for (const char* t : texts) seqs.push_back({tok.encode(t), 0, gen});
+  ThreadPool pool(2);
+  const Outcome alone = run_alone(b, KvConfig{}, seqs, pool);
+  BatchSchedulerOptions so;
+  so.step_tokens = 8;  // prompts in chunks, mixed with the others' decoding
+  BatchScheduler sched(b, pool, so);
+  std::vector<std::vector<int32_t>> got(n);
+  std::vector<std::thread> ts;
+  for (int i = 0; i < n; ++i)
+    ts.emplace_back([&, i] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2 * i));
+      Session s(sched, KvConfig{});
+      GenerateOptions go;
+      go.max_new_tokens = gen;
+      go.sampling.temperature = 0;  // plain greedy: the argmax path
+      go.sampling.eos_ids.clear();
+      got[size_t(i)] = generate(s, tok, seqs[size_t(i)].prompt, go, [](const std::string&) { return true; }).ids;
+    });
+  for (auto& t : ts) t.join();
+  for (int i = 0; i < n; ++i) EXPECT_EQ(got[size_t(i)], alone.ids[size_t(i)]) << "request " << i;
 }
 
 // The same with the batched step captured in CUDA graphs (one per batch

@@ -2,6 +2,10 @@
 // pool's prefix matching and LRU bound.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <memory>
+#include <thread>
+
 #include "server/http_exchange.h"
 #include "server/openai_api.h"
 #include "server/request_guard.h"
@@ -105,6 +109,46 @@ TEST(ServerStateCache, LongestProperPrefixWinsAndLruBounds) {
   off.put(snap({1, 2}));
   EXPECT_EQ(off.size(), 0u);
   EXPECT_FALSE(off.find({1, 2, 3}));
+}
+
+// A streamed answer's conversation is stored after its last event
+// (StateCache::Pending): a lookup that it would serve better waits for it,
+// one that it would not serve does not, and the wait is bounded.
+TEST(ServerStateCache, PendingStoreIsWaitedForWhereItIsTheBetterMatch) {
+  using namespace std::chrono;
+  StateCache c(8);
+  c.put(snap({1, 2}));
+  auto pending = std::make_unique<StateCache::Pending>(c, std::vector<int32_t>{1, 2, 3, 4}, "");
+  // Not extended by this prompt: answered at once with what is there.
+  auto t0 = steady_clock::now();
+  auto s = c.find({1, 2, 9, 9});
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->tokens.size(), 2u);
+  // Another partition never waits for it either.
+  EXPECT_FALSE(c.find({1, 2, 3, 4, 5}, "key1/0:"));
+  EXPECT_LT(duration<double>(steady_clock::now() - t0).count(), 1.0);
+  // Extended: waits until the store lands, then gets it.
+  std::thread storer([&] {
+    std::this_thread::sleep_for(milliseconds(100));
+    c.put(snap({1, 2, 3, 4}));
+    pending->done();
+  });
+  t0 = steady_clock::now();
+  s = c.find({1, 2, 3, 4, 5});
+  storer.join();
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->tokens.size(), 4u);
+  EXPECT_GE(duration<double>(steady_clock::now() - t0).count(), 0.05);
+  // A store that never comes (dropped without done(): the destructor ends
+  // it), or one left pending: find() gives up after its wait.
+  StateCache::Pending stuck(c, {1, 2, 3, 4, 5, 6}, "");
+  t0 = steady_clock::now();
+  s = c.find({1, 2, 3, 4, 5, 6, 7}, "", milliseconds(50));
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->tokens.size(), 4u);
+  EXPECT_GE(duration<double>(steady_clock::now() - t0).count(), 0.04);
+  stuck.done();
+  EXPECT_EQ(c.find({1, 2, 3, 4, 5, 6, 7})->tokens.size(), 4u);
 }
 
 // Numbers past int64_t and content parts of the wrong type are 400s naming

@@ -160,6 +160,41 @@ TEST(ServerE2E, MultiTurnReusesConversationState) {
   EXPECT_EQ(metric(c0, "flashmoe_prompt_tokens_reused_total"), 0);
 }
 
+// A streamed answer's conversation is stored after its [DONE]
+// (StateCache::Pending): a follow-up sent the moment the stream ends still
+// starts from it, prompt and answer alike.
+TEST(ServerE2E, FollowUpRightAfterAStreamReusesItsAnswer) {
+  START_SERVER(srv, standard_args());
+  auto c = srv.client();
+  const std::string prompt = "def binary_search(items, target):\n";
+  json b1 = {{"prompt", prompt}, {"max_tokens", 16}, {"temperature", 0}, {"ignore_eos", true}, {"stream", true},
+             {"stream_options", {{"include_usage", true}}}};
+  auto r = c.Post("/v1/completions", b1.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  bool done = false;
+  std::string text;
+  int64_t prompt_tokens = 0, generated = 0;
+  for (auto& e : sse_events(r->body, &done)) {
+    if (e.contains("usage") && e["usage"].is_object()) {
+      prompt_tokens = e["usage"]["prompt_tokens"];
+      generated = e["usage"]["completion_tokens"];
+    }
+    if (!e["choices"].empty()) text += e["choices"][0].value("text", "");
+  }
+  ASSERT_TRUE(done);
+  ASSERT_EQ(generated, 16);
+  // At once (same connection), the conversation so far plus a little more.
+  json b2 = {{"prompt", prompt + text + "\n# test\n"}, {"max_tokens", 4}, {"temperature", 0}};
+  json r2 = post_json(c, "/v1/completions", b2);
+  const int64_t cached = r2["usage"]["prompt_tokens_details"]["cached_tokens"];
+  // The answer's ids re-tokenize to themselves for this code (checked by
+  // /tokenize), so the stored prompt + answer is a prefix of turn 2.
+  json tk = post_json(c, "/tokenize", json{{"content", prompt + text}});
+  if (int64_t(tk["tokens"].size()) != prompt_tokens + generated) GTEST_SKIP() << "the answer re-tokenizes differently";
+  EXPECT_EQ(cached, prompt_tokens + generated);
+}
+
 TEST(ServerE2E, StopStrings) {
   START_SERVER(srv, standard_args());
   auto c = srv.client();
@@ -307,6 +342,43 @@ TEST(ServerE2E, DisconnectMidStreamCancelsAndFreesTheSlot) {
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 200) << r->body;
   }
+}
+
+// A streaming client that goes away while its long prompt is still being
+// read: the prompt stops at the next step (no token is generated) and the
+// only slot comes back, long before the prefill would have ended.
+TEST(ServerE2E, DisconnectMidPrefillFreesTheSlot) {
+  START_SERVER(srv, {"--parallel", "1", "--queue", "0", "-t", "1", "--batch-tokens", "16", "--state-cache", "0"});
+  // ~2,500 tokens of code: at 16 a step, some 150 steps of prefill.
+  std::string code = read_file(source_path("src/engine/generator.cpp"));
+  code += read_file(source_path("src/engine/session.cpp"));
+  int fd = connect_to(srv.port());
+  ASSERT_GE(fd, 0);
+  std::string body = json{{"prompt", code}, {"max_tokens", 8}, {"stream", true}}.dump();
+  std::string req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                    "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(send(fd, req.data(), req.size(), MSG_NOSIGNAL), ssize_t(req.size()));
+  std::string got;
+  char buf[4096];
+  while (got.find("data: ") == std::string::npos) {  // the first event: the request is running
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+    ASSERT_GT(n, 0);
+    got.append(buf, size_t(n));
+  }
+  close(fd);
+  http::Client c("127.0.0.1", srv.port());
+  c.set_read_timeout(60, 0);
+  auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (std::chrono::steady_clock::now() < deadline &&
+         (metric(c, "flashmoe_generations_cancelled_total") < 1 || metric(c, "flashmoe_slots_busy") != 0))
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(metric(c, "flashmoe_generations_cancelled_total"), 1);
+  EXPECT_EQ(metric(c, "flashmoe_slots_busy"), 0);
+  // Stopped inside the prefill: not one token was generated.
+  EXPECT_EQ(metric(c, "flashmoe_generated_tokens_total"), 0);
+  auto r = c.Post("/v1/completions", json{{"prompt", "def add(a, b):\n"}, {"max_tokens", 4}}.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
 }
 
 // Continuous batching under overload: 8 requests stream in one batch, 92

@@ -38,13 +38,15 @@ BatchScheduler::Membership::~Membership() {
 }
 
 void BatchScheduler::forward(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits,
-                             int32_t* argmax) {
+                             int32_t* argmax, const std::function<bool()>* cancel) {
   // Checked here, on the caller's thread: a bad id fails its own request,
   // never the step it would have shared with others.
   check_token_ids(backend_.config(), ids, n);
   if (argmax && mode != LogitsMode::Last) fail("an argmax needs LogitsMode::Last");
   if (n <= 0) return;
-  Request r{&st, ids, n, 0, mode, logits, argmax, backend_.config().vocab_size, false, nullptr};
+  if (cancel && !*cancel) cancel = nullptr;
+  if (cancel && (*cancel)()) throw ForwardCancelled();
+  Request r{&st, ids, n, 0, mode, logits, argmax, cancel, backend_.config().vocab_size, false, nullptr};
   std::unique_lock<std::mutex> lock(mu_);
   if (stopping_) fail("the batch scheduler has stopped");
   // A lone session with at most one step's tokens runs its step on its own
@@ -124,6 +126,20 @@ void BatchScheduler::loop() {
       pending_.clear();
       done_cv_.notify_all();
       return;
+    }
+
+    // Cancelled requests leave before the step (a prompt part-way through
+    // its chunks, whose client has gone): the rest of their tokens never run.
+    for (Request* r : pending_)
+      if (r->cancel && (*r->cancel)()) {
+        r->error = std::make_exception_ptr(ForwardCancelled());
+        r->finished = true;
+      }
+    if (std::any_of(pending_.begin(), pending_.end(), [](Request* r) { return r->finished; })) {
+      pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [](Request* r) { return r->finished; }),
+                     pending_.end());
+      done_cv_.notify_all();
+      if (pending_.empty()) continue;
     }
 
     // Decoding sessions (one token left) all go in; prompts in arrival

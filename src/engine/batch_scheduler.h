@@ -19,10 +19,19 @@
 #include <thread>
 #include <vector>
 
+#include "core/error.h"
 #include "core/thread_pool.h"
 #include "runtime/backend.h"
 
 namespace flashmoe {
+
+// What BatchScheduler::forward throws when its request was cancelled
+// (cancel() said so at a step's start): the tokens not yet through were
+// dropped, so the state is part-way through them (Session resets it).
+class ForwardCancelled : public Error {
+ public:
+  ForwardCancelled() : Error("the request was cancelled") {}
+};
 
 struct BatchSchedulerOptions {
   // Tokens per step: every decoding session's token, then prompt chunks up
@@ -71,7 +80,13 @@ class BatchScheduler {
   // threw (ids outside the vocabulary: Error before any state is touched).
   // argmax (mode Last): receives the argmax of the last logits, which a GPU
   // picks on the device (BatchItem::argmax); logits may then be null.
-  void forward(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits, int32_t* argmax = nullptr);
+  // cancel (may be empty): asked, on the scheduler's thread, before each
+  // step while tokens of this call are still waiting; true ends the call
+  // with ForwardCancelled, so a long prompt whose client has gone (or a
+  // server shutting down) frees its place within one step instead of
+  // running its whole prefill. Must stay valid during the call.
+  void forward(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits, int32_t* argmax = nullptr,
+               const std::function<bool()>* cancel = nullptr);
 
   const Backend& backend() const { return backend_; }
 
@@ -92,6 +107,7 @@ class BatchScheduler {
     LogitsMode mode;
     float* logits;
     int32_t* argmax;
+    const std::function<bool()>* cancel;
     int64_t vocab;
     bool finished = false;
     std::exception_ptr error;

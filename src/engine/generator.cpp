@@ -14,8 +14,28 @@ using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 }  // namespace
 
+namespace {
+void generate_into(GenerateResult& r, Session& session, const Tokenizer& tok, const std::vector<int32_t>& prompt,
+                   const GenerateOptions& opt, const std::function<bool(const std::string&)>& on_text);
+}  // namespace
+
 GenerateResult generate(Session& session, const Tokenizer& tok, const std::vector<int32_t>& prompt,
                         const GenerateOptions& opt, const std::function<bool(const std::string&)>& on_text) {
+  GenerateResult r;
+  try {
+    generate_into(r, session, tok, prompt, opt, on_text);
+  } catch (const ForwardCancelled&) {
+    // A scheduled session's cancel (Session::set_cancel) ended a feed, the
+    // prompt's or a token's: the session has started over (a feed that
+    // stops part-way leaves no usable state), the text so far stands.
+    r.finish_reason = "cancelled";
+  }
+  return r;
+}
+
+namespace {
+void generate_into(GenerateResult& r, Session& session, const Tokenizer& tok, const std::vector<int32_t>& prompt,
+                   const GenerateOptions& opt, const std::function<bool(const std::string&)>& on_text) {
   if (prompt.empty()) fail("the prompt is empty");
   // The context holds the prompt and every generated token: a prompt that
   // already fills it leaves no room for even one new token.
@@ -25,10 +45,19 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
          (session.position() ? ", after " + std::to_string(session.position()) + " already in the conversation" : "") +
          ") " + (used == opt.context_limit ? "fills" : "is longer than") + " the context of " +
          std::to_string(opt.context_limit) + " tokens (-c); nothing can be generated");
-  GenerateResult r;
   r.prompt_tokens = int64_t(prompt.size());
+  // Plain greedy (no bias, penalty, constraint, log-probabilities or
+  // drafts): the sampler would take the argmax of the logits, so the prompt
+  // and each token are fed asking for that id alone (picked on a GPU: no
+  // logits copied to the host). `picked`: the id after the last token fed.
+  const SamplingParams& sp = opt.sampling;
+  const bool speculate = opt.spec_draft > 0 && !opt.constraint;
+  const bool argmax_only = sp.is_plain_greedy() && !opt.constraint && opt.top_logprobs < 0 && !speculate;
+  std::optional<int32_t> picked;
   auto t0 = Clock::now();
-  const std::vector<float>* logits = &session.feed(prompt);
+  const std::vector<float>* logits = nullptr;
+  if (argmax_only) picked = session.feed_argmax(prompt);
+  else logits = &session.feed(prompt);
   r.prompt_seconds = since(t0);
 
   Sampler sampler(opt.sampling);
@@ -43,7 +72,6 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
   bool stop_string = false;   // ended by a stop string: what it held back is never shown
   std::vector<float> masked;  // the logits with what the constraint forbids at -inf
   if (opt.spec_draft > 0 && !session.drafting()) fail("speculative decoding (--mtp) needs a drafting session");
-  const bool speculate = opt.spec_draft > 0 && !opt.constraint;
   std::optional<Speculator> spec;
   if (speculate) {
     spec.emplace(session, sampler, &r.spec);
@@ -57,13 +85,6 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
   int64_t ahead = 0;
   const int64_t V = session.backend().config().vocab_size;
   std::vector<float> row;  // a queued token's logits
-  // Plain greedy (no bias, penalty, constraint, log-probabilities or
-  // drafts): the sampler would take the argmax of the logits, so each
-  // token is fed asking for that id alone (picked on a GPU: no logits
-  // copied to the host). `picked`: the id after the last token fed.
-  const SamplingParams& sp = opt.sampling;
-  const bool argmax_only = sp.is_plain_greedy() && !opt.constraint && opt.top_logprobs < 0 && !speculate;
-  std::optional<int32_t> picked;
   auto t1 = Clock::now();
   for (int i = 0; i < opt.max_new_tokens; ++i) {
     if (opt.cancel && opt.cancel->load()) {
@@ -173,7 +194,7 @@ GenerateResult generate(Session& session, const Tokenizer& tok, const std::vecto
     if (!stops.stopped()) emit(stops.flush());
   }
   r.gen_seconds = since(t1);
-  return r;
 }
+}  // namespace
 
 }  // namespace flashmoe

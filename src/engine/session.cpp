@@ -85,7 +85,8 @@ void Session::restore(const SessionSnapshot& snap) {
 void Session::run_forward(const std::vector<int32_t>& ids, LogitsMode mode, float* out, int32_t* argmax) {
   try {
     if (scheduler_) {
-      scheduler_->forward(*state_, ids.data(), int64_t(ids.size()), mode, out, argmax);
+      if (!membership_) fail("this session has left the batch (Session::leave_batch)");
+      scheduler_->forward(*state_, ids.data(), int64_t(ids.size()), mode, out, argmax, &cancel_);
     } else if (argmax) {
       const BatchItem it{state_.get(), ids.data(), int64_t(ids.size()), mode, out, argmax};
       backend_.forward_batch(&it, 1, *pool_);

@@ -2,6 +2,7 @@
 // fed so far. Prefill and decode steps continue the same state.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -59,6 +60,17 @@ class Session {
   std::vector<int32_t> draft(int32_t next, int64_t n, const DraftPicker& pick);
   bool drafting() const { return drafting_; }
 
+  // A scheduled session's feeds ask `cancel` before each step they still
+  // have tokens in (BatchScheduler::forward): true ends the feed with
+  // ForwardCancelled (the session then starts over, as after any failed
+  // feed). Empty: never.
+  void set_cancel(std::function<bool()> cancel) { cancel_ = std::move(cancel); }
+
+  // A scheduled session stops taking part in the steps (a finished
+  // generation whose state is still to be copied out): the steps no longer
+  // wait for its next tokens. Feeding it afterwards is an Error.
+  void leave_batch() { membership_.reset(); }
+
   // Every token fed so far, unless recording is off (then empty).
   const std::vector<int32_t>& tokens() const { return tokens_; }
   // Off: fed tokens are not recorded, so a long generation holds no memory
@@ -100,6 +112,7 @@ class Session {
   bool record_tokens_ = true;
   bool drafting_ = false;
   std::vector<float> logits_;
+  std::function<bool()> cancel_;
 };
 
 }  // namespace flashmoe

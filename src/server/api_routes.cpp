@@ -119,6 +119,10 @@ struct Job {
 struct Outcome {
   GenerateResult r;
   int64_t reused = 0;
+  // run(.., store_later): stores the finished conversation (empty when there
+  // is nothing to store); until called (or dropped), the cache's find()
+  // waits for it where it would be the better match.
+  std::function<void()> store;
 };
 
 struct ApiRoutes::Impl {
@@ -235,19 +239,30 @@ struct ApiRoutes::Impl {
 
   // Starts from the longest stored snapshot the prompt extends, feeds up to
   // the last complete message (and stores that point), then generates; the
-  // finished conversation (prompt + answer) is stored too.
+  // finished conversation (prompt + answer) is stored too, before run()
+  // returns or, with store_later, by Outcome::store (a stream calls it after
+  // its last event: on a GPU the copy of a large model's state, ~60 MB for
+  // the 35B, takes tens of milliseconds that the client need not wait for).
   Outcome run(Job& j, SlotPool::Lease& lease, const std::function<bool(const std::string&)>& on_text,
-              const std::function<void(const TokenLogprob&)>& on_logprob) {
+              const std::function<void(const TokenLogprob&)>& on_logprob, bool store_later = false,
+              std::function<bool()> client_gone = {}) {
     Outcome out;
     // The session's forward passes join the scheduler's steps: its prompt
     // in chunks within the step budget, then one token per step, batched
     // with every other running request (with --mtp, each verify pass too).
-    Session s(scheduler, m.kv, m.spec_draft > 0);
+    auto session = std::make_shared<Session>(scheduler, m.kv, m.spec_draft > 0);
+    Session& s = *session;
+    // Asked before each step while a prompt is still being read (the
+    // generate loop asks go.cancel and the writes fail for each token): a
+    // shutdown, or a streaming client that has gone, ends the request then.
+    s.set_cancel([this, gone = std::move(client_gone)] { return stopping.load() || (gone && gone()); });
+    // No copy that the cache would not keep (--state-cache 0, over the budget).
+    auto worth_storing = [this](const Session& x) {
+      const StateBytes b = x.state().bytes();
+      return cache.would_keep(size_t(b.kv + b.recurrent) + x.tokens().size() * sizeof(int32_t));
+    };
     auto store = [&] {
-      // No copy that the cache would not keep (--state-cache 0, over the budget).
-      const StateBytes b = s.state().bytes();
-      if (!cache.would_keep(size_t(b.kv + b.recurrent) + s.tokens().size() * sizeof(int32_t))) return;
-      cache.put(s.snapshot(), j.partition);
+      if (worth_storing(s)) cache.put(s.snapshot(), j.partition);
     };
     size_t fed = 0;
     if (auto snap = cache.find(j.ids, j.partition)) {
@@ -258,7 +273,15 @@ struct ApiRoutes::Impl {
     double head_seconds = 0;
     if (j.boundary > fed) {  // split there even without a cache, so results do not depend on it
       auto t0 = std::chrono::steady_clock::now();
-      s.feed(std::vector<int32_t>(j.ids.begin() + std::ptrdiff_t(fed), j.ids.begin() + std::ptrdiff_t(j.boundary)));
+      try {
+        s.feed(std::vector<int32_t>(j.ids.begin() + std::ptrdiff_t(fed), j.ids.begin() + std::ptrdiff_t(j.boundary)));
+      } catch (const ForwardCancelled&) {
+        s.leave_batch();
+        out.r.finish_reason = "cancelled";
+        out.r.prompt_tokens = int64_t(j.ids.size());
+        metrics.count_generation(int64_t(j.ids.size()), out.reused, 0, 0, 0, true);
+        return out;
+      }
       head_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       store();
       fed = j.boundary;
@@ -279,7 +302,18 @@ struct ApiRoutes::Impl {
     out.r.prompt_tokens = int64_t(j.ids.size());
     bool cancelled = out.r.finish_reason == "cancelled";
     model_failing = false;
-    if (!cancelled) store();
+    // Done with the steps: they need not wait for this session while its
+    // state is copied out.
+    s.leave_batch();
+    if (!cancelled && store_later && worth_storing(s)) {
+      auto pending = std::make_shared<StateCache::Pending>(cache, s.tokens(), j.partition);
+      out.store = [this, session, pending, partition = j.partition] {
+        cache.put(session->snapshot(), partition);
+        pending->done();
+      };
+    } else if (!cancelled) {
+      store();
+    }
     metrics.count_generation(int64_t(j.ids.size()), out.reused, int64_t(out.r.ids.size()), out.r.prompt_seconds,
                              out.r.gen_seconds, cancelled);
     metrics.count_speculation(out.r.spec.rounds, out.r.spec.drafted, out.r.spec.accepted);
@@ -437,14 +471,32 @@ struct ApiRoutes::Impl {
           if (ok) {
             o = run(
                 *job, *lease, [&](const std::string& piece) { return write(a.stream_text(piece)); },
-                [&](const TokenLogprob& lp) { a.logprob(lp); });
+                [&](const TokenLogprob& lp) { a.logprob(lp); }, /*store_later=*/true, [&] { return sink.gone(); });
           } else {
             metrics.count_generation(0, 0, 0, 0, 0, true);
           }
-          lease.reset();  // free the slot before the last writes
+          // The conversation is stored after the last events (or when they
+          // fail), then the slot is freed: its session (state) lives until then.
+          struct StoreAtExit {
+            std::function<void()> store;
+            std::shared_ptr<SlotPool::Lease>& lease;
+            ~StoreAtExit() {
+              try {
+                if (store) store();
+              } catch (const std::exception& e) {
+                log_failure(e);  // the answer was complete; only its reuse is lost
+              }
+              lease.reset();
+            }
+          } at_exit{std::move(o.store), lease};
           if (!ok) return;  // the client has gone
-          if (o.r.finish_reason == "cancelled") {  // by a shutdown: say so, no finish chunk, no [DONE]
-            error_event(ApiError(503, "the server is shutting down; the answer was not finished", "server_error"));
+          if (o.r.finish_reason == "cancelled") {  // no finish chunk, no [DONE]
+            // By a shutdown, or by the client's closed connection (seen by
+            // poll() before a write failed; the event then goes nowhere).
+            if (stopping)
+              error_event(ApiError(503, "the server is shutting down; the answer was not finished", "server_error"));
+            else
+              error_event(ApiError(400, "the request was cancelled: the client closed its connection"));
             return;
           }
           if (!write(a.stream_flush())) return;

@@ -29,6 +29,10 @@ class EventSink {
  public:
   virtual ~EventSink() = default;
   virtual bool write(std::string_view chunk) = 0;
+  // Whether the client has visibly gone (closed its connection) although no
+  // write has failed yet: asked while a long prompt is read, before there is
+  // anything to write, so that its slot comes back within a step.
+  virtual bool gone() { return false; }
 };
 
 struct HttpResponse {

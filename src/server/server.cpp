@@ -6,6 +6,8 @@
 // limits: docs/server.md.
 #include "server/server.h"
 
+#include <poll.h>
+
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -260,6 +262,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
     struct Sink : EventSink {
       Connection* c;
       bool ok;
+      int fd = -1;
+      // A closed connection (the peer's FIN or a reset) shows in poll()
+      // without reading from it, which the I/O threads own. A client that
+      // half-closes after its request (no HTTP client we know does) would
+      // look gone too.
+      bool gone() override {
+        if (!ok) return true;
+        pollfd p{fd, POLLRDHUP, 0};
+        return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+      }
       bool write(std::string_view chunk) override {
         if (!ok) return false;
         if (chunk.empty()) return true;
@@ -273,6 +285,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     } sink;
     sink.c = this;
     sink.ok = ok;
+    sink.fd = stream_.socket().native_handle();
     res.stream(sink);
     ok = sink.ok && wait_for([this](auto done) {
       net::async_write(stream_, http::make_chunk_last(), [done](beast::error_code ec, size_t) { done(ec); });

@@ -10,6 +10,8 @@
 // stored conversation never serves, or shows up in the cached_tokens of,
 // another's.
 #pragma once
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <list>
@@ -31,7 +33,30 @@ class StateCache {
   // The snapshot with the longest token list that is a proper prefix of
   // `prompt` (at least one prompt token is left to feed, so the caller gets
   // fresh logits), or null. A hit becomes the most recently used entry.
-  std::shared_ptr<const Snapshot> find(const std::vector<int32_t>& prompt, const std::string& partition = "");
+  // A store announced (Pending) with a longer such token list is waited for
+  // first, up to `wait`: a follow-up sent the moment an answer ended finds
+  // that answer's conversation although its copy was still being taken.
+  std::shared_ptr<const Snapshot> find(const std::vector<int32_t>& prompt, const std::string& partition = "",
+                                       std::chrono::milliseconds wait = std::chrono::seconds(5));
+
+  // A store announced before it happens: a streamed answer writes its last
+  // events first and stores its conversation after (on a GPU the copy of a
+  // large model's state takes tens of milliseconds, which the client need
+  // not wait for). Until done() or destruction, find() waits for it where it
+  // would be the better match.
+  class Pending {
+   public:
+    Pending() = default;
+    Pending(StateCache& c, std::vector<int32_t> tokens, std::string partition);
+    ~Pending() { done(); }
+    Pending(const Pending&) = delete;
+    Pending& operator=(const Pending&) = delete;
+    void done();  // the store happened, or will not
+
+   private:
+    StateCache* cache_ = nullptr;
+    uint64_t id_ = 0;
+  };
 
   // Whether a snapshot of about `bytes` would be kept at all (capacity 0, or
   // larger than the whole budget: no), so that callers skip the copy.
@@ -50,10 +75,18 @@ class StateCache {
     std::string partition;
     std::shared_ptr<const Snapshot> snap;
   };
+  struct Announced {
+    uint64_t id;
+    std::string partition;
+    std::vector<int32_t> tokens;
+  };
   void insert(Entry e);
   size_t capacity_, max_bytes_, bytes_ = 0;
   mutable std::mutex mu_;
+  std::condition_variable stored_;  // a Pending ended
   std::list<Entry> lru_;  // front = most recent
+  std::list<Announced> pending_;
+  uint64_t next_id_ = 1;
 };
 
 }  // namespace flashmoe::server
