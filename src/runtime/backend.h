@@ -134,6 +134,9 @@ class Backend {
   virtual const ModelConfig& config() const = 0;
   // The host model: config, weights (views of the files), expert store.
   virtual const QwenModel& model() const = 0;
+  // False for a model built on the device (`--synthetic` on a GPU): it has
+  // no host weights and no expert store, and model() fails.
+  virtual bool has_host_model() const { return true; }
 
   // A state for this KV configuration (every dtype and retention policy).
   virtual std::unique_ptr<State> new_state(const KvConfig& kv) const = 0;

@@ -20,6 +20,7 @@ class CudaBackend final : public Backend {
   std::string device_name() const override;
   const ModelConfig& config() const override;
   const QwenModel& model() const override;
+  bool has_host_model() const override { return host_ != nullptr; }
   std::unique_ptr<State> new_state(const KvConfig& kv) const override;
   // --mtp: the MTP head on the device (backend/cuda/mtp.cu).
   std::unique_ptr<State> new_drafting_state(const KvConfig& kv) const override;

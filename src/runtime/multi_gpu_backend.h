@@ -22,6 +22,7 @@ class MultiGpuBackend final : public Backend {
   std::string device_name() const override;
   const ModelConfig& config() const override;
   const QwenModel& model() const override;
+  bool has_host_model() const override { return host_ != nullptr; }
   std::unique_ptr<State> new_state(const KvConfig& kv) const override;
   void forward(State& st, const int32_t* ids, int64_t n, LogitsMode mode, float* logits,
                ThreadPool& pool) const override;

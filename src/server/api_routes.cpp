@@ -550,11 +550,15 @@ struct ApiRoutes::Impl {
     g.batch_steps = bc.steps;
     g.batch_step_sequences = bc.step_sequences;
     g.batch_step_tokens = bc.step_tokens;
-    ExpertStats es = m.backend->model().expert_store().stats();
-    g.expert_requested = es.requested;
-    g.expert_hits = es.hits;
-    g.expert_misses = es.misses;
-    g.expert_bytes_read = es.bytes_read;
+    // A model built on the GPU (serve --synthetic) has no expert store: its
+    // expert counters stay 0 (/metrics answered 500 there).
+    if (m.backend->has_host_model()) {
+      ExpertStats es = m.backend->model().expert_store().stats();
+      g.expert_requested = es.requested;
+      g.expert_hits = es.hits;
+      g.expert_misses = es.misses;
+      g.expert_bytes_read = es.bytes_read;
+    }
     return metrics.render(g);
   }
 

@@ -412,7 +412,14 @@ void CudaModel::Impl::init_common() {
   // 261 tokens/s), so the zero-copy kernels and the graph stay.
   // (Session 8 found a decode after a prompt hanging on the 397B with this
   // path on: CUDA's lazy module loading; release_copies() in decode_step.cu.)
-  set_host_copies(tiers && tiers->host_slots() * 5 >= int(c.num_experts) * 2, 2, true);
+  // Copies ahead: two where a token chooses 3 or more host-tier experts per
+  // layer on average (K = 10 on the 397B: 4.6; 82% of the link bound against
+  // 77% with one), else one (--moe-top-k 4: 1.9; 43.7 against 41.3 tokens/s
+  // with two, whose second copy was read only ~60% of the time:
+  // bench/results/session9-h200-397b.txt).
+  const bool copies = tiers && tiers->host_slots() * 5 >= int(c.num_experts) * 2;
+  const int ahead = copies && int64_t(c.num_experts_per_tok) * tiers->host_slots() >= 3 * c.num_experts ? 2 : 1;
+  set_host_copies(copies, ahead, true);
 }
 
 void CudaModel::Impl::set_host_copies(bool on, int n, bool next) {
