@@ -146,9 +146,8 @@ TEST(Eval, MeanKlZeroForReferencePositiveForFp8) {
 // shortened): 2 windows of 512 tokens of held-out code. Its KL must stay
 // under issue 24's 1e-3 and well under plain per-position scales' (the
 // full 4 x 2,048 eval: 4.3e-4 against 1.4e-3; here 4.3e-4 against 1.0e-3).
-// Broken offsets, scales stored
-// in a narrower type than they were chosen in, or key roundings that no
-// longer see the queries fail it.
+// Broken offsets, scales stored in a narrower type than they were chosen
+// in, or key roundings that no longer see the queries fail it.
 TEST(Eval, Fp8ChannelKlGuard) {
   if (test::sanitizer_build()) GTEST_SKIP() << "too slow under the sanitizers";
   CoderMini& cm = coder_mini();
