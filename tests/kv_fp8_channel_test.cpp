@@ -284,13 +284,18 @@ TEST(KvFp8Channel, ConfigurationAndErrors) {
   } catch (const Error& e) {
     EXPECT_TRUE(has(e.what(), "channel needs a power-of-two head_dim")) << e.what();
   }
-  // kv-calc: per-head scales as `head`, plus 4 B per key channel per page.
+  // kv-calc: per-head scales (3 B f24 for K, 2 B bf16 for V), 4 B per key
+  // channel per page, and per sequence the queries' second moment (a
+  // packed f32 triangle per layer and KV head) and the current page's key
+  // sums (4 B per key channel).
   const ModelConfig m = model_preset("qwen3.5-35b-a3b");  // 10 layers x 2 KV heads x 256
   const KvMemory mem = kv_memory(m, fp8(Fp8ScaleMode::Channel));
-  EXPECT_EQ(mem.bytes_per_position(), 10 * 1024 + 10 * 2 * 2 * 4);
+  EXPECT_EQ(mem.bytes_per_position(), 10 * 1024 + 10 * 2 * (3 + 2));
   EXPECT_EQ(mem.offset_bytes_per_page, 10 * 2 * 256 * 4);
-  EXPECT_EQ(kv_cache_bytes(m, fp8(Fp8ScaleMode::Channel), 4096), (10 * 1024 + 80 * 2) * 4096 + 16 * 20480);
-  EXPECT_EQ(kv_cache_bytes(m, fp8(Fp8ScaleMode::Channel), 257), (10 * 1024 + 160) * 257 + 2 * 20480);
+  const int64_t seq = 10 * 2 * (256 * 257 / 2) * 4 + 10 * 2 * 256 * 4;  // 2,631,680 + 20,480
+  EXPECT_EQ(mem.sequence_bytes(), seq);
+  EXPECT_EQ(kv_cache_bytes(m, fp8(Fp8ScaleMode::Channel), 4096), 10340 * 4096 + 16 * 20480 + seq);
+  EXPECT_EQ(kv_cache_bytes(m, fp8(Fp8ScaleMode::Channel), 257), 10340 * 257 + 2 * 20480 + seq);
 }
 
 // Refused with a policy that moves slots (the offsets are per page of
@@ -305,9 +310,10 @@ TEST(KvFp8ChannelCli, NeedsTheFullCacheAndKvCalcCountsItsOffsets) {
   EXPECT_TRUE(has(r.out, "--kv-fp8-scale channel needs the full cache or --kv-resident")) << r.out;
   r = run_cli("kv-calc --preset qwen3.5-35b-a3b --kv-dtype fp8 --kv-fp8-scale channel --context 4096");
   EXPECT_EQ(r.status, 0) << r.out;
-  EXPECT_TRUE(has(r.out, "KV per position: 10400 B")) << r.out;
+  EXPECT_TRUE(has(r.out, "KV per position: 10340 B")) << r.out;
   EXPECT_TRUE(has(r.out, "+ 20480 B key offsets per page of 256 positions")) << r.out;
-  EXPECT_TRUE(has(r.out, "40.94 MiB")) << r.out;  // 4096 x 10400 + 16 x 20480 = 42,926,080 B
+  EXPECT_TRUE(has(r.out, "KV per sequence (in the KV cache column, whatever the context): 2652160 B")) << r.out;
+  EXPECT_TRUE(has(r.out, "43.23 MiB")) << r.out;  // 4096 x 10340 + 16 x 20480 + 2,652,160 = 45,332,480 B
 }
 
 }  // namespace kv_fp8_channel_test

@@ -31,6 +31,14 @@ Vec gauss(std::mt19937& rng, int64_t n, float sd = 1.0f) {
   return v;
 }
 
+// The full symmetric d x d matrix of a packed lower triangle.
+Vec unpack(const Vec& Hp, int64_t d) {
+  Vec H(static_cast<size_t>(d * d));
+  for (int64_t i = 0; i < d; ++i)
+    for (int64_t j = 0; j <= i; ++j) H[size_t(i * d + j)] = H[size_t(j * d + i)] = Hp[size_t(i * (i + 1) / 2 + j)];
+  return H;
+}
+
 // e^T H e with H as given (no factor involved).
 double quad(const Vec& H, const std::vector<double>& e) {
   const int64_t d = int64_t(e.size());
@@ -62,10 +70,11 @@ Vec skewed_query(std::mt19937& rng, const Vec& A, int64_t d) {
 TEST(QkRounding, CholeskyAndErrorAgainstHDirectly) {
   const int64_t d = 16;
   std::mt19937 rng(1);
-  Vec H(static_cast<size_t>(d * d), 0.0f);
-  for (int t = 0; t < 5; ++t) fp8::add_outer_product(H.data(), gauss(rng, d).data(), d);  // rank 5
-  std::vector<double> L;
-  ASSERT_TRUE(fp8::damped_cholesky(H.data(), d, 0.01, L));
+  Vec Hp(static_cast<size_t>(fp8::packed_triangle(d)), 0.0f);
+  for (int t = 0; t < 5; ++t) fp8::add_outer_product(Hp.data(), gauss(rng, d).data(), d);  // rank 5
+  const Vec H = unpack(Hp, d);
+  std::vector<float> L;
+  ASSERT_TRUE(fp8::damped_cholesky(Hp.data(), d, 0.01, L));
   double tr = 0;
   for (int64_t i = 0; i < d; ++i) tr += H[size_t(i * d + i)];
   Vec Hd = H;
@@ -74,16 +83,16 @@ TEST(QkRounding, CholeskyAndErrorAgainstHDirectly) {
     for (int64_t j = 0; j < d; ++j) {
       double s = 0;
       for (int64_t k = 0; k < d; ++k) s += L[size_t(i * d + k)] * L[size_t(j * d + k)];
-      EXPECT_NEAR(s, Hd[size_t(i * d + j)], 1e-4 * tr) << i << "," << j;
+      EXPECT_NEAR(s, Hd[size_t(i * d + j)], 1e-5 * tr) << i << "," << j;  // L is float
       if (j > i) {
-        EXPECT_EQ(L[size_t(i * d + j)], 0.0);
+        EXPECT_EQ(L[size_t(i * d + j)], 0.0f);
       }
     }
   const Vec x = gauss(rng, d);
   std::vector<uint8_t> code(static_cast<size_t>(d));
   fp8::e4m3_encode_scaled(x.data(), d, 0.01f, code.data());
-  EXPECT_NEAR(fp8::qk_error(x.data(), code.data(), d, 0.01f, L), quad(Hd, err(x, code, 0.01f)), 1e-5 * tr);
-  Vec zero(static_cast<size_t>(d * d), 0.0f);
+  EXPECT_NEAR(fp8::qk_error(x.data(), code.data(), d, 0.01f, L.data()), quad(Hd, err(x, code, 0.01f)), 1e-5 * tr);
+  Vec zero(static_cast<size_t>(fp8::packed_triangle(d)), 0.0f);
   EXPECT_FALSE(fp8::damped_cholesky(zero.data(), d, 0.01, L));
 }
 
@@ -93,20 +102,21 @@ TEST(QkRounding, NeverWorseThanNearestAndFarBetterOnAverage) {
   const int64_t d = 64;
   std::mt19937 rng(2);
   const Vec A = gauss(rng, d * d);
-  Vec H(static_cast<size_t>(d * d), 0.0f);
-  for (int t = 0; t < 400; ++t) fp8::add_outer_product(H.data(), skewed_query(rng, A, d).data(), d);
-  std::vector<double> L;
-  ASSERT_TRUE(fp8::damped_cholesky(H.data(), d, 0.01, L));
+  Vec Hp(static_cast<size_t>(fp8::packed_triangle(d)), 0.0f);
+  for (int t = 0; t < 400; ++t) fp8::add_outer_product(Hp.data(), skewed_query(rng, A, d).data(), d);
+  const Vec H = unpack(Hp, d);
+  std::vector<float> L;
+  ASSERT_TRUE(fp8::damped_cholesky(Hp.data(), d, 0.01, L));
   double sum_qk = 0, sum_near = 0;
   std::vector<uint8_t> near(static_cast<size_t>(d)), qk(near);
   for (int t = 0; t < 200; ++t) {
     const Vec x = gauss(rng, d);
     const float s = fp8::e4m3_mse_scale(x.data(), d);
     fp8::e4m3_encode_scaled(x.data(), d, s, near.data());
-    const double returned = fp8::e4m3_encode_qk(x.data(), d, s, L, qk.data());
+    const double returned = fp8::e4m3_encode_qk(x.data(), d, s, L.data(), qk.data());
     const double eq = quad(H, err(x, qk, s)), en = quad(H, err(x, near, s));
-    EXPECT_EQ(returned, fp8::qk_error(x.data(), qk.data(), d, s, L)) << t;
-    EXPECT_LE(returned, fp8::qk_error(x.data(), near.data(), d, s, L)) << t;
+    EXPECT_EQ(returned, fp8::qk_error(x.data(), qk.data(), d, s, L.data())) << t;
+    EXPECT_LE(returned, fp8::qk_error(x.data(), near.data(), d, s, L.data())) << t;
     sum_qk += eq;
     sum_near += en;
   }
@@ -133,17 +143,18 @@ TEST(QkRounding, ProjectorSubspaceTakesAlmostNoError) {
     for (float& v : u) v = float(v / std::sqrt(n));
     U.push_back(u);
   }
-  Vec P(static_cast<size_t>(d * d), 0.0f);
-  for (const Vec& u : U) fp8::add_outer_product(P.data(), u.data(), d);
-  std::vector<double> L;
-  ASSERT_TRUE(fp8::damped_cholesky(P.data(), d, 1e-3, L));
+  Vec Pp(static_cast<size_t>(fp8::packed_triangle(d)), 0.0f);
+  for (const Vec& u : U) fp8::add_outer_product(Pp.data(), u.data(), d);
+  const Vec P = unpack(Pp, d);
+  std::vector<float> L;
+  ASSERT_TRUE(fp8::damped_cholesky(Pp.data(), d, 1e-3, L));
   double pq = 0, pn = 0, wq = 0, wn = 0;
   std::vector<uint8_t> near(static_cast<size_t>(d)), qk(near);
   for (int t = 0; t < 200; ++t) {
     const Vec x = gauss(rng, d);
     const float s = fp8::e4m3_mse_scale(x.data(), d);
     fp8::e4m3_encode_scaled(x.data(), d, s, near.data());
-    fp8::e4m3_encode_qk(x.data(), d, s, L, qk.data());
+    fp8::e4m3_encode_qk(x.data(), d, s, L.data(), qk.data());
     const std::vector<double> eq = err(x, qk, s), en = err(x, near, s);
     pq += quad(P, eq);
     pn += quad(P, en);

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <limits>
 
+#include "core/dtype.h"
+
 namespace flashmoe::fp8 {
 
 namespace {
@@ -72,7 +74,13 @@ float e4m3_scale_candidate(float absmax, int j) {
   return absmax / (j == 0 ? 240.0f : 224.0f * std::exp2(float(j - 1) / 16.0f));
 }
 
-float e4m3_mse_scale(const float* x, int64_t n) {
+float e4m3_scale_candidate_bf16(float absmax, int j) {
+  return bf16_to_f32(f32_to_bf16(e4m3_scale_candidate(absmax, j)));
+}
+
+float e4m3_scale_candidate_f24(float absmax, int j) { return f24_to_f32(f32_to_f24(e4m3_scale_candidate(absmax, j))); }
+
+float e4m3_mse_scale(const float* x, int64_t n, bool bf16) {
   float mx = 0.0f;
   for (int64_t i = 0; i < n; ++i) mx = std::max(mx, std::fabs(x[i]));
   if (!(mx > 0.0f)) return 1.0f;
@@ -81,10 +89,10 @@ float e4m3_mse_scale(const float* x, int64_t n) {
   // targets that keep the absmax exact (224, 240, 256, 288, ..., 448) worse
   // (gaps of up to 2^0.17): bench/NOTES.md.
   const float* t = e4m3_table();
-  float best_s = mx / 240.0f;
+  float best_s = bf16 ? e4m3_scale_candidate_bf16(mx, 0) : mx / 240.0f;
   double best_e = INFINITY;
   for (int j = 0; j < kE4m3ScaleCandidates; ++j) {
-    const float s = e4m3_scale_candidate(mx, j);
+    const float s = bf16 ? e4m3_scale_candidate_bf16(mx, j) : e4m3_scale_candidate(mx, j);
     double e = 0;
     for (int64_t i = 0; i < n; ++i) {
       const double d = double(x[i]) - double(t[e4m3_encode(x[i] / s)] * s);

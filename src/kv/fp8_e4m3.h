@@ -27,6 +27,32 @@ float e4m3_block_scale(const float* x, int64_t n);
 // absmax / 240 (the block scale), j = 1..16 absmax / (224 x 2^((j-1)/16)).
 constexpr int kE4m3ScaleCandidates = 17;
 float e4m3_scale_candidate(float absmax, int j);
+// fp8 `channel` stores its scales narrower than f32: V's as bf16 (8
+// significant bits, 2 B), K's as f24 (f32 with its 8 low mantissa bits
+// rounded off: 16 significant bits, 3 B). The candidates are rounded so
+// before the codes are chosen, so the codes are those of the scale decoding
+// will use; a rounding moves a scale by at most 2^-8 of itself (bf16;
+// f24: 2^-16), against the 2^(1/16) (4.4%) steps between candidates, so
+// the absmax still lands in E4M3's range (at most 428.6 x (1 + 2^-8) < 448). Why K keeps more bits:
+// its codes are chosen against the queries (kv/qk_rounding.h), and on the
+// side-by-side eval of docs/kv-quality.md bf16 K scales raised mean KL from
+// 4.43e-4 to 6.10e-4, while bf16 V scales alone cost 4.43e-4 -> 4.71e-4.
+float e4m3_scale_candidate_bf16(float absmax, int j);
+float e4m3_scale_candidate_f24(float absmax, int j);
+// f24: the top 24 bits of an f32 (sign, exponent, 15 stored mantissa bits),
+// rounded to nearest even; for positive finite values (scales).
+inline uint32_t f32_to_f24(float f) {
+  uint32_t u;
+  __builtin_memcpy(&u, &f, 4);
+  u += 0x7f + ((u >> 8) & 1);
+  return u >> 8;
+}
+inline float f24_to_f32(uint32_t h) {
+  const uint32_t u = h << 8;
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
 
 // The scale of fp8 `channel` rows: of the 17 scales absmax / 240 (the
 // block scale) and absmax / (224 x 2^(j/16)), j = 0..15 (the absmax landing
@@ -34,6 +60,7 @@ float e4m3_scale_candidate(float absmax, int j);
 // other elements' mantissas, in steps of 2^(1/16)), the one with the least
 // squared error sum_i (x_i - s decode(code(x_i / s)))^2; ties go to the
 // earlier (the block scale first). 1 when the absmax is 0.
-float e4m3_mse_scale(const float* x, int64_t n);
+// bf16: the candidates of e4m3_scale_candidate_bf16 (fp8 `channel`).
+float e4m3_mse_scale(const float* x, int64_t n, bool bf16 = false);
 
 }  // namespace flashmoe::fp8

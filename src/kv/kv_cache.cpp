@@ -8,6 +8,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/simd.h"
+#include "core/thread_pool.h"
 #include "kv/fp8_e4m3.h"
 #include "kv/kv_kernels.h"
 #include "kv/qk_rounding.h"
@@ -74,9 +75,10 @@ void KvCache::clear() {
     kmax_.clear(); kmax_.shrink_to_fit();
     kz_.clear(); kz_.shrink_to_fit();
     kacc_.clear(); kacc_.shrink_to_fit();
+    ks24_.clear(); ks24_.shrink_to_fit();
+    vs16_.clear(); vs16_.shrink_to_fit();
     qmom_.clear(); qmom_.shrink_to_fit();
-    qchol_.clear();
-    qchol_stale_ = false;
+    drop_query_factors();
     sel_.clear();
     sel_all_ = true;
   } else if (!acc_.empty()) {
@@ -88,15 +90,27 @@ size_t KvCache::bytes() const {
   return k_.capacity() + v_.capacity() +
          (ks_.capacity() + vs_.capacity() + acc_.capacity() + kmin_.capacity() + kmax_.capacity() + kz_.capacity() +
           kacc_.capacity() + qmom_.capacity()) * sizeof(float) +
-         pos_.capacity() * sizeof(int64_t) + qchol_.size() * size_t(hd_ * hd_) * sizeof(double);
+         ks24_.capacity() + vs16_.capacity() * sizeof(uint16_t) + pos_.capacity() * sizeof(int64_t) +
+         qchol_.size() * size_t(hd_ * hd_) * sizeof(float);
+}
+
+void KvCache::drop_query_factors() {
+  qchol_.clear();
+  qchol_.shrink_to_fit();
+  qchol_valid_ = false;
 }
 
 void KvCache::ensure_slots(int64_t slots) {
   if (int64_t(pos_.size()) >= slots) return;
   k_.resize(size_t(slots * row_) * el_);
   v_.resize(size_t(slots * row_) * el_);
-  ks_.resize(size_t(slots * ns_));
-  vs_.resize(size_t(slots * ns_));
+  if (channel_) {
+    ks24_.resize(size_t(slots * ns_) * 3);
+    vs16_.resize(size_t(slots * ns_));
+  } else {
+    ks_.resize(size_t(slots * ns_));
+    vs_.resize(size_t(slots * ns_));
+  }
   pos_.resize(size_t(slots), -1);
 }
 
@@ -134,50 +148,83 @@ void KvCache::store(int64_t slot, const float* k, const float* v) {
       k = rot_.data();
       v = rot_.data() + row_;
     }
-    if (channel_ && qchol_stale_) {  // queries were added since the last key
-      qchol_.resize(size_t(nkv_));
-      for (int64_t h = 0; h < nkv_; ++h)
-        if (!fp8::damped_cholesky(qmom_.data() + h * hd_ * hd_, hd_, kQkDamping, qchol_[size_t(h)]))
-          qchol_[size_t(h)].clear();
-      qchol_stale_ = false;
-    }
     if (channel_) {
-      // Minus the page's offsets, the mean of the previous page's rotated
-      // keys (0 for page 0): the channels a key keeps nearly constant leave
-      // only their variation to E4M3's relative precision.
-      const int64_t P = kFp8OffsetPage, page = slot / P;
-      if (slot % P == 0) {
-        kz_.resize(size_t((page + 1) * row_), 0.0f);
-        if (page > 0)
-          for (int64_t i = 0; i < row_; ++i) kz_[size_t(page * row_ + i)] = kacc_[size_t(i)] / float(P);
-        kacc_.assign(size_t(row_), 0.0f);
-      }
-      ctr_.resize(size_t(row_));
-      const float* z = kz_.data() + page * row_;
-      for (int64_t i = 0; i < row_; ++i) {
-        ctr_[size_t(i)] = k[i] - z[i];
-        kacc_[size_t(i)] += k[i];
-      }
-      k = ctr_.data();
+      store_channel(slot, k, v);
+      return;
     }
     const int64_t block = row_ / ns_;  // whole row (position) or one head
     for (int64_t b = 0; b < ns_; ++b) {
       const float* kb = k + b * block;
       const float* vb = v + b * block;
-      uint8_t* kc = k_.data() + off + size_t(b * block);
-      if (channel_ && b < int64_t(qchol_.size()) && !qchol_[size_t(b)].empty()) {
-        ks_[size_t(slot * ns_ + b)] = fp8::e4m3_encode_qk_best_scale(kb, block, qchol_[size_t(b)], kc);
-      } else {
-        // channel: the least-squares scale of 17 (fp8::e4m3_mse_scale).
-        const float sk = channel_ ? fp8::e4m3_mse_scale(kb, block) : fp8::e4m3_block_scale(kb, block);
-        ks_[size_t(slot * ns_ + b)] = sk;
-        fp8::e4m3_encode_scaled(kb, block, sk, kc);
-      }
-      const float sv = channel_ ? fp8::e4m3_mse_scale(vb, block) : fp8::e4m3_block_scale(vb, block);
+      const float sk = fp8::e4m3_block_scale(kb, block);
+      ks_[size_t(slot * ns_ + b)] = sk;
+      fp8::e4m3_encode_scaled(kb, block, sk, k_.data() + off + size_t(b * block));
+      const float sv = fp8::e4m3_block_scale(vb, block);
       vs_[size_t(slot * ns_ + b)] = sv;
       fp8::e4m3_encode_scaled(vb, block, sv, v_.data() + off + size_t(b * block));
     }
   }
+}
+
+void KvCache::store_channel(int64_t slot, const float* k, const float* v) {
+  // k, v: rotated rows.
+  channel_factor();
+  ctr_.resize(size_t(row_));
+  channel_center(slot, k, ctr_.data());
+  for (int64_t h = 0; h < nkv_; ++h) channel_encode(slot, h, ctr_.data(), v);
+}
+
+void KvCache::channel_factor() {
+  if (qchol_valid_ || qmom_.empty()) return;  // current, or no query yet
+  qchol_.resize(size_t(nkv_));
+  for (int64_t h = 0; h < nkv_; ++h)
+    if (!fp8::damped_cholesky(qmom_.data() + h * fp8::packed_triangle(hd_), hd_, kQkDamping, qchol_[size_t(h)]))
+      qchol_[size_t(h)].clear();
+  qchol_valid_ = true;
+}
+
+void KvCache::channel_center(int64_t slot, const float* k, float* ctr) {
+  // Minus the page's offsets, the mean of the previous page's rotated
+  // keys (0 for page 0): the channels a key keeps nearly constant leave
+  // only their variation to E4M3's relative precision. Slots in order: the
+  // page sums are running.
+  const int64_t P = kFp8OffsetPage, page = slot / P;
+  if (slot % P == 0) {
+    kz_.resize(size_t((page + 1) * row_), 0.0f);
+    if (page > 0)
+      for (int64_t i = 0; i < row_; ++i) kz_[size_t(page * row_ + i)] = kacc_[size_t(i)] / float(P);
+    kacc_.assign(size_t(row_), 0.0f);
+  }
+  const float* z = kz_.data() + page * row_;
+  for (int64_t i = 0; i < row_; ++i) {
+    ctr[i] = k[i] - z[i];
+    kacc_[size_t(i)] += k[i];
+  }
+}
+
+void KvCache::channel_encode(int64_t slot, int64_t h, const float* ctr, const float* v) {
+  // One KV head of one slot (writes that slot's codes and scales only, so
+  // the keys of a chunk encode in parallel): the key's codes and scale
+  // against the factor of the query moments (least squares before any
+  // query), the value's by least squares; scales from candidates rounded
+  // to what stores them (K: f24, V: bf16).
+  const size_t off = size_t(slot * row_ + h * hd_);
+  const float* kh = ctr + h * hd_;
+  const float* vh = v + h * hd_;
+  uint8_t* kc = k_.data() + off;
+  float sk;
+  if (h < int64_t(qchol_.size()) && !qchol_[size_t(h)].empty()) {
+    sk = fp8::e4m3_encode_qk_best_scale(kh, hd_, qchol_[size_t(h)].data(), kc);
+  } else {
+    sk = fp8::e4m3_mse_scale(kh, hd_, true);  // a bf16 value: an f24 one too
+    fp8::e4m3_encode_scaled(kh, hd_, sk, kc);
+  }
+  const uint32_t k24 = fp8::f32_to_f24(sk);  // exact: sk is an f24 value
+  uint8_t* ks = ks24_.data() + size_t(slot * ns_ + h) * 3;
+  ks[0] = uint8_t(k24), ks[1] = uint8_t(k24 >> 8), ks[2] = uint8_t(k24 >> 16);
+  const float sv = fp8::e4m3_mse_scale(vh, hd_, true);
+  vs16_[size_t(slot * ns_ + h)] = f32_to_bf16(sv);
+  fp8::e4m3_encode_scaled(vh, hd_, sv, v_.data() + off);
 }
 
 template <KvDType T>
@@ -194,7 +241,16 @@ const float* KvCache::row(bool key, int64_t slot, int64_t kvh, float* buf) const
     cpu::simd::to_f32(DType::F16, reinterpret_cast<const uint16_t*>(data.data()) + off, hd_, buf);
     return buf;
   } else {
-    const float s = scales[size_t(slot * ns_ + (ns_ == 1 ? 0 : kvh))];
+    const size_t si = size_t(slot * ns_ + (ns_ == 1 ? 0 : kvh));
+    float s;
+    if (!channel_) {
+      s = scales[si];
+    } else if (key) {
+      const uint8_t* ks = ks24_.data() + si * 3;
+      s = fp8::f24_to_f32(uint32_t(ks[0]) | uint32_t(ks[1]) << 8 | uint32_t(ks[2]) << 16);
+    } else {
+      s = bf16_to_f32(vs16_[si]);
+    }
     if (key && channel_)
       kv_kernels::fp8_e4m3_to_f32_offset(data.data() + off, hd_, s,
                                          kz_.data() + (slot / kFp8OffsetPage) * row_ + kvh * hd_, buf);
@@ -315,21 +371,56 @@ void KvCache::append(int64_t pos, const float* k, const float* v) {
   ++appended_;
 }
 
+void KvCache::append_chunk(const int64_t* pos, int64_t n, const float* k, const float* v, ThreadPool& pool) {
+  if (n <= 0) return;
+  if (!channel_ || ret_ != KvRetention::Full) {
+    for (int64_t t = 0; t < n; ++t) append(pos[t], k + t * row_, v + t * row_);
+    return;
+  }
+  // fp8 channel, full retention: slots n_ .. n_ + n in order. What depends
+  // on the keys before (the page sums and offsets) runs in order here; the
+  // roundings, each key's 17 scales x (error feedback + nearest) under the
+  // queries' factor, run on the pool (one item per key and KV head).
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t prev = t == 0 ? last_pos_ : pos[t - 1];
+    if (pos[t] <= prev)
+      fail("KvCache::append: position " + std::to_string(pos[t]) + " does not follow " + std::to_string(prev));
+  }
+  const int64_t s0 = n_;
+  ensure_slots(s0 + n);
+  channel_factor();
+  std::vector<float> rk(k, k + n * row_), rv(v, v + n * row_), ctr(static_cast<size_t>(n * row_));
+  for (int64_t b = 0; b < 2 * n * nkv_; ++b)
+    kv_kernels::hadamard_ortho((b < n * nkv_ ? rk.data() + b * hd_ : rv.data() + (b - n * nkv_) * hd_), hd_);
+  for (int64_t t = 0; t < n; ++t) channel_center(s0 + t, rk.data() + t * row_, ctr.data() + t * row_);
+  pool.parallel_for(n * nkv_, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = i / nkv_, h = i % nkv_;
+      channel_encode(s0 + t, h, ctr.data() + t * row_, rv.data() + t * row_);
+    }
+  });
+  for (int64_t t = 0; t < n; ++t) pos_[size_t(s0 + t)] = pos[t];
+  n_ = s0 + n;
+  appended_ += n;
+  last_pos_ = pos[n - 1];
+}
+
 // ---------------------------------------------------------------- fp8 channel: query moments
 
 void KvCache::add_query_moments(const float* q, int64_t tokens, int64_t num_heads) {
   if (!wants_query_moments()) return;
   check_heads(num_heads);
   const int64_t G = num_heads / nkv_;
-  if (qmom_.empty()) qmom_.assign(size_t(nkv_ * hd_ * hd_), 0.0f);
+  const int64_t tri = fp8::packed_triangle(hd_);
+  if (qmom_.empty()) qmom_.assign(size_t(nkv_ * tri), 0.0f);
   std::vector<float> r(static_cast<size_t>(hd_));
   for (int64_t t = 0; t < tokens; ++t)
     for (int64_t h = 0; h < num_heads; ++h) {
       r.assign(q + (t * num_heads + h) * hd_, q + (t * num_heads + h + 1) * hd_);
       kv_kernels::hadamard_ortho(r.data(), hd_);  // keys are stored rotated
-      fp8::add_outer_product(qmom_.data() + (h / G) * hd_ * hd_, r.data(), hd_);
+      fp8::add_outer_product(qmom_.data() + (h / G) * tri, r.data(), hd_);
     }
-  qchol_stale_ = true;
+  qchol_valid_ = false;
 }
 
 // ---------------------------------------------------------------- snapkv

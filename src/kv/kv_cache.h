@@ -105,6 +105,8 @@
 
 namespace flashmoe {
 
+class ThreadPool;
+
 class KvCache {
  public:
   KvCache(int64_t num_kv_heads, int64_t head_dim, const KvConfig& cfg);
@@ -112,6 +114,11 @@ class KvCache {
   // Stores K and V ([num_kv_heads * head_dim] each, K already normed and
   // rotated) of the token at absolute position `pos` (strictly increasing).
   void append(int64_t pos, const float* k, const float* v);
+
+  // append() of n tokens in order (pos[t], rows t of k and v), the same
+  // bits; fp8 `channel` with full retention rounds the keys on the pool
+  // (the caller is not inside a parallel_for of it).
+  void append_chunk(const int64_t* pos, int64_t n, const float* k, const float* v, ThreadPool& pool);
 
   // Softmax attention of one query token (q: [num_heads * head_dim], GQA:
   // head h reads kv head h / (num_heads / num_kv_heads)) over every retained
@@ -144,6 +151,13 @@ class KvCache {
   // rotated queries (its G query heads pooled); the keys appended after are
   // rounded against it (kv/qk_rounding.h).
   void add_query_moments(const float* q, int64_t tokens, int64_t num_heads);
+  // fp8 `channel`: frees the Cholesky factors of the query moments. They are
+  // working memory of the key roundings (recomputed from the moments the
+  // first time a key is stored after queries were added, i.e. once per
+  // chunk), so the model drops them after each chunk's appends: between
+  // calls a sequence holds the moments (a packed triangle per KV head), not
+  // their factors too, and kv-calc's per-sequence bytes are what it holds.
+  void drop_query_factors();
   // snapkv: the prompt is over; compress (once). No-op for the others.
   void begin_decode();
   bool compressed() const { return compressed_; }
@@ -186,6 +200,13 @@ class KvCache {
 
  private:
   template <KvDType T> void store(int64_t slot, const float* k, const float* v);
+  // fp8 `channel` (rotated k, v): store_channel = channel_factor, then
+  // channel_center (in slot order), then channel_encode per KV head (any
+  // order, any thread: it writes only its slot's head).
+  void store_channel(int64_t slot, const float* k, const float* v);
+  void channel_factor();
+  void channel_center(int64_t slot, const float* k, float* ctr);
+  void channel_encode(int64_t slot, int64_t h, const float* ctr, const float* v);
   // sel: nullptr (slots [0, slots)) or nkv_ ascending slot lists, one per KV head.
   template <KvDType T>
   void attend_impl(const float* q, int64_t num_heads, float scale, float* out, int64_t slots,
@@ -210,7 +231,14 @@ class KvCache {
   int64_t appended_ = 0;
   int64_t last_pos_ = -1;
   std::vector<uint8_t> k_, v_;   // [slot][kv_head][head_dim] elements of el_ bytes
-  std::vector<float> ks_, vs_;   // fp8 scales [slot][ns_]
+  std::vector<float> ks_, vs_;   // fp8 scales [slot][ns_] (not `channel`)
+  // fp8 `channel`: the scales [slot][kv_head], K's as f24 (3 B each,
+  // little-endian), V's as bf16, each chosen among candidates rounded so
+  // (fp8_e4m3.h), so storing them loses nothing: 20 B per position on
+  // coder-mini instead of 32, which with the query moments below is what
+  // keeps the whole cache under 27% of f32 at 2,048 positions.
+  std::vector<uint8_t> ks24_;
+  std::vector<uint16_t> vs16_;
   std::vector<int64_t> pos_;     // absolute position per slot
   std::vector<float> acc_;       // h2o / tova scores per slot
   static constexpr int64_t kTile = 16;      // value rows decoded per tile in attend()
@@ -227,9 +255,16 @@ class KvCache {
   std::vector<float> ctr_;   // store(): the centered key row
   // after that, K's codes and scale are chosen against the second moment
   // of the queries seen so far (kv/qk_rounding.h).
-  std::vector<float> qmom_;  // [kv_head][head_dim][head_dim] sum of rotated q q^T
-  std::vector<std::vector<double>> qchol_;  // per KV head: its damped Cholesky factor; empty: no query yet
-  bool qchol_stale_ = false;  // queries added since qchol_ was computed
+  // [kv_head][packed_triangle(head_dim)]: sum of rotated q q^T, the lower
+  // triangle only (symmetric): 8,320 B per KV head at head_dim 64 instead
+  // of 16,384. f32, not 16-bit: it is a running sum, and one token's q q^T
+  // is ~1/n of it, below bf16's and f16's precision after a few hundred.
+  std::vector<float> qmom_;
+  // Per KV head: the damped Cholesky factor of qmom_ (d x d floats; empty:
+  // no query yet). Working memory: computed when the first key after new
+  // queries is stored, freed by drop_query_factors().
+  std::vector<std::vector<float>> qchol_;
+  bool qchol_valid_ = false;  // qchol_ is the factor of the current qmom_
   AttendScratch scratch_;   // attend()'s
   // quest: [page][kv_head][head_dim] key minimum and maximum per channel.
   std::vector<float> kmin_, kmax_;

@@ -13,18 +13,24 @@ KvMemory kv_memory(const ModelConfig& m, const KvConfig& cfg) {
   r.full_layers = m.num_full_layers();
   r.linear_layers = m.num_linear_layers();
   r.data_bytes_per_position = r.full_layers * 2 * m.num_kv_heads * m.head_dim * int64_t(kv_elem_size(cfg.dtype));
+  const bool channel = cfg.dtype == KvDType::FP8 && cfg.fp8_scale == Fp8ScaleMode::Channel;
   if (cfg.dtype == KvDType::FP8)
-    r.scale_bytes_per_position =
-        r.full_layers * 2 * 4 * (cfg.fp8_scale != Fp8ScaleMode::Position ? m.num_kv_heads : 1);
-  if (cfg.dtype == KvDType::FP8 && cfg.fp8_scale == Fp8ScaleMode::Channel)
+    r.scale_bytes_per_position = channel ? r.full_layers * m.num_kv_heads * (3 + 2)
+                                         : r.full_layers * 2 * 4 * (cfg.fp8_scale != Fp8ScaleMode::Position ? m.num_kv_heads : 1);
+  if (channel) {
     r.offset_bytes_per_page = r.full_layers * m.num_kv_heads * m.head_dim * 4;
+    r.query_moment_bytes = r.full_layers * m.num_kv_heads * (m.head_dim * (m.head_dim + 1) / 2) * 4;
+    r.page_sum_bytes = r.full_layers * m.num_kv_heads * m.head_dim * 4;
+  }
   r.gdn_state_bytes = r.linear_layers * m.lin_num_v_heads * m.lin_k_dim * m.lin_v_dim * 4;
   r.conv_state_bytes = r.linear_layers * m.lin_conv_dim() * (m.conv_kernel - 1) * 4;
   return r;
 }
 
 int64_t KvMemory::cache_bytes(int64_t positions) const {
-  return bytes_per_position() * positions + (positions + kFp8OffsetPage - 1) / kFp8OffsetPage * offset_bytes_per_page;
+  if (positions <= 0) return 0;
+  return bytes_per_position() * positions + (positions + kFp8OffsetPage - 1) / kFp8OffsetPage * offset_bytes_per_page +
+         sequence_bytes();
 }
 
 int64_t kv_cache_bytes(const ModelConfig& m, const KvConfig& cfg, int64_t context) {
@@ -129,6 +135,13 @@ std::string kv_calc_report(const ModelConfig& m, const std::string& model_name, 
              (long long)kFp8OffsetPage);
   o += fmt("\n  = %lld full-attention layers x 2 (K,V) x %lld KV heads x %lld head_dim x %zu B\n",
            (long long)mem.full_layers, (long long)m.num_kv_heads, (long long)m.head_dim, kv_elem_size(cfg.dtype));
+  if (mem.sequence_bytes() > 0)
+    o += fmt("KV per sequence (in the KV cache column, whatever the context): %lld B = %lld B query second moments "
+             "(%lld layers x %lld KV heads x %lld x %lld / 2 x 4 B, a packed f32 triangle) + %lld B current page's "
+             "key sums (%lld x %lld x %lld x 4 B)\n",
+             (long long)mem.sequence_bytes(), (long long)mem.query_moment_bytes, (long long)mem.full_layers,
+             (long long)m.num_kv_heads, (long long)m.head_dim, (long long)(m.head_dim + 1), (long long)mem.page_sum_bytes,
+             (long long)mem.full_layers, (long long)m.num_kv_heads, (long long)m.head_dim);
   if (cfg.retention() == KvRetention::Quest) {
     // Beside the stored positions: the per-page key bounds (f32 min and max
     // per channel), and the positions one query reads.
@@ -146,10 +159,16 @@ std::string kv_calc_report(const ModelConfig& m, const std::string& model_name, 
            (long long)mem.linear_layers, (long long)m.lin_conv_dim(), (long long)(m.conv_kernel - 1),
            format_bytes(mem.constant_bytes()).c_str());
 
-  o += fmt("%10s %10s %14s %14s %14s\n", "context", "positions", "KV cache", "GDN state", "total");
+  // "vs f32": the KV cache column (everything it holds per sequence) over
+  // f32's for the same retained positions.
+  KvConfig f32cfg = cfg;
+  f32cfg.dtype = KvDType::F32;
+  const KvMemory f32mem = kv_memory(m, f32cfg);
+  o += fmt("%10s %10s %14s %9s %14s %14s\n", "context", "positions", "KV cache", "vs f32", "GDN state", "total");
   for (int64_t ctx : contexts) {
-    const int64_t kv = mem.cache_bytes(cfg.retained(ctx));
-    o += fmt("%10lld %10lld %14s %14s %14s\n", (long long)ctx, (long long)cfg.retained(ctx), format_bytes(kv).c_str(),
+    const int64_t kv = mem.cache_bytes(cfg.retained(ctx)), ref = f32mem.cache_bytes(cfg.retained(ctx));
+    o += fmt("%10lld %10lld %14s %8.2f%% %14s %14s\n", (long long)ctx, (long long)cfg.retained(ctx),
+             format_bytes(kv).c_str(), ref > 0 ? 100.0 * double(kv) / double(ref) : 0.0,
              format_bytes(mem.constant_bytes()).c_str(), format_bytes(kv + mem.constant_bytes()).c_str());
   }
 

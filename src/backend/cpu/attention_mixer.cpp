@@ -92,8 +92,8 @@ void attention_over(const ModelConfig& c, const AttentionWeights& w, const float
     // this chunk's queries exist before its keys are written.
     if (cache.wants_query_moments()) cache.add_query_moments(q.data() + seq.row0 * nh * hd, seq.n, nh);
     if (cache.supports_prefix_attention()) {
-      for (int64_t t = seq.row0; t < seq.row0 + seq.n; ++t)
-        cache.append(pos[size_t(t)], k.data() + t * kv_row, v.data() + t * kv_row);
+      cache.append_chunk(pos.data() + seq.row0, seq.n, k.data() + seq.row0 * kv_row, v.data() + seq.row0 * kv_row,
+                         pool);
       if (cache.observes_queries())  // snapkv: the prompt's last queries choose what it keeps
         for (int64_t t = std::max(seq.row0, seq.row0 + seq.n - KvConfig::kSnapObserved); t < seq.row0 + seq.n; ++t)
           cache.observe_query(q.data() + t * nh * hd, nh, scale);
@@ -122,6 +122,10 @@ void attention_over(const ModelConfig& c, const AttentionWeights& w, const float
       }
     }
   });
+  // fp8 channel: the query moments' factors served this chunk's keys; the
+  // sequence keeps the moments only (the next chunk adds queries anyway).
+  for (const CacheRows& seq : seqs)
+    if (seq.cache->wants_query_moments()) seq.cache->drop_query_factors();
   matmul(pool, w.o_proj, attn.data(), rows, out);
 }
 
