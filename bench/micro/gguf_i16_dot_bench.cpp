@@ -26,7 +26,8 @@ int main() {
   for (const Shape& s : shapes) {
     std::mt19937 rng(1);
     const int64_t be = block_elems(s.q), bb = block_bytes(s.q), nb = s.rows * s.cols / be;
-    // `copies` copies of the matrix spanning ~24 MB, visited in turn: the
+    // `copies` copies of the matrix spanning ~24 MB, visited out of order (a stride of
+    // 7919 copies): the
     // weights come from L3 / DRAM as in a decode step, not from L1 / L2.
     const int64_t copies = std::max<int64_t>(1, (24 << 20) / (nb * bb));
     std::vector<uint8_t> data(size_t(nb * bb * copies));
@@ -61,7 +62,7 @@ int main() {
         Matrix Wc = W;
         const double t1 = tcpu();
         for (int rep = 0; rep < reps; ++rep) {
-          Wc.data = data.data() + size_t((round * reps + rep) % copies) * size_t(nb * bb);
+          Wc.data = data.data() + size_t(((round * reps + rep) * 7919) % copies) * size_t(nb * bb);
           cpu::block_dot_rows_i16_at(levels[l], Wc, 0, s.rows, xq, y.data());
         }
         tc[l] += tcpu() - t1;
