@@ -163,6 +163,20 @@ namespace vnni {
 // most 8 * 4096 * 32768 = 2^30: exact. Partial sums come back folded to 8
 // lanes for rows<>'s four-row reduction.
 
+// k_scales_mins in registers (the block's 12 bytes and the next 4, unused,
+// as 32-bit lanes u0..u3): lanes of u0 & 0x3f3f3f3f, (u2 & 0x0f0f0f0f) |
+// (bits 6-7 of u0's bytes) << 4, u1 & 0x3f3f3f3f, (u2 >> 4 & 0x0f0f0f0f) |
+// (bits 6-7 of u1's bytes) << 4. Bytes assembled on the stack and loaded
+// back as a vector put a failed store forwarding on every row's path.
+VNNI_FN inline __m128i k_scales_mins_sse(const uint8_t* s) {
+  const __m128i u = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+  const __m128i lo = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(u, _MM_SHUFFLE(2, 1, 2, 0)), _mm_setr_epi32(0, 0, 0, 4)),
+                                   _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+  const __m128i hi = _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(u, _MM_SHUFFLE(1, 1, 0, 0)), 2),
+                                   _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+  return _mm_or_si128(lo, hi);
+}
+
 // Q4_K: the pair p's 32 bytes in both halves of a zmm; per 16-bit lane a
 // variable shift picks the even column's nibble (lanes 0-15) or the odd
 // one's (lanes 16-31): shifts 0 / 8 for the low nibbles (sub-block 2p), 4 /
@@ -171,13 +185,15 @@ VNNI_FN inline __m256 dot_q4_k_zmm(const uint8_t* row, int64_t nb, const Int16Ac
   const __m512i m4 = _mm512_set1_epi16(0x000F);
   const __m512i sh_lo = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(8), 1);
   const __m512i sh_hi = _mm512_add_epi16(sh_lo, _mm512_set1_epi16(4));
+  // pick[j]: every 16-bit lane from lane j (sub-block j's scale).
+  __m512i pick[8];
+  for (int j = 0; j < 8; ++j) pick[j] = _mm512_set1_epi16(short(j));
   __m512 acc = _mm512_setzero_ps();
   __m256 amin = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = row + 144 * b;
-    alignas(16) uint8_t sm[16];
-    k_scales_mins(blk + 4, sm);
-    const __m128i smv = _mm_load_si128(reinterpret_cast<const __m128i*>(sm));
+    const __m128i smv = k_scales_mins_sse(blk + 4);
+    const __m512i s16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(smv));
     const __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(smv, 8)));
     amin = _mm256_fmadd_ps(_mm256_set1_ps(half(blk + 2)), _mm256_mul_ps(mins, _mm256_loadu_ps(x.sum.data() + 8 * b)),
                            amin);
@@ -185,9 +201,10 @@ VNNI_FN inline __m256 dot_q4_k_zmm(const uint8_t* row, int64_t nb, const Int16Ac
     __m512i h0 = _mm512_setzero_si512(), h1 = h0, l0 = h0, l1 = h0;
     for (int p = 0; p < 4; ++p) {
       const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * p)));
-      const __m512i w0 = _mm512_mullo_epi16(_mm512_and_si512(_mm512_srlv_epi16(v, sh_lo), m4), _mm512_set1_epi16(sm[2 * p]));
-      const __m512i w1 =
-          _mm512_mullo_epi16(_mm512_and_si512(_mm512_srlv_epi16(v, sh_hi), m4), _mm512_set1_epi16(sm[2 * p + 1]));
+      const __m512i w0 = _mm512_mullo_epi16(_mm512_and_si512(_mm512_srlv_epi16(v, sh_lo), m4),
+                                            _mm512_permutexvar_epi16(pick[2 * p], s16));
+      const __m512i w1 = _mm512_mullo_epi16(_mm512_and_si512(_mm512_srlv_epi16(v, sh_hi), m4),
+                                            _mm512_permutexvar_epi16(pick[2 * p + 1], s16));
       const int16_t* c = code + 128 * p;
       h0 = _mm512_dpwssd_epi32(h0, w0, _mm512_loadu_si512(c));
       l0 = _mm512_dpwssd_epi32(l0, w0, _mm512_loadu_si512(c + 32));
