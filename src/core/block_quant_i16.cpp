@@ -218,6 +218,30 @@ VNNI_FN inline __m256 dot_q4_k_zmm(const uint8_t* row, int64_t nb, const Int16Ac
   return _mm256_sub_ps(_mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1)), amin);
 }
 
+// Q8_0, one block per zmm: its 32 bytes in both halves, the even columns
+// sign-extended from the low byte of each 16-bit lane (shift left 8, then
+// arithmetic right 8) in lanes 0-15, the odd ones from the high byte
+// (arithmetic right 8) in lanes 16-31; one vpdpwssd per code.
+VNNI_FN inline __m256 dot_q8_0_zmm(const uint8_t* row, int64_t nb, const Int16Activations& x) {
+  const __m512i shl = _mm512_inserti64x4(_mm512_set1_epi16(8), _mm256_setzero_si256(), 1);
+  const __m512i sar = _mm512_set1_epi16(8);
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + 34 * b;
+    const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)));
+    const __m512i w = _mm512_srav_epi16(_mm512_sllv_epi16(v, shl), sar);
+    const int16_t* c = x.code.data() + 64 * b;
+    const __m512i h = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(c));
+    const __m512i l = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(c + 32));
+    const __m512 p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), _mm512_set1_ps(1.0f / kLoSteps), _mm512_cvtepi32_ps(h));
+    const __m512 f = _mm512_set1_ps(half(blk) * x.scale[size_t(b)]);
+    if (b % 2) a1 = _mm512_fmadd_ps(p, f, a1);
+    else a0 = _mm512_fmadd_ps(p, f, a0);
+  }
+  const __m512 a = _mm512_add_ps(a0, a1);
+  return _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+}
+
 // Q6_K: the 6-bit values assembled per run of 32 as in dot_q6_k, split
 // into the even / odd 16-bit lanes of a zmm, centred and multiplied by
 // their 16-column scales (lanes 0-7 and 16-23: columns 0-15 of the run,
@@ -321,7 +345,7 @@ void block_dot_rows_i16_at(CpuLevel level, const Matrix& W, int64_t r0, int64_t 
   check_i16(level, W, x);
 #ifdef FLASHMOE_X86
   if (level >= CpuLevel::Avx512Vnni) switch (W.quant) {
-      case QuantKind::Q8_0: return vnni::rows<vnni::dot_q8_0>(W, r0, r1, x, y);
+      case QuantKind::Q8_0: return vnni::rows<vnni::dot_q8_0_zmm>(W, r0, r1, x, y);
       case QuantKind::Q4_K: return vnni::rows<vnni::dot_q4_k_zmm>(W, r0, r1, x, y);
       case QuantKind::Q5_0: return vnni::rows<vnni::dot_q5_0>(W, r0, r1, x, y);
       default: return vnni::rows<vnni::dot_q6_k_zmm>(W, r0, r1, x, y);
