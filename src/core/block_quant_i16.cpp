@@ -242,6 +242,44 @@ VNNI_FN inline __m256 dot_q8_0_zmm(const uint8_t* row, int64_t nb, const Int16Ac
   return _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
 }
 
+// Q5_0, one block per zmm: the 16 nibble bytes as 8 16-bit lanes in each
+// quarter of a zmm, a variable shift of 0 / 4 / 8 / 12 bits per quarter
+// giving lanes 0-7 the even columns 0-14 (low nibbles of the even bytes),
+// 8-15 the even columns 16-30 (their high nibbles), 16-23 and 24-31 the
+// odd columns likewise; the fifth bit of column c is bit c of qh, tested
+// per lane against qh's low or high half (columns below 16 or not).
+VNNI_FN inline __m256 dot_q5_0_zmm(const uint8_t* row, int64_t nb, const Int16Activations& x) {
+  const __m512i m4 = _mm512_set1_epi16(0x000F), sixteen = _mm512_set1_epi16(16);
+  const __m512i sh = _mm512_inserti64x4(
+      _mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_setzero_si256(), _mm_set1_epi16(4), 1)),
+      _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(8)), _mm_set1_epi16(12), 1), 1);
+  // Lane L's column: 2L (L < 16) or 2(L - 16) + 1; its bit within qh's half.
+  alignas(64) int16_t bit[32];
+  for (int l = 0; l < 32; ++l) bit[l] = int16_t(1u << ((l < 16 ? 2 * l : 2 * (l - 16) + 1) % 16));
+  const __m512i bits = _mm512_load_si512(bit);
+  constexpr __mmask32 kHigh = 0xFF00FF00u;  // lanes of columns 16-31
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + 22 * b;
+    uint32_t qh;
+    std::memcpy(&qh, blk + 2, 4);
+    const __m512i q = _mm512_and_si512(
+        _mm512_srlv_epi16(_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 6))), sh), m4);
+    const __m512i h = _mm512_mask_blend_epi16(kHigh, _mm512_set1_epi16(short(qh & 0xFFFF)), _mm512_set1_epi16(short(qh >> 16)));
+    // (q | bit << 4) - 16: q where the bit is set, q - 16 elsewhere.
+    const __m512i w = _mm512_mask_sub_epi16(q, _mm512_testn_epi16_mask(h, bits), q, sixteen);
+    const int16_t* c = x.code.data() + 64 * b;
+    const __m512i hs = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(c));
+    const __m512i ls = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(c + 32));
+    const __m512 p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ls), _mm512_set1_ps(1.0f / kLoSteps), _mm512_cvtepi32_ps(hs));
+    const __m512 f = _mm512_set1_ps(half(blk) * x.scale[size_t(b)]);
+    if (b % 2) a1 = _mm512_fmadd_ps(p, f, a1);
+    else a0 = _mm512_fmadd_ps(p, f, a0);
+  }
+  const __m512 a = _mm512_add_ps(a0, a1);
+  return _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+}
+
 // Q6_K: the 6-bit values assembled per run of 32 as in dot_q6_k, split
 // into the even / odd 16-bit lanes of a zmm, centred and multiplied by
 // their 16-column scales (lanes 0-7 and 16-23: columns 0-15 of the run,
@@ -347,7 +385,7 @@ void block_dot_rows_i16_at(CpuLevel level, const Matrix& W, int64_t r0, int64_t 
   if (level >= CpuLevel::Avx512Vnni) switch (W.quant) {
       case QuantKind::Q8_0: return vnni::rows<vnni::dot_q8_0_zmm>(W, r0, r1, x, y);
       case QuantKind::Q4_K: return vnni::rows<vnni::dot_q4_k_zmm>(W, r0, r1, x, y);
-      case QuantKind::Q5_0: return vnni::rows<vnni::dot_q5_0>(W, r0, r1, x, y);
+      case QuantKind::Q5_0: return vnni::rows<vnni::dot_q5_0_zmm>(W, r0, r1, x, y);
       default: return vnni::rows<vnni::dot_q6_k_zmm>(W, r0, r1, x, y);
     }
   switch (W.quant) {
