@@ -163,6 +163,17 @@ namespace vnni {
 // most 8 * 4096 * 32768 = 2^30: exact. Partial sums come back folded to 8
 // lanes for rows<>'s four-row reduction.
 
+// One block of 32 as one zmm of 16-bit weights (even columns, then odd
+// ones, as the codes are stored) against both codes: sum of w * (hi + lo /
+// 65536) in 16 fp32 lanes.
+VNNI_FN inline __m512 dot32_zmm(__m512i w, const int16_t* code) {
+  const __m512i h = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(code));
+  const __m512i l = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(code + 32));
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), _mm512_set1_ps(1.0f / kLoSteps), _mm512_cvtepi32_ps(h));
+}
+// 16 partial sums folded to the 8 that rows<> reduces.
+VNNI_FN inline __m256 fold(__m512 a) { return _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1)); }
+
 // k_scales_mins in registers (the block's 12 bytes and the next 4, unused,
 // as 32-bit lanes u0..u3): lanes of u0 & 0x3f3f3f3f, (u2 & 0x0f0f0f0f) |
 // (bits 6-7 of u0's bytes) << 4, u1 & 0x3f3f3f3f, (u2 >> 4 & 0x0f0f0f0f) |
@@ -215,7 +226,7 @@ VNNI_FN inline __m256 dot_q4_k_zmm(const uint8_t* row, int64_t nb, const Int16Ac
                                       _mm512_cvtepi32_ps(_mm512_add_epi32(h0, h1)));
     acc = _mm512_fmadd_ps(hl, _mm512_set1_ps(half(blk) * x.scale[size_t(8 * b)]), acc);
   }
-  return _mm256_sub_ps(_mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1)), amin);
+  return _mm256_sub_ps(fold(acc), amin);
 }
 
 // Q8_0, one block per zmm: its 32 bytes in both halves, the even columns
@@ -230,16 +241,12 @@ VNNI_FN inline __m256 dot_q8_0_zmm(const uint8_t* row, int64_t nb, const Int16Ac
     const uint8_t* blk = row + 34 * b;
     const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)));
     const __m512i w = _mm512_srav_epi16(_mm512_sllv_epi16(v, shl), sar);
-    const int16_t* c = x.code.data() + 64 * b;
-    const __m512i h = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(c));
-    const __m512i l = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(c + 32));
-    const __m512 p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), _mm512_set1_ps(1.0f / kLoSteps), _mm512_cvtepi32_ps(h));
+    const __m512 p = dot32_zmm(w, x.code.data() + 64 * b);
     const __m512 f = _mm512_set1_ps(half(blk) * x.scale[size_t(b)]);
     if (b % 2) a1 = _mm512_fmadd_ps(p, f, a1);
     else a0 = _mm512_fmadd_ps(p, f, a0);
   }
-  const __m512 a = _mm512_add_ps(a0, a1);
-  return _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+  return fold(_mm512_add_ps(a0, a1));
 }
 
 // Q5_0, one block per zmm: the 16 nibble bytes as 8 16-bit lanes in each
@@ -268,16 +275,12 @@ VNNI_FN inline __m256 dot_q5_0_zmm(const uint8_t* row, int64_t nb, const Int16Ac
     const __m512i h = _mm512_mask_blend_epi16(kHigh, _mm512_set1_epi16(short(qh & 0xFFFF)), _mm512_set1_epi16(short(qh >> 16)));
     // (q | bit << 4) - 16: q where the bit is set, q - 16 elsewhere.
     const __m512i w = _mm512_mask_sub_epi16(q, _mm512_testn_epi16_mask(h, bits), q, sixteen);
-    const int16_t* c = x.code.data() + 64 * b;
-    const __m512i hs = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(c));
-    const __m512i ls = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(c + 32));
-    const __m512 p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ls), _mm512_set1_ps(1.0f / kLoSteps), _mm512_cvtepi32_ps(hs));
+    const __m512 p = dot32_zmm(w, x.code.data() + 64 * b);
     const __m512 f = _mm512_set1_ps(half(blk) * x.scale[size_t(b)]);
     if (b % 2) a1 = _mm512_fmadd_ps(p, f, a1);
     else a0 = _mm512_fmadd_ps(p, f, a0);
   }
-  const __m512 a = _mm512_add_ps(a0, a1);
-  return _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+  return fold(_mm512_add_ps(a0, a1));
 }
 
 // Q6_K: the 6-bit values assembled per run of 32 as in dot_q6_k, split
@@ -331,7 +334,7 @@ VNNI_FN inline __m256 dot_q6_k_zmm(const uint8_t* row, int64_t nb, const Int16Ac
     acc = _mm512_fmadd_ps(_mm512_fmadd_ps(ls, _mm512_set1_ps(1.0f / kLoSteps), hs),
                           _mm512_set1_ps(half(blk + 208) * x.scale[size_t(8 * b)]), acc);
   }
-  return _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
+  return fold(acc);
 }
 }  // namespace vnni
 #endif
