@@ -8,6 +8,8 @@
 #
 #   LLAMA_BENCH=... GGUF=... bench/cpu_seconds_vs_llama.sh [rounds] [R] [pp|tg|both]
 #
+# BEFORE: another flashmoe binary run in the same rounds (a row of its own).
+#
 # flashmoe's tg runs include its bandwidth probe, whose CPU time varies with
 # the machine's memory traffic: use a larger R for tg (e.g. 20) so that the
 # extra tokens outweigh it.
@@ -24,19 +26,22 @@ GGUF=${GGUF:?set GGUF to llama.cpp\'s model file}
 cpu() {  # CPU seconds of a command
   /usr/bin/time -f "%U %S" "$@" 2>&1 >/dev/null | tail -n1 | awk '{print $1 + $2}'
 }
+BEFORE=${BEFORE:-}
 fm() { FLASHMOE_CPU_LEVEL=$1 cpu "$BIN" bench -m "$MODEL" --device cpu -t 1 "${@:2}"; }
+fb() { cpu "$BEFORE" bench -m "$MODEL" --device cpu -t 1 "$@"; }
 ll() { cpu "$LLAMA_BENCH" -m "$GGUF" -t 1 "$@"; }
 # ms per token: (cpu(R+1 reps) - cpu(1 rep)) / (R * tokens)
 per_token() { echo "($1 - $2) * 1000 / ($R * $3)" | bc -l; }
 
 for r in $(seq 1 "$ROUNDS"); do
   echo "round $r load: $(cut -d' ' -f1-3 /proc/loadavg)"
-  for who in flashmoe avx2 llama; do
+  for who in flashmoe avx2 llama ${BEFORE:+before}; do
     pp=0 tg=0
     case $who in
       flashmoe) run() { fm "" "$@"; } ;;
       avx2)     run() { fm avx2 "$@"; } ;;
       llama)    run() { ll "$@"; } ;;
+      before)   run() { fb "$@"; } ;;
     esac
     if [ "$WHAT" != tg ]; then
       pp1=$(run -p 512 -n 0 -r 1); ppR=$(run -p 512 -n 0 -r $((R + 1))); pp=$(per_token "$ppR" "$pp1" 512)

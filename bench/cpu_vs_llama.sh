@@ -9,6 +9,8 @@
 #
 # GGUF: llama.cpp's model, the same weights type as flashmoe's (bf16 here:
 # bench/gguf_q8_to_bf16.py writes one). MODEL: flashmoe's (models/coder-mini).
+# BEFORE: another flashmoe binary (e.g. the branch point) run in the same
+# rounds, a column of its own (the before / after comparison in one run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-5}
@@ -20,8 +22,9 @@ THREADS=${THREADS:-"1 2"}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-fm() {  # prints "pp tg" tokens/s (means of -r 3); $2: FLASHMOE_CPU_LEVEL or ""
-  FLASHMOE_CPU_LEVEL=$2 "$BIN" bench -m "$MODEL" --device cpu -t "$1" -p 512 -n 128 -r 3 |
+BEFORE=${BEFORE:-}
+fm() {  # prints "pp tg" tokens/s (means of -r 3); $2: FLASHMOE_CPU_LEVEL or ""; $3: binary
+  FLASHMOE_CPU_LEVEL=$2 "${3:-$BIN}" bench -m "$MODEL" --device cpu -t "$1" -p 512 -n 128 -r 3 |
     awk '/^\| pp512/ {pp=$4} /^\| tg128/ {tg=$4} END {print pp, tg}'
 }
 ll() {
@@ -36,23 +39,35 @@ for r in $(seq 1 "$ROUNDS"); do
     echo "$t $(fm "$t" "")" >>"$out/flashmoe"
     echo "$t $(ll "$t")" >>"$out/llama"
     echo "$t $(fm "$t" avx2)" >>"$out/avx2"
+    [ -z "$BEFORE" ] || echo "$t $(fm "$t" "" "$BEFORE")" >>"$out/before"
     tail -n1 "$out/flashmoe" | sed 's/^/  flashmoe       t pp tg: /'
     tail -n1 "$out/llama" | sed 's/^/  llama.cpp      t pp tg: /'
     tail -n1 "$out/avx2" | sed 's/^/  flashmoe avx2  t pp tg: /'
+    [ -z "$BEFORE" ] || tail -n1 "$out/before" | sed 's/^/  before         t pp tg: /'
   done
 done
 
 median() { sort -g | awk '{v[NR]=$1} END {print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'; }
 echo
-echo "| test | threads | llama.cpp | flashmoe (widest level) | ratio | flashmoe at avx2 | ratio |"
-echo "|---|---|---|---|---|---|---|"
+if [ -n "$BEFORE" ]; then
+  echo "| test | threads | llama.cpp | flashmoe (widest level) | ratio | flashmoe at avx2 | ratio | before | ratio |"
+  echo "|---|---|---|---|---|---|---|---|---|"
+else
+  echo "| test | threads | llama.cpp | flashmoe (widest level) | ratio | flashmoe at avx2 | ratio |"
+  echo "|---|---|---|---|---|---|---|"
+fi
 for t in $THREADS; do
   for test in pp512 tg128; do
     col=$([ "$test" = pp512 ] && echo 2 || echo 3)
     l=$(awk -v t="$t" -v c="$col" '$1==t {print $c}' "$out/llama" | median)
     f=$(awk -v t="$t" -v c="$col" '$1==t {print $c}' "$out/flashmoe" | median)
     a=$(awk -v t="$t" -v c="$col" '$1==t {print $c}' "$out/avx2" | median)
-    printf "| %s | %s | %.0f | %.0f | %.2f | %.0f | %.2f |\n" "$test" "$t" "$l" "$f" "$(echo "$f / $l" | bc -l)" \
+    printf "| %s | %s | %.0f | %.0f | %.2f | %.0f | %.2f |" "$test" "$t" "$l" "$f" "$(echo "$f / $l" | bc -l)" \
       "$a" "$(echo "$a / $l" | bc -l)"
+    if [ -n "$BEFORE" ]; then
+      b=$(awk -v t="$t" -v c="$col" '$1==t {print $c}' "$out/before" | median)
+      printf " %.0f | %.2f |" "$b" "$(echo "$b / $l" | bc -l)"
+    fi
+    echo
   done
 done

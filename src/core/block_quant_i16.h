@@ -1,16 +1,18 @@
 // One-token products of Q4_K / Q6_K / Q8_0 / Q5_0 rows against activations
 // rounded to integers: the weight codes and the activation codes are
 // multiplied and summed in int32 (vpmaddwd, 16 products per AVX2
-// instruction), and the block's scales are applied once per 32 weights.
+// instruction), and the block's scales are applied once per 32 weights
+// (per block of 256 in the 512-bit Q4_K / Q6_K kernels of avx512vnni).
 // The decode matvec of a GGUF model spends most of its time here; widening
 // every weight to fp32 and multiplying it with an fp32 activation took
 // more instructions per weight.
 //
-// Accuracy: each activation block of 32 is held as two int16 codes per
-// value, x ~ a * (hi + lo / 65536) with a = max|x| / 32767: hi rounds x / a
-// to nearest, lo rounds the rest (computed with one fma) in steps of
-// 1/65536, so a value is off by at most a / 131072, ~2^-32 of the block's
-// largest value, at or below fp32's own rounding of the products. One
+// Accuracy: each activation is held as two int16 codes, x ~ a * (hi + lo /
+// 65536) with a = max|x| / 32767 over its group of 256 columns (rows of
+// whole 256-blocks, so that a K-quant kernel scales a whole block's sums
+// at once) or of 32 (other rows): hi rounds x / a to nearest, lo rounds
+// the rest (computed with one fma) in steps of 1/65536, so a value is off
+// by at most a / 131072, ~2^-32 of its group's largest value. One
 // int16 code alone (~2^-16) moved coder-mini Q4_K_M's decode logits by up
 // to 0.28 over 256 positions (bench/NOTES.md, "GGUF decode with int16
 // activations"); llama.cpp's int8 codes are ~2^-8. The integer sums are
@@ -32,7 +34,7 @@ namespace flashmoe::cpu {
 struct Int16Activations {
   int64_t cols = 0;
   std::vector<int16_t> code;  // 2 * cols
-  std::vector<float> scale;   // per block of 32: max|x| / 32767 (0 for an all-zero block)
+  std::vector<float> scale;   // per block of 32: its group's max|x| / 32767 (0 for an all-zero group)
   std::vector<float> sum;     // per block of 32: the fp32 sum of x
 };
 // cols must be a multiple of 32 (throws Error otherwise).
