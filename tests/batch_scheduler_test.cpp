@@ -21,7 +21,6 @@ namespace batch_scheduler_test {
 
 using namespace flashmoe;
 using namespace flashmoe::test;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -137,37 +136,28 @@ TEST(BatchScheduler, LongPromptDoesNotStallDecoding) {
   });
 
   std::atomic<bool> long_done{false}, short_decoding{false};
-  double worst_gap = 0, admission_s = 0;
   std::thread short_req([&] {
     Session s(sched, kv);
     short_state = &s.state();
     const std::vector<float>* logits = &s.feed({1, 2, 3});
     short_decoding = true;
-    auto last = Clock::now();
-    while (!long_done) {
-      logits = &s.feed({argmax(logits->data(), V)});
-      const auto now = Clock::now();
-      worst_gap = std::max(worst_gap, std::chrono::duration<double>(now - last).count());
-      last = now;
-    }
+    while (!long_done) logits = &s.feed({argmax(logits->data(), V)});
   });
   while (!short_decoding) std::this_thread::yield();
   {
     Session s(sched, kv);
     long_state = &s.state();
-    auto t0 = Clock::now();
     s.feed(long_prompt);
-    admission_s = std::chrono::duration<double>(Clock::now() - t0).count();
     long_done = true;
   }
   short_req.join();
+  // Counted in steps, not seconds (a wall-clock gap bound failed on a loaded
+  // 2-core machine): the prompt went in budget-sized chunks, and every one
+  // of its steps also decoded the other request's next token, so that
+  // request waited one step at a time, never for the whole prompt.
   EXPECT_GE(long_steps, long_len / budget);
   EXPECT_EQ(long_steps_with_short, long_steps) << "a step of the long prompt left the decoding request out";
   EXPECT_LE(most_tokens, budget);
-  // The decoding request waited one step at a time (1/64 of the admission
-  // here), never for the whole prompt.
-  EXPECT_LT(worst_gap, admission_s / 8) << "worst inter-token gap " << worst_gap << " s; the admission took "
-                                        << admission_s << " s";
 }
 
 // A long prompt whose request is cancelled part-way (its client gone)
