@@ -4,7 +4,7 @@
 // an array in device memory; the bodies are the decode step's own
 // (delta.cuh, delta_cluster.cuh, attention.cuh), so every KV format and
 // retention policy behaves as in a single-sequence step. Launched with PDL
-// where DecodeOptions::batch_pdl (else their waits are no-ops).
+// (Prefill::pdl(); under the profile without, where their waits are no-ops).
 #pragma once
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/delta.cuh"

@@ -207,7 +207,7 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids, co
   event_phase_.clear();
   mark(P_OTHER);  // the start
   auto enqueue = [&] {
-    stepping_ = true;  // the batched step's variants (feed_forward)
+    stepping_ = true;  // launches with PDL (pdl())
     embed_rows(d_ids, B);
     mark(P_OTHER);
     const int groups_att = std::max(8, 256 / std::max(hd, 1));  // attn_kernel's partials, as the decode step
@@ -240,17 +240,17 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids, co
         const DeltaArgs* da = reinterpret_cast<const DeltaArgs*>(dev(o_delta + sl * B * sizeof(DeltaArgs)));
         // Verify rows (one sequence): one cluster per head walks the rows.
         // Else each head's state staged through shared memory where it fits
-        // (delta_staged.cuh); else as the decode step: a cluster of blocks
-        // per head (32 value columns each) where the shapes allow, else one
-        // block per head.
-        const bool cluster = dv % 32 == 0 && dv / 32 <= 8 && (dk == 128 || dk == 64 || dk == 32);
+        // (delta_staged.cuh: measured faster than the decode step's cluster
+        // kernel in session 8's H200 rounds); heads it does not take (dv over
+        // 128, dk 256) as the decode step: a cluster of blocks per head (32
+        // value columns each) where the shapes allow, else one block per head.
         if (verify) {
           const int cl = dv / 32;
           const dim3 g(unsigned(nv * cl));
           if (dk == 128) launch(st, false, delta_cluster_verify_kernel<128, 32, 8>, g, 256, 0, cl, da, B);
           else if (dk == 64) launch(st, false, delta_cluster_verify_kernel<64, 32, 8>, g, 256, 0, cl, da, B);
           else launch(st, false, delta_cluster_verify_kernel<32, 32, 8>, g, 256, 0, cl, da, B);
-        } else if (delta_staged_ && delta_staged_fits(dk, dv, max_smem_)) {
+        } else if (delta_staged_fits(dk, dv, max_smem_)) {
           const size_t smem = delta_staged_smem(dk, dv);
           auto go = [&](auto kern) {
             check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
