@@ -41,44 +41,18 @@ __global__ void __launch_bounds__(CPB * PARTS) delta_cluster_batch_kernel(const 
 static __global__ void conv_verify_kernel(const float* __restrict__ u, int ustride, int C, int K,
                                           const float* __restrict__ taps, float* const* states, float* __restrict__ out,
                                           int n) {
-  constexpr int kMaxK = 8;  // Prefill::unsupported: conv kernels of 1..8
   const int ch = blockIdx.x * blockDim.x + threadIdx.x;
-  const bool live = ch < C;
+  const bool live = ch < C;  // K <= kConvRegTaps: Prefill::unsupported
   const size_t at = size_t(ch) * (K - 1);
   // The taps and the window before row 0 are known before the wait
   // (weights, and the state the last step left): into registers first.
-  float tp[kMaxK], st[kMaxK];
-  if (live) {
-#pragma unroll
-    for (int j = 0; j < kMaxK; ++j) {
-      tp[j] = j < K ? taps[size_t(ch) * K + j] : 0.f;
-      st[j] = j < K - 1 ? states[n - 1][at + j] : 0.f;
-    }
-  }
+  float tp[kConvRegTaps], st[kConvRegTaps];
+  if (live) conv_window_load(tp, st, taps + size_t(ch) * K, states[n - 1] + at, K);
   pdl_wait();  // every thread, as in conv_body: the kernel must not end before the one before it
   pdl_trigger();
   if (!live) return;
-  for (int t = 0; t < n; ++t) {
-    const float v = u[size_t(t) * ustride + ch];
-    float acc = 0.f;
-#pragma unroll
-    for (int j = 0; j < kMaxK; ++j)
-      if (j == K - 1) acc = tp[j] * v;
-#pragma unroll
-    for (int j = 0; j < kMaxK; ++j)
-      if (j < K - 1) acc += tp[j] * st[j];
-#pragma unroll
-    for (int j = 0; j + 1 < kMaxK; ++j)
-      if (j + 1 < K - 1) st[j] = st[j + 1];
-#pragma unroll
-    for (int j = 0; j < kMaxK; ++j)
-      if (j == K - 2) st[j] = v;
-    float* sp = states[t] + at;
-#pragma unroll
-    for (int j = 0; j < kMaxK; ++j)
-      if (j < K - 1) sp[j] = st[j];
-    out[size_t(t) * C + ch] = siluf_(acc);
-  }
+  for (int t = 0; t < n; ++t)
+    out[size_t(t) * C + ch] = siluf_(conv_window_step(tp, st, K, u[size_t(t) * ustride + ch], states[t] + at));
 }
 
 // The same for the delta rule: as[t] holds row t's inputs, output and
