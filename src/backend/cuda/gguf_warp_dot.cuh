@@ -74,7 +74,7 @@ FM_HD float gguf_half_bits(uint32_t h) {
 // (an integer < 2^23): v's bits under the exponent of 2^23 make the float
 // 2^23 + v, and one subtraction leaves v - off. Replaces an int-to-float
 // conversion, which issues at a quarter of the FP32 rate, per weight.
-FM_HD float gguf_small_f32(uint32_t v, float off) { return gguf_bits_f32(0x4B000000u | v) - (8388608.0f + off); }
+FM_HD float gguf_small_f32(uint32_t v, float off) { return bits_to_f32(0x4B000000u | v) - (8388608.0f + off); }
 // Byte I of w (a value < 256) as a float, exactly (one byte permute on the device).
 template <int I>
 FM_HD float gguf_byte_f32(uint32_t w) {
