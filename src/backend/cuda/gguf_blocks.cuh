@@ -4,7 +4,7 @@
 // (scales, mins, high bits, the IQ4 table) and never written back wider.
 // The values are exactly ggml's dequantisation, computed in the same order
 // as the CPU's block kernels (core/block_quant.cpp), so CUDA and CPU see the
-// same weights. Host-callable too: tests/gguf_blocks_test.cpp checks these
+// same weights. Host-callable too: tests/block_quant_test.cpp checks these
 // readers against the CPU's block_dequant without a GPU.
 #pragma once
 #include <cstdint>

@@ -23,7 +23,7 @@
 // blocks cost the decode readers ~10 instructions a weight (scale unpacking,
 // addresses, per-block heads paid for few weights a lane); here a lane pays
 // about 3 (a byte permute, a subtraction, an FMA) and one 16-byte load of
-// codes per 32 weights. Host-callable: tests/gguf_blocks_test.cpp checks
+// codes per 32 weights. Host-callable: tests/block_quant_test.cpp checks
 // the readers against the file's blocks without a GPU.
 #pragma once
 #include <cmath>

@@ -7,7 +7,7 @@
 // consecutive weights, lanes of a warp scattered over the row's blocks) is
 // kept for the other kinds and for rows not aligned for these loads.
 // Weights are exactly gguf_weights8's values (same arithmetic); only the
-// summation order differs. Host-callable: tests/gguf_blocks_test.cpp runs
+// summation order differs. Host-callable: tests/block_quant_test.cpp runs
 // the 32 lanes on the CPU against the block kernels' row products.
 #pragma once
 #ifdef __CUDACC__
