@@ -17,10 +17,13 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/matrix_rows.h"
+#include "test_util.h"
 
 namespace block_quant_test {
 
 using namespace flashmoe;
+using flashmoe::test::quant_matrix;
+using flashmoe::test::random_quant_blocks;
 
 namespace {
 
@@ -87,43 +90,14 @@ float ref_weight(QuantKind q, const uint8_t* b, int i) {
   }
 }
 
-// Random blocks whose f16 scales are finite and moderate.
-std::vector<uint8_t> random_rows(QuantKind q, int64_t rows, int64_t cols, std::mt19937& rng) {
-  const int64_t be = block_elems(q), bb = block_bytes(q), nb = rows * cols / be;
-  std::vector<uint8_t> d(size_t(nb * bb));
-  for (auto& x : d) x = uint8_t(rng());
-  std::uniform_real_distribution<float> u(-0.05f, 0.05f);
-  for (int64_t k = 0; k < nb; ++k) {
-    uint8_t* b = d.data() + k * bb;
-    auto put = [&](size_t at) {
-      const uint16_t v = f32_to_f16(u(rng));
-      std::memcpy(b + at, &v, 2);
-    };
-    switch (q) {
-      case QuantKind::Q4_1: case QuantKind::Q5_1: case QuantKind::Q4_K: case QuantKind::Q5_K:
-        put(0);
-        put(2);
-        break;
-      case QuantKind::Q6_K: put(208); break;
-      default: put(0); break;
-    }
-  }
-  return d;
-}
-
 class BlockQuant : public ::testing::TestWithParam<QuantKind> {};
 
 TEST_P(BlockQuant, RowsAndProductsMatchTheLayout) {
   const QuantKind q = GetParam();
   std::mt19937 rng(1234 + int(q));
   const int64_t rows = 5, cols = 3 * 256;  // several blocks per row of every kind
-  std::vector<uint8_t> data = random_rows(q, rows, cols, rng);
-  Matrix W;
-  W.dtype = DType::U8;
-  W.quant = q;
-  W.data = data.data();
-  W.rows = rows;
-  W.cols = cols;
+  const std::vector<uint8_t> data = random_quant_blocks(q, rows, cols, rng);
+  const Matrix W = quant_matrix(q, data, rows, cols);
   ASSERT_EQ(W.nbytes(), data.size());
   std::vector<float> x(static_cast<size_t>(cols));
   std::normal_distribution<float> n(0.0f, 1.0f);
@@ -156,7 +130,7 @@ TEST_P(BlockQuant, DeviceReaderMatchesTheLayout) {
   const QuantKind q = GetParam();
   std::mt19937 rng(4321 + int(q));
   const int64_t rows = 3, cols = 2 * 256;
-  std::vector<uint8_t> data = random_rows(q, rows, cols, rng);
+  std::vector<uint8_t> data = random_quant_blocks(q, rows, cols, rng);
   const int64_t be = block_elems(q), rb = rows ? int64_t(data.size()) / rows : 0;
   ASSERT_EQ(size_t(rb), cuda::gguf_row_bytes(int(q), int(cols)));
   for (int64_t r = 0; r < rows; ++r)
@@ -185,13 +159,8 @@ TEST_P(BlockQuant, Int16ActivationProducts) {
   const bool kind_has_i16 = q == QuantKind::Q4_K || q == QuantKind::Q6_K || q == QuantKind::Q8_0 || q == QuantKind::Q5_0;
   std::mt19937 rng(777 + int(q));
   const int64_t rows = 5, cols = 3 * 256, be = block_elems(q), bb = block_bytes(q);
-  std::vector<uint8_t> data = random_rows(q, rows, cols, rng);
-  Matrix W;
-  W.dtype = DType::U8;
-  W.quant = q;
-  W.data = data.data();
-  W.rows = rows;
-  W.cols = cols;
+  const std::vector<uint8_t> data = random_quant_blocks(q, rows, cols, rng);
+  const Matrix W = quant_matrix(q, data, rows, cols);
   // Weight (r, c) and, for Q4_K, the min term dmin * m of its sub-block.
   auto weight = [&](int64_t r, int64_t c, double* minterm) {
     const uint8_t* blk = data.data() + size_t(r) * W.row_bytes() + size_t(c / be) * size_t(bb);
@@ -310,7 +279,7 @@ TEST_P(BlockQuant, DeviceWarpDotMatchesTheLayout) {
   // 3 blocks a row (Q4_K: the whole warp a block) and 8 (Q4_K: a quarter-warp a block).
   for (const int64_t cols : {int64_t(3 * 256), int64_t(8 * 256)}) {
     const int64_t rows = 3;
-    const std::vector<uint8_t> data = random_rows(q, rows, cols, rng);
+    const std::vector<uint8_t> data = random_quant_blocks(q, rows, cols, rng);
     const int64_t be = block_elems(q), rb = int64_t(data.size()) / rows;
     std::vector<float> x(static_cast<size_t>(cols));
     std::normal_distribution<float> n(0.0f, 1.0f);
@@ -352,7 +321,7 @@ TEST_P(BlockQuant, DenseRepackMatchesTheLayout) {
   if (!kind) return;
   std::mt19937 rng(4242 + int(q));
   const int rows = 3, cols = 3 * 256;
-  const std::vector<uint8_t> data = random_rows(q, rows, cols, rng);
+  const std::vector<uint8_t> data = random_quant_blocks(q, rows, cols, rng);
   const int rk = cuda::kGDense + int(q);
   const size_t rb = cuda::gguf_row_bytes(rk, cols), fb = data.size() / rows;
   std::vector<uint8_t> packed(rows * rb);

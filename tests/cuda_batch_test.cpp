@@ -181,6 +181,24 @@ void expect_batch_matches_alone(const Backend& b, const KvConfig& kv, const std:
               worst_kl, worst_mad);
 }
 
+// The 35B's shapes (bf16, 256 experts, head_dim 256, key dim 128: the
+// delta rule's staged kernel, attention split over blocks): 4 layers of the
+// synthetic preset (3 GatedDeltaNet, 1 attention).
+ModelConfig config_35b_4_layers() {
+  ModelConfig c = model_preset("qwen3.5-35b-a3b");
+  c.num_layers = 4;
+  c.layer_kinds.resize(4);
+  c.layer_is_moe.resize(4);
+  return c;
+}
+
+// schedule() over 64 pseudo-random ids (id i: (i * mul + add) % V).
+std::vector<Seq> pseudo_random_schedule(int64_t V, int64_t mul, int64_t add) {
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < 64; ++i) ids.push_back(int32_t((i * mul + add) % V));
+  return schedule(ids);
+}
+
 std::vector<std::pair<std::string, KvConfig>> kv_formats() {
   std::vector<std::pair<std::string, KvConfig>> v;
   v.push_back({"f32-full", KvConfig{}});
@@ -299,86 +317,62 @@ TEST(CudaBatch, GoldenFixturesMatchEachSequenceAlone) {
   }
 }
 
-// The 35B's shapes (bf16, 256 experts, head_dim 256, key dim 128: the
-// delta rule's cluster kernels, attention split over blocks): 4 layers of
-// the synthetic preset (3 GatedDeltaNet, 1 attention).
+// The 35B's shapes (config_35b_4_layers).
 TEST(CudaBatch, MatchesEachSequenceAloneAt35bShapes) {
   REQUIRE_GPU();
-  ModelConfig c = model_preset("qwen3.5-35b-a3b");
-  c.num_layers = 4;
-  c.layer_kinds.resize(4);
-  c.layer_is_moe.resize(4);
+  const ModelConfig c = config_35b_4_layers();
   auto b = synthetic_backend(c, QuantKind::None, 64, GpuOptions{});
-  std::vector<int32_t> ids;
-  for (int i = 0; i < 64; ++i) ids.push_back(int32_t((i * 7919 + 13) % c.vocab_size));
-  const std::vector<Seq> seqs = schedule(ids);
+  const std::vector<Seq> seqs = pseudo_random_schedule(c.vocab_size, 7919, 13);
   ThreadPool pool(2);
   for (const auto& [name, kv] : kv_formats())
     if (name == "f32-full" || name == "bf16-full" || name == "fp8-head-window16" || name == "h2o24")
       expect_batch_matches_alone(*b, kv, seqs, "35b-shapes " + name, pool);
 }
 
+// Heads the staged delta rule does not take (delta_staged_fits): value
+// heads of 256 columns (the decode step's cluster kernel, a cluster of 8
+// blocks per head) and key heads of 256 (one block per head).
+TEST(CudaBatch, MatchesEachSequenceAloneWhereTheStagedDeltaRuleDoesNotFit) {
+  REQUIRE_GPU();
+  ThreadPool pool(2);
+  for (const bool wide_keys : {false, true}) {
+    ModelConfig c = config_35b_4_layers();
+    (wide_keys ? c.lin_k_dim : c.lin_v_dim) = 256;
+    auto b = synthetic_backend(c, QuantKind::None, 64, GpuOptions{});
+    const std::vector<Seq> seqs = pseudo_random_schedule(c.vocab_size, 7919, 31);
+    expect_batch_matches_alone(*b, KvConfig{}, seqs, wide_keys ? "35b-shapes dk 256" : "35b-shapes dv 256", pool);
+  }
+}
+
 // The routed experts forced through each product (the tiled one,
 // few_rows_kernel and skinny_gemm_kernel: the default picks by rows per
 // expert, so a schedule of 8 sequences alone would reach only one of
-// them), the odd sequences taking only their argmax (picked on the
-// device, no logits copied).
+// them) with plain launches; then in graphs the tiled product (whose
+// gate/up writes the down product's split activations) and the default's
+// choice at these few rows (the skinny product: its grouped tiles under
+// PDL); the odd sequences taking only their argmax (picked on the device,
+// no logits copied).
 TEST(CudaBatch, EachExpertProductMatchesEachSequenceAlone) {
   REQUIRE_GPU();
-  ModelConfig c = model_preset("qwen3.5-35b-a3b");
-  c.num_layers = 4;
-  c.layer_kinds.resize(4);
-  c.layer_is_moe.resize(4);
+  const ModelConfig c = config_35b_4_layers();
   auto b = synthetic_backend(c, QuantKind::None, 64, GpuOptions{});
   CudaModel& dev = dynamic_cast<const CudaBackend&>(*b).device_for_bench();
-  std::vector<int32_t> ids;
-  for (int i = 0; i < 64; ++i) ids.push_back(int32_t((i * 104729 + 7) % c.vocab_size));
-  const std::vector<Seq> seqs = schedule(ids);
+  const std::vector<Seq> seqs = pseudo_random_schedule(c.vocab_size, 104729, 7);
   ThreadPool pool(2);
   using Path = DecodeOptions::BatchExperts;
-  for (const auto& [path, name] : {std::pair{Path::Tiled, "tiled"}, std::pair{Path::FewRows, "few-rows"},
-                                    std::pair{Path::Skinny, "skinny"}}) {
-    cuda_set_batch_experts(dev, path);
-    expect_batch_matches_alone(*b, KvConfig{}, seqs, std::string("35b-shapes experts ") + name, pool, true);
-  }
-  cuda_set_batch_experts(dev, Path::Auto);
-}
-
-// The batched step's variants (the delta rule staged through shared memory
-// or on the cluster kernel; programmatic dependent launch or not), with
-// plain launches and in graphs, the routed experts through the tiled
-// product (whose gate/up writes the down product's split activations) and
-// the default's choice at these few rows (the skinny product: its grouped
-// tiles under PDL), the odd sequences taking only their argmax.
-TEST(CudaBatch, EachStepVariantMatchesEachSequenceAlone) {
-  REQUIRE_GPU();
-  ModelConfig c = model_preset("qwen3.5-35b-a3b");
-  c.num_layers = 4;
-  c.layer_kinds.resize(4);
-  c.layer_is_moe.resize(4);
-  auto b = synthetic_backend(c, QuantKind::None, 64, GpuOptions{});
-  CudaModel& dev = dynamic_cast<const CudaBackend&>(*b).device_for_bench();
-  std::vector<int32_t> ids;
-  for (int i = 0; i < 64; ++i) ids.push_back(int32_t((i * 7919 + 29) % c.vocab_size));
-  const std::vector<Seq> seqs = schedule(ids);
-  ThreadPool pool(2);
-  using Path = DecodeOptions::BatchExperts;
-  struct Variant {
-    bool staged, pdl, graphs;
+  struct Run {
     Path experts;
+    const char* name;
+    bool graphs;
   };
-  for (const Variant v : {Variant{false, false, false, Path::Tiled}, Variant{true, false, false, Path::Tiled},
-                          Variant{false, true, false, Path::Auto}, Variant{true, true, true, Path::Tiled},
-                          Variant{true, true, true, Path::Auto}}) {
-    cuda_set_batch_step_variant(dev, v.staged, v.pdl);
-    cuda_set_batch_graph(dev, v.graphs);
-    cuda_set_batch_experts(dev, v.experts);
-    const std::string name = std::string("35b-shapes ") + (v.staged ? "staged" : "cluster") + (v.pdl ? " pdl" : "") +
-                             (v.graphs ? " graphs" : "") + (v.experts == Path::Tiled ? " tiled" : " auto");
+  for (const Run& r : {Run{Path::Tiled, "tiled", false}, Run{Path::FewRows, "few-rows", false},
+                       Run{Path::Skinny, "skinny", false}, Run{Path::Tiled, "tiled", true},
+                       Run{Path::Auto, "auto", true}}) {
+    cuda_set_batch_graph(dev, r.graphs);
+    cuda_set_batch_experts(dev, r.experts);
+    const std::string name = std::string("35b-shapes experts ") + r.name + (r.graphs ? " graphs" : "");
     expect_batch_matches_alone(*b, KvConfig{}, seqs, name, pool, true);
   }
-  const DecodeOptions defaults;
-  cuda_set_batch_step_variant(dev, defaults.batch_delta_staged, defaults.batch_pdl);
   cuda_set_batch_experts(dev, Path::Auto);
   cuda_set_batch_graph(dev, false);
 }
@@ -432,75 +426,57 @@ TEST(CudaBatchBench, DISABLED_DecodeThroughputAt35b) {
               "non-expert %.2f GB, expert %.2f MB, %lld MoE layers of %lld experts, top-%lld\n",
               gbps, non_expert / 1e9, expert / 1e6, (long long)moe, (long long)E, (long long)k);
   CudaModel& dev = dynamic_cast<const CudaBackend&>(*b).device_for_bench();
-  struct Run {
-    const char* name;
-    std::vector<int> batches;
-    bool delta_staged;  // DecodeOptions::batch_delta_staged
-    bool pdl;           // DecodeOptions::batch_pdl
-  };
   // Experts chosen per B, graphs. The routed-expert paths
   // (DecodeOptions::batch_experts) were measured side by side in session 6
-  // (bench/NOTES-cuda.md, batch-fixed). Session 8's variants side by side:
-  // session 7's kernels (cluster delta rule, no PDL), both changes (the
-  // default), each alone; B = 1 (the decode step, which neither touches)
-  // first and last.
+  // (bench/NOTES-cuda.md, batch-fixed); session 8's changes (the delta rule
+  // staged through shared memory, PDL) against session 7's kernels in its
+  // two H200 rounds (bench/results/session8-h200-round*-batch-step.txt).
   double tps1 = 0;
   cuda_set_batch_graph(dev, true);
-  for (const Run& run : {Run{"s7 (cluster, no pdl)", {1, 8, 32, 64}, false, false},
-                         Run{"staged, pdl (default)", {8, 32, 64}, true, true},
-                         Run{"staged only", {32}, true, false},
-                         Run{"pdl only", {8, 32}, false, true},
-                         Run{"s7 again", {1, 32}, false, false},
-                         Run{"default again", {32}, true, true}}) {
-    cuda_set_batch_step_variant(dev, run.delta_staged, run.pdl);
-    std::printf("[batch-bench] %s\n", run.name);
-    for (int B : run.batches) {
-      std::vector<std::unique_ptr<State>> st;
-      std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B));
-      std::vector<int32_t> best(static_cast<size_t>(B));
-      std::vector<BatchItem> items(static_cast<size_t>(B));
-      for (int i = 0; i < B; ++i) {
-        st.push_back(b->new_state(kv));
-        for (int t = 0; t < prompt; ++t) prompts[size_t(i)].push_back(int32_t((i * 104729 + t * 7919 + 1) % V));
-        items[size_t(i)] = BatchItem{st.back().get(), prompts[size_t(i)].data(), prompt, LogitsMode::None, nullptr};
-      }
-      b->forward_batch(items.data(), B, pool);  // the prompts (batched prefill, one sequence at a time)
-      std::vector<int32_t> tok(static_cast<size_t>(B));
-      // Each row's argmax picked on the device (a greedy sequence).
-      int s_next = 0;
-      auto timed = [&](int n) {
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int s = 0; s < n; ++s, ++s_next) {
-          for (int i = 0; i < B; ++i) {
-            // Pseudo-random tokens (routing as random as the union formula assumes).
-            tok[size_t(i)] = int32_t((int64_t(s_next) * 7919 + int64_t(i) * 104729 + 17) % V);
-            items[size_t(i)] =
-                BatchItem{st[size_t(i)].get(), &tok[size_t(i)], 1, LogitsMode::Last, nullptr, &best[size_t(i)]};
-          }
-          b->forward_batch(items.data(), B, pool);
-        }
-        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      };
-      timed(warm);
-      const double sec_id = timed(steps);
-      const double tps = double(B) * steps / sec_id;
-      if (B == 1) tps1 = tps;
-      const double ctx = prompt + warm + steps;  // mean context over the steps timed
-      const double union_frac = 1.0 - std::pow(1.0 - double(k) / double(E), double(B));
-      const double w = non_expert + double(moe) * double(E) * union_frac * expert;
-      const double kvb = double(B) * double(attn) * ctx * 2.0 * double(c.num_kv_heads * c.head_dim) * 4;
-      const double sb = double(B) * double(lin) * 2.0 * double(c.lin_num_v_heads * c.lin_k_dim * c.lin_v_dim) * 4;
-      const double roof = double(B) / ((w + kvb) / (gbps * 1e9));
-      const double roof_s = double(B) / ((w + kvb + sb) / (gbps * 1e9));
-      std::printf("[batch-bench] B=%-3d %-28s argmax on device %8.1f tokens/s (%.2f ms/step), %.2fx B=1; "
-                  "experts touched %.1f%%; bytes/step %.2f GB weights + %.3f GB KV (+ %.2f GB delta states); "
-                  "roofline %.0f tokens/s -> %.1f%% (with states: %.0f -> %.1f%%)\n",
-                  B, run.name, tps, sec_id / steps * 1e3, tps1 > 0 ? tps / tps1 : 0.0, 100 * union_frac, w / 1e9,
-                  kvb / 1e9, sb / 1e9, roof, 100 * tps / roof, roof_s, 100 * tps / roof_s);
+  for (int B : {1, 8, 32, 64}) {
+    std::vector<std::unique_ptr<State>> st;
+    std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B));
+    std::vector<int32_t> best(static_cast<size_t>(B));
+    std::vector<BatchItem> items(static_cast<size_t>(B));
+    for (int i = 0; i < B; ++i) {
+      st.push_back(b->new_state(kv));
+      for (int t = 0; t < prompt; ++t) prompts[size_t(i)].push_back(int32_t((i * 104729 + t * 7919 + 1) % V));
+      items[size_t(i)] = BatchItem{st.back().get(), prompts[size_t(i)].data(), prompt, LogitsMode::None, nullptr};
     }
+    b->forward_batch(items.data(), B, pool);  // the prompts (batched prefill, one sequence at a time)
+    std::vector<int32_t> tok(static_cast<size_t>(B));
+    // Each row's argmax picked on the device (a greedy sequence).
+    int s_next = 0;
+    auto timed = [&](int n) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int s = 0; s < n; ++s, ++s_next) {
+        for (int i = 0; i < B; ++i) {
+          // Pseudo-random tokens (routing as random as the union formula assumes).
+          tok[size_t(i)] = int32_t((int64_t(s_next) * 7919 + int64_t(i) * 104729 + 17) % V);
+          items[size_t(i)] =
+              BatchItem{st[size_t(i)].get(), &tok[size_t(i)], 1, LogitsMode::Last, nullptr, &best[size_t(i)]};
+        }
+        b->forward_batch(items.data(), B, pool);
+      }
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    timed(warm);
+    const double sec_id = timed(steps);
+    const double tps = double(B) * steps / sec_id;
+    if (B == 1) tps1 = tps;
+    const double ctx = prompt + warm + steps;  // mean context over the steps timed
+    const double union_frac = 1.0 - std::pow(1.0 - double(k) / double(E), double(B));
+    const double w = non_expert + double(moe) * double(E) * union_frac * expert;
+    const double kvb = double(B) * double(attn) * ctx * 2.0 * double(c.num_kv_heads * c.head_dim) * 4;
+    const double sb = double(B) * double(lin) * 2.0 * double(c.lin_num_v_heads * c.lin_k_dim * c.lin_v_dim) * 4;
+    const double roof = double(B) / ((w + kvb) / (gbps * 1e9));
+    const double roof_s = double(B) / ((w + kvb + sb) / (gbps * 1e9));
+    std::printf("[batch-bench] B=%-3d argmax on device %8.1f tokens/s (%.2f ms/step), %.2fx B=1; "
+                "experts touched %.1f%%; bytes/step %.2f GB weights + %.3f GB KV (+ %.2f GB delta states); "
+                "roofline %.0f tokens/s -> %.1f%% (with states: %.0f -> %.1f%%)\n",
+                B, tps, sec_id / steps * 1e3, tps1 > 0 ? tps / tps1 : 0.0, 100 * union_frac, w / 1e9,
+                kvb / 1e9, sb / 1e9, roof, 100 * tps / roof, roof_s, 100 * tps / roof_s);
   }
-  const DecodeOptions defaults;
-  cuda_set_batch_step_variant(dev, defaults.batch_delta_staged, defaults.batch_pdl);
   cuda_set_batch_graph(dev, false);
 }
 

@@ -28,30 +28,6 @@ using namespace flashmoe::test;
 
 namespace {
 
-// Random blocks whose f16 scales are finite and moderate (as block_quant_test.cpp).
-std::vector<uint8_t> random_blocks(QuantKind q, int64_t rows, int64_t cols, std::mt19937& rng) {
-  const int64_t be = block_elems(q), bb = block_bytes(q), nb = rows * cols / be;
-  std::vector<uint8_t> d(size_t(nb * bb));
-  for (auto& x : d) x = uint8_t(rng());
-  std::uniform_real_distribution<float> u(-0.05f, 0.05f);
-  for (int64_t k = 0; k < nb; ++k) {
-    uint8_t* b = d.data() + k * bb;
-    auto put = [&](size_t at) {
-      const uint16_t v = f32_to_f16(u(rng));
-      std::memcpy(b + at, &v, 2);
-    };
-    switch (q) {
-      case QuantKind::Q4_1: case QuantKind::Q5_1: case QuantKind::Q4_K: case QuantKind::Q5_K:
-        put(0);
-        put(2);
-        break;
-      case QuantKind::Q6_K: put(208); break;
-      default: put(0); break;
-    }
-  }
-  return d;
-}
-
 std::vector<float> normal(std::mt19937& rng, size_t n) {
   std::normal_distribution<float> d(0.f, 1.f);
   std::vector<float> v(n);
@@ -76,13 +52,8 @@ TEST_P(CudaGgufOps, MatvecAndProductMatchCpu) {
   const QuantKind q = GetParam();
   std::mt19937 rng(99 + int(q));
   const int64_t rows = 70, cols = 1024;  // 4 blocks of 256 a row (Q4_K: a quarter-warp a block); rows not a multiple of a warp's
-  std::vector<uint8_t> data = random_blocks(q, rows, cols, rng);
-  Matrix W;
-  W.dtype = DType::U8;
-  W.quant = q;
-  W.data = data.data();
-  W.rows = rows;
-  W.cols = cols;
+  const std::vector<uint8_t> data = random_quant_blocks(q, rows, cols, rng);
+  const Matrix W = quant_matrix(q, data, rows, cols);
   const std::vector<float> x = normal(rng, size_t(cols));
   std::vector<float> want(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) want[size_t(r)] = cpu::block_dot_row(W, r, x.data());
@@ -110,13 +81,8 @@ TEST_P(CudaGgufOps, RepackedMatvecAndProductMatchCpu) {
   std::mt19937 rng(199 + int(q));
   for (const int64_t cols : {int64_t(1024), int64_t(1280)}) {
     const int64_t rows = 70;
-    std::vector<uint8_t> data = random_blocks(q, rows, cols, rng);
-    Matrix W;
-    W.dtype = DType::U8;
-    W.quant = q;
-    W.data = data.data();
-    W.rows = rows;
-    W.cols = cols;
+    const std::vector<uint8_t> data = random_quant_blocks(q, rows, cols, rng);
+    const Matrix W = quant_matrix(q, data, rows, cols);
     const std::vector<float> x = normal(rng, size_t(cols));
     std::vector<float> want(static_cast<size_t>(rows));
     for (int64_t r = 0; r < rows; ++r) want[size_t(r)] = cpu::block_dot_row(W, r, x.data());
@@ -155,7 +121,7 @@ TEST(CudaGgufDense, MixedPartsNormAndSplitMatchCpu) {
     std::vector<std::vector<uint8_t>> store(cs.kinds.size());
     std::vector<Matrix> parts;
     for (size_t i = 0; i < cs.kinds.size(); ++i) {
-      store[i] = random_blocks(cs.kinds[i], cs.rows[i], cs.cols, rng);
+      store[i] = random_quant_blocks(cs.kinds[i], cs.rows[i], cs.cols, rng);
       Matrix m;
       m.dtype = DType::U8;
       m.quant = cs.kinds[i];
@@ -204,7 +170,7 @@ TEST(CudaGgufExperts, KernelsMatchCpu) {
     std::mt19937 rng(7 + int(mix.gu) + 31 * int(mix.dn) + H);
     std::vector<std::vector<uint8_t>> store;
     auto mat = [&](QuantKind q, int rows, int cols) {
-      store.push_back(random_blocks(q, rows, cols, rng));
+      store.push_back(random_quant_blocks(q, rows, cols, rng));
       Matrix m;
       m.dtype = DType::U8;
       m.quant = q;

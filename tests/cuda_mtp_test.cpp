@@ -26,6 +26,15 @@ namespace {
 
 std::string coder_mini() { return source_path("models/coder-mini"); }
 
+// coder-mini (which has an MTP head) loaded and uploaded: b serves sessions
+// on the GPU, V is its vocabulary.
+struct CoderMiniOnGpu {
+  std::unique_ptr<QwenModel> model = QwenModel::load(coder_mini() + "/model");
+  std::unique_ptr<CudaModel> cuda = CudaModel::upload(*model);
+  const Backend& b = gpu_view(*model, *cuda);
+  const int64_t V = model->config().vocab_size;
+};
+
 // The first n ids of coder-mini's reference text (code: the head drafts
 // well there); where the copy of coder-mini has no reference text (the GPU
 // machine's), a few lines of code repeated, through its tokenizer.
@@ -123,15 +132,14 @@ TEST(CudaMtp, CoderMiniHeadMatchesTorchReference) {
   REQUIRE_GPU();
   const std::string ref = fixture_dir("mtp") + "/coder-mini-reference.safetensors";
   if (!std::filesystem::exists(ref)) GTEST_SKIP() << "tests/fixtures/mtp is not here";
-  auto model = QwenModel::load(coder_mini() + "/model");
-  auto cuda = CudaModel::upload(*model);
-  const int64_t V = model->config().vocab_size;
+  const CoderMiniOnGpu gpu;
+  const int64_t V = gpu.V;
   RefTensor ids = load_ref(ref, "ids"), want = load_ref(ref, "mtp_logits");
   const int64_t step2_at = load_ref(ref, "step2_at").ids.at(0);
   const int32_t step2_token = load_ref(ref, "step2_token").ids.at(0);
   RefTensor step2 = load_ref(ref, "step2_logits");
   ThreadPool pool(2);
-  Session s(gpu_view(*model, *cuda), {}, pool, true);
+  Session s(gpu.b, {}, pool, true);
   float worst = 0;
   int64_t checked = 0;
   for (int64_t p = 1; p + 1 < int64_t(ids.ids.size()); ++p) {
@@ -160,9 +168,8 @@ TEST(CudaMtp, CoderMiniHeadMatchesTorchReference) {
 // roll-back after a rejected draft included (the acceptance is printed).
 TEST(CudaMtp, GreedyWithMtpEqualsPlainDecoding) {
   REQUIRE_GPU();
-  auto model = QwenModel::load(coder_mini() + "/model");
-  auto cuda = CudaModel::upload(*model);
-  const Backend& b = gpu_view(*model, *cuda);
+  const CoderMiniOnGpu gpu;
+  const Backend& b = gpu.b;
   ThreadPool pool(2);
   const std::vector<int32_t> prompt = code_prompt(48);
   const int64_t n = 40;
@@ -190,10 +197,9 @@ TEST(CudaMtp, GreedyWithMtpEqualsPlainDecoding) {
 // which has nothing to take back.
 TEST(CudaMtp, VerifyPassMatchesThePrefillAndTakesBackToAnyRow) {
   REQUIRE_GPU();
-  auto model = QwenModel::load(coder_mini() + "/model");
-  auto cuda = CudaModel::upload(*model);
-  const Backend& b = gpu_view(*model, *cuda);
-  const int64_t V = model->config().vocab_size;
+  const CoderMiniOnGpu gpu;
+  const Backend& b = gpu.b;
+  const int64_t V = gpu.V;
   ThreadPool pool(2);
   const std::vector<int32_t> text = code_prompt(90);
   const std::vector<int32_t> ctx(text.begin(), text.begin() + 60), rows(text.begin() + 60, text.begin() + 65);
@@ -201,7 +207,7 @@ TEST(CudaMtp, VerifyPassMatchesThePrefillAndTakesBackToAnyRow) {
   const int32_t more = text[70];
   const std::vector<int32_t> steps = {text[71], text[72]};
   for (const KvConfig& kv : {KvConfig{}, half_kv(KvDType::BF16), half_kv(KvDType::F16), fp8_head()}) {
-    Session ref(b, kv, pool), cpu(cpu_of(*model), kv, pool), s(b, kv, pool, true);
+    Session ref(b, kv, pool), cpu(cpu_of(*gpu.model), kv, pool), s(b, kv, pool, true);
     ref.feed(ctx);
     cpu.feed(ctx);
     s.feed(ctx);
@@ -251,10 +257,9 @@ TEST(CudaMtp, VerifyPassMatchesThePrefillAndTakesBackToAnyRow) {
 // decodes as the state it was taken from.
 TEST(CudaMtp, SnapshotCarriesTheHead) {
   REQUIRE_GPU();
-  auto model = QwenModel::load(coder_mini() + "/model");
-  auto cuda = CudaModel::upload(*model);
-  const Backend& b = gpu_view(*model, *cuda);
-  const int64_t V = model->config().vocab_size;
+  const CoderMiniOnGpu gpu;
+  const Backend& b = gpu.b;
+  const int64_t V = gpu.V;
   ThreadPool pool(2);
   const std::vector<int32_t> prompt = code_prompt(30);
   Session s(b, {}, pool, true);
@@ -278,10 +283,9 @@ TEST(CudaMtp, SnapshotCarriesTheHead) {
 // costs at ~600 tokens of context (printed; the restore point copies no KV).
 TEST(CudaMtp, RestorePointIsExactAndCheaperThanASnapshot) {
   REQUIRE_GPU();
-  auto model = QwenModel::load(coder_mini() + "/model");
-  auto cuda = CudaModel::upload(*model);
-  const Backend& b = gpu_view(*model, *cuda);
-  const int64_t V = model->config().vocab_size;
+  const CoderMiniOnGpu gpu;
+  const Backend& b = gpu.b;
+  const int64_t V = gpu.V;
   ThreadPool pool(2);
   std::vector<int32_t> ctx;
   const std::vector<int32_t> text = code_prompt(200);

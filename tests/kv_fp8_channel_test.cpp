@@ -21,10 +21,12 @@
 #include "kv/kv_cache.h"
 #include "kv/memory_calc.h"
 #include "kv/presets.h"
+#include "test_util.h"
 
 namespace kv_fp8_channel_test {
 
 using namespace flashmoe;
+using flashmoe::test::naive_softmax_weights;
 
 namespace {
 
@@ -193,18 +195,10 @@ TEST(KvFp8Channel, AttentionAgainstF32AndItsOwnRows) {
     ASSERT_EQ(std::memcmp(o_pre.data(), o_ch.data(), o_ch.size() * 4), 0) << "trial " << trial;
     for (int64_t h = 0; h < nh; ++h) {  // naive softmax over the decoded rows
       const int64_t kvh = h / (nh / nkv);
-      std::vector<double> p(static_cast<size_t>(n));
-      double mx = -1e300, sum = 0;
-      for (int64_t s = 0; s < n; ++s) {
-        double t = 0;
-        for (int64_t i = 0; i < hd; ++i) t += double(q[size_t(h * hd + i)]) * dk[size_t(s)][size_t(kvh * hd + i)];
-        p[size_t(s)] = t * scale;
-        mx = std::max(mx, p[size_t(s)]);
-      }
-      for (auto& x : p) sum += (x = std::exp(x - mx));
+      const std::vector<double> p = naive_softmax_weights(q.data() + h * hd, dk, kvh, hd, n, scale);
       for (int64_t s = 0; s < n; ++s)
         for (int64_t i = 0; i < hd; ++i)
-          o_own[size_t(h * hd + i)] += float(p[size_t(s)] / sum * dv[size_t(s)][size_t(kvh * hd + i)]);
+          o_own[size_t(h * hd + i)] += float(p[size_t(s)] * dv[size_t(s)][size_t(kvh * hd + i)]);
     }
     for (size_t i = 0; i < o_ch.size(); ++i) ASSERT_NEAR(o_ch[i], o_own[i], 1e-4) << "trial " << trial << " i " << i;
     err_ch = std::max(err_ch, dist(o_ch, o_ref, 0, nh * hd));

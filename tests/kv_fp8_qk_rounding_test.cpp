@@ -15,10 +15,12 @@
 #include "kv/kv_cache.h"
 #include "kv/kv_kernels.h"
 #include "kv/qk_rounding.h"
+#include "test_util.h"
 
 namespace kv_fp8_qk_rounding_test {
 
 using namespace flashmoe;
+using flashmoe::test::naive_softmax_weights;
 
 namespace {
 
@@ -253,18 +255,10 @@ TEST(KvFp8QkRounding, CacheRoundsKeysAgainstTheQueriesSeen) {
   ASSERT_EQ(std::memcmp(o_pre.data(), o.data(), o.size() * 4), 0);
   for (int64_t h = 0; h < nh; ++h) {  // naive softmax over the decoded rows
     const int64_t kvh = h / G;
-    std::vector<double> p(static_cast<size_t>(n));
-    double mx = -1e300, sum = 0;
-    for (int64_t s = 0; s < n; ++s) {
-      double t = 0;
-      for (int64_t i = 0; i < hd; ++i) t += double(q[size_t(h * hd + i)]) * dk[size_t(s)][size_t(kvh * hd + i)];
-      p[size_t(s)] = t * scale;
-      mx = std::max(mx, p[size_t(s)]);
-    }
-    for (auto& x : p) sum += (x = std::exp(x - mx));
+    const std::vector<double> p = naive_softmax_weights(q.data() + h * hd, dk, kvh, hd, n, scale);
     for (int64_t s = 0; s < n; ++s) {
       qk.dequantize(s, k.data(), v.data());
-      for (int64_t i = 0; i < hd; ++i) o_own[size_t(h * hd + i)] += float(p[size_t(s)] / sum * v[size_t(kvh * hd + i)]);
+      for (int64_t i = 0; i < hd; ++i) o_own[size_t(h * hd + i)] += float(p[size_t(s)] * v[size_t(kvh * hd + i)]);
     }
   }
   for (size_t i = 0; i < o.size(); ++i) ASSERT_NEAR(o[i], o_own[i], 1e-4) << i;

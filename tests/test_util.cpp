@@ -14,11 +14,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 
+#include "core/block_quant.h"
+#include "core/dtype.h"
 #include "format/safetensors.h"
 
 namespace flashmoe::test {
@@ -167,6 +170,54 @@ std::string join_ids(const std::vector<int32_t>& ids) {
     s += std::to_string(ids[i]);
   }
   return s;
+}
+
+std::vector<uint8_t> random_quant_blocks(QuantKind q, int64_t rows, int64_t cols, std::mt19937& rng) {
+  const int64_t be = block_elems(q), bb = block_bytes(q), nb = rows * cols / be;
+  std::vector<uint8_t> d(size_t(nb * bb));
+  for (auto& x : d) x = uint8_t(rng());
+  std::uniform_real_distribution<float> u(-0.05f, 0.05f);
+  for (int64_t k = 0; k < nb; ++k) {
+    uint8_t* b = d.data() + k * bb;
+    auto put = [&](size_t at) {
+      const uint16_t v = f32_to_f16(u(rng));
+      std::memcpy(b + at, &v, 2);
+    };
+    switch (q) {
+      case QuantKind::Q4_1: case QuantKind::Q5_1: case QuantKind::Q4_K: case QuantKind::Q5_K:
+        put(0);
+        put(2);
+        break;
+      case QuantKind::Q6_K: put(208); break;
+      default: put(0); break;
+    }
+  }
+  return d;
+}
+
+Matrix quant_matrix(QuantKind q, const std::vector<uint8_t>& data, int64_t rows, int64_t cols) {
+  Matrix W;
+  W.dtype = DType::U8;
+  W.quant = q;
+  W.data = data.data();
+  W.rows = rows;
+  W.cols = cols;
+  return W;
+}
+
+std::vector<double> naive_softmax_weights(const float* q, const std::vector<std::vector<float>>& keys, int64_t kvh,
+                                          int64_t hd, int64_t n, double scale) {
+  std::vector<double> p(static_cast<size_t>(n));
+  double mx = -1e300, sum = 0;
+  for (int64_t s = 0; s < n; ++s) {
+    double t = 0;
+    for (int64_t i = 0; i < hd; ++i) t += double(q[i]) * keys[size_t(s)][size_t(kvh * hd + i)];
+    p[size_t(s)] = t * scale;
+    mx = std::max(mx, p[size_t(s)]);
+  }
+  for (auto& x : p) sum += (x = std::exp(x - mx));
+  for (auto& x : p) x /= sum;
+  return p;
 }
 
 }  // namespace flashmoe::test

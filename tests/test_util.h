@@ -3,9 +3,11 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "core/matrix.h"
 #include "model/qwen_model.h"
 #include "runtime/backend.h"
 #include "runtime/device.h"
@@ -89,5 +91,17 @@ std::string read_file(const std::string& path);
 std::string debian_python();
 
 std::string join_ids(const std::vector<int32_t>& ids);
+
+// Random GGUF blocks of kind q for a rows x cols matrix, their f16 scales
+// finite and moderate (within +-0.05), so products stay finite.
+std::vector<uint8_t> random_quant_blocks(QuantKind q, int64_t rows, int64_t cols, std::mt19937& rng);
+// A rows x cols matrix of kind q over data (borrowed: it must outlive the matrix).
+Matrix quant_matrix(QuantKind q, const std::vector<uint8_t>& data, int64_t rows, int64_t cols);
+
+// Attention's softmax weights, naively in double (the reference the KV
+// caches' attend is checked against): query head q (hd floats) against
+// rows 0..n-1 of keys at key head kvh (hd floats at kvh * hd), scaled.
+std::vector<double> naive_softmax_weights(const float* q, const std::vector<std::vector<float>>& keys, int64_t kvh,
+                                          int64_t hd, int64_t n, double scale);
 
 }  // namespace flashmoe::test

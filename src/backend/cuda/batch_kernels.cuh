@@ -4,7 +4,7 @@
 // an array in device memory; the bodies are the decode step's own
 // (delta.cuh, delta_cluster.cuh, attention.cuh), so every KV format and
 // retention policy behaves as in a single-sequence step. Launched with PDL
-// where DecodeOptions::batch_pdl (else their waits are no-ops).
+// (Prefill::pdl(); under the profile without, where their waits are no-ops).
 #pragma once
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/delta.cuh"
@@ -41,42 +41,24 @@ __global__ void __launch_bounds__(CPB * PARTS) delta_cluster_batch_kernel(const 
 static __global__ void conv_verify_kernel(const float* __restrict__ u, int ustride, int C, int K,
                                           const float* __restrict__ taps, float* const* states, float* __restrict__ out,
                                           int n) {
-  constexpr int kMaxK = 8;  // Prefill::unsupported: conv kernels of 1..8
   const int ch = blockIdx.x * blockDim.x + threadIdx.x;
-  if (ch >= C) return;
+  const bool live = ch < C;  // K <= kConvRegTaps: Prefill::unsupported
   const size_t at = size_t(ch) * (K - 1);
-  float tp[kMaxK], st[kMaxK];
-#pragma unroll
-  for (int j = 0; j < kMaxK; ++j) {
-    tp[j] = j < K ? taps[size_t(ch) * K + j] : 0.f;
-    st[j] = j < K - 1 ? states[n - 1][at + j] : 0.f;
-  }
-  for (int t = 0; t < n; ++t) {
-    const float v = u[size_t(t) * ustride + ch];
-    float acc = 0.f;
-#pragma unroll
-    for (int j = 0; j < kMaxK; ++j)
-      if (j == K - 1) acc = tp[j] * v;
-#pragma unroll
-    for (int j = 0; j < kMaxK; ++j)
-      if (j < K - 1) acc += tp[j] * st[j];
-#pragma unroll
-    for (int j = 0; j + 1 < kMaxK; ++j)
-      if (j + 1 < K - 1) st[j] = st[j + 1];
-#pragma unroll
-    for (int j = 0; j < kMaxK; ++j)
-      if (j == K - 2) st[j] = v;
-    float* sp = states[t] + at;
-#pragma unroll
-    for (int j = 0; j < kMaxK; ++j)
-      if (j < K - 1) sp[j] = st[j];
-    out[size_t(t) * C + ch] = siluf_(acc);
-  }
+  // The taps and the window before row 0 are known before the wait
+  // (weights, and the state the last step left): into registers first.
+  float tp[kConvRegTaps], st[kConvRegTaps];
+  if (live) conv_window_load(tp, st, taps + size_t(ch) * K, states[n - 1] + at, K);
+  pdl_wait();  // every thread, as in conv_body: the kernel must not end before the one before it
+  pdl_trigger();
+  if (!live) return;
+  for (int t = 0; t < n; ++t)
+    out[size_t(t) * C + ch] = siluf_(conv_window_step(tp, st, K, u[size_t(t) * ustride + ch], states[t] + at));
 }
 
 // The same for the delta rule: as[t] holds row t's inputs, output and
 // where the state after it goes (as[n - 1].S: the sequence's state, read
-// before row 0); each thread's state rows stay in registers from row to row.
+// before row 0 and, as in delta_cluster_body, before the PDL wait: the last
+// step left it); each thread's state rows stay in registers from row to row.
 template <int DK, int CPB, int PARTS>
 __global__ void __launch_bounds__(CPB * PARTS) delta_cluster_verify_kernel(const DeltaArgs* as, int n) {
   const DeltaArgs& last = as[n - 1];
@@ -84,7 +66,9 @@ __global__ void __launch_bounds__(CPB * PARTS) delta_cluster_verify_kernel(const
   float s[DK / PARTS];
 #pragma unroll
   for (int i = 0; i < DK / PARTS; ++i) s[i] = last.S[p.offset + size_t(i) * last.dv];
-  const float nwj = last.norm_w[p.j], dtb = last.dt_bias[p.h], nea = last.neg_exp_A[p.h];
+  const float nwj = last.norm_w[p.j], dtb = last.dt_bias[p.h], nea = last.neg_exp_A[p.h];  // weights: before the wait too
+  pdl_wait();
+  pdl_trigger();
   for (int t = 0; t < n; ++t) {
     const DeltaArgs a = as[t];
     delta_cluster_token<DK, CPB, PARTS>(a, p, s, a.S + p.offset, nwj, dtb, nea);
@@ -119,7 +103,11 @@ static __global__ void argmax_rows_kernel(const float* __restrict__ logits, int 
 }
 
 // A verify pass: the sequence's position (*pos) after its rows (rows: their positions).
-static __global__ void verify_position_kernel(int* const* pos, const int* rows, int n) { **pos = rows[n - 1] + 1; }
+static __global__ void verify_position_kernel(int* const* pos, const int* rows, int n) {
+  pdl_wait();  // under PDL (as advance_positions_kernel): the kernel before has finished
+  pdl_trigger();
+  **pos = rows[n - 1] + 1;
+}
 
 // Every sequence's position one further (the decode step's advance_kernel).
 static __global__ void advance_positions_kernel(int* const* pos, int n) {

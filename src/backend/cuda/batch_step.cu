@@ -207,7 +207,7 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids, co
   event_phase_.clear();
   mark(P_OTHER);  // the start
   auto enqueue = [&] {
-    stepping_ = true;  // the batched step's variants (feed_forward)
+    stepping_ = true;  // launches with PDL (pdl())
     embed_rows(d_ids, B);
     mark(P_OTHER);
     const int groups_att = std::max(8, 256 / std::max(hd, 1));  // attn_kernel's partials, as the decode step
@@ -228,8 +228,8 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids, co
         dense_rows(d.lin_in, xn_, B, proj_, proj_stride_, GEMM_STORE, 0, xs);
         mark(P_INPROJ);
         float* const* convs_dev = reinterpret_cast<float* const*>(dev(o_conv + sl * B * sizeof(float*)));
-        if (verify)  // no dependent launch: the verify kernels do not wait in pdl_wait()
-          launch(st, false, conv_verify_kernel, dim3(unsigned(div_up(C, 256))), 256, 0, 1,
+        if (verify)
+          launch(st, pdl(), conv_verify_kernel, dim3(unsigned(div_up(C, 256))), 256, 0, 1,
                  static_cast<const float*>(proj_), proj_stride_, C, K, static_cast<const float*>(d.conv_w), convs_dev,
                  cv_, B);
         else
@@ -240,17 +240,17 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids, co
         const DeltaArgs* da = reinterpret_cast<const DeltaArgs*>(dev(o_delta + sl * B * sizeof(DeltaArgs)));
         // Verify rows (one sequence): one cluster per head walks the rows.
         // Else each head's state staged through shared memory where it fits
-        // (delta_staged.cuh); else as the decode step: a cluster of blocks
-        // per head (32 value columns each) where the shapes allow, else one
-        // block per head.
-        const bool cluster = dv % 32 == 0 && dv / 32 <= 8 && (dk == 128 || dk == 64 || dk == 32);
+        // (delta_staged.cuh: measured faster than the decode step's cluster
+        // kernel in session 8's H200 rounds); heads it does not take (dv over
+        // 128, dk 256) as the decode step: a cluster of blocks per head (32
+        // value columns each) where the shapes allow, else one block per head.
         if (verify) {
           const int cl = dv / 32;
           const dim3 g(unsigned(nv * cl));
-          if (dk == 128) launch(st, false, delta_cluster_verify_kernel<128, 32, 8>, g, 256, 0, cl, da, B);
-          else if (dk == 64) launch(st, false, delta_cluster_verify_kernel<64, 32, 8>, g, 256, 0, cl, da, B);
-          else launch(st, false, delta_cluster_verify_kernel<32, 32, 8>, g, 256, 0, cl, da, B);
-        } else if (delta_staged_ && delta_staged_fits(dk, dv, max_smem_)) {
+          if (dk == 128) launch(st, pdl(), delta_cluster_verify_kernel<128, 32, 8>, g, 256, 0, cl, da, B);
+          else if (dk == 64) launch(st, pdl(), delta_cluster_verify_kernel<64, 32, 8>, g, 256, 0, cl, da, B);
+          else launch(st, pdl(), delta_cluster_verify_kernel<32, 32, 8>, g, 256, 0, cl, da, B);
+        } else if (delta_staged_fits(dk, dv, max_smem_)) {
           const size_t smem = delta_staged_smem(dk, dv);
           auto go = [&](auto kern) {
             check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
@@ -306,9 +306,12 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids, co
       const float* next_norm = li + 1 < layers.size() ? (*m_.L)[size_t(layers[li + 1].index)].in_norm : nullptr;
       normed = feed_forward(l, d, B, next_norm);
     }
-    if (verify) verify_position_kernel<<<1, 1, 0, st>>>(reinterpret_cast<int* const*>(dev(o_seqpos)), d_rowpos, B);
-    else send(advance_positions_kernel, dim3(unsigned(div_up(B, 128))), dim3(128), 0, st,
-              reinterpret_cast<int* const*>(dev(o_pos)), B);
+    if (verify)
+      send(verify_position_kernel, dim3(1), dim3(1), 0, st, reinterpret_cast<int* const*>(dev(o_seqpos)),
+           static_cast<const int*>(d_rowpos), B);
+    else
+      send(advance_positions_kernel, dim3(unsigned(div_up(B, 128))), dim3(128), 0, st,
+           reinterpret_cast<int* const*>(dev(o_pos)), B);
     check(cudaGetLastError(), "batched decode step");
     mark(P_OTHER);
     stepping_ = false;

@@ -324,13 +324,6 @@ void cuda_set_batch_experts(CudaModel& model, DecodeOptions::BatchExperts path) 
   if (m.prefill) m.prefill->set_expert_path(int(path));
 }
 
-void cuda_set_batch_step_variant(CudaModel& model, bool delta_staged, bool pdl) {
-  CudaModel::Impl& m = CudaModelAccess::impl(model);
-  m.opts.decode.batch_delta_staged = delta_staged;
-  m.opts.decode.batch_pdl = pdl;
-  if (m.prefill) m.prefill->set_step_variant(delta_staged, pdl);
-}
-
 double cuda_copy_bandwidth_gbps(const CudaModel& model) {
   CudaModel::Impl& m = CudaModelAccess::impl(model);
   CK(cudaSetDevice(m.dev));

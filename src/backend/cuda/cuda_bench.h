@@ -45,9 +45,6 @@ void cuda_set_batch_graph(CudaModel& m, bool on);
 // The batched step's routed-expert product (DecodeOptions::batch_experts),
 // switched on a loaded model (bench: both paths measured on one model).
 void cuda_set_batch_experts(CudaModel& m, DecodeOptions::BatchExperts path);
-// The batched step's variants (DecodeOptions::batch_delta_staged,
-// batch_pdl), switched on a loaded model (bench: side by side).
-void cuda_set_batch_step_variant(CudaModel& m, bool delta_staged, bool pdl);
 // Device-to-device cudaMemcpy bandwidth, bytes read + written per second / 1e9.
 double cuda_copy_bandwidth_gbps(const CudaModel& m);
 // Host-to-device cudaMemcpy bandwidth from pinned memory, GB/s.

@@ -16,7 +16,6 @@ std::unique_ptr<CudaModel> cuda_synthetic_model(const ModelConfig&, uint64_t, co
 }
 void cuda_set_batch_graph(CudaModel&, bool) { no_cuda(); }
 void cuda_set_batch_experts(CudaModel&, DecodeOptions::BatchExperts) { no_cuda(); }
-void cuda_set_batch_step_variant(CudaModel&, bool, bool) { no_cuda(); }
 double cuda_copy_bandwidth_gbps(const CudaModel&) { no_cuda(); }
 double cuda_host_link_gbps(const CudaModel&) { no_cuda(); }
 std::string cuda_link_rates(const CudaModel&) { no_cuda(); }

@@ -56,17 +56,6 @@ struct DecodeOptions {
   enum class BatchExperts { Auto = 0, Tiled = 1, FewRows = 2, Skinny = 3 };
   BatchExperts batch_experts = BatchExperts::Auto;
 
-  // Bench-only while session 8's rounds measure them against session 7's
-  // kernels (bench/NOTES-cuda.md, "Batched step at B=32: the delta rule's
-  // bytes in flight, PDL"; both won round 1; the false paths leave after
-  // round 2): the batched step's delta rule with each head's state staged
-  // through shared memory (delta_staged.cuh) or the decode step's cluster
-  // kernel; its kernels launched with programmatic dependent launch (each
-  // starts while the one before drains; a dense product's first weights
-  // loaded before it waits).
-  bool batch_delta_staged = true;
-  bool batch_pdl = true;
-
   // Tests: the copies ahead of tiered experts (host_prefetch.cuh) pick the
   // host-tier experts ranked lowest, so they are (nearly all) wrong and the
   // chosen experts are copied after the router instead.

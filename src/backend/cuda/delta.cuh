@@ -6,41 +6,62 @@
 
 namespace flashmoe::cuda {
 
+// Conv kernels of up to kConvRegTaps taps keep a channel's taps and window
+// in registers (conv_body; the batched prefill takes no longer ones).
+constexpr int kConvRegTaps = 8;
+
+// A channel's taps tp[0..K) and previous inputs st[0..K-1) (oldest first)
+// into registers, zeros past them.
+__device__ __forceinline__ void conv_window_load(float (&tp)[kConvRegTaps], float (&st)[kConvRegTaps],
+                                                 const float* taps, const float* prev, int K) {
+#pragma unroll
+  for (int j = 0; j < kConvRegTaps; ++j) {
+    tp[j] = j < K ? taps[j] : 0.f;
+    st[j] = j < K - 1 ? prev[j] : 0.f;
+  }
+}
+
+// Input v through the window conv_window_load filled: returns the
+// convolution before the SiLU (the newest input's tap first, then the
+// previous inputs oldest first, as conv_body's memory path sums them),
+// shifts v into st and stores the new window at prev[0..K-1).
+__device__ __forceinline__ float conv_window_step(const float (&tp)[kConvRegTaps], float (&st)[kConvRegTaps], int K,
+                                                  float v, float* prev) {
+  float acc = 0.f;
+#pragma unroll
+  for (int j = 0; j < kConvRegTaps; ++j)
+    if (j == K - 1) acc = tp[j] * v;
+#pragma unroll
+  for (int j = 0; j < kConvRegTaps; ++j)
+    if (j < K - 1) acc += tp[j] * st[j];
+#pragma unroll
+  for (int j = 0; j + 1 < kConvRegTaps; ++j)
+    if (j + 1 < K - 1) st[j] = st[j + 1];
+#pragma unroll
+  for (int j = 0; j < kConvRegTaps; ++j) {
+    if (j == K - 2) st[j] = v;
+    if (j < K - 1) prev[j] = st[j];
+  }
+  return acc;
+}
+
 // GatedDeltaNet causal depthwise conv (kernel K) + SiLU over C channels.
 // state: [C][K-1] previous inputs.
 __device__ __forceinline__ void conv_body(const float* __restrict__ u, int C, int K, const float* __restrict__ taps,
                                           float* __restrict__ state, float* __restrict__ out) {
   // The taps and the previous inputs are known before the wait (weights, and
   // this layer's state from the last step): into registers first.
-  constexpr int kMaxK = 8;
   const int ch = blockIdx.x * blockDim.x + threadIdx.x;
-  const bool reg = ch < C && K <= kMaxK;
-  float tp[kMaxK], st[kMaxK];
-  if (reg) {
-#pragma unroll
-    for (int j = 0; j < kMaxK; ++j) {
-      tp[j] = j < K ? taps[size_t(ch) * K + j] : 0.f;
-      st[j] = j < K - 1 ? state[size_t(ch) * (K - 1) + j] : 0.f;
-    }
-  }
+  const bool reg = ch < C && K <= kConvRegTaps;
+  float tp[kConvRegTaps], st[kConvRegTaps];
+  if (reg) conv_window_load(tp, st, taps + size_t(ch) * K, state + size_t(ch) * (K - 1), K);
   pdl_wait();
   pdl_trigger();
   if (ch >= C) return;
   float* sp = state + size_t(ch) * (K - 1);
   const float v = u[ch];
   if (reg) {
-    float acc = 0.f;
-#pragma unroll
-    for (int j = 0; j < kMaxK; ++j)
-      if (j == K - 1) acc = tp[j] * v;
-#pragma unroll
-    for (int j = 0; j < kMaxK; ++j)
-      if (j < K - 1) acc += tp[j] * st[j];
-#pragma unroll
-    for (int j = 0; j < kMaxK; ++j)
-      if (j + 1 < K - 1) sp[j] = st[j + 1];
-    if (K > 1) sp[K - 2] = v;
-    out[ch] = siluf_(acc);
+    out[ch] = siluf_(conv_window_step(tp, st, K, v, sp));
     return;
   }
   const float* tpp = taps + size_t(ch) * K;

@@ -30,8 +30,6 @@ Prefill* CudaModel::Impl::batched() {
   pm.profile = opts.decode.prefill_profile;
   pm.batch_graph = opts.decode.batch_graph;
   pm.batch_experts = int(opts.decode.batch_experts);
-  pm.batch_delta_staged = opts.decode.batch_delta_staged;
-  pm.batch_pdl = opts.decode.batch_pdl;
   if (ep) {  // expert parallel: the all-reduce after each MoE's experts (multi_gpu.cu)
     pm.moe_before = [this](float* rows, int T) { ep_before_rows(rows, T); };
     pm.moe_after = [this](float* rows, int T) { ep_after_rows(rows, T); };

@@ -4,7 +4,7 @@
 // (scales, mins, high bits, the IQ4 table) and never written back wider.
 // The values are exactly ggml's dequantisation, computed in the same order
 // as the CPU's block kernels (core/block_quant.cpp), so CUDA and CPU see the
-// same weights. Host-callable too: tests/gguf_blocks_test.cpp checks these
+// same weights. Host-callable too: tests/block_quant_test.cpp checks these
 // readers against the CPU's block_dequant without a GPU.
 #pragma once
 #include <cstdint>
@@ -61,16 +61,6 @@ FM_HD int gguf_block_bytes(int k) {
   }
 }
 
-FM_HD float gguf_bits_f32(uint32_t b) {
-#ifdef __CUDA_ARCH__
-  return __uint_as_float(b);
-#else
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-#endif
-}
-
 // f16 bits -> f32, exact (as core/block_quant.cpp's half()): the exponent
 // and mantissa shifted into an f32 are the value times 2^-112.
 FM_HD float gguf_half(const uint8_t* p) {
@@ -80,9 +70,9 @@ FM_HD float gguf_half(const uint8_t* p) {
   float f;
   if (em >= 0x7c00u) {
     bits |= 0x7f800000u;
-    f = gguf_bits_f32(bits);
+    f = bits_to_f32(bits);
   } else {
-    f = gguf_bits_f32(bits) * 0x1p112f;
+    f = bits_to_f32(bits) * 0x1p112f;
   }
   return (h & 0x8000u) ? -f : f;
 }
@@ -210,7 +200,7 @@ FM_HD void gguf_weights8(int k, const uint8_t* row, int c, float* w) {
       const int s = i0 / 32, t = (i0 % 32) / 8;
       const uint32_t q = gguf_word(b + 16 * s + 4 * t);
       if (k == GQ_Q4_K_C32) {
-        const float d1 = gguf_bits_f32(gguf_word(b + 128 + 8 * s)), mm = gguf_bits_f32(gguf_word(b + 132 + 8 * s));
+        const float d1 = bits_to_f32(gguf_word(b + 128 + 8 * s)), mm = bits_to_f32(gguf_word(b + 132 + 8 * s));
         for (int i = 0; i < 4; ++i) {
           w[i] = d1 * float((q >> (8 * i)) & 0xF) - mm;
           w[4 + i] = d1 * float((q >> (8 * i + 4)) & 0xF) - mm;
@@ -221,7 +211,7 @@ FM_HD void gguf_weights8(int k, const uint8_t* row, int c, float* w) {
       // 4 (t / 2), at bits 8i + 4 and 8i + 6 (t even) or 8i and 8i + 2 (t odd);
       // one f32 scale per 16 weights.
       const uint32_t h = gguf_word(b + 128 + 8 * s + 4 * (t / 2)) >> ((t & 1) ? 0 : 4);
-      const float ds = gguf_bits_f32(gguf_word(b + 192 + 8 * s + 4 * (t / 2)));
+      const float ds = bits_to_f32(gguf_word(b + 192 + 8 * s + 4 * (t / 2)));
       for (int i = 0; i < 4; ++i) {
         w[i] = ds * float(int(((q >> (8 * i)) & 0xF) | (((h >> (8 * i)) & 3) << 4)) - 32);
         w[4 + i] = ds * float(int(((q >> (8 * i + 4)) & 0xF) | (((h >> (8 * i + 2)) & 3) << 4)) - 32);

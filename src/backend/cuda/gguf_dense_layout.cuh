@@ -23,7 +23,7 @@
 // blocks cost the decode readers ~10 instructions a weight (scale unpacking,
 // addresses, per-block heads paid for few weights a lane); here a lane pays
 // about 3 (a byte permute, a subtraction, an FMA) and one 16-byte load of
-// codes per 32 weights. Host-callable: tests/gguf_blocks_test.cpp checks
+// codes per 32 weights. Host-callable: tests/block_quant_test.cpp checks
 // the readers against the file's blocks without a GPU.
 #pragma once
 #include <cmath>
@@ -86,7 +86,8 @@ FM_HD void gdense_with_kind(const GDenseKind& in, F&& f) {
 }
 FM_HD int gdense_block_bytes(int k) { return 192 + 32 * gdense_info(k).h; }
 
-FM_HD float gdense_f32(uint32_t b) {
+// The float whose IEEE bits are b (the GGUF readers' f16 and scale decoding).
+FM_HD float bits_to_f32(uint32_t b) {
 #ifdef __CUDA_ARCH__
   return __uint_as_float(b);
 #else
@@ -103,7 +104,7 @@ FM_HD float gdense_code_f32(uint32_t w, float off) {
 #ifdef __CUDA_ARCH__
   return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | I)) - (8388608.0f + off);
 #else
-  return gdense_f32(0x4B000000u | ((w >> (8 * I)) & 0xFFu)) - (8388608.0f + off);
+  return bits_to_f32(0x4B000000u | ((w >> (8 * I)) & 0xFFu)) - (8388608.0f + off);
 #endif
 }
 

@@ -2,7 +2,7 @@
 // layout (gguf_dense_layout.cuh): per group of 32 columns the file's codes
 // (as unsigned integers) and the pair of floats the weights are made of,
 // written into repacked blocks of 256 columns. Host code (upload.cu, the op
-// checks, tests/gguf_blocks_test.cpp).
+// checks, tests/block_quant_test.cpp).
 #pragma once
 #include <cstdint>
 #include <cstring>

@@ -7,7 +7,7 @@
 // consecutive weights, lanes of a warp scattered over the row's blocks) is
 // kept for the other kinds and for rows not aligned for these loads.
 // Weights are exactly gguf_weights8's values (same arithmetic); only the
-// summation order differs. Host-callable: tests/gguf_blocks_test.cpp runs
+// summation order differs. Host-callable: tests/block_quant_test.cpp runs
 // the 32 lanes on the CPU against the block kernels' row products.
 #pragma once
 #ifdef __CUDACC__
@@ -74,7 +74,7 @@ FM_HD float gguf_half_bits(uint32_t h) {
 // (an integer < 2^23): v's bits under the exponent of 2^23 make the float
 // 2^23 + v, and one subtraction leaves v - off. Replaces an int-to-float
 // conversion, which issues at a quarter of the FP32 rate, per weight.
-FM_HD float gguf_small_f32(uint32_t v, float off) { return gguf_bits_f32(0x4B000000u | v) - (8388608.0f + off); }
+FM_HD float gguf_small_f32(uint32_t v, float off) { return bits_to_f32(0x4B000000u | v) - (8388608.0f + off); }
 // Byte I of w (a value < 256) as a float, exactly (one byte permute on the device).
 template <int I>
 FM_HD float gguf_byte_f32(uint32_t w) {

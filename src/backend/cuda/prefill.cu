@@ -65,8 +65,6 @@ Prefill::Prefill(const PrefillModel& m, int max_tokens) : m_(m), tmax_(max_token
   profile_ = m.profile;
   batch_graph_ = m.batch_graph;
   expert_path_ = m.batch_experts;
-  delta_staged_ = m.batch_delta_staged;
-  pdl_ = m.batch_pdl;
   phase_ms_.assign(P_N, 0.0);
   step_ms_.assign(P_N, 0.0);
   auto smem = [](auto kern, size_t bytes) {

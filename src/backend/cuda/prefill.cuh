@@ -54,8 +54,6 @@ struct PrefillModel {
   bool profile = false;  // DecodeOptions::prefill_profile
   bool batch_graph = false;  // DecodeOptions::batch_graph
   int batch_experts = 0;     // DecodeOptions::batch_experts
-  bool batch_delta_staged = true;  // DecodeOptions::batch_delta_staged
-  bool batch_pdl = true;           // DecodeOptions::batch_pdl
   // Disk tier: called after the routing of MoE layer mi (d_ids: the chunk's
   // T * k choices, on the device); returns with every chosen expert resident
   // and its table entry set on the stream. Null: all experts are resident.
@@ -120,13 +118,6 @@ class Prefill {
   void set_expert_path(int path) {
     expert_path_ = path;
     drop_batch_graphs();  // captured with the other path
-  }
-  // The batched step's variants measured side by side in session 8's rounds
-  // (DecodeOptions::batch_delta_staged, batch_pdl).
-  void set_step_variant(bool delta_staged, bool pdl) {
-    delta_staged_ = delta_staged;
-    pdl_ = pdl;
-    drop_batch_graphs();  // captured with the other variant
   }
   // Tokens d_ids[0..T) (device) at positions pos..pos+T-1 through every
   // layer, T <= max_tokens(); *d_pos becomes pos + T. Enqueued on the stream.
@@ -209,12 +200,10 @@ class Prefill {
   bool profile_ = false;
   bool batch_graph_ = false;
   int expert_path_ = 0;  // DecodeOptions::BatchExperts
-  bool delta_staged_ = true;  // DecodeOptions::batch_delta_staged
-  bool stepping_ = false;     // inside step_batch (PDL applies)
-  bool pdl_ = true;           // DecodeOptions::batch_pdl
+  bool stepping_ = false;  // inside step_batch (PDL applies)
   // Whether a launch of the batched decode step goes out with programmatic
   // dependent launch (not under the profile: its events sit between kernels).
-  bool pdl() const { return stepping_ && pdl_ && !profile_; }
+  bool pdl() const { return stepping_ && !profile_; }
   // kern<<<grid, block, smem, s>>>(args...), with PDL where pdl(): a kernel
   // sent this way must wait in pdl_wait() before it reads or overwrites
   // what the kernels before it use.
