@@ -167,7 +167,7 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids, co
       AttnArgs& a = attns[sl * B + j];
       a.q = q_ + size_t(b) * nh * hd;
       a.gate = proj_ + size_t(b) * proj_stride_;
-      a.scores = s.scores;
+      a.scores = verify ? verify->scores + size_t(b) * verify->scores_row : s.scores;
       a.out = o_ + size_t(b) * nh * hd;
       a.pos = pos[b];
       a.kv = kv;

@@ -88,6 +88,8 @@ struct CudaState::Impl {
   // (verify_n 0: nothing to take back; any other forward pass clears it).
   std::vector<float*> conv_rows, ssm_rows;
   float* head_rows = nullptr;
+  float* verify_scores = nullptr;  // the rows' attention scratch: kVerifyRows x [nh][cap]
+  int verify_scores_cap = 0;
   void* verify_jobs = nullptr;
   int64_t verify_p0 = 0;
   int verify_n = 0;
@@ -114,6 +116,7 @@ struct CudaState::Impl {
     for (float* p : conv_rows) cudaFree(p);
     for (float* p : ssm_rows) cudaFree(p);
     cudaFree(head_rows);
+    cudaFree(verify_scores);
     cudaFree(verify_jobs);
     for (void* p : {static_cast<void*>(scores), static_cast<void*>(d_pos), static_cast<void*>(d_base),
                     static_cast<void*>(d_ids), static_cast<void*>(d_out), static_cast<void*>(d_step)})

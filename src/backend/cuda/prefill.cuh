@@ -92,10 +92,15 @@ struct PrefillState {
 // recurrent states after each row t < B - 1 are kept, at conv_rows[l] +
 // t * C * (K - 1) and ssm_rows[l] + t * nv * dk * dv floats for linear
 // layer l, so a rejected draft rolls back by a copy (CudaModel::take_back).
+// Each row attends with its own scores scratch (scores + t * scores_row
+// floats): the rows run concurrently, so one [nh][cap] scratch shared by
+// them would mix their scores.
 struct VerifyRows {
   int64_t p0 = 0;
   const std::vector<float*>* conv_rows = nullptr;
   const std::vector<float*>* ssm_rows = nullptr;
+  float* scores = nullptr;
+  size_t scores_row = 0;
 };
 
 class Prefill {

@@ -40,7 +40,8 @@ bool CudaModel::Impl::verify_fits(CudaState::Impl& s, int64_t n) {
   // batched step does not rotate fp8 `rotated` outputs back; the disk tier
   // and several GPUs are not in the batched step's graph.
   if (s.window > 0 || s.h2o || s.snap || disk || ep) return false;
-  if (!s.kvl.empty() && s.kvl[0].rot) return false;
+  // quest: its page choice is one per sequence, made for one query.
+  if (!s.kvl.empty() && (s.kvl[0].rot || s.kvl[0].quest)) return false;
   const int64_t dk = c.lin_k_dim, dv = c.lin_v_dim;  // delta_cluster_verify_kernel's shapes
   if (!(dv % 32 == 0 && dv / 32 <= 8 && (dk == 128 || dk == 64 || dk == 32))) return false;
   Prefill* pf = batched();
@@ -79,9 +80,15 @@ void CudaModel::Impl::verify(CudaState::Impl& s, const int32_t* ids, int64_t n, 
   ensure_cap(s, p0 + n);
   ensure_cap(*s.head, p0 + n);
   keep_verify_rows(s);
+  const size_t scores_row = size_t(s.cap) * size_t(std::max(s.nh, 1));
+  if (s.verify_scores_cap < s.cap) {  // the cache grew (ensure_cap): the rows' scratch with it
+    cudaFree(s.verify_scores);
+    s.verify_scores = static_cast<float*>(dev_alloc(scores_row * kVerifyRows * 4, "verify pass: attention scores"));
+    s.verify_scores_cap = s.cap;
+  }
   put_ids(s, ids, n);  // the head's tokens (device ring)
   const PrefillState ps = prefill_state(s);
-  const VerifyRows rows{p0, &s.conv_rows, &s.ssm_rows};
+  const VerifyRows rows{p0, &s.conv_rows, &s.ssm_rows, s.verify_scores, scores_row};
   pf.step_batch(&ps, int(n), ids, &rows);
   s.pos += n;
   if (tiers) tiers->maintain(stream, int(n));
