@@ -105,20 +105,31 @@ TEST(BatchScheduler, ConcurrentGenerationsEqualTheirRunsAlone) {
 // While a 4,096-token prompt is admitted, a decoding request is in every
 // step, and every step holds at most the budget: its inter-token latency is
 // one step, not the whole prompt.
+// n pseudo-random ids below V (a long prompt whose content does not matter).
+std::vector<int32_t> random_ids(int64_t n, int64_t V, unsigned seed) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  std::mt19937 rng(seed);
+  for (auto& t : ids) t = int32_t(rng() % uint32_t(V));
+  return ids;
+}
+
+// A 256-position window keeps the long-prompt tests cheap: what they measure
+// is the scheduling, and attention over thousands of keys would only add time.
+KvConfig window_256() {
+  KvConfig kv;
+  kv.window = 256;
+  kv.window_set = true;
+  return kv;
+}
+
 TEST(BatchScheduler, LongPromptDoesNotStallDecoding) {
   auto model = QwenModel::load(fixture_dir("tiny-qwen35moe") + "/model");
   const Backend& b = cpu_of(*model);
   const int64_t V = model->config().vocab_size, budget = 64;
   const int64_t long_len = sanitized() ? 1024 : 4096;
   ThreadPool pool(2);
-  std::vector<int32_t> long_prompt(static_cast<size_t>(long_len));
-  std::mt19937 rng(5);
-  for (auto& t : long_prompt) t = int32_t(rng() % uint32_t(V));
-  // A 256-position window keeps the test cheap: what is measured is the
-  // scheduling, and attention over 4,096 keys would only add time.
-  KvConfig kv;
-  kv.window = 256;
-  kv.window_set = true;
+  const std::vector<int32_t> long_prompt = random_ids(long_len, V, 5);
+  const KvConfig kv = window_256();
   BatchSchedulerOptions so;
   so.step_tokens = budget;
   so.gather = std::chrono::seconds(5);  // every step waits for both sessions: the test is exact
@@ -169,12 +180,8 @@ TEST(BatchScheduler, CancelledPromptLeavesWithinAStep) {
   const Backend& b = cpu_of(*model);
   const int64_t V = model->config().vocab_size, budget = 32, long_len = 2048;
   ThreadPool pool(2);
-  std::vector<int32_t> long_prompt(static_cast<size_t>(long_len));
-  std::mt19937 rng(7);
-  for (auto& t : long_prompt) t = int32_t(rng() % uint32_t(V));
-  KvConfig kv;
-  kv.window = 256;
-  kv.window_set = true;
+  const std::vector<int32_t> long_prompt = random_ids(long_len, V, 7);
+  const KvConfig kv = window_256();
   BatchSchedulerOptions so;
   so.step_tokens = budget;
   so.gather = std::chrono::milliseconds(50);  // steps wait for both sessions (a loaded machine too)

@@ -181,17 +181,6 @@ void expect_batch_matches_alone(const Backend& b, const KvConfig& kv, const std:
               worst_kl, worst_mad);
 }
 
-// The 35B's shapes (bf16, 256 experts, head_dim 256, key dim 128: the
-// delta rule's staged kernel, attention split over blocks): 4 layers of the
-// synthetic preset (3 GatedDeltaNet, 1 attention).
-ModelConfig config_35b_4_layers() {
-  ModelConfig c = model_preset("qwen3.5-35b-a3b");
-  c.num_layers = 4;
-  c.layer_kinds.resize(4);
-  c.layer_is_moe.resize(4);
-  return c;
-}
-
 // schedule() over 64 pseudo-random ids (id i: (i * mul + add) % V).
 std::vector<Seq> pseudo_random_schedule(int64_t V, int64_t mul, int64_t add) {
   std::vector<int32_t> ids;

@@ -326,10 +326,7 @@ TEST(CudaMtp, RestorePointIsExactAndCheaperThanASnapshot) {
 // logits. (Its buffers once lacked the device drafts: bench --mtp failed.)
 TEST(CudaMtp, SyntheticHeadDraftsOnTheDeviceAsOnTheHost) {
   REQUIRE_GPU();
-  ModelConfig c = model_preset("qwen3.5-35b-a3b");
-  c.num_layers = 4;
-  c.layer_kinds.resize(4);
-  c.layer_is_moe.resize(4);
+  const ModelConfig c = config_35b_4_layers();
   CudaSyntheticOptions so;
   so.mtp_head = true;
   auto m = cuda_synthetic_model(c, 11, {}, so);

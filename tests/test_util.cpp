@@ -3,6 +3,7 @@
 #include <map>
 #include <mutex>
 
+#include "kv/presets.h"
 #include "runtime/cpu_backend.h"
 #include "runtime/cuda_backend.h"
 #include "runtime/cuda_backend_impl.h"
@@ -224,4 +225,13 @@ std::vector<double> naive_softmax_weights(const float* q, const std::vector<std:
 
 namespace flashmoe::test {
 std::string debian_python() { return ::access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3"; }
+
+ModelConfig config_35b_4_layers() {
+  ModelConfig c = model_preset("qwen3.5-35b-a3b");
+  c.num_layers = 4;
+  c.layer_kinds.resize(4);
+  c.layer_is_moe.resize(4);
+  return c;
+}
+
 }  // namespace flashmoe::test

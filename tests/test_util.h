@@ -104,4 +104,9 @@ Matrix quant_matrix(QuantKind q, const std::vector<uint8_t>& data, int64_t rows,
 std::vector<double> naive_softmax_weights(const float* q, const std::vector<std::vector<float>>& keys, int64_t kvh,
                                           int64_t hd, int64_t n, double scale);
 
+// The 35B's shapes (bf16, 256 experts, head_dim 256, key dim 128) in 4
+// layers of the synthetic preset (3 GatedDeltaNet, 1 attention): the CUDA
+// tests' stand-in for the synthetic bench model.
+ModelConfig config_35b_4_layers();
+
 }  // namespace flashmoe::test
