@@ -173,11 +173,13 @@ class CudaBackendState final : public State {
     if (cs->drafting != drafting_)
       fail(std::string("state snapshot: taken ") + (cs->drafting ? "with" : "without") + " --mtp, restored " +
            (drafting_ ? "with" : "without"));
+    // One this backend took into VRAM is guarded by its call lock (another
+    // backend's lock would not keep it from moving meanwhile).
+    if (cs->owner_ && cs->owner_ != &b_) fail("state snapshot: taken by another backend");
     CallGuard g(b_.call_lock());
     // Where it lives changes only under the call lock, so the cast is safe:
     // the restore reads it and, in VRAM, marks it the most recently used.
     auto& s = const_cast<CudaSnapshot&>(*cs);
-    if (s.device_ && s.owner_ != &b_) fail("state snapshot: taken on another device");
     st.reset();  // before the new one: the device need not hold both
     if (s.device_) {
       b_.snapshot_vram().touch(s);
