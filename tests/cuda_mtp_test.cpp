@@ -14,6 +14,7 @@
 #include "engine/session.h"
 #include "engine/speculative.h"
 #include "kv/presets.h"
+#include "runtime/cuda_backend_impl.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -280,11 +281,16 @@ TEST(CudaMtp, SnapshotCarriesTheHead) {
 // roll-back) against a snapshot in host memory: after feeding 3 tokens and
 // restoring, the same 3 tokens give the same logits bit for bit (full and
 // windowed caches, fp8 too), and the head drafts as before; and what each
-// costs at ~600 tokens of context (printed; the restore point copies no KV).
+// costs at ~600 tokens of context (printed; the restore point copies no KV),
+// and a snapshot kept in VRAM (printed).
 TEST(CudaMtp, RestorePointIsExactAndCheaperThanASnapshot) {
   REQUIRE_GPU();
   const CoderMiniOnGpu gpu;
-  const Backend& b = gpu.b;
+  // A backend of its own: its snapshots go to host memory (a VRAM budget of
+  // 0) until the last timing.
+  CudaBackend b(std::shared_ptr<const QwenModel>(std::shared_ptr<const QwenModel>(), gpu.model.get()),
+                std::shared_ptr<CudaModel>(std::shared_ptr<CudaModel>(), gpu.cuda.get()));
+  b.set_snapshot_vram_budget(0);
   const int64_t V = gpu.V;
   ThreadPool pool(2);
   std::vector<int32_t> ctx;
@@ -314,8 +320,12 @@ TEST(CudaMtp, RestorePointIsExactAndCheaperThanASnapshot) {
     };
     time(true);
     const double snap = time(false), dev = time(true);
-    std::printf("[cuda-mtp] %-10s context %zu: feed 3 + roll back: host snapshot %.3f ms, device restore point %.3f ms\n",
-                kv.describe().c_str(), ctx.size(), snap, dev);
+    b.set_snapshot_vram_budget(size_t(1) << 32);
+    const double vram = time(false);
+    b.set_snapshot_vram_budget(0);
+    std::printf("[cuda-mtp] %-10s context %zu: feed 3 + roll back: host snapshot %.3f ms, VRAM snapshot %.3f ms, "
+                "device restore point %.3f ms\n",
+                kv.describe().c_str(), ctx.size(), snap, vram, dev);
     EXPECT_LT(dev, snap) << kv.describe();
   }
 }

@@ -27,7 +27,7 @@ std::string content(const json& r) { return r["choices"][0]["message"]["content"
 // conversation: the GPU server answers as the CPU server does (logits agree
 // to ~1e-5, far from moving an argmax or a seeded draw here). The second
 // turn starts from the first one's snapshot on both (the GPU's is its device
-// state copied to host memory), reusing as many tokens.
+// state copied within VRAM), reusing as many tokens.
 TEST(CudaServe, AnswersMatchTheCpu) {
   REQUIRE_GPU();
   START_SERVER(cpu, on("cpu"));

@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_bench.h"
 #include "backend/cuda/cuda_model.h"
+#include "runtime/cuda_backend_impl.h"
 #include "core/error.h"
 #include "engine/session.h"
 #include "model/pack_model.h"
@@ -675,6 +676,123 @@ TEST(CudaCoderMini, SnapshotsRestoreExactly) {
   fp8.dtype = KvDType::FP8;
   Session other(gpu_view(*model, *cuda), fp8, pool);
   EXPECT_THROW(other.restore(f32.snapshot()), Error);
+}
+
+// A backend of its own over an uploaded model (both borrowed), so that a
+// test can set its snapshot VRAM budget without touching gpu_view's.
+std::unique_ptr<CudaBackend> own_backend(const QwenModel& m, CudaModel& device) {
+  return std::make_unique<CudaBackend>(std::shared_ptr<const QwenModel>(std::shared_ptr<const QwenModel>(), &m),
+                                       std::shared_ptr<CudaModel>(std::shared_ptr<CudaModel>(), &device));
+}
+
+// A snapshot kept in VRAM (the default while it fits the budget: the
+// server's conversation snapshots) restores exactly: into another session,
+// and into the session it was taken from after that one moved on (the copy
+// is its own); its logits and greedy ids equal those of the plain
+// continuation and of a snapshot taken to host memory (budget 0), bit for
+// bit, in every KV format. The VRAM it holds is its bytes(), and it is
+// given back when the snapshot goes.
+TEST(CudaCoderMini, SnapshotsInVramRestoreExactly) {
+  REQUIRE_GPU();
+  const std::string dir = source_path("models/coder-mini");
+  auto model = QwenModel::load(dir + "/model");
+  auto cuda = CudaModel::upload(*model);
+  auto vram = own_backend(*model, *cuda), host = own_backend(*model, *cuda);
+  ASSERT_GT(vram->snapshot_vram_budget(), 0u);
+  host->set_snapshot_vram_budget(0);
+  RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
+  ThreadPool pool(2);
+  const size_t half = ids.ids.size() / 2;
+  const std::vector<int32_t> head(ids.ids.begin(), ids.ids.begin() + std::ptrdiff_t(half));
+  const std::vector<int32_t> tail(ids.ids.begin() + std::ptrdiff_t(half), ids.ids.end());
+  for (const KvCase& c : kv_cases()) {
+    Session a(*vram, c.kv, pool), b(*vram, c.kv, pool), h(*host, c.kv, pool), hr(*host, c.kv, pool);
+    a.feed(head);
+    h.feed(head);
+    {
+      const SessionSnapshot dev = a.snapshot(), img = h.snapshot();
+      EXPECT_EQ(vram->snapshot_vram_bytes(), dev.state->bytes()) << c.name;
+      EXPECT_EQ(host->snapshot_vram_bytes(), 0u) << c.name;
+      EXPECT_EQ(dev.state->bytes(), img.state->bytes()) << c.name;  // the same image, wherever it lives
+      b.restore(dev);
+      hr.restore(img);
+      EXPECT_EQ(b.position(), int64_t(half));
+      const std::vector<float> x = a.feed_all(tail), y = b.feed_all(tail), z = hr.feed_all(tail);
+      EXPECT_EQ(max_abs_diff(x.data(), y.data(), x.size()), 0.0f) << c.name;
+      EXPECT_EQ(max_abs_diff(x.data(), z.data(), x.size()), 0.0f) << c.name << " (host snapshot)";
+      const std::vector<int32_t> ga = a.greedy(8);
+      EXPECT_EQ(ga, b.greedy(8)) << c.name;
+      EXPECT_EQ(ga, hr.greedy(8)) << c.name;
+      a.restore(dev);  // back to the snapshot after moving on: nothing of later tokens in the copy
+      const std::vector<float> w = a.feed_all(tail);
+      EXPECT_EQ(max_abs_diff(x.data(), w.data(), x.size()), 0.0f) << c.name << " (restored into its own state)";
+    }
+    EXPECT_EQ(vram->snapshot_vram_bytes(), 0u) << c.name;
+  }
+}
+
+// The VRAM budget: a snapshot past it moves the least recently used ones to
+// host memory (restored, they continue exactly as before the move), one
+// larger than the whole budget is taken to host memory, and a smaller
+// budget moves what no longer fits. A restore marks a snapshot used.
+TEST(CudaCoderMini, SnapshotVramBudgetMovesTheOldestToHost) {
+  REQUIRE_GPU();
+  const std::string dir = source_path("models/coder-mini");
+  auto model = QwenModel::load(dir + "/model");
+  auto cuda = CudaModel::upload(*model);
+  auto be = own_backend(*model, *cuda);
+  RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
+  ThreadPool pool(2);
+  const int64_t n = int64_t(ids.ids.size()) / 3;
+  auto part = [&](int64_t i) {
+    return std::vector<int32_t>(ids.ids.begin() + std::ptrdiff_t(i * n), ids.ids.begin() + std::ptrdiff_t((i + 1) * n));
+  };
+  Session s(*be, KvConfig{}, pool);
+  s.feed(part(0));
+  const SessionSnapshot s1 = s.snapshot();
+  const size_t one = s1.state->bytes();
+  ASSERT_EQ(be->snapshot_vram_bytes(), one);
+  const std::vector<float> after1 = [&] {
+    Session r(*be, KvConfig{}, pool);
+    r.restore(s1);
+    return r.feed_all(part(1));
+  }();
+  s.restore(s1);
+  s.feed(part(1));
+  // Room for s1 and s2, not for s3 (as long as s2) beside them: s3 moves
+  // the least recently used.
+  const SessionSnapshot s2 = s.snapshot();
+  const size_t two = s2.state->bytes();
+  be->set_snapshot_vram_budget(one + two + two / 2);
+  EXPECT_EQ(be->snapshot_vram_bytes(), one + two);
+  {
+    Session r(*be, KvConfig{}, pool);
+    r.restore(s1);  // s1 is now the most recently used: s2 moves, not s1
+  }
+  const SessionSnapshot s3 = s.snapshot();
+  EXPECT_EQ(s3.state->bytes(), two);
+  EXPECT_EQ(be->snapshot_vram_bytes(), one + two);  // s1 and s3
+  for (const SessionSnapshot* p : {&s1, &s2}) {  // both restore exactly, in VRAM or not
+    Session r(*be, KvConfig{}, pool);
+    r.restore(*p);
+    if (p == &s1) {
+      const std::vector<float> y = r.feed_all(part(1));
+      EXPECT_EQ(max_abs_diff(after1.data(), y.data(), y.size()), 0.0f);
+    } else {
+      Session q(*be, KvConfig{}, pool);
+      q.restore(s1);
+      q.feed(part(1));
+      EXPECT_EQ(q.greedy(6), r.greedy(6));
+    }
+  }
+  be->set_snapshot_vram_budget(one - 1);  // nothing fits: all moved
+  EXPECT_EQ(be->snapshot_vram_bytes(), 0u);
+  const SessionSnapshot s4 = s.snapshot();  // larger than the budget: to host memory
+  EXPECT_EQ(s4.state->bytes(), two);
+  EXPECT_EQ(be->snapshot_vram_bytes(), 0u);
+  Session r(*be, KvConfig{}, pool);
+  r.restore(s3);
+  EXPECT_EQ(r.greedy(6), s.greedy(6));
 }
 
 // h2o and tova on the GPU evict what the CPU evicts: after a prompt 4x the budget

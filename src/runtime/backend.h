@@ -26,13 +26,15 @@ struct StateBytes {
   int64_t kv = 0, recurrent = 0;
 };
 
-// A conversation's state copied out of its backend (to host memory), to be
-// restored later into a state of the same backend, model and KV config.
+// A conversation's state copied out of its backend (to host memory, or kept
+// in the device's own memory where a backend can: CUDA under a VRAM budget),
+// to be restored later into a state of the same backend, model and KV
+// config. Like a State, it must not outlive its backend.
 class StateSnapshot {
  public:
   virtual ~StateSnapshot() = default;
   virtual int64_t position() const = 0;
-  virtual size_t bytes() const = 0;  // host memory the copy holds
+  virtual size_t bytes() const = 0;  // memory the copy holds, host or device
 };
 
 class State {

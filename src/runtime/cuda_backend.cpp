@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <list>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,14 +17,95 @@
 namespace flashmoe {
 
 namespace {
+// Holds the backend's call lock for a scope.
+struct CallGuard {
+  explicit CallGuard(FifoMutex& m) : m_(m) { m_.lock(); }
+  ~CallGuard() { m_.unlock(); }
+  FifoMutex& m_;
+};
+}  // namespace
 
+// A conversation snapshot, in VRAM (a device-to-device copy queued on the
+// model's stream: taking it holds the call lock for microseconds, where a
+// download of a ~60 MB state into pageable host memory held it, and so
+// every batched step, for milliseconds) or in host memory (over the VRAM
+// budget, or moved there when newer ones needed the room). Where it lives
+// changes only under the call lock; its position and bytes never change.
 class CudaSnapshot final : public StateSnapshot {
  public:
-  explicit CudaSnapshot(CudaStateImage img) : image(std::move(img)) {}
-  int64_t position() const override { return image.pos; }
-  size_t bytes() const override { return image.bytes(); }
-  CudaStateImage image;
+  explicit CudaSnapshot(CudaStateImage img)
+      : kv(img.kv), drafting(img.drafting), pos_(img.pos), bytes_(img.bytes()), host(std::move(img)) {}
+  // In VRAM: registered as the most recently used (caller holds the call lock).
+  CudaSnapshot(const CudaBackend& b, std::unique_ptr<CudaDeviceImage> d);
+  ~CudaSnapshot() override;
+  int64_t position() const override { return pos_; }
+  size_t bytes() const override { return bytes_; }  // VRAM or host memory, wherever it is
+  const KvConfig kv;
+  const bool drafting;
+
+ private:
+  const int64_t pos_;
+  const size_t bytes_;
+
+ public:
+  const CudaBackend* const owner_ = nullptr;  // taken into VRAM by this backend
+  // Under the owner's call lock:
+  std::unique_ptr<CudaDeviceImage> device_;  // null: in `host`
+  CudaStateImage host;
+  std::list<CudaSnapshot*>::iterator where_;  // in the owner's use order while in VRAM
 };
+
+struct CudaBackend::SnapshotVram {
+  // Free VRAM a snapshot may not take: the memory plan's 4 GiB margin and as
+  // much again for KV caches that grow and the prefill's scratch.
+  static constexpr int64_t kReserve = int64_t(8) << 30;
+  bool sized = false;
+  size_t budget = 0, held = 0;
+  std::list<CudaSnapshot*> lru;  // front: the most recently taken or restored
+
+  // The default budget, at first use.
+  void size_once(const CudaModel& m) {
+    if (sized) return;
+    sized = true;
+    int64_t free = 0, total = 0;
+    m.vram(&free, &total);
+    budget = size_t(total / 8);
+  }
+  void add(CudaSnapshot& s) {
+    lru.push_front(&s);
+    s.where_ = lru.begin();
+    held += s.bytes();
+  }
+  void touch(CudaSnapshot& s) { lru.splice(lru.begin(), lru, s.where_); }
+  void drop(CudaSnapshot& s) {
+    lru.erase(s.where_);
+    held -= s.bytes();
+    s.device_.reset();  // cudaFree: the device is idle under the call lock
+  }
+  // Moves the least recently used ones to host memory until `need` more
+  // bytes fit. The download waits for the device: this is the one case where
+  // a snapshot costs the steps a copy to the host (past the budget).
+  void make_room(const CudaModel& m, size_t need) {
+    while (held + need > budget && !lru.empty()) {
+      CudaSnapshot& s = *lru.back();
+      s.host = m.download(*s.device_);
+      drop(s);
+    }
+  }
+};
+
+CudaSnapshot::CudaSnapshot(const CudaBackend& b, std::unique_ptr<CudaDeviceImage> d)
+    : kv(d->kv), drafting(d->drafting), pos_(d->pos), bytes_(d->bytes()), owner_(&b), device_(std::move(d)) {
+  b.snapshot_vram().add(*this);
+}
+
+CudaSnapshot::~CudaSnapshot() {
+  if (!owner_) return;
+  CallGuard g(owner_->call_lock());
+  if (device_) owner_->snapshot_vram().drop(*this);
+}
+
+namespace {
 
 // A restore point kept on the device (CudaModel::mark_rollback): valid for
 // the state that made it, until its next one.
@@ -34,13 +116,6 @@ class CudaRollbackPoint final : public StateSnapshot {
   size_t bytes() const override { return 0; }  // nothing in host memory
   const void* owner;
   int64_t pos;
-};
-
-// Holds the backend's call lock for a scope.
-struct CallGuard {
-  explicit CallGuard(FifoMutex& m) : m_(m) { m_.lock(); }
-  ~CallGuard() { m_.unlock(); }
-  FifoMutex& m_;
 };
 
 class CudaBackendState final : public State {
@@ -61,9 +136,22 @@ class CudaBackendState final : public State {
     const ModelConfig& c = b_.config();
     return {kv_cache_bytes(c, kv_, position()), kv_memory(c, kv_).constant_bytes()};
   }
+  // In VRAM while the budget and the free memory allow (the copies queued,
+  // nothing waited for), else in host memory.
   std::unique_ptr<StateSnapshot> snapshot() const override {
     CallGuard g(b_.call_lock());
-    return std::make_unique<CudaSnapshot>(b_.device().save_state(*st));
+    const CudaModel& m = b_.device();
+    CudaBackend::SnapshotVram& v = b_.snapshot_vram();
+    v.size_once(m);
+    const size_t need = m.state_image_bytes(*st);
+    if (need <= v.budget) {
+      v.make_room(m, need);
+      int64_t free = 0, total = 0;
+      m.vram(&free, &total);
+      if (free - int64_t(need) >= CudaBackend::SnapshotVram::kReserve)
+        if (auto d = m.save_state_device(*st)) return std::make_unique<CudaSnapshot>(b_, std::move(d));
+    }
+    return std::make_unique<CudaSnapshot>(m.save_state(*st));
   }
   std::unique_ptr<StateSnapshot> rollback_point() override {
     if (kv_.scored_eviction()) return snapshot();  // h2o/tova slots move: no device restore point
@@ -79,15 +167,26 @@ class CudaBackendState final : public State {
       b_.device().rollback(*st);
       return;
     }
-    const auto* s = dynamic_cast<const CudaSnapshot*>(&snap);
-    if (!s) fail("state snapshot: taken on another device");
-    if (s->image.kv.describe() != kv_.describe()) fail("state snapshot: taken with another KV configuration");
-    if (s->image.drafting != drafting_)
-      fail(std::string("state snapshot: taken ") + (s->image.drafting ? "with" : "without") + " --mtp, restored " +
+    const auto* cs = dynamic_cast<const CudaSnapshot*>(&snap);
+    if (!cs) fail("state snapshot: taken on another device");
+    if (cs->kv.describe() != kv_.describe()) fail("state snapshot: taken with another KV configuration");
+    if (cs->drafting != drafting_)
+      fail(std::string("state snapshot: taken ") + (cs->drafting ? "with" : "without") + " --mtp, restored " +
            (drafting_ ? "with" : "without"));
+    // One this backend took into VRAM is guarded by its call lock (another
+    // backend's lock would not keep it from moving meanwhile).
+    if (cs->owner_ && cs->owner_ != &b_) fail("state snapshot: taken by another backend");
     CallGuard g(b_.call_lock());
+    // Where it lives changes only under the call lock, so the cast is safe:
+    // the restore reads it and, in VRAM, marks it the most recently used.
+    auto& s = const_cast<CudaSnapshot&>(*cs);
     st.reset();  // before the new one: the device need not hold both
-    st = b_.device().load_state(s->image);
+    if (s.device_) {
+      b_.snapshot_vram().touch(s);
+      st = b_.device().load_state(*s.device_);
+    } else {
+      st = b_.device().load_state(s.host);
+    }
   }
   bool keeps_rows(int64_t n) override {
     CallGuard g(b_.call_lock());
@@ -122,8 +221,24 @@ CudaBackendState& device_state(State& st) {
 }  // namespace
 
 CudaBackend::CudaBackend(std::shared_ptr<const QwenModel> host, std::shared_ptr<CudaModel> device)
-    : host_(std::move(host)), device_(std::move(device)) {}
+    : host_(std::move(host)), device_(std::move(device)), snap_vram_(std::make_unique<SnapshotVram>()) {}
 CudaBackend::~CudaBackend() = default;
+
+void CudaBackend::set_snapshot_vram_budget(size_t bytes) {
+  CallGuard g(lock_);
+  snap_vram_->sized = true;
+  snap_vram_->budget = bytes;
+  snap_vram_->make_room(*device_, 0);
+}
+size_t CudaBackend::snapshot_vram_budget() const {
+  CallGuard g(lock_);
+  snap_vram_->size_once(*device_);
+  return snap_vram_->budget;
+}
+size_t CudaBackend::snapshot_vram_bytes() const {
+  CallGuard g(lock_);
+  return snap_vram_->held;
+}
 
 const ModelConfig& CudaBackend::config() const { return device_->config(); }
 std::string CudaBackend::device_name() const { return device_->device_name(); }

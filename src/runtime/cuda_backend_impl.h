@@ -41,6 +41,18 @@ class CudaBackend final : public Backend {
 
   const CudaModel& device() const { return *device_; }
   FifoMutex& call_lock() const { return lock_; }
+
+  // Conversation snapshots (State::snapshot) are kept in VRAM up to this
+  // many bytes in all (default: an eighth of the GPU's memory, and only
+  // while 8 GiB stay free beside them); past it the least recently used
+  // move to host memory, and one larger than the whole budget is taken to
+  // host memory directly. Like states, snapshots must not outlive their
+  // backend.
+  void set_snapshot_vram_budget(size_t bytes);
+  size_t snapshot_vram_budget() const;
+  size_t snapshot_vram_bytes() const;  // held by snapshots in VRAM now
+  struct SnapshotVram;                 // cuda_backend.cpp; guarded by the call lock
+  SnapshotVram& snapshot_vram() const { return *snap_vram_; }
   // The benchmark's direct access (graph switch, probes, per-kernel profile).
   CudaModel& device_for_bench() const;
   static CudaState& device_state_for_bench(State& st);
@@ -49,6 +61,7 @@ class CudaBackend final : public Backend {
   std::shared_ptr<const QwenModel> host_;
   std::shared_ptr<CudaModel> device_;
   mutable FifoMutex lock_;
+  std::unique_ptr<SnapshotVram> snap_vram_;
 };
 
 struct ModelFootprint;

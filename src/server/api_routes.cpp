@@ -241,8 +241,10 @@ struct ApiRoutes::Impl {
   // the last complete message (and stores that point), then generates; the
   // finished conversation (prompt + answer) is stored too, before run()
   // returns or, with store_later, by Outcome::store (a stream calls it after
-  // its last event: on a GPU the copy of a large model's state, ~60 MB for
-  // the 35B, takes tens of milliseconds that the client need not wait for).
+  // its last event: a copy to host memory of a large model's state, ~60 MB
+  // for the 35B, takes tens of milliseconds that the client need not wait
+  // for; on a GPU within its VRAM budget the copy stays in device memory and
+  // costs microseconds).
   Outcome run(Job& j, SlotPool::Lease& lease, const std::function<bool(const std::string&)>& on_text,
               const std::function<void(const TokenLogprob&)>& on_logprob, bool store_later = false,
               std::function<bool()> client_gone = {}) {

@@ -75,7 +75,7 @@ std::string Metrics::render(const Gauges& g) const {
   line(o, "flashmoe_kv_cache_bytes %lld\n", (long long)g.kv_bytes_active);
   help(o, "flashmoe_recurrent_state_bytes", "gauge", "Linear-attention state bytes held by the requests running now.");
   line(o, "flashmoe_recurrent_state_bytes %lld\n", (long long)g.state_bytes_active);
-  help(o, "flashmoe_state_cache_bytes", "gauge", "Bytes held by stored conversation snapshots (KV + recurrent state).");
+  help(o, "flashmoe_state_cache_bytes", "gauge", "Bytes held by stored conversation snapshots (KV + recurrent state; host memory or VRAM).");
   line(o, "flashmoe_state_cache_bytes %lld\n", (long long)g.snapshot_bytes);
   help(o, "flashmoe_state_cache_entries", "gauge", "Stored conversation snapshots.");
   line(o, "flashmoe_state_cache_entries %lld\n", (long long)g.snapshots);

@@ -40,9 +40,9 @@ class StateCache {
                                        std::chrono::milliseconds wait = std::chrono::seconds(5));
 
   // A store announced before it happens: a streamed answer writes its last
-  // events first and stores its conversation after (on a GPU the copy of a
-  // large model's state takes tens of milliseconds, which the client need
-  // not wait for). Until done() or destruction, find() waits for it where it
+  // events first and stores its conversation after (a copy of a large
+  // model's state to host memory takes tens of milliseconds, which the
+  // client need not wait for). Until done() or destruction, find() waits for it where it
   // would be the better match.
   class Pending {
    public:

@@ -98,6 +98,32 @@ struct CudaStateImage {
   }
 };
 
+// A conversation's device state copied within device memory (the server's
+// conversation snapshots while they fit the backend's VRAM budget): the
+// buffers of a CudaStateImage back to back in one allocation, written by
+// device-to-device copies queued on the model's stream, so that taking one
+// waits for nothing (the next step on that stream, a restore and a
+// download all come after the copies). Freeing it is a device call: under
+// the same lock as the model's other calls.
+struct CudaDeviceImage {
+  CudaDeviceImage() = default;
+  ~CudaDeviceImage();
+  CudaDeviceImage(const CudaDeviceImage&) = delete;
+  CudaDeviceImage& operator=(const CudaDeviceImage&) = delete;
+  KvConfig kv;
+  int64_t pos = 0;
+  bool drafting = false;
+  std::vector<size_t> sizes;  // each buffer's bytes, in CudaStateImage's order (snapkv's layout apart)
+  std::vector<uint8_t> meta;  // snapkv: the cut layout (host memory; CudaStateImage's last buffer), else empty
+  int dev = 0;
+  void* data = nullptr;  // the buffers, each at a 256-byte aligned offset
+  size_t bytes() const {
+    size_t n = meta.size();
+    for (size_t z : sizes) n += z;
+    return n;
+  }
+};
+
 // One sequence's part of CudaModel::forward_batch (runtime/backend.h's
 // BatchItem): its state, the tokens it feeds, which logits go where, and
 // where the argmax of its last logits goes (mode Last; logits may then be
@@ -149,6 +175,18 @@ class CudaModel {
   // (taken from this model; an Error names a mismatch).
   CudaStateImage save_state(const CudaState& st) const;
   std::unique_ptr<CudaState> load_state(const CudaStateImage& img) const;
+  // The same copy kept in device memory: the copies queued, nothing waited
+  // for (a few microseconds of host time; the copy engine moves ~60 MB in
+  // tens of microseconds). Null when the allocation fails (the caller then
+  // takes save_state). state_image_bytes: what either copy holds, for a
+  // budget decided before copying.
+  std::unique_ptr<CudaDeviceImage> save_state_device(const CudaState& st) const;
+  size_t state_image_bytes(const CudaState& st) const;
+  // Free and total memory of this model's GPU now (cudaMemGetInfo alone).
+  void vram(int64_t* free_bytes, int64_t* total_bytes) const;
+  std::unique_ptr<CudaState> load_state(const CudaDeviceImage& img) const;
+  // A device copy moved to host memory (waits for its copies and the download).
+  CudaStateImage download(const CudaDeviceImage& img) const;
 
   // A restore point kept on the device (speculative decoding's roll-back):
   // copies, in the state's own spare buffers, of what feeding more tokens

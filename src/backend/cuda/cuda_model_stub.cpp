@@ -34,6 +34,12 @@ bool CudaModel::has_mtp() const { no_cuda(); }
 void CudaModel::draft(CudaState&, int32_t, int64_t, const CudaDraftPicker&, int32_t*) const { no_cuda(); }
 CudaStateImage CudaModel::save_state(const CudaState&) const { no_cuda(); }
 std::unique_ptr<CudaState> CudaModel::load_state(const CudaStateImage&) const { no_cuda(); }
+CudaDeviceImage::~CudaDeviceImage() = default;
+std::unique_ptr<CudaDeviceImage> CudaModel::save_state_device(const CudaState&) const { no_cuda(); }
+size_t CudaModel::state_image_bytes(const CudaState&) const { no_cuda(); }
+void CudaModel::vram(int64_t*, int64_t*) const { no_cuda(); }
+std::unique_ptr<CudaState> CudaModel::load_state(const CudaDeviceImage&) const { no_cuda(); }
+CudaStateImage CudaModel::download(const CudaDeviceImage&) const { no_cuda(); }
 void CudaModel::mark_rollback(CudaState&) const { no_cuda(); }
 void CudaModel::rollback(CudaState&) const { no_cuda(); }
 int64_t CudaModel::rollback_position(const CudaState&) const { no_cuda(); }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -284,39 +285,44 @@ CudaStateImage CudaModel::save_state(const CudaState& st) const {
   return img;
 }
 
-std::unique_ptr<CudaState> CudaModel::load_state(const CudaStateImage& img) const {
-  Impl& m = *p_;
-  auto st = new_state(img.kv, img.drafting);
+namespace {
+// A new state from an image's parts (either copy): kv, pos and drafting as
+// taken, each buffer's bytes, snapkv's layout (null: none), and how buffer
+// i reaches its device buffer (copies queued on m.stream or synchronous).
+std::unique_ptr<CudaState> load_image(const CudaModel& model, CudaModel::Impl& m, const KvConfig& kv, int64_t pos,
+                                      bool drafting, const std::vector<size_t>& sizes,
+                                      const std::vector<uint8_t>* meta,
+                                      const std::function<void(size_t i, void* dst)>& fill) {
+  auto st = model.new_state(kv, drafting);
   CudaState::Impl& s = *st->p_;
-  if (img.pos < 0 || img.pos >= (int64_t(1) << 30)) fail("conversation snapshot: bad position");
-  size_t nbuf = img.buffers.size();
+  if (pos < 0 || pos >= (int64_t(1) << 30)) fail("conversation snapshot: bad position");
   if (s.snap) {  // the cut layout first, from the meta buffer (snap_meta)
-    if (nbuf == 0 || img.buffers.back().size() < 16 || img.buffers.back().size() % 8)
+    if (!meta || meta->size() < 16 || meta->size() % 8)
       fail("conversation snapshot: taken from another model or KV configuration");
-    const std::vector<uint8_t>& mb = img.buffers.back();
-    std::vector<int64_t> v(mb.size() / 8);
-    std::memcpy(v.data(), mb.data(), mb.size());
-    --nbuf;
+    std::vector<int64_t> v(meta->size() / 8);
+    std::memcpy(v.data(), meta->data(), meta->size());
     if (v[0]) {
       const size_t per = size_t(s.kv.snapkv_budget - s.kv.snapkv_recent());
-      if (v.size() != 2 + per * s.kvl.size() || v[1] < 0 || v[1] > img.pos)
+      if (v.size() != 2 + per * s.kvl.size() || v[1] < 0 || v[1] > pos)
         fail("conversation snapshot: taken from another model or KV configuration");
       m.snapkv_restore(s, v[1]);
       for (size_t l = 0; l < s.kvl.size(); ++l)
         s.snap_fixed[l].assign(v.begin() + std::ptrdiff_t(2 + l * per), v.begin() + std::ptrdiff_t(2 + (l + 1) * per));
     }
+  } else if (meta && !meta->empty()) {
+    fail("conversation snapshot: taken from another model or KV configuration");
   }
-  m.ensure_cap(s, img.pos);
-  if (s.head) m.ensure_cap(*s.head, img.pos);
-  const std::vector<size_t> z = image_sizes(m.c, s, img.pos);
+  m.ensure_cap(s, pos);
+  if (s.head) m.ensure_cap(*s.head, pos);
+  const std::vector<size_t> z = image_sizes(m.c, s, pos);
   const std::vector<void*> b = image_buffers(s);
-  if (nbuf != z.size()) fail("conversation snapshot: taken from another model");
-  for (size_t i = 0; i < z.size(); ++i) {
-    if (img.buffers[i].size() != z[i]) fail("conversation snapshot: taken from another model or KV configuration");
-    if (z[i]) CK(cudaMemcpy(b[i], img.buffers[i].data(), z[i], cudaMemcpyHostToDevice));
-  }
-  s.pos = img.pos;
-  const int p32 = int(img.pos);
+  if (sizes.size() != z.size()) fail("conversation snapshot: taken from another model");
+  for (size_t i = 0; i < z.size(); ++i)
+    if (sizes[i] != z[i]) fail("conversation snapshot: taken from another model or KV configuration");
+  for (size_t i = 0; i < z.size(); ++i)
+    if (z[i]) fill(i, b[i]);
+  s.pos = pos;
+  const int p32 = int(pos);
   CK(cudaMemcpy(s.d_pos, &p32, 4, cudaMemcpyHostToDevice));
   // quest: the page bounds are not in the image; recomputed from the keys.
   if (p32 > 0)
@@ -326,8 +332,109 @@ std::unique_ptr<CudaState> CudaModel::load_state(const CudaStateImage& img) cons
                                                                                         0, p32);
   CK(cudaGetLastError());
   CK(cudaStreamSynchronize(m.stream));
-  if (s.head) s.head->pos = std::max<int64_t>(img.pos - 1, 0);
+  if (s.head) s.head->pos = std::max<int64_t>(pos - 1, 0);
   return st;
+}
+
+// Offsets of the buffers in a device image's one allocation (256-byte
+// aligned, as cudaMalloc's own); the last entry is the allocation's size.
+std::vector<size_t> device_offsets(const std::vector<size_t>& z) {
+  std::vector<size_t> off(z.size() + 1, 0);
+  for (size_t i = 0; i < z.size(); ++i) off[i + 1] = off[i] + (z[i] + 255) / 256 * 256;
+  return off;
+}
+}  // namespace
+
+std::unique_ptr<CudaState> CudaModel::load_state(const CudaStateImage& img) const {
+  std::vector<size_t> sizes;
+  for (const auto& b : img.buffers) sizes.push_back(b.size());
+  const std::vector<uint8_t>* meta = nullptr;
+  if (img.kv.retention() == KvRetention::SnapKV) {  // the last buffer is the cut layout
+    if (sizes.empty()) fail("conversation snapshot: taken from another model or KV configuration");
+    sizes.pop_back();
+    meta = &img.buffers.back();
+  }
+  return load_image(*this, *p_, img.kv, img.pos, img.drafting, sizes, meta, [&](size_t i, void* dst) {
+    CK(cudaMemcpy(dst, img.buffers[i].data(), img.buffers[i].size(), cudaMemcpyHostToDevice));
+  });
+}
+
+size_t CudaModel::state_image_bytes(const CudaState& st) const {
+  const CudaState::Impl& s = *st.p_;
+  size_t n = s.snap ? snap_meta(s).size() : 0;
+  for (size_t z : image_sizes(p_->c, s, s.pos)) n += z;
+  return n;
+}
+
+void CudaModel::vram(int64_t* free_bytes, int64_t* total_bytes) const {
+  CK(cudaSetDevice(p_->dev));
+  size_t fr = 0, tot = 0;
+  CK(cudaMemGetInfo(&fr, &tot));
+  *free_bytes = int64_t(fr), *total_bytes = int64_t(tot);
+}
+
+CudaDeviceImage::~CudaDeviceImage() {
+  if (!data) return;
+  cudaSetDevice(dev);
+  cudaFree(data);  // waits for the device: no copy from it is still queued
+}
+
+std::unique_ptr<CudaDeviceImage> CudaModel::save_state_device(const CudaState& st) const {
+  const Impl& m = *p_;
+  const CudaState::Impl& s = *st.p_;
+  CK(cudaSetDevice(m.dev));
+  auto img = std::make_unique<CudaDeviceImage>();
+  img->kv = s.kv;
+  img->pos = s.pos;
+  img->drafting = bool(s.head);
+  img->dev = m.dev;
+  img->sizes = image_sizes(m.c, s, s.pos);
+  if (s.snap) img->meta = snap_meta(s);
+  const std::vector<size_t> off = device_offsets(img->sizes);
+  if (cudaMalloc(&img->data, std::max<size_t>(off.back(), 16)) != cudaSuccess) {
+    cudaGetLastError();  // out of memory here is not an error of the stream: the host copy serves
+    img->data = nullptr;
+    return nullptr;
+  }
+  // Queued behind the state's last step on the same stream; what the next
+  // step writes comes after them.
+  const std::vector<void*> b = image_buffers(s);
+  for (size_t i = 0; i < img->sizes.size(); ++i)
+    if (img->sizes[i])
+      CK(cudaMemcpyAsync(static_cast<uint8_t*>(img->data) + off[i], b[i], img->sizes[i], cudaMemcpyDeviceToDevice,
+                         m.stream));
+  return img;
+}
+
+std::unique_ptr<CudaState> CudaModel::load_state(const CudaDeviceImage& img) const {
+  Impl& m = *p_;
+  if (img.dev != m.dev || !img.data) fail("conversation snapshot: taken on another device");
+  const std::vector<size_t> off = device_offsets(img.sizes);
+  return load_image(*this, m, img.kv, img.pos, img.drafting, img.sizes, img.meta.empty() ? nullptr : &img.meta,
+                    [&](size_t i, void* dst) {
+                      CK(cudaMemcpyAsync(dst, static_cast<const uint8_t*>(img.data) + off[i], img.sizes[i],
+                                         cudaMemcpyDeviceToDevice, m.stream));
+                    });
+}
+
+CudaStateImage CudaModel::download(const CudaDeviceImage& img) const {
+  const Impl& m = *p_;
+  if (img.dev != m.dev || !img.data) fail("conversation snapshot: taken on another device");
+  CK(cudaSetDevice(m.dev));
+  CK(cudaStreamSynchronize(m.stream));  // the copies into it
+  CudaStateImage out;
+  out.kv = img.kv;
+  out.pos = img.pos;
+  out.drafting = img.drafting;
+  const std::vector<size_t> off = device_offsets(img.sizes);
+  for (size_t i = 0; i < img.sizes.size(); ++i) {
+    out.buffers.emplace_back(img.sizes[i]);
+    if (img.sizes[i])
+      CK(cudaMemcpy(out.buffers.back().data(), static_cast<const uint8_t*>(img.data) + off[i], img.sizes[i],
+                    cudaMemcpyDeviceToHost));
+  }
+  if (img.kv.retention() == KvRetention::SnapKV) out.buffers.push_back(img.meta);
+  return out;
 }
 
 namespace {
