@@ -155,11 +155,12 @@ std::vector<Seq> schedule(const std::vector<int32_t>& ids) {
 // max_dlogit: bf16 / f16 KV elements may round the other way when K or V
 // differ in the last fp32 bits; fp8 is held to its KL only).
 void expect_batch_matches_alone(const Backend& b, const KvConfig& kv, const std::vector<Seq>& seqs,
-                                const std::string& label, ThreadPool& pool, bool odd_ids_only = false) {
+                                const std::string& label, ThreadPool& pool, bool odd_ids_only = false,
+                                int chunk = 4) {
   const int64_t V = b.config().vocab_size;
   const Outcome alone = run_alone(b, kv, seqs, pool);
   int widest = 0;
-  const Outcome batch = run_batched(b, kv, seqs, 4, pool, &widest, odd_ids_only);
+  const Outcome batch = run_batched(b, kv, seqs, chunk, pool, &widest, odd_ids_only);
   EXPECT_GE(widest, 4) << label << ": the schedule never batched 4 decode tokens";
   const bool fp8 = kv.dtype == KvDType::FP8;
   const float tol = kv.dtype == KvDType::F32 ? 2e-3f : 1e-2f;
@@ -234,6 +235,23 @@ TEST(CudaBatch, CoderMiniMatchesEachSequenceAloneForEveryKvConfig) {
   const std::vector<Seq> seqs = schedule(load_ref(dir + "/reference.safetensors", "ids").ids);
   ThreadPool pool(2);
   for (const auto& [name, kv] : kv_formats()) expect_batch_matches_alone(b, kv, seqs, "coder-mini " + name, pool);
+}
+
+// Eight whole prompts (3 to 38 tokens) in the first step: one prefill pass
+// over all their rows (Prefill::run_rows: the products and experts shared,
+// each sequence's recurrence and attention over its own rows), every KV
+// format; h2o / tova prompts past their budget attend in order, alone.
+TEST(CudaBatch, CoderMiniPromptsOfEightSequencesInOneStep) {
+  REQUIRE_GPU();
+  const std::string dir = source_path("models/coder-mini");
+  auto model = QwenModel::load(dir + "/model");
+  auto cuda = CudaModel::upload(*model);
+  const Backend& b = gpu_view(*model, *cuda);
+  std::vector<Seq> seqs = schedule(load_ref(dir + "/reference.safetensors", "ids").ids);
+  for (Seq& s : seqs) s.join = 0;
+  ThreadPool pool(2);
+  for (const auto& [name, kv] : kv_formats())
+    expect_batch_matches_alone(b, kv, seqs, "coder-mini one step " + name, pool, false, 64);
 }
 
 // The server's greedy path on the GPU: generate() through a BatchScheduler

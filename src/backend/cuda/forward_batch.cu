@@ -1,6 +1,8 @@
 // CudaModel::forward_batch: one step over several sequences (continuous
-// batching). Prompt chunks through forward(); the single tokens of two or
-// more sequences through one batched decode step (Prefill::step_batch).
+// batching). The prompt chunks of several sequences through one prefill pass
+// (Prefill::run_rows; one alone, or one the pass cannot take, through
+// forward()); the single tokens of two or more sequences through one
+// batched decode step (Prefill::step_batch).
 #include <algorithm>
 #include <set>
 #include <vector>
@@ -39,15 +41,29 @@ void CudaModel::forward_batch(const CudaBatchItem* items, int64_t count) const {
     forward(*it.state, it.ids, it.n, it.mode, logits);
     if (it.argmax) *it.argmax = argmax(logits, m.c.vocab_size);
   };
-  std::vector<const CudaBatchItem*> single;
+  CK(cudaSetDevice(m.dev));
+  std::vector<const CudaBatchItem*> single, prompts;
   for (int64_t i = 0; i < count; ++i) {
     const CudaBatchItem& it = items[i];
-    // A drafting state's token goes alone: forward() keeps its MTP head in step.
-    if (it.n == 1 && !it.state->p_->head) single.push_back(&it);
+    // A drafting state's tokens go alone: forward() keeps its MTP head in step.
+    if (it.state->p_->head) alone(it);
+    else if (it.n == 1) single.push_back(&it);
+    else if (m.prompt_rows_fit(*it.state->p_, it.n, it.mode)) prompts.push_back(&it);
     else alone(it);
   }
+  // Prompt chunks of several sequences share one prefill pass (each weight
+  // and chosen expert read once for all of them), in groups of at most the
+  // prefill's rows; a group of one takes forward() as before.
+  for (size_t g0 = 0; g0 < prompts.size();) {
+    Prefill* pf = m.batched();
+    size_t g1 = g0;
+    int64_t rows = 0;
+    while (g1 < prompts.size() && rows + prompts[g1]->n <= pf->max_tokens()) rows += prompts[g1++]->n;
+    if (g1 - g0 == 1) alone(*prompts[g0]);
+    else m.prompt_rows(prompts.data() + g0, int(g1 - g0));
+    g0 = g1;
+  }
   if (single.empty()) return;
-  CK(cudaSetDevice(m.dev));
   for (const CudaBatchItem* it : single) m.snapkv_begin_decode(*it->state->p_);  // decoding: snapkv cuts its prompt
   // fp8 `rotated` and Quest states one at a time: the batched step does
   // not rotate their attention output back (rot_gate_kernel) nor choose
@@ -86,6 +102,56 @@ void CudaModel::forward_batch(const CudaBatchItem* items, int64_t count) const {
     pf->logits_rows(B, dst.data(), best.data());
     CK(cudaStreamSynchronize(m.stream));
   }
+}
+
+bool CudaModel::Impl::prompt_rows_fit(CudaState::Impl& s, int64_t n, LogitsMode mode) {
+  // Not here: every row's logits (forward() copies them chunk by chunk),
+  // snapkv before its cut (its own queries ring), the disk tier (a chunk's
+  // experts all resident at once) and several GPUs (not in the pass's
+  // tests), attention in order (one sequence per pass).
+  if (mode == LogitsMode::All || s.snap || disk || ep) return false;
+  Prefill* pf = batched();
+  if (!pf || n > pf->max_tokens()) return false;
+  for (const KvLayer& kv : s.kvl)
+    if (Prefill::in_order(kv, int(s.pos), int(n))) return false;
+  return true;
+}
+
+void CudaModel::Impl::prompt_rows(const CudaBatchItem* const* its, int S) {
+  Prefill& pf = *batched();
+  std::vector<PromptRows> seqs(static_cast<size_t>(S));
+  std::vector<int32_t> ids;
+  std::vector<int> last;  // the rows whose logits or argmax are asked for
+  std::vector<float*> dst;
+  std::vector<int32_t*> best;
+  for (int j = 0; j < S; ++j) {
+    const CudaBatchItem& it = *its[j];
+    CudaState::Impl& s = *it.state->p_;
+    s.verify_n = 0;  // what take_back could return to is gone
+    ensure_cap(s, s.pos + it.n);
+    PromptRows& r = seqs[size_t(j)];
+    r.s = prefill_state(s);
+    r.r0 = int(ids.size());
+    r.T = int(it.n);
+    r.pos = s.pos;
+    ids.insert(ids.end(), it.ids, it.ids + it.n);
+    if (it.mode == LogitsMode::Last && (it.logits || it.argmax)) {
+      last.push_back(r.r0 + r.T - 1);
+      dst.push_back(it.logits);
+      best.push_back(it.argmax);
+    }
+  }
+  const int R = int(ids.size());
+  if (!prompt_ids) prompt_ids = static_cast<int*>(alloc(size_t(pf.max_tokens()) * 4, "prompt rows' ids"));
+  CK(cudaMemcpyAsync(prompt_ids, ids.data(), size_t(R) * 4, cudaMemcpyHostToDevice, stream));
+  pf.run_rows(seqs.data(), S, prompt_ids);
+  for (int j = 0; j < S; ++j) its[j]->state->p_->pos += its[j]->n;
+  if (tiers) tiers->maintain(stream, R);
+  if (!last.empty()) {
+    pf.gather_rows(last.data(), int(last.size()));
+    pf.logits_rows(int(last.size()), dst.data(), best.data());
+  }
+  CK(cudaStreamSynchronize(stream));  // ids (pageable) and the pass's buffers are free again
 }
 
 }  // namespace flashmoe

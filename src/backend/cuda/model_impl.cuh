@@ -391,6 +391,15 @@ struct CudaModel::Impl : Launcher {
   // conv and delta states, retention scores, position).
   PrefillState prefill_state(CudaState::Impl& s) const;
 
+  // forward_batch.cu
+  // Whether n prompt tokens of s can share a prefill pass with other
+  // sequences' (prompt_rows), else they take forward().
+  bool prompt_rows_fit(CudaState::Impl& s, int64_t n, LogitsMode mode);
+  // The prompt chunks of S items in one pass (Prefill::run_rows), their
+  // last rows' logits / argmax as asked.
+  void prompt_rows(const CudaBatchItem* const* its, int S);
+  int* prompt_ids = nullptr;  // [chunk] their ids on the device (alloc'd at first use)
+
   // verify.cu
   // Whether n tokens fed to state s take the verify pass: a drafting state,
   // 2..kVerifyRows tokens, a full KV cache, shapes the batched step covers.

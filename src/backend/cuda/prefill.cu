@@ -265,25 +265,30 @@ void Prefill::gemm(int dt, const GemmArgs& a, int bm, int grid_y, SplitRows sp, 
 // Attention of a full-attention layer over the chunk: K/V of all its tokens
 // into the cache (or the stage of a windowed one), all queries at once,
 // h2o's scores from the same probabilities.
-void Prefill::attend_chunk(const PrefillState& s, const DLayer& d, const KvLayer& kv, int p0, int T) {
+void Prefill::attend_chunk(const PrefillState& s, const DLayer& d, const KvLayer& kv, int p0, int T, int r0) {
   const ModelConfig& c = *m_.c;
   cudaStream_t st = m_.stream;
   const int nh = int(c.num_heads), nkv = int(c.num_kv_heads), hd = int(c.head_dim);
+  // This sequence's rows of the pass (run_rows): [r0, r0 + T).
+  float* const proj = proj_ + size_t(r0) * proj_stride_;
+  float* const q = q_ + size_t(r0) * nh * hd;
+  float* const o = o_ + size_t(r0) * nh * hd;
+  float* const lse = lse_ + size_t(r0) * nh;
   const bool staged = kv.window > 0;
   KvLayer stage = stage_;
   stage.window = 0;
   stage.sinks = 0;
   stage.rot = kv.rot;  // attn_prep rotates what it stores there
-  AttnPrepArgs p = attn_prep_args(c, d, proj_, q_, s.d_pos, m_.inv_freq, staged ? stage : kv, s.ns, s.kvt);
+  AttnPrepArgs p = attn_prep_args(c, d, proj, q, s.d_pos, m_.inv_freq, staged ? stage : kv, s.ns, s.kvt);
   p.tstride = proj_stride_;
   p.stage = staged ? p0 : -1;
   attn_prep_kernel<<<dim3(unsigned(nh + 1), unsigned(T)), 128, size_t(std::max(hd, 2 * nkv * hd)) * 4, st>>>(p);
   mark(P_ATTN_PREP);
   AttnRowsArgs a;
-  a.q = q_;
-  a.gate = kv.rot ? nullptr : proj_;  // rotated: gated by rot_gate_kernel below
+  a.q = q;
+  a.gate = kv.rot ? nullptr : proj;  // rotated: gated by rot_gate_kernel below
   a.gstride = proj_stride_;
-  a.out = o_;
+  a.out = o;
   a.kv = kv;
   a.stage = stage;
   if (!staged) a.stage.k = nullptr;
@@ -296,7 +301,7 @@ void Prefill::attend_chunk(const PrefillState& s, const DLayer& d, const KvLayer
   const int group = nh / std::max(nkv, 1);
   // A block takes all query heads of one KV head (K/V rows shared through L1).
   a.hpb = group <= 8 && 8 % group == 0 ? group : 1;
-  a.lse = kv.acc ? lse_ : nullptr;
+  a.lse = kv.acc ? lse : nullptr;
   const dim3 g{unsigned(nh / a.hpb), unsigned(T)};
   switch (s.kvt) {
     case KV_F32: attn_rows_kernel<KV_F32><<<g, 256, 0, st>>>(a); break;
@@ -310,7 +315,7 @@ void Prefill::attend_chunk(const PrefillState& s, const DLayer& d, const KvLayer
     const int last = kv.latest_only ? T - 1 : 0, Tq = T - last;
     const int n = p0 + T, groups = div_up(int64_t(Tq) * (nh / nkv), kH2oTile * kH2oRowTiles);
     const dim3 g2{unsigned(div_up(n, kH2oTile)), unsigned(nkv * groups)};
-    H2oRowsArgs h{q_ + size_t(last) * nh * hd, lse_ + size_t(last) * nh, h2o_part(size_t(g2.y) * size_t(n)), kv,
+    H2oRowsArgs h{q + size_t(last) * nh * hd, lse + size_t(last) * nh, h2o_part(size_t(g2.y) * size_t(n)), kv,
                   p0 + last, Tq, nh, nkv, hd, s.ns, groups, a.scale};
     switch (s.kvt) {
       case KV_F32: h2o_rows_part_kernel<KV_F32><<<g2, 256, 0, st>>>(h); break;
@@ -320,7 +325,7 @@ void Prefill::attend_chunk(const PrefillState& s, const DLayer& d, const KvLayer
     }
     h2o_rows_sum_kernel<<<unsigned(div_up(n, 256)), 256, 0, st>>>(kv, h.part, int(g2.y), n);
   }
-  if (kv.rot) rot_gate_kernel<<<dim3(unsigned(nh), unsigned(T)), 128, size_t(hd) * 4, st>>>(o_, proj_, proj_stride_, nh, hd);
+  if (kv.rot) rot_gate_kernel<<<dim3(unsigned(nh), unsigned(T)), 128, size_t(hd) * 4, st>>>(o, proj, proj_stride_, nh, hd);
   // quest (the whole chunk within the resident budget: full attention): the
   // bounds of the pages the chunk wrote.
   if (kv.quest)
@@ -348,14 +353,6 @@ void launch_pdl(cudaStream_t st, void (*kern)(K...), int grid, int block, size_t
   cfg.attrs = at;
   cfg.numAttrs = cluster > 1 ? 2 : 1;
   check(cudaLaunchKernelEx(&cfg, kern, args...), "batched prefill: attention in order");
-}
-
-// Whether a chunk's attention goes token by token (attend_in_order): an
-// h2o cache that evicts in it (each victim depends on the scores of every
-// token before), or a Quest store past its resident budget (each query
-// chooses its own pages).
-static bool in_order(const KvLayer& kv, int p0, int T) {
-  return (kv.acc && p0 + T > kv.cap) || (kv.quest && p0 + T > kv.quest);
 }
 
 // The same one token at a time, each through attn_prep, (quest's choice,)
@@ -704,14 +701,14 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
   return next_norm != nullptr;
 }
 
-// snapkv: the last min(T, kSnapObserved) queries of the chunk (q_) into
+// snapkv: the last min(T, kSnapObserved) queries of the chunk (q: its rows of q_) into
 // the layer's ring, row p % kSnapObserved: at most two contiguous pieces.
-void Prefill::observe_queries(float* ring, int p0, int T) {
+void Prefill::observe_queries(float* ring, const float* q, int p0, int T) {
   const int W = int(KvConfig::kSnapObserved);
   const size_t w = size_t(m_.c->num_heads * m_.c->head_dim);
   for (int t = std::max(0, T - W); t < T;) {
     const int r = (p0 + t) % W, len = std::min(T - t, W - r);
-    check(cudaMemcpyAsync(ring + size_t(r) * w, q_ + size_t(t) * w, size_t(len) * w * 4, cudaMemcpyDeviceToDevice,
+    check(cudaMemcpyAsync(ring + size_t(r) * w, q + size_t(t) * w, size_t(len) * w * 4, cudaMemcpyDeviceToDevice,
                           m_.stream),
           "batched prefill: snapkv queries");
     t += len;
@@ -719,102 +716,144 @@ void Prefill::observe_queries(float* ring, int p0, int T) {
 }
 
 void Prefill::run(const PrefillState& s, const int* d_ids, int T, int64_t pos) {
+  const PromptRows one{s, 0, T, pos};
+  run_rows(&one, 1, d_ids);
+}
+
+bool Prefill::in_order(const KvLayer& kv, int p0, int T) {
+  return (kv.acc && p0 + T > kv.cap) || (kv.quest && p0 + T > kv.quest);
+}
+
+void Prefill::run_rows(const PromptRows* seqs, int S, const int* d_ids) {
   const ModelConfig& c = *m_.c;
   cudaStream_t st = m_.stream;
-  const int H = int(c.hidden_size), p0 = int(pos);
+  const int H = int(c.hidden_size);
+  int R = 0;
+  for (int j = 0; j < S; ++j) {
+    if (seqs[j].r0 != R) fail("batched prefill: the sequences' rows are not consecutive");
+    R += seqs[j].T;
+  }
+  if (R < 1 || R > tmax_) fail("batched prefill: " + std::to_string(R) + " rows, outside 1.." + std::to_string(tmax_));
   event_phase_.clear();
   mark(P_OTHER);  // the start
   // Attention in order (an h2o cache that evicts in this chunk, a Quest
   // store past its budget): the positions of its tokens for
-  // attend_in_order's kernels (which take them by pointer, as a decode step).
-  if (!s.kvl->empty() && in_order(s.kvl->front(), p0, T))
-    fill_seq_kernel<<<unsigned(div_up(T, 256)), 256, 0, st>>>(seq_, p0, T);
+  // attend_in_order's kernels (which take them by pointer, as a decode
+  // step). One sequence only: seq_ and the scores scratch are the pass's.
+  bool ordered = false;
+  for (int j = 0; j < S; ++j)
+    if (!seqs[j].s.kvl->empty() && in_order(seqs[j].s.kvl->front(), int(seqs[j].pos), seqs[j].T)) ordered = true;
+  if (ordered && S > 1) fail("batched prefill: attention in order for one of several sequences");
+  if (ordered) fill_seq_kernel<<<unsigned(div_up(R, 256)), 256, 0, st>>>(seq_, int(seqs[0].pos), R);
   auto dense = [&](const DMat& W, const float* A, float* C, int ldc, int mode, int half = 0, SplitRows sp = {}) {
-    dense_rows(W, A, T, C, ldc, mode, half, sp);
+    dense_rows(W, A, R, C, ldc, mode, half, sp);
   };
   switch (m_.embed.dt) {
-    case DT_GGUF: gembed_rows_kernel<<<T, 256, 0, st>>>(m_.embed.p, m_.embed.g, H, d_ids, x_); break;
-    case DT_F32: embed_rows_kernel<<<T, 256, 0, st>>>(static_cast<const float*>(m_.embed.p), H, d_ids, x_); break;
-    case DT_F16: embed_rows_kernel<<<T, 256, 0, st>>>(static_cast<const __half*>(m_.embed.p), H, d_ids, x_); break;
+    case DT_GGUF: gembed_rows_kernel<<<R, 256, 0, st>>>(m_.embed.p, m_.embed.g, H, d_ids, x_); break;
+    case DT_F32: embed_rows_kernel<<<R, 256, 0, st>>>(static_cast<const float*>(m_.embed.p), H, d_ids, x_); break;
+    case DT_F16: embed_rows_kernel<<<R, 256, 0, st>>>(static_cast<const __half*>(m_.embed.p), H, d_ids, x_); break;
     default:
-      embed_rows_kernel<<<T, 256, 0, st>>>(static_cast<const __nv_bfloat16*>(m_.embed.p), H, d_ids, x_);
+      embed_rows_kernel<<<R, 256, 0, st>>>(static_cast<const __nv_bfloat16*>(m_.embed.p), H, d_ids, x_);
   }
   mark(P_OTHER);
   const int nk = int(c.lin_num_k_heads), nv = int(c.lin_num_v_heads), dk = int(c.lin_k_dim), dv = int(c.lin_v_dim);
   const int C = int(c.lin_conv_dim()), K = int(c.conv_kernel);
+  const size_t qw = size_t(c.num_heads * c.head_dim);  // q_ / attention's o_ row
   for (const LayerPlan& l : m_.plan->layers) {
     const DLayer& d = (*m_.L)[size_t(l.index)];
     const int sl = l.state_slot;
     const bool attention = l.mixer == MixerKind::GatedAttention;
-    norm_rows_kernel<<<T, 256, 0, st>>>(x_, d.in_norm, H, c.rms_norm_eps, xn_);
-    const SplitRows xs = split(xn_, T, H, true);
+    norm_rows_kernel<<<R, 256, 0, st>>>(x_, d.in_norm, H, c.rms_norm_eps, xn_);
+    const SplitRows xs = split(xn_, R, H, true);
     mark(P_NORM);
-    if (!attention) {  // GatedDeltaNet
+    if (!attention) {  // GatedDeltaNet: the products over every row, the recurrence per sequence
       dense(d.lin_in, xn_, proj_, proj_stride_, GEMM_STORE, 0, xs);
       mark(P_INPROJ);
-      float* cstate = (*s.conv)[size_t(sl)];
-      conv_rows_kernel<<<dim3(unsigned(div_up(C, 128)), unsigned(T)), 128, 0, st>>>(proj_, proj_stride_, C, K,
-                                                                                  d.conv_w, cstate, cv_);
-      conv_state_kernel<<<div_up(C, 128), 128, 0, st>>>(proj_, proj_stride_, C, K, cstate, T);
-      mark(P_CONV);
-      DeltaRowsArgs a;
-      a.conv = cv_;
-      a.C = C;
-      a.proj = proj_;
-      a.pstride = proj_stride_;
-      a.zoff = C;
-      a.boff = C + nv * dv;
-      a.aoff = C + nv * dv + nv;
-      a.dt_bias = d.dt_bias;
-      a.neg_exp_A = d.neg_exp_A;
-      a.norm_w = d.gnorm;
-      a.beta = beta_;
-      a.decay = decay_;
-      a.S = (*s.ssm)[size_t(sl)];
-      a.out = o_;
-      a.nk = nk;
-      a.tiled = d.v_tiled ? 1 : 0;
-      a.nv = nv;
-      a.dk = dk;
-      a.dv = dv;
-      a.T = T;
-      a.eps = c.rms_norm_eps;
-      delta_rows_kernel<<<T, 256, 0, st>>>(a);
-      mark(P_DELTA_PRE);
-      const dim3 g{unsigned(nv), unsigned(dv / 32)};
-      switch (dk) {
-        case 32: delta_scan_kernel<32><<<g, 128, 0, st>>>(a); break;
-        case 64: delta_scan_kernel<64><<<g, 256, 0, st>>>(a); break;
-        case 128: delta_scan_kernel<128><<<g, 512, 0, st>>>(a); break;
-        default: delta_scan_kernel<256><<<g, 1024, 0, st>>>(a); break;
+      for (int j = 0; j < S; ++j) {
+        const PrefillState& s = seqs[j].s;
+        const int T = seqs[j].T;
+        const size_t r0 = size_t(seqs[j].r0);
+        float* proj = proj_ + r0 * size_t(proj_stride_);
+        float* cv = cv_ + r0 * size_t(C);
+        float* cstate = (*s.conv)[size_t(sl)];
+        conv_rows_kernel<<<dim3(unsigned(div_up(C, 128)), unsigned(T)), 128, 0, st>>>(proj, proj_stride_, C, K,
+                                                                                    d.conv_w, cstate, cv);
+        conv_state_kernel<<<div_up(C, 128), 128, 0, st>>>(proj, proj_stride_, C, K, cstate, T);
+        mark(P_CONV);
+        DeltaRowsArgs a;
+        a.conv = cv;
+        a.C = C;
+        a.proj = proj;
+        a.pstride = proj_stride_;
+        a.zoff = C;
+        a.boff = C + nv * dv;
+        a.aoff = C + nv * dv + nv;
+        a.dt_bias = d.dt_bias;
+        a.neg_exp_A = d.neg_exp_A;
+        a.norm_w = d.gnorm;
+        a.beta = beta_ + r0 * size_t(nv);
+        a.decay = decay_ + r0 * size_t(nv);
+        a.S = (*s.ssm)[size_t(sl)];
+        a.out = o_ + r0 * size_t(nv) * size_t(dv);
+        a.nk = nk;
+        a.tiled = d.v_tiled ? 1 : 0;
+        a.nv = nv;
+        a.dk = dk;
+        a.dv = dv;
+        a.T = T;
+        a.eps = c.rms_norm_eps;
+        delta_rows_kernel<<<T, 256, 0, st>>>(a);
+        mark(P_DELTA_PRE);
+        const dim3 g{unsigned(nv), unsigned(dv / 32)};
+        switch (dk) {
+          case 32: delta_scan_kernel<32><<<g, 128, 0, st>>>(a); break;
+          case 64: delta_scan_kernel<64><<<g, 256, 0, st>>>(a); break;
+          case 128: delta_scan_kernel<128><<<g, 512, 0, st>>>(a); break;
+          default: delta_scan_kernel<256><<<g, 1024, 0, st>>>(a); break;
+        }
+        mark(P_DELTA_SCAN);
+        gated_norm_rows_kernel<<<dim3(unsigned(T), unsigned(nv)), unsigned(div_up(dv, 32) * 32), 0, st>>>(a);
+        mark(P_GATED_NORM);
       }
-      mark(P_DELTA_SCAN);
-      gated_norm_rows_kernel<<<dim3(unsigned(T), unsigned(nv)), unsigned(div_up(dv, 32) * 32), 0, st>>>(a);
-      mark(P_GATED_NORM);
       dense(d.out_proj, o_, x_, H, GEMM_ADD);
       mark(P_OUTPROJ);
     } else {
       dense(d.qkv, xn_, proj_, proj_stride_, GEMM_STORE, 0, xs);
       mark(P_INPROJ);
-      const KvLayer& kv = (*s.kvl)[size_t(sl)];
-      // h2o evicting: each token's victim depends on the scores of the
-      // attention of every token before it, so attention goes token by
-      // token (the decode step's kernels); the rest of the layer stays batched.
-      if (in_order(kv, p0, T)) attend_in_order(s, d, kv, T);
-      else attend_chunk(s, d, kv, p0, T);
-      if (s.snap_q) observe_queries(s.snap_q[sl], p0, T);
+      for (int j = 0; j < S; ++j) {
+        const PrefillState& s = seqs[j].s;
+        const int T = seqs[j].T, p0 = int(seqs[j].pos);
+        const KvLayer& kv = (*s.kvl)[size_t(sl)];
+        // h2o evicting: each token's victim depends on the scores of the
+        // attention of every token before it, so attention goes token by
+        // token (the decode step's kernels); the rest of the layer stays batched.
+        if (ordered) attend_in_order(s, d, kv, T);
+        else attend_chunk(s, d, kv, p0, T, seqs[j].r0);
+        if (s.snap_q) observe_queries(s.snap_q[sl], q_ + size_t(seqs[j].r0) * qw, p0, T);
+      }
       dense(d.o_proj, o_, x_, H, GEMM_ADD);
       mark(P_OUTPROJ);
     }
     check(cudaGetLastError(), attention ? "batched prefill: attention" : "batched prefill: linear attention");
-    feed_forward(l, d, T);
+    feed_forward(l, d, R);
   }
-  set_int_kernel<<<1, 1, 0, st>>>(s.d_pos, p0 + T);
+  for (int j = 0; j < S; ++j)
+    set_int_kernel<<<1, 1, 0, st>>>(seqs[j].s.d_pos, int(seqs[j].pos) + seqs[j].T);
   check(cudaGetLastError(), "batched prefill");
   if (!profile_) return;
   collect(phase_ms_);
   ++chunks_;
-  tokens_ += T;
+  tokens_ += R;
+}
+
+void Prefill::gather_rows(const int* rows, int n) {
+  const size_t H = size_t(m_.c->hidden_size);
+  for (int i = 0; i < n; ++i) {
+    if (rows[i] < i || (i > 0 && rows[i] <= rows[i - 1])) fail("batched prefill: gather_rows needs rising rows");
+    if (rows[i] == i) continue;
+    check(cudaMemcpyAsync(x_ + size_t(i) * H, x_ + size_t(rows[i]) * H, H * 4, cudaMemcpyDeviceToDevice, m_.stream),
+          "batched prefill: gather rows");
+  }
 }
 
 void Prefill::logits(int t0, int n, float* dst) {

@@ -103,6 +103,14 @@ struct VerifyRows {
   size_t scores_row = 0;
 };
 
+// One sequence's part of a prefill pass over several (Prefill::run_rows):
+// its state, its rows [r0, r0 + T) of the pass, the position of row r0.
+struct PromptRows {
+  PrefillState s;
+  int r0 = 0, T = 0;
+  int64_t pos = 0;
+};
+
 class Prefill {
  public:
   // Why the batched path cannot run this model (empty: it can); the caller
@@ -128,6 +136,21 @@ class Prefill {
   // layer, T <= max_tokens(); *d_pos becomes pos + T. Enqueued on the stream.
   // A chunk that makes an h2o cache evict runs its attention token by token.
   void run(const PrefillState& s, const int* d_ids, int T, int64_t pos);
+  // The prompt chunks of S sequences in one pass: rows d_ids[0..R) (device),
+  // R = the sum of their T <= max_tokens(), sequence j's at rows [r0, r0 +
+  // T) in order. Every product and each chosen expert runs once over all R
+  // rows; conv1d, the delta rule and attention per sequence over its own
+  // rows, state and cache; each *d_pos moves on by its T. Attention in
+  // order (in_order) takes one sequence alone (run).
+  void run_rows(const PromptRows* seqs, int S, const int* d_ids);
+  // Whether a chunk of T tokens at p0 attends token by token
+  // (attend_in_order): an h2o cache that evicts in it (each victim depends
+  // on the scores of every token before), or a Quest store past its
+  // resident budget (each query chooses its own pages).
+  static bool in_order(const KvLayer& kv, int p0, int T);
+  // Row rows[i] of the last pass's residual stream to row i, for i < n
+  // (rows rising, rows[i] >= i), so that logits_rows reads them as its first n.
+  void gather_rows(const int* rows, int n);
   // The residual stream of the last chunk's token t after the last layer (device, [H]).
   const float* hidden(int t) const;
   // Logits of the last chunk's tokens [t0, t0 + n) into host memory dst ([n][V]); synchronizes.
@@ -192,9 +215,10 @@ class Prefill {
   SplitRows split(const float* A, int rows, int cols, bool x, bool side = false);
   void allocate();
   void* alloc(size_t bytes);
-  void attend_chunk(const PrefillState& s, const DLayer& d, const KvLayer& kv, int p0, int T);
+  // The chunk's rows [r0, r0 + T) of the pass (run_rows) at positions p0..
+  void attend_chunk(const PrefillState& s, const DLayer& d, const KvLayer& kv, int p0, int T, int r0);
   void attend_in_order(const PrefillState& s, const DLayer& d, const KvLayer& kv, int T);
-  void observe_queries(float* ring, int p0, int T);  // snapkv (PrefillState::snap_q)
+  void observe_queries(float* ring, const float* q, int p0, int T);  // snapkv (PrefillState::snap_q)
   // h2o: room for the chunk's partial score sums (grows with the context).
   float* h2o_part(size_t floats);
   void mark(int phase);  // with the profile: an event after a phase's kernels (the first: the start)
