@@ -487,4 +487,61 @@ TEST(CudaBatchBench, DISABLED_DecodeThroughputAt35b) {
   cuda_set_batch_graph(dev, false);
 }
 
+// A server's admission of B prompts at once, on the 35B synthetic: making
+// B states, then their prompts (P tokens each, the last token's argmax on
+// the device) one sequence at a time through forward() against all of them
+// in one forward_batch (prompt rows of several sequences in one prefill
+// pass), then the first decode step over the B. Each timed twice, the
+// second printed (the first makes the prefill's buffers and graphs).
+TEST(CudaBatchBench, DISABLED_PromptAdmissionAt35b) {
+  REQUIRE_GPU();
+  const ModelConfig c = model_preset("qwen3.5-35b-a3b");
+  auto b = synthetic_backend(c, QuantKind::None, 64, GpuOptions{});
+  ThreadPool pool(2);
+  const int64_t V = c.vocab_size;
+  const KvConfig kv;
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count() * 1e3; };
+  for (int P : {24, 64}) {
+    for (int B : {8, 32}) {
+      std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B));
+      for (int i = 0; i < B; ++i)
+        for (int t = 0; t < P; ++t) prompts[size_t(i)].push_back(int32_t((i * 104729 + t * 7919 + 1) % V));
+      std::vector<int32_t> best(static_cast<size_t>(B)), tok(static_cast<size_t>(B));
+      double ms_new = 0, ms_alone = 0, ms_shared = 0, ms_step = 0;
+      for (int round = 0; round < 2; ++round) {
+        std::vector<std::unique_ptr<State>> a, s;
+        auto t0 = Clock::now();
+        for (int i = 0; i < B; ++i) a.push_back(b->new_state(kv));
+        ms_new = since(t0);
+        for (int i = 0; i < B; ++i) s.push_back(b->new_state(kv));
+        t0 = Clock::now();
+        for (int i = 0; i < B; ++i) {
+          const BatchItem it{a[size_t(i)].get(), prompts[size_t(i)].data(), P, LogitsMode::Last, nullptr,
+                             &best[size_t(i)]};
+          b->forward_batch(&it, 1, pool);
+        }
+        ms_alone = since(t0);
+        std::vector<BatchItem> items;
+        for (int i = 0; i < B; ++i)
+          items.push_back(BatchItem{s[size_t(i)].get(), prompts[size_t(i)].data(), P, LogitsMode::Last, nullptr,
+                                    &tok[size_t(i)]});
+        t0 = Clock::now();
+        b->forward_batch(items.data(), B, pool);
+        ms_shared = since(t0);
+        EXPECT_EQ(tok, best) << "B=" << B << " P=" << P << ": the first tokens, shared pass against alone";
+        for (int i = 0; i < B; ++i)
+          items[size_t(i)] = BatchItem{s[size_t(i)].get(), &tok[size_t(i)], 1, LogitsMode::Last, nullptr,
+                                       &best[size_t(i)]};
+        t0 = Clock::now();
+        b->forward_batch(items.data(), B, pool);
+        ms_step = since(t0);
+      }
+      std::printf("[admission] B=%-2d P=%-2d new_state x B %.1f ms; prompts one at a time %.1f ms, in one pass %.1f ms "
+                  "(%.2fx); first decode step %.1f ms\n",
+                  B, P, ms_new, ms_alone, ms_shared, ms_alone / ms_shared, ms_step);
+    }
+  }
+}
+
 }  // namespace cuda_batch_test
