@@ -488,11 +488,12 @@ TEST(CudaBatchBench, DISABLED_DecodeThroughputAt35b) {
 }
 
 // A server's admission of B prompts at once, on the 35B synthetic: making
-// B states, then their prompts (P tokens each, the last token's argmax on
-// the device) one sequence at a time through forward() against all of them
-// in one forward_batch (prompt rows of several sequences in one prefill
-// pass), then the first decode step over the B. Each timed twice, the
-// second printed (the first makes the prefill's buffers and graphs).
+// B states, then their prompts (P tokens each) one sequence at a time
+// through forward() against all of them in one forward_batch (prompt rows
+// of several sequences in one prefill pass), then the first decode step
+// over the B. Round 0 takes the last logits of both (max |dlogit| checked:
+// random weights leave near-ties, so the argmax alone may differ); round 1,
+// printed, the argmax on the device alone (a greedy server's request).
 TEST(CudaBatchBench, DISABLED_PromptAdmissionAt35b) {
   REQUIRE_GPU();
   const ModelConfig c = model_preset("qwen3.5-35b-a3b");
@@ -508,8 +509,11 @@ TEST(CudaBatchBench, DISABLED_PromptAdmissionAt35b) {
       for (int i = 0; i < B; ++i)
         for (int t = 0; t < P; ++t) prompts[size_t(i)].push_back(int32_t((i * 104729 + t * 7919 + 1) % V));
       std::vector<int32_t> best(static_cast<size_t>(B)), tok(static_cast<size_t>(B));
+      std::vector<std::vector<float>> la(static_cast<size_t>(B), std::vector<float>(size_t(V))), ls = la;
       double ms_new = 0, ms_alone = 0, ms_shared = 0, ms_step = 0;
+      float worst = 0;
       for (int round = 0; round < 2; ++round) {
+        const bool logits = round == 0;
         std::vector<std::unique_ptr<State>> a, s;
         auto t0 = Clock::now();
         for (int i = 0; i < B; ++i) a.push_back(b->new_state(kv));
@@ -517,19 +521,21 @@ TEST(CudaBatchBench, DISABLED_PromptAdmissionAt35b) {
         for (int i = 0; i < B; ++i) s.push_back(b->new_state(kv));
         t0 = Clock::now();
         for (int i = 0; i < B; ++i) {
-          const BatchItem it{a[size_t(i)].get(), prompts[size_t(i)].data(), P, LogitsMode::Last, nullptr,
-                             &best[size_t(i)]};
+          const BatchItem it{a[size_t(i)].get(), prompts[size_t(i)].data(), P, LogitsMode::Last,
+                             logits ? la[size_t(i)].data() : nullptr, &best[size_t(i)]};
           b->forward_batch(&it, 1, pool);
         }
         ms_alone = since(t0);
         std::vector<BatchItem> items;
         for (int i = 0; i < B; ++i)
-          items.push_back(BatchItem{s[size_t(i)].get(), prompts[size_t(i)].data(), P, LogitsMode::Last, nullptr,
-                                    &tok[size_t(i)]});
+          items.push_back(BatchItem{s[size_t(i)].get(), prompts[size_t(i)].data(), P, LogitsMode::Last,
+                                    logits ? ls[size_t(i)].data() : nullptr, &tok[size_t(i)]});
         t0 = Clock::now();
         b->forward_batch(items.data(), B, pool);
         ms_shared = since(t0);
-        EXPECT_EQ(tok, best) << "B=" << B << " P=" << P << ": the first tokens, shared pass against alone";
+        if (logits)
+          for (int i = 0; i < B; ++i)
+            worst = std::max(worst, max_abs_diff(la[size_t(i)].data(), ls[size_t(i)].data(), size_t(V)));
         for (int i = 0; i < B; ++i)
           items[size_t(i)] = BatchItem{s[size_t(i)].get(), &tok[size_t(i)], 1, LogitsMode::Last, nullptr,
                                        &best[size_t(i)]};
@@ -537,9 +543,10 @@ TEST(CudaBatchBench, DISABLED_PromptAdmissionAt35b) {
         b->forward_batch(items.data(), B, pool);
         ms_step = since(t0);
       }
+      EXPECT_LE(worst, 2e-3f) << "B=" << B << " P=" << P << ": the last logits, shared pass against alone";
       std::printf("[admission] B=%-2d P=%-2d new_state x B %.1f ms; prompts one at a time %.1f ms, in one pass %.1f ms "
-                  "(%.2fx); first decode step %.1f ms\n",
-                  B, P, ms_new, ms_alone, ms_shared, ms_alone / ms_shared, ms_step);
+                  "(%.2fx; max |dlogit| %.2g); first decode step %.1f ms\n",
+                  B, P, ms_new, ms_alone, ms_shared, ms_alone / ms_shared, worst, ms_step);
     }
   }
 }

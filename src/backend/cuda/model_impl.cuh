@@ -65,9 +65,13 @@ struct CudaState::Impl {
   size_t el = 4;
   int nkv = 0, hd = 0, nh = 0;
   std::vector<KvLayer> kvl;
-  std::vector<float*> conv, ssm;
+  std::vector<float*> conv, ssm;  // pieces of `recurrent`
   float* scores = nullptr;
-  int *d_pos = nullptr, *d_base = nullptr, *d_ids = nullptr, *d_out = nullptr, *d_step = nullptr;
+  int *d_pos = nullptr, *d_base = nullptr, *d_ids = nullptr, *d_out = nullptr, *d_step = nullptr;  // of `counters`
+  // One allocation each (new_state): every linear layer's conv and
+  // delta-rule states, and the counters and token rings. A state per
+  // request in the server: ~100 cudaMalloc calls each were ~3 ms.
+  void *recurrent = nullptr, *counters = nullptr;
   cudaGraphExec_t graphs[3] = {nullptr, nullptr, nullptr};  // per kind of step (graph.cu)
   // A drafting state (--mtp): the MTP head's own state (one KV layer, its
   // position counter; attention() runs on it as on a main layer's), and
@@ -106,8 +110,7 @@ struct CudaState::Impl {
     drop_graphs();
     for (auto& l : kvl)
       for (void* p : kv_layer_buffers(l)) cudaFree(p);
-    for (float* p : conv) cudaFree(p);
-    for (float* p : ssm) cudaFree(p);
+    cudaFree(recurrent);
     for (float* p : snap_q) cudaFree(p);
     for (void* p : {head_scratch.k, head_scratch.v, static_cast<void*>(head_scratch.ks),
                     static_cast<void*>(head_scratch.vs), static_cast<void*>(head_hidden)})
@@ -118,9 +121,8 @@ struct CudaState::Impl {
     cudaFree(head_rows);
     cudaFree(verify_scores);
     cudaFree(verify_jobs);
-    for (void* p : {static_cast<void*>(scores), static_cast<void*>(d_pos), static_cast<void*>(d_base),
-                    static_cast<void*>(d_ids), static_cast<void*>(d_out), static_cast<void*>(d_step)})
-      cudaFree(p);
+    cudaFree(scores);
+    cudaFree(counters);
   }
 };
 
@@ -186,6 +188,10 @@ struct CudaModel::Impl : Launcher {
   PrefetchPick* pf_pick = nullptr;      // host address
   PrefetchPick* pf_pick_dev = nullptr;  // its device address
   cudaStream_t pf_stream = nullptr;
+  // new_state zeroes a state's buffers on this stream, not on the model's
+  // (where it would wait behind a step in flight) nor the legacy default
+  // stream (cudaMemset).
+  cudaStream_t state_stream = nullptr;
   cudaEvent_t pf_picked = nullptr, pf_copied = nullptr;
   uint64_t pf_copies = 0;
   // The flags the copy stream writes ([kStageSlots], device), the ring of

@@ -74,16 +74,15 @@ void CudaModel::Impl::ensure_cap(CudaState::Impl& s, int64_t slots) {
 }
 
 namespace {
-// A state's attention scores scratch, position counters and token rings (ring entries).
-void alloc_counters(CudaState::Impl& s, int ring) {
+// A state's attention scores scratch, position counters and token rings
+// (ring entries; one allocation), zeroed on `zero` (new_state waits for it).
+void alloc_counters(CudaState::Impl& s, int ring, cudaStream_t zero) {
   s.scores = static_cast<float*>(dev_alloc(size_t(s.cap) * std::max(s.nh, 1) * 4, "attention scores"));
-  s.d_pos = static_cast<int*>(dev_alloc(4, "counters"));
-  s.d_base = static_cast<int*>(dev_alloc(4, "counters"));
-  s.d_step = static_cast<int*>(dev_alloc(4, "counters"));
-  s.d_ids = static_cast<int*>(dev_alloc(size_t(ring) * 4, "token ids"));
-  s.d_out = static_cast<int*>(dev_alloc(size_t(ring) * 4, "token ids"));
-  for (int* p : {s.d_pos, s.d_base, s.d_step}) CK(cudaMemset(p, 0, 4));
-  CK(cudaMemset(s.d_ids, 0, size_t(ring) * 4));
+  const size_t n = 3 + 2 * size_t(ring);
+  s.counters = dev_alloc(n * 4, "counters and token ids");
+  int* c = static_cast<int*>(s.counters);
+  s.d_pos = c, s.d_base = c + 1, s.d_step = c + 2, s.d_ids = c + 3, s.d_out = c + 3 + ring;
+  CK(cudaMemsetAsync(c, 0, n * 4, zero));
 }
 }  // namespace
 
@@ -112,8 +111,8 @@ KvLayer CudaModel::Impl::new_kv_layer(const CudaState::Impl& s) const {
     b.latest_only = ret == KvRetention::Tova ? 1 : 0;
     b.acc = static_cast<float*>(dev_alloc(size_t(s.cap) * 4, "h2o scores"));
     b.kpos = static_cast<int*>(dev_alloc(size_t(s.cap) * 4, "h2o positions"));
-    CK(cudaMemset(b.acc, 0, size_t(s.cap) * 4));
-    CK(cudaMemset(b.kpos, 0xff, size_t(s.cap) * 4));  // -1: free
+    CK(cudaMemsetAsync(b.acc, 0, size_t(s.cap) * 4, state_stream));
+    CK(cudaMemsetAsync(b.kpos, 0xff, size_t(s.cap) * 4, state_stream));  // -1: free
   }
   if (s.kv.retention() == KvRetention::Quest) {
     const KvConfig& kv = s.kv;
@@ -125,7 +124,7 @@ KvLayer CudaModel::Impl::new_kv_layer(const CudaState::Impl& s) const {
     grow_quest_pages(b, s.nkv, s.hd);
     b.qsel = static_cast<int*>(dev_alloc(size_t(s.nkv) * b.qmaxp * 4, "quest pages chosen"));
     b.qn = static_cast<int*>(dev_alloc(size_t(s.nkv) * 4, "quest pages chosen"));
-    CK(cudaMemset(b.qn, 0, size_t(s.nkv) * 4));
+    CK(cudaMemsetAsync(b.qn, 0, size_t(s.nkv) * 4, state_stream));
   }
   g.done = true;
   return b;
@@ -175,6 +174,17 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv, bool draftin
   s.cap = s.window > 0 ? s.window : s.h2o ? int(kv.capacity()) : 1024;
   const int64_t C = m.c.lin_conv_dim(), Kc = m.c.conv_kernel;
   const int64_t ssm_n = m.c.lin_num_v_heads * m.c.lin_k_dim * m.c.lin_v_dim;
+  // [C][K-1] conv states in use (the K-1 previous inputs per channel); C * K
+  // floats each, the size of the buffer in state images (save_state).
+  auto round64 = [](size_t n) { return (n + 63) / 64 * 64; };  // 256-byte aligned pieces
+  const size_t per_layer = round64(size_t(ssm_n)) + round64(size_t(C * Kc));
+  size_t linear = 0;
+  for (const LayerPlan& lp : m.plan.layers) linear += lp.mixer == MixerKind::GatedAttention ? 0 : 1;
+  if (linear) {
+    s.recurrent = dev_alloc(linear * per_layer * 4, "conv and delta-rule states");
+    CK(cudaMemsetAsync(s.recurrent, 0, linear * per_layer * 4, m.state_stream));
+  }
+  float* rec = static_cast<float*>(s.recurrent);
   for (const LayerPlan& lp : m.plan.layers) {  // in order: state_slot is the index in kvl / conv / ssm
     if (lp.mixer == MixerKind::GatedAttention) {
       s.kvl.push_back(KvLayer{});  // first, so that the destructor frees whatever was allocated
@@ -185,15 +195,12 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv, bool draftin
         s.snap_fixed.emplace_back();
       }
     } else {
-      // [C][K-1] in use (the K-1 previous inputs per channel); C * K floats
-      // allocated, the size of the buffer in state images (save_state).
-      s.conv.push_back(static_cast<float*>(dev_alloc(size_t(C * Kc) * 4, "conv state")));
-      CK(cudaMemset(s.conv.back(), 0, size_t(C * Kc) * 4));
-      s.ssm.push_back(static_cast<float*>(dev_alloc(size_t(ssm_n) * 4, "delta-rule state")));
-      CK(cudaMemset(s.ssm.back(), 0, size_t(ssm_n) * 4));
+      s.ssm.push_back(rec);
+      s.conv.push_back(rec + round64(size_t(ssm_n)));
+      rec += per_layer;
     }
   }
-  alloc_counters(s, kRing);
+  alloc_counters(s, kRing, m.state_stream);
   if (drafting) {
     if (m.tiers)
       fail_device(DeviceFailure::Unsupported,
@@ -208,10 +215,12 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv, bool draftin
     h.el = s.el, h.nkv = s.nkv, h.hd = s.hd, h.nh = s.nh;
     h.kvl.push_back(KvLayer{});
     h.kvl.back() = m.new_kv_layer(h);
-    alloc_counters(h, 1);
+    alloc_counters(h, 1, m.state_stream);
     s.head_hidden = static_cast<float*>(dev_alloc(size_t(m.c.hidden_size) * 4, "MTP hidden state"));
   }
-  CK(cudaDeviceSynchronize());
+  // The zeroing done (its own stream: not behind a step in flight on the
+  // model's; later copies into the state may come from any stream).
+  CK(cudaStreamSynchronize(m.state_stream));
   return st;
 }
 

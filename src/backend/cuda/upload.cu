@@ -40,6 +40,7 @@ CudaModel::Impl::~Impl() {
   for (auto e : {pf_picked, pf_copied, pf_staged})
     if (e) cudaEventDestroy(e);
   if (pf_stream) cudaStreamDestroy(pf_stream);
+  if (state_stream) cudaStreamDestroy(state_stream);
   if (stream) cudaStreamDestroy(stream);
 }
 
@@ -343,6 +344,7 @@ void CudaModel::Impl::init_device() {
   CK(cudaSetDevice(dev));
   CK(cudaGetDeviceProperties(&prop, dev));
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&state_stream, cudaStreamNonBlocking));
   set_kernel_attributes();
 }
 
