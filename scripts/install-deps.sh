@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages flashmoe builds against, only those missing.
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config nlohmann-json3-dev libcli11-dev libpcre2-dev
+pkgs=(build-essential cmake ninja-build pkg-config nlohmann-json3-dev libcli11-dev libpcre2-dev
       libutf8proc-dev libgtest-dev libgmock-dev libbenchmark-dev libboost-dev libreadline-dev
       python3-numpy)  # python3-numpy: the fixture scripts the MlxLayout / Fp8Checkpoint tests run
 # `scripts/install-deps.sh fuzz` (make test-asan, make fuzz) adds clang and its libFuzzer runtime.
