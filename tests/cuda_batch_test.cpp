@@ -334,6 +334,13 @@ TEST(CudaBatch, MatchesEachSequenceAloneAt35bShapes) {
   for (const auto& [name, kv] : kv_formats())
     if (name == "f32-full" || name == "bf16-full" || name == "fp8-head-window16" || name == "h2o24")
       expect_batch_matches_alone(*b, kv, seqs, "35b-shapes " + name, pool);
+  // The eight whole prompts in the first step: one prefill pass of 164 rows
+  // (the routed experts over many rows each, the tiled product).
+  std::vector<Seq> first = seqs;
+  for (Seq& s : first) s.join = 0;
+  for (const auto& [name, kv] : kv_formats())
+    if (name == "f32-full" || name == "fp8-head-window16")
+      expect_batch_matches_alone(*b, kv, first, "35b-shapes one step " + name, pool, false, 64);
 }
 
 // Heads the staged delta rule does not take (delta_staged_fits): value
@@ -491,9 +498,12 @@ TEST(CudaBatchBench, DISABLED_DecodeThroughputAt35b) {
 // B states, then their prompts (P tokens each) one sequence at a time
 // through forward() against all of them in one forward_batch (prompt rows
 // of several sequences in one prefill pass), then the first decode step
-// over the B. Round 0 takes the last logits of both (max |dlogit| checked:
-// random weights leave near-ties, so the argmax alone may differ); round 1,
-// printed, the argmax on the device alone (a greedy server's request).
+// over the B. Round 0 takes the last logits of both and prints how far
+// apart they are (not a check: over 40 random layers a rounding-level
+// difference flips near-tied expert choices, and the logits move by up to
+// ~1; CudaBatch.MatchesEachSequenceAloneAt35bShapes is the check, at 4
+// layers); round 1, timed, the argmax on the device alone (a greedy
+// server's request).
 TEST(CudaBatchBench, DISABLED_PromptAdmissionAt35b) {
   REQUIRE_GPU();
   const ModelConfig c = model_preset("qwen3.5-35b-a3b");
@@ -511,7 +521,8 @@ TEST(CudaBatchBench, DISABLED_PromptAdmissionAt35b) {
       std::vector<int32_t> best(static_cast<size_t>(B)), tok(static_cast<size_t>(B));
       std::vector<std::vector<float>> la(static_cast<size_t>(B), std::vector<float>(size_t(V))), ls = la;
       double ms_new = 0, ms_alone = 0, ms_shared = 0, ms_step = 0;
-      float worst = 0;
+      float worst = 0, worst_halves = 0;
+      double kl = 0;
       for (int round = 0; round < 2; ++round) {
         const bool logits = round == 0;
         std::vector<std::unique_ptr<State>> a, s;
@@ -534,8 +545,18 @@ TEST(CudaBatchBench, DISABLED_PromptAdmissionAt35b) {
         b->forward_batch(items.data(), B, pool);
         ms_shared = since(t0);
         if (logits)
-          for (int i = 0; i < B; ++i)
+          for (int i = 0; i < B; ++i) {
             worst = std::max(worst, max_abs_diff(la[size_t(i)].data(), ls[size_t(i)].data(), size_t(V)));
+            kl += mean_kl(la[size_t(i)], ls[size_t(i)], V);
+            // The same prompt alone in two chunks (today's code both ways):
+            // how far rounding alone moves this model's logits.
+            auto h = b->new_state(kv);
+            const int half = P / 2;
+            std::vector<float> l2(static_cast<size_t>(V));
+            b->forward(*h, prompts[size_t(i)].data(), half, LogitsMode::None, nullptr, pool);
+            b->forward(*h, prompts[size_t(i)].data() + half, P - half, LogitsMode::Last, l2.data(), pool);
+            worst_halves = std::max(worst_halves, max_abs_diff(la[size_t(i)].data(), l2.data(), size_t(V)));
+          }
         for (int i = 0; i < B; ++i)
           items[size_t(i)] = BatchItem{s[size_t(i)].get(), &tok[size_t(i)], 1, LogitsMode::Last, nullptr,
                                        &best[size_t(i)]};
@@ -543,10 +564,9 @@ TEST(CudaBatchBench, DISABLED_PromptAdmissionAt35b) {
         b->forward_batch(items.data(), B, pool);
         ms_step = since(t0);
       }
-      EXPECT_LE(worst, 2e-3f) << "B=" << B << " P=" << P << ": the last logits, shared pass against alone";
       std::printf("[admission] B=%-2d P=%-2d new_state x B %.1f ms; prompts one at a time %.1f ms, in one pass %.1f ms "
-                  "(%.2fx; max |dlogit| %.2g); first decode step %.1f ms\n",
-                  B, P, ms_new, ms_alone, ms_shared, ms_alone / ms_shared, worst, ms_step);
+                  "(%.2fx; mean KL %.2g, max |dlogit| %.2g; alone in two chunks: %.2g); first decode step %.1f ms\n",
+                  B, P, ms_new, ms_alone, ms_shared, ms_alone / ms_shared, kl / B, worst, worst_halves, ms_step);
     }
   }
 }
