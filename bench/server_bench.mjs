@@ -7,6 +7,9 @@
 //     -> aggregate tokens/s, time-to-first-token and inter-token latency
 //        percentiles over CLIENTS concurrent streaming clients
 const [mode, url, ...rest] = process.argv.slice(2);
+// Node loads its fetch implementation at the first call (tens of ms): one
+// untimed request first, so that no client's first request counts it.
+try { await (await fetch(`${url}/health`)).text(); } catch {}
 
 async function chat(body) {
   const t0 = performance.now();
