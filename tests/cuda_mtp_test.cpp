@@ -288,8 +288,8 @@ TEST(CudaMtp, RestorePointIsExactAndCheaperThanASnapshot) {
   const CoderMiniOnGpu gpu;
   // A backend of its own: its snapshots go to host memory (a VRAM budget of
   // 0) until the last timing.
-  CudaBackend b(std::shared_ptr<const QwenModel>(std::shared_ptr<const QwenModel>(), gpu.model.get()),
-                std::shared_ptr<CudaModel>(std::shared_ptr<CudaModel>(), gpu.cuda.get()));
+  auto own = own_gpu_backend(*gpu.model, *gpu.cuda);
+  CudaBackend& b = *own;
   b.set_snapshot_vram_budget(0);
   const int64_t V = gpu.V;
   ThreadPool pool(2);

@@ -678,13 +678,6 @@ TEST(CudaCoderMini, SnapshotsRestoreExactly) {
   EXPECT_THROW(other.restore(f32.snapshot()), Error);
 }
 
-// A backend of its own over an uploaded model (both borrowed), so that a
-// test can set its snapshot VRAM budget without touching gpu_view's.
-std::unique_ptr<CudaBackend> own_backend(const QwenModel& m, CudaModel& device) {
-  return std::make_unique<CudaBackend>(std::shared_ptr<const QwenModel>(std::shared_ptr<const QwenModel>(), &m),
-                                       std::shared_ptr<CudaModel>(std::shared_ptr<CudaModel>(), &device));
-}
-
 // A snapshot kept in VRAM (the default while it fits the budget: the
 // server's conversation snapshots) restores exactly: into another session,
 // and into the session it was taken from after that one moved on (the copy
@@ -697,7 +690,7 @@ TEST(CudaCoderMini, SnapshotsInVramRestoreExactly) {
   const std::string dir = source_path("models/coder-mini");
   auto model = QwenModel::load(dir + "/model");
   auto cuda = CudaModel::upload(*model);
-  auto vram = own_backend(*model, *cuda), host = own_backend(*model, *cuda);
+  auto vram = own_gpu_backend(*model, *cuda), host = own_gpu_backend(*model, *cuda);
   ASSERT_GT(vram->snapshot_vram_budget(), 0u);
   host->set_snapshot_vram_budget(0);
   RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
@@ -740,7 +733,7 @@ TEST(CudaCoderMini, SnapshotVramBudgetMovesTheOldestToHost) {
   const std::string dir = source_path("models/coder-mini");
   auto model = QwenModel::load(dir + "/model");
   auto cuda = CudaModel::upload(*model);
-  auto be = own_backend(*model, *cuda);
+  auto be = own_gpu_backend(*model, *cuda);
   RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
   ThreadPool pool(2);
   const int64_t n = int64_t(ids.ids.size()) / 3;

@@ -48,8 +48,12 @@ const Backend& gpu_view(const QwenModel& m, CudaModel& device) {
   static std::map<std::pair<const QwenModel*, CudaModel*>, std::unique_ptr<Backend>> backends;
   std::lock_guard<std::mutex> lock(mu);
   auto& b = backends[{&m, &device}];
-  if (!b) b = std::make_unique<CudaBackend>(borrow(m), std::shared_ptr<CudaModel>(std::shared_ptr<CudaModel>(), &device));
+  if (!b) b = own_gpu_backend(m, device);
   return *b;
+}
+
+std::unique_ptr<CudaBackend> own_gpu_backend(const QwenModel& m, CudaModel& device) {
+  return std::make_unique<CudaBackend>(borrow(m), std::shared_ptr<CudaModel>(std::shared_ptr<CudaModel>(), &device));
 }
 
 std::unique_ptr<Backend> gpu_of(const QwenModel& m, const GpuOptions& o) { return make_cuda_backend(borrow(m), o); }

@@ -14,6 +14,7 @@
 
 namespace flashmoe {
 class CudaModel;
+class CudaBackend;
 }
 
 // Skips a CUDA test, with the reason, where no usable GPU is present (CI).
@@ -33,6 +34,9 @@ std::unique_ptr<Backend> gpu_of(const QwenModel& m, const GpuOptions& o = {});
 // A Backend over a model the test uploaded itself (tests of the CUDA backend
 // that reach its own API), both borrowed; one per pair, kept like cpu_of's.
 const Backend& gpu_view(const QwenModel& m, CudaModel& device);
+// The same, a backend of the test's own (both borrowed), so that a test can
+// change its settings (the snapshot VRAM budget) without touching gpu_view's.
+std::unique_ptr<CudaBackend> own_gpu_backend(const QwenModel& m, CudaModel& device);
 
 std::string source_path(const std::string& rel);  // FLASHMOE_SOURCE_DIR/rel
 // True in `make test-asan` (FLASHMOE_SANITIZER set), where code runs several

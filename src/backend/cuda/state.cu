@@ -178,8 +178,7 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv, bool draftin
   // floats each, the size of the buffer in state images (save_state).
   auto round64 = [](size_t n) { return (n + 63) / 64 * 64; };  // 256-byte aligned pieces
   const size_t per_layer = round64(size_t(ssm_n)) + round64(size_t(C * Kc));
-  size_t linear = 0;
-  for (const LayerPlan& lp : m.plan.layers) linear += lp.mixer == MixerKind::GatedAttention ? 0 : 1;
+  const size_t linear = size_t(m.plan.delta_layers);
   if (linear) {
     s.recurrent = dev_alloc(linear * per_layer * 4, "conv and delta-rule states");
     CK(cudaMemsetAsync(s.recurrent, 0, linear * per_layer * 4, m.state_stream));
