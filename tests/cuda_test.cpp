@@ -645,6 +645,18 @@ TEST(CudaTiers, DiskTierMatchesTheCpu) {
   }
 }
 
+// coder-mini's reference ids (dir: the model directory) cut into k
+// consecutive parts, the last with the remainder.
+std::vector<std::vector<int32_t>> reference_parts(const std::string& dir, int k) {
+  const std::vector<int32_t> ids = load_ref(dir + "/reference.safetensors", "ids").ids;
+  const size_t n = ids.size() / size_t(k);
+  std::vector<std::vector<int32_t>> parts;
+  for (int i = 0; i < k; ++i)
+    parts.emplace_back(ids.begin() + std::ptrdiff_t(size_t(i) * n),
+                       i + 1 == k ? ids.end() : ids.begin() + std::ptrdiff_t(size_t(i + 1) * n));
+  return parts;
+}
+
 // A GPU session's state copied to host memory and restored into another
 // session continues exactly (bitwise) as the original, in every KV format
 // (window and streaming rings wrapped); a snapshot of another KV
@@ -654,11 +666,11 @@ TEST(CudaCoderMini, SnapshotsRestoreExactly) {
   const std::string dir = source_path("models/coder-mini");
   auto model = QwenModel::load(dir + "/model");
   auto cuda = CudaModel::upload(*model);
-  RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
+  const auto parts = reference_parts(dir, 2);
+  const std::vector<int32_t>& head = parts[0];
+  const std::vector<int32_t>& tail = parts[1];
+  const size_t half = head.size();
   ThreadPool pool(2);
-  const size_t half = ids.ids.size() / 2;
-  const std::vector<int32_t> head(ids.ids.begin(), ids.ids.begin() + std::ptrdiff_t(half));
-  const std::vector<int32_t> tail(ids.ids.begin() + std::ptrdiff_t(half), ids.ids.end());
   for (const KvCase& c : kv_cases()) {
     Session a(gpu_view(*model, *cuda), c.kv, pool), b(gpu_view(*model, *cuda), c.kv, pool);
     a.feed(head);
@@ -693,11 +705,11 @@ TEST(CudaCoderMini, SnapshotsInVramRestoreExactly) {
   auto vram = own_gpu_backend(*model, *cuda), host = own_gpu_backend(*model, *cuda);
   ASSERT_GT(vram->snapshot_vram_budget(), 0u);
   host->set_snapshot_vram_budget(0);
-  RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
+  const auto parts = reference_parts(dir, 2);
+  const std::vector<int32_t>& head = parts[0];
+  const std::vector<int32_t>& tail = parts[1];
+  const size_t half = head.size();
   ThreadPool pool(2);
-  const size_t half = ids.ids.size() / 2;
-  const std::vector<int32_t> head(ids.ids.begin(), ids.ids.begin() + std::ptrdiff_t(half));
-  const std::vector<int32_t> tail(ids.ids.begin() + std::ptrdiff_t(half), ids.ids.end());
   for (const KvCase& c : kv_cases()) {
     Session a(*vram, c.kv, pool), b(*vram, c.kv, pool), h(*host, c.kv, pool), hr(*host, c.kv, pool);
     a.feed(head);
@@ -734,12 +746,9 @@ TEST(CudaCoderMini, SnapshotVramBudgetMovesTheOldestToHost) {
   auto model = QwenModel::load(dir + "/model");
   auto cuda = CudaModel::upload(*model);
   auto be = own_gpu_backend(*model, *cuda);
-  RefTensor ids = load_ref(dir + "/reference.safetensors", "ids");
+  const auto thirds = reference_parts(dir, 3);
+  auto part = [&](int i) { return thirds[size_t(i)]; };
   ThreadPool pool(2);
-  const int64_t n = int64_t(ids.ids.size()) / 3;
-  auto part = [&](int64_t i) {
-    return std::vector<int32_t>(ids.ids.begin() + std::ptrdiff_t(i * n), ids.ids.begin() + std::ptrdiff_t((i + 1) * n));
-  };
   Session s(*be, KvConfig{}, pool);
   s.feed(part(0));
   const SessionSnapshot s1 = s.snapshot();
