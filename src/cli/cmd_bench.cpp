@@ -407,7 +407,7 @@ Registrar reg_bench(40, [](CLI::App& app) {
                            "With --mtp: each run also rolled back the other way (restore the state from before the "
                            "verify pass, feed the kept tokens again), side by side with taking back the kept rows")
                  ->group("Speculative decoding");
-  cmd->add_flag("--no-graph", *no_graph, "On the GPU: plain kernel launches instead of a CUDA graph");
+  cmd->add_flag("--no-graph", *no_graph, "On the GPU: plain kernel launches instead of CUDA graphs (the decode step, and the batched steps of --batch)");
   cmd->add_option("--profile", *profile, "On the GPU: time each kernel class over N decode steps, and each phase of the batched prefill and of the batched decode steps of --batch (printed when the model is released)")
       ->check(integer_between(0, 2147483647));
   // Every option's storage is captured: the callback runs after this function returned.

@@ -187,7 +187,10 @@ bool gpu_memory_info(int64_t* free_bytes, int64_t* total_bytes) {
 bool has_decode_graph(const Backend& b) { return as_cuda(b) != nullptr || as_multi(b) != nullptr; }
 
 void set_decode_graph(const Backend& b, bool on) {
-  if (const CudaBackend* c = as_cuda(b)) c->device_for_bench().set_use_graph(on);
+  if (const CudaBackend* c = as_cuda(b)) {
+    c->device_for_bench().set_use_graph(on);
+    cuda_set_batch_graph(c->device_for_bench(), on);  // --batch's steps too
+  }
   if (const MultiGpuBackend* m = as_multi(b)) m->device_for_bench().set_use_graph(on);
 }
 

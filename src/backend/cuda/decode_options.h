@@ -41,11 +41,12 @@ struct DecodeOptions {
   bool pick_in_kernels = true;
 
   // The batched decode step (forward_batch over several sequences) captured
-  // in a CUDA graph per batch shape (sequences, KV types, attention split)
-  // and replayed, its per-sequence arguments rewritten before each replay;
-  // false: plain launches. Off until measured against plain launches on the
-  // H200 (bench/NOTES-cuda.md, batched decode).
-  bool batch_graph = false;
+  // in a CUDA graph per batch shape (sequences, KV types, attention split;
+  // from a shape's second step) and replayed, its per-sequence arguments
+  // rewritten before each replay; false: plain launches (tests, and bench
+  // --batch-graph 0). Graphs won at every B on the H200 (bench/NOTES-cuda.md,
+  // "Batched step graphs by default").
+  bool batch_graph = true;
 
   // The routed experts of the batched step and prefill: Auto picks per
   // step by the rows per picked expert (at up to 1/4 row per picked

@@ -17,6 +17,7 @@
 #include <functional>
 #include <utility>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -285,6 +286,7 @@ class Prefill {
   size_t args_n_ = 0;
   // step_batch's graphs by batch shape (they read args_dev_: dropped when it moves).
   std::map<std::string, cudaGraphExec_t> batch_graphs_;
+  std::set<std::string> batch_shapes_seen_;  // shapes stepped at least once (the second step captures)
   void drop_batch_graphs();
 };
 
