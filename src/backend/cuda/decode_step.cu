@@ -18,6 +18,7 @@
 #include "backend/cuda/model_impl.cuh"
 #include "backend/cuda/fp8_experts.cuh"
 #include "backend/cuda/fp8_router.cuh"
+#include "backend/cuda/fp8_rows.cuh"
 #include "backend/cuda/quant_experts.cuh"
 #include "core/error.h"
 
@@ -132,6 +133,18 @@ void CudaModel::Impl::matvec(const DMat& W, const float* xin, const float* nw, f
 // rules; up to 4 rows per warp at a time (a row is half a bf16 row's bytes).
 void CudaModel::Impl::matvec_fp8(const DMat& W, const float* xin, const float* nw, float* y, int acc, int cls,
                                  float* xcopy) {
+  // Whole rows per warp (fp8_rows.cuh) where the shape allows it.
+  if (const int split = f8_rows_split(W.cols, W.group); split && (reinterpret_cast<uintptr_t>(xin) & 15) == 0) {
+    const size_t smem = f8_rows_smem(W.cols);
+    const void* fn = reinterpret_cast<const void*>(matvec_fp8_rows_kernel);
+    if (smem > 48 * 1024) CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    const int rpb = kWarps / split, groups = (W.rows + kF8RowsR - 1) / kF8RowsR;
+    const int blocks = std::min((groups + rpb - 1) / rpb, prop.multiProcessorCount * per_sm(fn, smem));
+    go(matvec_fp8_rows_kernel, blocks, kThreads, smem, static_cast<const uint8_t*>(W.p), W.row_scales(), W.group,
+       W.rows, W.cols, xin, nw, c.rms_norm_eps, y, acc, split, xcopy);
+    mark(cls);
+    return;
+  }
   if (W.group % kF8Step == 0) {  // the tensor cores (fp8_mma.cuh), codes staged (fp8_staged.cuh)
     const int split = f8_mma_split(W.rows, W.cols, prop.multiProcessorCount), tpb = kWarps / split;
     const size_t smem = f8_mma_matvec_smem(W.cols, f8_norm_fused(nw, W.cols));
@@ -178,6 +191,21 @@ void CudaModel::Impl::outproj_router(const DLayer& d, const DMat& W) {
   a.sel = ExpertSel{d.gu_tab, d.down_tab, sel};
   a.done = presel_done;
   a.splitR = split_for(a.rowsR, a.H + a.O, 4);
+  if (const int split = W.dt == DT_FP8 ? f8_rows_split(W.cols, W.group) : 0; split && W.rows % 4 == 0) {
+    // The projection by whole rows per warp (fp8_rows.cuh).
+    const int sms = prop.multiProcessorCount, rpbR = kWarps / a.splitR;
+    a.splitA = split;
+    const size_t smem = f8_rows_smem(W.cols);
+    const void* fn = reinterpret_cast<const void*>(outproj_router_fp8_rows_kernel);
+    if (smem > 48 * 1024) CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    const int resident = per_sm(fn, smem) * sms, rpb = kWarps / split;
+    a.nbR = (a.rowsR + rpbR - 1) / rpbR;
+    a.nbA = std::min(((W.rows + kF8RowsR - 1) / kF8RowsR + rpb - 1) / rpb, std::max(sms, resident - a.nbR));
+    go(outproj_router_fp8_rows_kernel, a.nbA + a.nbR, kThreads, smem, static_cast<const uint8_t*>(W.p),
+       W.row_scales(), W.group, a);
+    mark(K_OUT);
+    return;
+  }
   if (W.dt == DT_FP8) {  // the projection on the tensor cores (fp8_router.cuh)
     const int sms = prop.multiProcessorCount, rpbR = kWarps / a.splitR;
     a.splitA = f8_mma_split(W.rows, W.cols, sms);
@@ -359,15 +387,42 @@ void CudaModel::Impl::moe_launch_q(const MoeArgs& a, int slots, const QExpert& q
       const size_t m1 = f8_mma_gate_up_smem(a.H, f8_gate_up_xf(a, f8s));
       const int dw = f8_down_warps(a, f8s);
       const size_t m2 = f8_mma_down_smem(a.k, a.I, a.Is, f8s && a.has_shared, dw);
+      // gate_up by whole rows per warp (fp8_rows.cuh) where the shapes allow
+      // it and the shared expert, if any, is FP8 with the same split.
+      const int rsplit = f8_rows_split(a.H, q.group);
+      const bool rows = rsplit && (!a.has_shared || (f8s && f8_rows_split(a.H, a.s_group) == rsplit));
+      // down too, where the shared expert, if any, is FP8 and as wide as the routed ones.
+      const int ns = a.k + (a.has_shared ? 1 : 0), dsplit = f8_down_rows_split(ns, a.I, q.group);
+      const bool drows = dsplit && a.maxI % 4 == 0 &&
+                         (!a.has_shared || (f8s && a.Is == a.I && a.s_group % kF8RowsV == 0));
       auto mma = [&](auto gu, auto dn) {
-        if (m1 > 48 * 1024) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m1)));
         if (m2 > 48 * 1024) CK(cudaFuncSetAttribute(dn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m2)));
-        const int resident = per_sm(reinterpret_cast<const void*>(gu), m1) * prop.multiProcessorCount;
-        const int tpb = kWarps / kGuSplit, need = ((a.maxI + 7) / 8 + tpb - 1) / tpb;
-        go(gu, dim3(std::max(1, std::min(need, resident / slots)), slots), kThreads, m1, a, q);
+        if (rows) {
+          const void* fn = reinterpret_cast<const void*>(gate_up_fp8_rows_kernel);
+          const size_t r1 = f8_rows_smem(a.H);
+          if (r1 > 48 * 1024) CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(r1)));
+          const int resident = per_sm(fn, r1) * prop.multiProcessorCount, rpb = kWarps / rsplit;
+          const int need = ((2 * a.maxI + kF8GuR - 1) / kF8GuR + rpb - 1) / rpb;
+          go(gate_up_fp8_rows_kernel, dim3(std::max(1, std::min(need, resident / slots)), slots), kThreads, r1, a, q,
+             rsplit);
+        } else {
+          if (m1 > 48 * 1024) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m1)));
+          const int resident = per_sm(reinterpret_cast<const void*>(gu), m1) * prop.multiProcessorCount;
+          const int tpb = kWarps / kGuSplit, need = ((a.maxI + 7) / 8 + tpb - 1) / tpb;
+          go(gu, dim3(std::max(1, std::min(need, resident / slots)), slots), kThreads, m1, a, q);
+        }
         mark(K_EXPERTS);
-        const int dres = per_sm(reinterpret_cast<const void*>(dn), m2, dw * 32) * prop.multiProcessorCount;
-        go(dn, std::min((a.H + 15) / 16, dres), dw * 32, m2, a, q);
+        if (drows) {
+          const void* fn = reinterpret_cast<const void*>(down_fp8_rows_kernel);
+          const size_t r2 = size_t(ns) * a.I * 4;
+          if (r2 > 48 * 1024) CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(r2)));
+          const int rpb = kWarps / dsplit, need = ((a.H + kF8DnR - 1) / kF8DnR + rpb - 1) / rpb;
+          go(down_fp8_rows_kernel, std::min(need, per_sm(fn, r2) * prop.multiProcessorCount), kThreads, r2, a, q,
+             dsplit);
+        } else {
+          const int dres = per_sm(reinterpret_cast<const void*>(dn), m2, dw * 32) * prop.multiProcessorCount;
+          go(dn, std::min((a.H + 15) / 16, dres), dw * 32, m2, a, q);
+        }
         mark(K_EXPERTS);
       };
       switch (sdt) {
