@@ -387,42 +387,15 @@ void CudaModel::Impl::moe_launch_q(const MoeArgs& a, int slots, const QExpert& q
       const size_t m1 = f8_mma_gate_up_smem(a.H, f8_gate_up_xf(a, f8s));
       const int dw = f8_down_warps(a, f8s);
       const size_t m2 = f8_mma_down_smem(a.k, a.I, a.Is, f8s && a.has_shared, dw);
-      // gate_up by whole rows per warp (fp8_rows.cuh) where the shapes allow
-      // it and the shared expert, if any, is FP8 with the same split.
-      const int rsplit = f8_rows_split(a.H, q.group);
-      const bool rows = rsplit && (!a.has_shared || (f8s && f8_rows_split(a.H, a.s_group) == rsplit));
-      // down too, where the shared expert, if any, is FP8 and as wide as the routed ones.
-      const int ns = a.k + (a.has_shared ? 1 : 0), dsplit = f8_down_rows_split(ns, a.I, q.group);
-      const bool drows = dsplit && a.maxI % 4 == 0 &&
-                         (!a.has_shared || (f8s && a.Is == a.I && a.s_group % kF8RowsV == 0));
       auto mma = [&](auto gu, auto dn) {
+        if (m1 > 48 * 1024) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m1)));
         if (m2 > 48 * 1024) CK(cudaFuncSetAttribute(dn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m2)));
-        if (rows) {
-          const void* fn = reinterpret_cast<const void*>(gate_up_fp8_rows_kernel);
-          const size_t r1 = f8_rows_smem(a.H);
-          if (r1 > 48 * 1024) CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(r1)));
-          const int resident = per_sm(fn, r1) * prop.multiProcessorCount, rpb = kWarps / rsplit;
-          const int need = ((2 * a.maxI + kF8GuR - 1) / kF8GuR + rpb - 1) / rpb;
-          go(gate_up_fp8_rows_kernel, dim3(std::max(1, std::min(need, resident / slots)), slots), kThreads, r1, a, q,
-             rsplit);
-        } else {
-          if (m1 > 48 * 1024) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m1)));
-          const int resident = per_sm(reinterpret_cast<const void*>(gu), m1) * prop.multiProcessorCount;
-          const int tpb = kWarps / kGuSplit, need = ((a.maxI + 7) / 8 + tpb - 1) / tpb;
-          go(gu, dim3(std::max(1, std::min(need, resident / slots)), slots), kThreads, m1, a, q);
-        }
+        const int resident = per_sm(reinterpret_cast<const void*>(gu), m1) * prop.multiProcessorCount;
+        const int tpb = kWarps / kGuSplit, need = ((a.maxI + 7) / 8 + tpb - 1) / tpb;
+        go(gu, dim3(std::max(1, std::min(need, resident / slots)), slots), kThreads, m1, a, q);
         mark(K_EXPERTS);
-        if (drows) {
-          const void* fn = reinterpret_cast<const void*>(down_fp8_rows_kernel);
-          const size_t r2 = size_t(ns) * a.I * 4;
-          if (r2 > 48 * 1024) CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(r2)));
-          const int rpb = kWarps / dsplit, need = ((a.H + kF8DnR - 1) / kF8DnR + rpb - 1) / rpb;
-          go(down_fp8_rows_kernel, std::min(need, per_sm(fn, r2) * prop.multiProcessorCount), kThreads, r2, a, q,
-             dsplit);
-        } else {
-          const int dres = per_sm(reinterpret_cast<const void*>(dn), m2, dw * 32) * prop.multiProcessorCount;
-          go(dn, std::min((a.H + 15) / 16, dres), dw * 32, m2, a, q);
-        }
+        const int dres = per_sm(reinterpret_cast<const void*>(dn), m2, dw * 32) * prop.multiProcessorCount;
+        go(dn, std::min((a.H + 15) / 16, dres), dw * 32, m2, a, q);
         mark(K_EXPERTS);
       };
       switch (sdt) {

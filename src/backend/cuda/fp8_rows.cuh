@@ -2,7 +2,9 @@
 // fp32 block scales; device_model.cuh) with whole rows per warp: y (+)=
 // W . norm(x) for the in-projections and other matvecs (matvec_fp8_rows_kernel),
 // and the output projection beside the folded router
-// (outproj_router_fp8_rows_kernel).
+// (outproj_router_fp8_rows_kernel). The routed experts keep the tensor-core
+// kernels (fp8_experts.cuh): gate_up and down by rows measured slower
+// (bench/NOTES-cuda.md, "FP8 decode: whole rows per warp").
 //
 // Why not the tensor cores (fp8_matvec.cuh's f8_matvec_tiles): a 16-row mma
 // tile made each warp load 64-byte pieces of 16 rows, and the out-projection's
@@ -29,7 +31,6 @@
 //    widened exactly (cvt.rn.f16x2.e4m3x2, then to fp32) and multiplied in
 //    fp32; a chunk's sum times its block scale goes to the row's sum.
 #pragma once
-#include "backend/cuda/experts.cuh"
 #include "backend/cuda/fp8_matvec.cuh"
 #include "backend/cuda/router.cuh"
 
@@ -285,207 +286,6 @@ static __global__ void __launch_bounds__(kThreads, kF8RowsMinBlocks)
   }
   f8_rows_stage_x(a.cat + a.H, nullptr, 0.f, a.O, os4);
   f8_rows_run(row_of, a.H, group, os4, w, bid, a.nbA, G, have_first, F8StoreRows{a.x, a.H, 1});
-}
-
-// The rows of one slot of the routed experts' gate_up (FP8 expert blocks,
-// QExpert) or of an FP8 shared expert (a DMat: gate rows, then up rows,
-// per-row scales), interleaved: row 2 r is gate row r, 2 r + 1 up row r,
-// so that a group of R rows ends with R / 2 rows of h.
-struct F8GateUpRows {
-  const uint8_t* gate;
-  const uint8_t* up;
-  const float* gs;
-  const float* us;
-  int H, nbc, block_rows;  // scale rows: one per block_rows weight rows
-  __device__ F8RowRef operator()(int v) const {
-    const int r = v >> 1;
-    const size_t sr = size_t(r / block_rows) * nbc;
-    return (v & 1) ? F8RowRef{up + size_t(r) * H, us + sr} : F8RowRef{gate + size_t(r) * H, gs + sr};
-  }
-};
-// Rows a warp of gate_up takes at a time: one gate / up pair (with four, the
-// expert's pointers beside the codes spilled at the 2-blocks-per-SM bound).
-constexpr int kF8GuR = 2;
-static_assert(kF8GuR % 2 == 0, "a row group holds whole gate / up pairs");
-
-// h[j][r] = silu(gate_j[r] . xn) * (up_j[r] . xn) by whole rows per warp;
-// blockIdx.y = slot j (as gate_up_fp8_mma_kernel, fp8_experts.cuh, with the
-// same pick and presel duties of block (0,0)); the shared expert, where
-// there is one, is FP8 too. split: f8_rows_split of H (the same for the
-// routed experts' and the shared expert's block widths).
-static __global__ void __launch_bounds__(kThreads, kF8RowsMinBlocks)
-    gate_up_fp8_rows_kernel(MoeArgs a, QExpert q, int split) {
-  extern __shared__ __align__(16) float4 xs4[];
-  const int j = blockIdx.y;
-  const bool shared = j == a.k;
-  const int I = shared ? a.Is : a.I, nrows = 2 * I;
-  const F8RowsWarp w = f8_rows_warp(a.H, split);
-  if (int(blockIdx.x) * w.rpb * kF8GuR >= nrows) return;
-  const int lane = threadIdx.x & 31;
-  const bool pick = !shared && a.logits && !a.presel;  // uniform over the block
-  const int group = shared ? a.s_group : q.group, nbc = (a.H + group - 1) / group;
-  auto rows_of = [&](const uint8_t* B) {
-    if (shared) {
-      const uint8_t* W = static_cast<const uint8_t*>(a.s_gu);
-      return F8GateUpRows{W, W + size_t(I) * a.H, a.s_gu_sc, a.s_gu_sc + size_t(I) * nbc, a.H, nbc, 1};
-    }
-    return F8GateUpRows{B, B + q.up_w, reinterpret_cast<const float*>(B + q.gate_s),
-                        reinterpret_cast<const float*>(B + q.up_s), a.H, nbc, q.block_rows};
-  };
-  // The warp's first rows: a shared expert's before the wait, a routed
-  // one's once its pointer is known (not where this block picks the
-  // experts itself: then after x is staged).
-  const int first = blockIdx.x * w.rpb + w.lr;
-  const bool have_first = !pick && first < (nrows + kF8GuR - 1) / kF8GuR;
-  F8RowsGroup<kF8GuR> G;
-  if (shared && have_first) f8_rows_issue(rows_of(nullptr), nrows, group, w, first, lane, G);
-  if (pick && threadIdx.x < 32) prefetch_tables(a.tsel, a.E);
-  pdl_wait();
-  pdl_trigger();
-  float* h = a.hb + size_t(j) * a.maxI;
-  auto store = [&](int g, const float* t) {
-#pragma unroll
-    for (int i = 0; i < kF8GuR; i += 2) {
-      const int r = (g * kF8GuR + i) >> 1;
-      if (r < I) h[r] = siluf_(t[i]) * t[i + 1];
-    }
-  };
-  if (pick) {  // apart, so that no codes are held across the top-k (registers)
-    const float rx = f8_rows_stage_x(a.x, a.norm_w, a.eps, a.H, xs4);
-    const uint8_t* B = static_cast<const uint8_t*>(pick_block_expert(a, j, a.folded ? rx : 1.0f));
-    f8_rows_run(rows_of(B), nrows, group, xs4, w, blockIdx.x, gridDim.x, G, false, store);
-    return;
-  }
-  const uint8_t* B = nullptr;
-  if (!shared) {
-    B = static_cast<const uint8_t*>(a.sel ? a.sel[j] : a.gu_tab[a.ids[j]]);
-    if (have_first) f8_rows_issue(rows_of(B), nrows, group, w, first, lane, G);
-  }
-  const float rx = f8_rows_stage_x(a.x, a.norm_w, a.eps, a.H, xs4);
-  if (a.presel && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < 32)
-    topk_weights(a.logits, a.E, a.k, a.norm_topk, a.has_shared, a.ids, a.folded ? rx : 1.0f, a.w_out);
-  f8_rows_run(rows_of(B), nrows, group, xs4, w, blockIdx.x, gridDim.x, G, have_first, store);
-}
-
-// Rows of x a warp of down takes at a time.
-constexpr int kF8DnR = 2;
-// down's chunks: the slots' h side by side (slot s's columns at s I, the
-// shared expert's as slot k, its width Is equal to I), each row's chunks
-// spread over `split` warps as the dense rows' columns (f8_rows_split of
-// slots * I; its scale-block limit does not apply: down loads each chunk's
-// scale per lane). 0: not this kernel (I not a multiple of a chunk, or
-// too many chunks).
-inline int f8_down_rows_split(int slots, int I, int group) {
-  if (I % kF8RowsCW != 0 || group % kF8RowsV != 0) return 0;
-  const int chunks = slots * I / kF8RowsCW;
-  for (int split = 1; split <= kWarps; split *= 2)
-    if ((chunks + split - 1) / split <= kF8RowsNJ) return split;
-  return 0;
-}
-
-// x[r] += sum_j w_j * down_j[r] . h_j by whole rows per warp (as
-// down_fp8_mma_kernel, fp8_experts.cuh): a warp takes kF8DnR rows of x
-// over its slice of the slots' chunks; a chunk's codes are one 8-byte load
-// a lane, its scale (times the slot's weight) one load a lane; the h of
-// every slot staged chunk-major; the split warps' sums added in a fixed
-// order. The shared expert, where there is one, is FP8 (per-row scales).
-static __global__ void __launch_bounds__(kThreads, kF8RowsMinBlocks)
-    down_fp8_rows_kernel(MoeArgs a, QExpert q, int split) {
-  extern __shared__ __align__(16) float4 hs4[];
-  __shared__ const uint8_t* ptr[33];
-  __shared__ float wj[33];
-  __shared__ float part[kWarps][kF8DnR];
-  constexpr int R = kF8DnR;
-  const int k = a.k, ns = k + (a.has_shared ? 1 : 0), I = a.I, cps = I / kF8RowsCW;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const F8RowsWarp w = f8_rows_warp(ns * I, split);
-  const int nbcI = (I + q.group - 1) / q.group, nbcS = a.has_shared ? (I + a.s_group - 1) / a.s_group : 0;
-  pdl_wait();
-  pdl_trigger();
-  if (int(threadIdx.x) < k)
-    ptr[threadIdx.x] = static_cast<const uint8_t*>(a.sel ? a.sel[k + threadIdx.x] : a.down_tab[a.ids[threadIdx.x]]);
-  if (int(threadIdx.x) < ns) wj[threadIdx.x] = a.w[threadIdx.x];
-  __syncthreads();
-  // Row r's codes and scale (times the slot's weight) of chunk j of the slice.
-  auto issue = [&](int g, uint32_t (&c)[R][kF8RowsNJ][kF8RowsWV], float (&sc)[R][kF8RowsNJ]) {
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-      const int r = min(g * R + i, a.H - 1);
-#pragma unroll
-      for (int j = 0; j < kF8RowsNJ; ++j)
-        if (j < w.nj) {
-          const int jg = w.j0 + j, s = jg / cps, col = (jg - s * cps) * kF8RowsCW + kF8RowsV * lane;
-          const uint8_t* codes;
-          float scale;
-          if (s < k) {
-            codes = ptr[s] + size_t(r) * I + col;
-            scale = __ldg(reinterpret_cast<const float*>(ptr[s] + q.dn_s) + size_t(r / q.block_rows) * nbcI +
-                          col / q.group);
-          } else {
-            codes = static_cast<const uint8_t*>(a.s_down) + size_t(r) * I + col;
-            scale = __ldg(a.s_down_sc + size_t(r) * nbcS + col / a.s_group);
-          }
-          const uint2 u = ld_stream8(codes);
-          c[i][j][0] = u.x;
-          c[i][j][1] = u.y;
-          sc[i][j] = scale * wj[s];
-        }
-    }
-  };
-  uint32_t c[R][kF8RowsNJ][kF8RowsWV];
-  float sc[R][kF8RowsNJ];
-  const int ngroups = (a.H + R - 1) / R, stride = gridDim.x * w.rpb;
-  const int first = blockIdx.x * w.rpb + w.lr;
-  if (first < ngroups) issue(first, c, sc);
-  // The slots' h chunk-major (float4 slot (jg WV + q) 32 + l: columns
-  // jg CW + V l + 4 q of the side-by-side h).
-  for (int t = threadIdx.x; t < ns * I / 4; t += blockDim.x) {
-    const int l = t % 32, qd = (t / 32) % kF8RowsWV, jg = t / (32 * kF8RowsWV);
-    const int col = jg * kF8RowsCW + kF8RowsV * l + 4 * qd, s = col / I;
-    hs4[t] = *reinterpret_cast<const float4*>(a.hb + size_t(s) * a.maxI + (col - s * I));
-  }
-  __syncthreads();
-  for (int gb = blockIdx.x * w.rpb; gb < ngroups; gb += stride) {
-    const int g = gb + w.lr;
-    const bool have = g < ngroups;
-    if (have && gb != blockIdx.x * w.rpb) issue(g, c, sc);
-    float acc[R];
-#pragma unroll
-    for (int i = 0; i < R; ++i) acc[i] = 0.f;
-    if (have) {
-#pragma unroll
-      for (int j = 0; j < kF8RowsNJ; ++j) {
-        if (j >= w.nj) break;
-        const int jg = w.j0 + j;
-        float d[R];
-#pragma unroll
-        for (int i = 0; i < R; ++i) d[i] = 0.f;
-#pragma unroll
-        for (int qd = 0; qd < kF8RowsWV; ++qd) {
-          const float4 xv = hs4[(jg * kF8RowsWV + qd) * 32 + lane];
-#pragma unroll
-          for (int i = 0; i < R; ++i) d[i] = f8_dot4(c[i][j][qd], xv, d[i]);
-        }
-#pragma unroll
-        for (int i = 0; i < R; ++i) acc[i] = fmaf(sc[i][j], d[i], acc[i]);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < R; ++i) acc[i] = warp_sum(acc[i]);
-    if (lane == 0)
-#pragma unroll
-      for (int i = 0; i < R; ++i) part[warp][i] = acc[i];
-    __syncthreads();
-    if (have && w.sub == 0 && lane < R) {
-      const int r = g * R + lane;
-      if (r < a.H) {
-        float t = 0.f;
-        for (int kk = 0; kk < w.split; ++kk) t += part[w.lr * w.split + kk][lane];
-        a.x[r] += t;
-      }
-    }
-    __syncthreads();
-  }
 }
 
 }  // namespace flashmoe::cuda

@@ -359,29 +359,11 @@ std::vector<float> quant_experts(const std::vector<QuantExpert>& experts, const 
     auto dn = down_fp8_mma_kernel<__nv_bfloat16>;
     if (m1 > 48 * 1024) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m1)));
     if (m2 > 48 * 1024) CK(cudaFuncSetAttribute(dn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m2)));
-    if (const int rsplit = f8_rows_split(H, q.group)) {  // gate_up by whole rows per warp (fp8_rows.cuh)
-      const void* fn = reinterpret_cast<const void*>(gate_up_fp8_rows_kernel);
-      const size_t r1 = f8_rows_smem(H);
-      if (r1 > 48 * 1024) CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(r1)));
-      const int resident = l.per_sm(fn, r1) * l.prop.multiProcessorCount, rpb = kWarps / rsplit;
-      const int need = ((2 * I + kF8GuR - 1) / kF8GuR + rpb - 1) / rpb;
-      l.go(gate_up_fp8_rows_kernel, dim3(std::max(1, std::min(need, resident / k)), k), kThreads, r1, a, q, rsplit);
-    } else {
-      const int resident = l.per_sm(reinterpret_cast<const void*>(gu), m1) * l.prop.multiProcessorCount;
-      const int tpb = kWarps / kGuSplit, need = ((I + 7) / 8 + tpb - 1) / tpb;
-      l.go(gu, dim3(std::max(1, std::min(need, resident / k)), k), kThreads, m1, a, q);
-    }
-    if (const int dsplit = f8_down_rows_split(k, I, q.group)) {  // down by whole rows per warp too
-      const void* fn = reinterpret_cast<const void*>(down_fp8_rows_kernel);
-      const size_t r2 = size_t(k) * I * 4;
-      if (r2 > 48 * 1024) CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(r2)));
-      const int rpb = kWarps / dsplit, need = ((H + kF8DnR - 1) / kF8DnR + rpb - 1) / rpb;
-      l.go(down_fp8_rows_kernel, std::min(need, l.per_sm(fn, r2) * l.prop.multiProcessorCount), kThreads, r2, a, q,
-           dsplit);
-    } else {
-      const int dres = l.per_sm(reinterpret_cast<const void*>(dn), m2, dw * 32) * l.prop.multiProcessorCount;
-      l.go(dn, std::min((H + 15) / 16, dres), dw * 32, m2, a, q);
-    }
+    const int resident = l.per_sm(reinterpret_cast<const void*>(gu), m1) * l.prop.multiProcessorCount;
+    const int tpb = kWarps / kGuSplit, need = ((I + 7) / 8 + tpb - 1) / tpb;
+    l.go(gu, dim3(std::max(1, std::min(need, resident / k)), k), kThreads, m1, a, q);
+    const int dres = l.per_sm(reinterpret_cast<const void*>(dn), m2, dw * 32) * l.prop.multiProcessorCount;
+    l.go(dn, std::min((H + 15) / 16, dres), dw * 32, m2, a, q);
   } else if (q.fp8) run(gate_up_fp8_kernel<__nv_bfloat16>, down_fp8_kernel<__nv_bfloat16>);
   else if (bits == 8) run(gate_up_q_kernel<8, __nv_bfloat16>, down_q_kernel<8, __nv_bfloat16>);
   else run(gate_up_q_kernel<4, __nv_bfloat16>, down_q_kernel<4, __nv_bfloat16>);
