@@ -320,42 +320,56 @@ Matrix random_fp8(std::mt19937& rng, int block_rows, int group, int rows, int co
 }
 
 // The FP8 expert kernels against the CPU's FP8 rows (core/fp8_rows.cpp
-// decodes every code exactly): the 35B's shapes in 128 x 128 blocks, and
+// decodes every code exactly). Whole rows with every code copied first
+// (gate_up_fp8_smem_kernel, down_fp8_smem_kernel: sizes a multiple of 512): the
+// 35B's shapes in 128 x 128 blocks with and without the FP8 shared expert,
+// two steps a row (1,024) in blocks of 32 x 64, and 32 experts of a 4,096
+// hidden size (more warps than one resident wave: both kernels take rows
+// again). The tensor cores (gate_up_fp8_mma_kernel, down_fp8_mma_kernel):
 // sizes that leave partial blocks and steps (an expert of 64, 80 or 112
-// columns, a hidden size of 208 in blocks of 64) on the tensor cores
-// (gate_up_fp8_mma_kernel, down_fp8_mma_kernel); blocks of 32 x 48 on the
-// FFMA kernels (gate_up_fp8_kernel, down_fp8_kernel).
+// columns, a hidden size of 208 in blocks of 64), one with a shared expert;
+// blocks of 32 x 48 on the FFMA kernels (gate_up_fp8_kernel, down_fp8_kernel).
 TEST(CudaOps, Fp8ExpertsMatchCpu) {
   REQUIRE_GPU();
   std::mt19937 rng(23);
   struct Case {
-    int block_rows, group, H, I, k;
+    int block_rows, group, H, I, k, Is;  // Is: the shared expert's size (0: none)
   };
-  for (Case c : {Case{128, 128, 2048, 512, 8}, Case{128, 128, 128, 64, 4}, Case{128, 128, 256, 80, 2},
-                 Case{64, 64, 208, 112, 3}, Case{32, 48, 192, 96, 3}}) {
-    std::vector<F8Store> store(size_t(3 * c.k));
+  for (Case c : {Case{128, 128, 2048, 512, 8, 0}, Case{128, 128, 2048, 512, 8, 512}, Case{32, 64, 1024, 1024, 3, 512},
+                 Case{128, 128, 4096, 512, 32, 0}, Case{128, 128, 128, 64, 4, 0}, Case{128, 128, 256, 80, 2, 0},
+                 Case{128, 128, 256, 80, 2, 96}, Case{64, 64, 208, 112, 3, 0}, Case{32, 48, 192, 96, 3, 0}}) {
+    std::vector<F8Store> store(size_t(3 * c.k + 3));
     std::vector<cuda_ops::QuantExpert> experts;
     for (int j = 0; j < c.k; ++j)
       experts.push_back({random_fp8(rng, c.block_rows, c.group, c.I, c.H, &store[size_t(3 * j)]),
                          random_fp8(rng, c.block_rows, c.group, c.I, c.H, &store[size_t(3 * j + 1)]),
                          random_fp8(rng, c.block_rows, c.group, c.H, c.I, &store[size_t(3 * j + 2)])});
+    // The shared expert as the upload keeps DT_FP8 matrices: per-row scales
+    // (one block row per row here, so every row has scales of its own).
+    cuda_ops::QuantExpert sh;
+    if (c.Is)
+      sh = {random_fp8(rng, 1, c.group, c.Is, c.H, &store[size_t(3 * c.k)]),
+            random_fp8(rng, 1, c.group, c.Is, c.H, &store[size_t(3 * c.k + 1)]),
+            random_fp8(rng, 1, c.group, c.H, c.Is, &store[size_t(3 * c.k + 2)])};
     const std::vector<float> x = normal(rng, size_t(c.H), 1.f), nw = normal(rng, size_t(c.H), 0.1f);
-    std::vector<float> w = normal(rng, size_t(c.k), 0.3f);
+    std::vector<float> w = normal(rng, size_t(c.k + (c.Is ? 1 : 0)), 0.3f);
     for (float& v : w) v = std::fabs(v);
     const float eps = 1e-6f;
-    std::vector<float> xn(x.size()), want = x, h(static_cast<size_t>(c.I));
+    std::vector<float> xn(x.size()), want = x;
     cpu::rmsnorm_zc(x.data(), nw.data(), c.H, eps, xn.data());
-    for (int j = 0; j < c.k; ++j) {
-      const cuda_ops::QuantExpert& e = experts[size_t(j)];
-      for (int r = 0; r < c.I; ++r)
+    for (int j = 0; j < c.k + (c.Is ? 1 : 0); ++j) {
+      const cuda_ops::QuantExpert& e = j < c.k ? experts[size_t(j)] : sh;
+      const int n = j < c.k ? c.I : c.Is;
+      std::vector<float> h(static_cast<size_t>(n));
+      for (int r = 0; r < n; ++r)
         h[size_t(r)] = cpu::silu(cpu::quant_dot_row(e.gate, r, xn.data())) * cpu::quant_dot_row(e.up, r, xn.data());
       for (int r = 0; r < c.H; ++r) want[size_t(r)] += w[size_t(j)] * cpu::quant_dot_row(e.down, r, h.data());
     }
-    const std::vector<float> got = cuda_ops::quant_experts(experts, w, x, nw, eps);
+    const std::vector<float> got = cuda_ops::quant_experts(experts, w, x, nw, eps, c.Is ? &sh : nullptr);
     ASSERT_EQ(got.size(), want.size());
     // A wrong scale block or code decode moves the result by far more.
     EXPECT_LE(rel_err(got, want), 1e-4f) << "fp8 blocks " << c.block_rows << "x" << c.group << ", H " << c.H << ", I "
-                                         << c.I << ", k " << c.k;
+                                         << c.I << ", k " << c.k << ", shared " << c.Is;
     EXPECT_GT(rel_err(x, want), 1e-2f);  // the experts did move x (well past the tolerance)
   }
 }
@@ -378,7 +392,7 @@ TEST(CudaOps, Fp8MatvecMatchesCpu) {
   };
   for (Shape s : {Shape{4096, 2048, 128, 128}, Shape{1024, 4096, 128, 128}, Shape{37, 256, 128, 128},
                   Shape{100, 208, 128, 128}, Shape{64, 8192, 128, 128}, Shape{53248, 256, 128, 128},
-                  Shape{300, 80, 32, 48}})
+                  Shape{20000, 2048, 128, 128}, Shape{300, 80, 32, 48}})
     for (bool norm : {false, true})
       for (bool three : {false, true})
         for (int r0 : {0, 37}) {

@@ -267,21 +267,24 @@ static __global__ void __launch_bounds__(kThreads, kF8RowsMinBlocks)
     outproj_router_fp8_rows_kernel(const uint8_t* __restrict__ W, const float* __restrict__ S, int group,
                                    OutRouterArgs a) {
   extern __shared__ __align__(16) float4 os4[];
-  const int bid = int(blockIdx.x), lane = threadIdx.x & 31;
+  // Router blocks first (they start at once: the pick at their end is what
+  // the experts wait for), then the projection's.
+  const int rb = int(blockIdx.x) - (a.router_last ? a.nbA : 0);
+  const int bid = int(blockIdx.x) - (a.router_last ? 0 : a.nbR), lane = threadIdx.x & 31;
   const F8RowsWarp w = f8_rows_warp(a.O, a.splitA);
   const F8DenseRows row_of{W, S, a.O, (a.O + group - 1) / group};
   F8RowsGroup<kF8RowsR> G;
   bool have_first = false;
-  if (bid < a.nbA) {
+  if (bid >= 0 && bid < a.nbA) {
     const int first = bid * w.rpb + w.lr;
     have_first = first < (a.H + kF8RowsR - 1) / kF8RowsR;
     if (have_first) f8_rows_issue(row_of, a.H, group, w, first, lane, G);
   }
-  if (a.sel.out && bid == a.nbA && threadIdx.x < 32) prefetch_tables(a.sel, a.E);
+  if (a.sel.out && rb == 0 && threadIdx.x < 32) prefetch_tables(a.sel, a.E);
   pdl_wait();
   pdl_trigger();
-  if (bid >= a.nbA) {
-    router_block(a, bid - a.nbA);
+  if (rb >= 0 && rb < a.nbR) {
+    router_block(a, rb);
     return;
   }
   f8_rows_stage_x(a.cat + a.H, nullptr, 0.f, a.O, os4);

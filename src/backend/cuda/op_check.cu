@@ -28,6 +28,7 @@
 #include "backend/cuda/fp8_experts.cuh"
 #include "backend/cuda/fp8_matvec.cuh"
 #include "backend/cuda/fp8_rows.cuh"
+#include "backend/cuda/fp8_rows_smem.cuh"
 #include "backend/cuda/quant_experts.cuh"
 #include "backend/cuda/router.cuh"
 #include "core/dtype.h"
@@ -99,6 +100,20 @@ std::vector<float> matvec_fp8(Launcher& l, const Matrix& W, const std::vector<fl
   const float* dx = b.up(x.data(), x.size());
   const float* dn = norm_w.empty() ? nullptr : b.up(norm_w.data(), norm_w.size());
   float* dy = b.zeros<float>(size_t(rows));
+  if (f8x_matvec_takes(cols, m.group, size_t(l.prop.sharedMemPerBlockOptin) - 4096)) {
+    // Whole rows copied into shared memory first, as CudaModel::Impl::matvec_fp8.
+    const size_t smem = f8x_matvec_smem(cols, m.group);
+    const int R = f8x_matvec_rows(cols);
+    with_f8x_matvec(cols, [&](auto kern) {
+      const void* fn = reinterpret_cast<const void*>(kern);
+      if (smem > 48 * 1024) CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      const int blocks = std::min((rows + kWarps * R - 1) / (kWarps * R), l.prop.multiProcessorCount * l.per_sm(fn, smem));
+      l.go(kern, blocks, kThreads, smem, dW, reinterpret_cast<const float*>(dW + m.scale_offset()), m.group, rows, cols,
+           dx, dn, eps, dy, 0, static_cast<float*>(nullptr));
+    });
+    CK(cudaDeviceSynchronize());
+    return down(dy, size_t(rows));
+  }
   if (const int split = f8_rows_split(cols, m.group)) {  // whole rows per warp, as CudaModel::Impl::matvec_fp8
     const size_t smem = f8_rows_smem(cols);
     const void* fn = reinterpret_cast<const void*>(matvec_fp8_rows_kernel);
@@ -293,7 +308,8 @@ std::vector<float> attention(const AttnDecode& in, int split, bool prefetch) {
 }
 
 std::vector<float> quant_experts(const std::vector<QuantExpert>& experts, const std::vector<float>& w,
-                                 const std::vector<float>& x, const std::vector<float>& norm_w, float eps) {
+                                 const std::vector<float>& x, const std::vector<float>& norm_w, float eps,
+                                 const QuantExpert* shared) {
   Launcher l = device();
   const int k = int(experts.size()), H = int(x.size());
   if (k < 1 || k > 32) fail("op check: 1 to 32 experts");
@@ -303,6 +319,9 @@ std::vector<float> quant_experts(const std::vector<QuantExpert>& experts, const 
                : !bits || H % (128 / bits) || I % (128 / bits) || group % 8)
     fail("op check: q8/q4 experts with sizes a multiple of 128 / bits, groups a multiple of 8; fp8 experts with "
          "sizes and block columns a multiple of 16");
+  if (shared && (!g0.fp8() || !shared->gate.fp8() || shared->gate.group != shared->down.group ||
+                 shared->gate.group % 16 || shared->gate.cols != H || w.size() != size_t(k) + 1))
+    fail("op check: a shared expert beside FP8 experts in FP8 blocks a multiple of 16 wide, with a weight");
   const QExpert q = g0.fp8() ? make_fp8expert(group, g0.block_rows, H, I) : make_qexpert(bits, group, H, I);
   // Each expert's gate/up and down blocks in the device layout (as the upload writes them).
   Buffers b;
@@ -337,10 +356,32 @@ std::vector<float> quant_experts(const std::vector<QuantExpert>& experts, const 
   a.H = H;
   a.maxI = I;
   a.has_shared = 0;
+  if (shared) {
+    // Stacked rows (gate then up) as DT_FP8: codes, and per-row block scales.
+    auto rows_fp8 = [&b](std::vector<const Matrix*> parts, const float** scales) {
+      std::vector<uint8_t> codes;
+      std::vector<float> sc;
+      for (const Matrix* m : parts) {
+        const uint8_t* d = static_cast<const uint8_t*>(m->data);
+        codes.insert(codes.end(), d, d + m->nbytes());
+        for (int64_t r = 0; r < m->rows; ++r)
+          for (int64_t c = 0; c < m->blocks_per_row(); ++c) sc.push_back(m->block_scale(r, c));
+      }
+      *scales = b.up(sc.data(), sc.size());
+      return static_cast<const void*>(b.up(codes.data(), codes.size()));
+    };
+    a.s_gu = rows_fp8({&shared->gate, &shared->up}, &a.s_gu_sc);
+    a.s_down = rows_fp8({&shared->down}, &a.s_down_sc);
+    a.s_group = shared->gate.group;
+    a.Is = int(shared->gate.rows);
+    a.maxI = std::max(I, a.Is);
+    a.has_shared = 1;
+  }
   a.norm_w = b.up(norm_w.data(), norm_w.size());
   a.eps = eps;
   a.x = b.up(x.data(), x.size());
-  a.hb = b.zeros<float>(size_t(k) * I);
+  a.hb = b.zeros<float>(size_t(k + a.has_shared) * a.maxI);
+  const int slots = k + a.has_shared;
   // As CudaModel::Impl::moe_launch_q.
   const int blocks = std::min((H + kWarps - 1) / kWarps, l.prop.multiProcessorCount * kBlocksPerSm);
   const size_t s1 = size_t(H) * 4 * 2 + size_t(H) / 8 * 4, s2 = size_t(k) * I * 4 + size_t(k) * I / 8 * 4;
@@ -352,18 +393,37 @@ std::vector<float> quant_experts(const std::vector<QuantExpert>& experts, const 
     l.go(gu, g1, kThreads, s1, a, q);
     l.go(dn, blocks, kThreads, s2, a, q);
   };
-  if (q.fp8 && q.group % kF8Step == 0) {  // the tensor cores, as CudaModel::Impl::moe_launch_q<0>
-    const int dw = f8_down_warps(a, false);
-    const size_t m1 = f8_mma_gate_up_smem(H, f8_gate_up_xf(a, false)), m2 = f8_mma_down_smem(k, I, 0, false, dw);
-    auto gu = gate_up_fp8_mma_kernel<__nv_bfloat16>;
-    auto dn = down_fp8_mma_kernel<__nv_bfloat16>;
+  const bool f8s = shared != nullptr;
+  const int sms = l.prop.multiProcessorCount;
+  if (q.fp8 && f8x_experts_take(a, q, f8s, size_t(l.prop.sharedMemPerBlockOptin) - 4096)) {
+    // Whole rows, every code copied first, as CudaModel::Impl::moe_launch_q<0>.
+    const int Is = a.Is, sg = f8s ? a.s_group : q.group;
+    const size_t m1 = f8x_gate_up_smem(H, q.group, sg), m2 = f8x_down_smem(k, I, Is, q.group, sg);
+    const void* gu = reinterpret_cast<const void*>(gate_up_fp8_smem_kernel<>);
+    const void* dn = reinterpret_cast<const void*>(down_fp8_smem_kernel<>);
     if (m1 > 48 * 1024) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m1)));
     if (m2 > 48 * 1024) CK(cudaFuncSetAttribute(dn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m2)));
-    const int resident = l.per_sm(reinterpret_cast<const void*>(gu), m1) * l.prop.multiProcessorCount;
-    const int tpb = kWarps / kGuSplit, need = ((I + 7) / 8 + tpb - 1) / tpb;
-    l.go(gu, dim3(std::max(1, std::min(need, resident / k)), k), kThreads, m1, a, q);
-    const int dres = l.per_sm(reinterpret_cast<const void*>(dn), m2, dw * 32) * l.prop.multiProcessorCount;
-    l.go(dn, std::min((H + 15) / 16, dres), dw * 32, m2, a, q);
+    const int rows = kWarps * kF8XGuRows, need = (std::max(I, Is) + rows - 1) / rows;
+    l.go(gate_up_fp8_smem_kernel<>, dim3(std::max(1, std::min(need, l.per_sm(gu, m1) * sms / slots)), slots), kThreads, m1,
+         a, q);
+    l.go(down_fp8_smem_kernel<>, std::min((H + kWarps * kF8XDnRows - 1) / (kWarps * kF8XDnRows), l.per_sm(dn, m2) * sms), kThreads, m2, a, q);
+  } else if (q.fp8 && q.group % kF8Step == 0 && (!f8s || a.s_group % kF8Step == 0)) {
+    // The tensor cores, as CudaModel::Impl::moe_launch_q<0>.
+    auto mma = [&](auto gu, auto dn) {
+      const int dw = f8_down_warps(a, f8s);
+      const size_t m1 = f8_mma_gate_up_smem(H, f8_gate_up_xf(a, f8s)), m2 = f8_mma_down_smem(k, I, a.Is, f8s, dw);
+      if (m1 > 48 * 1024) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m1)));
+      if (m2 > 48 * 1024) CK(cudaFuncSetAttribute(dn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m2)));
+      const int resident = l.per_sm(reinterpret_cast<const void*>(gu), m1) * sms;
+      const int tpb = kWarps / kGuSplit, need = ((a.maxI + 7) / 8 + tpb - 1) / tpb;
+      l.go(gu, dim3(std::max(1, std::min(need, resident / slots)), slots), kThreads, m1, a, q);
+      const int dres = l.per_sm(reinterpret_cast<const void*>(dn), m2, dw * 32) * sms;
+      l.go(dn, std::min((H + 15) / 16, dres), dw * 32, m2, a, q);
+    };
+    if (f8s) mma(gate_up_fp8_mma_kernel<F8Rows>, down_fp8_mma_kernel<F8Rows>);
+    else mma(gate_up_fp8_mma_kernel<__nv_bfloat16>, down_fp8_mma_kernel<__nv_bfloat16>);
+  } else if (q.fp8 && f8s) {
+    fail("op check: an FP8 shared expert on the FFMA kernels is not checked here");
   } else if (q.fp8) run(gate_up_fp8_kernel<__nv_bfloat16>, down_fp8_kernel<__nv_bfloat16>);
   else if (bits == 8) run(gate_up_q_kernel<8, __nv_bfloat16>, down_q_kernel<8, __nv_bfloat16>);
   else run(gate_up_q_kernel<4, __nv_bfloat16>, down_q_kernel<4, __nv_bfloat16>);

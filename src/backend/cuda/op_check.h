@@ -62,8 +62,11 @@ std::vector<float> attention(const AttnDecode& a, int split, bool prefetch);
 struct QuantExpert {
   Matrix gate, up, down;
 };
+// shared: an FP8 shared expert beside FP8 routed ones (its weight w[k]),
+// laid out as the upload lays out DT_FP8 matrices (per-row block scales).
 std::vector<float> quant_experts(const std::vector<QuantExpert>& experts, const std::vector<float>& w,
-                                 const std::vector<float>& x, const std::vector<float>& norm_w, float eps);
+                                 const std::vector<float>& x, const std::vector<float>& norm_w, float eps,
+                                 const QuantExpert* shared = nullptr);
 
 // y = W . x for W in a GGUF block format (Q8_0 ... IQ4_XS), through the
 // decode step's gmatvec_staged_kernel (staged: runs of rows copied into
