@@ -320,15 +320,17 @@ Matrix random_fp8(std::mt19937& rng, int block_rows, int group, int rows, int co
 }
 
 // The FP8 expert kernels against the CPU's FP8 rows (core/fp8_rows.cpp
-// decodes every code exactly). Whole rows with every code copied first
-// (gate_up_fp8_smem_kernel, down_fp8_smem_kernel: sizes a multiple of 512): the
-// 35B's shapes in 128 x 128 blocks with and without the FP8 shared expert,
-// two steps a row (1,024) in blocks of 32 x 64, and 32 experts of a 4,096
-// hidden size (more warps than one resident wave: both kernels take rows
-// again). The tensor cores (gate_up_fp8_mma_kernel, down_fp8_mma_kernel):
-// sizes that leave partial blocks and steps (an expert of 64, 80 or 112
-// columns, a hidden size of 208 in blocks of 64), one with a shared expert;
-// blocks of 32 x 48 on the FFMA kernels (gate_up_fp8_kernel, down_fp8_kernel).
+// decodes every code exactly), each path as CudaModel::Impl::moe_launch_q
+// picks it. gate_up by whole rows through shared memory
+// (gate_up_fp8_smem_kernel, sizes a multiple of 512) before the tensor-core
+// down: the 35B's shapes in 128 x 128 blocks with and without the FP8
+// shared expert, two steps a row (1,024) in blocks of 32 x 64, and 32
+// experts of a 4,096 hidden size (more warps than one resident wave: warps
+// take rows again). The tensor cores for both (gate_up_fp8_mma_kernel,
+// down_fp8_mma_kernel): sizes that leave partial blocks and steps (an expert
+// of 64, 80 or 112 columns, a hidden size of 208 in blocks of 64), one with
+// a shared expert; blocks of 32 x 48 on the FFMA kernels
+// (gate_up_fp8_kernel, down_fp8_kernel).
 TEST(CudaOps, Fp8ExpertsMatchCpu) {
   REQUIRE_GPU();
   std::mt19937 rng(23);
@@ -374,16 +376,16 @@ TEST(CudaOps, Fp8ExpertsMatchCpu) {
   }
 }
 
-// The FP8 matvec against the CPU's FP8 rows: on the tensor cores
-// (matvec_fp8_mma_kernel) the 35B's projection shapes in 128 x 128 blocks
-// (few rows: split over warps; columns past the norm's preload), rows not
-// a multiple of the 16-row tile and columns not of the block (208: a
-// partial block and a partial step), 8192 columns (two batches a warp:
-// fp8_staged.cuh), more tiles than one resident wave (blocks taking two);
-// on the FFMA
-// kernel (matvec_fp8_kernel)
-// partial blocks of 48 columns; and a slice starting 37 rows into its
-// block row (the per-row scales a stacked device matrix carries).
+// The FP8 matvec against the CPU's FP8 rows, each path as
+// CudaModel::Impl::matvec_fp8 picks it: whole rows per warp
+// (matvec_fp8_rows_kernel, columns a multiple of 256) at the 35B's
+// projection shapes in 128 x 128 blocks (few rows: split over warps), 8192
+// columns, more rows than one resident wave (20,000); the tensor cores
+// (matvec_fp8_mma_kernel) for rows not a multiple of the 16-row tile and
+// columns not of the block (208: a partial block and a partial step); the
+// FFMA kernel (matvec_fp8_kernel) for partial blocks of 48 columns; and a
+// slice starting 37 rows into its block row (the per-row scales a stacked
+// device matrix carries).
 TEST(CudaOps, Fp8MatvecMatchesCpu) {
   REQUIRE_GPU();
   std::mt19937 rng(29);

@@ -1,8 +1,9 @@
 // The decode step's FP8 routed experts (gate_up then down, k = 8 of E plus
 // the FP8 shared expert, 128 x 128 scale blocks) at the 35B-A3B shape:
-// the tensor-core kernels (fp8_experts.cuh), whole rows per warp with every
-// code copied first (fp8_rows_smem.cuh), and a plain read of the same
-// bytes. Build and run on the GPU machine (from the repository root):
+// the tensor-core kernels (fp8_experts.cuh), gate_up by whole rows through
+// shared memory (fp8_gate_up_smem.cuh; R h rows a warp, production
+// kF8XGuRows) before the same tensor-core down, and a plain read of the
+// same bytes. Build and run on the GPU machine (from the repository root):
 //   nvcc -O3 -std=c++20 -arch=sm_90 -I src -o /tmp/fp8ex bench/micro/fp8_experts_bench.cu && /tmp/fp8ex
 // (add -Xptxas -v for the registers and spills of every kernel)
 //
@@ -11,8 +12,10 @@
 // as its 80 launches (gate_up and down of each layer) back to back in ONE
 // CUDA graph with programmatic dependent launch, as the decode step runs
 // them, the graph replayed 50 times after warm-up: median microseconds per
-// layer (both kernels) and effective TB/s (the picked experts' and the
-// shared expert's codes and scales over that time).
+// layer (both kernels; "alone": 40 launches of one kernel) and effective
+// TB/s (the picked experts' and the shared expert's codes and scales over
+// that time). Session 13's variants that lost (down by rows, gate_up with a
+// copy group per step) are in bench/NOTES-cuda.md.
 //
 // Correctness: layer 0 from the same x by each variant, against a host
 // double-precision reference of x + sum_j w_j down_j (silu(gate_j xn) *
@@ -27,7 +30,7 @@
 
 #include "backend/cuda/device_model.cuh"
 #include "backend/cuda/fp8_experts.cuh"
-#include "backend/cuda/fp8_rows_smem.cuh"
+#include "backend/cuda/fp8_gate_up_smem.cuh"
 #include "backend/cuda/launch.cuh"
 
 using namespace flashmoe::cuda;
@@ -233,8 +236,8 @@ int main() {
     L.go(dn_mma, d_mma, dw * 32, m2, a, q);
   };
   (void)optin;
-  // ---- whole rows, every code copied first (gate_up with R h rows a warp, down with DR x rows)
-  const bool takes = f8x_experts_take(a0, q, true, optin);
+  // ---- gate_up by whole rows through shared memory (R h rows a warp; production R = kF8XGuRows), the same down
+  const bool takes = f8x_gate_up_takes(a0, q, true, optin);
   struct XPlan {
     size_t smem;
     dim3 grid;
@@ -246,25 +249,19 @@ int main() {
     const int ps = L.per_sm((const void*)kern, x1), gneed = (std::max(I, Is) + kWarps * R - 1) / (kWarps * R);
     return XPlan{x1, dim3(std::max(1, std::min(gneed, ps * sms / slots)), slots), ps};
   };
-  auto plan_dn = [&](auto kern, int DR) {
-    const size_t x2 = f8x_down_smem(K, I, Is, G, G, DR);
-    CKB(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(x2)));
-    const int ps = L.per_sm((const void*)kern, x2);
-    return XPlan{x2, dim3(std::min((H + kWarps * DR - 1) / (kWarps * DR), ps * sms)), ps};
-  };
-  const XPlan g1 = plan_gu(gate_up_fp8_smem_kernel<1>, 1), g2 = plan_gu(gate_up_fp8_smem_kernel<2>, 2);
-  const XPlan d1 = plan_dn(down_fp8_smem_kernel<1>, 1), d2 = plan_dn(down_fp8_smem_kernel<2>, 2);
-  auto gu_x = [&](auto kern, const XPlan& P) {
+  const XPlan g1 = plan_gu(gate_up_fp8_smem_kernel<1>, 1), g2 = plan_gu(gate_up_fp8_smem_kernel<2>, 2),
+              g4 = plan_gu(gate_up_fp8_smem_kernel<4>, 4);
+  auto gu_smem = [&](auto kern, const XPlan& P) {
     return [&, kern, P](int l) { L.go(kern, P.grid, kThreads, P.smem, args(l), q); };
   };
   auto dn_mma_f = [&](int l) { L.go(dn_mma, d_mma, dw * 32, m2, args(l), q); };
+  auto gu_mma_f = [&](int l) { L.go(gu_mma, g_mma, kThreads, m1, args(l), q); };
   auto both = [](auto f, auto g) {
     return [f, g](int l) {
       f(l);
       g(l);
     };
   };
-  auto gu_mma_f = [&](int l) { L.go(gu_mma, g_mma, kThreads, m1, args(l), q); };
   // ---- the read
   auto run_read = [&](int l) {
     const Layer& y = Ls[l];
@@ -376,25 +373,21 @@ int main() {
                   dw * 32, m2);
     report("tensor cores (production)", time_graph(L, e0, e1, run_mma), em, p);
     if (takes) {
-      auto one = [&](const char* name, const std::function<void(int)>& run, const XPlan* G1, const XPlan* D1) {
+      auto one = [&](const char* name, auto kern, const XPlan& P) {
+        const auto run = both(gu_smem(kern, P), dn_mma_f);
         const double ex = check(run);
-        std::snprintf(p, sizeof p, "gate_up %d x %d (%d/SM) smem %zu; down %d (%d/SM) smem %zu", G1 ? G1->grid.x : 0,
-                      G1 ? G1->grid.y : 0, G1 ? G1->per_sm : 0, G1 ? G1->smem : 0, D1 ? D1->grid.x : 0,
-                      D1 ? D1->per_sm : 0, D1 ? D1->smem : 0);
+        std::snprintf(p, sizeof p, "gate_up %d x %d (%d/SM) smem %zu; down as above", P.grid.x, P.grid.y, P.per_sm,
+                      P.smem);
         report(name, time_graph(L, e0, e1, run), ex, p);
       };
-      one("rows: gate_up R 1, down DR 1", both(gu_x(gate_up_fp8_smem_kernel<1>, g1), gu_x(down_fp8_smem_kernel<1>, d1)), &g1, &d1);
-      one("rows: gate_up R 2, down DR 1", both(gu_x(gate_up_fp8_smem_kernel<2>, g2), gu_x(down_fp8_smem_kernel<1>, d1)), &g2, &d1);
-      one("rows: gate_up R 1, down DR 2", both(gu_x(gate_up_fp8_smem_kernel<1>, g1), gu_x(down_fp8_smem_kernel<2>, d2)), &g1, &d2);
-      one("rows gate_up R 1, mma down", both(gu_x(gate_up_fp8_smem_kernel<1>, g1), dn_mma_f), &g1, nullptr);
-      report("  gate_up alone, R 1", time_graph(L, e0, e1, gu_x(gate_up_fp8_smem_kernel<1>, g1)), -1, "");
-      report("  gate_up alone, R 2", time_graph(L, e0, e1, gu_x(gate_up_fp8_smem_kernel<2>, g2)), -1, "");
-      report("  down alone, DR 1", time_graph(L, e0, e1, gu_x(down_fp8_smem_kernel<1>, d1)), -1, "");
-      report("  down alone, DR 2", time_graph(L, e0, e1, gu_x(down_fp8_smem_kernel<2>, d2)), -1, "");
+      one("gate_up rows R 1 + mma down", gate_up_fp8_smem_kernel<1>, g1);
+      one("gate_up rows R 2 + mma down", gate_up_fp8_smem_kernel<2>, g2);
+      one("gate_up rows R 4 + mma down", gate_up_fp8_smem_kernel<4>, g4);
+      report("  gate_up rows alone, R 2", time_graph(L, e0, e1, gu_smem(gate_up_fp8_smem_kernel<2>, g2)), -1, "");
       report("  mma gate_up alone", time_graph(L, e0, e1, gu_mma_f), -1, "");
       report("  mma down alone", time_graph(L, e0, e1, dn_mma_f), -1, "");
     } else {
-      std::printf("whole rows: f8x_experts_take refused the shape\n");
+      std::printf("gate_up by rows: f8x_gate_up_takes refused the shape\n");
     }
   }
   return 0;

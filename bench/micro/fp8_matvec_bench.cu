@@ -52,7 +52,6 @@
 
 #include "backend/cuda/fp8_matvec.cuh"
 #include "backend/cuda/fp8_rows.cuh"
-#include "backend/cuda/fp8_rows_smem.cuh"
 #include "backend/cuda/launch.cuh"
 
 using namespace flashmoe::cuda;
@@ -368,25 +367,6 @@ void run_shape(Bench& B, const Shape& sh, uint64_t seed) {
     });
     std::snprintf(p, sizeof p, "blocks %d (%d/SM) split %d R %d", blocks, B.L.per_sm(fn, smem), split, kF8RowsR);
     report("f8rows (production)", sh, p, us, sh.weight_bytes(), max_rel(y0(), ref8, den8));
-  }
-
-  // ---- 6. matvec_fp8_smem_kernel (fp8_rows_smem.cuh): the rows' codes copied into shared memory first
-  if (f8x_matvec_takes(cols, kGroup, size_t(prop.sharedMemPerBlockOptin) - 4096)) {
-    const size_t smem = f8x_matvec_smem(cols, kGroup);
-    const int R = f8x_matvec_rows(cols);
-    with_f8x_matvec(cols, [&](auto kern) {
-      const void* fn = reinterpret_cast<const void*>(kern);
-      CKB(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-      const int blocks = std::min((rows + kWarps * R - 1) / (kWarps * R), prop.multiProcessorCount * B.L.per_sm(fn, smem));
-      CKB(cudaMemset(Y, 0xff, size_t(kLayers) * rows * 4));
-      const double us = time_graph(B, [&](int k) {
-        const uint8_t* w = W8 + k * stride;
-        B.L.go(kern, blocks, kThreads, smem, w, reinterpret_cast<const float*>(w + sh.scale_offset()), kGroup, rows,
-               cols, static_cast<const float*>(x), nw, kEps, Y + size_t(k) * rows, 0, (float*)nullptr);
-      });
-      std::snprintf(p, sizeof p, "blocks %d (%d/SM) R %d smem %zu", blocks, B.L.per_sm(fn, smem), R, smem);
-      report("f8smem (copied first)", sh, p, us, sh.weight_bytes(), max_rel(y0(), ref8, den8));
-    });
   }
 
   CKB(cudaFree(W8));

@@ -4,7 +4,6 @@
 // the step's kernels is in this unit (launch.cuh says why).
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <string>
 
 #include <cuda.h>
@@ -18,7 +17,7 @@
 #include "backend/cuda/gguf_staged.cuh"
 #include "backend/cuda/model_impl.cuh"
 #include "backend/cuda/fp8_experts.cuh"
-#include "backend/cuda/fp8_rows_smem.cuh"
+#include "backend/cuda/fp8_gate_up_smem.cuh"
 #include "backend/cuda/fp8_router.cuh"
 #include "backend/cuda/fp8_rows.cuh"
 #include "backend/cuda/quant_experts.cuh"
@@ -135,25 +134,8 @@ void CudaModel::Impl::matvec(const DMat& W, const float* xin, const float* nw, f
 // rules; up to 4 rows per warp at a time (a row is half a bf16 row's bytes).
 void CudaModel::Impl::matvec_fp8(const DMat& W, const float* xin, const float* nw, float* y, int acc, int cls,
                                  float* xcopy) {
-  const bool x16 = (reinterpret_cast<uintptr_t>(xin) & 15) == 0;
-  // Whole rows per warp, copied into shared memory before the wait
-  // (fp8_rows_smem.cuh), where the shape allows it.
-  if (x16 && !std::getenv("FLASHMOE_FP8_MATVEC_ROWS") &&
-      f8x_matvec_takes(W.cols, W.group, size_t(prop.sharedMemPerBlockOptin) - 4096)) {
-    const size_t smem = f8x_matvec_smem(W.cols, W.group);
-    const int R = f8x_matvec_rows(W.cols);
-    with_f8x_matvec(W.cols, [&](auto kern) {
-      const void* fn = reinterpret_cast<const void*>(kern);
-      if (smem > 48 * 1024) CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-      const int blocks = std::min((W.rows + kWarps * R - 1) / (kWarps * R), prop.multiProcessorCount * per_sm(fn, smem));
-      go(kern, blocks, kThreads, smem, static_cast<const uint8_t*>(W.p), W.row_scales(), W.group, W.rows, W.cols, xin,
-         nw, c.rms_norm_eps, y, acc, xcopy);
-    });
-    mark(cls);
-    return;
-  }
-  // Whole rows per warp in registers (fp8_rows.cuh) where the shape allows it.
-  if (const int split = f8_rows_split(W.cols, W.group); split && x16) {
+  // Whole rows per warp (fp8_rows.cuh) where the shape allows it.
+  if (const int split = f8_rows_split(W.cols, W.group); split && (reinterpret_cast<uintptr_t>(xin) & 15) == 0) {
     const size_t smem = f8_rows_smem(W.cols);
     const void* fn = reinterpret_cast<const void*>(matvec_fp8_rows_kernel);
     if (smem > 48 * 1024) CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -219,12 +201,11 @@ void CudaModel::Impl::outproj_router(const DLayer& d, const DMat& W) {
     if (smem > 48 * 1024) CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     const int resident = per_sm(fn, smem) * sms, rpb = kWarps / split;
     const int wantA = ((W.rows + kF8RowsR - 1) / kF8RowsR + rpb - 1) / rpb;
-    const bool old = std::getenv("FLASHMOE_FP8_OUTPROJ_OLD") != nullptr;  // TEMPORARY (session 13 A/B)
-    a.router_last = old ? 1 : 0;
     // Both parts in one resident wave: the router's rows take fewer warps
     // each (more rows a block) where its blocks would not fit beside the
-    // projection's (the last router block picks the experts).
-    while (!old && a.splitR > 1 &&
+    // projection's (the last router block picks the experts gate_up waits
+    // for; bench/NOTES-cuda.md, session 13).
+    while (a.splitR > 1 &&
            std::min(wantA, sms) + (a.rowsR + kWarps / a.splitR - 1) / (kWarps / a.splitR) > resident)
       a.splitR /= 2;
     const int rpbR2 = kWarps / a.splitR;
@@ -408,25 +389,6 @@ void CudaModel::Impl::moe_launch_q(const MoeArgs& a, int slots, const QExpert& q
     mark(K_EXPERTS);
   };
   if constexpr (BITS == 0) {
-    // Whole rows per warp, every code copied first (fp8_rows_smem.cuh),
-    // where the shape and the pick allow it.
-    if (!std::getenv("FLASHMOE_FP8_EXPERTS_MMA") &&
-        f8x_experts_take(a, q, sdt == DT_FP8, size_t(prop.sharedMemPerBlockOptin) - 4096)) {
-      const int Is = a.has_shared ? a.Is : 0, sg = a.has_shared ? a.s_group : q.group;
-      const size_t m1 = f8x_gate_up_smem(a.H, q.group, sg), m2 = f8x_down_smem(a.k, a.I, Is, q.group, sg);
-      const void* gu = reinterpret_cast<const void*>(gate_up_fp8_smem_kernel<>);
-      const void* dn = reinterpret_cast<const void*>(down_fp8_smem_kernel<>);
-      if (m1 > 48 * 1024) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m1)));
-      if (m2 > 48 * 1024) CK(cudaFuncSetAttribute(dn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m2)));
-      const int sms = prop.multiProcessorCount, rows = kWarps * kF8XGuRows;
-      const int need = (std::max(a.I, Is) + rows - 1) / rows;
-      go(gate_up_fp8_smem_kernel<>, dim3(std::max(1, std::min(need, per_sm(gu, m1) * sms / slots)), slots), kThreads, m1,
-         a, q);
-      mark(K_EXPERTS);
-      go(down_fp8_smem_kernel<>, std::min((a.H + kWarps * kF8XDnRows - 1) / (kWarps * kF8XDnRows), per_sm(dn, m2) * sms), kThreads, m2, a, q);
-      mark(K_EXPERTS);
-      return;
-    }
     // On the tensor cores (fp8_experts.cuh) where the blocks are a multiple
     // of 64 columns wide: gate_up in tiles of 8 h rows (kGuSplit warps
     // each), down in tiles of 16 x rows (a block of kDnWarps warps each).
@@ -438,9 +400,20 @@ void CudaModel::Impl::moe_launch_q(const MoeArgs& a, int slots, const QExpert& q
       auto mma = [&](auto gu, auto dn) {
         if (m1 > 48 * 1024) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m1)));
         if (m2 > 48 * 1024) CK(cudaFuncSetAttribute(dn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m2)));
-        const int resident = per_sm(reinterpret_cast<const void*>(gu), m1) * prop.multiProcessorCount;
-        const int tpb = kWarps / kGuSplit, need = ((a.maxI + 7) / 8 + tpb - 1) / tpb;
-        go(gu, dim3(std::max(1, std::min(need, resident / slots)), slots), kThreads, m1, a, q);
+        const int sms = prop.multiProcessorCount;
+        if (f8x_gate_up_takes(a, q, f8s, size_t(prop.sharedMemPerBlockOptin) - 4096)) {
+          // gate_up by whole rows through shared memory (fp8_gate_up_smem.cuh).
+          const size_t s1 = f8x_gate_up_smem(a.H, q.group, a.has_shared ? a.s_group : q.group);
+          const void* fn = reinterpret_cast<const void*>(gate_up_fp8_smem_kernel<>);
+          if (s1 > 48 * 1024) CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(s1)));
+          const int rows = kWarps * kF8XGuRows, need = (a.maxI + rows - 1) / rows;
+          go(gate_up_fp8_smem_kernel<>, dim3(std::max(1, std::min(need, per_sm(fn, s1) * sms / slots)), slots),
+             kThreads, s1, a, q);
+        } else {
+          const int resident = per_sm(reinterpret_cast<const void*>(gu), m1) * sms;
+          const int tpb = kWarps / kGuSplit, need = ((a.maxI + 7) / 8 + tpb - 1) / tpb;
+          go(gu, dim3(std::max(1, std::min(need, resident / slots)), slots), kThreads, m1, a, q);
+        }
         mark(K_EXPERTS);
         const int dres = per_sm(reinterpret_cast<const void*>(dn), m2, dw * 32) * prop.multiProcessorCount;
         go(dn, std::min((a.H + 15) / 16, dres), dw * 32, m2, a, q);

@@ -261,21 +261,21 @@ static __global__ void __launch_bounds__(kThreads, kF8RowsMinBlocks)
 }
 
 // outproj_router_fp8_kernel (fp8_router.cuh) with the projection by rows:
-// blocks [0, nbA) x += W_out . o (o = cat + H, splitA = f8_rows_split of
-// W_out), the others the folded router's blocks.
+// blocks [0, nbR) the folded router's, the next nbA x += W_out . o (o = cat
+// + H, splitA = f8_rows_split of W_out). The host sizes both to one
+// resident wave (CudaModel::Impl::outproj_router).
 static __global__ void __launch_bounds__(kThreads, kF8RowsMinBlocks)
     outproj_router_fp8_rows_kernel(const uint8_t* __restrict__ W, const float* __restrict__ S, int group,
                                    OutRouterArgs a) {
   extern __shared__ __align__(16) float4 os4[];
   // Router blocks first (they start at once: the pick at their end is what
-  // the experts wait for), then the projection's.
-  const int rb = int(blockIdx.x) - (a.router_last ? a.nbA : 0);
-  const int bid = int(blockIdx.x) - (a.router_last ? 0 : a.nbR), lane = threadIdx.x & 31;
+  // the experts wait for; they came last until session 13).
+  const int rb = int(blockIdx.x), bid = rb - a.nbR, lane = threadIdx.x & 31;
   const F8RowsWarp w = f8_rows_warp(a.O, a.splitA);
   const F8DenseRows row_of{W, S, a.O, (a.O + group - 1) / group};
   F8RowsGroup<kF8RowsR> G;
   bool have_first = false;
-  if (bid >= 0 && bid < a.nbA) {
+  if (bid >= 0) {
     const int first = bid * w.rpb + w.lr;
     have_first = first < (a.H + kF8RowsR - 1) / kF8RowsR;
     if (have_first) f8_rows_issue(row_of, a.H, group, w, first, lane, G);
@@ -283,7 +283,7 @@ static __global__ void __launch_bounds__(kThreads, kF8RowsMinBlocks)
   if (a.sel.out && rb == 0 && threadIdx.x < 32) prefetch_tables(a.sel, a.E);
   pdl_wait();
   pdl_trigger();
-  if (rb >= 0 && rb < a.nbR) {
+  if (rb < a.nbR) {
     router_block(a, rb);
     return;
   }

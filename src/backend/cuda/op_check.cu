@@ -28,7 +28,7 @@
 #include "backend/cuda/fp8_experts.cuh"
 #include "backend/cuda/fp8_matvec.cuh"
 #include "backend/cuda/fp8_rows.cuh"
-#include "backend/cuda/fp8_rows_smem.cuh"
+#include "backend/cuda/fp8_gate_up_smem.cuh"
 #include "backend/cuda/quant_experts.cuh"
 #include "backend/cuda/router.cuh"
 #include "core/dtype.h"
@@ -100,20 +100,6 @@ std::vector<float> matvec_fp8(Launcher& l, const Matrix& W, const std::vector<fl
   const float* dx = b.up(x.data(), x.size());
   const float* dn = norm_w.empty() ? nullptr : b.up(norm_w.data(), norm_w.size());
   float* dy = b.zeros<float>(size_t(rows));
-  if (f8x_matvec_takes(cols, m.group, size_t(l.prop.sharedMemPerBlockOptin) - 4096)) {
-    // Whole rows copied into shared memory first, as CudaModel::Impl::matvec_fp8.
-    const size_t smem = f8x_matvec_smem(cols, m.group);
-    const int R = f8x_matvec_rows(cols);
-    with_f8x_matvec(cols, [&](auto kern) {
-      const void* fn = reinterpret_cast<const void*>(kern);
-      if (smem > 48 * 1024) CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-      const int blocks = std::min((rows + kWarps * R - 1) / (kWarps * R), l.prop.multiProcessorCount * l.per_sm(fn, smem));
-      l.go(kern, blocks, kThreads, smem, dW, reinterpret_cast<const float*>(dW + m.scale_offset()), m.group, rows, cols,
-           dx, dn, eps, dy, 0, static_cast<float*>(nullptr));
-    });
-    CK(cudaDeviceSynchronize());
-    return down(dy, size_t(rows));
-  }
   if (const int split = f8_rows_split(cols, m.group)) {  // whole rows per warp, as CudaModel::Impl::matvec_fp8
     const size_t smem = f8_rows_smem(cols);
     const void* fn = reinterpret_cast<const void*>(matvec_fp8_rows_kernel);
@@ -395,28 +381,26 @@ std::vector<float> quant_experts(const std::vector<QuantExpert>& experts, const 
   };
   const bool f8s = shared != nullptr;
   const int sms = l.prop.multiProcessorCount;
-  if (q.fp8 && f8x_experts_take(a, q, f8s, size_t(l.prop.sharedMemPerBlockOptin) - 4096)) {
-    // Whole rows, every code copied first, as CudaModel::Impl::moe_launch_q<0>.
-    const int Is = a.Is, sg = f8s ? a.s_group : q.group;
-    const size_t m1 = f8x_gate_up_smem(H, q.group, sg), m2 = f8x_down_smem(k, I, Is, q.group, sg);
-    const void* gu = reinterpret_cast<const void*>(gate_up_fp8_smem_kernel<>);
-    const void* dn = reinterpret_cast<const void*>(down_fp8_smem_kernel<>);
-    if (m1 > 48 * 1024) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m1)));
-    if (m2 > 48 * 1024) CK(cudaFuncSetAttribute(dn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m2)));
-    const int rows = kWarps * kF8XGuRows, need = (std::max(I, Is) + rows - 1) / rows;
-    l.go(gate_up_fp8_smem_kernel<>, dim3(std::max(1, std::min(need, l.per_sm(gu, m1) * sms / slots)), slots), kThreads, m1,
-         a, q);
-    l.go(down_fp8_smem_kernel<>, std::min((H + kWarps * kF8XDnRows - 1) / (kWarps * kF8XDnRows), l.per_sm(dn, m2) * sms), kThreads, m2, a, q);
-  } else if (q.fp8 && q.group % kF8Step == 0 && (!f8s || a.s_group % kF8Step == 0)) {
+  if (q.fp8 && q.group % kF8Step == 0 && (!f8s || a.s_group % kF8Step == 0)) {
     // The tensor cores, as CudaModel::Impl::moe_launch_q<0>.
     auto mma = [&](auto gu, auto dn) {
       const int dw = f8_down_warps(a, f8s);
       const size_t m1 = f8_mma_gate_up_smem(H, f8_gate_up_xf(a, f8s)), m2 = f8_mma_down_smem(k, I, a.Is, f8s, dw);
       if (m1 > 48 * 1024) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m1)));
       if (m2 > 48 * 1024) CK(cudaFuncSetAttribute(dn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m2)));
-      const int resident = l.per_sm(reinterpret_cast<const void*>(gu), m1) * sms;
-      const int tpb = kWarps / kGuSplit, need = ((a.maxI + 7) / 8 + tpb - 1) / tpb;
-      l.go(gu, dim3(std::max(1, std::min(need, resident / slots)), slots), kThreads, m1, a, q);
+      if (f8x_gate_up_takes(a, q, f8s, size_t(l.prop.sharedMemPerBlockOptin) - 4096)) {
+        // gate_up by whole rows through shared memory (fp8_gate_up_smem.cuh).
+        const size_t s1 = f8x_gate_up_smem(H, q.group, f8s ? a.s_group : q.group);
+        const void* fn = reinterpret_cast<const void*>(gate_up_fp8_smem_kernel<>);
+        if (s1 > 48 * 1024) CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(s1)));
+        const int rows = kWarps * kF8XGuRows, need = (a.maxI + rows - 1) / rows;
+        l.go(gate_up_fp8_smem_kernel<>, dim3(std::max(1, std::min(need, l.per_sm(fn, s1) * sms / slots)), slots),
+             kThreads, s1, a, q);
+      } else {
+        const int resident = l.per_sm(reinterpret_cast<const void*>(gu), m1) * sms;
+        const int tpb = kWarps / kGuSplit, need = ((a.maxI + 7) / 8 + tpb - 1) / tpb;
+        l.go(gu, dim3(std::max(1, std::min(need, resident / slots)), slots), kThreads, m1, a, q);
+      }
       const int dres = l.per_sm(reinterpret_cast<const void*>(dn), m2, dw * 32) * sms;
       l.go(dn, std::min((H + 15) / 16, dres), dw * 32, m2, a, q);
     };

@@ -165,7 +165,6 @@ struct OutRouterArgs {
   TierCount tc;
   ExpertSel sel;
   unsigned* done;  // router blocks finished (zero between launches)
-  int router_last = 0;  // TEMPORARY (session 13 A/B): FP8 rows kernel with the router blocks after the projection's
 };
 // A router block of outproj_router_kernel (blocks [0, nbR)): its rows of the
 // folded router's logits; the last router block to finish picks the
