@@ -17,7 +17,7 @@ void topk(const std::vector<float>&, int, int, bool, bool, std::vector<int>*, st
 std::vector<float> delta_step(DeltaStep&, bool) { no_cuda(); }
 std::vector<float> attention(const AttnDecode&, int, bool) { no_cuda(); }
 std::vector<float> quant_experts(const std::vector<QuantExpert>&, const std::vector<float>&, const std::vector<float>&,
-                                 const std::vector<float>&, float) {
+                                 const std::vector<float>&, float, const QuantExpert*) {
   no_cuda();
 }
 
