@@ -5,16 +5,18 @@
 // (fp8_experts.cuh, down_fp8_mma_kernel), which measured faster than the
 // same layout for down.
 //
-// Why (bench/NOTES-cuda.md, "FP8 routed experts: gate_up by whole rows
-// through shared memory"; bench/micro/fp8_experts_bench.cu): the
+// Why (bench/NOTES-cuda.md, "FP8 decode: gate_up by whole rows through
+// shared memory"; bench/micro/fp8_experts_bench.cu): the
 // tensor-core gate_up (gate_up_fp8_mma_kernel) makes each warp split x into
 // f16 halves, read 64-byte pieces of 16 rows and sum its tiles through
 // shared memory with two barriers per tile; the rows kernels of session 12
 // kept their codes in registers (2 rows of 2 KB at most per warp) and lost
-// 19%. Here registers hold no codes: a warp copies its 2 h rows' gate and up
-// rows (4 x H bytes, 8 KB at H = 2,048) into its own slots of shared memory,
-// and three blocks of 8 warps fit on an SM, so at the 35B shape the whole
-// launch's codes (18.9 MB over 288 blocks) are in flight at once.
+// 19%. Here registers hold no codes: a warp copies its kF8XGuRows (2) h
+// rows' gate and up rows (4 x H bytes, 8 KB at H = 2,048) into its own slots
+// of shared memory, and three blocks of 8 warps fit on an SM, so at the 35B
+// shape the whole launch's codes (18.9 MB over 288 blocks) are in flight at
+// once. Measured apart, gate_up + down of a 35B layer: 25.2 us on the tensor
+// cores, 21.5 us so (a plain read of their 28.4 MB: 8.8 us).
 //
 // Layout: a row's codes go in 16-byte chunks, chunk c = t 32 + lane (t < H /
 // 512 "steps"), so a warp's copy of one step of one row is 512 contiguous
