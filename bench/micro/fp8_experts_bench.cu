@@ -32,41 +32,17 @@
 #include "backend/cuda/fp8_experts.cuh"
 #include "backend/cuda/fp8_gate_up_smem.cuh"
 #include "backend/cuda/launch.cuh"
+#include "fp8_micro_data.cuh"
 
 using namespace flashmoe::cuda;
+using namespace flashmoe::micro;
 
 namespace {
 
 constexpr int kLayers = 40, kReplays = 50, kWarmup = 5;
 constexpr int H = 2048, I = 512, Is = 512, E = 16, K = 8, G = 128;
 constexpr float kEps = 1e-6f;
-
-__host__ __device__ inline uint64_t mix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-__host__ __device__ inline float unit(uint64_t h) { return float(h >> 40) * (1.0f / 16777216.0f); }
-// A random E4M3 code, never NaN, |value| 2^-3 .. 30.
-__host__ __device__ inline uint8_t rand_code(uint64_t h) {
-  const uint32_t s = uint32_t(h) & 0x80u, e = 4u + ((uint32_t(h) >> 8) & 7u), m = (uint32_t(h) >> 16) & 7u;
-  return uint8_t(s | (e << 3) | m);
-}
-inline double e4m3_value(uint8_t b) {
-  const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
-  const double v = e == 0 ? std::ldexp(double(m), -9) : std::ldexp(1.0 + m / 8.0, e - 7);
-  return s ? -v : v;
-}
-__global__ void gen_codes(uint8_t* w, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    w[i] = rand_code(mix64(seed ^ (i * 0x2545f4914f6cdd1dull)));
-}
-// Positive scales, 2^-7 x [0.5, 1.5) (h and the x update stay O(1)).
-__global__ void gen_scales(float* s, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    s[i] = (0.5f + unit(mix64(seed ^ (i * 0x9e3779b97f4a7c15ull)))) * (1.0f / 128.0f);
-}
+constexpr float kScale = 1.0f / 128.0f;  // block scales 2^-7 x [0.5, 1.5): h and the x update stay O(1)
 
 // A plain streaming read of each slot's bytes (blockIdx.y = slot): the xor
 // of the words goes to out after the PDL wait.
@@ -84,13 +60,6 @@ __global__ void __launch_bounds__(kThreads) read_slots_kernel(const void* const*
   if ((threadIdx.x & 31) == 0) atomicXor(out + blockIdx.x, acc);
 }
 
-void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-#define CKB(x) ck((x), #x)
 
 struct Layer {
   uint8_t *gu, *dn;                 // E expert blocks each (q.gu_bytes / q.dn_bytes apart)
@@ -155,16 +124,16 @@ int main() {
       uint8_t* b = y.gu + q.gu_bytes * e;
       gen_codes<<<512, 256>>>(b, size_t(I) * H, seed + 100 * e);
       gen_codes<<<512, 256>>>(b + q.up_w, size_t(I) * H, seed + 100 * e + 1);
-      gen_scales<<<8, 256>>>(reinterpret_cast<float*>(b + q.gate_s), size_t(I / G) * nbcH, seed + 100 * e + 2);
-      gen_scales<<<8, 256>>>(reinterpret_cast<float*>(b + q.up_s), size_t(I / G) * nbcH, seed + 100 * e + 3);
+      gen_scales<<<8, 256>>>(reinterpret_cast<float*>(b + q.gate_s), size_t(I / G) * nbcH, seed + 100 * e + 2, kScale);
+      gen_scales<<<8, 256>>>(reinterpret_cast<float*>(b + q.up_s), size_t(I / G) * nbcH, seed + 100 * e + 3, kScale);
       uint8_t* d = y.dn + q.dn_bytes * e;
       gen_codes<<<512, 256>>>(d, size_t(H) * I, seed + 100 * e + 4);
-      gen_scales<<<8, 256>>>(reinterpret_cast<float*>(d + q.dn_s), size_t(H / G) * nbcI, seed + 100 * e + 5);
+      gen_scales<<<8, 256>>>(reinterpret_cast<float*>(d + q.dn_s), size_t(H / G) * nbcI, seed + 100 * e + 5, kScale);
     }
     gen_codes<<<512, 256>>>(y.sgu, size_t(2 * Is) * H, seed + 7);
     gen_codes<<<512, 256>>>(y.sdn, size_t(H) * Is, seed + 8);
-    gen_scales<<<64, 256>>>(y.sgu_sc, size_t(2 * Is) * nbcH, seed + 9);
-    gen_scales<<<64, 256>>>(y.sdn_sc, size_t(H) * (Is / G), seed + 10);
+    gen_scales<<<64, 256>>>(y.sgu_sc, size_t(2 * Is) * nbcH, seed + 9, kScale);
+    gen_scales<<<64, 256>>>(y.sdn_sc, size_t(H) * (Is / G), seed + 10, kScale);
     std::vector<int> all(E);
     for (int e = 0; e < E; ++e) all[e] = e;
     for (int e = E - 1; e > 0; --e) std::swap(all[e], all[mix64(seed + e) % (e + 1)]);
@@ -193,7 +162,10 @@ int main() {
   CKB(cudaMalloc(&hb, (K + 1) * std::max(I, Is) * 4));
   CKB(cudaMalloc(&sink, 4096 * 4));
   std::vector<float> hx(H), hnw(H);
-  for (int c = 0; c < H; ++c) hx[c] = 2.f * unit(mix64(77 * 31 + c)) - 1.f, hnw[c] = 0.4f * unit(mix64(77 * 37 + c)) - 0.2f;
+  for (int c = 0; c < H; ++c) {
+    hx[c] = 2.f * unit(mix64(77 * 31 + c)) - 1.f;
+    hnw[c] = 0.4f * unit(mix64(77 * 37 + c)) - 0.2f;
+  }
   CKB(cudaMemcpy(x0, hx.data(), H * 4, cudaMemcpyHostToDevice));
   CKB(cudaMemcpy(nw, hnw.data(), H * 4, cudaMemcpyHostToDevice));
   CKB(cudaDeviceSynchronize());

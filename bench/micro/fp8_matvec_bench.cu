@@ -53,8 +53,10 @@
 #include "backend/cuda/fp8_matvec.cuh"
 #include "backend/cuda/fp8_rows.cuh"
 #include "backend/cuda/launch.cuh"
+#include "fp8_micro_data.cuh"
 
 using namespace flashmoe::cuda;
+using namespace flashmoe::micro;
 
 namespace {
 
@@ -66,36 +68,6 @@ constexpr float kEps = 1e-6f;
 
 // ------------------------------------------------------------ data on the device
 
-__host__ __device__ inline uint64_t mix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-__host__ __device__ inline float unit(uint64_t h) { return float(h >> 40) * (1.0f / 16777216.0f); }  // [0, 1)
-
-// A random E4M3 code, never NaN (0x7f / 0xff): exponent field 4..11
-// (|value| 2^-3 .. 30), any mantissa, either sign.
-__host__ __device__ inline uint8_t rand_code(uint64_t h) {
-  const uint32_t s = uint32_t(h) & 0x80u, e = 4u + ((uint32_t(h) >> 8) & 7u), m = (uint32_t(h) >> 16) & 7u;
-  return uint8_t(s | (e << 3) | m);
-}
-// E4M3 code -> float (host reference; bias 7, subnormals 2^-9 m).
-inline double e4m3_value(uint8_t b) {
-  const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
-  const double v = e == 0 ? std::ldexp(double(m), -9) : std::ldexp(1.0 + m / 8.0, e - 7);
-  return s ? -v : v;
-}
-
-__global__ void gen_codes(uint8_t* w, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    w[i] = rand_code(mix64(seed ^ (i * 0x2545f4914f6cdd1dull)));
-}
-// Positive block scales, 2^-8 x [0.5, 1.5).
-__global__ void gen_scales(float* s, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    s[i] = (0.5f + unit(mix64(seed ^ (i * 0x9e3779b97f4a7c15ull)))) * (1.0f / 256.0f);
-}
 // The bf16 twin of a FP8 matrix: bf16(code x scale).
 __global__ void gen_bf16(__nv_bfloat16* wb, const uint8_t* w, const float* s, int rows, int cols) {
   const int nbc = cols / kGroup;
@@ -135,13 +107,6 @@ __global__ void __launch_bounds__(kThreads) read_kernel(const uint8_t* __restric
 
 // ------------------------------------------------------------ host side
 
-void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-#define CKB(x) ck((x), #x)
 
 struct Shape {
   const char* name;
@@ -224,7 +189,7 @@ void run_shape(Bench& B, const Shape& sh, uint64_t seed) {
     uint8_t* w = W8 + k * stride;
     float* s = reinterpret_cast<float*>(w + sh.scale_offset());
     gen_codes<<<1024, 256>>>(w, size_t(rows) * cols, seed + 2 * k);
-    gen_scales<<<64, 256>>>(s, size_t(rows) * nbc, seed + 2 * k + 1);
+    gen_scales<<<64, 256>>>(s, size_t(rows) * nbc, seed + 2 * k + 1, 1.0f / 256.0f);
     gen_bf16<<<2048, 256>>>(Wb + size_t(k) * rows * cols, w, s, rows, cols);
   }
   CKB(cudaGetLastError());
