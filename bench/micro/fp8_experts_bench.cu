@@ -55,11 +55,8 @@ __global__ void __launch_bounds__(kThreads) read_slots_kernel(const void* const*
     const uint4 a = ld_stream(b + 16 * i);
     acc ^= a.x ^ a.y ^ a.z ^ a.w;
   }
-  for (int o = 16; o > 0; o >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, o);
-  pdl_wait();
-  if ((threadIdx.x & 31) == 0) atomicXor(out + blockIdx.x, acc);
+  xor_out(acc, out);
 }
-
 
 struct Layer {
   uint8_t *gu, *dn;                 // E expert blocks each (q.gu_bytes / q.dn_bytes apart)

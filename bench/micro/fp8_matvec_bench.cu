@@ -100,13 +100,10 @@ __global__ void __launch_bounds__(kThreads) read_kernel(const uint8_t* __restric
     const uint4 a = ld_stream(p + 16 * i);
     acc ^= a.x ^ a.y ^ a.z ^ a.w;
   }
-  for (int o = 16; o > 0; o >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, o);
-  pdl_wait();
-  if ((threadIdx.x & 31) == 0) atomicXor(out + blockIdx.x, acc);
+  xor_out(acc, out);
 }
 
 // ------------------------------------------------------------ host side
-
 
 struct Shape {
   const char* name;

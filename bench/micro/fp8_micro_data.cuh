@@ -42,6 +42,15 @@ __global__ void gen_scales(float* s, size_t n, uint64_t seed, float scale) {
     s[i] = (0.5f + unit(mix64(seed ^ (i * 0x9e3779b97f4a7c15ull)))) * scale;
 }
 
+// The end of a read kernel: the warp's xor of what it read to out[block]
+// after the PDL wait (the only write, so the next launch may start its
+// loads as soon as this one's blocks finish theirs).
+__device__ __forceinline__ void xor_out(uint32_t acc, uint32_t* out) {
+  for (int o = 16; o > 0; o >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, o);
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  if ((threadIdx.x & 31) == 0) atomicXor(out + blockIdx.x, acc);
+}
+
 inline void ck(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
     std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(e));
