@@ -208,8 +208,8 @@ void CudaModel::Impl::outproj_router(const DLayer& d, const DMat& W) {
     while (a.splitR > 1 &&
            std::min(wantA, sms) + (a.rowsR + kWarps / a.splitR - 1) / (kWarps / a.splitR) > resident)
       a.splitR /= 2;
-    const int rpbR2 = kWarps / a.splitR;
-    a.nbR = (a.rowsR + rpbR2 - 1) / rpbR2;
+    const int rpbR = kWarps / a.splitR;
+    a.nbR = (a.rowsR + rpbR - 1) / rpbR;
     a.nbA = std::min(wantA, std::max(sms, resident - a.nbR));
     go(outproj_router_fp8_rows_kernel, a.nbA + a.nbR, kThreads, smem, static_cast<const uint8_t*>(W.p),
        W.row_scales(), W.group, a);
@@ -400,17 +400,10 @@ void CudaModel::Impl::moe_launch_q(const MoeArgs& a, int slots, const QExpert& q
       auto mma = [&](auto gu, auto dn) {
         if (m1 > 48 * 1024) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m1)));
         if (m2 > 48 * 1024) CK(cudaFuncSetAttribute(dn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m2)));
-        const int sms = prop.multiProcessorCount;
         if (f8x_gate_up_takes(a, q, f8s, size_t(prop.sharedMemPerBlockOptin) - 4096)) {
-          // gate_up by whole rows through shared memory (fp8_gate_up_smem.cuh).
-          const size_t s1 = f8x_gate_up_smem(a.H, q.group, a.has_shared ? a.s_group : q.group);
-          const void* fn = reinterpret_cast<const void*>(gate_up_fp8_smem_kernel<>);
-          if (s1 > 48 * 1024) CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(s1)));
-          const int rows = kWarps * kF8XGuRows, need = (a.maxI + rows - 1) / rows;
-          go(gate_up_fp8_smem_kernel<>, dim3(std::max(1, std::min(need, per_sm(fn, s1) * sms / slots)), slots),
-             kThreads, s1, a, q);
+          launch_gate_up_fp8_smem(*this, a, q, slots);  // gate_up by whole rows through shared memory
         } else {
-          const int resident = per_sm(reinterpret_cast<const void*>(gu), m1) * sms;
+          const int resident = per_sm(reinterpret_cast<const void*>(gu), m1) * prop.multiProcessorCount;
           const int tpb = kWarps / kGuSplit, need = ((a.maxI + 7) / 8 + tpb - 1) / tpb;
           go(gu, dim3(std::max(1, std::min(need, resident / slots)), slots), kThreads, m1, a, q);
         }

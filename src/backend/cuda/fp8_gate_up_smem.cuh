@@ -25,8 +25,9 @@
 // one per lane, read by every lane after a __syncwarp. A chunk's 16 codes
 // lie in one scale block (block widths a multiple of 16). x is normed and
 // staged chunk-major in shared memory (float4 q of chunk c at ((t 4 + q) 32
-// + lane)), so a warp's float4 reads hit consecutive words and each x
-// float4 serves all the warp's rows. Codes are widened exactly (e4m3 -> f16
+// + lane), fp8_rows.cuh's f8_rows_stage_x with 16 codes a lane), so a warp's
+// float4 reads hit consecutive words and each x float4 serves all the warp's
+// rows. Codes are widened exactly (e4m3 -> f16
 // -> fp32) and multiplied in fp32; a chunk's sum times its block scale goes
 // to the row.
 //
@@ -37,6 +38,7 @@
 #pragma once
 #include "backend/cuda/fp8_experts.cuh"
 #include "backend/cuda/fp8_rows.cuh"
+#include "backend/cuda/launch.cuh"
 
 namespace flashmoe::cuda {
 
@@ -77,23 +79,6 @@ __device__ __forceinline__ float f8x_dot16(const uint4& v, const float4 (&x4)[4]
   d = f8_dot4(v.y, x4[1], d);
   d = f8_dot4(v.z, x4[2], d);
   return f8_dot4(v.w, x4[3], d);
-}
-
-// A float vector of `len` (a multiple of 512) into shared memory chunk-major,
-// times r (1 + nw) where nw is given (the zero-centred RMS norm's weight);
-// the block's threads share the copy (no barrier here).
-__device__ __forceinline__ void f8x_stage(const float* __restrict__ v, const float* __restrict__ nw, float r, int len,
-                                          float4* dst) {
-  const float4* v4 = reinterpret_cast<const float4*>(v);
-  for (int s = threadIdx.x; s < len / 4; s += blockDim.x) {
-    const int l = s % 32, q = (s / 32) % 4, t = s / 128;
-    const int c = (t * 32 + l) * 16 + 4 * q;
-    float4 x = v4[c / 4];
-    if (nw)  // four loads: a norm weight vector need not be 16-byte aligned
-      x = make_float4(x.x * r * (1.f + nw[c]), x.y * r * (1.f + nw[c + 1]), x.z * r * (1.f + nw[c + 2]),
-                      x.w * r * (1.f + nw[c + 3]));
-    dst[s] = x;
-  }
 }
 
 // h[j][r] = silu(gate_j[r] . xn) * (up_j[r] . xn), blockIdx.y = slot j (the
@@ -151,19 +136,7 @@ __global__ void __launch_bounds__(kThreads, kF8XGuBlocks) gate_up_fp8_smem_kerne
     B = static_cast<const uint8_t*>(a.sel ? a.sel[j] : a.gu_tab[a.ids[j]]);
     if (first < I) issue(first);
   }
-  // x normed (each warp sums the squares itself: no block reduction).
-  float rn = 1.f;
-  if (a.norm_w) {
-    const float4* x4 = reinterpret_cast<const float4*>(a.x);
-    float ss = 0.f;
-    for (int i = lane; i < H / 4; i += 32) {
-      const float4 v = x4[i];
-      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    }
-    rn = 1.0f / sqrtf(warp_sum(ss) / float(H) + a.eps);
-  }
-  f8x_stage(a.x, a.norm_w, rn, H, xs4);
-  __syncthreads();
+  const float rn = f8_rows_stage_x<16>(a.x, a.norm_w, a.eps, H, xs4);  // x normed, chunk-major
   if (a.presel && blockIdx.x == 0 && blockIdx.y == 0 && warp == 0)
     topk_weights(a.logits, a.E, a.k, a.norm_topk, a.has_shared, a.ids, a.folded ? rn : 1.0f, a.w_out);
   for (int r0 = first; r0 < I; r0 += stride) {
@@ -190,6 +163,18 @@ __global__ void __launch_bounds__(kThreads, kF8XGuBlocks) gate_up_fp8_smem_kerne
         if (r0 + i < I) a.hb[j * a.maxI + r0 + i] = siluf_(acc[i]) * acc[R + i];
     __syncwarp();  // every lane read its slots before they are copied over
   }
+}
+
+// Launches gate_up_fp8_smem_kernel over `slots` slots (one resident wave;
+// warps take more rows where the rows need more): the decode step's and
+// the op check's launch.
+inline void launch_gate_up_fp8_smem(Launcher& l, const MoeArgs& a, const QExpert& q, int slots) {
+  const size_t smem = f8x_gate_up_smem(a.H, q.group, a.has_shared ? a.s_group : q.group);
+  const void* fn = reinterpret_cast<const void*>(gate_up_fp8_smem_kernel<>);
+  if (smem > 48 * 1024) CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const int rows = kWarps * kF8XGuRows, need = (a.maxI + rows - 1) / rows;
+  const int fit = l.per_sm(fn, smem) * l.prop.multiProcessorCount / slots;
+  l.go(gate_up_fp8_smem_kernel<>, dim3(std::max(1, std::min(need, fit)), slots), kThreads, smem, a, q);
 }
 
 }  // namespace flashmoe::cuda

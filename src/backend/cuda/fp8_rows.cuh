@@ -132,12 +132,15 @@ __device__ __forceinline__ void f8_rows_issue(const RowOf& row_of, int nrows, in
 }
 
 // x into shared memory chunk-major (float4 slot (j WV + q) 32 + l holds
-// columns j CW + V l + 4q .. + 3), zero-centred-RMS-normed with weight nw
+// columns j CW + V l + 4q .. + 3, for V codes a lane takes per chunk:
+// kF8RowsV here, 16 in fp8_gate_up_smem.cuh), zero-centred-RMS-normed with weight nw
 // where nw is given (the same formula as load_x; each warp sums the
 // squares itself, so no block reduction). Ends with a barrier; returns
 // the norm's 1/rms(x) (1 without a norm).
+template <int V = kF8RowsV>
 __device__ __forceinline__ float f8_rows_stage_x(const float* __restrict__ x, const float* __restrict__ nw, float eps,
                                                 int cols, float4* xs4) {
+  constexpr int WV = V / 4, CW = 32 * V;
   const int lane = threadIdx.x & 31, slots = cols / 4;
   const float4* x4 = reinterpret_cast<const float4*>(x);
   float rn = 1.f;
@@ -151,8 +154,8 @@ __device__ __forceinline__ float f8_rows_stage_x(const float* __restrict__ x, co
     rn = 1.0f / sqrtf(ss / float(cols) + eps);
   }
   for (int s = threadIdx.x; s < slots; s += blockDim.x) {
-    const int l = s % 32, q = (s / 32) % kF8RowsWV, j = s / (32 * kF8RowsWV);
-    const int c = j * kF8RowsCW + kF8RowsV * l + 4 * q;
+    const int l = s % 32, q = (s / 32) % WV, j = s / (32 * WV);
+    const int c = j * CW + V * l + 4 * q;
     float4 v = x4[c / 4];
     if (nw) {
       // nw as four loads: a norm weight vector need not be 16-byte aligned.

@@ -78,6 +78,13 @@ Launcher device() {
   return l;
 }
 
+// W's block scales one row at a time ([row][block]), appended to out: as
+// the upload keeps a DT_FP8 matrix's scales (DMat::row_scales).
+void append_row_scales(const Matrix& W, std::vector<float>& out) {
+  for (int64_t r = 0; r < W.rows; ++r)
+    for (int64_t c = 0; c < W.blocks_per_row(); ++c) out.push_back(W.block_scale(r, c));
+}
+
 // The FP8 matvec (matvec_fp8_kernel) as CudaModel::Impl::matvec_fp8 runs
 // it, on W laid out as upload_fp8_rows writes a DT_FP8 matrix; `per` rows
 // per warp at a time.
@@ -89,12 +96,12 @@ std::vector<float> matvec_fp8(Launcher& l, const Matrix& W, const std::vector<fl
   m.rows = int(W.rows);
   m.cols = int(W.cols);
   m.group = W.group;
-  const int nbc = m.blocks_per_row(), rows = m.rows, cols = m.cols;
+  const int rows = m.rows, cols = m.cols;
   std::vector<uint8_t> host(m.bytes(), 0);
   std::memcpy(host.data(), W.data, W.nbytes());
-  float* sc = reinterpret_cast<float*>(host.data() + m.scale_offset());
-  for (int r = 0; r < rows; ++r)
-    for (int b = 0; b < nbc; ++b) sc[size_t(r) * nbc + b] = W.block_scale(r, b);
+  std::vector<float> sc;
+  append_row_scales(W, sc);
+  std::memcpy(host.data() + m.scale_offset(), sc.data(), sc.size() * 4);
   Buffers b;
   const uint8_t* dW = b.up(host.data(), host.size());
   const float* dx = b.up(x.data(), x.size());
@@ -350,8 +357,7 @@ std::vector<float> quant_experts(const std::vector<QuantExpert>& experts, const 
       for (const Matrix* m : parts) {
         const uint8_t* d = static_cast<const uint8_t*>(m->data);
         codes.insert(codes.end(), d, d + m->nbytes());
-        for (int64_t r = 0; r < m->rows; ++r)
-          for (int64_t c = 0; c < m->blocks_per_row(); ++c) sc.push_back(m->block_scale(r, c));
+        append_row_scales(*m, sc);
       }
       *scales = b.up(sc.data(), sc.size());
       return static_cast<const void*>(b.up(codes.data(), codes.size()));
@@ -389,13 +395,7 @@ std::vector<float> quant_experts(const std::vector<QuantExpert>& experts, const 
       if (m1 > 48 * 1024) CK(cudaFuncSetAttribute(gu, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m1)));
       if (m2 > 48 * 1024) CK(cudaFuncSetAttribute(dn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m2)));
       if (f8x_gate_up_takes(a, q, f8s, size_t(l.prop.sharedMemPerBlockOptin) - 4096)) {
-        // gate_up by whole rows through shared memory (fp8_gate_up_smem.cuh).
-        const size_t s1 = f8x_gate_up_smem(H, q.group, f8s ? a.s_group : q.group);
-        const void* fn = reinterpret_cast<const void*>(gate_up_fp8_smem_kernel<>);
-        if (s1 > 48 * 1024) CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(s1)));
-        const int rows = kWarps * kF8XGuRows, need = (a.maxI + rows - 1) / rows;
-        l.go(gate_up_fp8_smem_kernel<>, dim3(std::max(1, std::min(need, l.per_sm(fn, s1) * sms / slots)), slots),
-             kThreads, s1, a, q);
+        launch_gate_up_fp8_smem(l, a, q, slots);  // gate_up by whole rows through shared memory
       } else {
         const int resident = l.per_sm(reinterpret_cast<const void*>(gu), m1) * sms;
         const int tpb = kWarps / kGuSplit, need = ((a.maxI + 7) / 8 + tpb - 1) / tpb;
