@@ -158,14 +158,19 @@ TEST(CudaGgufExperts, KernelsMatchCpu) {
   struct Mix {
     QuantKind gu, dn;
     int H, I, E, k;
+    int Is = 0;  // a shared expert of Is rows (gate/up in gu's kind, down in dn's), chunk kernels only
   };
   // Gate/up rows of 4 Q4_K blocks (the staged kernels: a quarter-warp a
-  // block), and the 35B's shape (H 2048, I 512, top-8) for the chunk kernels.
+  // block), and the 35B's shape (H 2048, I 512, top-8) for the chunk
+  // kernels, with its shared expert; 10 of 40 experts of 1,024 Q6_K rows
+  // (more row pairs than one wave of warps takes at once).
   for (const Mix mix : {Mix{QuantKind::Q4_K, QuantKind::Q6_K, 1024, 256, 6, 3},
                         Mix{QuantKind::Q4_K, QuantKind::Q4_K, 1024, 256, 6, 3},
                         Mix{QuantKind::Q8_0, QuantKind::Q8_0, 1024, 256, 6, 3},
                         Mix{QuantKind::Q4_K, QuantKind::Q6_K, 2048, 512, 12, 8},
-                        Mix{QuantKind::Q4_K, QuantKind::Q4_K, 2048, 512, 12, 8}}) {
+                        Mix{QuantKind::Q4_K, QuantKind::Q4_K, 2048, 512, 12, 8},
+                        Mix{QuantKind::Q4_K, QuantKind::Q6_K, 2048, 512, 12, 8, 512},
+                        Mix{QuantKind::Q6_K, QuantKind::Q4_K, 1024, 1024, 40, 10, 256}}) {
     const int H = mix.H, I = mix.I, E = mix.E, k = mix.k;
     std::mt19937 rng(7 + int(mix.gu) + 31 * int(mix.dn) + H);
     std::vector<std::vector<uint8_t>> store;
@@ -182,7 +187,9 @@ TEST(CudaGgufExperts, KernelsMatchCpu) {
     store.reserve(size_t(3 * E));
     std::vector<cuda_ops::GgufExpert> experts;
     for (int e = 0; e < E; ++e) experts.push_back({mat(mix.gu, I, H), mat(mix.gu, I, H), mat(mix.dn, H, I)});
-    const std::vector<float> x = normal(rng, H), nw = normal(rng, H), logits = normal(rng, E);
+    cuda_ops::GgufExpert shared_expert;
+    if (mix.Is) shared_expert = {mat(mix.gu, mix.Is, H), mat(mix.gu, mix.Is, H), mat(mix.dn, H, mix.Is)};
+    const std::vector<float> x = normal(rng, H), nw = normal(rng, H), logits = normal(rng, E + (mix.Is ? 1 : 0));
     // The CPU's pick: softmax, the k largest, renormalised.
     std::vector<int> order(E);
     for (int e = 0; e < E; ++e) order[size_t(e)] = e;
@@ -204,6 +211,16 @@ TEST(CudaGgufExperts, KernelsMatchCpu) {
       }
       for (int o = 0; o < H; ++o) want[size_t(o)] += wj * cpu::block_dot_row(ex.down, o, h.data());
     }
+    const float ws = mix.Is ? 1.0f / (1.0f + std::exp(-logits[size_t(E)])) : 0.f;  // the shared expert's gate
+    if (mix.Is) {
+      std::vector<float> h(mix.Is);
+      for (int i = 0; i < mix.Is; ++i) {
+        const float g = cpu::block_dot_row(shared_expert.gate, i, xn.data());
+        const float u = cpu::block_dot_row(shared_expert.up, i, xn.data());
+        h[size_t(i)] = g / (1.0f + std::exp(-g)) * u;
+      }
+      for (int o = 0; o < H; ++o) want[size_t(o)] += ws * cpu::block_dot_row(shared_expert.down, o, h.data());
+    }
     // The staged kernels on the stored blocks, then (Q4_K / Q6_K) the chunk
     // kernels on the blocks rearranged as upload.cu does: each against the
     // CPU, and the two against each other (the same weights: they differ by
@@ -211,19 +228,26 @@ TEST(CudaGgufExperts, KernelsMatchCpu) {
     std::vector<float> staged_dx;
     for (const bool chunks : {false, true}) {
       if (chunks && mix.gu == QuantKind::Q8_0) continue;  // no chunk layout
+      if (!chunks && mix.Is) continue;                    // the op check takes a shared expert on the chunk kernels
       std::vector<int> ids;
       std::vector<float> w;
-      const std::vector<float> got = cuda_ops::gguf_experts(experts, logits, k, x, nw, eps, &ids, &w, chunks);
-      const std::string what =
-          std::string(quant_name(mix.gu)) + "/" + quant_name(mix.dn) + " H " + std::to_string(H) + (chunks ? " chunks" : "");
+      const std::vector<float> got =
+          cuda_ops::gguf_experts(experts, logits, k, x, nw, eps, &ids, &w, chunks, mix.Is ? &shared_expert : nullptr);
+      const std::string what = std::string(quant_name(mix.gu)) + "/" + quant_name(mix.dn) + " H " + std::to_string(H) +
+                               " I " + std::to_string(I) + (mix.Is ? " + shared" : "") + (chunks ? " chunks" : "");
       EXPECT_EQ(ids, std::vector<int>(order.begin(), order.begin() + k)) << what;
       for (int j = 0; j < k; ++j)
         EXPECT_NEAR(w[size_t(j)], std::exp(logits[size_t(order[size_t(j)])]) / chosen, 1e-6f) << what;
+      if (mix.Is) {
+        EXPECT_NEAR(w.at(size_t(k)), ws, 1e-6f) << what;
+      }
       std::vector<float> dx(H), dwant(H);
       for (int i = 0; i < H; ++i)
         dx[size_t(i)] = got[size_t(i)] - x[size_t(i)], dwant[size_t(i)] = want[size_t(i)] - x[size_t(i)];
       EXPECT_LE(rel_err(dx, dwant), 1e-5f) << what;
-      if (chunks) {
+      if (chunks && mix.Is) {
+        std::printf("[cuda-gguf] experts %s: rel err vs CPU %.3g\n", what.c_str(), rel_err(dx, dwant));
+      } else if (chunks) {
         EXPECT_LE(rel_err(dx, staged_dx), 1e-5f) << what << " vs staged";
         std::printf("[cuda-gguf] experts %s: rel err vs CPU %.3g, vs the staged kernels %.3g\n", what.c_str(),
                     rel_err(dx, dwant), rel_err(dx, staged_dx));

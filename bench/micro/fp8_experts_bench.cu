@@ -2,7 +2,9 @@
 // the FP8 shared expert, 128 x 128 scale blocks) at the 35B-A3B shape:
 // the tensor-core kernels (fp8_experts.cuh), gate_up by whole rows through
 // shared memory (fp8_gate_up_smem.cuh; R h rows a warp, production
-// kF8XGuRows) before the same tensor-core down, and a plain read of the
+// kF8XGuRows) before the same tensor-core down, whose first codes are
+// loaded before its PDL wait where the pick was final before gate_up
+// (MoeArgs::sel_ready: "down early") or after it, and a plain read of the
 // same bytes. Build and run on the GPU machine (from the repository root):
 //   nvcc -O3 -std=c++20 -arch=sm_90 -I src -o /tmp/fp8ex bench/micro/fp8_experts_bench.cu && /tmp/fp8ex
 // (add -Xptxas -v for the registers and spills of every kernel)
@@ -14,8 +16,9 @@
 // them, the graph replayed 50 times after warm-up: median microseconds per
 // layer (both kernels; "alone": 40 launches of one kernel) and effective
 // TB/s (the picked experts' and the shared expert's codes and scales over
-// that time). Session 13's variants that lost (down by rows, gate_up with a
-// copy group per step) are in bench/NOTES-cuda.md.
+// that time). The variants that lost (session 13: down by rows, gate_up
+// with a copy group per step; session 14: gate_up prefetching down's
+// matrices into L2) are in bench/NOTES-cuda.md.
 //
 // Correctness: layer 0 from the same x by each variant, against a host
 // double-precision reference of x + sum_j w_j down_j (silu(gate_j xn) *
@@ -167,9 +170,11 @@ int main() {
   CKB(cudaMemcpy(nw, hnw.data(), H * 4, cudaMemcpyHostToDevice));
   CKB(cudaDeviceSynchronize());
 
+  int sel_ready = 0;  // down reads its rows before its wait (MoeArgs::sel_ready)
   auto args = [&](int l) {
     const Layer& y = Ls[l];
     MoeArgs a{};
+    a.sel_ready = sel_ready;
     a.s_gu = y.sgu;
     a.s_down = y.sdn;
     a.s_gu_sc = y.sgu_sc;
@@ -340,19 +345,23 @@ int main() {
     const double em = check(run_mma);
     std::snprintf(p, sizeof p, "gate_up %d x %d smem %zu; down %d x %d thr smem %zu", g_mma.x, g_mma.y, m1, d_mma,
                   dw * 32, m2);
-    report("tensor cores (production)", time_graph(L, e0, e1, run_mma), em, p);
+    report("tensor cores (both kernels)", time_graph(L, e0, e1, run_mma), em, p);
     if (takes) {
-      auto one = [&](const char* name, auto kern, const XPlan& P) {
+      auto one = [&](const char* name, auto kern, const XPlan& P, int ready) {
+        sel_ready = ready;
         const auto run = both(gu_smem(kern, P), dn_mma_f);
         const double ex = check(run);
         std::snprintf(p, sizeof p, "gate_up %d x %d (%d/SM) smem %zu; down as above", P.grid.x, P.grid.y, P.per_sm,
                       P.smem);
         report(name, time_graph(L, e0, e1, run), ex, p);
+        sel_ready = 0;
       };
-      one("gate_up rows R 1 + mma down", gate_up_fp8_smem_kernel<1>, g1);
-      one("gate_up rows R 2 + mma down", gate_up_fp8_smem_kernel<2>, g2);
-      one("gate_up rows R 4 + mma down", gate_up_fp8_smem_kernel<4>, g4);
-      report("  gate_up rows alone, R 2", time_graph(L, e0, e1, gu_smem(gate_up_fp8_smem_kernel<2>, g2)), -1, "");
+      one("gu rows R 1, down early (production)", gate_up_fp8_smem_kernel<1>, g1, 1);
+      one("gu rows R 1, down after its wait", gate_up_fp8_smem_kernel<1>, g1, 0);
+      one("gu rows R 2, down early", gate_up_fp8_smem_kernel<2>, g2, 1);
+      one("gu rows R 2, down after its wait", gate_up_fp8_smem_kernel<2>, g2, 0);
+      one("gu rows R 4, down early", gate_up_fp8_smem_kernel<4>, g4, 1);
+      report("  gate_up rows alone, R 1", time_graph(L, e0, e1, gu_smem(gate_up_fp8_smem_kernel<1>, g1)), -1, "");
       report("  mma gate_up alone", time_graph(L, e0, e1, gu_mma_f), -1, "");
       report("  mma down alone", time_graph(L, e0, e1, dn_mma_f), -1, "");
     } else {

@@ -636,6 +636,7 @@ void CudaModel::Impl::routed_moe(const DLayer& d, int mi) {
     a.sel = sel;
     a.folded = d.rfold ? 1 : 0;
     a.presel = d.rfold ? 1 : 0;
+    a.sel_ready = a.presel;  // picked by the output projection's launch, two kernels before down
   }
   if (seq) {
     a.pf_slot = pf_slot;

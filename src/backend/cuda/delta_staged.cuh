@@ -24,13 +24,6 @@ namespace flashmoe::cuda {
 constexpr int kStagedParts = 8;   // row groups per column (delta_cluster_body's PARTS)
 constexpr int kStagedThreads = 4;  // threads per value column, kStagedParts / 4 row groups each
 
-// 16 bytes global -> shared without passing through registers.
-__device__ __forceinline__ void stage16(float* smem, const float* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(unsigned(__cvta_generic_to_shared(smem))),
-               "l"(gmem)
-               : "memory");
-}
-
 // Shared memory of a block: the state [DK][dv], q and k [DK], the partial sums [kStagedParts][dv].
 inline size_t delta_staged_smem(int dk, int dv) {
   return size_t(dk) * dv * 4 + size_t(2 * dk) * 4 + size_t(kStagedParts) * dv * 4;
@@ -56,8 +49,8 @@ __global__ void __launch_bounds__(512, 3) delta_staged_batch_kernel(const DeltaA
   float* k = q + DK;          // [DK]
   float* red = k + DK;        // [kStagedParts][dv]
   float* S = a.S + size_t(h) * DK * dv;
-  for (int c = threadIdx.x; c < DK * dv / 4; c += blockDim.x) stage16(st + 4 * c, S + 4 * c);
-  asm volatile("cp.async.commit_group;" ::: "memory");
+  for (int c = threadIdx.x; c < DK * dv / 4; c += blockDim.x) cp_async16(st + 4 * c, S + 4 * c);
+  cp_async_commit();
   const int j = threadIdx.x % dv, t = threadIdx.x / dv;  // value column, and which SUB row groups
   const float nwj = a.norm_w[j], dtb = a.dt_bias[h], nea = a.neg_exp_A[h];  // weights: before the wait too
   pdl_wait();
@@ -66,7 +59,7 @@ __global__ void __launch_bounds__(512, 3) delta_staged_batch_kernel(const DeltaA
   const float beta = sigmoidf_(a.proj[a.boff + h]);
   const float decay = expf(nea * softplusf_(a.proj[a.aoff + h] + dtb));
   const float v = a.conv[2 * a.nk * DK + h * dv + j];
-  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  cp_async_wait<0>();
   __syncthreads();
   // k . (decay S) per row group (delta_cluster_body's m of part p).
 #pragma unroll

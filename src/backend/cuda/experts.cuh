@@ -34,6 +34,7 @@ struct MoeArgs {
   int E, norm_topk;
   int folded;  // logits are the folded router's, not yet divided by rms(x) (outproj_router_kernel)
   int presel;  // the experts were picked by outproj_router_kernel (ids, sel): only the weights are left
+  int sel_ready;  // sel was final before gate_up started (presel): down may read its rows before its wait
   TierCount tc;
   ExpertSel tsel;  // tables; .out: where block (0,0) publishes the row pointers
   int* ids_out;

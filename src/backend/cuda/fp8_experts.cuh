@@ -353,11 +353,14 @@ __global__ void __launch_bounds__(kDnWarps * 32, 1) down_fp8_mma_kernel(MoeArgs 
   const int widest = max(a.I, ns > k ? a.Is : 0), npiece = (widest + kDnPiece - 1) / kDnPiece;
   const size_t sb = f8_split_bytes(widest);
   uint4* buf = f8_warp_buf(hs + (size_t(ns) * sb + 15) / 16 * 16);
-  pdl_wait();
-  pdl_trigger();
-  if (int(threadIdx.x) < k) ptr[threadIdx.x] = static_cast<const uint8_t*>(
-      a.sel ? a.sel[k + threadIdx.x] : a.down_tab[a.ids[threadIdx.x]]);
-  if (int(threadIdx.x) < k + (a.has_shared ? 1 : 0)) wj[threadIdx.x] = a.w[threadIdx.x];
+  // Where the pick was final before gate_up (MoeArgs::sel_ready), the
+  // experts' rows are known before the wait: the warp's first codes are on
+  // their way while gate_up ends.
+  const bool early = a.sel_ready && a.sel;
+  auto set_ptr = [&] {
+    if (int(threadIdx.x) < k) ptr[threadIdx.x] = static_cast<const uint8_t*>(
+        a.sel ? a.sel[k + threadIdx.x] : a.down_tab[a.ids[threadIdx.x]]);
+  };
   const int nbcI = (a.I + q.group - 1) / q.group, nbcS = ns > k ? (a.Is + a.s_group - 1) / a.s_group : 0;
   // Slot s's rows g and g + 8 of a tile.
   auto unit_rows = [&](int s, int tile) {
@@ -375,16 +378,26 @@ __global__ void __launch_bounds__(kDnWarps * 32, 1) down_fp8_mma_kernel(MoeArgs 
     }
     return R;
   };
-  __syncthreads();
-  // The warp's first unit's codes on their way while h is split.
+  // The warp's first unit's codes on their way while h is split (or, early,
+  // while gate_up ends).
   F8Batch first;
   bool have_first = false;
-  if (warp < ns * npiece && int(blockIdx.x) * 16 < a.H) {
-    const int s = warp / npiece, len = s < k ? a.I : a.Is, c0 = (warp % npiece) * kDnPiece;
-    have_first = c0 < len;
-    if (have_first)
-      F8Staged::first(unit_rows(s, blockIdx.x), c0, min(len, c0 + kDnPiece), s < k ? q.group : a.s_group, lane, first, buf);
-  }
+  auto issue_first = [&] {
+    set_ptr();
+    __syncthreads();
+    if (warp < ns * npiece && int(blockIdx.x) * 16 < a.H) {
+      const int s = warp / npiece, len = s < k ? a.I : a.Is, c0 = (warp % npiece) * kDnPiece;
+      have_first = c0 < len;
+      if (have_first)
+        F8Staged::first(unit_rows(s, blockIdx.x), c0, min(len, c0 + kDnPiece), s < k ? q.group : a.s_group, lane,
+                        first, buf);
+    }
+  };
+  if (early) issue_first();
+  pdl_wait();
+  pdl_trigger();
+  if (!early) issue_first();
+  if (int(threadIdx.x) < k + (a.has_shared ? 1 : 0)) wj[threadIdx.x] = a.w[threadIdx.x];
   for (int s = warp; s < ns; s += nw) {
     const F8Split X = f8_split_warp(a.hb + s * a.maxI, s < k ? a.I : a.Is, reinterpret_cast<__half*>(hs + s * sb), lane);
     if (lane == 0) inv[s] = X.inv;

@@ -11,12 +11,14 @@
 // f16 halves, read 64-byte pieces of 16 rows and sum its tiles through
 // shared memory with two barriers per tile; the rows kernels of session 12
 // kept their codes in registers (2 rows of 2 KB at most per warp) and lost
-// 19%. Here registers hold no codes: a warp copies its kF8XGuRows (2) h
-// rows' gate and up rows (4 x H bytes, 8 KB at H = 2,048) into its own slots
-// of shared memory, and three blocks of 8 warps fit on an SM, so at the 35B
-// shape the whole launch's codes (18.9 MB over 288 blocks) are in flight at
-// once. Measured apart, gate_up + down of a 35B layer: 25.2 us on the tensor
-// cores, 21.5 us so (a plain read of their 28.4 MB: 8.8 us).
+// 19%. Here registers hold no codes: a warp copies its kF8XGuRows (1) h
+// row's gate and up rows (2 x H bytes, 4 KB at H = 2,048) into its own
+// slots of shared memory, and three blocks of 8 warps fit on an SM (the
+// register bound), so at the 35B shape 3,168 of the layer's 4,608 rows are
+// in flight at once and the rest follow in the same warps. Measured apart,
+// gate_up + down of a 35B layer: 25.2 us on the tensor cores, 21.0-22.1 us
+// so with 1 or 2 rows a warp (a plain read of their 28.4 MB: 8.8 us); in
+// the decode step 1 row a warp decodes 2.6% faster than 2 (session 14).
 //
 // Layout: a row's codes go in 16-byte chunks, chunk c = t 32 + lane (t < H /
 // 512 "steps"), so a warp's copy of one step of one row is 512 contiguous
@@ -43,7 +45,7 @@
 namespace flashmoe::cuda {
 
 constexpr int kF8XCols = 512;    // columns of one step of a row (a 16-byte chunk per lane)
-constexpr int kF8XGuRows = 2;    // h rows a warp takes (their gate and up rows)
+constexpr int kF8XGuRows = 1;    // h rows a warp takes (their gate and up rows)
 constexpr int kF8XGuBlocks = 3;  // blocks per SM the registers are bounded for (80 a thread, no spills)
 
 // A 4-byte asynchronous copy global -> shared (the block scales travel with

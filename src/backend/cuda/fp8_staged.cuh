@@ -24,11 +24,8 @@ namespace flashmoe::cuda {
 
 constexpr int kF8Batch = 8;  // steps a lane has in flight at once (512 columns)
 
-__device__ __forceinline__ void f8_cp16(uint4* dst, const void* src) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
-}
-__device__ __forceinline__ void f8_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void f8_cp16(uint4* dst, const void* src) { cp_async16(dst, src); }
+__device__ __forceinline__ void f8_cp_commit() { cp_async_commit(); }
 // Waits until at most n of this thread's copy groups are pending (n a
 // constant once the caller's loop is unrolled).
 __device__ __forceinline__ void f8_cp_wait(int n) {

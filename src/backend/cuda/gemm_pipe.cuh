@@ -63,9 +63,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool ok
   const int n = ok ? 16 : 0;  // 0: zero-fill
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(n));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
 // a.A unused: the activations are ahi/alo [rows][K] (row m of output row m:
 // arow[m] or m). Modes, gathering, scattering and grouping as gemm_kernel.

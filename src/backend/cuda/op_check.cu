@@ -342,6 +342,12 @@ std::vector<float> quant_experts(const std::vector<QuantExpert>& experts, const 
   a.gu_tab = b.up(gu_tab.data(), gu_tab.size());
   a.down_tab = b.up(dn_tab.data(), dn_tab.size());
   a.ids = b.up(ids.data(), ids.size());
+  // The chosen experts' rows as the decode step's pick publishes them, final
+  // before gate_up (as with the folded router's preselection).
+  std::vector<const void*> sel(size_t(2 * k));
+  for (int j = 0; j < k; ++j) sel[size_t(j)] = gu_tab[size_t(j)], sel[size_t(k + j)] = dn_tab[size_t(j)];
+  a.sel = b.up(sel.data(), sel.size());
+  a.sel_ready = 1;
   a.w = b.up(w.data(), w.size());
   a.k = k;
   a.I = I;
@@ -467,13 +473,28 @@ std::vector<float> gguf_matvec(const Matrix& W, const std::vector<float>& x, boo
   return down(dy, size_t(rows));
 }
 
+// The parts stacked as the upload stacks them (gmat_stack), repacked or not, on the device.
+static const void* up_stacked(Buffers& b, const std::vector<Matrix>& parts, bool repack, GMat& g) {
+  size_t bytes = 0;
+  g = gmat_stack(parts, repack, bytes);
+  std::vector<uint8_t> h(bytes, 0);
+  const int cols = int(parts.at(0).cols);
+  for (int i = 0; i < g.n; ++i) {
+    const Matrix& p = parts[size_t(i)];
+    if (repack) gdense_repack_rows(int(p.quant), static_cast<const uint8_t*>(p.data), int(p.rows), cols, h.data() + g.off[i]);
+    else std::memcpy(h.data() + g.off[i], p.data, p.nbytes());
+  }
+  return b.up(h.data(), h.size());
+}
+
 std::vector<float> gguf_experts(const std::vector<GgufExpert>& experts, const std::vector<float>& logits, int k,
                                 const std::vector<float>& x, const std::vector<float>& norm_w, float eps,
-                                std::vector<int>* ids, std::vector<float>* w, bool chunks) {
+                                std::vector<int>* ids, std::vector<float>* w, bool chunks, const GgufExpert* shared) {
   Launcher l = device();
   const int E = int(experts.size());
-  if (E < 1 || k < 1 || k > E || k >= kDownSlotsMax || logits.size() != size_t(E) || E > 512)
+  if (E < 1 || k < 1 || k > E || k >= kDownSlotsMax || logits.size() != size_t(E + (shared ? 1 : 0)) || E > 512)
     fail("op check: GGUF experts: sizes");
+  if (shared && !chunks) fail("op check: GGUF experts: a shared expert is checked on the chunk kernels only");
   const GgufExpert& e0 = experts[0];
   const int H = int(e0.gate.cols), I = int(e0.gate.rows);
   // An expert's blocks as upload.cu lays them out (gguf_expert_layout).
@@ -546,16 +567,24 @@ std::vector<float> gguf_experts(const std::vector<GgufExpert>& experts, const st
   a.tsel = ExpertSel{a.gu_tab, a.down_tab, sel};
   a.ids_out = dids;
   a.w_out = dw;
+  if (shared) {  // stored rows, as upload.cu uploads a shared expert (upload_rows, not repacked)
+    a.s_gu = up_stacked(b, {shared->gate, shared->up}, false, ge.sgu);
+    a.s_down = up_stacked(b, {shared->down}, false, ge.sdn);
+    a.Is = int(shared->gate.rows);
+    a.maxI = std::max(I, a.Is);
+    a.has_shared = 1;
+    a.hb = b.zeros<float>(size_t(k + 1) * a.maxI);
+  }
   // As CudaModel::Impl::ffn_launch.
   if (chunks) {
     const size_t smem = size_t(l.prop.sharedMemPerBlockOptin) - 4096;
     if (!gc_experts_take(ge, H, I, k, smem)) fail("op check: GGUF experts: the chunk kernels do not take this layer");
     CK(cudaFuncSetAttribute(gc_gate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     CK(cudaFuncSetAttribute(gc_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    gc_experts_launch(l, a, ge, k, [] {});
+    gc_experts_launch(l, a, ge, k + a.has_shared, [] {});
     CK(cudaDeviceSynchronize());
     *ids = down(dids, size_t(k));
-    *w = down(dw, size_t(k));
+    *w = down(dw, size_t(k + a.has_shared));
     return down(a.x, size_t(H));
   }
   const int S1 = ggate_up_stage_bytes(ge, H, k, false), S2 = gdown_stage_bytes(ge, I, 0, k, false);
@@ -573,20 +602,6 @@ std::vector<float> gguf_experts(const std::vector<GgufExpert>& experts, const st
   *ids = down(dids, size_t(k));
   *w = down(dw, size_t(k));
   return down(a.x, size_t(H));
-}
-
-// The parts stacked as the upload stacks them (gmat_stack), repacked or not, on the device.
-static const void* up_stacked(Buffers& b, const std::vector<Matrix>& parts, bool repack, GMat& g) {
-  size_t bytes = 0;
-  g = gmat_stack(parts, repack, bytes);
-  std::vector<uint8_t> h(bytes, 0);
-  const int cols = int(parts.at(0).cols);
-  for (int i = 0; i < g.n; ++i) {
-    const Matrix& p = parts[size_t(i)];
-    if (repack) gdense_repack_rows(int(p.quant), static_cast<const uint8_t*>(p.data), int(p.rows), cols, h.data() + g.off[i]);
-    else std::memcpy(h.data() + g.off[i], p.data, p.nbytes());
-  }
-  return b.up(h.data(), h.size());
 }
 
 std::vector<float> gguf_dense_matvec(const std::vector<Matrix>& parts, const std::vector<float>& x,
