@@ -108,8 +108,6 @@ FM_UNROLL
 static __global__ void __launch_bounds__(kThreads) gc_down_kernel(MoeArgs a, GExperts ge) {
   extern __shared__ __align__(16) float4 hq[];  // [k][I / 4] chunk-major, then [k][I / 8] sums
   __shared__ const uint8_t* ptr[32];
-  __shared__ const void* chosen[64];
-  __shared__ int cid[32];
   __shared__ float wj[33];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, k = a.k;
   const int r_first = blockIdx.x * kWarps + warp, step = gridDim.x * kWarps;
@@ -118,24 +116,10 @@ static __global__ void __launch_bounds__(kThreads) gc_down_kernel(MoeArgs a, GEx
     const uint8_t* row = gmat_row(ge.sdn, a.s_down, a.Is, r_first, kind);
     warp_prefetch(row, gguf_row_bytes(kind, a.Is), lane);
   }
-  // Where gate_up picks the experts from the router's logits, those logits
-  // were complete before gate_up started (two kernels back): the block
-  // repeats the pick (the same top-k, so the same experts) before its wait,
-  // and its first chunks are on their way while gate_up ends. The weights
-  // w are gate_up's (block (0,0) publishes them), read after the wait.
-  const bool early = a.logits && !a.presel;
-  if (early) {
-    if (warp == 0)
-      topk_warp(a.logits, a.E, k, a.norm_topk, a.has_shared, cid, wj, TierCount{nullptr, nullptr, nullptr},
-                ExpertSel{a.tsel.gu_tab, a.tsel.down_tab, chosen});
-    __syncthreads();
-    if (int(threadIdx.x) < k) ptr[threadIdx.x] = static_cast<const uint8_t*>(chosen[k + threadIdx.x]);
-  }
   pdl_wait();
   pdl_trigger();
-  if (!early && int(threadIdx.x) < k)
-    ptr[threadIdx.x] = static_cast<const uint8_t*>(a.sel ? a.sel[k + threadIdx.x] : a.down_tab[a.ids[threadIdx.x]]);
-  if (int(threadIdx.x) < k + a.has_shared) wj[threadIdx.x] = a.w[threadIdx.x];  // (the early pick's are past a barrier)
+  if (int(threadIdx.x) < k) ptr[threadIdx.x] = static_cast<const uint8_t*>(a.sel ? a.sel[k + threadIdx.x] : a.down_tab[a.ids[threadIdx.x]]);
+  if (int(threadIdx.x) < k + a.has_shared) wj[threadIdx.x] = a.w[threadIdx.x];
   __syncthreads();
   const int cpr = a.I / 32, n = k * cpr, kd = ge.dn.kind[0];
   const size_t rb = gguf_row_bytes(kd, a.I);
