@@ -18,7 +18,7 @@
 // in flight at once and the rest follow in the same warps. Measured apart,
 // gate_up + down of a 35B layer: 25.2 us on the tensor cores, 21.0-22.1 us
 // so with 1 or 2 rows a warp (a plain read of their 28.4 MB: 8.8 us); in
-// the decode step 1 row a warp decodes 2.6% faster than 2 (session 14).
+// the decode step 1 row a warp decodes 2.7% faster than 2 (session 14).
 //
 // Layout: a row's codes go in 16-byte chunks, chunk c = t 32 + lane (t < H /
 // 512 "steps"), so a warp's copy of one step of one row is 512 contiguous
