@@ -16,7 +16,7 @@
 // slots of shared memory, and three blocks of 8 warps fit on an SM (the
 // register bound), so at the 35B shape 3,168 of the layer's 4,608 rows are
 // in flight at once and the rest follow in the same warps. Measured apart,
-// gate_up + down of a 35B layer: 25.2 us on the tensor cores, 21.0-22.1 us
+// gate_up + down of a 35B layer: 25.2 us on the tensor cores, 20.4-22.1 us
 // so with 1 or 2 rows a warp (a plain read of their 28.4 MB: 8.8 us); in
 // the decode step 1 row a warp decodes 2.7% faster than 2 (session 14).
 //
@@ -49,7 +49,7 @@ constexpr int kF8XGuRows = 1;    // h rows a warp takes (their gate and up rows)
 constexpr int kF8XGuBlocks = 3;  // blocks per SM the registers are bounded for (80 a thread, no spills)
 
 // A 4-byte asynchronous copy global -> shared (the block scales travel with
-// the codes, f8_cp16, so no register waits for either).
+// the codes, cp_async16, so no register waits for either).
 __device__ __forceinline__ void f8x_cp4(float* dst, const float* src) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(src) : "memory");
@@ -122,13 +122,13 @@ __global__ void __launch_bounds__(kThreads, kF8XGuBlocks) gate_up_fp8_smem_kerne
 #pragma unroll
     for (int i = 0; i < NR; ++i) {
       row(r0, i, w, sc);
-      for (int t = 0; t < steps; ++t) f8_cp16(buf + (i * steps + t) * 32 + lane, w + (t * 32 + lane) * 16);
+      for (int t = 0; t < steps; ++t) cp_async16(buf + (i * steps + t) * 32 + lane, w + (t * 32 + lane) * 16);
     }
     for (int e = lane; e < NR * nbc; e += 32) {
       row(r0, e / nbc, w, sc);
       f8x_cp4(const_cast<float*>(sbuf) + e, sc + e % nbc);
     }
-    f8_cp_commit();
+    cp_async_commit();
   };
   const int first = (blockIdx.x * kWarps + warp) * R, stride = gridDim.x * kWarps * R;
   if (shared && first < I) issue(first);  // the shared expert's rows are known before the wait

@@ -24,8 +24,6 @@ namespace flashmoe::cuda {
 
 constexpr int kF8Batch = 8;  // steps a lane has in flight at once (512 columns)
 
-__device__ __forceinline__ void f8_cp16(uint4* dst, const void* src) { cp_async16(dst, src); }
-__device__ __forceinline__ void f8_cp_commit() { cp_async_commit(); }
 // Waits until at most n of this thread's copy groups are pending (n a
 // constant once the caller's loop is unrolled).
 __device__ __forceinline__ void f8_cp_wait(int n) {
@@ -65,14 +63,14 @@ __device__ __forceinline__ void f8_batch_issue(const F8TileRows& R, int kc, int 
     const int base = kc + i * kF8Step, c = base + 16 * t;
     uint4* p = buf + 2 * i * 32 + lane;
     if (i < B.n) {
-      if (R.w0 && c < k1) f8_cp16(p, R.w0 + c);
+      if (R.w0 && c < k1) cp_async16(p, R.w0 + c);
       else *p = z;
-      if (R.w1 && c < k1) f8_cp16(p + 32, R.w1 + c);
+      if (R.w1 && c < k1) cp_async16(p + 32, R.w1 + c);
       else p[32] = z;
       B.s0[i] = t == 0 && R.w0 ? __ldg(R.s0 + base / group) : 0.f;
       B.s1[i] = t == 0 && R.w1 ? __ldg(R.s1 + base / group) : 0.f;
     }
-    f8_cp_commit();
+    cp_async_commit();
   }
 }
 
