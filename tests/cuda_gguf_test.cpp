@@ -163,8 +163,10 @@ TEST(CudaGgufExperts, KernelsMatchCpu) {
   // Gate/up rows of 4 Q4_K blocks (the staged kernels: a quarter-warp a
   // block), and the 35B's shape (H 2048, I 512, top-8) for the chunk
   // kernels, with its shared expert; 10 of 40 experts of 1,024 Q6_K rows
-  // (more row pairs than one wave of warps takes at once).
+  // (more row pairs than one wave of warps takes at once); H 4096: a gate/up
+  // row pair is more chunks than the lanes have in flight at once.
   for (const Mix mix : {Mix{QuantKind::Q4_K, QuantKind::Q6_K, 1024, 256, 6, 3},
+                        Mix{QuantKind::Q4_K, QuantKind::Q6_K, 4096, 256, 6, 3},
                         Mix{QuantKind::Q4_K, QuantKind::Q4_K, 1024, 256, 6, 3},
                         Mix{QuantKind::Q8_0, QuantKind::Q8_0, 1024, 256, 6, 3},
                         Mix{QuantKind::Q4_K, QuantKind::Q6_K, 2048, 512, 12, 8},

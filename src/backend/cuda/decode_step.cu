@@ -43,8 +43,7 @@ void CudaModel::Impl::set_kernel_attributes() {
   CK(cudaFuncSetAttribute(gdown_staged_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(gdown_staged_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(gdown_staged_kernel<kDownRun>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
-  CK(cudaFuncSetAttribute(gc_gate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
-  CK(cudaFuncSetAttribute(gc_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+  gc_allow_smem(big);
   CK(cudaFuncSetAttribute(matvec_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
   CK(cudaFuncSetAttribute(matvec_fp8_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
 }

@@ -5,8 +5,11 @@
 // memory (stage_chunks<4>: lanes on consecutive chunks read consecutive
 // float4s), kGcLoads chunks in flight per lane, issued as soon as the rows
 // are known. gate_up picks the experts itself from the router's logits
-// (pick_block_expert, as the staged GGUF and the bf16 kernels do). The
-// shared expert (slot k) keeps its stored GGUF rows (gguf_lane_row_dot).
+// (pick_block_expert, as the staged GGUF and the bf16 kernels do), and
+// down repeats that pick before its PDL wait. The shared expert (slot k)
+// keeps its stored GGUF rows (gguf_lane_row_dot). Both kernels take the
+// routed experts' kind as a template argument where it is one kind
+// (gc_experts_launch), so the chunk readers carry no kind switch.
 // Used where every routed expert is in VRAM (upload.cu repacks only
 // there); tiered experts keep the file's layout and gguf_staged.cuh.
 #pragma once
@@ -22,8 +25,15 @@ constexpr int kGcLoads = 4;  // chunks each lane has in flight
 
 // h[j][r] = silu(gate_j[r] . xn) * (up_j[r] . xn); blockIdx.y = slot j (j
 // == k: the shared expert). A warp's row pair is 2 * H / 32 chunks spread
-// over the lanes, kGcLoads a lane at a time.
-static __global__ void __launch_bounds__(kThreads) gc_gate_up_kernel(MoeArgs a, GExperts ge) {
+// over the lanes, kGcLoads a lane at a time. KG: the routed gate and up
+// rows' kind, or -1 (read per row). Three blocks an SM (80 registers; the
+// spills are the shared expert's stored-row reader): at the 35B shape the
+// 9 slots' blocks are then all resident at once, where at two an SM (103
+// registers) a third of the warps took a third row pair after the others
+// ended; +2.5% tokens/s with the early down pick (bench/NOTES-cuda.md,
+// session 15).
+template <int KG>
+static __global__ void __launch_bounds__(kThreads, 3) gc_gate_up_kernel(MoeArgs a, GExperts ge) {
   extern __shared__ __align__(16) float xs[];  // [H] x normed, [H] chunk-major, [H / 8] sums
   const int j = blockIdx.y;
   const bool shared = j == a.k;
@@ -53,6 +63,7 @@ static __global__ void __launch_bounds__(kThreads) gc_gate_up_kernel(MoeArgs a, 
   auto rows = [&](int r) {
     gr = gmat_row(g, B, a.H, r, kg);
     ur = gmat_row(g, B, a.H, I + r, ku);
+    if (KG >= 0 && !shared) kg = ku = KG;
   };
   GChunk L[kGcLoads];
   auto issue = [&](int i0) {
@@ -104,10 +115,13 @@ FM_UNROLL
 // staged chunk-major, the row's chunks of all routed slots (k * I / 32)
 // spread over the lanes, kGcLoads a lane at a time (the first issued
 // before h is staged), each weighted by its slot's w; then the shared
-// expert's stored row. One warp sum a row.
+// expert's stored row. One warp sum a row. KD: the rows' kind.
+template <int KD>
 static __global__ void __launch_bounds__(kThreads) gc_down_kernel(MoeArgs a, GExperts ge) {
   extern __shared__ __align__(16) float4 hq[];  // [k][I / 4] chunk-major, then [k][I / 8] sums
   __shared__ const uint8_t* ptr[32];
+  __shared__ const void* chosen[64];
+  __shared__ int cid[32];
   __shared__ float wj[33];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, k = a.k;
   const int r_first = blockIdx.x * kWarps + warp, step = gridDim.x * kWarps;
@@ -116,12 +130,27 @@ static __global__ void __launch_bounds__(kThreads) gc_down_kernel(MoeArgs a, GEx
     const uint8_t* row = gmat_row(ge.sdn, a.s_down, a.Is, r_first, kind);
     warp_prefetch(row, gguf_row_bytes(kind, a.Is), lane);
   }
+  // Where gate_up picks the experts from the router's logits, those logits
+  // were complete before gate_up started (the router's kernel is two
+  // kernels back): the block repeats the pick (the same top-k, so the same
+  // experts) before its wait, and its first chunks load while gate_up
+  // ends. The weights w are gate_up's (block (0,0) publishes them), read
+  // after the wait.
+  const bool early = a.logits && !a.presel;
+  if (early) {
+    if (warp == 0)
+      topk_warp(a.logits, a.E, k, a.norm_topk, a.has_shared, cid, wj, TierCount{nullptr, nullptr, nullptr},
+                ExpertSel{a.tsel.gu_tab, a.tsel.down_tab, chosen});
+    __syncthreads();
+    if (int(threadIdx.x) < k) ptr[threadIdx.x] = static_cast<const uint8_t*>(chosen[k + threadIdx.x]);
+  }
   pdl_wait();
   pdl_trigger();
-  if (int(threadIdx.x) < k) ptr[threadIdx.x] = static_cast<const uint8_t*>(a.sel ? a.sel[k + threadIdx.x] : a.down_tab[a.ids[threadIdx.x]]);
+  if (!early && int(threadIdx.x) < k)
+    ptr[threadIdx.x] = static_cast<const uint8_t*>(a.sel ? a.sel[k + threadIdx.x] : a.down_tab[a.ids[threadIdx.x]]);
   if (int(threadIdx.x) < k + a.has_shared) wj[threadIdx.x] = a.w[threadIdx.x];
   __syncthreads();
-  const int cpr = a.I / 32, n = k * cpr, kd = ge.dn.kind[0];
+  const int cpr = a.I / 32, n = k * cpr, kd = KD;
   const size_t rb = gguf_row_bytes(kd, a.I);
   GChunk L[kGcLoads];
   auto issue = [&](int r, int i0) {
@@ -239,18 +268,38 @@ inline bool gc_experts_take(const GExperts& ge, int H, int I, int k, size_t smem
   return gc_gate_up_smem(H) <= smem && gc_down_smem(k, I) <= smem;
 }
 
+// Every instance of the two kernels may take `bytes` of dynamic shared memory.
+inline void gc_allow_smem(int bytes) {
+  auto allow = [&](auto kern) { CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)); };
+  allow(gc_gate_up_kernel<-1>);
+  allow(gc_gate_up_kernel<GQ_Q4_K_C32>);
+  allow(gc_gate_up_kernel<GQ_Q6_K_C32>);
+  allow(gc_down_kernel<GQ_Q4_K_C32>);
+  allow(gc_down_kernel<GQ_Q6_K_C32>);
+}
+
 // The two kernels of a layer (gate_up, then down); after() runs after each
 // launch (the decode step's profile marks).
 template <typename After>
 void gc_experts_launch(Launcher& l, const MoeArgs& a, const GExperts& ge, int slots, After after) {
   const size_t s1 = gc_gate_up_smem(a.H), s2 = gc_down_smem(a.k, a.I);
-  const int resident = l.per_sm(reinterpret_cast<const void*>(gc_gate_up_kernel), s1) * l.prop.multiProcessorCount;
-  const dim3 g1(std::max(1, std::min((a.maxI + kWarps - 1) / kWarps, resident / slots)), slots);
-  l.go(gc_gate_up_kernel, g1, kThreads, s1, a, ge);
+  auto up = [&](auto kern) {
+    const int resident = l.per_sm(reinterpret_cast<const void*>(kern), s1) * l.prop.multiProcessorCount;
+    const dim3 g1(std::max(1, std::min((a.maxI + kWarps - 1) / kWarps, resident / slots)), slots);
+    l.go(kern, g1, kThreads, s1, a, ge);
+  };
+  const int kg = ge.gu.kind[0] == ge.gu.kind[1] ? ge.gu.kind[0] : -1;
+  if (kg == GQ_Q4_K_C32) up(gc_gate_up_kernel<GQ_Q4_K_C32>);
+  else if (kg == GQ_Q6_K_C32) up(gc_gate_up_kernel<GQ_Q6_K_C32>);
+  else up(gc_gate_up_kernel<-1>);
   after();
-  const int blocks = std::min((a.H + kWarps - 1) / kWarps,
-                              l.per_sm(reinterpret_cast<const void*>(gc_down_kernel), s2) * l.prop.multiProcessorCount);
-  l.go(gc_down_kernel, blocks, kThreads, s2, a, ge);
+  auto dn = [&](auto kern) {
+    const int blocks = std::min((a.H + kWarps - 1) / kWarps,
+                                l.per_sm(reinterpret_cast<const void*>(kern), s2) * l.prop.multiProcessorCount);
+    l.go(kern, blocks, kThreads, s2, a, ge);
+  };
+  if (ge.dn.kind[0] == GQ_Q4_K_C32) dn(gc_down_kernel<GQ_Q4_K_C32>);
+  else dn(gc_down_kernel<GQ_Q6_K_C32>);  // gc_experts_take admits no other kind
   after();
 }
 

@@ -579,8 +579,7 @@ std::vector<float> gguf_experts(const std::vector<GgufExpert>& experts, const st
   if (chunks) {
     const size_t smem = size_t(l.prop.sharedMemPerBlockOptin) - 4096;
     if (!gc_experts_take(ge, H, I, k, smem)) fail("op check: GGUF experts: the chunk kernels do not take this layer");
-    CK(cudaFuncSetAttribute(gc_gate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    CK(cudaFuncSetAttribute(gc_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    gc_allow_smem(int(smem));
     gc_experts_launch(l, a, ge, k + a.has_shared, [] {});
     CK(cudaDeviceSynchronize());
     *ids = down(dids, size_t(k));
