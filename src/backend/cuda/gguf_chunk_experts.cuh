@@ -30,7 +30,7 @@ constexpr int kGcLoads = 4;  // chunks each lane has in flight
 // spills are the shared expert's stored-row reader): at the 35B shape the
 // 9 slots' blocks are then all resident at once, where at two an SM (103
 // registers) a third of the warps took a third row pair after the others
-// ended; +2.5% tokens/s with the early down pick (bench/NOTES-cuda.md,
+// ended: +2.5% tokens/s on top of down's early pick (bench/NOTES-cuda.md,
 // session 15).
 template <int KG>
 static __global__ void __launch_bounds__(kThreads, 3) gc_gate_up_kernel(MoeArgs a, GExperts ge) {
