@@ -203,26 +203,19 @@ TEST(CudaGgufExperts, KernelsMatchCpu) {
     const float r = 1.0f / std::sqrt(ss / float(H) + eps);
     std::vector<float> xn(H), want = x;
     for (int i = 0; i < H; ++i) xn[size_t(i)] = x[size_t(i)] * r * (1.0f + nw[size_t(i)]);
-    for (int j = 0; j < k; ++j) {
-      const cuda_ops::GgufExpert& ex = experts[size_t(order[size_t(j)])];
-      const float wj = std::exp(logits[size_t(order[size_t(j)])]) / chosen;
-      std::vector<float> h(I);
-      for (int i = 0; i < I; ++i) {
+    // want += weight * down(silu(gate xn) * (up xn)) of an expert of `rows` rows.
+    auto add_expert = [&](const cuda_ops::GgufExpert& ex, int rows, float weight) {
+      std::vector<float> h(rows);
+      for (int i = 0; i < rows; ++i) {
         const float g = cpu::block_dot_row(ex.gate, i, xn.data()), u = cpu::block_dot_row(ex.up, i, xn.data());
         h[size_t(i)] = g / (1.0f + std::exp(-g)) * u;
       }
-      for (int o = 0; o < H; ++o) want[size_t(o)] += wj * cpu::block_dot_row(ex.down, o, h.data());
-    }
+      for (int o = 0; o < H; ++o) want[size_t(o)] += weight * cpu::block_dot_row(ex.down, o, h.data());
+    };
+    for (int j = 0; j < k; ++j)
+      add_expert(experts[size_t(order[size_t(j)])], I, std::exp(logits[size_t(order[size_t(j)])]) / chosen);
     const float ws = mix.Is ? 1.0f / (1.0f + std::exp(-logits[size_t(E)])) : 0.f;  // the shared expert's gate
-    if (mix.Is) {
-      std::vector<float> h(mix.Is);
-      for (int i = 0; i < mix.Is; ++i) {
-        const float g = cpu::block_dot_row(shared_expert.gate, i, xn.data());
-        const float u = cpu::block_dot_row(shared_expert.up, i, xn.data());
-        h[size_t(i)] = g / (1.0f + std::exp(-g)) * u;
-      }
-      for (int o = 0; o < H; ++o) want[size_t(o)] += ws * cpu::block_dot_row(shared_expert.down, o, h.data());
-    }
+    if (mix.Is) add_expert(shared_expert, mix.Is, ws);
     // The staged kernels on the stored blocks, then (Q4_K / Q6_K) the chunk
     // kernels on the blocks rearranged as upload.cu does: each against the
     // CPU, and the two against each other (the same weights: they differ by
