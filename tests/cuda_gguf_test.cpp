@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -220,16 +221,21 @@ TEST(CudaGgufExperts, KernelsMatchCpu) {
     // kernels on the blocks rearranged as upload.cu does: each against the
     // CPU, and the two against each other (the same weights: they differ by
     // fp32 summation order only).
+    // A shared expert of the routed experts' shape goes both ways: its
+    // stored rows, and (as upload.cu copies it) in their chunk layout.
     std::vector<float> staged_dx;
-    for (const bool chunks : {false, true}) {
+    for (const int variant : {0, 1, 2}) {
+      const bool chunks = variant > 0, shared_chunks = variant == 2;
       if (chunks && mix.gu == QuantKind::Q8_0) continue;  // no chunk layout
       if (!chunks && mix.Is) continue;                    // the op check takes a shared expert on the chunk kernels
+      if (shared_chunks && mix.Is != I) continue;
       std::vector<int> ids;
       std::vector<float> w;
-      const std::vector<float> got =
-          cuda_ops::gguf_experts(experts, logits, k, x, nw, eps, &ids, &w, chunks, mix.Is ? &shared_expert : nullptr);
+      const std::vector<float> got = cuda_ops::gguf_experts(experts, logits, k, x, nw, eps, &ids, &w, chunks,
+                                                            mix.Is ? &shared_expert : nullptr, shared_chunks);
       const std::string what = std::string(quant_name(mix.gu)) + "/" + quant_name(mix.dn) + " H " + std::to_string(H) +
-                               " I " + std::to_string(I) + (mix.Is ? " + shared" : "") + (chunks ? " chunks" : "");
+                               " I " + std::to_string(I) + (mix.Is ? " + shared" : "") +
+                               (shared_chunks ? " in chunks" : "") + (chunks ? " chunks" : "");
       EXPECT_EQ(ids, std::vector<int>(order.begin(), order.begin() + k)) << what;
       for (int j = 0; j < k; ++j)
         EXPECT_NEAR(w[size_t(j)], std::exp(logits[size_t(order[size_t(j)])]) / chosen, 1e-6f) << what;
@@ -332,6 +338,43 @@ TEST_P(CudaGgufModel, RepackedMatchesFileBlocks) {
   EXPECT_LE(worst, 1e-4f) << name;
   EXPECT_LE(kl, 1e-6f) << name;
   std::printf("[cuda-gguf] %s repacked vs file blocks (decode): max |dlogit| %.3g, KL %.3g\n", name.c_str(), worst, kl);
+}
+
+// A GGUF whose routed experts take the chunk kernels (Q4_K / Q6_K, widths
+// of whole blocks: none of the tiny fixtures) named by FLASHMOE_GGUF_CHUNKS,
+// e.g. `python3 bench/gguf_random_35b.py TEMPLATE.gguf small.gguf --layers 4
+// --experts 32` (the 35B's kinds and widths, its shared expert stored as
+// the routed experts are, so it is read in their chunk layout too): the
+// decode step token by token against the CPU, and against the same GPU
+// reading the experts as stored (--gguf-experts stored). Skipped without it
+// (the file is too large for tests/fixtures).
+TEST(CudaGgufChunks, DecodeMatchesCpuAndStored) {
+  REQUIRE_GPU();
+  const char* file = std::getenv("FLASHMOE_GGUF_CHUNKS");
+  if (!file) GTEST_SKIP() << "FLASHMOE_GGUF_CHUNKS names no GGUF file";
+  auto model = QwenModel::load(file);
+  CudaOptions stored;
+  stored.decode.gguf_expert_chunks = false;
+  auto chunks = CudaModel::upload(*model), plain = CudaModel::upload(*model, stored);
+  const int64_t V = model->config().vocab_size;
+  ThreadPool pool(8);
+  Session cpu(cpu_of(*model), KvConfig{}, pool), a(gpu_view(*model, *chunks), KvConfig{}, pool),
+      b(gpu_view(*model, *plain), KvConfig{}, pool);
+  float worst_cpu = 0.f, worst_stored = 0.f, scale = 0.f;
+  std::mt19937 rng(3);
+  for (int i = 0; i < 12; ++i) {
+    const int32_t id = int32_t(rng() % uint32_t(std::min<int64_t>(V, 100000)));
+    const std::vector<float> lc = cpu.feed({id}), la = a.feed({id}), lb = b.feed({id});
+    ASSERT_EQ(la.size(), lc.size());
+    for (float v : lc) scale = std::max(scale, std::fabs(v));
+    worst_cpu = std::max(worst_cpu, max_abs_diff(la.data(), lc.data(), la.size()));
+    worst_stored = std::max(worst_stored, max_abs_diff(la.data(), lb.data(), la.size()));
+  }
+  // fp32 math on all three: they differ by summation order only.
+  EXPECT_LE(worst_cpu, 1e-3f + 1e-4f * scale);
+  EXPECT_LE(worst_stored, 1e-3f + 1e-4f * scale);
+  std::printf("[cuda-gguf] %s chunk experts (decode): max |dlogit| vs CPU %.3g, vs stored %.3g, max |logit| %.3g\n",
+              file, worst_cpu, worst_stored, scale);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGgufModel,

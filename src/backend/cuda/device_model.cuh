@@ -155,6 +155,7 @@ struct DLayer {
   GMat gg, gd;
   bool has_shared = false;              // shared expert (MoE) or dense MLP
   DMat s_gu, s_down;                    // [2Is, H], [H, Is]
+  void *s_gu_c = nullptr, *s_down_c = nullptr;  // GGUF: the shared expert in the routed experts' chunk layout, or null
   float* rfold = nullptr;               // folded router [router rows][H + O] (outproj_router_kernel), or null
 };
 

@@ -489,12 +489,14 @@ static const void* up_stacked(Buffers& b, const std::vector<Matrix>& parts, bool
 
 std::vector<float> gguf_experts(const std::vector<GgufExpert>& experts, const std::vector<float>& logits, int k,
                                 const std::vector<float>& x, const std::vector<float>& norm_w, float eps,
-                                std::vector<int>* ids, std::vector<float>* w, bool chunks, const GgufExpert* shared) {
+                                std::vector<int>* ids, std::vector<float>* w, bool chunks, const GgufExpert* shared,
+                                bool shared_chunks) {
   Launcher l = device();
   const int E = int(experts.size());
   if (E < 1 || k < 1 || k > E || k >= kDownSlotsMax || logits.size() != size_t(E + (shared ? 1 : 0)) || E > 512)
     fail("op check: GGUF experts: sizes");
   if (shared && !chunks) fail("op check: GGUF experts: a shared expert is checked on the chunk kernels only");
+  if (shared_chunks && !shared) fail("op check: GGUF experts: shared_chunks without a shared expert");
   const GgufExpert& e0 = experts[0];
   const int H = int(e0.gate.cols), I = int(e0.gate.rows);
   // An expert's blocks as upload.cu lays them out (gguf_expert_layout).
@@ -521,6 +523,7 @@ std::vector<float> gguf_experts(const std::vector<GgufExpert>& experts, const st
   Buffers b;
   const uint8_t *dgu, *ddn;
   size_t gu_stride = gu_bytes, dn_stride = dn_bytes;
+  const GExperts stored = ge;
   if (chunks) {  // as upload.cu: staged as stored, rearranged on the device
     GExperts c = ge;
     if (!gc_expert_layout(ge.gu, ge.dn, H, I, c.gu, c.dn, gu_stride, dn_stride))
@@ -574,13 +577,25 @@ std::vector<float> gguf_experts(const std::vector<GgufExpert>& experts, const st
     a.maxI = std::max(I, a.Is);
     a.has_shared = 1;
     a.hb = b.zeros<float>(size_t(k + 1) * a.maxI);
+    if (shared_chunks) {  // as upload.cu: a copy in the routed experts' chunk layout, read as they are
+      GExperts s = stored;
+      s.sgu = ge.sgu, s.sdn = ge.sdn;
+      if (!gc_shared_joins(s, I, a.Is)) fail("op check: GGUF experts: this shared expert has no chunk layout");
+      uint8_t* sgu = b.zeros<uint8_t>(gu_stride);
+      uint8_t* sdn = b.zeros<uint8_t>(dn_stride);
+      gc_repack_experts(static_cast<const uint8_t*>(a.s_gu), gu_bytes, ge.sgu, sgu, gu_stride, ge.gu, H, 1);
+      gc_repack_experts(static_cast<const uint8_t*>(a.s_down), dn_bytes, ge.sdn, sdn, dn_stride, ge.dn, I, 1);
+      CK(cudaDeviceSynchronize());
+      a.s_gu = sgu, a.s_down = sdn;
+      ge.sgu = ge.gu, ge.sdn = ge.dn;
+    }
   }
   // As CudaModel::Impl::ffn_launch.
   if (chunks) {
     const size_t smem = size_t(l.prop.sharedMemPerBlockOptin) - 4096;
     if (!gc_experts_take(ge, H, I, k, smem)) fail("op check: GGUF experts: the chunk kernels do not take this layer");
     gc_allow_smem(int(smem));
-    gc_experts_launch(l, a, ge, k + a.has_shared, [] {});
+    gc_experts_launch(l, a, ge, k + a.has_shared, shared_chunks, [] {});
     CK(cudaDeviceSynchronize());
     *ids = down(dids, size_t(k));
     *w = down(dw, size_t(k + a.has_shared));

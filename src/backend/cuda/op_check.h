@@ -84,14 +84,16 @@ std::vector<float> gguf_matvec(const Matrix& W, const std::vector<float>& x, boo
 // (Q4_K / Q6_K; gguf_chunks.cuh) and read by gguf_chunk_experts.cuh's
 // kernels instead (the same pick inside gate_up). shared (chunks only): a
 // shared expert in stored blocks too, its output weighted by
-// sigmoid(logits[E]) (logits then has E + 1 entries; w gets k + 1).
+// sigmoid(logits[E]) (logits then has E + 1 entries; w gets k + 1);
+// shared_chunks: that shared expert copied into the chunk layout as
+// upload.cu copies one stored as the routed experts are (gc_shared_joins).
 struct GgufExpert {
   Matrix gate, up, down;
 };
 std::vector<float> gguf_experts(const std::vector<GgufExpert>& experts, const std::vector<float>& logits, int k,
                                 const std::vector<float>& x, const std::vector<float>& norm_w, float eps,
                                 std::vector<int>* ids, std::vector<float>* w, bool chunks = false,
-                                const GgufExpert* shared = nullptr);
+                                const GgufExpert* shared = nullptr, bool shared_chunks = false);
 // C = A . W^T (A: T rows of W.cols) for W in a GGUF block format, through
 // the batched prefill's product (gemm_kernel<GB>, bm rows per tile: 16, 32, 64).
 // repacked: W's rows repacked as the upload repacks dense matrices (gguf_dense_layout.cuh).

@@ -24,7 +24,7 @@ std::vector<float> quant_experts(const std::vector<QuantExpert>&, const std::vec
 std::vector<float> gguf_matvec(const Matrix&, const std::vector<float>&, bool) { no_cuda(); }
 std::vector<float> gguf_experts(const std::vector<GgufExpert>&, const std::vector<float>&, int,
                                 const std::vector<float>&, const std::vector<float>&, float, std::vector<int>*,
-                                std::vector<float>*, bool, const GgufExpert*) {
+                                std::vector<float>*, bool, const GgufExpert*, bool) {
   no_cuda();
 }
 std::vector<float> gguf_gemm(const Matrix&, const std::vector<float>&, int, int, bool) { no_cuda(); }

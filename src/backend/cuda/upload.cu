@@ -761,6 +761,21 @@ DLayer upload_layer(CudaModel::Impl& m, const LayerPlan& l, const LayerWeights& 
       if (d.s_gu.dt != d.s_down.dt)
         fail_device(DeviceFailure::Unsupported, "CUDA backend: " + p + "shared expert: gate/up and down differ in FP8 blocks");
       if (d.s_gu.dt == DT_FP8) d.edt = DT_FP8;
+      // Beside routed experts in the chunk layout, a shared expert stored
+      // as they are gets a copy in that layout too (the decode step's
+      // kernels read it as one more routed slot); the prefill reads the
+      // stored one.
+      if (chunks && d.s_gu.dt == DT_GGUF && d.s_down.dt == DT_GGUF &&
+          gc_shared_joins(GExperts{sg, sd, d.s_gu.g, d.s_down.g}, I, d.s_down.cols)) {
+        d.s_gu_c = m.alloc(gu_bytes, p + "shared expert (chunk layout)");
+        d.s_down_c = m.alloc(dn_bytes, p + "shared expert (chunk layout)");
+        gc_repack_experts(static_cast<const uint8_t*>(d.s_gu.p), d.s_gu.gbytes, d.s_gu.g,
+                          static_cast<uint8_t*>(d.s_gu_c), gu_bytes, d.gg, H, 1);
+        gc_repack_experts(static_cast<const uint8_t*>(d.s_down.p), d.s_down.gbytes, d.s_down.g,
+                          static_cast<uint8_t*>(d.s_down_c), dn_bytes, d.gd, I, 1);
+        CK(cudaDeviceSynchronize());
+        m.bytes_total += int64_t(gu_bytes + dn_bytes);
+      }
     }
   } else {
     int dt = storage_dt(f.dense.gate);
