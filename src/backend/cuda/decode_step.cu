@@ -551,14 +551,11 @@ void CudaModel::Impl::ffn_launch(const DLayer& d, const MoeArgs& a, int slots) {
   if (d.gg.n || d.s_gu.dt == DT_GGUF) {
     const GExperts ge{d.gg, d.gd, d.s_gu.g, d.s_down.g};
     if (a.k > 0 && gguf_chunked(d)) {
-      if (!d.s_gu_c) {
-        gc_experts_launch(*this, a, ge, slots, false, [&] { mark(K_EXPERTS); });
-        return;
-      }
-      MoeArgs c = a;  // the shared expert's copy in the chunk layout, read as the routed experts are
-      c.s_gu = d.s_gu_c;
-      c.s_down = d.s_down_c;
-      gc_experts_launch(*this, c, GExperts{d.gg, d.gd, d.gg, d.gd}, slots, true, [&] { mark(K_EXPERTS); });
+      // A shared expert copied into the chunk layout is read as the routed experts are.
+      MoeArgs c = a;
+      GExperts g = ge;
+      if (d.s_gu_c) c.s_gu = d.s_gu_c, c.s_down = d.s_down_c, g.sgu = d.gg, g.sdn = d.gd;
+      gc_experts_launch(*this, c, g, slots, d.s_gu_c != nullptr, [&] { mark(K_EXPERTS); });
       return;
     }
     int S1, S2;

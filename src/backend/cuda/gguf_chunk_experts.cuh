@@ -289,6 +289,16 @@ inline void gc_upload_experts(const uint8_t* src, size_t src_stride, const GMat&
   CK(cudaDeviceSynchronize());
 }
 
+// The shared expert stored on the device as s_gu (parts sgu) and s_down
+// (sdn) copied into the routed experts' chunk layout (cg, cd; where
+// gc_shared_joins holds) at gu and dn, complete on return.
+inline void gc_copy_shared(const void* s_gu, const GMat& sgu, const void* s_down, const GMat& sdn, void* gu, void* dn,
+                           const GMat& cg, const GMat& cd, int H, int I) {
+  gc_repack_experts(static_cast<const uint8_t*>(s_gu), 0, sgu, static_cast<uint8_t*>(gu), 0, cg, H, 1);
+  gc_repack_experts(static_cast<const uint8_t*>(s_down), 0, sdn, static_cast<uint8_t*>(dn), 0, cd, I, 1);
+  CK(cudaDeviceSynchronize());
+}
+
 // Whether the shared expert (stored as ge.sgu, ge.sdn; Is columns of
 // down) can be read as one more routed slot once in the chunk layout: its
 // parts of the routed experts' stored kinds (ge.gu, ge.dn, before the

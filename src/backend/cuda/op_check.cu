@@ -583,9 +583,7 @@ std::vector<float> gguf_experts(const std::vector<GgufExpert>& experts, const st
       if (!gc_shared_joins(s, I, a.Is)) fail("op check: GGUF experts: this shared expert has no chunk layout");
       uint8_t* sgu = b.zeros<uint8_t>(gu_stride);
       uint8_t* sdn = b.zeros<uint8_t>(dn_stride);
-      gc_repack_experts(static_cast<const uint8_t*>(a.s_gu), gu_bytes, ge.sgu, sgu, gu_stride, ge.gu, H, 1);
-      gc_repack_experts(static_cast<const uint8_t*>(a.s_down), dn_bytes, ge.sdn, sdn, dn_stride, ge.dn, I, 1);
-      CK(cudaDeviceSynchronize());
+      gc_copy_shared(a.s_gu, ge.sgu, a.s_down, ge.sdn, sgu, sdn, ge.gu, ge.dn, H, I);
       a.s_gu = sgu, a.s_down = sdn;
       ge.sgu = ge.gu, ge.sdn = ge.dn;
     }

@@ -769,11 +769,7 @@ DLayer upload_layer(CudaModel::Impl& m, const LayerPlan& l, const LayerWeights& 
           gc_shared_joins(GExperts{sg, sd, d.s_gu.g, d.s_down.g}, I, d.s_down.cols)) {
         d.s_gu_c = m.alloc(gu_bytes, p + "shared expert (chunk layout)");
         d.s_down_c = m.alloc(dn_bytes, p + "shared expert (chunk layout)");
-        gc_repack_experts(static_cast<const uint8_t*>(d.s_gu.p), d.s_gu.gbytes, d.s_gu.g,
-                          static_cast<uint8_t*>(d.s_gu_c), gu_bytes, d.gg, H, 1);
-        gc_repack_experts(static_cast<const uint8_t*>(d.s_down.p), d.s_down.gbytes, d.s_down.g,
-                          static_cast<uint8_t*>(d.s_down_c), dn_bytes, d.gd, I, 1);
-        CK(cudaDeviceSynchronize());
+        gc_copy_shared(d.s_gu.p, d.s_gu.g, d.s_down.p, d.s_down.g, d.s_gu_c, d.s_down_c, d.gg, d.gd, H, I);
         m.bytes_total += int64_t(gu_bytes + dn_bytes);
       }
     }
