@@ -497,7 +497,10 @@ TEST(CudaOps, FewRowsExpertsMatchCpu) {
 // |a_k w_k| per product): every row count's token tiles (1, 5, 17, 32, 33,
 // 64 rows), K split over clusters of 2 to 8 blocks (some with no columns
 // left) and not split at all, rows and K not multiples of the tiles, and
-// the three modes (store, add onto C, swiglu of gate/up row pairs).
+// the three modes (store, add onto C, swiglu of gate/up row pairs). With
+// the activations handed over split (as the batched step's norms leave
+// them) the kernel must give the same bits, and swiglu's split output must
+// be the host's split of its result.
 TEST(CudaOps, SkinnyProductMatchesCpu) {
   REQUIRE_GPU();
   std::mt19937 rng(31);
@@ -552,6 +555,20 @@ TEST(CudaOps, SkinnyProductMatchesCpu) {
                         << ")";
       }
     EXPECT_EQ(bad, 0) << "T " << c.T << ", N " << c.N << ", K " << c.K << ", mode " << c.mode;
+    std::vector<uint16_t> chi, clo;
+    const std::vector<float> split = cuda_ops::skinny_gemm_split(W, A, c.T, c.mode, C0, chi, clo);
+    ASSERT_EQ(split.size(), got.size());
+    int diff = 0;
+    for (size_t i = 0; i < got.size(); ++i) diff += std::memcmp(&got[i], &split[i], 4) != 0;
+    EXPECT_EQ(diff, 0) << "split activations: " << diff << " outputs differ from the kernel's own split, T " << c.T
+                       << ", N " << c.N << ", K " << c.K << ", mode " << c.mode;
+    ASSERT_EQ(chi.size(), c.mode == 2 ? got.size() : 0u);
+    int split_bad = 0;
+    for (size_t i = 0; i < chi.size(); ++i) {
+      const uint16_t h = f32_to_bf16(split[i]), l = f32_to_bf16(split[i] - bf16_to_f32(h));
+      split_bad += chi[i] != h || clo[i] != l;
+    }
+    EXPECT_EQ(split_bad, 0) << "swiglu's split output, T " << c.T << ", N " << c.N << ", K " << c.K;
   }
 }
 

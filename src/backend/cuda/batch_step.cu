@@ -219,10 +219,10 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids, co
       const LayerPlan& l = layers[li];
       const DLayer& d = (*m_.L)[size_t(l.index)];
       const size_t sl = size_t(l.state_slot);
-      if (!normed) norm_rows(x_, d.in_norm, B, xn_);
-      // The input projection's activations as hi/lo bf16 rows, where its product is not the skinny one.
-      const DMat& in = l.mixer == MixerKind::GatedDeltaNet ? d.lin_in : d.qkv;
-      const SplitRows xs = skinny(in, xn_, B, GEMM_STORE) ? SplitRows{} : split(xn_, B, H, true);
+      // The input projection's activations also as hi/lo bf16 rows, which
+      // the norm leaves (or the combine before, which normed them).
+      if (!normed) norm_split_rows(x_, d.in_norm, B);
+      const SplitRows xs{xhi_, xlo_};
       mark(P_NORM);
       if (l.mixer == MixerKind::GatedDeltaNet) {
         dense_rows(d.lin_in, xn_, B, proj_, proj_stride_, GEMM_STORE, 0, xs);
@@ -377,7 +377,9 @@ void Prefill::logits_rows(int n, float* const* dst, int32_t* const* best) {
       ids = ids || best[b + r];
     }
     if (first == rows && !ids) continue;
-    norm_rows(x_ + size_t(b) * H, m_.final_norm, rows, xn_);
+    const bool sk = skinny_fits(m_.lm_head, xn_, rows);
+    if (sk) norm_split_rows(x_ + size_t(b) * H, m_.final_norm, rows);
+    else norm_rows(x_ + size_t(b) * H, m_.final_norm, rows, xn_);
     GemmArgs g;
     g.A = xn_;
     g.lda = H;
@@ -388,7 +390,8 @@ void Prefill::logits_rows(int n, float* const* dst, int32_t* const* best) {
     g.K = H;
     g.C = logits_;
     g.ldc = int(V);
-    if (skinny_fits(m_.lm_head, xn_, rows)) {  // measured: 0.76 -> 0.52 ms at 32 rows on the 35B's lm_head
+    if (sk) {  // measured: 0.76 -> 0.52 ms at 32 rows on the 35B's lm_head
+      g.Ahi = xhi_, g.Alo = xlo_;
       skinny_gemm(g);
     } else {
       const int bm = rows >= 48 ? 64 : rows >= 20 ? 32 : 16;  // prefill.cu's tile_rows

@@ -47,6 +47,10 @@ enum GemmMode { GEMM_STORE = 0, GEMM_ADD = 1, GEMM_SWIGLU = 2 };
 struct GemmArgs {
   const float* A = nullptr;  // [rows][lda] fp32
   int lda = 0;
+  // skinny_gemm_kernel: A's rows already split into hi/lo bf16 (the same
+  // rows and stride lda), read instead of A where not null.
+  const __nv_bfloat16* Ahi = nullptr;
+  const __nv_bfloat16* Alo = nullptr;
   const int* arow = nullptr;  // A row of output row m, or null (m)
   const void* W = nullptr;    // [N][K] row-major, storage type T
   const void* const* wtab = nullptr;  // grouped: weights of group g (W unused)
@@ -68,8 +72,9 @@ struct GemmArgs {
   // F8W: rows per scale block; part p's fp32 scales at qs[p] are
   // [ceil(rows / qbrows)][ceil(K / qgroup)] (qb unused).
   int qbrows = 0;
-  // swiglu (gemm_pipe_kernel, gemm_kernel): C also split into hi/lo bf16
-  // rows [rows][ldc] here (the next product's activations), where not null.
+  // swiglu (gemm_pipe_kernel, gemm_kernel, skinny_gemm_kernel): C also
+  // split into hi/lo bf16 rows [rows][ldc] here (the next product's
+  // activations), where not null.
   __nv_bfloat16* Chi = nullptr;
   __nv_bfloat16* Clo = nullptr;
 };

@@ -6,10 +6,14 @@
 // blocks on 132 SMs: ~0.3 TB/s. Here every block streams its weight rows
 // once, straight from global memory into registers (16-byte loads, the next
 // 64 columns in flight while these are multiplied), with no shared-memory
-// staging. Each warp reads and splits the activations of all T tokens for
-// its 32 weight rows, so the cost grows with T: on the H200 it beat the
-// tiled product everywhere at 8 rows and lost at 64 (Prefill::skinny picks
-// by the measurements, bench/NOTES-cuda.md, batch-fixed).
+// staging. Each warp reads the activations of all T tokens for its 32
+// weight rows, so the cost grows with T: on the H200 it beat the tiled
+// product everywhere at 8 rows and lost at 64 (Prefill::skinny picks by the
+// measurements, bench/NOTES-cuda.md, batch-fixed). Where the kernel before
+// left them split into hi/lo bf16 (a.Ahi / a.Alo: the norms, the combine,
+// a swiglu product's epilogue) the warps read those; else they split fp32
+// rows in registers. The same bits either way; reading the split rows made
+// the 35B's B = 32 step 0.8-1.0% faster (bench/NOTES-cuda.md, session 17).
 //  - the tensor cores with the weights as the 16-row operand and the tokens
 //    as the 8-column one (mma m16n8k16, one 8-token tile per 8 rows of T);
 //  - a lane's 16-byte load (8 consecutive columns of one weight row) feeds
@@ -74,7 +78,10 @@ __device__ __forceinline__ uint32_t skinny_word(const uint4& v, int i) {
 // Grouped (a.tiles: the routed experts): z = the tile, rows [first, end)
 // (at most 8 * NT) of the expert's weights a.wtab[group], A rows gathered
 // through a.arow, C rows scattered through a.crow (each where not null).
-template <int NT, int KW>
+// PS: the activations come split (a.Ahi / a.Alo, bf16 rows of stride
+// a.lda, lda % 8 == 0): two 16-byte loads per 8 columns of a token, no split
+// in the loop.
+template <int NT, int KW, bool PS>
 __global__ void __launch_bounds__(skinny_threads(KW), NT <= 4 ? 2 : 1) skinny_gemm_kernel(GemmArgs a, int kslice) {
   constexpr int TP = 8 * NT, LD = kSkinnyRows + 4, HB = kSkinnyRows / 2, NTH = skinny_threads(KW);
   __shared__ __align__(16) float part[TP][LD];  // this block's partial sums [token][local weight row]
@@ -115,12 +122,14 @@ __global__ void __launch_bounds__(skinny_threads(KW), NT <= 4 ? 2 : 1) skinny_ge
     }
     wr[i] = ok ? W + size_t(r) * a.K : nullptr;
   }
-  // This lane's tokens: 8 * j + g of tile j.
-  const float* xr[NT];
+  // This lane's tokens: 8 * j + g of tile j, from element xo[j] of A (or
+  // its split rows); -1: none.
+  // (32 bits: at most 64 rows of activations, or a step's T * k expert rows.)
+  int xo[NT];
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     const int m = 8 * j + g;
-    xr[j] = m < rows ? a.A + size_t(a.arow ? a.arow[m0 + m] : m0 + m) * a.lda : nullptr;
+    xo[j] = m < rows ? (a.arow ? a.arow[m0 + m] : m0 + m) * a.lda : -1;
   }
   const int k0 = rank * kslice, k1 = min(a.K, k0 + kslice);
   float acc[2][NT][4];
@@ -153,16 +162,26 @@ __global__ void __launch_bounds__(skinny_threads(KW), NT <= 4 ? 2 : 1) skinny_ge
       const int col = k + 32 * c + 8 * t;
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
-        float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
-        if (xr[j] && col < k1) {
-          x0 = *reinterpret_cast<const float4*>(xr[j] + col);
-          x1 = *reinterpret_cast<const float4*>(xr[j] + col + 4);
-        }
         uint32_t hi[4], lo[4];
-        skinny_split2(x0.x, x0.y, hi[0], lo[0]);
-        skinny_split2(x0.z, x0.w, hi[1], lo[1]);
-        skinny_split2(x1.x, x1.y, hi[2], lo[2]);
-        skinny_split2(x1.z, x1.w, hi[3], lo[3]);
+        if constexpr (PS) {
+          uint4 h = make_uint4(0, 0, 0, 0), l = h;
+          if (xo[j] >= 0 && col < k1) {
+            h = *reinterpret_cast<const uint4*>(a.Ahi + xo[j] + col);
+            l = *reinterpret_cast<const uint4*>(a.Alo + xo[j] + col);
+          }
+          hi[0] = h.x, hi[1] = h.y, hi[2] = h.z, hi[3] = h.w;
+          lo[0] = l.x, lo[1] = l.y, lo[2] = l.z, lo[3] = l.w;
+        } else {
+          float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+          if (xo[j] >= 0 && col < k1) {
+            x0 = *reinterpret_cast<const float4*>(a.A + xo[j] + col);
+            x1 = *reinterpret_cast<const float4*>(a.A + xo[j] + col + 4);
+          }
+          skinny_split2(x0.x, x0.y, hi[0], lo[0]);
+          skinny_split2(x0.z, x0.w, hi[1], lo[1]);
+          skinny_split2(x1.x, x1.y, hi[2], lo[2]);
+          skinny_split2(x1.z, x1.w, hi[3], lo[3]);
+        }
         // k-step s: columns 8t + 4s .. + 3 of the chunk stand for the
         // mma's k = 2t, 2t + 1 (words 2s) and 2t + 8, 2t + 9 (words 2s + 1).
 #pragma unroll
@@ -210,10 +229,15 @@ __global__ void __launch_bounds__(skinny_threads(KW), NT <= 4 ? 2 : 1) skinny_ge
   const int per = swiglu ? HB : kSkinnyRows, total = rows * per;
   for (int e = rank * NTH + tid; e < total; e += split * NTH) {
     const int m = e / per, n = e % per;
-    float* crow = a.C + size_t(a.crow ? a.crow[m0 + m] : m0 + m) * a.ldc;
+    const size_t row = size_t(a.crow ? a.crow[m0 + m] : m0 + m) * a.ldc;
+    float* crow = a.C + row;
     if (swiglu) {
       const int col = int(blockIdx.y) * HB + n;
-      if (col < a.half) crow[col] = siluf_(sum(m, n)) * sum(m, HB + n);
+      if (col < a.half) {
+        const float v = siluf_(sum(m, n)) * sum(m, HB + n);
+        crow[col] = v;
+        if (a.Chi) split_bf16(v, a.Chi[row + col], a.Clo[row + col]);
+      }
       continue;
     }
     const int col = int(blockIdx.y) * kSkinnyRows + n;
@@ -226,10 +250,17 @@ __global__ void __launch_bounds__(skinny_threads(KW), NT <= 4 ? 2 : 1) skinny_ge
   if (split > 1) cl.sync();  // no block leaves while another still reads its partial sums
 }
 
+// Whether a's split activations can be read (given, in 16-byte aligned rows).
+inline bool skinny_split_given(const GemmArgs& a) {
+  return a.Ahi && a.Alo && a.lda % 8 == 0 && reinterpret_cast<uintptr_t>(a.Ahi) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(a.Alo) % 16 == 0;
+}
+
 // skinny_gemm_kernel over a (see the kernel; dense: a.M <= kSkinnyMaxRows;
 // grouped: up to `ntiles` tiles of at most `tile_rows` <= kSkinnyMaxRows
 // rows), on a device of `sms` SMs: K split over a cluster until the blocks
-// fill the SMs twice over, each block keeping at least 64 columns.
+// fill the SMs twice over, each block keeping at least 64 columns. The
+// split activations are read where skinny_split_given, else a.A.
 inline cudaError_t launch_skinny_gemm(const GemmArgs& a, int sms, cudaStream_t st, int ntiles = 1,
                                       int tile_rows = 0, bool pdl = false) {
   const int blocks = a.mode == GEMM_SWIGLU ? (a.half + kSkinnyRows / 2 - 1) / (kSkinnyRows / 2)
@@ -257,10 +288,16 @@ inline cudaError_t launch_skinny_gemm(const GemmArgs& a, int sms, cudaStream_t s
   cfg.numAttrs = n;
   auto go = [&](auto kern) { return cudaLaunchKernelEx(&cfg, kern, a, kslice); };
   constexpr int W = kSkinnyKWarps;
-  if (M <= 8) return go(skinny_gemm_kernel<1, W>);
-  if (M <= 16) return go(skinny_gemm_kernel<2, W>);
-  if (M <= 32) return go(skinny_gemm_kernel<4, W>);
-  return go(skinny_gemm_kernel<8, W>);
+  if (skinny_split_given(a)) {
+    if (M <= 8) return go(skinny_gemm_kernel<1, W, true>);
+    if (M <= 16) return go(skinny_gemm_kernel<2, W, true>);
+    if (M <= 32) return go(skinny_gemm_kernel<4, W, true>);
+    return go(skinny_gemm_kernel<8, W, true>);
+  }
+  if (M <= 8) return go(skinny_gemm_kernel<1, W, false>);
+  if (M <= 16) return go(skinny_gemm_kernel<2, W, false>);
+  if (M <= 32) return go(skinny_gemm_kernel<4, W, false>);
+  return go(skinny_gemm_kernel<8, W, false>);
 }
 
 }  // namespace flashmoe::cuda

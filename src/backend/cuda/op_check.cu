@@ -723,8 +723,11 @@ std::vector<float> few_rows_experts(const std::vector<DenseExpert>& experts, con
   return down(a.C, size_t(T) * k * H);
 }
 
-std::vector<float> skinny_gemm(const Matrix& W, const std::vector<float>& A, int T, int mode,
-                               const std::vector<float>& C0) {
+namespace {
+// skinny_gemm's launch; split: A handed over as hi/lo rows, C's split rows out.
+std::vector<float> skinny_gemm_run(const Matrix& W, const std::vector<float>& A, int T, int mode,
+                                   const std::vector<float>& C0, bool split, std::vector<uint16_t>* c_hi,
+                                   std::vector<uint16_t>* c_lo) {
   Launcher l = device();
   if (W.dtype != DType::BF16 || W.cols % 8 != 0 || T < 1 || T > kSkinnyMaxRows ||
       A.size() != size_t(T) * W.cols || (mode == GEMM_SWIGLU && W.rows % 2 != 0))
@@ -743,9 +746,42 @@ std::vector<float> skinny_gemm(const Matrix& W, const std::vector<float>& A, int
   a.ldc = ldc;
   a.mode = mode;
   a.half = mode == GEMM_SWIGLU ? ldc : 0;
+  if (split) {
+    std::vector<uint16_t> hi(A.size()), lo(A.size());
+    for (size_t i = 0; i < A.size(); ++i) {
+      hi[i] = f32_to_bf16(A[i]);
+      lo[i] = f32_to_bf16(A[i] - bf16_to_f32(hi[i]));
+    }
+    a.Ahi = reinterpret_cast<const __nv_bfloat16*>(b.up(hi.data(), hi.size()));
+    a.Alo = reinterpret_cast<const __nv_bfloat16*>(b.up(lo.data(), lo.size()));
+    a.A = nullptr;  // the kernel must not read it
+    if (!skinny_split_given(a)) fail("op check: skinny product: the split rows are not 16-byte aligned rows");
+    if (mode == GEMM_SWIGLU) {
+      a.Chi = reinterpret_cast<__nv_bfloat16*>(b.zeros<uint16_t>(C0.size()));
+      a.Clo = reinterpret_cast<__nv_bfloat16*>(b.zeros<uint16_t>(C0.size()));
+    }
+  }
   check(launch_skinny_gemm(a, l.prop.multiProcessorCount, nullptr), "skinny_gemm_kernel");
   CK(cudaDeviceSynchronize());
+  if (a.Chi) {
+    *c_hi = down(reinterpret_cast<const uint16_t*>(a.Chi), C0.size());
+    *c_lo = down(reinterpret_cast<const uint16_t*>(a.Clo), C0.size());
+  }
   return down(a.C, C0.size());
+}
+}  // namespace
+
+std::vector<float> skinny_gemm(const Matrix& W, const std::vector<float>& A, int T, int mode,
+                               const std::vector<float>& C0) {
+  return skinny_gemm_run(W, A, T, mode, C0, false, nullptr, nullptr);
+}
+
+std::vector<float> skinny_gemm_split(const Matrix& W, const std::vector<float>& A, int T, int mode,
+                                     const std::vector<float>& C0, std::vector<uint16_t>& c_hi,
+                                     std::vector<uint16_t>& c_lo) {
+  c_hi.clear();
+  c_lo.clear();
+  return skinny_gemm_run(W, A, T, mode, C0, true, &c_hi, &c_lo);
 }
 
 }  // namespace flashmoe::cuda_ops

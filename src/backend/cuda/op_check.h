@@ -128,5 +128,11 @@ std::vector<float> few_rows_experts(const std::vector<DenseExpert>& experts, con
 // ldc = N (swiglu: N / 2).
 std::vector<float> skinny_gemm(const Matrix& W, const std::vector<float>& A, int T, int mode,
                                const std::vector<float>& C0);
+// The same with A handed over split into hi/lo bf16 rows (split on the host
+// as the batched step's norms split them), and for swiglu C's split rows
+// ([T][ldc] bf16 bits) returned in c_hi / c_lo, as the next product reads them.
+std::vector<float> skinny_gemm_split(const Matrix& W, const std::vector<float>& A, int T, int mode,
+                                     const std::vector<float>& C0, std::vector<uint16_t>& c_hi,
+                                     std::vector<uint16_t>& c_lo);
 
 }  // namespace flashmoe::cuda_ops

@@ -40,6 +40,10 @@ std::vector<float> few_rows_experts(const std::vector<DenseExpert>&, const std::
 std::vector<float> skinny_gemm(const Matrix&, const std::vector<float>&, int, int, const std::vector<float>&) {
   no_cuda();
 }
+std::vector<float> skinny_gemm_split(const Matrix&, const std::vector<float>&, int, int, const std::vector<float>&,
+                                     std::vector<uint16_t>&, std::vector<uint16_t>&) {
+  no_cuda();
+}
 
 }  // namespace flashmoe::cuda_ops
 #endif

@@ -425,6 +425,11 @@ void Prefill::norm_rows(const float* x, const float* w, int T, float* y) {
        m_.c->rms_norm_eps, y);
 }
 
+void Prefill::norm_split_rows(const float* x, const float* w, int T) {
+  send(norm_split_rows_kernel, dim3(T), dim3(row_threads(T)), 0, m_.stream, x, w, int(m_.c->hidden_size),
+       m_.c->rms_norm_eps, xn_, xhi_, xlo_);
+}
+
 bool Prefill::skinny_fits(const DMat& W, const float* A, int T) {
   return W.dt == DT_BF16 && T <= kSkinnyMaxRows && W.cols % 8 == 0 && reinterpret_cast<uintptr_t>(A) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(W.p) % 16 == 0;
@@ -453,9 +458,10 @@ void Prefill::skinny_gemm(const GemmArgs& a, cudaStream_t s) {
 // Dense product: C[T][..] (=, +=, swiglu) = A[T][K] . W^T. A few rows of
 // bf16 weights: skinny_gemm_kernel (bound by the weights' bytes); else in
 // the tallest tiles that still fill the GPU with blocks. sp: A already
-// split (xn_); else split here when the pipelined product runs.
+// split (both products read it); else the skinny product splits in
+// registers and the pipelined one splits here. out: swiglu's C also split.
 void Prefill::dense_rows(const DMat& W, const float* A, int T, float* C, int ldc, int mode, int half, SplitRows sp,
-                         bool side) {
+                         bool side, SplitOut out) {
   cudaStream_t s = side ? side_ : m_.stream;
   if (skinny(W, A, T, mode)) {
     GemmArgs g;
@@ -469,6 +475,8 @@ void Prefill::dense_rows(const DMat& W, const float* A, int T, float* C, int ldc
     g.ldc = ldc;
     g.mode = mode;
     g.half = half;
+    g.Ahi = sp.hi, g.Alo = sp.lo;
+    g.Chi = out.hi, g.Clo = out.lo;
     skinny_gemm(g, s);
     return;
   }
@@ -493,6 +501,7 @@ void Prefill::dense_rows(const DMat& W, const float* A, int T, float* C, int ldc
   g.mode = mode;
   g.half = half;
   g.gm = W.g;
+  g.Chi = out.hi, g.Clo = out.lo;
   if (W.dt == DT_FP8) {  // one part: the codes, then per-row block scales (F8W with 1-row blocks)
     g.qsplit = W.rows;
     g.qgroup = W.group;
@@ -536,11 +545,9 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
   cudaStream_t st = m_.stream;
   const int H = int(c.hidden_size);
   const int k = int(c.num_experts_per_tok), E = int(c.num_experts), I = int(c.moe_intermediate);
-  auto dense = [&](const DMat& W, const float* A, float* C, int ldc, int mode, int half = 0, SplitRows sp = {}) {
-    dense_rows(W, A, T, C, ldc, mode, half, sp);
-  };
-  send(norm_split_rows_kernel, dim3(T), dim3(row_threads(T)), 0, st, x_, d.post_norm, H, c.rms_norm_eps, xn_, xhi_,
-       xlo_);
+  auto dense = [&](const DMat& W, const float* A, float* C, int ldc, int mode, int half = 0, SplitRows sp = {},
+                   SplitOut out = {}) { dense_rows(W, A, T, C, ldc, mode, half, sp, false, out); };
+  norm_split_rows(x_, d.post_norm, T);
   const SplitRows fs{xhi_, xlo_};
   mark(P_NORM);
   // The shared expert reads only xn_ (and its split): on side_ from here,
@@ -552,13 +559,18 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
   if (beside) {
     CK(cudaEventRecord(fork_, st));
     CK(cudaStreamWaitEvent(side_, fork_, 0));
-    dense_rows(d.s_gu, xn_, T, hs_, d.s_down.cols, GEMM_SWIGLU, d.s_down.cols, fs, true);
-    dense_rows(d.s_down, hs_, T, ysh_, H, GEMM_STORE, 0, {}, true);
+    // gate/up leaves down's activations split too (on the side's own pair).
+    const SplitOut hsp{shi_, slo_};
+    dense_rows(d.s_gu, xn_, T, hs_, d.s_down.cols, GEMM_SWIGLU, d.s_down.cols, fs, true, hsp);
+    dense_rows(d.s_down, hs_, T, ysh_, H, GEMM_STORE, 0, hsp, true);
     CK(cudaEventRecord(join_, side_));
   }
+  // The shared expert in line (below the routed experts, which are done
+  // with yhi_ then): gate/up leaves down's activations split in yhi_.
+  const SplitOut hsp{yhi_, ylo_};
   if (l.ffn == FfnKind::DenseSwiGLU) {
-    dense(d.s_gu, xn_, hs_, d.s_down.cols, GEMM_SWIGLU, d.s_down.cols, fs);
-    dense(d.s_down, hs_, x_, H, GEMM_ADD);
+    dense(d.s_gu, xn_, hs_, d.s_down.cols, GEMM_SWIGLU, d.s_down.cols, fs, hsp);
+    dense(d.s_down, hs_, x_, H, GEMM_ADD, 0, hsp);
     mark(P_SHARED);
     return false;
   }
@@ -594,6 +606,7 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
     g.ldc = I;
     g.mode = GEMM_SWIGLU;
     g.half = I;
+    g.Ahi = xhi_, g.Alo = xlo_, g.Chi = yhi_, g.Clo = ylo_;  // down reads these
     check(launch_skinny_gemm(g, sms_, st, ntiles, ebm, pdl()), "batched step: experts gate/up (skinny)");
     mark(P_EXPERTS_GU);
     g.A = hb_;
@@ -607,6 +620,8 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
     g.crow = dest_;
     g.mode = GEMM_STORE;
     g.half = 0;
+    g.Ahi = g.Chi, g.Alo = g.Clo;
+    g.Chi = g.Clo = nullptr;
     check(launch_skinny_gemm(g, sms_, st, ntiles, ebm, pdl()), "batched step: experts down (skinny)");
     mark(P_EXPERTS_DOWN);
   } else if (few) {
@@ -685,14 +700,14 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
   if (beside) {
     CK(cudaStreamWaitEvent(st, join_, 0));
   } else if (d.has_shared) {
-    dense(d.s_gu, xn_, hs_, d.s_down.cols, GEMM_SWIGLU, d.s_down.cols, fs);
-    dense(d.s_down, hs_, ysh_, H, GEMM_STORE);
+    dense(d.s_gu, xn_, hs_, d.s_down.cols, GEMM_SWIGLU, d.s_down.cols, fs, hsp);
+    dense(d.s_down, hs_, ysh_, H, GEMM_STORE, 0, hsp);
     mark(P_SHARED);
   }
   if (m_.moe_after) next_norm = nullptr;  // the norm of the sum over the GPUs, by the next layer
   if (next_norm)
     send(moe_combine_norm_kernel, dim3(T), dim3(row_threads(T)), 0, st, x_, H, y_, d.has_shared ? ysh_ : nullptr, w_, k,
-         next_norm, c.rms_norm_eps, xn_);
+         next_norm, c.rms_norm_eps, xn_, xhi_, xlo_);
   else
     send(moe_combine_kernel, dim3(T), dim3(row_threads(T)), 0, st, x_, H, y_, d.has_shared ? ysh_ : nullptr, w_, k);
   if (m_.moe_after) m_.moe_after(x_, T);

@@ -42,6 +42,12 @@ struct SplitRows {
   const __nv_bfloat16* hi = nullptr;
   const __nv_bfloat16* lo = nullptr;
 };
+// Rows a product writes split (GemmArgs::Chi / Clo).
+struct SplitOut {
+  __nv_bfloat16* hi = nullptr;
+  __nv_bfloat16* lo = nullptr;
+  operator SplitRows() const { return {hi, lo}; }
+};
 
 // What the prefill reads of the uploaded model.
 struct PrefillModel {
@@ -178,13 +184,16 @@ class Prefill {
   void gemm(int dt, const GemmArgs& a, int bm, int grid_y, SplitRows sp = {}, cudaStream_t s = nullptr);
   // C[T][..] (=, +=, swiglu) = A[T][K] . W^T (sp: A already split). side:
   // on side_, splitting A (where needed) into the side's own hi/lo rows.
+  // out (swiglu): C also split into these hi/lo rows, where given.
   void dense_rows(const DMat& W, const float* A, int T, float* C, int ldc, int mode, int half = 0, SplitRows sp = {},
-                  bool side = false);
+                  bool side = false, SplitOut out = {});
   // x_[t] = embed[d_ids[t]], and y[t] = rms_norm(x[t]) * (1 + w), for T rows.
   void embed_rows(const int* d_ids, int T);
   template <typename E>
   void embed_rows_as(const int* d_ids, int T);  // embed_rows of an embedding stored as E (prefill.cu)
   void norm_rows(const float* x, const float* w, int T, float* y);
+  // xn_ = norm_rows(x, w), and xn_ split into xhi_ / xlo_.
+  void norm_split_rows(const float* x, const float* w, int T);
   // Threads per block of the kernels with a block per row (norms, the
   // expert combine): 1024 where the T blocks leave most SMs idle (a batched
   // decode step: each row's loads spread over 4x the warps), else 256.

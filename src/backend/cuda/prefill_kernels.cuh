@@ -261,7 +261,8 @@ __global__ void moe_combine_kernel(float* __restrict__ x, int H, const float* __
 // norm_rows_kernel: xn = rms_norm(x) * (1 + nw)) in the same block.
 __global__ void moe_combine_norm_kernel(float* __restrict__ x, int H, const float* __restrict__ y,
                                         const float* __restrict__ ysh, const float* __restrict__ w, int k,
-                                        const float* __restrict__ nw, float eps, float* __restrict__ xn) {
+                                        const float* __restrict__ nw, float eps, float* __restrict__ xn,
+                                        __nv_bfloat16* xhi, __nv_bfloat16* xlo) {
   pdl_wait();  // under PDL (a batched decode step): the kernel before has finished
   pdl_trigger();
   const int t = blockIdx.x;
@@ -278,7 +279,11 @@ __global__ void moe_combine_norm_kernel(float* __restrict__ x, int H, const floa
   }
   ss = block_sum(ss);
   const float r = 1.0f / sqrtf(ss / float(H) + eps);
-  for (int i = threadIdx.x; i < H; i += blockDim.x) xn[size_t(t) * H + i] = xr[i] * r * (1.0f + nw[i]);
+  for (int i = threadIdx.x; i < H; i += blockDim.x) {
+    const float v = xr[i] * r * (1.0f + nw[i]);
+    xn[size_t(t) * H + i] = v;
+    if (xhi) split_bf16(v, xhi[size_t(t) * H + i], xlo[size_t(t) * H + i]);
+  }
 }
 
 // Attention of a chunk's queries (grid: nh / hpb x T; 256 threads), position
