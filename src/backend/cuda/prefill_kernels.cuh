@@ -258,7 +258,9 @@ __global__ void moe_combine_kernel(float* __restrict__ x, int H, const float* __
 }
 
 // moe_combine_kernel, then the next layer's input norm of the row (as
-// norm_rows_kernel: xn = rms_norm(x) * (1 + nw)) in the same block.
+// norm_rows_kernel: xn = rms_norm(x) * (1 + nw)) in the same block, and xn
+// also split into hi/lo bf16 rows where xhi is given (the next layer's
+// in-projection reads those).
 __global__ void moe_combine_norm_kernel(float* __restrict__ x, int H, const float* __restrict__ y,
                                         const float* __restrict__ ysh, const float* __restrict__ w, int k,
                                         const float* __restrict__ nw, float eps, float* __restrict__ xn,
