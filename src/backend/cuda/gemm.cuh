@@ -77,6 +77,13 @@ struct GemmArgs {
   // activations), where not null.
   __nv_bfloat16* Chi = nullptr;
   __nv_bfloat16* Clo = nullptr;
+  // Grouped, gemm_pipe_kernel: per-tile counts of finished blocks, zeroed by
+  // route_lists_kernel. tile_wait 0: each block adds 1 to its tile's count
+  // once its outputs are stored (gate/up); tile_wait > 0: a block waits for
+  // its tile's count to reach tile_wait before reading the activations, in
+  // place of the PDL wait (down: it starts while gate/up's last blocks run).
+  int* tile_done = nullptr;
+  int tile_wait = 0;
 };
 
 // Weight type tag of GGUF block weights.

@@ -64,6 +64,22 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool ok
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(n));
 }
 
+// Until *count >= n (acquire: what the adders stored before their fence is
+// visible to this block after its barrier). Past a second the count will
+// not come (a broken launch): trap rather than hang the device.
+__device__ __forceinline__ void wait_count(const int* count, int n) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  for (;;) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
+    if (v >= n) return;
+    __nanosleep(64);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (t - t0 > 1000000000ull) __trap();
+  }
+}
+
 // a.A unused: the activations are ahi/alo [rows][K] (row m of output row m:
 // arow[m] or m). Modes, gathering, scattering and grouping as gemm_kernel.
 template <int BM, int BK>
@@ -73,7 +89,12 @@ __global__ void __launch_bounds__(kPipeThreads) gemm_pipe_kernel(GemmArgs a, con
   using S = PipeShape<BM, BK>;
   constexpr int kPipeLd = S::LD, kPipeBK = BK, kRowChunks = BK / 8;
   extern __shared__ __align__(128) unsigned char smem[];
-  pdl_wait();  // under PDL (a batched decode step): the kernel before has finished
+  // Under PDL (a batched decode step) the kernel before has finished after
+  // pdl_wait; a block that waits for its tile (a.tile_wait) skips it: the
+  // kernel before is its tile's producer (which passed its own wait, so
+  // the tile list is final), and the tile's count says when its rows are in.
+  const bool tile_waits = a.tiles && a.tile_done && a.tile_wait > 0;
+  if (!tile_waits) pdl_wait();
   pdl_trigger();
   int m0, m1;
   const __nv_bfloat16* W;
@@ -92,6 +113,10 @@ __global__ void __launch_bounds__(kPipeThreads) gemm_pipe_kernel(GemmArgs a, con
   const bool swiglu = a.mode == GEMM_SWIGLU;
   if (swiglu ? int(blockIdx.x) * HB >= a.half : int(blockIdx.x) * kPipeBN >= a.N) return;
   const int tid = threadIdx.x, warp = tid >> 5, wm = warp / S::WN, wn = warp % S::WN;
+  if (tile_waits) {
+    if (tid == 0) wait_count(a.tile_done + blockIdx.y, a.tile_wait);
+    __syncthreads();
+  }
   auto stage_a = [&](int s, int lohi) {
     return reinterpret_cast<__nv_bfloat16*>(smem + size_t(s) * S::kStage) + size_t(lohi) * BM * kPipeLd;
   };
@@ -192,6 +217,11 @@ __global__ void __launch_bounds__(kPipeThreads) gemm_pipe_kernel(GemmArgs a, con
                               wmma::mem_row_major);
   __syncthreads();
   gemm_epilogue<BM, kPipeBN, kPipeThreads>(a, cs, kCLd, m0, m1 - m0);
+  if (a.tiles && a.tile_done && a.tile_wait == 0) {  // this block's share of the tile is stored
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) atomicAdd(a.tile_done + blockIdx.y, 1);
+  }
 }
 
 }  // namespace flashmoe::cuda

@@ -124,6 +124,7 @@ void Prefill::allocate() {
   tiles_max_ = int(T * k / kFewRows + size_t(std::max<int64_t>(1, c.num_experts)) + 1);
   tiles_ = i(size_t(3) * tiles_max_);
   ntiles_ = i(1);
+  tile_done_ = i(size_t(tiles_max_));
   hb_ = f(T * k * I);
   hs_ = f(T * size_t(is_max));
   y_ = f(T * k * H);
@@ -583,7 +584,8 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
   const int edt = d.gg.n ? DT_GGUF : d.q.fp8 ? DT_FP8 : d.q.bits == 8 ? DT_Q8 : d.q.bits == 4 ? DT_Q4 : d.edt;
   const bool skinny = skinny_experts(T, edt), few = !skinny && few_rows_experts(T, edt);
   const int ebm = skinny ? kSkinnyExpertRows : few ? kFewRows : tile_rows(double(T) * k / std::max(E, 1));
-  send(route_lists_kernel, dim3(1), dim3(512), 0, st, ids_, T, k, E, ebm, tok_, dest_, tiles_, ntiles_);
+  send(route_lists_kernel, dim3(1), dim3(512), 0, st, ids_, T, k, E, ebm, tok_, dest_, tiles_, ntiles_, tile_done_,
+       tiles_max_);
   mark(P_ROUTE);
   const int ntiles = std::min(tiles_max_, div_up(int64_t(T) * k, ebm) + E);
   const void* const* gu_tab = d.gu_tab;
@@ -677,8 +679,15 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
     const bool split_here = pipe(edt);
     g.Chi = split_here ? yhi_ : nullptr;
     g.Clo = split_here ? ylo_ : nullptr;
+    // gemm_pipe_kernel: gate/up counts each tile's finished blocks, and
+    // down's blocks wait for their tile's count, not for the whole of
+    // gate/up: under PDL they fill the SMs that gate/up's last partial wave
+    // leaves idle (the 35B at B = 32: ~3.25 waves of 396 blocks; +3.7%,
+    // bench/NOTES-cuda.md, session 18).
+    g.tile_done = split_here ? tile_done_ : nullptr;
     gemm(edt, g, ebm, ntiles, fs);
     mark(P_EXPERTS_GU);
+    g.tile_wait = div_up(I, kPipeBN / 2);  // gate/up's blocks per tile
     g.A = hb_;
     g.lda = I;
     g.arow = nullptr;

@@ -280,6 +280,7 @@ class Prefill {
   float *y_ = nullptr, *ysh_ = nullptr, *logits_ = nullptr, *lse_ = nullptr;
   int* seq_ = nullptr;  // positions p0 + t of the chunk's tokens (attend_in_order)
   int *ids_ = nullptr, *tok_ = nullptr, *dest_ = nullptr, *tiles_ = nullptr, *ntiles_ = nullptr;
+  int* tile_done_ = nullptr;  // per tile: gate/up's finished blocks (GemmArgs::tile_done)
   __nv_bfloat16 *xhi_ = nullptr, *xlo_ = nullptr, *yhi_ = nullptr, *ylo_ = nullptr;
   __nv_bfloat16 *shi_ = nullptr, *slo_ = nullptr;  // the shared expert's down input, split on side_
   float* h2o_part_ = nullptr;

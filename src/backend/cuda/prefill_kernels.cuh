@@ -201,12 +201,16 @@ __global__ void topk_rows_kernel(const float* __restrict__ logits, int lstride, 
 // threads, E <= 512): pair t*k+j gets row p of its expert's range;
 // tok[p] = t, dest[p] = t*k+j; the ranges cut into tiles of at most BM rows
 // for gemm_kernel's grouped mode. Offsets by a scan over the experts.
+// tile_done[0, ndone): the tiles' counts of finished blocks
+// (GemmArgs::tile_done), zeroed.
 __global__ void __launch_bounds__(512) route_lists_kernel(const int* __restrict__ ids, int T, int k, int E, int BM,
-                                                          int* tok, int* dest, int* tiles, int* ntiles) {
+                                                          int* tok, int* dest, int* tiles, int* ntiles,
+                                                          int* tile_done, int ndone) {
   __shared__ int cnt[512], cur[512], sc[2][512], st[2][512];
   pdl_wait();  // under PDL (a batched decode step): the kernel before has finished
   pdl_trigger();
   const int e = threadIdx.x;
+  for (int i = e; i < ndone; i += blockDim.x) tile_done[i] = 0;
   cnt[e] = 0;
   __syncthreads();
   for (int i = threadIdx.x; i < T * k; i += blockDim.x) atomicAdd(&cnt[ids[i]], 1);
