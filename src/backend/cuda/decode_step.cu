@@ -551,11 +551,7 @@ void CudaModel::Impl::ffn_launch(const DLayer& d, const MoeArgs& a, int slots) {
   if (d.gg.n || d.s_gu.dt == DT_GGUF) {
     const GExperts ge{d.gg, d.gd, d.s_gu.g, d.s_down.g};
     if (a.k > 0 && gguf_chunked(d)) {
-      // A shared expert copied into the chunk layout is read as the routed experts are.
-      MoeArgs c = a;
-      GExperts g = ge;
-      if (d.s_gu_c) c.s_gu = d.s_gu_c, c.s_down = d.s_down_c, g.sgu = d.gg, g.sdn = d.gd;
-      gc_experts_launch(*this, c, g, slots, d.s_gu_c != nullptr, [&] { mark(K_EXPERTS); });
+      gc_experts_launch(*this, a, ge, slots, d.s_gu_c, d.s_down_c, [&] { mark(K_EXPERTS); });
       return;
     }
     int S1, S2;

@@ -340,11 +340,16 @@ inline void gc_allow_smem(int bytes) {
 }
 
 // The two kernels of a layer (gate_up, then down); after() runs after each
-// launch (the decode step's profile marks). shared_chunks: a.s_gu and
-// a.s_down are the shared expert in the chunk layout (gc_shared_joins).
+// launch (the decode step's profile marks). s_gu_chunks / s_down_chunks:
+// the shared expert's copy in the routed experts' chunk layout
+// (gc_copy_shared, where gc_shared_joins), read as one more routed slot in
+// place of a.s_gu / a.s_down with the routed experts' parts; null: its
+// stored rows (ge.sgu / ge.sdn).
 template <typename After>
-void gc_experts_launch(Launcher& l, const MoeArgs& a, const GExperts& ge, int slots, bool shared_chunks, After after) {
-  const bool sc = shared_chunks && a.has_shared;
+void gc_experts_launch(Launcher& l, MoeArgs a, GExperts ge, int slots, const void* s_gu_chunks,
+                       const void* s_down_chunks, After after) {
+  const bool sc = s_gu_chunks && a.has_shared;
+  if (sc) a.s_gu = s_gu_chunks, a.s_down = s_down_chunks, ge.sgu = ge.gu, ge.sdn = ge.dn;
   const int ks = a.k + (sc ? 1 : 0);
   const size_t s1 = gc_gate_up_smem(a.H), s2 = gc_down_smem(ks, a.I);
   auto up = [&](auto kern) {

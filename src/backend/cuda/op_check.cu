@@ -570,6 +570,7 @@ std::vector<float> gguf_experts(const std::vector<GgufExpert>& experts, const st
   a.tsel = ExpertSel{a.gu_tab, a.down_tab, sel};
   a.ids_out = dids;
   a.w_out = dw;
+  uint8_t *sgu_chunks = nullptr, *sdn_chunks = nullptr;  // the shared expert in the chunk layout, if copied
   if (shared) {  // stored rows, as upload.cu uploads a shared expert (upload_rows, not repacked)
     a.s_gu = up_stacked(b, {shared->gate, shared->up}, false, ge.sgu);
     a.s_down = up_stacked(b, {shared->down}, false, ge.sdn);
@@ -581,11 +582,9 @@ std::vector<float> gguf_experts(const std::vector<GgufExpert>& experts, const st
       GExperts s = stored;
       s.sgu = ge.sgu, s.sdn = ge.sdn;
       if (!gc_shared_joins(s, I, a.Is)) fail("op check: GGUF experts: this shared expert has no chunk layout");
-      uint8_t* sgu = b.zeros<uint8_t>(gu_stride);
-      uint8_t* sdn = b.zeros<uint8_t>(dn_stride);
-      gc_copy_shared(a.s_gu, ge.sgu, a.s_down, ge.sdn, sgu, sdn, ge.gu, ge.dn, H, I);
-      a.s_gu = sgu, a.s_down = sdn;
-      ge.sgu = ge.gu, ge.sdn = ge.dn;
+      sgu_chunks = b.zeros<uint8_t>(gu_stride);
+      sdn_chunks = b.zeros<uint8_t>(dn_stride);
+      gc_copy_shared(a.s_gu, ge.sgu, a.s_down, ge.sdn, sgu_chunks, sdn_chunks, ge.gu, ge.dn, H, I);
     }
   }
   // As CudaModel::Impl::ffn_launch.
@@ -593,7 +592,7 @@ std::vector<float> gguf_experts(const std::vector<GgufExpert>& experts, const st
     const size_t smem = size_t(l.prop.sharedMemPerBlockOptin) - 4096;
     if (!gc_experts_take(ge, H, I, k, smem)) fail("op check: GGUF experts: the chunk kernels do not take this layer");
     gc_allow_smem(int(smem));
-    gc_experts_launch(l, a, ge, k + a.has_shared, shared_chunks, [] {});
+    gc_experts_launch(l, a, ge, k + a.has_shared, sgu_chunks, sdn_chunks, [] {});
     CK(cudaDeviceSynchronize());
     *ids = down(dids, size_t(k));
     *w = down(dw, size_t(k + a.has_shared));

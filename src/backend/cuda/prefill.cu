@@ -211,9 +211,9 @@ void Prefill::report() {
 
 const float* Prefill::hidden(int t) const { return x_ + size_t(t) * m_.c->hidden_size; }
 
-SplitRows Prefill::split(const float* A, int rows, int cols, bool x, bool side) {
-  __nv_bfloat16* hi = side ? shi_ : x ? xhi_ : yhi_;
-  __nv_bfloat16* lo = side ? slo_ : x ? xlo_ : ylo_;
+SplitRows Prefill::split(const float* A, int rows, int cols, bool side) {
+  __nv_bfloat16* hi = side ? shi_ : yhi_;
+  __nv_bfloat16* lo = side ? slo_ : ylo_;
   const int blocks = std::min(div_up(int64_t(rows) * cols, 256), sms_ * 8);
   send(split_rows_kernel, dim3(unsigned(blocks)), dim3(256), 0, side ? side_ : m_.stream, A, rows, cols, cols, hi, lo);
   return {hi, lo};
@@ -481,7 +481,7 @@ void Prefill::dense_rows(const DMat& W, const float* A, int T, float* C, int ldc
     skinny_gemm(g, s);
     return;
   }
-  if (pipe(W.dt) && !sp.hi) sp = split(A, T, W.cols, false, side);
+  if (pipe(W.dt) && !sp.hi) sp = split(A, T, W.cols, side);
   const int bn = pipe(W.dt) ? kPipeBN : kGemmBN;
   const int nt = mode == GEMM_SWIGLU ? div_up(W.rows / 2, bn / 2) : div_up(W.rows, bn);
   int bm = 16;
@@ -787,8 +787,8 @@ void Prefill::run_rows(const PromptRows* seqs, int S, const int* d_ids) {
     const DLayer& d = (*m_.L)[size_t(l.index)];
     const int sl = l.state_slot;
     const bool attention = l.mixer == MixerKind::GatedAttention;
-    norm_rows_kernel<<<R, 256, 0, st>>>(x_, d.in_norm, H, c.rms_norm_eps, xn_);
-    const SplitRows xs = split(xn_, R, H, true);
+    norm_split_rows(x_, d.in_norm, R);
+    const SplitRows xs{xhi_, xlo_};
     mark(P_NORM);
     if (!attention) {  // GatedDeltaNet: the products over every row, the recurrence per sequence
       dense(d.lin_in, xn_, proj_, proj_stride_, GEMM_STORE, 0, xs);

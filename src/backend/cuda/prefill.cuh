@@ -220,9 +220,9 @@ class Prefill {
   void skinny_gemm(const GemmArgs& a, cudaStream_t s = nullptr);
   // bf16 weights take the pipelined product (gemm_pipe_kernel), the others gemm_kernel.
   static bool pipe(int dt) { return dt == DT_BF16; }
-  // A [rows][cols] into the hi/lo pair x (xn_: reused by several products)
-  // or y, or (side) the side stream's pair on side_.
-  SplitRows split(const float* A, int rows, int cols, bool x, bool side = false);
+  // A [rows][cols] into the hi/lo pair y, or (side) the side stream's pair
+  // on side_. (xn_'s pair x comes from its norm: norm_split_rows.)
+  SplitRows split(const float* A, int rows, int cols, bool side = false);
   void allocate();
   void* alloc(size_t bytes);
   // The chunk's rows [r0, r0 + T) of the pass (run_rows) at positions p0..
