@@ -504,4 +504,47 @@ TEST(ServerHardening, TokenizeMatchesReference) {
   EXPECT_EQ(st, 400);
 }
 
+// A streaming client that stops reading. The tokens go into the socket
+// straight from the generating thread while it takes them (server.cpp,
+// send_now); once the kernel's buffers are full (up to a few MB on
+// loopback) the rest of a chunk waits in an asynchronous write under
+// --write-timeout, and when that passes the request is dropped: its slot
+// comes back, while the other slot keeps answering. Events with 20
+// log-probabilities (~1.6 KB a token) fill the buffers within ~2,600 tokens.
+TEST(ServerHardening, StreamNotReadIsDroppedAtTheWriteTimeout) {
+  if (sanitizer_build()) GTEST_SKIP() << "~3,000 tokens with log-probabilities: too slow under the sanitizers";
+  START_SERVER(srv, {"--parallel", "2", "-t", "2", "--write-timeout", "1", "--max-tokens", "20000"});
+  int fd = connect_to(srv.port());
+  ASSERT_GE(fd, 0);
+  int small = 4096;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  json body = {{"messages", {{{"role", "user"}, {"content", "Write a long story."}}}},
+               {"max_tokens", 20000},
+               {"ignore_eos", true},
+               {"temperature", 0},
+               {"stream", true},
+               {"logprobs", true},
+               {"top_logprobs", 20}};
+  std::string b = body.dump();
+  ASSERT_TRUE(send_all(fd, "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                           "application/json\r\nContent-Length: " +
+                               std::to_string(b.size()) + "\r\n\r\n" + b));
+  std::string got;
+  auto until = Clock::now() + 20s;
+  while (got.find("data: ") == std::string::npos && Clock::now() < until) got += read_until_closed(fd, 100ms);
+  ASSERT_NE(got.find("data: "), std::string::npos) << got;
+  // From here on nothing is read.
+  auto c = srv.client();
+  c.set_read_timeout(int(30 * slack()));
+  int st = 0;
+  json other = post_json(c, "/v1/completions", completion(4), &st);
+  EXPECT_EQ(st, 200) << other.dump();
+  auto deadline = Clock::now() + 60s;
+  while (metric(c, "flashmoe_generations_cancelled_total") < 1 && Clock::now() < deadline)
+    std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(metric(c, "flashmoe_generations_cancelled_total"), 1);
+  EXPECT_EQ(metric(c, "flashmoe_slots_busy"), 0);
+  close(fd);
+}
+
 }  // namespace server_hardening_test
