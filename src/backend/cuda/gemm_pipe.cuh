@@ -23,25 +23,6 @@ __global__ void split_rows_kernel(const float* __restrict__ x, int rows, int col
   }
 }
 
-// y = rms_norm(x) * (1 + w) per row (norm_rows_kernel, one block per row
-// of H), and y also split into hi/lo bf16 rows [rows][H] (split_rows_kernel):
-// one launch for the feed-forward's normed input.
-__global__ void norm_split_rows_kernel(const float* __restrict__ x, const float* __restrict__ w, int H, float eps,
-                                       float* __restrict__ y, __nv_bfloat16* hi, __nv_bfloat16* lo) {
-  pdl_wait();  // under PDL (a batched decode step): the kernel before has finished
-  pdl_trigger();
-  const size_t r0 = size_t(blockIdx.x) * H;
-  float ss = 0.f;
-  for (int i = threadIdx.x; i < H; i += blockDim.x) ss += x[r0 + i] * x[r0 + i];
-  ss = block_sum(ss);
-  const float r = 1.0f / sqrtf(ss / float(H) + eps);
-  for (int i = threadIdx.x; i < H; i += blockDim.x) {
-    const float v = x[r0 + i] * r * (1.0f + w[i]);
-    y[r0 + i] = v;
-    split_bf16(v, hi[r0 + i], lo[r0 + i]);
-  }
-}
-
 constexpr int kPipeBN = 128, kPipeStages = 3, kPipeThreads = 256;
 
 // BM rows (tokens) by kPipeBN columns per block, BK deep per pipeline stage

@@ -723,9 +723,9 @@ std::vector<float> few_rows_experts(const std::vector<DenseExpert>& experts, con
 }
 
 namespace {
-// skinny_gemm's launch; split: A handed over as hi/lo rows, C's split rows out.
+// skinny_gemm's launch; with c_hi (and c_lo): A handed over as hi/lo rows, C's split rows out.
 std::vector<float> skinny_gemm_run(const Matrix& W, const std::vector<float>& A, int T, int mode,
-                                   const std::vector<float>& C0, bool split, std::vector<uint16_t>* c_hi,
+                                   const std::vector<float>& C0, std::vector<uint16_t>* c_hi,
                                    std::vector<uint16_t>* c_lo) {
   Launcher l = device();
   if (W.dtype != DType::BF16 || W.cols % 8 != 0 || T < 1 || T > kSkinnyMaxRows ||
@@ -745,7 +745,7 @@ std::vector<float> skinny_gemm_run(const Matrix& W, const std::vector<float>& A,
   a.ldc = ldc;
   a.mode = mode;
   a.half = mode == GEMM_SWIGLU ? ldc : 0;
-  if (split) {
+  if (c_hi) {  // the activations given split, as the kernels before write them
     std::vector<uint16_t> hi(A.size()), lo(A.size());
     for (size_t i = 0; i < A.size(); ++i) {
       hi[i] = f32_to_bf16(A[i]);
@@ -772,7 +772,7 @@ std::vector<float> skinny_gemm_run(const Matrix& W, const std::vector<float>& A,
 
 std::vector<float> skinny_gemm(const Matrix& W, const std::vector<float>& A, int T, int mode,
                                const std::vector<float>& C0) {
-  return skinny_gemm_run(W, A, T, mode, C0, false, nullptr, nullptr);
+  return skinny_gemm_run(W, A, T, mode, C0, nullptr, nullptr);
 }
 
 std::vector<float> skinny_gemm_split(const Matrix& W, const std::vector<float>& A, int T, int mode,
@@ -780,7 +780,7 @@ std::vector<float> skinny_gemm_split(const Matrix& W, const std::vector<float>& 
                                      std::vector<uint16_t>& c_lo) {
   c_hi.clear();
   c_lo.clear();
-  return skinny_gemm_run(W, A, T, mode, C0, true, &c_hi, &c_lo);
+  return skinny_gemm_run(W, A, T, mode, C0, &c_hi, &c_lo);
 }
 
 }  // namespace flashmoe::cuda_ops

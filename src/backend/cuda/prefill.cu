@@ -423,11 +423,11 @@ void Prefill::embed_rows(const int* d_ids, int T) {
 
 void Prefill::norm_rows(const float* x, const float* w, int T, float* y) {
   send(norm_rows_kernel, dim3(T), dim3(row_threads(T)), 0, m_.stream, x, w, int(m_.c->hidden_size),
-       m_.c->rms_norm_eps, y);
+       m_.c->rms_norm_eps, y, static_cast<__nv_bfloat16*>(nullptr), static_cast<__nv_bfloat16*>(nullptr));
 }
 
 void Prefill::norm_split_rows(const float* x, const float* w, int T) {
-  send(norm_split_rows_kernel, dim3(T), dim3(row_threads(T)), 0, m_.stream, x, w, int(m_.c->hidden_size),
+  send(norm_rows_kernel, dim3(T), dim3(row_threads(T)), 0, m_.stream, x, w, int(m_.c->hidden_size),
        m_.c->rms_norm_eps, xn_, xhi_, xlo_);
 }
 
@@ -886,7 +886,8 @@ void Prefill::logits(int t0, int n, float* dst) {
   const size_t V = size_t(c.vocab_size);
   for (int b = 0; b < n; b += lrows_) {
     const int rows = std::min(lrows_, n - b);
-    norm_rows_kernel<<<rows, 256, 0, m_.stream>>>(x_ + size_t(t0 + b) * H, m_.final_norm, H, c.rms_norm_eps, xn_);
+    norm_rows_kernel<<<rows, 256, 0, m_.stream>>>(x_ + size_t(t0 + b) * H, m_.final_norm, H, c.rms_norm_eps, xn_,
+                                                  nullptr, nullptr);
     GemmArgs g;
     g.A = xn_;
     g.lda = H;

@@ -17,17 +17,24 @@ __global__ void embed_rows_kernel(const T* __restrict__ E, int H, const int* __r
   for (int i = threadIdx.x; i < H; i += blockDim.x) x[size_t(blockIdx.x) * H + i] = to_f<T>(E[tok * H + i]);
 }
 
-// y[t] = x[t] / rms(x[t]) * (1 + w), zero-centred RMS norm (grid: T blocks).
+// y[t] = x[t] / rms(x[t]) * (1 + w), zero-centred RMS norm (grid: T blocks),
+// and y also split into hi/lo bf16 rows [T][H] where hi is given (the
+// skinny products of a batched step read those: one launch, not two).
 __global__ void norm_rows_kernel(const float* __restrict__ x, const float* __restrict__ w, int H, float eps,
-                                 float* __restrict__ y) {
+                                 float* __restrict__ y, __nv_bfloat16* hi, __nv_bfloat16* lo) {
   pdl_wait();  // under PDL (a batched decode step): the kernel before has finished
   pdl_trigger();
-  const float* xr = x + size_t(blockIdx.x) * H;
+  const size_t r0 = size_t(blockIdx.x) * H;
+  const float* xr = x + r0;
   float ss = 0.f;
   for (int i = threadIdx.x; i < H; i += blockDim.x) ss += xr[i] * xr[i];
   ss = block_sum(ss);
   const float r = 1.0f / sqrtf(ss / float(H) + eps);
-  for (int i = threadIdx.x; i < H; i += blockDim.x) y[size_t(blockIdx.x) * H + i] = xr[i] * r * (1.0f + w[i]);
+  for (int i = threadIdx.x; i < H; i += blockDim.x) {
+    const float v = xr[i] * r * (1.0f + w[i]);
+    y[r0 + i] = v;
+    if (hi) split_bf16(v, hi[r0 + i], lo[r0 + i]);
+  }
 }
 
 // Causal depthwise conv (kernel K <= 8) + SiLU, one thread per (channel,
