@@ -271,8 +271,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       // (the usual case: the client reads as fast as tokens come); what the
       // socket does not take at once goes through the I/O thread's
       // asynchronous write under the write timeout. A hand-off to the I/O
-      // thread and back for every token cost the GPU server ~0.1-0.3 ms a
-      // token (bench/NOTES.md, "Session 19").
+      // thread and back for every token cost the GPU server 2-5% of its
+      // tokens/s (bench/NOTES.md, "Session 19").
       bool write(std::string_view chunk) override {
         if (!ok) return false;
         if (chunk.empty()) return true;
