@@ -2,6 +2,7 @@
 // Skipped (with the reason) where no GPU is usable, e.g. in CI.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/cuda_bench.h"
@@ -688,6 +689,70 @@ TEST(CudaCoderMini, SnapshotsRestoreExactly) {
   fp8.dtype = KvDType::FP8;
   Session other(gpu_view(*model, *cuda), fp8, pool);
   EXPECT_THROW(other.restore(f32.snapshot()), Error);
+}
+
+// A state whose conversation ended is kept for the next state of the same
+// KV configuration (CudaModel::release_state) and made as new: a
+// conversation on it gives a new state's logits and greedy ids, bit for
+// bit, although the state held another conversation (its delta-rule and
+// conv states far from zero, its KV rows written) and a VRAM snapshot of
+// that was taken just before it ended. A state whose KV grew past its first
+// capacity is freed instead (its attention would split differently).
+TEST(CudaCoderMini, ReleasedStateIsReusedAsNew) {
+  REQUIRE_GPU();
+  const std::string dir = source_path("models/coder-mini");
+  auto model = QwenModel::load(dir + "/model");
+  auto cuda = CudaModel::upload(*model);
+  auto backend = own_gpu_backend(*model, *cuda);
+  const auto parts = reference_parts(dir, 2);
+  const std::vector<int32_t>& head = parts[0];
+  const std::vector<int32_t>& tail = parts[1];
+  ThreadPool pool(2);
+  std::vector<std::pair<KvDType, Fp8ScaleMode>> seen;  // a configuration's first case: nothing of it kept yet
+  for (const KvCase& c : kv_cases()) {
+    if (c.kv.retention() != KvRetention::Full) continue;
+    const std::pair<KvDType, Fp8ScaleMode> layout{c.kv.dtype, c.kv.fp8_scale};
+    if (std::find(seen.begin(), seen.end(), layout) != seen.end()) continue;
+    seen.push_back(layout);
+    const size_t kept = cuda->free_states();
+    std::vector<float> fresh;
+    std::vector<int32_t> fresh_ids;
+    {
+      Session s(*backend, c.kv, pool);
+      s.feed(tail);
+      fresh = s.feed_all(head);
+      fresh_ids = s.greedy(8);
+    }
+    ASSERT_EQ(cuda->free_states(), kept + 1) << c.name;
+    {
+      Session other(*backend, c.kv, pool);  // takes the state just kept
+      EXPECT_EQ(cuda->free_states(), kept) << c.name;
+      other.feed(head);
+      other.greedy(16);
+      const SessionSnapshot img = other.snapshot();  // copies queued on the model's stream
+      EXPECT_GT(img.state->bytes(), 0u);
+    }
+    ASSERT_EQ(cuda->free_states(), kept + 1) << c.name;
+    Session reused(*backend, c.kv, pool);
+    EXPECT_EQ(cuda->free_states(), kept) << c.name;
+    reused.feed(tail);
+    const std::vector<float> again = reused.feed_all(head);
+    ASSERT_EQ(again.size(), fresh.size());
+    EXPECT_EQ(max_abs_diff(again.data(), fresh.data(), fresh.size()), 0.0f) << c.name;
+    EXPECT_EQ(reused.greedy(8), fresh_ids) << c.name;
+  }
+  ASSERT_GE(seen.size(), 2u);
+  // Past the first capacity (1,024 positions): freed, not kept.
+  std::vector<int32_t> many;
+  while (many.size() < 1100) many.insert(many.end(), head.begin(), head.end());
+  many.resize(1100);
+  size_t kept = 0;
+  {
+    Session s(*backend, KvConfig{}, pool);
+    kept = cuda->free_states();
+    s.feed(many);
+  }
+  EXPECT_EQ(cuda->free_states(), kept);
 }
 
 // A snapshot kept in VRAM (the default while it fits the budget: the

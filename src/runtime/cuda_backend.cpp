@@ -127,7 +127,7 @@ class CudaBackendState final : public State {
   }
   ~CudaBackendState() override {
     CallGuard g(b_.call_lock());  // freeing device memory is a device call too
-    st.reset();
+    b_.device().release_state(std::move(st));  // kept for the next state, or freed
   }
   int64_t position() const override { return st->position(); }
   // The device state is not readable from the host: what the KV config and

@@ -164,6 +164,14 @@ class CudaModel {
   // with what it consumes; Error without a head, with h2o/tova retention or
   // with routed experts outside VRAM.
   std::unique_ptr<CudaState> new_state(const KvConfig& kv, bool drafting = false) const;
+  // Where a state goes when its conversation ends: kept for the next
+  // new_state of the same KV configuration (full retention, no MTP head, no
+  // restore point; at most kFreeStates), else freed. A server's request then
+  // makes no ~45 cudaMallocs on its way to its first token, nor cudaFrees
+  // (which wait for the device) after its last.
+  void release_state(std::unique_ptr<CudaState> st) const;
+  static constexpr size_t kFreeStates = 32;
+  size_t free_states() const;  // kept for reuse now (tests)
   // Whether the model came with an MTP head (uploaded with it).
   bool has_mtp() const;
   // A drafting state: n tokens the head proposes after `next` (chosen from

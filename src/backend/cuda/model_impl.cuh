@@ -53,6 +53,7 @@ struct CudaState::Impl {
   KvConfig kv;
   int64_t pos = 0;
   int cap = 0, window = 0, sinks = 0, kvt = KV_F32, ns = 0;
+  int cap_new = 0;  // cap when made: a state reused (release_state) only before its KV grew
   bool h2o = false;  // h2o or tova retention: cap slots, KvLayer acc / kpos (scores) and victims
   // snapkv (snapkv.cu): full retention and each layer's ring of the last
   // kSnapObserved prompt queries (snap_q) until the first single-token
@@ -72,6 +73,11 @@ struct CudaState::Impl {
   // delta-rule states, and the counters and token rings. A state per
   // request in the server: ~100 cudaMalloc calls each were ~3 ms.
   void *recurrent = nullptr, *counters = nullptr;
+  size_t recurrent_bytes = 0, counters_bytes = 0;
+  // Recorded on the model's stream when the state was released for reuse
+  // (CudaModel::release_state): copies still queued there (a VRAM snapshot
+  // of it) come before a new owner's zeroing.
+  cudaEvent_t released = nullptr;
   cudaGraphExec_t graphs[3] = {nullptr, nullptr, nullptr};  // per kind of step (graph.cu)
   // A drafting state (--mtp): the MTP head's own state (one KV layer, its
   // position counter; attention() runs on it as on a main layer's), and
@@ -119,6 +125,7 @@ struct CudaState::Impl {
     for (float* p : conv_rows) cudaFree(p);
     for (float* p : ssm_rows) cudaFree(p);
     cudaFree(head_rows);
+    if (released) cudaEventDestroy(released);
     cudaFree(verify_scores);
     cudaFree(verify_jobs);
     cudaFree(scores);
@@ -236,6 +243,8 @@ struct CudaModel::Impl : Launcher {
   // Profiling (cuda_profile_decode): an event after each launch, with its kernel class.
   bool profiling = false;
   std::vector<cudaEvent_t> events;
+  // States released for reuse (release_state), most recent last.
+  mutable std::vector<std::unique_ptr<CudaState::Impl>> free_states;
   std::vector<int> event_class;
 
   ~Impl();

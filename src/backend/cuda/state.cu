@@ -80,6 +80,7 @@ void alloc_counters(CudaState::Impl& s, int ring, cudaStream_t zero) {
   s.scores = static_cast<float*>(dev_alloc(size_t(s.cap) * std::max(s.nh, 1) * 4, "attention scores"));
   const size_t n = 3 + 2 * size_t(ring);
   s.counters = dev_alloc(n * 4, "counters and token ids");
+  s.counters_bytes = n * 4;
   int* c = static_cast<int*>(s.counters);
   s.d_pos = c, s.d_base = c + 1, s.d_step = c + 2, s.d_ids = c + 3, s.d_out = c + 3 + ring;
   CK(cudaMemsetAsync(c, 0, n * 4, zero));
@@ -139,6 +140,27 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv, bool draftin
                                                 " positions per layer is more than it supports (2^30)");
   CK(cudaSetDevice(m.dev));
   auto st = std::make_unique<CudaState>();
+  // A released state of this configuration (release_state), made as new:
+  // position 0, its conv and delta-rule states and counters zeroed as a new
+  // one's are, its graphs dropped. Its KV rows keep their stale contents (no
+  // row at or past the position is read).
+  if (!drafting && kv.retention() == KvRetention::Full)
+    for (auto it = m.free_states.end(); it != m.free_states.begin();) {
+      --it;
+      // Full retention: the buffers follow the KV dtype and its fp8 scales alone.
+      if ((*it)->kv.dtype != kv.dtype || (*it)->kv.fp8_scale != kv.fp8_scale) continue;
+      st->p_ = std::move(*it);
+      m.free_states.erase(it);
+      CudaState::Impl& s = *st->p_;
+      s.kv = kv;
+      s.pos = 0;
+      s.drop_graphs();
+      CK(cudaStreamWaitEvent(m.state_stream, s.released, 0));
+      if (s.recurrent) CK(cudaMemsetAsync(s.recurrent, 0, s.recurrent_bytes, m.state_stream));
+      CK(cudaMemsetAsync(s.counters, 0, s.counters_bytes, m.state_stream));
+      CK(cudaStreamSynchronize(m.state_stream));
+      return st;
+    }
   st->p_ = std::make_unique<CudaState::Impl>();
   CudaState::Impl& s = *st->p_;
   s.dev = m.dev;
@@ -172,6 +194,7 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv, bool draftin
   if (s.h2o) s.sinks = int(kv.sinks);
   s.snap = ret == KvRetention::SnapKV;  // full until the prompt is cut (snapkv.cu)
   s.cap = s.window > 0 ? s.window : s.h2o ? int(kv.capacity()) : 1024;
+  s.cap_new = s.cap;
   const int64_t C = m.c.lin_conv_dim(), Kc = m.c.conv_kernel;
   const int64_t ssm_n = m.c.lin_num_v_heads * m.c.lin_k_dim * m.c.lin_v_dim;
   // [C][K-1] conv states in use (the K-1 previous inputs per channel); C * K
@@ -180,8 +203,9 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv, bool draftin
   const size_t per_layer = round64(size_t(ssm_n)) + round64(size_t(C * Kc));
   const size_t linear = size_t(m.plan.delta_layers);
   if (linear) {
-    s.recurrent = dev_alloc(linear * per_layer * 4, "conv and delta-rule states");
-    CK(cudaMemsetAsync(s.recurrent, 0, linear * per_layer * 4, m.state_stream));
+    s.recurrent_bytes = linear * per_layer * 4;
+    s.recurrent = dev_alloc(s.recurrent_bytes, "conv and delta-rule states");
+    CK(cudaMemsetAsync(s.recurrent, 0, s.recurrent_bytes, m.state_stream));
   }
   float* rec = static_cast<float*>(s.recurrent);
   for (const LayerPlan& lp : m.plan.layers) {  // in order: state_slot is the index in kvl / conv / ssm
@@ -222,6 +246,24 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv, bool draftin
   CK(cudaStreamSynchronize(m.state_stream));
   return st;
 }
+
+void CudaModel::release_state(std::unique_ptr<CudaState> st) const {
+  if (!st || !st->p_) return;
+  const Impl& m = *p_;
+  CudaState::Impl& s = *st->p_;
+  // Not one whose KV grew: the attention's blocks per head follow the
+  // capacity, so its sums would not be a new state's, bit for bit.
+  const bool plain = !s.head && !s.h2o && !s.snap && s.kv.retention() == KvRetention::Full && s.cap == s.cap_new &&
+                     s.bak.empty() && s.conv_rows.empty() && s.ssm_rows.empty() && !s.head_rows && !s.verify_scores &&
+                     !s.verify_jobs;
+  if (!plain || s.dev != m.dev || m.free_states.size() >= kFreeStates) return;  // freed with st
+  CK(cudaSetDevice(m.dev));
+  if (!s.released) CK(cudaEventCreateWithFlags(&s.released, cudaEventDisableTiming));
+  CK(cudaEventRecord(s.released, m.stream));
+  m.free_states.push_back(std::move(st->p_));
+}
+
+size_t CudaModel::free_states() const { return p_->free_states.size(); }
 
 namespace {
 // Bytes of each buffer of a state image, in save_state's order: per KV layer

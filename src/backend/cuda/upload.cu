@@ -26,6 +26,7 @@ namespace flashmoe {
 CudaModel::Impl::~Impl() {
   cudaSetDevice(dev);
   if (stream) cudaStreamSynchronize(stream);
+  free_states.clear();
   prefill.reset();
   tiers.reset();
   for (void* p : allocs) cudaFree(p);
