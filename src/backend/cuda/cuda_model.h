@@ -165,10 +165,12 @@ class CudaModel {
   // with routed experts outside VRAM.
   std::unique_ptr<CudaState> new_state(const KvConfig& kv, bool drafting = false) const;
   // Where a state goes when its conversation ends: kept for the next
-  // new_state of the same KV configuration (full retention, no MTP head, no
-  // restore point; at most kFreeStates), else freed. A server's request then
-  // makes no ~45 cudaMallocs on its way to its first token, nor cudaFrees
-  // (which wait for the device) after its last.
+  // new_state of the same KV layout (full retention, its KV not grown past
+  // its first capacity, no MTP head or restore point; at most kFreeStates),
+  // else freed. A server's request then makes no ~45 cudaMallocs on its way
+  // to its first token, nor cudaFrees (which wait for the device) after its
+  // last. The kept ones hold their VRAM (a server's: no more states than
+  // it had running at once).
   void release_state(std::unique_ptr<CudaState> st) const;
   static constexpr size_t kFreeStates = 32;
   size_t free_states() const;  // kept for reuse now (tests)
