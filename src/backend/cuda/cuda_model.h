@@ -171,7 +171,7 @@ class CudaModel {
   // to its first token, nor cudaFrees (which wait for the device) after its
   // last. The kept ones hold their VRAM (a server's: no more states than
   // it had running at once).
-  void release_state(std::unique_ptr<CudaState> st) const;
+  void release_state(std::unique_ptr<CudaState> st) const noexcept;
   static constexpr size_t kFreeStates = 32;
   size_t free_states() const;  // kept for reuse now (tests)
   // Whether the model came with an MTP head (uploaded with it).

@@ -30,6 +30,8 @@ std::string CudaModel::device_name() const { no_cuda(); }
 int64_t CudaModel::weight_bytes_total() const { no_cuda(); }
 int64_t CudaModel::weight_bytes_per_token() const { no_cuda(); }
 std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig&, bool) const { no_cuda(); }
+void CudaModel::release_state(std::unique_ptr<CudaState>) const noexcept {}
+size_t CudaModel::free_states() const { return 0; }
 bool CudaModel::has_mtp() const { no_cuda(); }
 void CudaModel::draft(CudaState&, int32_t, int64_t, const CudaDraftPicker&, int32_t*) const { no_cuda(); }
 CudaStateImage CudaModel::save_state(const CudaState&) const { no_cuda(); }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -247,7 +248,7 @@ std::unique_ptr<CudaState> CudaModel::new_state(const KvConfig& kv, bool draftin
   return st;
 }
 
-void CudaModel::release_state(std::unique_ptr<CudaState> st) const {
+void CudaModel::release_state(std::unique_ptr<CudaState> st) const noexcept {
   if (!st || !st->p_) return;
   const Impl& m = *p_;
   CudaState::Impl& s = *st->p_;
@@ -257,10 +258,18 @@ void CudaModel::release_state(std::unique_ptr<CudaState> st) const {
                      s.bak.empty() && s.conv_rows.empty() && s.ssm_rows.empty() && !s.head_rows && !s.verify_scores &&
                      !s.verify_jobs;
   if (!plain || s.dev != m.dev || m.free_states.size() >= kFreeStates) return;  // freed with st
-  CK(cudaSetDevice(m.dev));
-  if (!s.released) CK(cudaEventCreateWithFlags(&s.released, cudaEventDisableTiming));
-  CK(cudaEventRecord(s.released, m.stream));
-  m.free_states.push_back(std::move(st->p_));
+  // From a destructor: no exceptions; a device that fails here gets the
+  // state freed as before.
+  if (cudaSetDevice(m.dev) != cudaSuccess) return;
+  if (!s.released && cudaEventCreateWithFlags(&s.released, cudaEventDisableTiming) != cudaSuccess) {
+    s.released = nullptr;
+    return;
+  }
+  if (cudaEventRecord(s.released, m.stream) != cudaSuccess) return;
+  try {
+    m.free_states.push_back(std::move(st->p_));
+  } catch (const std::bad_alloc&) {  // st still holds it: freed
+  }
 }
 
 size_t CudaModel::free_states() const { return p_->free_states.size(); }
