@@ -25,6 +25,13 @@ __global__ void split_rows_kernel(const float* __restrict__ x, int rows, int col
 
 constexpr int kPipeBN = 128, kPipeStages = 3, kPipeThreads = 256;
 
+// gemm_pipe_kernel's blocks along the outputs (grid x): kPipeBN columns a
+// block, or kPipeBN / 2 gate/up pairs for a swiglu product. Also what a
+// tile's count reaches once every block of the tile is stored (tile_wait).
+inline int pipe_blocks_x(const GemmArgs& a) {
+  return a.mode == GEMM_SWIGLU ? (a.half + kPipeBN / 2 - 1) / (kPipeBN / 2) : (a.N + kPipeBN - 1) / kPipeBN;
+}
+
 // BM rows (tokens) by kPipeBN columns per block, BK deep per pipeline stage
 // (shared-memory rows padded by 16 bytes: conflict-free fragment loads).
 template <int BM, int BK>

@@ -222,8 +222,7 @@ SplitRows Prefill::split(const float* A, int rows, int cols, bool side) {
 void Prefill::gemm(int dt, const GemmArgs& a, int bm, int grid_y, SplitRows sp, cudaStream_t s) {
   if (!s) s = m_.stream;
   if (pipe(dt) && sp.hi) {
-    const int gx = a.mode == GEMM_SWIGLU ? div_up(a.half, kPipeBN / 2) : div_up(a.N, kPipeBN);
-    const dim3 grid(unsigned(gx), unsigned(std::max(grid_y, 1)));
+    const dim3 grid(unsigned(pipe_blocks_x(a)), unsigned(std::max(grid_y, 1)));
     auto go = [&](auto kern, size_t smem) { send(kern, grid, dim3(kPipeThreads), smem, s, a, sp.hi, sp.lo); };
     // 64 columns of K per stage paid on every product but the tallest tiles
     // (64 rows: 140 registers and 110 KB per block, 2 blocks per SM), where
@@ -687,7 +686,7 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
     g.tile_done = split_here ? tile_done_ : nullptr;
     gemm(edt, g, ebm, ntiles, fs);
     mark(P_EXPERTS_GU);
-    g.tile_wait = div_up(I, kPipeBN / 2);  // gate/up's blocks per tile
+    g.tile_wait = pipe_blocks_x(g);  // gate/up's blocks per tile (g is still gate/up's)
     g.A = hb_;
     g.lda = I;
     g.arow = nullptr;
