@@ -46,12 +46,6 @@ struct PipeShape {
   static constexpr size_t kSmem = kStage * kPipeStages > kOut ? kStage * kPipeStages : kOut;
 };
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool ok) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const int n = ok ? 16 : 0;  // 0: zero-fill
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(n));
-}
-
 // Until *count >= n (acquire: what the adders stored before their fence is
 // visible to this block after its barrier). Past a second the count will
 // not come (a broken launch): trap rather than hang the device.

@@ -532,10 +532,12 @@ bool Prefill::skinny_experts(int T, int edt) const {
   const ModelConfig& c = *m_.c;
   if (edt != DT_BF16 || c.hidden_size % 8 != 0 || c.moe_intermediate % 8 != 0) return false;
   if (expert_path_ != 0) return expert_path_ == 3;
-  // Up to kSkinnyExpertMean rows per picked expert on average (B <= 8 on
-  // the 35B): measured there faster than few_rows_kernel and the tiled
-  // product (760.6 vs 735.5 and 687.0 tokens/s); from B = 32 the tiled
-  // product (1,429.7 vs 1,413.0; B = 64 1,889.8 vs 1,876.6).
+  // Up to kSkinnyExpertMean rows per picked expert on average (B <= 64 on
+  // the 35B). With its weights staged through shared memory (session 20)
+  // the skinny product beat the tiled one at B = 32 (1,989-1,991 vs
+  // 1,963-1,964 tokens/s) and B = 64 (2,639-2,640 vs 2,576-2,584); before
+  // that it won only up to B = 8 (760.6 vs 687.0; few_rows_kernel 735.5).
+  // Past B = 64 (16-row tiles of 2+ rows on average) it was not measured.
   return double(T) * double(c.num_experts_per_tok) <=
          kSkinnyExpertMean * double(std::max<int64_t>(1, c.num_experts));
 }
