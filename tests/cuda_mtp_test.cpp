@@ -240,8 +240,18 @@ TEST(CudaMtp, VerifyPassMatchesThePrefillAndTakesBackToAnyRow) {
       const float dl = max_abs_diff(lv.data(), lw.data(), size_t(V));
       const std::vector<float> hv = draft_logits(v, text[73], steps), hw = draft_logits(w, text[73], steps);
       const float dh = max_abs_diff(hv.data(), hw.data(), hv.size());
-      EXPECT_LE(dl, 2e-3f) << kv.describe() << " taken back to row " << k;
-      EXPECT_LE(dh, 2e-3f) << kv.describe() << " head after taking back to row " << k;
+      // The verify pass (the batched step's products) and the token-by-token
+      // decode (matvecs) compute each K/V value a few fp32 ulps apart; a
+      // cache of 8 mantissa bits or fewer can round the two to neighbouring
+      // values (2^-8 apart in bf16), which moved the next logits by up to
+      // 2.1e-3 here (session 20, bf16, row 3). The distributions must still
+      // agree (KL) and pick the same token; a wrong state taken back moves
+      // both far more.
+      const bool coarse = kv.dtype == KvDType::BF16 || kv.dtype == KvDType::FP8;
+      EXPECT_LE(dl, coarse ? 1e-2f : 2e-3f) << kv.describe() << " taken back to row " << k;
+      EXPECT_LE(mean_kl(lw, lv, V), 1e-6) << kv.describe() << " taken back to row " << k;
+      EXPECT_EQ(argmax(lv.data(), V), argmax(lw.data(), V)) << kv.describe() << " taken back to row " << k;
+      EXPECT_LE(dh, coarse ? 1e-2f : 2e-3f) << kv.describe() << " head after taking back to row " << k;
       if (k == 0 || k == n - 1)
         std::printf("[cuda-mtp] %-10s taken back to row %lld: next logits max |d| %.3g, drafts %.3g\n",
                     kv.describe().c_str(), (long long)k, dl, dh);

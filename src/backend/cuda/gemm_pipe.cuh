@@ -46,22 +46,6 @@ struct PipeShape {
   static constexpr size_t kSmem = kStage * kPipeStages > kOut ? kStage * kPipeStages : kOut;
 };
 
-// Until *count >= n (acquire: what the adders stored before their fence is
-// visible to this block after its barrier). Past a second the count will
-// not come (a broken launch): trap rather than hang the device.
-__device__ __forceinline__ void wait_count(const int* count, int n) {
-  unsigned long long t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  for (;;) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
-    if (v >= n) return;
-    __nanosleep(64);
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    if (t - t0 > 1000000000ull) __trap();
-  }
-}
-
 // a.A unused: the activations are ahi/alo [rows][K] (row m of output row m:
 // arow[m] or m). Modes, gathering, scattering and grouping as gemm_kernel.
 template <int BM, int BK>

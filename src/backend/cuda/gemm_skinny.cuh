@@ -52,8 +52,10 @@ constexpr int kSkinnyMaxRows = 64;  // tokens (8 tiles of 8)
 // (route_lists_kernel's BM), and the mean rows per picked expert, T * k / E,
 // up to which the default takes this kernel for them (the 35B's B = 64:
 // 2.0; measured faster there and at B = 8 and 32 than the tiled product and
-// few_rows_kernel, session 20).
-constexpr int kSkinnyExpertRows = 16;
+// few_rows_kernel, session 20). Tiles of 8 rows (one 8-token mma tile): at
+// ~1-2 rows an expert, 16 only doubled the padded arithmetic and staging
+// (B = 32 +2.2%, B = 64 +1.5% against 16, session 20).
+constexpr int kSkinnyExpertRows = 8;
 constexpr double kSkinnyExpertMean = 2.0;
 
 // The shared memory of skinny_gemm_kernel<NT, ...>: kStages stages of
@@ -163,8 +165,13 @@ __global__ void __launch_bounds__(kSkinnyThreads, 2) skinny_gemm_kernel(GemmArgs
   const bool swiglu = a.mode == GEMM_SWIGLU;
   const __nv_bfloat16* W;
   int m0 = 0, rows = a.M;
+  // Grouped, a.tile_wait > 0 (down after gate/up): the kernel before is
+  // this tile's producer, which passed its own wait before letting this one
+  // start, so the tile list is final; the tile's count says when its rows
+  // are in (the weights load before that).
+  const bool tile_waits = a.tiles && a.tile_done && a.tile_wait > 0;
   if (a.tiles) {
-    pdl_wait();
+    if (!tile_waits) pdl_wait();
     pdl_trigger();
     if (int(blockIdx.z) >= *a.ntiles) return;
     const int* tl = a.tiles + 3 * blockIdx.z;
@@ -241,11 +248,16 @@ __global__ void __launch_bounds__(kSkinnyThreads, 2) skinny_gemm_kernel(GemmArgs
   };
   // Under PDL the first stages' weights load before the wait (nothing writes
   // them); they join the first stage's group.
-  if (!a.tiles) {
+  if (!a.tiles || tile_waits) {
 #pragma unroll
     for (int s = 0; s < ST - 1; ++s) issue_w(s);
-    pdl_wait();
-    pdl_trigger();
+    if (!a.tiles) {
+      pdl_wait();
+      pdl_trigger();
+    } else {
+      if (tid == 0) wait_count(a.tile_done + blockIdx.z, a.tile_wait);
+      __syncthreads();
+    }
 #pragma unroll
     for (int s = 0; s < ST - 1; ++s) issue_a(s);
   } else {
@@ -317,6 +329,11 @@ __global__ void __launch_bounds__(kSkinnyThreads, 2) skinny_gemm_kernel(GemmArgs
     if (q > 0) __syncthreads();
   }
   skinny_store(a, part, split, rank, m0, rows);
+  if (a.tiles && a.tile_done && a.tile_wait == 0) {  // this block's share of the tile is stored
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) atomicAdd(a.tile_done + blockIdx.z, 1);
+  }
 }
 
 // Whether a's split activations can be read (given, in 16-byte aligned rows).
@@ -347,15 +364,27 @@ inline cudaError_t skinny_allow_smem() {
 // rows), on a device of `sms` SMs: K split over a cluster until the blocks
 // fill the SMs at two blocks each, each block keeping at least 64 columns.
 // The split activations are read where skinny_split_given, else a.A.
+struct SkinnyGrid {
+  int split = 1;   // blocks along K (a cluster)
+  int blocks = 0;  // along the weight rows
+  int kslice = 0;  // columns per block
+};
+inline SkinnyGrid skinny_grid(const GemmArgs& a, int sms, int ntiles) {
+  SkinnyGrid g;
+  g.blocks = a.mode == GEMM_SWIGLU ? (a.half + kSkinnyRows / 2 - 1) / (kSkinnyRows / 2)
+                                   : (a.N + kSkinnyRows - 1) / kSkinnyRows;
+  while (g.split < kSkinnyMaxSplit && int64_t(g.blocks) * ntiles * g.split < 2 * int64_t(sms) &&
+         a.K >= 2 * 64 * g.split)
+    g.split *= 2;
+  g.kslice = ((a.K + 31) / 32 + g.split - 1) / g.split * 32;
+  return g;
+}
+
 inline cudaError_t launch_skinny_gemm(const GemmArgs& a, int sms, cudaStream_t st, int ntiles = 1,
                                       int tile_rows = 0, bool pdl = false) {
-  const int blocks = a.mode == GEMM_SWIGLU ? (a.half + kSkinnyRows / 2 - 1) / (kSkinnyRows / 2)
-                                           : (a.N + kSkinnyRows - 1) / kSkinnyRows;
+  const SkinnyGrid grid = skinny_grid(a, sms, ntiles);
+  const int split = grid.split, blocks = grid.blocks, kslice = grid.kslice;
   const int M = a.tiles ? tile_rows : a.M;
-  int split = 1;
-  while (split < kSkinnyMaxSplit && int64_t(blocks) * ntiles * split < 2 * int64_t(sms) && a.K >= 2 * 64 * split)
-    split *= 2;
-  const int kslice = ((a.K + 31) / 32 + split - 1) / split * 32;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(split), unsigned(blocks), unsigned(a.tiles ? ntiles : 1));
   cfg.blockDim = dim3(unsigned(kSkinnyThreads));

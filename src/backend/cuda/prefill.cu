@@ -610,8 +610,15 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
     g.mode = GEMM_SWIGLU;
     g.half = I;
     g.Ahi = xhi_, g.Alo = xlo_, g.Chi = yhi_, g.Clo = ylo_;  // down reads these
+    // As the tiled product's below: gate/up counts each tile's finished
+    // blocks, and down's blocks load their first weights, then wait for
+    // their tile's count, not for the whole of gate/up (the 35B at B = 32:
+    // +1.0-1.8%, bench/NOTES-cuda.md, session 20).
+    g.tile_done = tile_done_;
     check(launch_skinny_gemm(g, sms_, st, ntiles, ebm, pdl()), "batched step: experts gate/up (skinny)");
     mark(P_EXPERTS_GU);
+    const SkinnyGrid gu = skinny_grid(g, sms_, ntiles);
+    g.tile_wait = gu.split * gu.blocks;
     g.A = hb_;
     g.lda = I;
     g.arow = nullptr;
