@@ -1,6 +1,6 @@
 // The dense products of a few rows (a batched decode step: T <= 64 tokens)
 // over bf16 weights: C[T][N] (=, +=, swiglu) = A[T][K] . W^T, and the
-// routed experts' products over tiles of up to 16 of an expert's rows.
+// routed experts' products over tiles of a few of an expert's rows.
 //
 // At T = 32 the tiled products (gemm_pipe_kernel: 128 weight rows by T
 // tokens per block, the whole K) gave the 35B's out-proj (2,048 rows) 16
@@ -201,6 +201,7 @@ __global__ void __launch_bounds__(kSkinnyThreads, 2) skinny_gemm_kernel(GemmArgs
   }
   // Activation chunks: PS: hi rows then lo rows, 8 chunks a token; else 16 a token (fp32).
   constexpr int kAChunks = TP * 16, kAPer = (kAChunks + NTH - 1) / NTH;
+  // (32 bits: at most 64 rows of activations, or a step's T * k expert rows.)
   int asrc[kAPer];  // element offset of the chunk's token row in A (or Ahi / Alo); -1: none
 #pragma unroll
   for (int u = 0; u < kAPer; ++u) {
@@ -359,11 +360,9 @@ inline cudaError_t skinny_allow_smem() {
   return cudaSuccess;
 }
 
-// skinny_gemm_kernel over a (see the kernel; dense: a.M <= kSkinnyMaxRows;
-// grouped: up to `ntiles` tiles of at most `tile_rows` <= kSkinnyMaxRows
-// rows), on a device of `sms` SMs: K split over a cluster until the blocks
-// fill the SMs at two blocks each, each block keeping at least 64 columns.
-// The split activations are read where skinny_split_given, else a.A.
+// The launch's grid on a device of `sms` SMs: K split over a cluster until
+// the blocks fill the SMs at two blocks each, each block keeping at least
+// 64 columns.
 struct SkinnyGrid {
   int split = 1;   // blocks along K (a cluster)
   int blocks = 0;  // along the weight rows
@@ -380,8 +379,13 @@ inline SkinnyGrid skinny_grid(const GemmArgs& a, int sms, int ntiles) {
   return g;
 }
 
+// skinny_gemm_kernel over a (see the kernel; dense: a.M <= kSkinnyMaxRows;
+// grouped: up to `ntiles` tiles of at most `tile_rows` <= kSkinnyMaxRows
+// rows; a weight matrix of fewer than 2^31 elements, skinny_fits). The
+// split activations are read where skinny_split_given, else a.A.
 inline cudaError_t launch_skinny_gemm(const GemmArgs& a, int sms, cudaStream_t st, int ntiles = 1,
                                       int tile_rows = 0, bool pdl = false) {
+  if (!a.tiles && int64_t(a.N) * a.K >= (int64_t(1) << 31)) return cudaErrorInvalidValue;
   const SkinnyGrid grid = skinny_grid(a, sms, ntiles);
   const int split = grid.split, blocks = grid.blocks, kslice = grid.kslice;
   const int M = a.tiles ? tile_rows : a.M;
