@@ -148,6 +148,43 @@ void Prefill::allocate() {
   lse_ = f(T * size_t(std::max<int64_t>(1, c.num_heads)));
   seq_ = i(T);
   best_dev_ = i(size_t(lrows_));
+  // A pass's sequences (PassSeqs): at most one a row.
+  for (const LayerPlan& l : m_.plan->layers) pass_slots_ += l.mixer == MixerKind::GatedAttention ? 0 : 1;
+  pass_r0_ = i(T + 1);
+  pass_seq_ = i(T);
+  pass_conv_ = static_cast<float**>(alloc(std::max<size_t>(1, pass_slots_) * T * sizeof(float*)));
+  pass_ssm_ = static_cast<float**>(alloc(std::max<size_t>(1, pass_slots_) * T * sizeof(float*)));
+}
+
+PassSeqs Prefill::upload_pass(const PromptRows* seqs, int S, int R) {
+  const size_t slots = seqs[0].s.conv ? seqs[0].s.conv->size() : 0;
+  if (slots > pass_slots_) fail("batched prefill: more recurrent states than the model's linear layers");
+  std::vector<int> r0(size_t(S) + 1), seq(static_cast<size_t>(R));
+  std::vector<float*> conv(slots * size_t(S)), ssm(slots * size_t(S));
+  for (int j = 0; j < S; ++j) {
+    const PrefillState& s = seqs[j].s;
+    if (slots && (s.conv->size() != slots || s.ssm->size() != slots))
+      fail("batched prefill: sequences with different numbers of recurrent states");
+    r0[size_t(j)] = seqs[j].r0;
+    for (int r = seqs[j].r0; r < seqs[j].r0 + seqs[j].T; ++r) seq[size_t(r)] = j;
+    for (size_t sl = 0; sl < slots; ++sl) {
+      conv[sl * size_t(S) + size_t(j)] = (*s.conv)[sl];
+      ssm[sl * size_t(S) + size_t(j)] = (*s.ssm)[sl];
+    }
+  }
+  r0[size_t(S)] = R;
+  // From pageable memory: each copy has left the vectors when it returns.
+  auto up = [&](void* dst, const void* src, size_t bytes) {
+    if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, m_.stream), "batched prefill: sequences");
+  };
+  up(pass_r0_, r0.data(), r0.size() * sizeof(int));
+  up(pass_seq_, seq.data(), seq.size() * sizeof(int));
+  up(pass_conv_, conv.data(), conv.size() * sizeof(float*));
+  up(pass_ssm_, ssm.data(), ssm.size() * sizeof(float*));
+  PassSeqs p;
+  p.r0 = pass_r0_;
+  p.seq = pass_seq_;
+  return p;
 }
 
 Prefill::~Prefill() {
@@ -792,6 +829,7 @@ void Prefill::run_rows(const PromptRows* seqs, int S, const int* d_ids) {
   const int nk = int(c.lin_num_k_heads), nv = int(c.lin_num_v_heads), dk = int(c.lin_k_dim), dv = int(c.lin_v_dim);
   const int C = int(c.lin_conv_dim()), K = int(c.conv_kernel);
   const size_t qw = size_t(c.num_heads * c.head_dim);  // q_ / attention's o_ row
+  const PassSeqs pass = upload_pass(seqs, S, R);
   for (const LayerPlan& l : m_.plan->layers) {
     const DLayer& d = (*m_.L)[size_t(l.index)];
     const int sl = l.state_slot;
@@ -799,55 +837,48 @@ void Prefill::run_rows(const PromptRows* seqs, int S, const int* d_ids) {
     norm_split_rows(x_, d.in_norm, R);
     const SplitRows xs{xhi_, xlo_};
     mark(P_NORM);
-    if (!attention) {  // GatedDeltaNet: the products over every row, the recurrence per sequence
+    if (!attention) {  // GatedDeltaNet: the products over every row, the recurrence over each sequence's
       dense(d.lin_in, xn_, proj_, proj_stride_, GEMM_STORE, 0, xs);
       mark(P_INPROJ);
-      for (int j = 0; j < S; ++j) {
-        const PrefillState& s = seqs[j].s;
-        const int T = seqs[j].T;
-        const size_t r0 = size_t(seqs[j].r0);
-        float* proj = proj_ + r0 * size_t(proj_stride_);
-        float* cv = cv_ + r0 * size_t(C);
-        float* cstate = (*s.conv)[size_t(sl)];
-        conv_rows_kernel<<<dim3(unsigned(div_up(C, 128)), unsigned(T)), 128, 0, st>>>(proj, proj_stride_, C, K,
-                                                                                    d.conv_w, cstate, cv);
-        conv_state_kernel<<<div_up(C, 128), 128, 0, st>>>(proj, proj_stride_, C, K, cstate, T);
-        mark(P_CONV);
-        DeltaRowsArgs a;
-        a.conv = cv;
-        a.C = C;
-        a.proj = proj;
-        a.pstride = proj_stride_;
-        a.zoff = C;
-        a.boff = C + nv * dv;
-        a.aoff = C + nv * dv + nv;
-        a.dt_bias = d.dt_bias;
-        a.neg_exp_A = d.neg_exp_A;
-        a.norm_w = d.gnorm;
-        a.beta = beta_ + r0 * size_t(nv);
-        a.decay = decay_ + r0 * size_t(nv);
-        a.S = (*s.ssm)[size_t(sl)];
-        a.out = o_ + r0 * size_t(nv) * size_t(dv);
-        a.nk = nk;
-        a.tiled = d.v_tiled ? 1 : 0;
-        a.nv = nv;
-        a.dk = dk;
-        a.dv = dv;
-        a.T = T;
-        a.eps = c.rms_norm_eps;
-        delta_rows_kernel<<<T, 256, 0, st>>>(a);
-        mark(P_DELTA_PRE);
-        const dim3 g{unsigned(nv), unsigned(dv / 32)};
-        switch (dk) {
-          case 32: delta_scan_kernel<32><<<g, 128, 0, st>>>(a); break;
-          case 64: delta_scan_kernel<64><<<g, 256, 0, st>>>(a); break;
-          case 128: delta_scan_kernel<128><<<g, 512, 0, st>>>(a); break;
-          default: delta_scan_kernel<256><<<g, 1024, 0, st>>>(a); break;
-        }
-        mark(P_DELTA_SCAN);
-        gated_norm_rows_kernel<<<dim3(unsigned(T), unsigned(nv)), unsigned(div_up(dv, 32) * 32), 0, st>>>(a);
-        mark(P_GATED_NORM);
+      PassSeqs ps = pass;
+      ps.conv = pass_conv_ + size_t(sl) * S;
+      ps.ssm = pass_ssm_ + size_t(sl) * S;
+      conv_rows_kernel<<<dim3(unsigned(div_up(C, 128)), unsigned(R)), 128, 0, st>>>(proj_, proj_stride_, C, K,
+                                                                                  d.conv_w, ps, cv_);
+      conv_state_kernel<<<dim3(unsigned(div_up(C, 128)), unsigned(S)), 128, 0, st>>>(proj_, proj_stride_, C, K, ps);
+      mark(P_CONV);
+      DeltaRowsArgs a;
+      a.conv = cv_;
+      a.C = C;
+      a.proj = proj_;
+      a.pstride = proj_stride_;
+      a.zoff = C;
+      a.boff = C + nv * dv;
+      a.aoff = C + nv * dv + nv;
+      a.dt_bias = d.dt_bias;
+      a.neg_exp_A = d.neg_exp_A;
+      a.norm_w = d.gnorm;
+      a.beta = beta_;
+      a.decay = decay_;
+      a.out = o_;
+      a.nk = nk;
+      a.tiled = d.v_tiled ? 1 : 0;
+      a.nv = nv;
+      a.dk = dk;
+      a.dv = dv;
+      a.eps = c.rms_norm_eps;
+      delta_rows_kernel<<<R, 256, 0, st>>>(a);
+      mark(P_DELTA_PRE);
+      const dim3 g{unsigned(nv), unsigned(dv / 32), unsigned(S)};
+      switch (dk) {
+        case 32: delta_scan_kernel<32><<<g, 128, 0, st>>>(a, ps); break;
+        case 64: delta_scan_kernel<64><<<g, 256, 0, st>>>(a, ps); break;
+        case 128: delta_scan_kernel<128><<<g, 512, 0, st>>>(a, ps); break;
+        default: delta_scan_kernel<256><<<g, 1024, 0, st>>>(a, ps); break;
       }
+      mark(P_DELTA_SCAN);
+      gated_norm_rows_kernel<<<dim3(unsigned(R), unsigned(nv)), unsigned(div_up(dv, 32) * 32), 0, st>>>(a);
+      mark(P_GATED_NORM);
       dense(d.out_proj, o_, x_, H, GEMM_ADD);
       mark(P_OUTPROJ);
     } else {

@@ -110,6 +110,18 @@ struct VerifyRows {
   size_t scores_row = 0;
 };
 
+// The sequences of one pass (Prefill::run_rows): sequence j has the
+// pass's rows [r0[j], r0[j + 1]), seq[r] is the sequence of row r, and
+// conv[j] / ssm[j] are its states of the layer at hand. Every sequence's
+// recurrence goes in one launch: one per sequence made a many-prompt step
+// launch-bound (~4 ms a prompt on the 35B, bench/NOTES-cuda.md, session 20).
+struct PassSeqs {
+  const int* r0 = nullptr;        // [S + 1]
+  const int* seq = nullptr;       // [R]
+  float* const* conv = nullptr;   // [S]: [C][K-1]
+  float* const* ssm = nullptr;    // [S]: [nv][dk][dv]
+};
+
 // One sequence's part of a prefill pass over several (Prefill::run_rows):
 // its state, its rows [r0, r0 + T) of the pass, the position of row r0.
 struct PromptRows {
@@ -229,6 +241,9 @@ class Prefill {
   void attend_chunk(const PrefillState& s, const DLayer& d, const KvLayer& kv, int p0, int T, int r0);
   void attend_in_order(const PrefillState& s, const DLayer& d, const KvLayer& kv, int T);
   void observe_queries(float* ring, const float* q, int p0, int T);  // snapkv (PrefillState::snap_q)
+  // The pass's sequences to the device: rows, and each linear layer's
+  // states at pass_conv_ / pass_ssm_ + slot * S (the returned tables' rows).
+  PassSeqs upload_pass(const PromptRows* seqs, int S, int R);
   // h2o: room for the chunk's partial score sums (grows with the context).
   float* h2o_part(size_t floats);
   void mark(int phase);  // with the profile: an event after a phase's kernels (the first: the start)
@@ -274,6 +289,11 @@ class Prefill {
 
   PrefillModel m_;
   int tmax_ = 0, lrows_ = 0, tiles_max_ = 0, sms_ = 1;
+  size_t pass_slots_ = 0;  // linear layers: the recurrent states a sequence holds
+  int* pass_r0_ = nullptr;        // [tmax_ + 1]
+  int* pass_seq_ = nullptr;       // [tmax_]
+  float** pass_conv_ = nullptr;   // [slots][tmax_]
+  float** pass_ssm_ = nullptr;    // [slots][tmax_]
   std::vector<void*> allocs_;
   float *x_ = nullptr, *xn_ = nullptr, *proj_ = nullptr, *cv_ = nullptr, *o_ = nullptr, *q_ = nullptr;
   float *beta_ = nullptr, *decay_ = nullptr, *rl_ = nullptr, *w_ = nullptr, *hb_ = nullptr, *hs_ = nullptr;

@@ -4,6 +4,7 @@
 // around them, each the decode step's arithmetic for T tokens at once.
 #pragma once
 #include "backend/cuda/attention.cuh"
+#include "backend/cuda/prefill.cuh"
 #include "backend/cuda/router.cuh"
 
 namespace flashmoe::cuda {
@@ -38,35 +39,38 @@ __global__ void norm_rows_kernel(const float* __restrict__ x, const float* __res
 }
 
 // Causal depthwise conv (kernel K <= 8) + SiLU, one thread per (channel,
-// token): the K inputs of token t are the chunk's own rows, or the state
-// [C][K-1] (the previous K-1 inputs, oldest first) before the chunk. The
-// taps in conv_kernel's order. conv_state_kernel then moves the state on.
+// row): the K inputs of a row are its sequence's own rows of the pass, or
+// that sequence's state [C][K-1] (the previous K-1 inputs, oldest first)
+// before them. The taps in conv_kernel's order. conv_state_kernel then
+// moves the states on.
 __global__ void conv_rows_kernel(const float* __restrict__ u, int ustride, int C, int K, const float* __restrict__ taps,
-                                 const float* __restrict__ state, float* __restrict__ out) {
-  const int ch = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
+                                 PassSeqs p, float* __restrict__ out) {
+  const int ch = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
   if (ch >= C) return;
+  const int j = p.seq[r], first = p.r0[j];
+  const float* state = p.conv[j];
   const float* tp = taps + size_t(ch) * K;
-  float acc = tp[K - 1] * u[size_t(t) * ustride + ch];
-  for (int j = 0; j < K - 1; ++j) {
-    const int r = t - (K - 1) + j;  // chunk row of tap j
-    acc += tp[j] * (r >= 0 ? u[size_t(r) * ustride + ch] : state[size_t(ch) * (K - 1) + (K - 1) + r]);
+  float acc = tp[K - 1] * u[size_t(r) * ustride + ch];
+  for (int i = 0; i < K - 1; ++i) {
+    const int rr = r - (K - 1) + i;  // pass row of tap i
+    acc += tp[i] * (rr >= first ? u[size_t(rr) * ustride + ch] : state[size_t(ch) * (K - 1) + (K - 1) + rr - first]);
   }
-  out[size_t(t) * C + ch] = siluf_(acc);
+  out[size_t(r) * C + ch] = siluf_(acc);
 }
 
-// The conv state after the chunk: its last K-1 inputs (older ones from the
-// state when the chunk is shorter).
-__global__ void conv_state_kernel(const float* __restrict__ u, int ustride, int C, int K, float* __restrict__ state,
-                                  int T) {
-  const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+// Each sequence's conv state after its rows (grid: channels x sequences):
+// its last K-1 inputs (older ones from the state when it has fewer rows).
+__global__ void conv_state_kernel(const float* __restrict__ u, int ustride, int C, int K, PassSeqs p) {
+  const int ch = blockIdx.x * blockDim.x + threadIdx.x, j = blockIdx.y;
   if (ch >= C || K < 2) return;
-  float* st = state + size_t(ch) * (K - 1);
+  const int first = p.r0[j], T = p.r0[j + 1] - first;
+  float* st = p.conv[j] + size_t(ch) * (K - 1);
   float v[8];
-  for (int j = 0; j < K - 1; ++j) {
-    const int r = T - (K - 1) + j;
-    v[j] = r >= 0 ? u[size_t(r) * ustride + ch] : st[(K - 1) + r];
+  for (int i = 0; i < K - 1; ++i) {
+    const int r = T - (K - 1) + i;
+    v[i] = r >= 0 ? u[size_t(first + r) * ustride + ch] : st[(K - 1) + r];
   }
-  for (int j = 0; j < K - 1; ++j) st[j] = v[j];
+  for (int i = 0; i < K - 1; ++i) st[i] = v[i];
 }
 
 // Per token (blockIdx.x) the delta rule's inputs that do not depend on the
@@ -83,9 +87,8 @@ struct DeltaRowsArgs {
   const float* norm_w;  // [dv]
   float* beta;          // [T][nv]
   float* decay;         // [T][nv]
-  float* S;             // [nv][dk][dv]
   float* out;           // [T][nv*dv]: raw, then gated-normed
-  int nk, nv, dk, dv, T;
+  int nk, nv, dk, dv;
   float eps;
   int tiled = 0;  // value head h reads key head h % nk (DeltaArgs::tiled)
 };
@@ -108,7 +111,7 @@ __global__ void delta_rows_kernel(DeltaRowsArgs a) {
   }
 }
 
-// The delta-rule recurrence over the chunk's tokens, in order. Columns of
+// The delta-rule recurrence over each sequence's rows, in order. Columns of
 // the state are independent, so a block takes 32 columns of one value head
 // (grid: nv x dv/32), SPLIT = DK/R threads per column each holding R rows
 // of it in registers for all T tokens. The tokens are a serial chain, so
@@ -118,33 +121,40 @@ __global__ void delta_rows_kernel(DeltaRowsArgs a) {
 // q, k, v, beta and decay of kTB tokens at a time are staged in shared
 // memory (q/k rows padded per thread part so the 16-byte reads of a
 // quarter-warp's parts fall in distinct banks). out: raw o.
+// Grid z: the pass's sequences (p), each over its own rows of a's arrays
+// (conv, beta, decay, out) with its own state ssm[z].
 template <int DK>
-__global__ void __launch_bounds__(DK * 4) delta_scan_kernel(DeltaRowsArgs a) {
+__global__ void __launch_bounds__(DK * 4) delta_scan_kernel(DeltaRowsArgs a, PassSeqs p) {
   constexpr int R = 8, SPLIT = DK / R, kTB = 2048 / DK < 32 ? 2048 / DK : 32, kPad = R + 4, kRow = SPLIT * kPad;
   __shared__ __align__(16) float qs[kTB][kRow], ks[kTB][kRow];
   __shared__ float vs[kTB][32], bs[kTB], ds[kTB];
   const int h = blockIdx.x, g = a.tiled ? h % a.nk : h / (a.nv / a.nk), c0 = blockIdx.y * 32;
   const int col = threadIdx.x / SPLIT, part = threadIdx.x % SPLIT, j = c0 + col;
-  float* S = a.S + size_t(h) * DK * a.dv + j;
+  const int first = p.r0[blockIdx.z], T = p.r0[blockIdx.z + 1] - first;
+  const float* conv = a.conv + size_t(first) * a.C;
+  const float* beta = a.beta + size_t(first) * a.nv;
+  const float* decay_rows = a.decay + size_t(first) * a.nv;
+  float* out = a.out + size_t(first) * a.nv * a.dv;
+  float* S = p.ssm[blockIdx.z] + size_t(h) * DK * a.dv + j;
   float s[R];
 #pragma unroll
   for (int i = 0; i < R; ++i) s[i] = S[size_t(part * R + i) * a.dv];
-  for (int t0 = 0; t0 < a.T; t0 += kTB) {
-    const int nt = min(kTB, a.T - t0);
+  for (int t0 = 0; t0 < T; t0 += kTB) {
+    const int nt = min(kTB, T - t0);
     __syncthreads();
     for (int i = threadIdx.x; i < nt * DK; i += blockDim.x) {
       const int tt = i / DK, d = i % DK, at = (d / R) * kPad + d % R;
-      const float* row = a.conv + size_t(t0 + tt) * a.C;
+      const float* row = conv + size_t(t0 + tt) * a.C;
       qs[tt][at] = row[g * DK + d];
       ks[tt][at] = row[a.nk * DK + g * DK + d];
     }
     for (int i = threadIdx.x; i < nt * 32; i += blockDim.x) {
       const int tt = i / 32, cc = i % 32;
-      vs[tt][cc] = a.conv[size_t(t0 + tt) * a.C + 2 * a.nk * DK + h * a.dv + c0 + cc];
+      vs[tt][cc] = conv[size_t(t0 + tt) * a.C + 2 * a.nk * DK + h * a.dv + c0 + cc];
     }
     if (threadIdx.x < nt) {
-      bs[threadIdx.x] = a.beta[size_t(t0 + threadIdx.x) * a.nv + h];
-      ds[threadIdx.x] = a.decay[size_t(t0 + threadIdx.x) * a.nv + h];
+      bs[threadIdx.x] = beta[size_t(t0 + threadIdx.x) * a.nv + h];
+      ds[threadIdx.x] = decay_rows[size_t(t0 + threadIdx.x) * a.nv + h];
     }
     __syncthreads();
     for (int tt = 0; tt < nt; ++tt) {
@@ -174,7 +184,7 @@ __global__ void __launch_bounds__(DK * 4) delta_scan_kernel(DeltaRowsArgs a) {
       float o = op[0] + op[1];
 #pragma unroll
       for (int w = 1; w < SPLIT; w <<= 1) o += __shfl_xor_sync(0xffffffffu, o, w);
-      if (part == 0) a.out[size_t(t0 + tt) * a.nv * a.dv + size_t(h) * a.dv + j] = o;
+      if (part == 0) out[size_t(t0 + tt) * a.nv * a.dv + size_t(h) * a.dv + j] = o;
     }
   }
 #pragma unroll
