@@ -149,7 +149,8 @@ void Prefill::allocate() {
   seq_ = i(T);
   best_dev_ = i(size_t(lrows_));
   // A pass's sequences (PassSeqs): at most one a row.
-  for (const LayerPlan& l : m_.plan->layers) pass_slots_ += l.mixer == MixerKind::GatedAttention ? 0 : 1;
+  pass_slots_ = size_t(std::count_if(m_.plan->layers.begin(), m_.plan->layers.end(),
+                                     [](const LayerPlan& l) { return l.mixer != MixerKind::GatedAttention; }));
   pass_r0_ = i(T + 1);
   pass_seq_ = i(T);
   pass_conv_ = static_cast<float**>(alloc(std::max<size_t>(1, pass_slots_) * T * sizeof(float*)));
@@ -837,7 +838,7 @@ void Prefill::run_rows(const PromptRows* seqs, int S, const int* d_ids) {
     norm_split_rows(x_, d.in_norm, R);
     const SplitRows xs{xhi_, xlo_};
     mark(P_NORM);
-    if (!attention) {  // GatedDeltaNet: the products over every row, the recurrence over each sequence's
+    if (!attention) {  // GatedDeltaNet: the products over every row, each sequence's recurrence (one launch for all)
       dense(d.lin_in, xn_, proj_, proj_stride_, GEMM_STORE, 0, xs);
       mark(P_INPROJ);
       PassSeqs ps = pass;

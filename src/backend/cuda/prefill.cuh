@@ -113,8 +113,10 @@ struct VerifyRows {
 // The sequences of one pass (Prefill::run_rows): sequence j has the
 // pass's rows [r0[j], r0[j + 1]), seq[r] is the sequence of row r, and
 // conv[j] / ssm[j] are its states of the layer at hand. Every sequence's
-// recurrence goes in one launch: one per sequence made a many-prompt step
-// launch-bound (~4 ms a prompt on the 35B, bench/NOTES-cuda.md, session 20).
+// recurrence goes in one launch: five launches per sequence and layer made
+// a many-prompt step launch-bound (the 35B: a step of 14 short prompts took
+// 76 ms; bench/NOTES.md, "Session 19: where the GPU server's time to first
+// token goes").
 struct PassSeqs {
   const int* r0 = nullptr;        // [S + 1]
   const int* seq = nullptr;       // [R]
