@@ -576,7 +576,7 @@ bool Prefill::skinny_experts(int T, int edt) const {
   // the skinny product beat the tiled one at B = 32 (1,989-1,991 vs
   // 1,963-1,964 tokens/s) and B = 64 (2,639-2,640 vs 2,576-2,584); before
   // that it won only up to B = 8 (760.6 vs 687.0; few_rows_kernel 735.5).
-  // Past B = 64 (16-row tiles of 2+ rows on average) it was not measured.
+  // Past B = 64 (more than 2 rows an expert on average) it was not measured.
   return double(T) * double(c.num_experts_per_tok) <=
          kSkinnyExpertMean * double(std::max<int64_t>(1, c.num_experts));
 }
@@ -652,7 +652,7 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
     // As the tiled product's below: gate/up counts each tile's finished
     // blocks, and down's blocks load their first weights, then wait for
     // their tile's count, not for the whole of gate/up (the 35B at B = 32:
-    // +1.0-1.8%, bench/NOTES-cuda.md, session 20).
+    // +0.9-1.8%, bench/NOTES-cuda.md, session 20).
     g.tile_done = tile_done_;
     check(launch_skinny_gemm(g, sms_, st, ntiles, ebm, pdl()), "batched step: experts gate/up (skinny)");
     mark(P_EXPERTS_GU);
