@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(kSkinnyThreads, 2) skinny_gemm_kernel(GemmArgs
   }
   // This thread's copies per stage: weight rows n = tid / 8 + 32 u, chunk tid % 8.
   constexpr int kWPer = kSkinnyRows * 8 / NTH;
-  int wsrc[kWPer];  // element offset of weight row n in W (a matrix of < 2^31 elements); -1: none
+  int wsrc[kWPer];  // element offset of weight row n in W (skinny_weights_fit); -1: none
 #pragma unroll
   for (int u = 0; u < kWPer; ++u) {
     const int n = tid / 8 + 32 * u;
@@ -337,6 +337,10 @@ __global__ void __launch_bounds__(kSkinnyThreads, 2) skinny_gemm_kernel(GemmArgs
   }
 }
 
+// Whether a weight matrix is small enough for the kernel: its offsets into
+// W are 32-bit (fewer than 2^31 weights).
+inline bool skinny_weights_fit(int64_t rows, int64_t cols) { return rows * cols < (int64_t(1) << 31); }
+
 // Whether a's split activations can be read (given, in 16-byte aligned rows).
 inline bool skinny_split_given(const GemmArgs& a) {
   return a.Ahi && a.Alo && a.lda % 8 == 0 && reinterpret_cast<uintptr_t>(a.Ahi) % 16 == 0 &&
@@ -381,11 +385,11 @@ inline SkinnyGrid skinny_grid(const GemmArgs& a, int sms, int ntiles) {
 
 // skinny_gemm_kernel over a (see the kernel; dense: a.M <= kSkinnyMaxRows;
 // grouped: up to `ntiles` tiles of at most `tile_rows` <= kSkinnyMaxRows
-// rows; a weight matrix of fewer than 2^31 elements, skinny_fits). The
+// rows; a weight matrix that skinny_weights_fit). The
 // split activations are read where skinny_split_given, else a.A.
 inline cudaError_t launch_skinny_gemm(const GemmArgs& a, int sms, cudaStream_t st, int ntiles = 1,
                                       int tile_rows = 0, bool pdl = false) {
-  if (!a.tiles && int64_t(a.N) * a.K >= (int64_t(1) << 31)) return cudaErrorInvalidValue;
+  if (!a.tiles && !skinny_weights_fit(a.N, a.K)) return cudaErrorInvalidValue;
   const SkinnyGrid grid = skinny_grid(a, sms, ntiles);
   const int split = grid.split, blocks = grid.blocks, kslice = grid.kslice;
   const int M = a.tiles ? tile_rows : a.M;

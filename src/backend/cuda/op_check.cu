@@ -730,7 +730,7 @@ std::vector<float> skinny_gemm_run(const Matrix& W, const std::vector<float>& A,
   Launcher l = device();
   if (W.dtype != DType::BF16 || W.cols % 8 != 0 || T < 1 || T > kSkinnyMaxRows ||
       A.size() != size_t(T) * W.cols || (mode == GEMM_SWIGLU && W.rows % 2 != 0) ||
-      W.rows * W.cols >= (int64_t(1) << 31))
+      !skinny_weights_fit(W.rows, W.cols))
     fail("op check: skinny product: a shape or storage type skinny_gemm_kernel does not take");
   const int ldc = int(mode == GEMM_SWIGLU ? W.rows / 2 : W.rows);
   if (C0.size() != size_t(T) * ldc) fail("op check: skinny product: C0 is not [T][ldc]");

@@ -469,9 +469,8 @@ void Prefill::norm_split_rows(const float* x, const float* w, int T) {
 }
 
 bool Prefill::skinny_fits(const DMat& W, const float* A, int T) {
-  // Fewer than 2^31 weights: the kernel's offsets into W are 32-bit.
   return W.dt == DT_BF16 && T <= kSkinnyMaxRows && W.cols % 8 == 0 && reinterpret_cast<uintptr_t>(A) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(W.p) % 16 == 0 && int64_t(W.rows) * W.cols < (int64_t(1) << 31);
+         reinterpret_cast<uintptr_t>(W.p) % 16 == 0 && skinny_weights_fit(W.rows, W.cols);
 }
 
 bool Prefill::skinny(const DMat& W, const float* A, int T, int mode) const {
