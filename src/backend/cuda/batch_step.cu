@@ -82,7 +82,7 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids, co
   const ModelConfig& c = *m_.c;
   cudaStream_t st = m_.stream;
   const int H = int(c.hidden_size);
-  const int nk = int(c.lin_num_k_heads), nv = int(c.lin_num_v_heads), dk = int(c.lin_k_dim), dv = int(c.lin_v_dim);
+  const int nv = int(c.lin_num_v_heads), dk = int(c.lin_k_dim), dv = int(c.lin_v_dim);
   const int C = int(c.lin_conv_dim()), K = int(c.conv_kernel);
   const int nh = int(c.num_heads), nkv = int(c.num_kv_heads), hd = int(c.head_dim);
   int nlin = 0, nattn = 0;
@@ -139,22 +139,11 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids, co
       for (int b = 0; b < B; ++b) {
         convs[sl * B + b] = kept(verify ? verify->conv_rows : nullptr, seq(b).conv, sl, b, conv_n);
         DeltaArgs& a = deltas[sl * B + b];
+        fill_delta_layer(a, c, d);
         a.conv = cv_ + size_t(b) * C;
         a.proj = proj_ + size_t(b) * proj_stride_;
-        a.zoff = C;
-        a.boff = C + nv * dv;
-        a.aoff = C + nv * dv + nv;
-        a.dt_bias = d.dt_bias;
-        a.neg_exp_A = d.neg_exp_A;
-        a.norm_w = d.gnorm;
         a.S = kept(verify ? verify->ssm_rows : nullptr, seq(b).ssm, sl, b, ssm_n);
         a.out = o_ + size_t(b) * nv * dv;
-        a.nk = nk;
-        a.tiled = d.v_tiled ? 1 : 0;
-        a.nv = nv;
-        a.dk = dk;
-        a.dv = dv;
-        a.eps = c.rms_norm_eps;
       }
       continue;
     }

@@ -444,28 +444,17 @@ void CudaModel::Impl::moe_launch_q(const MoeArgs& a, int slots, const QExpert& q
 // fused), conv1d, the delta-rule step, out-proj (+ the folded router).
 void CudaModel::Impl::delta_net(CudaState::Impl& s, const DLayer& d, int sl) {
   const ModelConfig& m = c;
-  const int nk = int(m.lin_num_k_heads), nv = int(m.lin_num_v_heads), dk = int(m.lin_k_dim), dv = int(m.lin_v_dim);
+  const int nv = int(m.lin_num_v_heads), dk = int(m.lin_k_dim), dv = int(m.lin_v_dim);
   const int C = int(m.lin_conv_dim()), K = int(m.conv_kernel);
   matvec(d.lin_in, x, d.in_norm, proj, 0, K_PROJ, d.rfold ? cat : nullptr);
   go(conv_kernel, (C + 255) / 256, 256, 0, proj, C, K, d.conv_w, s.conv[size_t(sl)], convout);
   mark(K_CONV);
   DeltaArgs a;
+  fill_delta_layer(a, m, d);
   a.conv = convout;
   a.proj = proj;
-  a.zoff = C;
-  a.boff = C + nv * dv;
-  a.aoff = C + nv * dv + nv;
-  a.dt_bias = d.dt_bias;
-  a.neg_exp_A = d.neg_exp_A;
-  a.norm_w = d.gnorm;
   a.S = s.ssm[size_t(sl)];
   a.out = lin_o;
-  a.nk = nk;
-  a.tiled = d.v_tiled ? 1 : 0;
-  a.nv = nv;
-  a.dk = dk;
-  a.dv = dv;
-  a.eps = m.rms_norm_eps;
   const size_t smem = size_t(2 * dk) * 4;
   auto th = [&](int split) { return std::min(1024, std::max(32, (dv * split + 31) / 32 * 32)); };
   if (!delta_cluster(a)) {

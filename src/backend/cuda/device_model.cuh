@@ -9,6 +9,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/matrix.h"
+#include "format/config.h"
 
 namespace flashmoe::cuda {
 
@@ -158,5 +159,26 @@ struct DLayer {
   void *s_gu_c = nullptr, *s_down_c = nullptr;  // GGUF: the shared expert in the routed experts' chunk layout, or null
   float* rfold = nullptr;               // folded router [router rows][H + O] (outproj_router_kernel), or null
 };
+
+// A GatedDeltaNet layer's part of the delta rule's arguments, the same for
+// the decode step (DeltaArgs), the batched step (a DeltaArgs a sequence) and
+// the prompt pass (DeltaRowsArgs): z, b and a after the conv's C channels in
+// the in-projection's row, the layer's parameters, the heads' shape.
+template <typename DeltaLayerArgs>
+void fill_delta_layer(DeltaLayerArgs& a, const ModelConfig& c, const DLayer& d) {
+  const int C = int(c.lin_conv_dim()), nv = int(c.lin_num_v_heads), dv = int(c.lin_v_dim);
+  a.zoff = C;
+  a.boff = C + nv * dv;
+  a.aoff = C + nv * dv + nv;
+  a.dt_bias = d.dt_bias;
+  a.neg_exp_A = d.neg_exp_A;
+  a.norm_w = d.gnorm;
+  a.nk = int(c.lin_num_k_heads);
+  a.tiled = d.v_tiled ? 1 : 0;
+  a.nv = nv;
+  a.dk = int(c.lin_k_dim);
+  a.dv = dv;
+  a.eps = c.rms_norm_eps;
+}
 
 }  // namespace flashmoe::cuda

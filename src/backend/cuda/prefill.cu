@@ -826,7 +826,7 @@ void Prefill::run_rows(const PromptRows* seqs, int S, const int* d_ids) {
       embed_rows_kernel<<<R, 256, 0, st>>>(static_cast<const __nv_bfloat16*>(m_.embed.p), H, d_ids, x_);
   }
   mark(P_OTHER);
-  const int nk = int(c.lin_num_k_heads), nv = int(c.lin_num_v_heads), dk = int(c.lin_k_dim), dv = int(c.lin_v_dim);
+  const int nv = int(c.lin_num_v_heads), dk = int(c.lin_k_dim), dv = int(c.lin_v_dim);
   const int C = int(c.lin_conv_dim()), K = int(c.conv_kernel);
   const size_t qw = size_t(c.num_heads * c.head_dim);  // q_ / attention's o_ row
   const PassSeqs pass = upload_pass(seqs, S, R);
@@ -848,25 +848,14 @@ void Prefill::run_rows(const PromptRows* seqs, int S, const int* d_ids) {
       conv_state_kernel<<<dim3(unsigned(div_up(C, 128)), unsigned(S)), 128, 0, st>>>(proj_, proj_stride_, C, K, ps);
       mark(P_CONV);
       DeltaRowsArgs a;
+      fill_delta_layer(a, c, d);
       a.conv = cv_;
       a.C = C;
       a.proj = proj_;
       a.pstride = proj_stride_;
-      a.zoff = C;
-      a.boff = C + nv * dv;
-      a.aoff = C + nv * dv + nv;
-      a.dt_bias = d.dt_bias;
-      a.neg_exp_A = d.neg_exp_A;
-      a.norm_w = d.gnorm;
       a.beta = beta_;
       a.decay = decay_;
       a.out = o_;
-      a.nk = nk;
-      a.tiled = d.v_tiled ? 1 : 0;
-      a.nv = nv;
-      a.dk = dk;
-      a.dv = dv;
-      a.eps = c.rms_norm_eps;
       delta_rows_kernel<<<R, 256, 0, st>>>(a);
       mark(P_DELTA_PRE);
       const dim3 g{unsigned(nv), unsigned(dv / 32), unsigned(S)};
