@@ -365,8 +365,10 @@ inline cudaError_t skinny_allow_smem() {
 }
 
 // The launch's grid on a device of `sms` SMs: K split over a cluster until
-// the blocks fill the SMs at two blocks each, each block keeping at least
-// 64 columns.
+// there is a block for every SM, each block keeping at least 64 columns.
+// (Until two blocks an SM, the in-projection at T = 32 took a split of 4
+// in 1.5 waves instead of 2 in one: 0.7% slower at B = 32, 1.9% at B = 8;
+// bench/NOTES-cuda.md, session 21.)
 struct SkinnyGrid {
   int split = 1;   // blocks along K (a cluster)
   int blocks = 0;  // along the weight rows
@@ -376,7 +378,7 @@ inline SkinnyGrid skinny_grid(const GemmArgs& a, int sms, int ntiles) {
   SkinnyGrid g;
   g.blocks = a.mode == GEMM_SWIGLU ? (a.half + kSkinnyRows / 2 - 1) / (kSkinnyRows / 2)
                                    : (a.N + kSkinnyRows - 1) / kSkinnyRows;
-  while (g.split < kSkinnyMaxSplit && int64_t(g.blocks) * ntiles * g.split < 2 * int64_t(sms) &&
+  while (g.split < kSkinnyMaxSplit && int64_t(g.blocks) * ntiles * g.split < int64_t(sms) &&
          a.K >= 2 * 64 * g.split)
     g.split *= 2;
   g.kslice = ((a.K + 31) / 32 + g.split - 1) / g.split * 32;
