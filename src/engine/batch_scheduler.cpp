@@ -92,8 +92,20 @@ void BatchScheduler::forward(State& st, const int32_t* ids, int64_t n, LogitsMod
   // only those two wake it (one wake-up per session handing in was a
   // context switch each on a machine of few cores, in series with the step).
   if (pending_.size() == 1 || int64_t(pending_.size()) >= attached_) work_cv_.notify_all();
-  done_cv_.wait(lock, [&] { return r.finished; });
+  lock.unlock();
+  r.wake.acquire();  // the loop touches r no more (release happens-before this)
   if (r.error) std::rethrow_exception(r.error);
+}
+
+void BatchScheduler::finish(std::vector<Request*>& rs, Request* r, std::exception_ptr error) {
+  r->error = std::move(error);
+  r->finished = true;
+  rs.push_back(r);
+}
+
+void BatchScheduler::wake_all(std::vector<Request*>& rs) {
+  for (Request* r : rs) r->wake.release();  // r may be gone right after this
+  rs.clear();
 }
 
 BatchScheduler::Counters BatchScheduler::counters() const {
@@ -110,6 +122,7 @@ void BatchScheduler::loop() {
   using Clock = std::chrono::steady_clock;
   Clock::time_point last_end = Clock::now();
   Clock::duration last_step{0};
+  std::vector<Request*> woken;  // finished under the lock, released after it
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     work_cv_.wait(lock, [&] { return stopping_ || (!pending_.empty() && !lone_step_); });
@@ -119,26 +132,23 @@ void BatchScheduler::loop() {
     work_cv_.wait_until(lock, last_end + window,
                         [&] { return stopping_ || int64_t(pending_.size()) >= attached_; });
     if (stopping_) {
-      for (Request* r : pending_) {
-        r->error = std::make_exception_ptr(Error("the batch scheduler has stopped"));
-        r->finished = true;
-      }
+      for (Request* r : pending_) finish(woken, r, std::make_exception_ptr(Error("the batch scheduler has stopped")));
       pending_.clear();
-      done_cv_.notify_all();
+      lock.unlock();
+      wake_all(woken);
       return;
     }
 
     // Cancelled requests leave before the step (a prompt part-way through
     // its chunks, whose client has gone): the rest of their tokens never run.
     for (Request* r : pending_)
-      if (r->cancel && (*r->cancel)()) {
-        r->error = std::make_exception_ptr(ForwardCancelled());
-        r->finished = true;
-      }
-    if (std::any_of(pending_.begin(), pending_.end(), [](Request* r) { return r->finished; })) {
+      if (r->cancel && (*r->cancel)()) finish(woken, r, std::make_exception_ptr(ForwardCancelled()));
+    if (!woken.empty()) {
       pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [](Request* r) { return r->finished; }),
                      pending_.end());
-      done_cv_.notify_all();
+      lock.unlock();
+      wake_all(woken);
+      lock.lock();
       if (pending_.empty()) continue;
     }
 
@@ -197,8 +207,7 @@ void BatchScheduler::loop() {
     for (size_t i = 0; i < step.size(); ++i) {
       Request& r = *step[i];
       r.done += take[i];
-      if (error) r.error = error;
-      if (error || r.done == r.n) r.finished = true;
+      if (error || r.done == r.n) finish(woken, &r, error);
     }
     pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [](Request* r) { return r->finished; }),
                    pending_.end());
@@ -207,7 +216,9 @@ void BatchScheduler::loop() {
     counters_.step_tokens += info.tokens;
     counters_.last_sequences = info.sequences;
     counters_.last_tokens = info.tokens;
-    done_cv_.notify_all();
+    lock.unlock();
+    wake_all(woken);
+    lock.lock();
   }
 }
 

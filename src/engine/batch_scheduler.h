@@ -16,6 +16,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <semaphore>
 #include <thread>
 #include <vector>
 
@@ -109,16 +110,24 @@ class BatchScheduler {
     int32_t* argmax;
     const std::function<bool()>* cancel;
     int64_t vocab;
-    bool finished = false;
+    bool finished = false;  // under mu_: the loop is done with it
     std::exception_ptr error;
+    // Released once finished, after mu_ is let go: each caller wakes on its
+    // own, in parallel, instead of every caller of a step queueing for mu_
+    // behind one notify_all (~32 hand-offs in series between two steps).
+    std::binary_semaphore wake{0};
   };
   void loop();
+  // finish (under mu_): r is done with `error` (or none), and joins rs;
+  // wake_all (after mu_ is let go): rs's callers return, rs is emptied.
+  static void finish(std::vector<Request*>& rs, Request* r, std::exception_ptr error);
+  static void wake_all(std::vector<Request*>& rs);
 
   const Backend& backend_;
   ThreadPool& pool_;
   BatchSchedulerOptions opt_;
   mutable std::mutex mu_;
-  std::condition_variable work_cv_, done_cv_;
+  std::condition_variable work_cv_;
   std::deque<Request*> pending_;  // arrival order
   int64_t attached_ = 0;
   bool stopping_ = false;
