@@ -24,9 +24,6 @@ const char* kPhase[P_N] = {"norms", "in-proj / qkv", "conv1d", "delta prep (q/k 
                            "router", "top-k + expert lists", "experts gate/up", "experts down",
                            "shared expert / mlp", "expert combine", "embed, commit, other"};
 int div_up(int64_t a, int64_t b) { return int((a + b - 1) / b); }
-// Rows per product tile: fewer where few rows share a weight tile (the
-// routed experts at small chunks), so the tensor cores do less padding.
-int tile_rows(double rows) { return rows >= 48 ? 64 : rows >= 20 ? 32 : 16; }
 }  // namespace
 
 std::string Prefill::unsupported(const PrefillModel& m) {
@@ -633,7 +630,10 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
     const auto staged = m_.stage_experts(l.moe_slot, T);
     if (staged.first) gu_tab = staged.first, down_tab = staged.second;
   }
-  if (skinny) {
+  // The routed experts over the tile lists, for the skinny and the tiled
+  // products: gate/up (swiglu into hb_) from the normed rows, then down
+  // from hb_ into each (token, slot)'s row of y_.
+  auto gate_up_args = [&] {
     GemmArgs g;
     g.A = xn_;
     g.lda = H;
@@ -647,16 +647,9 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
     g.ldc = I;
     g.mode = GEMM_SWIGLU;
     g.half = I;
-    g.Ahi = xhi_, g.Alo = xlo_, g.Chi = yhi_, g.Clo = ylo_;  // down reads these
-    // As the tiled product's below: gate/up counts each tile's finished
-    // blocks, and down's blocks load their first weights, then wait for
-    // their tile's count, not for the whole of gate/up (the 35B at B = 32:
-    // +0.9-1.8%, bench/NOTES-cuda.md, session 20).
-    g.tile_done = tile_done_;
-    check(launch_skinny_gemm(g, sms_, st, ntiles, ebm, pdl()), "batched step: experts gate/up (skinny)");
-    mark(P_EXPERTS_GU);
-    const SkinnyGrid gu = skinny_grid(g, sms_, ntiles);
-    g.tile_wait = gu.split * gu.blocks;
+    return g;
+  };
+  auto to_down = [&](GemmArgs& g) {
     g.A = hb_;
     g.lda = I;
     g.arow = nullptr;
@@ -668,6 +661,20 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
     g.crow = dest_;
     g.mode = GEMM_STORE;
     g.half = 0;
+  };
+  if (skinny) {
+    GemmArgs g = gate_up_args();
+    g.Ahi = xhi_, g.Alo = xlo_, g.Chi = yhi_, g.Clo = ylo_;  // down reads these
+    // As the tiled product's below: gate/up counts each tile's finished
+    // blocks, and down's blocks load their first weights, then wait for
+    // their tile's count, not for the whole of gate/up (the 35B at B = 32:
+    // +0.9-1.8%, bench/NOTES-cuda.md, session 20).
+    g.tile_done = tile_done_;
+    check(launch_skinny_gemm(g, sms_, st, ntiles, ebm, pdl()), "batched step: experts gate/up (skinny)");
+    mark(P_EXPERTS_GU);
+    const SkinnyGrid gu = skinny_grid(g, sms_, ntiles);
+    g.tile_wait = gu.split * gu.blocks;
+    to_down(g);
     g.Ahi = g.Chi, g.Alo = g.Clo;
     g.Chi = g.Clo = nullptr;
     check(launch_skinny_gemm(g, sms_, st, ntiles, ebm, pdl()), "batched step: experts down (skinny)");
@@ -700,19 +707,7 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
     check(launch_few_rows(edt, f, ntiles, st), "batched step: experts down (few rows)");
     mark(P_EXPERTS_DOWN);
   } else {
-    GemmArgs g;
-    g.A = xn_;
-    g.lda = H;
-    g.arow = tok_;
-    g.wtab = gu_tab;
-    g.tiles = tiles_;
-    g.ntiles = ntiles_;
-    g.N = 2 * I;
-    g.K = H;
-    g.C = hb_;
-    g.ldc = I;
-    g.mode = GEMM_SWIGLU;
-    g.half = I;
+    GemmArgs g = gate_up_args();
     // Quantised experts: gate rows then up rows, each with its scales and biases.
     g.gm = d.gg;
     g.qsplit = I;
@@ -734,17 +729,7 @@ bool Prefill::feed_forward(const LayerPlan& l, const DLayer& d, int T, const flo
     gemm(edt, g, ebm, ntiles, fs);
     mark(P_EXPERTS_GU);
     g.tile_wait = pipe_blocks_x(g);  // gate/up's blocks per tile (g is still gate/up's)
-    g.A = hb_;
-    g.lda = I;
-    g.arow = nullptr;
-    g.wtab = down_tab;
-    g.N = H;
-    g.K = I;
-    g.C = y_;
-    g.ldc = H;
-    g.crow = dest_;
-    g.mode = GEMM_STORE;
-    g.half = 0;
+    to_down(g);
     g.qsplit = H;
     g.qw[0] = 0, g.qs[0] = d.q.dn_s, g.qb[0] = d.q.dn_b;
     g.gm = d.gd;
@@ -909,6 +894,20 @@ void Prefill::gather_rows(const int* rows, int n) {
   }
 }
 
+GemmArgs Prefill::lm_head_args(int rows) const {
+  GemmArgs g;
+  g.A = xn_;
+  g.lda = int(m_.c->hidden_size);
+  g.W = m_.lm_head.p;
+  g.gm = m_.lm_head.g;
+  g.M = rows;
+  g.N = m_.lm_head.rows;
+  g.K = int(m_.c->hidden_size);
+  g.C = logits_;
+  g.ldc = int(m_.c->vocab_size);
+  return g;
+}
+
 void Prefill::logits(int t0, int n, float* dst) {
   const ModelConfig& c = *m_.c;
   const int H = int(c.hidden_size);
@@ -917,18 +916,8 @@ void Prefill::logits(int t0, int n, float* dst) {
     const int rows = std::min(lrows_, n - b);
     norm_rows_kernel<<<rows, 256, 0, m_.stream>>>(x_ + size_t(t0 + b) * H, m_.final_norm, H, c.rms_norm_eps, xn_,
                                                   nullptr, nullptr);
-    GemmArgs g;
-    g.A = xn_;
-    g.lda = H;
-    g.W = m_.lm_head.p;
-    g.gm = m_.lm_head.g;
-    g.M = rows;
-    g.N = m_.lm_head.rows;
-    g.K = H;
-    g.C = logits_;
-    g.ldc = int(V);
     const int bm = tile_rows(rows);
-    gemm(m_.lm_head.dt, g, bm, div_up(rows, bm));
+    gemm(m_.lm_head.dt, lm_head_args(rows), bm, div_up(rows, bm));
     CK(cudaMemcpyAsync(dst + size_t(b) * V, logits_, size_t(rows) * V * 4, cudaMemcpyDeviceToHost, m_.stream));
     CK(cudaStreamSynchronize(m_.stream));
   }

@@ -196,6 +196,12 @@ class Prefill {
  private:
   // On stream s (null: the model's stream).
   void gemm(int dt, const GemmArgs& a, int bm, int grid_y, SplitRows sp = {}, cudaStream_t s = nullptr);
+  // Rows per tile of the tiled product: fewer where few rows share a weight
+  // tile (the routed experts at small chunks), so the tensor cores pad less.
+  static int tile_rows(double rows) { return rows >= 48 ? 64 : rows >= 20 ? 32 : 16; }
+  // The lm_head over `rows` normed rows (xn_) into logits_ (logits and
+  // logits_rows; each picks its kernel).
+  GemmArgs lm_head_args(int rows) const;
   // C[T][..] (=, +=, swiglu) = A[T][K] . W^T (sp: A already split). side:
   // on side_, splitting A (where needed) into the side's own hi/lo rows.
   // out (swiglu): C also split into these hi/lo rows, where given.
