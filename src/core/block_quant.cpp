@@ -300,29 +300,34 @@ AVX2_FN inline __m256i q6_high(__m256i h, __m256i m2) {
   return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, S), m2), 4);
 }
 
+// Q6_K: half block n (of 2) of a 210-byte block as four 32-lane runs of
+// unsigned 6-bit values, each 4 low bits from ql and 2 high bits from qh.
+AVX2_FN inline void q6_k_runs(const uint8_t* blk, int n, __m256i q[4]) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
+  const uint8_t* ql = blk + 64 * n;
+  const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+  const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * n));
+  q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), q6_high<0>(h, m2));
+  q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), q6_high<2>(h, m2));
+  q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), q6_high<4>(h, m2));
+  q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), q6_high<6>(h, m2));
+}
+
 // Q6_K: per half block of 128, four 32-lane runs of 6-bit values, each
 // 4 low bits from ql and 2 high bits from qh; (q - 32) * d * sc as one fma
 // of q * ds + (-32 ds), which rounds the same.
 AVX2_FN float dot_q6_k_avx2(const Matrix& W, int64_t r, const float* x) {
   const int64_t nb = W.cols / 256;
   const uint8_t* row = row_ptr(W, r);
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
   __m256 a0 = _mm256_setzero_ps(), a1 = a0;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = row + b * 210;
     const float d = half_f16c(blk + 208);
     const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
     for (int n = 0; n < 2; ++n) {
-      const uint8_t* ql = blk + 64 * n;
-      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
-      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
-      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * n));
-      const __m256i q[4] = {
-          _mm256_or_si256(_mm256_and_si256(l0, m4), q6_high<0>(h, m2)),
-          _mm256_or_si256(_mm256_and_si256(l1, m4), q6_high<2>(h, m2)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), q6_high<4>(h, m2)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), q6_high<6>(h, m2)),
-      };
+      __m256i q[4];
+      q6_k_runs(blk, n, q);
       const float* xb = x + b * 256 + 128 * n;
       const int8_t* s = sc + 8 * n;
       for (int k = 0; k < 4; ++k) {
@@ -410,47 +415,59 @@ AVX2_FN inline __m256i bits_to_0x10(uint32_t qh) {
   return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
-// Q5_0: nibbles as Q4_0 plus a fifth bit per weight from qh; (q - 16) * d
-// as one fma of q * d + (-16d).
+// Q5_0: a 22-byte block's 32 unsigned 5-bit values, nibbles as Q4_0 plus
+// a fifth bit per weight from qh.
+AVX2_FN inline __m256i q5_0_values(const uint8_t* blk) {
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  uint32_t qh;
+  std::memcpy(&qh, blk + 2, 4);
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 6));
+  const __m256i lo4 = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), mask), _mm_and_si128(v, mask));
+  return _mm256_or_si256(lo4, bits_to_0x10(qh));
+}
+
+// Q5_0: (q - 16) * d as one fma of q * d + (-16d).
 AVX2_FN float dot_q5_0_avx2(const Matrix& W, int64_t r, const float* x) {
   const int64_t nb = W.cols / 32;
   const uint8_t* row = row_ptr(W, r);
-  const __m128i mask = _mm_set1_epi8(0x0F);
   __m256 a0 = _mm256_setzero_ps(), a1 = a0;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = row + b * 22;
     const float d = half_f16c(blk);
-    uint32_t qh;
-    std::memcpy(&qh, blk + 2, 4);
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 6));
-    const __m256i lo4 = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), mask), _mm_and_si128(v, mask));
-    fma_u8x32(_mm256_or_si256(lo4, bits_to_0x10(qh)), _mm256_set1_ps(d), _mm256_set1_ps(-16.0f * d), x + b * 32, a0,
-              a1);
+    fma_u8x32(q5_0_values(blk), _mm256_set1_ps(d), _mm256_set1_ps(-16.0f * d), x + b * 32, a0, a1);
   }
   return hsum8(_mm256_add_ps(a0, a1));
 }
 
-// Q4_K: per pair of sub-blocks, 32 bytes whose low nibbles are sub-block j
-// and high nibbles sub-block j + 1, each with its scale and min.
+// Q4_K: sub-blocks j and j + 1 (j even) of a 144-byte block: the 32 bytes
+// whose low nibbles are sub-block j and high nibbles j + 1, as two runs of
+// 32 unsigned values, and each sub-block's scale d * sc and bias -dmin * m.
+struct Q4KPair {
+  __m256i lo, hi;
+  float s0, b0, s1, b1;
+};
+AVX2_FN inline Q4KPair q4_k_pair(const uint8_t* blk, int j) {
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  const float d = half_f16c(blk), dmin = half_f16c(blk + 2);
+  int s0, m0, s1, m1;
+  k_scale_min(j, blk + 4, &s0, &m0);
+  k_scale_min(j + 1, blk + 4, &s1, &m1);
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 16 * j));
+  return {_mm256_and_si256(v, mask), _mm256_and_si256(_mm256_srli_epi16(v, 4), mask), d * float(s0),
+          -(dmin * float(m0)), d * float(s1), -(dmin * float(m1))};
+}
+
 AVX2_FN float dot_q4_k_avx2(const Matrix& W, int64_t r, const float* x) {
   const int64_t nb = W.cols / 256;
   const uint8_t* row = row_ptr(W, r);
-  const __m256i mask = _mm256_set1_epi8(0x0F);
   __m256 a0 = _mm256_setzero_ps(), a1 = a0;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = row + b * 144;
-    const float d = half_f16c(blk), dmin = half_f16c(blk + 2);
-    const uint8_t* q = blk + 16;
     const float* xb = x + b * 256;
     for (int j = 0; j < 8; j += 2) {
-      int s0, m0, s1, m1;
-      k_scale_min(j, blk + 4, &s0, &m0);
-      k_scale_min(j + 1, blk + 4, &s1, &m1);
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16 * j));
-      fma_u8x32(_mm256_and_si256(v, mask), _mm256_set1_ps(d * float(s0)), _mm256_set1_ps(-(dmin * float(m0))),
-                xb + 32 * j, a0, a1);
-      fma_u8x32(_mm256_and_si256(_mm256_srli_epi16(v, 4), mask), _mm256_set1_ps(d * float(s1)),
-                _mm256_set1_ps(-(dmin * float(m1))), xb + 32 * j + 32, a0, a1);
+      const Q4KPair p = q4_k_pair(blk, j);
+      fma_u8x32(p.lo, _mm256_set1_ps(p.s0), _mm256_set1_ps(p.b0), xb + 32 * j, a0, a1);
+      fma_u8x32(p.hi, _mm256_set1_ps(p.s1), _mm256_set1_ps(p.b1), xb + 32 * j + 32, a0, a1);
     }
   }
   return hsum8(_mm256_add_ps(a0, a1));
@@ -491,26 +508,19 @@ AVX512_FN inline __m512 fma_u8x16(__m128i q, __m512 scale, __m512 bias, const fl
 AVX512_FN float dot_q4_k_avx512(const Matrix& W, int64_t r, const float* x) {
   const int64_t nb = W.cols / 256;
   const uint8_t* row = row_ptr(W, r);
-  const __m256i mask = _mm256_set1_epi8(0x0F);
   __m512 a0 = _mm512_setzero_ps(), a1 = a0;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = row + b * 144;
-    const float d = half_f16c(blk), dmin = half_f16c(blk + 2);
-    const uint8_t* q = blk + 16;
     const float* xb = x + b * 256;
     for (int j = 0; j < 8; j += 2) {
-      int s0, m0, s1, m1;
-      k_scale_min(j, blk + 4, &s0, &m0);
-      k_scale_min(j + 1, blk + 4, &s1, &m1);
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16 * j));
-      const __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-      const __m512 sc0 = _mm512_set1_ps(d * float(s0)), bi0 = _mm512_set1_ps(-(dmin * float(m0)));
-      const __m512 sc1 = _mm512_set1_ps(d * float(s1)), bi1 = _mm512_set1_ps(-(dmin * float(m1)));
+      const Q4KPair p = q4_k_pair(blk, j);
+      const __m512 sc0 = _mm512_set1_ps(p.s0), bi0 = _mm512_set1_ps(p.b0);
+      const __m512 sc1 = _mm512_set1_ps(p.s1), bi1 = _mm512_set1_ps(p.b1);
       const float* xj = xb + 32 * j;
-      a0 = fma_u8x16(_mm256_castsi256_si128(lo), sc0, bi0, xj, a0);
-      a1 = fma_u8x16(_mm256_extracti128_si256(lo, 1), sc0, bi0, xj + 16, a1);
-      a0 = fma_u8x16(_mm256_castsi256_si128(hi), sc1, bi1, xj + 32, a0);
-      a1 = fma_u8x16(_mm256_extracti128_si256(hi, 1), sc1, bi1, xj + 48, a1);
+      a0 = fma_u8x16(_mm256_castsi256_si128(p.lo), sc0, bi0, xj, a0);
+      a1 = fma_u8x16(_mm256_extracti128_si256(p.lo, 1), sc0, bi0, xj + 16, a1);
+      a0 = fma_u8x16(_mm256_castsi256_si128(p.hi), sc1, bi1, xj + 32, a0);
+      a1 = fma_u8x16(_mm256_extracti128_si256(p.hi, 1), sc1, bi1, xj + 48, a1);
     }
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
@@ -521,23 +531,14 @@ AVX512_FN float dot_q4_k_avx512(const Matrix& W, int64_t r, const float* x) {
 AVX512_FN float dot_q6_k_avx512(const Matrix& W, int64_t r, const float* x) {
   const int64_t nb = W.cols / 256;
   const uint8_t* row = row_ptr(W, r);
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
   __m512 a0 = _mm512_setzero_ps(), a1 = a0;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = row + b * 210;
     const float d = half_f16c(blk + 208);
     const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
     for (int n = 0; n < 2; ++n) {
-      const uint8_t* ql = blk + 64 * n;
-      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
-      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
-      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * n));
-      const __m256i q[4] = {
-          _mm256_or_si256(_mm256_and_si256(l0, m4), q6_high<0>(h, m2)),
-          _mm256_or_si256(_mm256_and_si256(l1, m4), q6_high<2>(h, m2)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), q6_high<4>(h, m2)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), q6_high<6>(h, m2)),
-      };
+      __m256i q[4];
+      q6_k_runs(blk, n, q);
       const float* xb = x + b * 256 + 128 * n;
       const int8_t* s = sc + 8 * n;
       for (int k = 0; k < 4; ++k) {
@@ -555,16 +556,11 @@ AVX512_FN float dot_q6_k_avx512(const Matrix& W, int64_t r, const float* x) {
 AVX512_FN float dot_q5_0_avx512(const Matrix& W, int64_t r, const float* x) {
   const int64_t nb = W.cols / 32;
   const uint8_t* row = row_ptr(W, r);
-  const __m128i mask = _mm_set1_epi8(0x0F);
   __m512 a0 = _mm512_setzero_ps(), a1 = a0;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = row + b * 22;
     const float d = half_f16c(blk);
-    uint32_t qh;
-    std::memcpy(&qh, blk + 2, 4);
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 6));
-    const __m256i q = _mm256_or_si256(
-        _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), mask), _mm_and_si128(v, mask)), bits_to_0x10(qh));
+    const __m256i q = q5_0_values(blk);
     const __m512 sc = _mm512_set1_ps(d), bi = _mm512_set1_ps(-16.0f * d);
     a0 = fma_u8x16(_mm256_castsi256_si128(q), sc, bi, x + b * 32, a0);
     a1 = fma_u8x16(_mm256_extracti128_si256(q, 1), sc, bi, x + b * 32 + 16, a1);
