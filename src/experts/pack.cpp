@@ -63,6 +63,50 @@ void remove_tree(const std::string& dir) {
   ::rmdir(dir.c_str());
 }
 
+void build_packed_dir(const std::string& out, const std::function<void(const std::string& tmp)>& fill) {
+  std::string tmpl = out + ".tmp-XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (!::mkdtemp(buf.data())) fail("cannot create a directory next to " + out + ": " + errno_text(errno));
+  const std::string tmp(buf.data());
+  try {
+    if (::mkdir((tmp + "/experts").c_str(), 0755) != 0) fail("cannot create " + tmp + "/experts: " + errno_text(errno));
+    fill(tmp);
+    if (int dfd = ::open(tmp.c_str(), O_RDONLY | O_DIRECTORY); dfd >= 0) {
+      ::fsync(dfd);
+      ::close(dfd);
+    }
+    ::chmod(tmp.c_str(), 0755);  // mkdtemp makes it private
+    if (::rename(tmp.c_str(), out.c_str()) != 0) fail("cannot rename " + tmp + " to " + out + ": " + errno_text(errno));
+  } catch (const Error& e) {
+    remove_tree(tmp);
+    fail(std::string(e.what()) + "; pack stopped, " + out + " was not created");
+  } catch (...) {
+    remove_tree(tmp);
+    throw;
+  }
+}
+
+std::vector<PackedLayer> write_layer_files(
+    const ModelConfig& cfg, const std::string& tmp, const PackProgress& progress,
+    const std::function<void(int64_t layer, const std::string& path, PackedLayer* pl)>& write) {
+  std::vector<PackedLayer> layers;
+  int64_t moe_layers = 0, done = 0;
+  for (int64_t i = 0; i < cfg.num_layers; ++i) moe_layers += cfg.layer_is_moe[size_t(i)] ? 1 : 0;
+  for (int64_t i = 0; i < cfg.num_layers; ++i) {
+    if (!cfg.layer_is_moe[size_t(i)]) continue;
+    char name[64];
+    std::snprintf(name, sizeof name, "experts/layer-%03lld.bin", static_cast<long long>(i));
+    PackedLayer pl;
+    pl.layer = i;
+    pl.file = name;
+    write(i, tmp + "/" + name, &pl);
+    layers.push_back(std::move(pl));
+    if (progress) progress(++done, moe_layers);
+  }
+  return layers;
+}
+
 namespace {
 
 // Files besides the weights that a model directory carries (config, tokenizer,
@@ -162,14 +206,8 @@ void write_packed_model(const std::string& in, const Checkpoint& ck, const Model
     layout = ExpertLayout::make(cfg.hidden_size, cfg.moe_intermediate, opt.experts, opt.group);
   }
 
-  std::string tmpl = out + ".tmp-XXXXXX";
-  std::vector<char> buf(tmpl.begin(), tmpl.end());
-  buf.push_back('\0');
-  if (!::mkdtemp(buf.data())) fail("cannot create a directory next to " + out + ": " + errno_text(errno));
-  const std::string tmp(buf.data());
-  try {
+  build_packed_dir(out, [&](const std::string& tmp) {
     check_stop(opt);
-    if (::mkdir((tmp + "/experts").c_str(), 0755) != 0) fail("cannot create " + tmp + "/experts: " + errno_text(errno));
     // Non-expert weights, byte for byte under their original names.
     std::vector<TensorToWrite> rest;
     for (const std::string& name : ck.tensor_names()) {
@@ -186,35 +224,13 @@ void write_packed_model(const std::string& in, const Checkpoint& ck, const Model
 
     PackedManifest m;
     m.layout = layout;
-    int64_t moe_layers = 0, done = 0;
-    for (int64_t i = 0; i < cfg.num_layers; ++i) moe_layers += cfg.layer_is_moe[i] ? 1 : 0;
-    for (int64_t i = 0; i < cfg.num_layers; ++i) {
-      if (!cfg.layer_is_moe[i]) continue;
-      char name[64];
-      std::snprintf(name, sizeof name, "experts/layer-%03lld.bin", static_cast<long long>(i));
-      PackedLayer pl;
-      pl.layer = i;
-      pl.file = name;
-      write_expert_layer(tmp + "/" + name, experts(i), layout, opt, &pl);
-      m.layers.push_back(std::move(pl));
-      if (progress) progress(++done, moe_layers);
-    }
+    m.layers = write_layer_files(cfg, tmp, progress, [&](int64_t i, const std::string& path, PackedLayer* pl) {
+      write_expert_layer(path, experts(i), layout, opt, pl);
+    });
     check_stop(opt);
     // The manifest last: a directory without one is never taken for a packed model.
     write_text(tmp + "/" + kManifestName, manifest_to_json(m, read_text_file(in + "/config.json")));
-    if (int dfd = ::open(tmp.c_str(), O_RDONLY | O_DIRECTORY); dfd >= 0) {
-      ::fsync(dfd);
-      ::close(dfd);
-    }
-    ::chmod(tmp.c_str(), 0755);  // mkdtemp makes it private
-    if (::rename(tmp.c_str(), out.c_str()) != 0) fail("cannot rename " + tmp + " to " + out + ": " + errno_text(errno));
-  } catch (const Error& e) {
-    remove_tree(tmp);
-    fail(std::string(e.what()) + "; pack stopped, " + out + " was not created");
-  } catch (...) {
-    remove_tree(tmp);
-    throw;
-  }
+  });
 }
 
 }  // namespace flashmoe

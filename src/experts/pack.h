@@ -46,6 +46,20 @@ void write_expert_records(const std::string& path, const ExpertLayout& layout, i
 // progress(done, total) is called after each expert layer.
 using PackProgress = std::function<void(int64_t done, int64_t total)>;
 
+// A packed model's directory `out`, made all or nothing (pack and pack
+// --synthetic): fill(tmp) writes the model into a private directory beside
+// `out` (its experts/ subdirectory made), the manifest last; that directory
+// is then synced, opened to all and renamed to `out`. On any error it is
+// removed and the Error's text ends "; pack stopped, OUT was not created".
+void build_packed_dir(const std::string& out, const std::function<void(const std::string& tmp)>& fill);
+
+// The experts' file of each MoE layer of `cfg`, in layer order, named as the
+// manifest expects under `tmp` and written by write(layer, path, &pl);
+// progress after each. Returns the manifest's layers.
+std::vector<PackedLayer> write_layer_files(
+    const ModelConfig& cfg, const std::string& tmp, const PackProgress& progress,
+    const std::function<void(int64_t layer, const std::string& path, PackedLayer* pl)>& write);
+
 // The routed experts of MoE layer `layer` ([E], in expert order).
 using LayerExperts = std::function<const std::vector<FfnExpert>&(int64_t layer)>;
 

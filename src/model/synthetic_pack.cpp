@@ -1,9 +1,5 @@
 #include "model/synthetic_pack.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -196,13 +192,7 @@ void pack_synthetic(const ModelConfig& c, const std::string& out, const PackOpti
                     const PackProgress& progress) {
   if (file_exists(out) || is_directory(out)) fail("output " + out + " already exists; remove it or choose another -o");
   const ExpertLayout layout = layout_of(c, opt);
-  std::string tmpl = out + ".tmp-XXXXXX";
-  std::vector<char> buf(tmpl.begin(), tmpl.end());
-  buf.push_back('\0');
-  if (!::mkdtemp(buf.data())) fail("cannot create a directory next to " + out + ": " + errno_text(errno));
-  const std::string tmp(buf.data());
-  try {
-    if (::mkdir((tmp + "/experts").c_str(), 0755) != 0) fail("cannot create " + tmp + "/experts: " + errno_text(errno));
+  build_packed_dir(out, [&](const std::string& tmp) {
     const std::string config = synthetic_config_json(c);
     write_text(tmp + "/config.json", config);
     {
@@ -217,30 +207,12 @@ void pack_synthetic(const ModelConfig& c, const std::string& out, const PackOpti
     }
     PackedManifest m;
     m.layout = layout;
-    int64_t moe_layers = 0, done = 0;
-    for (int64_t i = 0; i < c.num_layers; ++i) moe_layers += c.layer_is_moe[size_t(i)] ? 1 : 0;
-    for (int64_t i = 0; i < c.num_layers; ++i) {
-      if (!c.layer_is_moe[size_t(i)]) continue;
-      char name[64];
-      std::snprintf(name, sizeof name, "experts/layer-%03lld.bin", static_cast<long long>(i));
-      PackedLayer pl;
-      pl.layer = i;
-      pl.file = name;
-      write_expert_file(tmp + "/" + name, layout, c.num_experts, 0x5eed0000ULL + uint64_t(i) * 0x100000001ULL, opt, &pl);
-      m.layers.push_back(std::move(pl));
-      if (progress) progress(++done, moe_layers);
-    }
+    m.layers = write_layer_files(c, tmp, progress, [&](int64_t i, const std::string& path, PackedLayer* pl) {
+      write_expert_file(path, layout, c.num_experts, 0x5eed0000ULL + uint64_t(i) * 0x100000001ULL, opt, pl);
+    });
     if (opt.stop && *opt.stop) fail("interrupted by a signal");
     write_text(tmp + "/" + kManifestName, manifest_to_json(m, config));
-    ::chmod(tmp.c_str(), 0755);  // mkdtemp makes it private
-    if (::rename(tmp.c_str(), out.c_str()) != 0) fail("cannot rename " + tmp + " to " + out + ": " + errno_text(errno));
-  } catch (const Error& e) {
-    remove_tree(tmp);
-    fail(std::string(e.what()) + "; pack stopped, " + out + " was not created");
-  } catch (...) {
-    remove_tree(tmp);
-    throw;
-  }
+  });
 }
 
 }  // namespace flashmoe
