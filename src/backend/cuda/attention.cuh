@@ -9,6 +9,7 @@
 
 #include <array>
 #include <climits>
+#include <cmath>
 
 #include "backend/cuda/device_model.cuh"
 #include "backend/cuda/common.cuh"
@@ -414,6 +415,28 @@ struct AttnArgs {
   int prefetch;  // earlier positions' K/V rows into L2 before the wait (the decode step; 0 in the prefill's in-order attention)
   int split;     // blocks (a cluster) per query head, each a slice of the positions
 };
+
+// One query's attention arguments over the KV layer kv (the decode step,
+// the batched step's rows, the prefill's in-order attention), with no L2
+// prefetch and one block per head until the caller says otherwise.
+inline AttnArgs attn_args(const ModelConfig& c, const float* q, const float* gate, float* scores, float* out,
+                          const int* pos, const KvLayer& kv, int ns) {
+  AttnArgs a;
+  a.q = q;
+  a.gate = gate;
+  a.scores = scores;
+  a.out = out;
+  a.pos = pos;
+  a.kv = kv;
+  a.nh = int(c.num_heads);
+  a.nkv = int(c.num_kv_heads);
+  a.hd = int(c.head_dim);
+  a.ns = ns;
+  a.scale = 1.0f / std::sqrt(float(c.head_dim));
+  a.prefetch = 0;
+  a.split = 1;
+  return a;
+}
 
 // Blocks per query head: split (a cluster of that many blocks, 1..8), each
 // taking one slice of the positions with its own running max, sum and

@@ -153,20 +153,10 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids, co
       const KvLayer& kv = (*s.kvl)[sl];
       preps[sl * B + j] = attn_prep_args(c, d, proj_ + size_t(b) * proj_stride_, q_ + size_t(b) * nh * hd, pos[b],
                                          m_.inv_freq, kv, s.ns, s.kvt);
-      AttnArgs& a = attns[sl * B + j];
-      a.q = q_ + size_t(b) * nh * hd;
-      a.gate = proj_ + size_t(b) * proj_stride_;
-      a.scores = verify ? verify->scores + size_t(b) * verify->scores_row : s.scores;
-      a.out = o_ + size_t(b) * nh * hd;
-      a.pos = pos[b];
-      a.kv = kv;
-      a.nh = nh;
-      a.nkv = nkv;
-      a.hd = hd;
-      a.ns = s.ns;
-      a.scale = 1.0f / std::sqrt(float(hd));
-      a.prefetch = 0;
-      a.split = 1;  // set per group below
+      // One block per head until the groups below set the split.
+      attns[sl * B + j] = attn_args(c, q_ + size_t(b) * nh * hd, proj_ + size_t(b) * proj_stride_,
+                                    verify ? verify->scores + size_t(b) * verify->scores_row : s.scores,
+                                    o_ + size_t(b) * nh * hd, pos[b], kv, s.ns);
     }
     for (int j = 0; j < nh2o; ++j) {
       const PrefillState& s = seq(h2o[size_t(j)]);

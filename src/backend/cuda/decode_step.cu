@@ -478,20 +478,10 @@ void CudaModel::Impl::attention(CudaState::Impl& s, const DLayer& d, int sl) {
   const AttnPrepArgs p = attn_prep_args(m, d, proj, q, s.d_pos, inv_freq, s.kvl[size_t(sl)], s.ns, s.kvt);
   go(attn_prep_kernel, nh + 1, 128, size_t(std::max(hd, 2 * nkv * hd)) * 4, p);
   mark(K_ATTN);
-  AttnArgs a;
-  a.q = q;
-  a.gate = s.kvl[size_t(sl)].rot ? nullptr : proj;  // rotated: gated by rot_gate_kernel
-  a.scores = s.scores;
-  a.out = attn_o;
-  a.pos = s.d_pos;
-  a.kv = s.kvl[size_t(sl)];
-  a.nh = nh;
-  a.nkv = nkv;
-  a.hd = hd;
-  a.ns = s.ns;
-  a.scale = 1.0f / std::sqrt(float(hd));
-  a.prefetch = 1;
+  // Rotated (fp8 `rotated`): gated by rot_gate_kernel below.
   const KvLayer& kv = s.kvl[size_t(sl)];
+  AttnArgs a = attn_args(m, q, kv.rot ? nullptr : proj, s.scores, attn_o, s.d_pos, kv, s.ns);
+  a.prefetch = 1;
   if (kv.quest) {  // the pages this query reads (quest.cuh)
     go(quest_score_kernel, quest_score_blocks(kv, nkv), kQuestWarps * 32, size_t(nh / nkv) * hd * 4, kv,
        static_cast<const float*>(q), static_cast<const int*>(s.d_pos), s.kvt, nh, nkv, hd, s.ns);

@@ -410,19 +410,9 @@ void Prefill::attend_in_order(const PrefillState& s, const DLayer& d, const KvLa
       launch_pdl(st, quest_select_kernel, nkv, kQuestSelectThreads, 0, 1, kv, static_cast<const int*>(seq_ + t), nkv,
                  hd * int(s.el));
     }
-    AttnArgs a;
-    a.q = q_ + size_t(t) * nh * hd;
-    a.gate = kv.rot ? nullptr : proj_ + size_t(t) * proj_stride_;  // rotated: gated below
-    a.scores = s.scores;
-    a.out = o_ + size_t(t) * nh * hd;
-    a.pos = seq_ + t;
-    a.kv = kv;
-    a.nh = nh;
-    a.nkv = nkv;
-    a.hd = hd;
-    a.ns = s.ns;
-    a.scale = 1.0f / std::sqrt(float(hd));
-    a.prefetch = 0;
+    // Rotated (fp8 `rotated`): gated by rot_gate_kernel below.
+    AttnArgs a = attn_args(c, q_ + size_t(t) * nh * hd, kv.rot ? nullptr : proj_ + size_t(t) * proj_stride_,
+                           s.scores, o_ + size_t(t) * nh * hd, seq_ + t, kv, s.ns);
     a.split = s.attn_split;
     switch (s.kvt) {
       case KV_F32: launch_pdl(st, attn_kernel<KV_F32>, nh * a.split, 256, smem, a.split, a); break;
@@ -498,20 +488,20 @@ void Prefill::skinny_gemm(const GemmArgs& a, cudaStream_t s) {
 void Prefill::dense_rows(const DMat& W, const float* A, int T, float* C, int ldc, int mode, int half, SplitRows sp,
                          bool side, SplitOut out) {
   cudaStream_t s = side ? side_ : m_.stream;
+  GemmArgs g;
+  g.A = A;
+  g.lda = W.cols;
+  g.W = W.p;
+  g.M = T;
+  g.N = W.rows;
+  g.K = W.cols;
+  g.C = C;
+  g.ldc = ldc;
+  g.mode = mode;
+  g.half = half;
+  g.Chi = out.hi, g.Clo = out.lo;
   if (skinny(W, A, T, mode)) {
-    GemmArgs g;
-    g.A = A;
-    g.lda = W.cols;
-    g.W = W.p;
-    g.M = T;
-    g.N = W.rows;
-    g.K = W.cols;
-    g.C = C;
-    g.ldc = ldc;
-    g.mode = mode;
-    g.half = half;
     g.Ahi = sp.hi, g.Alo = sp.lo;
-    g.Chi = out.hi, g.Clo = out.lo;
     skinny_gemm(g, s);
     return;
   }
@@ -524,19 +514,7 @@ void Prefill::dense_rows(const DMat& W, const float* A, int T, float* C, int ldc
       bm = b;
       break;
     }
-  GemmArgs g;
-  g.A = A;
-  g.lda = W.cols;
-  g.W = W.p;
-  g.M = T;
-  g.N = W.rows;
-  g.K = W.cols;
-  g.C = C;
-  g.ldc = ldc;
-  g.mode = mode;
-  g.half = half;
   g.gm = W.g;
-  g.Chi = out.hi, g.Clo = out.lo;
   if (W.dt == DT_FP8) {  // one part: the codes, then per-row block scales (F8W with 1-row blocks)
     g.qsplit = W.rows;
     g.qgroup = W.group;
