@@ -245,6 +245,34 @@ TEST(CudaBatch, CoderMiniMatchesEachSequenceAloneForEveryKvConfig) {
     expect_batch_matches_alone(b, kv, first, "coder-mini one step " + name, pool, false, 64);
 }
 
+// More sequences than a query's attention split is sized for: step_batch
+// halves each group's split while the step's attention blocks exceed 8 an
+// SM, so 40 sequences of coder-mini's 8 heads at the forced split of 4
+// (1,280 blocks) run at 2 (or 1) on a GPU of fewer than 160 SMs.
+TEST(CudaBatch, ManySequencesMatchEachAloneWithTheAttentionSplitCut) {
+  REQUIRE_GPU();
+  const std::string dir = source_path("models/coder-mini");
+  auto model = QwenModel::load(dir + "/model");
+  CudaOptions o;
+  o.decode.attention_split = DecodeOptions::AttentionSplit::Force;
+  auto cuda = CudaModel::upload(*model, o);
+  const Backend& b = gpu_view(*model, *cuda);
+  const std::vector<int32_t> ids = load_ref(dir + "/reference.safetensors", "ids").ids;
+  std::vector<Seq> seqs;
+  for (int i = 0; i < 40; ++i) {
+    Seq s;
+    const size_t len = std::min(ids.size(), size_t(2 + i % 5));
+    const size_t at = size_t(i * 7) % (ids.size() - len + 1);
+    s.prompt.assign(ids.begin() + long(at), ids.begin() + long(at + len));
+    s.gen = 4 + i % 3;
+    seqs.push_back(s);
+  }
+  ThreadPool pool(2);
+  for (const auto& [name, kv] : kv_formats())
+    if (name == "f32-full" || name == "fp8-head-window16")
+      expect_batch_matches_alone(b, kv, seqs, "coder-mini 40 sequences " + name, pool, false, 64);
+}
+
 // The server's greedy path on the GPU: generate() through a BatchScheduler
 // (several requests at once, joining at different times) asks for the
 // argmax alone, for the prompt's last token and every later one, picked on

@@ -176,6 +176,19 @@ void Prefill::step_batch(const PrefillState* seqs, int B, const int32_t* ids, co
     groups.back().split = std::max(groups.back().split, s.attn_split);
     if (!s.kvl->empty()) max_cap = std::max(max_cap, (*s.kvl)[0].cap);
   }
+  // A sequence's split (attn_blocks) is sized for one query alone, where
+  // its head's blocks are all the step has. Over B sequences the nh * B
+  // heads already give the SMs blocks, and each block's fixed chain (wait,
+  // q, max, sum, the cluster's combine) over a few positions was most of
+  // the attention's cost: each group's split is halved while the step's
+  // attention blocks exceed kAttnBlocksPerSm an SM. The 35B at 128
+  // positions: B = 32 split 8 -> 2 (4,096 -> 1,024 blocks) +0.9-1.8% a
+  // step, B = 64 8 -> 1 +2.5-2.8%, B <= 8 unchanged; at 2,048 positions
+  // B = 32 +2.6%. 4 an SM (B = 32 at split 1) gave +2.2% at 128 positions
+  // but B = 8 at 2,048 -1% (bench/NOTES-cuda.md, session 22).
+  constexpr int kAttnBlocksPerSm = 8;
+  for (Group& g : groups)
+    while (g.split > 1 && int64_t(nh) * B * g.split > int64_t(kAttnBlocksPerSm) * sms_) g.split /= 2;
   for (int a = 0; a < nattn; ++a)
     for (const Group& g : groups)
       for (int j = g.first; j < g.end; ++j) attns[size_t(a) * B + j].split = g.split;
