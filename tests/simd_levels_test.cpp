@@ -90,6 +90,17 @@ TEST(SimdLevels, EveryLevelComputesTheSameFunction) {
 
       float d4[4], tile[16];
       k.dot4_mixed(DType::BF16, w.bf16.data(), size_t(n) * 2, x.f32.data(), n, d4);
+      // Four rows against 1-4 tokens at once: each output dot_mixed's bits
+      // (y's stride wider than 4; cells past the rows stay untouched).
+      for (int64_t tokens = 1; tokens <= 4; ++tokens) {
+        std::vector<float> y4(size_t(tokens * 6), -7.0f);
+        k.dot4xn_mixed(DType::BF16, w.bf16.data(), size_t(n) * 2, x.f32.data(), n, tokens, n, y4.data(), 6);
+        for (int64_t j = 0; j < tokens; ++j)
+          for (int r = 0; r < 6; ++r) {
+            const float want = r < 4 ? k.dot_mixed(DType::BF16, w.bf16.data() + r * n, x.f32.data() + j * n, n) : -7.0f;
+            ASSERT_EQ(y4[size_t(j * 6 + r)], want) << "tokens " << tokens << " token " << j << " row " << r;
+          }
+      }
       k.dot4x4_f32(w.f32.data(), n, x.f32.data(), n, n, tile);
       for (int r = 0; r < 4; ++r) {
         double mag = 0;

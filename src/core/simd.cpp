@@ -78,7 +78,7 @@ namespace {
 }  // namespace
 
 const Kernels kPortableKernels = {
-    to_f32_generic, dot_mixed_generic, dot4_mixed_generic, dot4x4_f32_generic,
+    to_f32_generic, dot_mixed_generic, dot4_mixed_generic, dot4xn_by_tokens<dot4_mixed_generic>, dot4x4_f32_generic,
     dot_panel_by_tiles<dot4x4_f32_generic, dot4_mixed_generic, dot_mixed_generic>, axpy_generic, silu_mul_scalar};
 
 #ifdef FLASHMOE_X86
@@ -173,6 +173,7 @@ AVX2_FN void axpy_avx2(float alpha, const float* x, float* y, int64_t n) {
 const Kernels kAvx2Kernels = {to_f32_avx2,
                               dot_mixed_avx2,
                               dot4_mixed_avx2,
+                              dot4xn_by_tokens<dot4_mixed_avx2>,
                               dot4x4_f32_avx2,
                               dot_panel_by_tiles<dot4x4_f32_avx2, dot4_mixed_avx2, dot_mixed_avx2>,
                               axpy_avx2,
@@ -211,6 +212,11 @@ float dot_f32(const float* a, const float* b, int64_t n) { return active().dot_m
 
 void dot4_mixed(DType t, const void* w, size_t stride, const float* x, int64_t n, float out[4]) {
   for_type(t).dot4_mixed(t, w, stride, x, n, out);
+}
+
+void dot4xn_mixed(DType t, const void* w, size_t stride, const float* x, int64_t ldx, int64_t tokens, int64_t n,
+                  float* y, int64_t ldy) {
+  for_type(t).dot4xn_mixed(t, w, stride, x, ldx, tokens, n, y, ldy);
 }
 
 void dot4_f32(const float* a, int64_t lda, const float* x, int64_t n, float out[4]) {

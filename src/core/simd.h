@@ -25,6 +25,13 @@ struct Kernels {
   // out[k] = dot(row k, x) for 4 rows of type t, `stride` bytes apart: x is
   // loaded once for all four, the decode matvec's inner loop.
   void (*dot4_mixed)(DType t, const void* w, size_t stride, const float* x, int64_t n, float out[4]);
+  // y[j * ldy + k] = dot(row k, x + j * ldx) for those 4 rows and tokens
+  // j < tokens: each step of the rows widened once for up to three tokens
+  // (a product of 1-3 tokens, such as a routed expert picked by a few of a
+  // batched step's tokens, which dot4_mixed widened once per token). Each
+  // output has dot4_mixed's bits for its token.
+  void (*dot4xn_mixed)(DType t, const void* w, size_t stride, const float* x, int64_t ldx, int64_t tokens, int64_t n,
+                       float* y, int64_t ldy);
   // out[4*k + j] = dot(a + k*lda, x + j*ldx) for rows k and tokens j in
   // 0..3: the prefill micro-kernel (fp32 rows, 4 x 4 tile).
   void (*dot4x4_f32)(const float* a, int64_t lda, const float* x, int64_t ldx, int64_t n, float out[16]);
@@ -52,6 +59,8 @@ void to_f32(DType t, const void* src, int64_t n, float* out);
 float dot_mixed(DType t, const void* w, const float* x, int64_t n);
 float dot_f32(const float* a, const float* b, int64_t n);
 void dot4_mixed(DType t, const void* w, size_t stride, const float* x, int64_t n, float out[4]);
+void dot4xn_mixed(DType t, const void* w, size_t stride, const float* x, int64_t ldx, int64_t tokens, int64_t n,
+                  float* y, int64_t ldy);
 void dot4_f32(const float* a, int64_t lda, const float* x, int64_t n, float out[4]);
 void dot4x4_f32(const float* a, int64_t lda, const float* x, int64_t ldx, int64_t n, float out[16]);
 void dot_panel_f32(const float* a, int64_t lda, int64_t rows, const float* x, int64_t ldx, int64_t tokens, int64_t n,

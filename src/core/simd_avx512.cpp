@@ -15,6 +15,8 @@
 #include <immintrin.h>
 
 #define AVX512_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+// AVX512_FN, always inlined.
+#define AVX512_INLINE_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"), always_inline)) inline
 
 namespace flashmoe::cpu::simd {
 
@@ -138,6 +140,49 @@ AVX512_FN void dot4_mixed_avx512(DType t, const void* w, size_t stride, const fl
   reduce4(s, out);
 }
 
+// One 16-column step of 4 rows against N tokens: each row's lanes widened
+// once, then dot4_step's multiply-add per token (the same operands, so the
+// same bits per accumulator).
+template <int N>
+AVX512_INLINE_FN void dot4xn_step(DType t, const void* r0, const void* r1, const void* r2, const void* r3,
+                                  const float* x, int64_t ldx, int64_t i, __mmask16 m, __m512 (&s)[N][4]) {
+  const __m512 w0 = load16(t, r0, i, m), w1 = load16(t, r1, i, m), w2 = load16(t, r2, i, m),
+               w3 = load16(t, r3, i, m);
+  for (int j = 0; j < N; ++j) {
+    const __m512 xv = loadx(x + j * ldx, i, m);
+    s[j][0] = _mm512_fmadd_ps(w0, xv, s[j][0]);
+    s[j][1] = _mm512_fmadd_ps(w1, xv, s[j][1]);
+    s[j][2] = _mm512_fmadd_ps(w2, xv, s[j][2]);
+    s[j][3] = _mm512_fmadd_ps(w3, xv, s[j][3]);
+  }
+}
+
+template <int N>
+AVX512_INLINE_FN void dot4xn_tile(DType t, const void* w, size_t stride, const float* x, int64_t ldx, int64_t n, float* y,
+                           int64_t ldy) {
+  const uint8_t* base = static_cast<const uint8_t*>(w);
+  const void *r0 = base, *r1 = base + stride, *r2 = base + 2 * stride, *r3 = base + 3 * stride;
+  __m512 s[N][4];
+  for (int j = 0; j < N; ++j)
+    for (int k = 0; k < 4; ++k) s[j][k] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) dot4xn_step<N>(t, r0, r1, r2, r3, x, ldx, i, kAll, s);
+  if (i < n) dot4xn_step<N>(t, r0, r1, r2, r3, x, ldx, i, lanes(i, n), s);
+  for (int j = 0; j < N; ++j) reduce4(s[j], y + j * ldy);
+}
+
+AVX512_FN void dot4xn_mixed_avx512(DType t, const void* w, size_t stride, const float* x, int64_t ldx, int64_t tokens,
+                                   int64_t n, float* y, int64_t ldy) {
+  if (tokens == 1) {  // the decode matvec's case: dot4_mixed itself
+    dot4_mixed_avx512(t, w, stride, x, n, y);
+    return;
+  }
+  int64_t j = 0;
+  for (; j + 3 <= tokens; j += 3) dot4xn_tile<3>(t, w, stride, x + j * ldx, ldx, n, y + j * ldy, ldy);
+  if (tokens - j == 2) dot4xn_tile<2>(t, w, stride, x + j * ldx, ldx, n, y + j * ldy, ldy);
+  else if (tokens - j == 1) dot4xn_tile<1>(t, w, stride, x + j * ldx, ldx, n, y + j * ldy, ldy);
+}
+
 // One 16-column step of the 4 x 4 tile: 8 loads, 16 multiply-adds.
 AVX512_FN inline void tile_step(const float* a, int64_t lda, const float* x, int64_t ldx, int64_t i, __mmask16 m,
                                 __m512 v[16]) {
@@ -162,8 +207,6 @@ AVX512_FN void dot4x4_f32_avx512(const float* a, int64_t lda, const float* x, in
   reduce16(v, out);
 }
 
-// AVX512_FN, always inlined.
-#define AVX512_INLINE_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"), always_inline)) inline
 // One 16-column step of the panel's tile: 8 loads, 16 multiply-adds.
 AVX512_INLINE_FN void panel_step(const float* a0, const float* a1, const float* a2, const float* a3, const float* x0,
                                  const float* x1, const float* x2, const float* x3, int64_t i, __mmask16 m,
@@ -279,8 +322,9 @@ AVX512_FN void silu_mul_avx512(float* g, const float* u, int64_t n) {
 
 }  // namespace
 
-const Kernels kAvx512Kernels = {to_f32_avx512,        dot_mixed_avx512, dot4_mixed_avx512, dot4x4_f32_avx512,
-                                dot_panel_f32_avx512, axpy_avx512,      silu_mul_avx512};
+const Kernels kAvx512Kernels = {to_f32_avx512,     dot_mixed_avx512,     dot4_mixed_avx512,
+                                dot4xn_mixed_avx512, dot4x4_f32_avx512,  dot_panel_f32_avx512,
+                                axpy_avx512,       silu_mul_avx512};
 
 }  // namespace flashmoe::cpu::simd
 #endif

@@ -40,6 +40,18 @@ void dot_panel_by_tiles(const float* a, int64_t lda, int64_t rows, const float* 
     for (int64_t t = 0; t < tokens; ++t) y[t * ldy + r] = Dot(DType::F32, a + r * lda, x + t * ldx, n);
 }
 
+// dot4xn_mixed from a level's 4-row kernel, a token at a time (the
+// portable and AVX2 levels).
+template <auto Dot4>
+void dot4xn_by_tokens(DType t, const void* w, size_t stride, const float* x, int64_t ldx, int64_t tokens, int64_t n,
+                      float* y, int64_t ldy) {
+  for (int64_t j = 0; j < tokens; ++j) {
+    float out[4];
+    Dot4(t, w, stride, x + j * ldx, n, out);
+    for (int k = 0; k < 4; ++k) y[j * ldy + k] = out[k];
+  }
+}
+
 // silu_mul with std::exp (the portable and avx2 levels, and tails).
 void silu_mul_scalar(float* g, const float* u, int64_t n);
 

@@ -33,24 +33,21 @@ void rows_kernel(const Matrix& W, int64_t r0, int64_t r1, const float* x, int64_
     for (int64_t r = r0; r < r1; ++r) y[r] = quant_dot_row(W, r, x);
     return;
   }
-  // One to three tokens of a bf16 / f16 / f32 matrix: each token against the
-  // stored rows. Widening a block of rows pays when the panel's 4 x 4 tiles
-  // reuse it; for fewer than four tokens every product went through
-  // dot4_mixed on the widened rows anyway, and the widening (a store and a
-  // reload of every weight) cost more than converting in registers once per
-  // token: the batched step's routed experts, each picked by 1-3 of the
+  // One to three tokens of a bf16 / f16 / f32 matrix: four stored rows at a
+  // time against every token, each step of the rows converted in registers
+  // once (simd::dot4xn_mixed). Widening a block of rows pays when the
+  // panel's 4 x 4 tiles reuse it; for fewer than four tokens the widening (a
+  // store and a reload of every weight) cost more than converting in
+  // registers: the batched step's routed experts, each picked by 1-3 of the
   // step's tokens. The same bits either way (simd.h: a row's product from its
   // storage type or from its exact fp32 widening).
   if (n < 4 && !W.quantized()) {
     const size_t rb = W.row_bytes();
-    for (int64_t t = 0; t < n; ++t) {
-      const float* xt = x + t * ldx;
-      float* yt = y + t * ldy;
-      int64_t r = r0;
-      for (; r + 4 <= r1; r += 4)
-        simd::dot4_mixed(W.dtype, static_cast<const uint8_t*>(W.data) + size_t(r) * rb, rb, xt, W.cols, yt + r);
-      for (; r < r1; ++r) yt[r] = simd::dot_mixed(W.dtype, static_cast<const uint8_t*>(W.data) + size_t(r) * rb, xt, W.cols);
-    }
+    const uint8_t* rows = static_cast<const uint8_t*>(W.data);
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) simd::dot4xn_mixed(W.dtype, rows + size_t(r) * rb, rb, x, ldx, n, W.cols, y + r, ldy);
+    for (; r < r1; ++r)
+      for (int64_t t = 0; t < n; ++t) y[t * ldy + r] = simd::dot_mixed(W.dtype, rows + size_t(r) * rb, x + t * ldx, W.cols);
     return;
   }
   // Several tokens: a blocked product. A block of rows is widened to fp32
