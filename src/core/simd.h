@@ -26,7 +26,7 @@ struct Kernels {
   // loaded once for all four, the decode matvec's inner loop.
   void (*dot4_mixed)(DType t, const void* w, size_t stride, const float* x, int64_t n, float out[4]);
   // y[j * ldy + k] = dot(row k, x + j * ldx) for those 4 rows and tokens
-  // j < tokens: each step of the rows widened once for up to three tokens
+  // j < tokens: each step of the rows widened once for every three tokens
   // (a product of 1-3 tokens, such as a routed expert picked by a few of a
   // batched step's tokens, which dot4_mixed widened once per token). Each
   // output has dot4_mixed's bits for its token.

@@ -158,8 +158,8 @@ AVX512_INLINE_FN void dot4xn_step(DType t, const void* r0, const void* r1, const
 }
 
 template <int N>
-AVX512_INLINE_FN void dot4xn_tile(DType t, const void* w, size_t stride, const float* x, int64_t ldx, int64_t n, float* y,
-                           int64_t ldy) {
+AVX512_INLINE_FN void dot4xn_tile(DType t, const void* w, size_t stride, const float* x, int64_t ldx, int64_t n,
+                                  float* y, int64_t ldy) {
   const uint8_t* base = static_cast<const uint8_t*>(w);
   const void *r0 = base, *r1 = base + stride, *r2 = base + 2 * stride, *r3 = base + 3 * stride;
   __m512 s[N][4];
