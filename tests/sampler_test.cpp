@@ -2,8 +2,10 @@
 // answers can be worked out on paper.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <random>
 #include <set>
 
 #include "core/error.h"
@@ -189,6 +191,43 @@ TEST(Sampler, TopPKeepsSmallestNucleus) {
   for (int i = 0; i < 300; ++i) {
     const int32_t t = s.sample(l);
     EXPECT_TRUE(t == 0 || t == 2) << t;
+  }
+}
+
+// Top-p over a vocabulary of 4,096 (the candidates never made for tokens
+// below (1 - top_p) / V): the same candidates, in the same order and with
+// the same probabilities, as the whole softmax sorted and cut by hand.
+TEST(Sampler, TopPOverALargeVocabularyEqualsTheWholeSoftmaxCut) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 2.5f);
+  std::vector<float> l(4096);
+  for (auto& x : l) x = nd(rng);
+  for (const float top_p : {0.5f, 0.9f, 0.95f, 0.999f}) {
+    SamplingParams p;
+    p.temperature = 0.7f;
+    p.top_p = top_p;
+    const float max_l = *std::max_element(l.begin(), l.end());
+    std::vector<float> e(l.size());
+    double sum = 0;
+    for (size_t i = 0; i < l.size(); ++i) sum += e[i] = std::exp((l[i] - max_l) * (1.0f / p.temperature));
+    std::vector<std::pair<int32_t, float>> want;
+    for (size_t i = 0; i < l.size(); ++i) want.emplace_back(int32_t(i), float(e[i] / sum));
+    std::sort(want.begin(), want.end(),
+              [](const auto& a, const auto& b) { return a.second != b.second ? a.second > b.second : a.first < b.first; });
+    double cum = 0;
+    size_t keep = 0;
+    while (keep < want.size() && (keep == 0 || cum < top_p)) cum += want[keep++].second;
+    want.resize(keep);
+    double kept = 0;
+    for (const auto& x : want) kept += x.second;
+    for (auto& x : want) x.second = float(x.second / kept);
+    const auto got = Sampler::candidates(l, p);
+    ASSERT_EQ(got.size(), want.size()) << "top_p " << top_p;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].first, want[i].first) << "top_p " << top_p << " rank " << i;
+      EXPECT_EQ(got[i].second, want[i].second) << "top_p " << top_p << " rank " << i;
+    }
+    EXPECT_GT(want.size(), 10u) << "top_p " << top_p << ": a nucleus of many tokens";
   }
 }
 

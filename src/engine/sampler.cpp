@@ -95,46 +95,72 @@ std::vector<std::pair<int32_t, float>> Sampler::candidates(std::span<const float
   }
   const float inv_t = 1.0f / p.temperature;
   const float max_l = *std::max_element(logits.begin(), logits.end());
-  // Probabilities over the whole vocab (temperature applied).
-  std::vector<std::pair<int32_t, float>> c;
-  c.reserve(logits.size());
+  // Probabilities over the whole vocab (temperature applied): the
+  // exponentials first (kept per thread: no allocation per token), then the
+  // candidates. Top-p alone: tokens each below (1 - top_p) / V sum to less
+  // than 1 - top_p, so the nucleus never reaches them; they are never made
+  // candidates (a pair per vocabulary entry, written and then mostly
+  // removed, was half of a sampled token's cost at a 4k vocabulary).
+  thread_local std::vector<float> ex;
+  ex.resize(logits.size());
   double sum = 0;
   for (size_t i = 0; i < logits.size(); ++i) {
-    const float e = std::exp((logits[i] - max_l) * inv_t);
-    sum += e;
-    c.emplace_back(int32_t(i), e);
+    ex[i] = std::exp((logits[i] - max_l) * inv_t);
+    sum += ex[i];
   }
-  for (auto& x : c) x.second = float(x.second / sum);
+  const bool top_k = p.top_k > 0 && size_t(p.top_k) < logits.size();
+  const bool nucleus_cut = !top_k && p.top_p < 1.0f;
+  const float eps = nucleus_cut ? (1.0f - p.top_p) / float(logits.size()) : 0.0f;
+  std::vector<std::pair<int32_t, float>> c;
+  if (!nucleus_cut) c.reserve(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float q = float(ex[i] / sum);
+    if (!nucleus_cut || !(q < eps)) c.emplace_back(int32_t(i), q);
+  }
   auto by_prob = [](const auto& a, const auto& b) { return a.second != b.second ? a.second > b.second : a.first < b.first; };
 
-  if (p.top_k > 0 && size_t(p.top_k) < c.size()) {
+  if (top_k) {
     std::nth_element(c.begin(), c.begin() + (p.top_k - 1), c.end(), by_prob);
     const float kth = c[size_t(p.top_k - 1)].second;
     // Like HF, ties with the k-th value stay in.
     auto keep_end = std::partition(c.begin() + p.top_k, c.end(), [&](const auto& x) { return x.second >= kth; });
     c.erase(keep_end, c.end());
-  } else if (p.top_p < 1.0f) {
-    // Tokens each below (1 - top_p) / V sum to less than 1 - top_p, so the
-    // nucleus never reaches them: drop them before sorting the vocab.
-    const float eps = (1.0f - p.top_p) / float(logits.size());
-    c.erase(std::remove_if(c.begin(), c.end(), [&](const auto& x) { return x.second < eps; }), c.end());
   }
-  std::sort(c.begin(), c.end(), by_prob);
-
   auto renorm = [&] {
     double s = 0;
     for (const auto& x : c) s += x.second;
     for (auto& x : c) x.second = float(x.second / s);
   };
-  if (p.top_k > 0) renorm();
-  if (p.top_p < 1.0f) {
-    // Keep the highest-probability prefix until its mass reaches top_p (the
-    // token crossing the threshold stays; HF's "cumprob <= 1 - top_p" rule).
+  // Top-p keeps the highest-probability prefix until its mass reaches top_p
+  // (the token crossing the threshold stays; HF's "cumprob <= 1 - top_p"
+  // rule).
+  auto keeps = [&](size_t keep, double cum) { return keep == 0 || cum < p.top_p; };
+  if (nucleus_cut && p.top_k <= 0) {
+    // The candidates put in order a chunk at a time (nth_element, then a
+    // sort of the chunk) only as far as the nucleus reaches: the same
+    // prefix, in the same order, as sorting them all (which took
+    // milliseconds a token at a 248k vocabulary with a flat distribution).
     double cum = 0;
     size_t keep = 0;
-    while (keep < c.size() && (keep == 0 || cum < p.top_p)) cum += c[keep++].second;
+    for (size_t done = 0, chunk = 64; keep == done && done < c.size(); chunk *= 4) {
+      const size_t end = std::min(c.size(), done + chunk);
+      if (end < c.size()) std::nth_element(c.begin() + ptrdiff_t(done), c.begin() + ptrdiff_t(end - 1), c.end(), by_prob);
+      std::sort(c.begin() + ptrdiff_t(done), c.begin() + ptrdiff_t(end), by_prob);
+      while (keep < end && keeps(keep, cum)) cum += c[keep++].second;
+      done = end;
+    }
     c.resize(keep);
     renorm();
+  } else {
+    std::sort(c.begin(), c.end(), by_prob);
+    if (p.top_k > 0) renorm();
+    if (p.top_p < 1.0f) {
+      double cum = 0;
+      size_t keep = 0;
+      while (keep < c.size() && keeps(keep, cum)) cum += c[keep++].second;
+      c.resize(keep);
+      renorm();
+    }
   }
   if (p.min_p > 0.0f) {
     const float cut = p.min_p * c.front().second;
