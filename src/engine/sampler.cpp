@@ -113,7 +113,12 @@ std::vector<std::pair<int32_t, float>> Sampler::candidates(std::span<const float
   const float eps = nucleus_cut ? (1.0f - p.top_p) / float(logits.size()) : 0.0f;
   std::vector<std::pair<int32_t, float>> c;
   if (!nucleus_cut) c.reserve(logits.size());
+  // Below `surely_out` a token's float(e / sum) is below eps whatever the
+  // roundings (they move it by far less than the 1e-4 margin), so its
+  // division is skipped; the others are divided and compared as they are.
+  const double surely_out = nucleus_cut ? double(eps) * sum * (1.0 - 1e-4) : -1.0;
   for (size_t i = 0; i < logits.size(); ++i) {
+    if (double(ex[i]) < surely_out) continue;
     const float q = float(ex[i] / sum);
     if (!nucleus_cut || !(q < eps)) c.emplace_back(int32_t(i), q);
   }
