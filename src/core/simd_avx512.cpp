@@ -173,14 +173,10 @@ AVX512_INLINE_FN void dot4xn_tile(DType t, const void* w, size_t stride, const f
 
 AVX512_FN void dot4xn_mixed_avx512(DType t, const void* w, size_t stride, const float* x, int64_t ldx, int64_t tokens,
                                    int64_t n, float* y, int64_t ldy) {
-  if (tokens == 1) {  // the decode matvec's case: dot4_mixed itself
-    dot4_mixed_avx512(t, w, stride, x, n, y);
-    return;
-  }
   int64_t j = 0;
   for (; j + 3 <= tokens; j += 3) dot4xn_tile<3>(t, w, stride, x + j * ldx, ldx, n, y + j * ldy, ldy);
   if (tokens - j == 2) dot4xn_tile<2>(t, w, stride, x + j * ldx, ldx, n, y + j * ldy, ldy);
-  else if (tokens - j == 1) dot4xn_tile<1>(t, w, stride, x + j * ldx, ldx, n, y + j * ldy, ldy);
+  else if (tokens - j == 1) dot4_mixed_avx512(t, w, stride, x + j * ldx, n, y + j * ldy);  // one token: decode's own kernel
 }
 
 // One 16-column step of the 4 x 4 tile: 8 loads, 16 multiply-adds.

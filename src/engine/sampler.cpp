@@ -54,6 +54,35 @@ std::vector<T>& scratch(size_t n) {
   if (v.size() < n) v.assign(n, T(0));
   return v;
 }
+
+using Candidate = std::pair<int32_t, float>;
+
+// Probability descending, then id: the order candidates are drawn and cut
+// in. (A lambda object, so that sort and nth_element inline it: as a
+// function pointer it made a top-p token 30% slower.)
+constexpr auto by_prob = [](const Candidate& a, const Candidate& b) {
+  return a.second != b.second ? a.second > b.second : a.first < b.first;
+};
+
+// Calls keep_going(i, c[i]) for c's entries in by_prob order, putting them
+// in that order a chunk at a time (nth_element, then a sort of the chunk:
+// 64, 256, 1,024, ...) only as far as the walk goes; returns the position
+// at which keep_going said no, else c.size(). Entries up to that position
+// are where sorting them all puts them (sorting a 248k vocabulary took
+// milliseconds a token; a walk usually ends in the first chunk).
+template <typename F>
+size_t walk_by_probability(std::vector<Candidate>& c, F keep_going) {
+  size_t i = 0;
+  for (size_t done = 0, chunk = 64; done < c.size(); chunk *= 4) {
+    const size_t end = std::min(c.size(), done + chunk);
+    if (end < c.size()) std::nth_element(c.begin() + ptrdiff_t(done), c.begin() + ptrdiff_t(end - 1), c.end(), by_prob);
+    std::sort(c.begin() + ptrdiff_t(done), c.begin() + ptrdiff_t(end), by_prob);
+    for (; i < end; ++i)
+      if (!keep_going(i, c[i])) return i;
+    done = end;
+  }
+  return c.size();
+}
 }  // namespace
 
 void Sampler::apply_logit_bias(std::span<float> logits, const std::vector<std::pair<int32_t, float>>& bias) {
@@ -122,8 +151,6 @@ std::vector<std::pair<int32_t, float>> Sampler::candidates(std::span<const float
     const float q = float(ex[i] / sum);
     if (!nucleus_cut || !(q < eps)) c.emplace_back(int32_t(i), q);
   }
-  auto by_prob = [](const auto& a, const auto& b) { return a.second != b.second ? a.second > b.second : a.first < b.first; };
-
   if (top_k) {
     std::nth_element(c.begin(), c.begin() + (p.top_k - 1), c.end(), by_prob);
     const float kth = c[size_t(p.top_k - 1)].second;
@@ -141,20 +168,14 @@ std::vector<std::pair<int32_t, float>> Sampler::candidates(std::span<const float
   // rule).
   auto keeps = [&](size_t keep, double cum) { return keep == 0 || cum < p.top_p; };
   if (nucleus_cut && p.top_k <= 0) {
-    // The candidates put in order a chunk at a time (nth_element, then a
-    // sort of the chunk) only as far as the nucleus reaches: the same
-    // prefix, in the same order, as sorting them all (which took
-    // milliseconds a token at a 248k vocabulary with a flat distribution).
+    // Ordered only as far as the nucleus reaches (no renormalisation before
+    // the cut, so its sums are the same as after sorting them all).
     double cum = 0;
-    size_t keep = 0;
-    for (size_t done = 0, chunk = 64; keep == done && done < c.size(); chunk *= 4) {
-      const size_t end = std::min(c.size(), done + chunk);
-      if (end < c.size()) std::nth_element(c.begin() + ptrdiff_t(done), c.begin() + ptrdiff_t(end - 1), c.end(), by_prob);
-      std::sort(c.begin() + ptrdiff_t(done), c.begin() + ptrdiff_t(end), by_prob);
-      while (keep < end && keeps(keep, cum)) cum += c[keep++].second;
-      done = end;
-    }
-    c.resize(keep);
+    c.resize(walk_by_probability(c, [&](size_t i, const Candidate& x) {
+      if (!keeps(i, cum)) return false;
+      cum += x.second;
+      return true;
+    }));
     renorm();
   } else {
     std::sort(c.begin(), c.end(), by_prob);
@@ -183,11 +204,9 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     return draw(distribution(logits, history));
   // No filter: the draw of draw(distribution(...)), without sorting the
   // whole vocabulary. The same probabilities as candidates(), walked in the
-  // same order (probability descending, then id), summed in the same order,
-  // but ordered a chunk at a time (nth_element, then a sort of the chunk)
-  // only as far as the walk goes: usually the first chunk. Same token for
-  // the same seed; the sort was most of a sampled token's cost (a 248k
-  // vocabulary: ~15 ms).
+  // same order and summed in the same order, but ordered only as far as the
+  // walk goes (walk_by_probability). Same token for the same seed; the sort
+  // was most of a sampled token's cost (a 248k vocabulary: ~15 ms).
   std::span<const float> l = logits;
   const bool penalise = !history.empty() && p.uses_history();
   if (penalise || !p.logit_bias.empty()) {
@@ -209,18 +228,13 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     c.emplace_back(int32_t(i), e);
   }
   for (auto& x : c) x.second = float(x.second / sum);
-  auto by_prob = [](const auto& a, const auto& b) { return a.second != b.second ? a.second > b.second : a.first < b.first; };
   const double u = uniform();
   double cum = 0;
-  for (size_t done = 0, chunk = 64; done < c.size(); chunk *= 4) {
-    const size_t end = std::min(c.size(), done + chunk);
-    if (end < c.size()) std::nth_element(c.begin() + ptrdiff_t(done), c.begin() + ptrdiff_t(end - 1), c.end(), by_prob);
-    std::sort(c.begin() + ptrdiff_t(done), c.begin() + ptrdiff_t(end), by_prob);
-    for (; done < end; ++done) {
-      cum += c[done].second;
-      if (u < cum) return c[done].first;
-    }
-  }
+  const size_t at = walk_by_probability(c, [&](size_t, const Candidate& x) {
+    cum += x.second;
+    return !(u < cum);
+  });
+  if (at < c.size()) return c[at].first;
   for (auto it = c.rbegin(); it != c.rend(); ++it)  // as draw(): rounding left u past the sum
     if (it->second > 0) return it->first;
   return c.front().first;
