@@ -13,6 +13,7 @@
 
 #include "backend/cpu/matmul.h"
 #include "core/dtype.h"
+#include "core/error.h"
 #include "core/matrix.h"
 #include "core/thread_pool.h"
 
@@ -63,6 +64,51 @@ TEST(CpuMatmul, EachTokenGetsTheBitsOfItsProductAlone) {
         }
       }
   }
+}
+
+// cpu::matmuls (a group of products of one input in one parallel region):
+// every product's outputs have the bits of its own matmul, for groups whose
+// rows are split across products by the threads' claims (three products of
+// 37, 5 and 300 rows: claims of whole tiles then span two products), at 1-9
+// tokens, and a product past the group's width is refused.
+TEST(CpuMatmul, AGroupOfProductsGivesEachTheBitsOfItsOwn) {
+  const int64_t K = 72;
+  const int64_t rows[] = {37, 5, 300};
+  std::mt19937 g(11);
+  std::uniform_real_distribution<float> d(-1, 1);
+  std::vector<std::vector<uint16_t>> wb(3);
+  std::vector<Matrix> W(3);
+  for (int i = 0; i < 3; ++i) {
+    wb[size_t(i)].resize(size_t(rows[i] * K));
+    for (auto& v : wb[size_t(i)]) v = f32_to_bf16(d(g));
+    W[size_t(i)].dtype = DType::BF16;
+    W[size_t(i)].rows = rows[i];
+    W[size_t(i)].cols = K;
+    W[size_t(i)].data = wb[size_t(i)].data();
+  }
+  ThreadPool serial(1), two(2), three(3);
+  for (int64_t n = 1; n <= 9; ++n)
+    for (ThreadPool* pool : {&serial, &two, &three}) {
+      std::vector<float> x(size_t(n * K));
+      for (auto& v : x) v = d(g);
+      std::vector<std::vector<float>> y(3), want(3);
+      std::vector<cpu::Product> products;
+      for (int i = 0; i < 3; ++i) {
+        y[size_t(i)].assign(size_t(n * rows[i]), -1.0f);
+        want[size_t(i)].resize(size_t(n * rows[i]));
+        cpu::matmul(*pool, W[size_t(i)], x.data(), n, want[size_t(i)].data());
+        products.push_back({&W[size_t(i)], y[size_t(i)].data()});
+      }
+      cpu::matmuls(*pool, products.data(), products.size(), x.data(), n);
+      for (int i = 0; i < 3; ++i)
+        ASSERT_EQ(std::memcmp(y[size_t(i)].data(), want[size_t(i)].data(), y[size_t(i)].size() * 4), 0)
+            << n << " tokens, " << pool->size() << " threads, product " << i;
+    }
+  Matrix wide = W[0];
+  wide.cols = K + 1;
+  std::vector<float> x(size_t(K + 1)), y(1000);
+  const cpu::Product mixed[] = {{&W[0], y.data()}, {&wide, y.data()}};
+  EXPECT_THROW(cpu::matmuls(serial, mixed, 2, x.data(), 1), Error);
 }
 
 }  // namespace matmul_test

@@ -52,9 +52,11 @@ class ExpertStore {
   virtual ~ExpertStore() = default;
   // Views of the given experts of MoE layer `layer`. Throws Error (naming the
   // file and expert) if one cannot be read or fails its checksum.
-  // `while_waiting` (if given) runs exactly once on the calling thread, while
-  // a streaming store's reads are in flight: the MoE block computes the
-  // shared expert there, hiding part of the I/O behind compute.
+  // `while_waiting` (if given) runs once on the calling thread while a
+  // streaming store's reads of this fetch are in flight, and not at all
+  // when nothing is read (every expert in memory or cached): the MoE block
+  // computes the shared expert there, hiding part of the I/O behind
+  // compute, and otherwise beside the routed experts.
   virtual ExpertBatch fetch(int64_t layer, const std::vector<int32_t>& ids,
                             const std::function<void()>& while_waiting = nullptr) = 0;
   virtual ExpertStats stats() const = 0;

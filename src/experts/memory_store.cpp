@@ -47,8 +47,7 @@ class WeightsStore : public InMemoryStore {
   WeightsStore(LayerExpertViews layers, uint64_t expert_bytes)
       : InMemoryStore(expert_bytes), layers_(std::move(layers)) {}
   ExpertBatch fetch(int64_t layer, const std::vector<int32_t>& ids,
-                    const std::function<void()>& while_waiting) override {
-    if (while_waiting) while_waiting();
+                    const std::function<void()>& /*while_waiting: nothing is read*/) override {
     ExpertBatch b;
     for (int32_t id : ids) b.experts.push_back((*layers_[layer])[id]);
     count_hits(ids.size());
@@ -70,8 +69,7 @@ class MmapPackedStore : public InMemoryStore {
     }
   }
   ExpertBatch fetch(int64_t layer, const std::vector<int32_t>& ids,
-                    const std::function<void()>& while_waiting) override {
-    if (while_waiting) while_waiting();
+                    const std::function<void()>& /*while_waiting: nothing is read*/) override {
     std::lock_guard<std::mutex> lk(mu_);
     const PackedLayer* pl = m_.find_layer(layer);
     ExpertBatch b;

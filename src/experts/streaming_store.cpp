@@ -172,7 +172,7 @@ class StreamingStore : public ExpertStore {
         }
         done.count_down();
       });
-    if (while_waiting) {
+    if (while_waiting && !miss.empty()) {
       try {
         while_waiting();
       } catch (...) {

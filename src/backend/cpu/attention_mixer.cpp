@@ -36,9 +36,8 @@ void attention_over(const ModelConfig& c, const AttentionWeights& w, const float
   v.resize(size_t(rows * kv_row));
   attn.resize(size_t(rows * nh * hd));
   q.resize(size_t(rows * nh * hd));
-  matmul(pool, w.q_proj, x, rows, qg.data());
-  matmul(pool, w.k_proj, x, rows, k.data());
-  matmul(pool, w.v_proj, x, rows, v.data());
+  const Product qkv[] = {{&w.q_proj, qg.data()}, {&w.k_proj, k.data()}, {&w.v_proj, v.data()}};
+  matmuls(pool, qkv, 3, x, rows);
   const float scale = 1.0f / std::sqrt(float(hd));
 
   // Each row's position in its own sequence.

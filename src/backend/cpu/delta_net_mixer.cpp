@@ -39,10 +39,12 @@ void gated_delta_net_mixer(const ModelConfig& c, const LinearAttentionWeights& w
   // in the order q, k, v, z, b, a (SplitProjection resolves the layout).
   const SplitProjection& in = w.in_proj;
   outs.resize(in.stored.size());
+  std::vector<Product> products;
   for (size_t i = 0; i < in.stored.size(); ++i) {
     outs[i].resize(size_t(rows * in.stored[i].rows));
-    matmul(pool, in.stored[i], x, rows, outs[i].data());
+    products.push_back({&in.stored[i], outs[i].data()});
   }
+  matmuls(pool, products.data(), products.size(), x, rows);
   const int64_t P = in.rows();
   pool.parallel_for(rows, [&](int64_t t0, int64_t t1) {
     std::vector<float> row(static_cast<size_t>(P));
@@ -68,6 +70,9 @@ void gated_delta_net_mixer(const ModelConfig& c, const LinearAttentionWeights& w
   conv_out.resize(size_t(rows * C));
   constexpr int64_t kConvBlock = 64;
   const int64_t blocks = (C + kConvBlock - 1) / kConvBlock;
+  // A decode step's conv is a few thousand multiply-adds a sequence: below
+  // ~32k in all it stays on this thread (a parallel region cost more).
+  const int64_t conv_grain = rows * C * K < (1 << 15) ? S * blocks : 1;
   pool.parallel_for(S * blocks, [&](int64_t i0, int64_t i1) {
     std::vector<float> tap(size_t(K * kConvBlock)), win(size_t(std::max<int64_t>(K - 1, 1) * kConvBlock));
     float acc[kConvBlock];
@@ -98,7 +103,7 @@ void gated_delta_net_mixer(const ModelConfig& c, const LinearAttentionWeights& w
       for (int64_t ch = 0; ch < nc; ++ch)
         for (int64_t j = 0; j < K - 1; ++j) st[ch * (K - 1) + j] = win[size_t(j * kConvBlock + ch)];
     }
-  });
+  }, conv_grain);
 
   // q, k: L2-normalised per key head (q also scaled by 1/sqrt(dk)).
   const float qscale = 1.0f / std::sqrt(float(dk));

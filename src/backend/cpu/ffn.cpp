@@ -2,6 +2,7 @@
 // top-k, renormalised weights, plus a sigmoid-gated shared expert) whose
 // routed experts come from the ExpertStore.
 #include <algorithm>
+#include <functional>
 #include <numeric>
 #include <vector>
 
@@ -57,8 +58,8 @@ struct ExpertTask {
 void dense_swiglu_ffn(const FfnExpert& e, const float* x, int64_t n, float* out, ThreadPool& pool) {
   const int64_t I = e.gate.rows;
   AlignedFloats g(size_t(n * I)), u(size_t(n * I));
-  matmul(pool, e.gate, x, n, g.data());
-  matmul(pool, e.up, x, n, u.data());
+  const Product gate_up[] = {{&e.gate, g.data()}, {&e.up, u.data()}};
+  matmuls(pool, gate_up, 2, x, n);
   silu_mul_rows(pool, g.data(), u.data(), n, I);
   matmul(pool, e.down, g.data(), n, out);
 }
@@ -105,25 +106,36 @@ void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_exper
       task.weights.push_back(chosen_w[size_t(t * k + j)]);
     }
   // The shared expert does not depend on the routing, so it is computed
-  // (row-parallel) while a streaming store reads this layer's misses.
+  // (row-parallel) while a streaming store reads this layer's misses. With
+  // nothing to read it is one more item beside the routed experts below
+  // (its three products were three parallel regions of a few microseconds
+  // each per layer; bench/NOTES.md, "Session 23"), unless it alone would be
+  // more than a thread's share of the layer's expert work (many threads):
+  // then it runs row-parallel before them. Either way its rows get the
+  // same bits (rows_kernel's arithmetic per row does not depend on the split).
+  const int64_t routed_cost = n * k * c.moe_intermediate;  // tokens x rows over every pick
+  const int64_t shared_cost = shared_expert ? n * w.shared.gate.rows : 0;
+  const bool shared_as_item = shared_expert && shared_cost * pool.size() <= routed_cost + shared_cost;
+  if (shared_expert) shared_out.resize(size_t(n * H));
+  bool shared_done = !shared_expert;
   auto run_shared_expert = [&] {
-    if (!shared_expert) return;
     const FfnExpert& e = w.shared;
     const int64_t I = e.gate.rows;
     shared_g.resize(size_t(n * I));
     shared_u.resize(size_t(n * I));
-    matmul(pool, e.gate, x, n, shared_g.data());
-    matmul(pool, e.up, x, n, shared_u.data());
+    const Product gate_up[] = {{&e.gate, shared_g.data()}, {&e.up, shared_u.data()}};
+    matmuls(pool, gate_up, 2, x, n);
     silu_mul_rows(pool, shared_g.data(), shared_u.data(), n, I);
-    shared_out.resize(size_t(n * H));
     matmul(pool, e.down, shared_g.data(), n, shared_out.data());
+    shared_done = true;
   };
 
   // One fetch per layer: a streaming store reads all its misses in parallel.
   std::vector<int32_t> ids;
   for (int64_t e = 0; e < E; ++e)
     if (!tasks[e].tokens.empty()) ids.push_back(int32_t(e));
-  ExpertBatch batch = store.fetch(layer, ids, run_shared_expert);
+  ExpertBatch batch = store.fetch(layer, ids, shared_done ? std::function<void()>() : std::function<void()>(run_shared_expert));
+  if (!shared_done && !shared_as_item) run_shared_expert();
   // The experts' outputs side by side in one buffer of n * k rows (a fresh
   // one per expert was allocated, zeroed and page-faulted on every layer).
   results.resize(size_t(n * k * H));
@@ -138,17 +150,25 @@ void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_exper
 
   // Experts in parallel, each on one thread: with top-k >= threads this keeps
   // every core streaming weights without splitting small matrices. An
-  // expert's cost grows with its tokens, which vary several-fold in a
-  // prompt: the busiest go first, one per claim, so the threads finish
-  // together. (Only the schedule changes: results are still summed below in
-  // expert order, so the bits do not.)
-  std::vector<size_t> busiest(work.size());
+  // expert's cost grows with its tokens (times its width), which vary
+  // several-fold in a prompt: the busiest go first, one per claim, so the
+  // threads finish together. (Only the schedule changes: results are still
+  // summed below in expert order, so the bits do not.) Item work.size() is
+  // the shared expert over all n tokens when it has not run yet.
+  const size_t items = work.size() + (shared_done ? 0 : 1);
+  auto cost = [&](size_t i) {
+    return i == work.size() ? n * w.shared.gate.rows : int64_t(work[i].tokens.size()) * work[i].expert->gate.rows;
+  };
+  std::vector<size_t> busiest(items);
   std::iota(busiest.begin(), busiest.end(), size_t(0));
-  std::stable_sort(busiest.begin(), busiest.end(),
-                   [&](size_t a, size_t b) { return work[a].tokens.size() > work[b].tokens.size(); });
-  pool.parallel_for_items(int64_t(work.size()), [&](int64_t b, int64_t e) {
+  std::stable_sort(busiest.begin(), busiest.end(), [&](size_t a, size_t b) { return cost(a) > cost(b); });
+  pool.parallel_for_items(int64_t(items), [&](int64_t b, int64_t e) {
     thread_local AlignedFloats xin, g, u;  // kept across layers: no page faults per call
     for (int64_t i = b; i < e; ++i) {
+      if (busiest[size_t(i)] == work.size()) {
+        swiglu_serial(w.shared, x, n, shared_out.data(), g, u);
+        continue;
+      }
       ExpertTask& task = work[busiest[size_t(i)]];
       const int64_t m = int64_t(task.tokens.size());
       xin.resize(size_t(m * H));

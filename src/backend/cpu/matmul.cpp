@@ -81,6 +81,15 @@ const Int16Activations* int16_activations(const Matrix& W, const float* x, int64
   return &store;
 }
 
+// Below ~32k multiply-adds a parallel region costs more than it saves.
+constexpr int64_t kParallelWork = 1 << 15;
+
+// Rows per claim of a parallel product: ~16k multiply-adds, whole tiles of 4.
+int64_t row_grain(int64_t cols, int64_t n) {
+  const int64_t grain = std::max<int64_t>(4, (1 << 14) / std::max<int64_t>(1, cols * n));
+  return (grain + 3) / 4 * 4;
+}
+
 }  // namespace
 
 void matmul_serial(const Matrix& W, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy) {
@@ -89,17 +98,44 @@ void matmul_serial(const Matrix& W, const float* x, int64_t n, int64_t ldx, floa
   rows_kernel(W, 0, W.rows, x, n, ldx, y, ldy, buf, int16_activations(W, x, n, xq));
 }
 
+void matmuls(ThreadPool& pool, const Product* products, size_t count, const float* x, int64_t n) {
+  if (n <= 0 || count == 0) return;
+  const int64_t K = products[0].W->cols;
+  int64_t rows = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (products[i].W->cols != K) fail("matmuls: the products do not share their input width");
+    rows += products[i].W->rows;
+  }
+  if (rows * K * n < kParallelWork || pool.size() == 1) {
+    for (size_t i = 0; i < count; ++i) matmul_serial(*products[i].W, x, n, K, products[i].y, products[i].W->rows);
+    return;
+  }
+  std::vector<Int16Activations> xq_store(count);
+  std::vector<const Int16Activations*> xq(count);
+  for (size_t i = 0; i < count; ++i) xq[i] = int16_activations(*products[i].W, x, n, xq_store[i]);
+  // Claims are ranges of the products' rows laid end to end; a range that
+  // spans two products runs as a piece of each.
+  pool.parallel_for(rows, [&](int64_t r0, int64_t r1) {
+    thread_local AlignedFloats buf;
+    int64_t first = 0;
+    for (size_t i = 0; i < count && r0 < r1; ++i) {
+      const Matrix& W = *products[i].W;
+      const int64_t lo = std::max(r0, first), hi = std::min(r1, first + W.rows);
+      if (lo < hi) rows_kernel(W, lo - first, hi - first, x, n, K, products[i].y, W.rows, buf, xq[i]);
+      first += W.rows;
+    }
+  }, row_grain(K, n));
+}
+
 void matmul(ThreadPool& pool, const Matrix& W, const float* x, int64_t n, int64_t ldx, float* y,
             int64_t ldy) {
   if (n <= 0 || W.rows == 0) return;
-  // Below ~32k multiply-adds a parallel region costs more than it saves.
   int64_t work = W.rows * W.cols * n;
-  if (work < (1 << 15) || pool.size() == 1) {
+  if (work < kParallelWork || pool.size() == 1) {
     matmul_serial(W, x, n, ldx, y, ldy);
     return;
   }
-  int64_t grain = std::max<int64_t>(4, (1 << 14) / std::max<int64_t>(1, W.cols * n));
-  grain = (grain + 3) / 4 * 4;
+  const int64_t grain = row_grain(W.cols, n);
   thread_local Int16Activations xq_store;
   const Int16Activations* xq = int16_activations(W, x, n, xq_store);
   pool.parallel_for(W.rows, [&](int64_t r0, int64_t r1) {
