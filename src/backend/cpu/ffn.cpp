@@ -134,7 +134,8 @@ void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_exper
   std::vector<int32_t> ids;
   for (int64_t e = 0; e < E; ++e)
     if (!tasks[e].tokens.empty()) ids.push_back(int32_t(e));
-  ExpertBatch batch = store.fetch(layer, ids, shared_done ? std::function<void()>() : std::function<void()>(run_shared_expert));
+  const std::function<void()> while_reading = shared_done ? std::function<void()>() : run_shared_expert;
+  ExpertBatch batch = store.fetch(layer, ids, while_reading);
   if (!shared_done && !shared_as_item) run_shared_expert();
   // The experts' outputs side by side in one buffer of n * k rows (a fresh
   // one per expert was allocated, zeroed and page-faulted on every layer).

@@ -53,7 +53,7 @@ void rows_kernel(const Matrix& W, int64_t r0, int64_t r1, const float* x, int64_
     // The rows kPrefetchAhead bytes on are asked for while these four are
     // multiplied: a batched step's routed experts (1-3 tokens each) are
     // matrices read once per step, and their rows waited on memory
-    // (bench/NOTES.md, "Session 23": B = 8 +11%, B = 1 +3%).
+    // (bench/NOTES.md, "Session 23": B = 8 +11%, B = 1 +3-20%).
     const size_t end = size_t(r1) * rb;
     for (; r + 4 <= r1; r += 4) {
       const size_t at = size_t(r) * rb, stop = std::min(end, at + kPrefetchAhead + 4 * rb);
@@ -124,7 +124,10 @@ void matmuls(ThreadPool& pool, const Product* products, size_t count, const floa
     for (size_t i = 0; i < count; ++i) matmul_serial(*products[i].W, x, n, K, products[i].y, products[i].W->rows);
     return;
   }
-  std::vector<Int16Activations> xq_store(count);
+  // Kept on this thread (one token's int16 codes per product; the workers
+  // read them through xq during the call).
+  thread_local std::vector<Int16Activations> xq_store;
+  if (xq_store.size() < count) xq_store.resize(count);
   std::vector<const Int16Activations*> xq(count);
   for (size_t i = 0; i < count; ++i) xq[i] = int16_activations(*products[i].W, x, n, xq_store[i]);
   // Claims are ranges of the products' rows laid end to end; a range that
