@@ -1,9 +1,9 @@
 // cpu::matmul over several tokens: every token's outputs have the bits of
 // that token's product alone (what lets a batched step give each sequence
-// its answer alone), for every token count around the paths' edges (one to
-// three tokens from the stored rows, four and more through the widened
-// panel), and are within float rounding of double-precision sums computed
-// here.
+// its answer alone), for every token count around the paths' edges (up to
+// simd::stored_row_tokens from the stored rows: 3, or 16 at avx512; more
+// through the widened panel), and are within float rounding of
+// double-precision sums computed here.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -45,7 +45,7 @@ TEST(CpuMatmul, EachTokenGetsTheBitsOfItsProductAlone) {
       const size_t i = size_t(r * K + k);
       return t == DType::BF16 ? bf16_to_f32(wb[i]) : t == DType::F16 ? f16_to_f32(wh[i]) : wf[i];
     };
-    for (int64_t n = 1; n <= 9; ++n)
+    for (int64_t n = 1; n <= 18; ++n)
       for (ThreadPool* pool : {&serial, &two}) {
         std::vector<float> x(size_t(n * K)), y(size_t(n * R));
         for (auto& v : x) v = d(g);

@@ -79,7 +79,7 @@ TEST(SimdLevels, EveryLevelComputesTheSameFunction) {
     for (int64_t n : {1, 7, 8, 15, 16, 17, 31, 33, 64, 100, 256}) {
       SCOPED_TRACE(n);
       Rows w = random_rows(4, n, rng);
-      Rows x = random_rows(4, n, rng);
+      Rows x = random_rows(9, n, rng);
       // Widening is exact.
       std::vector<float> wide(size_t(4 * n), -1.0f);
       k.to_f32(DType::BF16, w.bf16.data(), 4 * n, wide.data());
@@ -90,9 +90,10 @@ TEST(SimdLevels, EveryLevelComputesTheSameFunction) {
 
       float d4[4], tile[16];
       k.dot4_mixed(DType::BF16, w.bf16.data(), size_t(n) * 2, x.f32.data(), n, d4);
-      // Four rows against 1-4 tokens at once: each output dot_mixed's bits
-      // (y's stride wider than 4; cells past the rows stay untouched).
-      for (int64_t tokens = 1; tokens <= 4; ++tokens) {
+      // Four rows against 1-9 tokens at once (every mix of tiles of four,
+      // three, two and one): each output dot_mixed's bits (y's stride wider
+      // than 4; cells past the rows stay untouched).
+      for (int64_t tokens = 1; tokens <= 9; ++tokens) {
         std::vector<float> y4(size_t(tokens * 6), -7.0f);
         k.dot4xn_mixed(DType::BF16, w.bf16.data(), size_t(n) * 2, x.f32.data(), n, tokens, n, y4.data(), 6);
         for (int64_t j = 0; j < tokens; ++j)

@@ -79,7 +79,7 @@ namespace {
 
 const Kernels kPortableKernels = {
     to_f32_generic, dot_mixed_generic, dot4_mixed_generic, dot4xn_by_tokens<dot4_mixed_generic>, dot4x4_f32_generic,
-    dot_panel_by_tiles<dot4x4_f32_generic, dot4_mixed_generic, dot_mixed_generic>, axpy_generic, silu_mul_scalar};
+    dot_panel_by_tiles<dot4x4_f32_generic, dot4_mixed_generic, dot_mixed_generic>, axpy_generic, silu_mul_scalar, 3};
 
 #ifdef FLASHMOE_X86
 namespace {
@@ -177,7 +177,8 @@ const Kernels kAvx2Kernels = {to_f32_avx2,
                               dot4x4_f32_avx2,
                               dot_panel_by_tiles<dot4x4_f32_avx2, dot4_mixed_avx2, dot_mixed_avx2>,
                               axpy_avx2,
-                              silu_mul_scalar};
+                              silu_mul_scalar,
+                              3};
 #endif
 
 const Kernels& kernels(CpuLevel level) {
@@ -218,6 +219,8 @@ void dot4xn_mixed(DType t, const void* w, size_t stride, const float* x, int64_t
                   float* y, int64_t ldy) {
   for_type(t).dot4xn_mixed(t, w, stride, x, ldx, tokens, n, y, ldy);
 }
+
+int64_t stored_row_tokens(DType t) { return for_type(t).stored_row_tokens; }
 
 void dot4_f32(const float* a, int64_t lda, const float* x, int64_t n, float out[4]) {
   active().dot4_mixed(DType::F32, a, size_t(lda) * sizeof(float), x, n, out);

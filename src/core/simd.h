@@ -26,10 +26,10 @@ struct Kernels {
   // loaded once for all four, the decode matvec's inner loop.
   void (*dot4_mixed)(DType t, const void* w, size_t stride, const float* x, int64_t n, float out[4]);
   // y[j * ldy + k] = dot(row k, x + j * ldx) for those 4 rows and tokens
-  // j < tokens: each step of the rows widened once for every three tokens
-  // (a product of 1-3 tokens, such as a routed expert picked by a few of a
-  // batched step's tokens, which dot4_mixed widened once per token). Each
-  // output has dot4_mixed's bits for its token.
+  // j < tokens: each step of the rows widened once for every tile of up to
+  // four tokens (a product of a few tokens, such as a routed expert picked
+  // by a few of a batched step's tokens, which dot4_mixed widened once per
+  // token). Each output has dot4_mixed's bits for its token.
   void (*dot4xn_mixed)(DType t, const void* w, size_t stride, const float* x, int64_t ldx, int64_t tokens, int64_t n,
                        float* y, int64_t ldy);
   // out[4*k + j] = dot(a + k*lda, x + j*ldx) for rows k and tokens j in
@@ -47,6 +47,12 @@ struct Kernels {
   // gate. Portable and avx2 call std::exp; avx512 has a vector exp (Cephes'
   // polynomial, within 2 ulp of std::exp).
   void (*silu_mul)(float* g, const float* u, int64_t n);
+  // The most tokens for which a product runs dot4xn_mixed on the stored
+  // rows; more widen blocks of rows to fp32 once for dot_panel_f32.
+  // Measured per level: avx512's tiles of up to 4 tokens beat the widening
+  // up to 16 tokens (bench/NOTES.md, "Session 23"); portable and avx2 run
+  // dot4xn_mixed a token at a time, so 3.
+  int64_t stored_row_tokens;
 };
 
 // The kernels of `level` (which must be <= cpu_level_supported()).
@@ -67,5 +73,7 @@ void dot_panel_f32(const float* a, int64_t lda, int64_t rows, const float* x, in
                    float* y, int64_t ldy);
 void axpy(float alpha, const float* x, float* y, int64_t n);
 void silu_mul(float* g, const float* u, int64_t n);
+// Kernels::stored_row_tokens of the level that multiplies rows of type t.
+int64_t stored_row_tokens(DType t);
 
 }  // namespace flashmoe::cpu::simd

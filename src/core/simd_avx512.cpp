@@ -173,9 +173,12 @@ AVX512_INLINE_FN void dot4xn_tile(DType t, const void* w, size_t stride, const f
 
 AVX512_FN void dot4xn_mixed_avx512(DType t, const void* w, size_t stride, const float* x, int64_t ldx, int64_t tokens,
                                    int64_t n, float* y, int64_t ldy) {
+  // Tiles of four tokens (16 accumulators, the four rows and a token's x
+  // in registers), then the rest as three, two or one.
   int64_t j = 0;
-  for (; j + 3 <= tokens; j += 3) dot4xn_tile<3>(t, w, stride, x + j * ldx, ldx, n, y + j * ldy, ldy);
-  if (tokens - j == 2) dot4xn_tile<2>(t, w, stride, x + j * ldx, ldx, n, y + j * ldy, ldy);
+  for (; j + 4 <= tokens; j += 4) dot4xn_tile<4>(t, w, stride, x + j * ldx, ldx, n, y + j * ldy, ldy);
+  if (tokens - j == 3) dot4xn_tile<3>(t, w, stride, x + j * ldx, ldx, n, y + j * ldy, ldy);
+  else if (tokens - j == 2) dot4xn_tile<2>(t, w, stride, x + j * ldx, ldx, n, y + j * ldy, ldy);
   else if (tokens - j == 1) dot4_mixed_avx512(t, w, stride, x + j * ldx, n, y + j * ldy);  // one token: decode's own kernel
 }
 
@@ -320,7 +323,7 @@ AVX512_FN void silu_mul_avx512(float* g, const float* u, int64_t n) {
 
 const Kernels kAvx512Kernels = {to_f32_avx512,     dot_mixed_avx512,     dot4_mixed_avx512,
                                 dot4xn_mixed_avx512, dot4x4_f32_avx512,  dot_panel_f32_avx512,
-                                axpy_avx512,       silu_mul_avx512};
+                                axpy_avx512,       silu_mul_avx512,      16};
 
 }  // namespace flashmoe::cpu::simd
 #endif

@@ -14,8 +14,8 @@ namespace flashmoe::cpu {
 namespace {
 
 // How far ahead of the rows being multiplied their successors are
-// prefetched on the one-to-three-token path (4 KB measured best of 2, 4 and
-// 8 KB on coder-mini).
+// prefetched on the stored-rows path (4 KB measured best of 2, 4 and 8 KB
+// on coder-mini).
 constexpr size_t kPrefetchAhead = 4096;
 
 // Rows [r0, r1) against n token vectors. For a single token a row is read
@@ -38,21 +38,23 @@ void rows_kernel(const Matrix& W, int64_t r0, int64_t r1, const float* x, int64_
     for (int64_t r = r0; r < r1; ++r) y[r] = quant_dot_row(W, r, x);
     return;
   }
-  // One to three tokens of a bf16 / f16 / f32 matrix: four stored rows at a
+  // A few tokens of a bf16 / f16 / f32 matrix (up to the level's
+  // simd::stored_row_tokens: 16 at avx512, 3 below): four stored rows at a
   // time against every token, each step of the rows converted in registers
-  // once (simd::dot4xn_mixed). Widening a block of rows pays when the
-  // panel's 4 x 4 tiles reuse it; for fewer than four tokens the widening (a
-  // store and a reload of every weight) cost more than converting in
-  // registers: the batched step's routed experts, each picked by 1-3 of the
-  // step's tokens. The same bits either way (simd.h: a row's product from its
-  // storage type or from its exact fp32 widening).
-  if (n < 4 && !W.quantized()) {
+  // once per tile of tokens (simd::dot4xn_mixed). Widening a block of rows
+  // pays when many tokens reuse it; for a few the widening (a store and a
+  // reload of every weight) cost more than converting in registers: the
+  // batched step's routed experts, each picked by 1-3 of the step's tokens,
+  // and at avx512 its dense products up to 16 sequences. The same bits
+  // either way (simd.h: a row's product from its storage type or from its
+  // exact fp32 widening).
+  if (!W.quantized() && n <= simd::stored_row_tokens(W.dtype)) {
     const size_t rb = W.row_bytes();
     const uint8_t* rows = static_cast<const uint8_t*>(W.data);
     int64_t r = r0;
     // The rows kPrefetchAhead bytes on are asked for while these four are
-    // multiplied: a batched step's routed experts (1-3 tokens each) are
-    // matrices read once per step, and their rows waited on memory
+    // multiplied: a decode step's products and a batched step's routed
+    // experts are matrices read once per step, and their rows waited on memory
     // (bench/NOTES.md, "Session 23": B = 8 +11%, B = 1 +3-20%).
     const size_t end = size_t(r1) * rb;
     for (; r + 4 <= r1; r += 4) {
