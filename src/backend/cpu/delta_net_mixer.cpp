@@ -116,6 +116,11 @@ void gated_delta_net_mixer(const ModelConfig& c, const LinearAttentionWeights& w
   }, kRowGrain);
 
   o.resize(size_t(rows * nv * dv));
+  // The recurrence of a step updating fewer than ~64k state elements (a
+  // few small heads, few sequences: coder-mini's 8 heads of 32 x 32 up to 7
+  // sequences) stays on this thread: measured B = 1 +10%, B = 4 +4%, B = 8
+  // even and B = 16 -5% against splitting it (bench/NOTES.md, "Session 23").
+  const int64_t delta_grain = rows * nv * dk * dv < (1 << 16) ? S * nv : 1;
   pool.parallel_for(S * nv, [&](int64_t i0, int64_t i1) {
     std::vector<float> scratch(static_cast<size_t>(dv)), oh(static_cast<size_t>(dv));
     for (int64_t i = i0; i < i1; ++i) {
@@ -132,7 +137,7 @@ void gated_delta_net_mixer(const ModelConfig& c, const LinearAttentionWeights& w
                       o.data() + (t * nv + h) * dv);
       }
     }
-  });
+  }, delta_grain);
   matmul(pool, w.out_proj, o.data(), rows, out);
 }
 
