@@ -118,7 +118,7 @@ void gated_delta_net_mixer(const ModelConfig& c, const LinearAttentionWeights& w
   o.resize(size_t(rows * nv * dv));
   // The recurrence of a step updating fewer than ~64k state elements (a
   // few small heads, few sequences: coder-mini's 8 heads of 32 x 32 up to 7
-  // sequences) stays on this thread: measured B = 1 +10%, B = 4 +4%, B = 8
+  // sequences) stays on this thread: measured B = 1 +8%, B = 4 +4%, B = 8
   // even and B = 16 -5% against splitting it (bench/NOTES.md, "Session 23").
   const int64_t delta_grain = rows * nv * dk * dv < (1 << 16) ? S * nv : 1;
   pool.parallel_for(S * nv, [&](int64_t i0, int64_t i1) {
