@@ -16,7 +16,6 @@
 #include <exception>
 #include <functional>
 #include <mutex>
-#include <semaphore>
 #include <thread>
 #include <vector>
 
@@ -101,6 +100,31 @@ class BatchScheduler {
   void set_step_observer(std::function<void(const BatchStepInfo&)> f);
 
  private:
+  // One caller's wake-up: a flag under its own mutex and condition
+  // variable. std::binary_semaphore's acquire (libstdc++) spins through a
+  // dozen sched_yield calls before it sleeps: with 8 sessions on a 2-core
+  // machine those were a third of the sessions' CPU time, taken from the
+  // step (bench/NOTES.md, "Session 23"). This one sleeps at once.
+  class Wake {
+   public:
+    // Sets the flag and wakes the waiter, under the mutex: the waiter cannot
+    // return (and free the request) before this call is done with it.
+    void release() {
+      std::lock_guard<std::mutex> lock(m_);
+      set_ = true;
+      cv_.notify_one();
+    }
+    void acquire() {
+      std::unique_lock<std::mutex> lock(m_);
+      cv_.wait(lock, [this] { return set_; });
+      set_ = false;
+    }
+
+   private:
+    std::mutex m_;
+    std::condition_variable cv_;
+    bool set_ = false;
+  };
   struct Request {
     State* state;
     const int32_t* ids;
@@ -115,7 +139,7 @@ class BatchScheduler {
     // Released once finished, after mu_ is let go: each caller wakes on its
     // own, in parallel, instead of every caller of a step queueing for mu_
     // behind one notify_all (~32 hand-offs in series between two steps).
-    std::binary_semaphore wake{0};
+    Wake wake;
   };
   void loop();
   // finish (under mu_): r is done with `error` (or none), and joins rs;
