@@ -45,6 +45,19 @@ void swiglu_serial(const FfnExpert& e, const float* x, int64_t m, float* y, Alig
   matmul_serial(e.down, g.data(), m, I, y, H);
 }
 
+// The same over the threads: gate and up in one parallel region, the
+// product silu(g) * u, then down.
+void swiglu_parallel(const FfnExpert& e, const float* x, int64_t n, float* y, AlignedFloats& g, AlignedFloats& u,
+                     ThreadPool& pool) {
+  const int64_t I = e.gate.rows;
+  g.resize(size_t(n * I));
+  u.resize(size_t(n * I));
+  const Product gate_up[] = {{&e.gate, g.data()}, {&e.up, u.data()}};
+  matmuls(pool, gate_up, 2, x, n);
+  silu_mul_rows(pool, g.data(), u.data(), n, I);
+  matmul(pool, e.down, g.data(), n, y);
+}
+
 // One unit of expert work: an expert and the tokens routed to it.
 struct ExpertTask {
   const FfnExpert* expert;
@@ -56,12 +69,8 @@ struct ExpertTask {
 }  // namespace
 
 void dense_swiglu_ffn(const FfnExpert& e, const float* x, int64_t n, float* out, ThreadPool& pool) {
-  const int64_t I = e.gate.rows;
-  AlignedFloats g(size_t(n * I)), u(size_t(n * I));
-  const Product gate_up[] = {{&e.gate, g.data()}, {&e.up, u.data()}};
-  matmuls(pool, gate_up, 2, x, n);
-  silu_mul_rows(pool, g.data(), u.data(), n, I);
-  matmul(pool, e.down, g.data(), n, out);
+  AlignedFloats g, u;
+  swiglu_parallel(e, x, n, out, g, u, pool);
 }
 
 void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_expert, ExpertStore& store,
@@ -119,14 +128,7 @@ void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_exper
   if (shared_expert) shared_out.resize(size_t(n * H));
   bool shared_done = !shared_expert;
   auto run_shared_expert = [&] {
-    const FfnExpert& e = w.shared;
-    const int64_t I = e.gate.rows;
-    shared_g.resize(size_t(n * I));
-    shared_u.resize(size_t(n * I));
-    const Product gate_up[] = {{&e.gate, shared_g.data()}, {&e.up, shared_u.data()}};
-    matmuls(pool, gate_up, 2, x, n);
-    silu_mul_rows(pool, shared_g.data(), shared_u.data(), n, I);
-    matmul(pool, e.down, shared_g.data(), n, shared_out.data());
+    swiglu_parallel(w.shared, x, n, shared_out.data(), shared_g, shared_u, pool);
     shared_done = true;
   };
 
@@ -158,7 +160,7 @@ void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_exper
   // the shared expert over all n tokens when it has not run yet.
   const size_t items = work.size() + (shared_done ? 0 : 1);
   auto cost = [&](size_t i) {
-    return i == work.size() ? n * w.shared.gate.rows : int64_t(work[i].tokens.size()) * work[i].expert->gate.rows;
+    return i == work.size() ? shared_cost : int64_t(work[i].tokens.size()) * work[i].expert->gate.rows;
   };
   std::vector<size_t> busiest(items);
   std::iota(busiest.begin(), busiest.end(), size_t(0));

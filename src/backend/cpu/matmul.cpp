@@ -114,23 +114,27 @@ void matmul_serial(const Matrix& W, const float* x, int64_t n, int64_t ldx, floa
   rows_kernel(W, 0, W.rows, x, n, ldx, y, ldy, buf, int16_activations(W, x, n, xq));
 }
 
-void matmuls(ThreadPool& pool, const Product* products, size_t count, const float* x, int64_t n) {
+void matmuls(ThreadPool& pool, const Product* products, size_t count, const float* x, int64_t n, int64_t ldx) {
   if (n <= 0 || count == 0) return;
   const int64_t K = products[0].W->cols;
+  if (ldx == 0) ldx = K;
   int64_t rows = 0;
   for (size_t i = 0; i < count; ++i) {
     if (products[i].W->cols != K) fail("matmuls: the products do not share their input width");
     rows += products[i].W->rows;
   }
+  auto ldy = [&](size_t i) { return products[i].ldy ? products[i].ldy : products[i].W->rows; };
   if (rows * K * n < kParallelWork || pool.size() == 1) {
-    for (size_t i = 0; i < count; ++i) matmul_serial(*products[i].W, x, n, K, products[i].y, products[i].W->rows);
+    for (size_t i = 0; i < count; ++i) matmul_serial(*products[i].W, x, n, ldx, products[i].y, ldy(i));
     return;
   }
-  // Kept on this thread (one token's int16 codes per product; the workers
-  // read them through xq during the call).
+  // Kept on this thread (one token's int16 codes per product, and pointers
+  // to them). A reference, so that the workers read this thread's.
   thread_local std::vector<Int16Activations> xq_store;
+  thread_local std::vector<const Int16Activations*> xq_kept;
+  std::vector<const Int16Activations*>& xq = xq_kept;
   if (xq_store.size() < count) xq_store.resize(count);
-  std::vector<const Int16Activations*> xq(count);
+  xq.resize(count);
   for (size_t i = 0; i < count; ++i) xq[i] = int16_activations(*products[i].W, x, n, xq_store[i]);
   // Claims are ranges of the products' rows laid end to end; a range that
   // spans two products runs as a piece of each.
@@ -140,7 +144,7 @@ void matmuls(ThreadPool& pool, const Product* products, size_t count, const floa
     for (size_t i = 0; i < count && r0 < r1; ++i) {
       const Matrix& W = *products[i].W;
       const int64_t lo = std::max(r0, first), hi = std::min(r1, first + W.rows);
-      if (lo < hi) rows_kernel(W, lo - first, hi - first, x, n, K, products[i].y, W.rows, buf, xq[i]);
+      if (lo < hi) rows_kernel(W, lo - first, hi - first, x, n, ldx, products[i].y, ldy(i), buf, xq[i]);
       first += W.rows;
     }
   }, row_grain(K, n));
@@ -148,19 +152,8 @@ void matmuls(ThreadPool& pool, const Product* products, size_t count, const floa
 
 void matmul(ThreadPool& pool, const Matrix& W, const float* x, int64_t n, int64_t ldx, float* y,
             int64_t ldy) {
-  if (n <= 0 || W.rows == 0) return;
-  int64_t work = W.rows * W.cols * n;
-  if (work < kParallelWork || pool.size() == 1) {
-    matmul_serial(W, x, n, ldx, y, ldy);
-    return;
-  }
-  const int64_t grain = row_grain(W.cols, n);
-  thread_local Int16Activations xq_store;
-  const Int16Activations* xq = int16_activations(W, x, n, xq_store);
-  pool.parallel_for(W.rows, [&](int64_t r0, int64_t r1) {
-    thread_local AlignedFloats buf;
-    rows_kernel(W, r0, r1, x, n, ldx, y, ldy, buf, xq);
-  }, grain);
+  const Product p{&W, y, ldy};
+  matmuls(pool, &p, 1, x, n, ldx);
 }
 
 }  // namespace flashmoe::cpu

@@ -22,15 +22,17 @@ inline void matmul(ThreadPool& pool, const Matrix& W, const float* x, int64_t n,
 // One product of a group sharing its input (see matmuls).
 struct Product {
   const Matrix* W;
-  float* y;  // [n, W->rows]
+  float* y;          // [n, W->rows], row stride ldy
+  int64_t ldy = 0;   // 0: W->rows
 };
 
 // y_i = W_i x for every product of the group, all of x's columns (the same
-// for each W_i), in one parallel region over their rows together: a
-// layer's projections of a decode step are products of a few microseconds,
-// each of which was a region of its own (bench/NOTES.md, "Session 23").
-// Each row gets the bits matmul gives it.
-void matmuls(ThreadPool& pool, const Product* products, size_t count, const float* x, int64_t n);
+// for each W_i; row stride ldx, 0: that width), in one parallel region over
+// their rows together: a layer's projections of a decode step are products
+// of a few microseconds, each of which was a region of its own
+// (bench/NOTES.md, "Session 23"). matmul is a group of one. Each row's bits
+// do not depend on the group or the split.
+void matmuls(ThreadPool& pool, const Product* products, size_t count, const float* x, int64_t n, int64_t ldx = 0);
 
 // Same product on the calling thread only (for use inside parallel regions).
 void matmul_serial(const Matrix& W, const float* x, int64_t n, int64_t ldx, float* y, int64_t ldy);
