@@ -1,5 +1,5 @@
 // Client side of bench/server_bench.sh and bench/server_soak.sh (Node 20, no
-// packages: fetch + SSE by hand).
+// packages: node:http + SSE by hand).
 //   node server_bench.mjs ttft URL HISTORY_FILE   -> time to first token of turn 2
 //   node server_bench.mjs throughput URL CLIENTS REQUESTS MAX_TOKENS
 //   node server_bench.mjs soak URL CLIENTS REQUESTS MAX_TOKENS  -> see soak() below
@@ -7,41 +7,63 @@
 //     -> aggregate tokens/s, time-to-first-token and inter-token latency
 //        percentiles over CLIENTS concurrent streaming clients
 const [mode, url, ...rest] = process.argv.slice(2);
-// Node loads its fetch implementation at the first call (tens of ms): one
-// untimed request first, so that no client's first request counts it.
-try { await (await fetch(`${url}/health`)).text(); } catch {}
+
+// node:http rather than fetch: fetch's web streams cost the client several
+// times the CPU per event, and on a small machine the client's CPU is taken
+// from the server it measures (bench/NOTES.md, "Session 24").
+const http = await import("node:http");
+const agent = new http.Agent({ keepAlive: true });
+function post(path, body) {
+  return new Promise((resolve, reject) => {
+    const data = JSON.stringify(body);
+    const req = http.request(new URL(path, url), {
+      method: "POST", agent,
+      headers: { "Content-Type": "application/json", "Content-Length": Buffer.byteLength(data) },
+    }, resolve);
+    req.on("error", reject);
+    req.end(data);
+  });
+}
+async function readAll(res) {
+  res.setEncoding("utf8");
+  let s = "";
+  for await (const part of res) s += part;
+  return s;
+}
 
 async function chat(body) {
   const t0 = performance.now();
-  const r = await fetch(`${url}/v1/chat/completions`, {
-    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
-  });
-  if (!r.ok) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
-  if (!body.stream) return { json: await r.json(), seconds: (performance.now() - t0) / 1000 };
-  const dec = new TextDecoder();
+  const r = await post("/v1/chat/completions", body);
+  if (r.statusCode !== 200) throw new Error(`HTTP ${r.statusCode}: ${await readAll(r)}`);
+  if (!body.stream) return { json: JSON.parse(await readAll(r)), seconds: (performance.now() - t0) / 1000 };
   let buf = "", ttft = null, text = "", usage = null, last = null;
   const gaps = [];  // seconds between successive content events (one token each, but for held-back UTF-8)
-  for await (const part of r.body) {
-    buf += dec.decode(part, { stream: true });
-    let i;
-    while ((i = buf.indexOf("\n\n")) >= 0) {
-      const ev = buf.slice(0, i); buf = buf.slice(i + 2);
-      if (!ev.startsWith("data: ") || ev === "data: [DONE]") continue;
-      const j = JSON.parse(ev.slice(6));
-      if (j.usage) usage = j.usage;
-      // A token shows as content, reasoning (after <think>) or a tool call's
-      // delta; an answer that is only the end token shows as the finish.
-      const ch = j.choices[0], d = ch?.delta ?? {};
-      const c = d.content || d.reasoning_content || (d.tool_calls ? JSON.stringify(d.tool_calls) : "");
-      if (ttft === null && !c && ch?.finish_reason) ttft = (performance.now() - t0) / 1000;
-      if (c) {
-        const now = performance.now();
-        if (ttft === null) ttft = (now - t0) / 1000; else gaps.push((now - last) / 1000);
-        last = now;
-        text += c;
+  r.setEncoding("utf8");
+  await new Promise((resolve, reject) => {
+    r.on("data", (part) => {
+      buf += part;
+      let i;
+      while ((i = buf.indexOf("\n\n")) >= 0) {
+        const ev = buf.slice(0, i); buf = buf.slice(i + 2);
+        if (!ev.startsWith("data: ") || ev === "data: [DONE]") continue;
+        const j = JSON.parse(ev.slice(6));
+        if (j.usage) usage = j.usage;
+        // A token shows as content, reasoning (after <think>) or a tool call's
+        // delta; an answer that is only the end token shows as the finish.
+        const ch = j.choices[0], d = ch?.delta ?? {};
+        const c = d.content || d.reasoning_content || (d.tool_calls ? JSON.stringify(d.tool_calls) : "");
+        if (ttft === null && !c && ch?.finish_reason) ttft = (performance.now() - t0) / 1000;
+        if (c) {
+          const now = performance.now();
+          if (ttft === null) ttft = (now - t0) / 1000; else gaps.push((now - last) / 1000);
+          last = now;
+          text += c;
+        }
       }
-    }
-  }
+    });
+    r.on("end", resolve);
+    r.on("error", reject);
+  });
   return { ttft, text, usage, gaps, seconds: (performance.now() - t0) / 1000 };
 }
 
