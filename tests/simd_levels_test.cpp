@@ -324,4 +324,30 @@ TEST(SimdLevels, SiluMulEveryLevel) {
   }
 }
 
+// silu(x) and y * sigmoid(g) at every level against double precision, the
+// same range; and a row's bits do not depend on where a call starts (a
+// batched step's row against the same row alone).
+TEST(SimdLevels, SiluAndSigmoidMulEveryLevel) {
+  std::vector<float> x0, y0;
+  for (float x = -40.0f; x <= 40.0f; x += 0.0137f) x0.push_back(x);
+  for (float x : {-120.0f, -89.0f, -0.0f, 0.0f, 1e-30f, 89.0f, 120.0f}) x0.push_back(x);
+  for (size_t i = 0; i < x0.size(); ++i) y0.push_back(0.5f + float(i % 7));
+  for (CpuLevel level : runnable_levels()) {
+    SCOPED_TRACE(cpu_level_name(level));
+    std::vector<float> s = x0, y = y0;
+    simd::kernels(level).silu(s.data(), int64_t(s.size()));
+    simd::kernels(level).sigmoid_mul(y.data(), x0.data(), int64_t(y.size()));
+    for (size_t i = 0; i < x0.size(); ++i) {
+      const double x = x0[i], sig = 1.0 / (1.0 + std::exp(-x));
+      ASSERT_NEAR(s[i], x * sig, 1e-6 * std::fabs(x * sig) + 1e-30) << "x = " << x;
+      ASSERT_NEAR(y[i], y0[i] * sig, 1e-6 * std::fabs(y0[i] * sig) + 1e-30) << "x = " << x;
+    }
+    // Rows of 32 (a head) called one by one give the bits of one call over all.
+    std::vector<float> rows(x0.begin(), x0.begin() + 32 * 5), whole = rows;
+    simd::kernels(level).silu(whole.data(), int64_t(whole.size()));
+    for (int r = 0; r < 5; ++r) simd::kernels(level).silu(rows.data() + 32 * r, 32);
+    EXPECT_EQ(rows, whole);
+  }
+}
+
 }  // namespace simd_levels_test

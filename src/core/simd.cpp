@@ -73,13 +73,22 @@ void silu_mul_scalar(float* g, const float* u, int64_t n) {
   for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
+void silu_scalar(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = x[i] / (1.0f + std::exp(-x[i]));
+}
+
+void sigmoid_mul_scalar(float* y, const float* g, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] *= 1.0f / (1.0f + std::exp(-g[i]));
+}
+
 namespace {
 
 }  // namespace
 
 const Kernels kPortableKernels = {
     to_f32_generic, dot_mixed_generic, dot4_mixed_generic, dot4xn_by_tokens<dot4_mixed_generic>, dot4x4_f32_generic,
-    dot_panel_by_tiles<dot4x4_f32_generic, dot4_mixed_generic, dot_mixed_generic>, axpy_generic, silu_mul_scalar, 3};
+    dot_panel_by_tiles<dot4x4_f32_generic, dot4_mixed_generic, dot_mixed_generic>, axpy_generic, silu_mul_scalar, silu_scalar,
+    sigmoid_mul_scalar, 3};
 
 #ifdef FLASHMOE_X86
 namespace {
@@ -178,6 +187,8 @@ const Kernels kAvx2Kernels = {to_f32_avx2,
                               dot_panel_by_tiles<dot4x4_f32_avx2, dot4_mixed_avx2, dot_mixed_avx2>,
                               axpy_avx2,
                               silu_mul_scalar,
+                              silu_scalar,
+                              sigmoid_mul_scalar,
                               3};
 #endif
 
@@ -238,5 +249,7 @@ void dot_panel_f32(const float* a, int64_t lda, int64_t rows, const float* x, in
 void axpy(float alpha, const float* x, float* y, int64_t n) { active().axpy(alpha, x, y, n); }
 
 void silu_mul(float* g, const float* u, int64_t n) { active().silu_mul(g, u, n); }
+void silu(float* x, int64_t n) { active().silu(x, n); }
+void sigmoid_mul(float* y, const float* g, int64_t n) { active().sigmoid_mul(y, g, n); }
 
 }  // namespace flashmoe::cpu::simd

@@ -47,6 +47,13 @@ struct Kernels {
   // gate. Portable and avx2 call std::exp; avx512 has a vector exp (Cephes'
   // polynomial, within 2 ulp of std::exp).
   void (*silu_mul)(float* g, const float* u, int64_t n);
+  // x[i] = silu(x[i]) (the GatedDeltaNet's conv output and gated norm), and
+  // y[i] *= sigmoid(g[i]) = 1 / (1 + exp(-g[i])) (gated attention's output
+  // gate); the same exp as silu_mul at each level. A batched decode step
+  // takes thousands of them per layer: one scalar exp and divide each were
+  // a fifth of coder-mini's step at 8 sequences (bench/NOTES.md, "Session 24").
+  void (*silu)(float* x, int64_t n);
+  void (*sigmoid_mul)(float* y, const float* g, int64_t n);
   // The most tokens for which a product runs dot4xn_mixed on the stored
   // rows; more widen blocks of rows to fp32 once for dot_panel_f32.
   // Measured per level: avx512's tiles of up to 4 tokens beat the widening
@@ -73,6 +80,8 @@ void dot_panel_f32(const float* a, int64_t lda, int64_t rows, const float* x, in
                    float* y, int64_t ldy);
 void axpy(float alpha, const float* x, float* y, int64_t n);
 void silu_mul(float* g, const float* u, int64_t n);
+void silu(float* x, int64_t n);
+void sigmoid_mul(float* y, const float* g, int64_t n);
 // Kernels::stored_row_tokens of the level that multiplies rows of type t.
 int64_t stored_row_tokens(DType t);
 

@@ -319,11 +319,31 @@ AVX512_FN void silu_mul_avx512(float* g, const float* u, int64_t n) {
   silu_mul_scalar(g + i, u + i, n - i);
 }
 
+AVX512_FN void silu_avx512(float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    _mm512_storeu_ps(x + i, _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), v)))));
+  }
+  silu_scalar(x + i, n - i);
+}
+
+AVX512_FN void sigmoid_mul_avx512(float* y, const float* g, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_loadu_ps(g + i)));
+    const __m512 s = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+    _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_loadu_ps(y + i), s));
+  }
+  sigmoid_mul_scalar(y + i, g + i, n - i);
+}
+
 }  // namespace
 
 const Kernels kAvx512Kernels = {to_f32_avx512,     dot_mixed_avx512,     dot4_mixed_avx512,
                                 dot4xn_mixed_avx512, dot4x4_f32_avx512,  dot_panel_f32_avx512,
-                                axpy_avx512,       silu_mul_avx512,      16};
+                                axpy_avx512,       silu_mul_avx512,      silu_avx512,
+                                sigmoid_mul_avx512, 16};
 
 }  // namespace flashmoe::cpu::simd
 #endif

@@ -9,6 +9,7 @@
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
 #include "core/aligned.h"
+#include "core/simd.h"
 
 namespace flashmoe::cpu {
 
@@ -70,8 +71,7 @@ void attention_over(const ModelConfig& c, const AttentionWeights& w, const float
   auto gate = [&](int64_t t) {
     const float* qgt = qg.data() + t * qg_row;
     float* at = attn.data() + t * nh * hd;
-    for (int64_t h = 0; h < nh; ++h)
-      for (int64_t d = 0; d < hd; ++d) at[h * hd + d] *= sigmoid(qgt[h * 2 * hd + hd + d]);
+    for (int64_t h = 0; h < nh; ++h) simd::sigmoid_mul(at + h * hd, qgt + h * 2 * hd + hd, hd);
   };
 
   // Work items over every sequence's own cache. Full retention: the

@@ -13,8 +13,33 @@
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
 #include "core/aligned.h"
+#include "core/simd.h"
 
 namespace flashmoe::cpu {
+namespace {
+
+// One token of the causal depthwise conv for nc channels, each straight
+// from its taps [ch][K] and state [ch][K-1] (shifted, u appended); y gets
+// the sums before the SiLU: taps[K-1] * u, then + taps[j] * state[j], j
+// ascending (the blocked path's order). K a template argument for the
+// models' 4 (with K known only at run time the state's shift was a memmove
+// call a channel), 0 for any other.
+template <int64_t KT>
+void conv_token(const float* __restrict taps, float* __restrict st, const float* __restrict u, int64_t nc, int64_t k,
+                float* __restrict y) {
+  const int64_t K = KT ? KT : k;
+  for (int64_t ch = 0; ch < nc; ++ch) {
+    const float* tc = taps + ch * K;
+    float* sc = st + ch * (K - 1);
+    float acc = tc[K - 1] * u[ch];
+    for (int64_t j = 0; j < K - 1; ++j) acc += tc[j] * sc[j];
+    for (int64_t j = 0; j + 1 < K - 1; ++j) sc[j] = sc[j + 1];
+    if (K > 1) sc[K - 2] = u[ch];
+    y[ch] = acc;
+  }
+}
+
+}  // namespace
 
 void gated_delta_net_mixer(const ModelConfig& c, const LinearAttentionWeights& w, int slot,
                            const std::vector<SequenceRows>& seqs, const float* x, int64_t rows, float* out,
@@ -81,6 +106,19 @@ void gated_delta_net_mixer(const ModelConfig& c, const LinearAttentionWeights& w
       const int64_t c0 = (i % blocks) * kConvBlock, nc = std::min(kConvBlock, C - c0);
       float* st = seq.state->conv[size_t(slot)].data() + c0 * (K - 1);
       const float* taps = w.conv.data() + c0 * K;
+      if (seq.n < K) {
+        // A few tokens (a decode step's one): each channel straight from its
+        // stored taps and state. The copies to [tap][channel] and back below
+        // pay for a prompt; for one token they were ~16 strided moves a
+        // channel for K multiply-adds (bench/NOTES.md, "Session 24").
+        for (int64_t t = seq.row0; t < seq.row0 + seq.n; ++t) {
+          float* y = conv_out.data() + t * C + c0;
+          if (K == 4) conv_token<4>(taps, st, qkv.data() + t * C + c0, nc, K, y);
+          else conv_token<0>(taps, st, qkv.data() + t * C + c0, nc, K, y);
+          simd::silu(y, nc);
+        }
+        continue;
+      }
       for (int64_t ch = 0; ch < nc; ++ch) {
         for (int64_t j = 0; j < K; ++j) tap[size_t(j * kConvBlock + ch)] = taps[ch * K + j];
         for (int64_t j = 0; j < K - 1; ++j) win[size_t(j * kConvBlock + ch)] = st[ch * (K - 1) + j];
@@ -98,7 +136,8 @@ void gated_delta_net_mixer(const ModelConfig& c, const LinearAttentionWeights& w
           std::copy_n(win.data() + (j + 1) * kConvBlock, nc, win.data() + j * kConvBlock);
         if (K > 1) std::copy_n(u, nc, win.data() + (K - 2) * kConvBlock);
         float* y = conv_out.data() + t * C + c0;
-        for (int64_t ch = 0; ch < nc; ++ch) y[ch] = silu(acc[ch]);
+        std::copy_n(acc, nc, y);
+        simd::silu(y, nc);
       }
       for (int64_t ch = 0; ch < nc; ++ch)
         for (int64_t j = 0; j < K - 1; ++j) st[ch * (K - 1) + j] = win[size_t(j * kConvBlock + ch)];

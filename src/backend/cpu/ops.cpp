@@ -15,7 +15,10 @@ void rmsnorm_zc(const float* x, const float* w, int64_t n, float eps, float* y) 
 void rmsnorm_gated(const float* x, const float* w, const float* z, int64_t n, float eps, float* y) {
   float ss = simd::dot_f32(x, x, n);
   float r = 1.0f / std::sqrt(ss / float(n) + eps);
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * r * w[i] * silu(z[i]);
+  // silu(z) first, in y (y is neither x nor z), by the vector kernel.
+  std::copy(z, z + n, y);
+  simd::silu(y, n);
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * r * w[i] * y[i];
 }
 
 void l2norm(float* x, int64_t n, float eps, float extra_scale) {
