@@ -100,9 +100,23 @@ const Int16Activations* int16_activations(const Matrix& W, const float* x, int64
 // Below ~32k multiply-adds a parallel region costs more than it saves.
 constexpr int64_t kParallelWork = 1 << 15;
 
-// Rows per claim of a parallel product: ~16k multiply-adds, whole tiles of 4.
-int64_t row_grain(int64_t cols, int64_t n) {
-  const int64_t grain = std::max<int64_t>(4, (1 << 14) / std::max<int64_t>(1, cols * n));
+// A thread's share of the stored rows under which it takes it in two claims.
+constexpr int64_t kFewClaimsBytes = 512 << 10;
+
+// Rows per claim of a parallel product of `rows` rows (`bytes` stored):
+// ~16k multiply-adds, whole tiles of 4; but two claims a thread where each
+// thread's share is under kFewClaimsBytes. Each claim starts its rows'
+// stream from memory cold (the prefetch runs ahead within a claim), and
+// the pool deals claims in order, so a thread's next claim is seldom the
+// rows after its last: a 784 x 256 bf16 product (400 KB) took 18.6 us on
+// two threads in 8 claims and 15.2 us in 2 at 8 tokens, 13.2 and 10.1 us
+// at one token. In the step, one claim a thread lost (a thread that
+// starts late leaves the other waiting) and two won: coder-mini B = 1
+// +5%, B = 8 +7% (bench/NOTES.md, "Session 24"). Large products keep the
+// finer claims, which balance the threads' finishing times.
+int64_t row_grain(int64_t cols, int64_t n, int64_t rows, int64_t bytes, int threads) {
+  int64_t grain = std::max<int64_t>(4, (1 << 14) / std::max<int64_t>(1, cols * n));
+  if (bytes <= kFewClaimsBytes * threads) grain = std::max(grain, (rows + 2 * threads - 1) / (2 * threads));
   return (grain + 3) / 4 * 4;
 }
 
@@ -118,10 +132,11 @@ void matmuls(ThreadPool& pool, const Product* products, size_t count, const floa
   if (n <= 0 || count == 0) return;
   const int64_t K = products[0].W->cols;
   if (ldx == 0) ldx = K;
-  int64_t rows = 0;
+  int64_t rows = 0, bytes = 0;
   for (size_t i = 0; i < count; ++i) {
     if (products[i].W->cols != K) fail("matmuls: the products do not share their input width");
     rows += products[i].W->rows;
+    bytes += products[i].W->rows * int64_t(products[i].W->row_bytes());
   }
   auto ldy = [&](size_t i) { return products[i].ldy ? products[i].ldy : products[i].W->rows; };
   if (rows * K * n < kParallelWork || pool.size() == 1) {
@@ -147,7 +162,7 @@ void matmuls(ThreadPool& pool, const Product* products, size_t count, const floa
       if (lo < hi) rows_kernel(W, lo - first, hi - first, x, n, ldx, products[i].y, ldy(i), buf, xq[i]);
       first += W.rows;
     }
-  }, row_grain(K, n));
+  }, row_grain(K, n, rows, bytes, pool.size()));
 }
 
 void matmul(ThreadPool& pool, const Matrix& W, const float* x, int64_t n, int64_t ldx, float* y,
