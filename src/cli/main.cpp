@@ -2,6 +2,9 @@
 // and turns every user-caused failure into one message and a non-zero exit.
 #include <csignal>
 #include <cstdio>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <map>
 #include <string>
 
@@ -57,6 +60,18 @@ int main(int argc, char** argv) {
   // SIGXFSZ; ignored, the write fails with EFBIG and the command reports it
   // and cleans up (pack removes its temporary directory).
   std::signal(SIGXFSZ, SIG_IGN);
+#if defined(__GLIBC__)
+  // Freed memory stays in the heap for the next allocation of its size
+  // instead of going back to the OS. By default glibc serves blocks over
+  // 128 KB-32 MB by mmap and unmaps them when freed (and trims the heap's
+  // top): every KV cache that grows, every request's state, came back as
+  // fresh pages, each faulted in and zeroed again (page faults are dear
+  // under a hypervisor: KvCache::ensure_slots was a 40 us a step at 8
+  // sequences on the CPU box; bench/NOTES.md, "Session 24"). Blocks over
+  // 64 MB still use mmap, and the heap keeps at most 256 MB free at its top.
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+#endif
   CLI::App app{"flashmoe: inference for Qwen3.5 / Qwen3-Next hybrid-attention MoE models"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "flashmoe 0.1.0");
