@@ -305,13 +305,21 @@ TEST(SimdLevels, FusedDeltaRuleStepMatchesRowByRow) {
   }
 }
 
-// silu(g) * u at every level against double precision, over the range a
-// gate takes and past it (exp under- and overflow).
+// Gate inputs over the range a gate takes and past it (exp under- and
+// overflow), and factors to multiply them with.
+struct GateInputs {
+  std::vector<float> x, factor;
+  GateInputs() {
+    for (float v = -40.0f; v <= 40.0f; v += 0.0137f) x.push_back(v);
+    for (float v : {-120.0f, -89.0f, -0.0f, 0.0f, 1e-30f, 89.0f, 120.0f}) x.push_back(v);
+    for (size_t i = 0; i < x.size(); ++i) factor.push_back(0.5f + float(i % 7));
+  }
+};
+
+// silu(g) * u at every level against double precision.
 TEST(SimdLevels, SiluMulEveryLevel) {
-  std::vector<float> g0, u;
-  for (float x = -40.0f; x <= 40.0f; x += 0.0137f) g0.push_back(x);
-  for (float x : {-120.0f, -89.0f, -0.0f, 0.0f, 1e-30f, 89.0f, 120.0f}) g0.push_back(x);
-  for (size_t i = 0; i < g0.size(); ++i) u.push_back(0.5f + float(i % 7));
+  const GateInputs in;
+  const std::vector<float>&g0 = in.x, &u = in.factor;
   for (CpuLevel level : runnable_levels()) {
     SCOPED_TRACE(cpu_level_name(level));
     std::vector<float> g = g0;
@@ -324,14 +332,12 @@ TEST(SimdLevels, SiluMulEveryLevel) {
   }
 }
 
-// silu(x) and y * sigmoid(g) at every level against double precision, the
-// same range; and a row's bits do not depend on where a call starts (a
-// batched step's row against the same row alone).
+// silu(x) and y * sigmoid(g) at every level against double precision; and
+// a row's bits do not depend on where a call starts (a batched step's row
+// against the same row alone).
 TEST(SimdLevels, SiluAndSigmoidMulEveryLevel) {
-  std::vector<float> x0, y0;
-  for (float x = -40.0f; x <= 40.0f; x += 0.0137f) x0.push_back(x);
-  for (float x : {-120.0f, -89.0f, -0.0f, 0.0f, 1e-30f, 89.0f, 120.0f}) x0.push_back(x);
-  for (size_t i = 0; i < x0.size(); ++i) y0.push_back(0.5f + float(i % 7));
+  const GateInputs in;
+  const std::vector<float>&x0 = in.x, &y0 = in.factor;
   for (CpuLevel level : runnable_levels()) {
     SCOPED_TRACE(cpu_level_name(level));
     std::vector<float> s = x0, y = y0;

@@ -66,9 +66,10 @@ int main(int argc, char** argv) {
   // 128 KB-32 MB by mmap and unmaps them when freed (and trims the heap's
   // top): every KV cache that grows, every request's state, came back as
   // fresh pages, each faulted in and zeroed again (page faults are dear
-  // under a hypervisor: KvCache::ensure_slots was a 40 us a step at 8
-  // sequences on the CPU box; bench/NOTES.md, "Session 24"). Blocks over
-  // 64 MB still use mmap, and the heap keeps at most 256 MB free at its top.
+  // under a hypervisor: the KV appends of an attention layer took 41 us at
+  // 8 sequences on the CPU box, 11 at one; bench/NOTES.md, "Session 24").
+  // Blocks over 64 MB still use mmap, and the heap keeps at most 256 MB
+  // free at its top.
   mallopt(M_MMAP_THRESHOLD, 64 << 20);
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
 #endif

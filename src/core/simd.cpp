@@ -87,8 +87,8 @@ namespace {
 
 const Kernels kPortableKernels = {
     to_f32_generic, dot_mixed_generic, dot4_mixed_generic, dot4xn_by_tokens<dot4_mixed_generic>, dot4x4_f32_generic,
-    dot_panel_by_tiles<dot4x4_f32_generic, dot4_mixed_generic, dot_mixed_generic>, axpy_generic, silu_mul_scalar, silu_scalar,
-    sigmoid_mul_scalar, 3};
+    dot_panel_by_tiles<dot4x4_f32_generic, dot4_mixed_generic, dot_mixed_generic>, axpy_generic, silu_mul_scalar,
+    silu_scalar, sigmoid_mul_scalar, 3};
 
 #ifdef FLASHMOE_X86
 namespace {

@@ -50,8 +50,9 @@ struct Kernels {
   // x[i] = silu(x[i]) (the GatedDeltaNet's conv output and gated norm), and
   // y[i] *= sigmoid(g[i]) = 1 / (1 + exp(-g[i])) (gated attention's output
   // gate); the same exp as silu_mul at each level. A batched decode step
-  // takes thousands of them per layer: one scalar exp and divide each were
-  // a fifth of coder-mini's step at 8 sequences (bench/NOTES.md, "Session 24").
+  // takes thousands a layer (coder-mini at 8 sequences: 4,096 in a
+  // GatedDeltaNet's conv, 2,048 in its gated norm, 4,096 in an attention
+  // gate), a scalar exp and divide each before (bench/NOTES.md, "Session 24").
   void (*silu)(float* x, int64_t n);
   void (*sigmoid_mul)(float* y, const float* g, int64_t n);
   // The most tokens for which a product runs dot4xn_mixed on the stored
