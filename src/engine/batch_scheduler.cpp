@@ -46,7 +46,7 @@ void BatchScheduler::forward(State& st, const int32_t* ids, int64_t n, LogitsMod
   if (n <= 0) return;
   if (cancel && !*cancel) cancel = nullptr;
   if (cancel && (*cancel)()) throw ForwardCancelled();
-  Request r{&st, ids, n, 0, mode, logits, argmax, cancel, backend_.config().vocab_size, false, nullptr};
+  Request r{&st, ids, n, 0, mode, logits, argmax, cancel, backend_.config().vocab_size, false, nullptr, {}};
   std::unique_lock<std::mutex> lock(mu_);
   if (stopping_) fail("the batch scheduler has stopped");
   // A lone session with at most one step's tokens runs its step on its own
