@@ -81,10 +81,6 @@ void sigmoid_mul_scalar(float* y, const float* g, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] *= 1.0f / (1.0f + std::exp(-g[i]));
 }
 
-namespace {
-
-}  // namespace
-
 const Kernels kPortableKernels = {
     to_f32_generic, dot_mixed_generic, dot4_mixed_generic, dot4xn_by_tokens<dot4_mixed_generic>, dot4x4_f32_generic,
     dot_panel_by_tiles<dot4x4_f32_generic, dot4_mixed_generic, dot_mixed_generic>, axpy_generic, silu_mul_scalar,

@@ -52,7 +52,8 @@ void dot4xn_by_tokens(DType t, const void* w, size_t stride, const float* x, int
   }
 }
 
-// silu_mul with std::exp (the portable and avx2 levels, and tails).
+// silu_mul, silu and sigmoid_mul with std::exp (the portable and avx2
+// levels, and the avx512 kernels' tails).
 void silu_mul_scalar(float* g, const float* u, int64_t n);
 void silu_scalar(float* x, int64_t n);
 void sigmoid_mul_scalar(float* y, const float* g, int64_t n);

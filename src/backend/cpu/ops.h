@@ -12,8 +12,8 @@ inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x));
 
 // Zero-centred RMSNorm: y = x * rsqrt(mean(x^2) + eps) * (1 + w). In place allowed.
 void rmsnorm_zc(const float* x, const float* w, int64_t n, float eps, float* y);
-// Plain-weight RMSNorm gated by silu(z): y = x * rsqrt(mean(x^2) + eps) * w * silu(z).
-// y (not x or z) = rmsnorm(x) * w * silu(z).
+// Plain-weight RMSNorm gated by silu(z): y = x * rsqrt(mean(x^2) + eps) * w * silu(z);
+// y must be neither x nor z (it holds silu(z) first, from simd::silu).
 void rmsnorm_gated(const float* x, const float* w, const float* z, int64_t n, float eps, float* y);
 // x *= rsqrt(sum(x^2) + eps) * extra_scale
 void l2norm(float* x, int64_t n, float eps, float extra_scale);
