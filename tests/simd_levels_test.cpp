@@ -357,3 +357,46 @@ TEST(SimdLevels, SiluAndSigmoidMulEveryLevel) {
 }
 
 }  // namespace simd_levels_test
+
+namespace simd_levels_test {
+
+// conv4_token at every level against the sums written out here, each
+// product and sum rounded to float in the documented order (bit for bit:
+// the prompt path forms them so), and the state shifted by one with the
+// input appended; channel counts around the avx512 kernel's 16-wide steps.
+TEST(SimdLevels, Conv4TokenEveryLevel) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  for (int64_t n : {1, 5, 15, 16, 17, 40, 64, 100}) {
+    const size_t channels = static_cast<size_t>(n);
+    std::vector<float> taps(channels * 4), state0(channels * 3), u(channels);
+    for (float& v : taps) v = dist(rng);
+    for (float& v : state0) v = dist(rng) * 8.0f;
+    for (float& v : u) v = dist(rng) * 0.01f;
+    std::vector<float> want(channels), want_state(channels * 3);
+    for (int64_t c = 0; c < n; ++c) {
+      const float* t = taps.data() + c * 4;
+      const float* s = state0.data() + c * 3;
+      volatile float acc = t[3] * u[size_t(c)];  // volatile: each step rounded, never fused
+      volatile float p = t[0] * s[0];
+      acc = acc + p;
+      p = t[1] * s[1];
+      acc = acc + p;
+      p = t[2] * s[2];
+      acc = acc + p;
+      want[size_t(c)] = acc;
+      want_state[size_t(c * 3)] = s[1];
+      want_state[size_t(c * 3 + 1)] = s[2];
+      want_state[size_t(c * 3 + 2)] = u[size_t(c)];
+    }
+    for (CpuLevel level : runnable_levels()) {
+      SCOPED_TRACE(std::string(cpu_level_name(level)) + ", " + std::to_string(n) + " channels");
+      std::vector<float> state = state0, y(channels, -1.0f);
+      simd::kernels(level).conv4_token(taps.data(), state.data(), u.data(), n, y.data());
+      EXPECT_EQ(y, want);
+      EXPECT_EQ(state, want_state);
+    }
+  }
+}
+
+}  // namespace simd_levels_test

@@ -81,10 +81,25 @@ void sigmoid_mul_scalar(float* y, const float* g, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] *= 1.0f / (1.0f + std::exp(-g[i]));
 }
 
+void conv4_token_scalar(const float* taps, float* state, const float* u, int64_t n, float* y) {
+  for (int64_t c = 0; c < n; ++c) {
+    const float* t = taps + c * 4;
+    float* s = state + c * 3;
+    float acc = t[3] * u[c];
+    acc += t[0] * s[0];
+    acc += t[1] * s[1];
+    acc += t[2] * s[2];
+    s[0] = s[1];
+    s[1] = s[2];
+    s[2] = u[c];
+    y[c] = acc;
+  }
+}
+
 const Kernels kPortableKernels = {
     to_f32_generic, dot_mixed_generic, dot4_mixed_generic, dot4xn_by_tokens<dot4_mixed_generic>, dot4x4_f32_generic,
     dot_panel_by_tiles<dot4x4_f32_generic, dot4_mixed_generic, dot_mixed_generic>, axpy_generic, silu_mul_scalar,
-    silu_scalar, sigmoid_mul_scalar, 3};
+    silu_scalar, sigmoid_mul_scalar, conv4_token_scalar, 3};
 
 #ifdef FLASHMOE_X86
 namespace {
@@ -185,6 +200,7 @@ const Kernels kAvx2Kernels = {to_f32_avx2,
                               silu_mul_scalar,
                               silu_scalar,
                               sigmoid_mul_scalar,
+                              conv4_token_scalar,
                               3};
 #endif
 
@@ -247,5 +263,8 @@ void axpy(float alpha, const float* x, float* y, int64_t n) { active().axpy(alph
 void silu_mul(float* g, const float* u, int64_t n) { active().silu_mul(g, u, n); }
 void silu(float* x, int64_t n) { active().silu(x, n); }
 void sigmoid_mul(float* y, const float* g, int64_t n) { active().sigmoid_mul(y, g, n); }
+void conv4_token(const float* taps, float* state, const float* u, int64_t n, float* y) {
+  active().conv4_token(taps, state, u, n, y);
+}
 
 }  // namespace flashmoe::cpu::simd

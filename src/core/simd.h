@@ -55,6 +55,14 @@ struct Kernels {
   // gate), a scalar exp and divide each before (bench/NOTES.md, "Session 24").
   void (*silu)(float* x, int64_t n);
   void (*sigmoid_mul)(float* y, const float* g, int64_t n);
+  // One token of a causal depthwise conv of kernel 4 over n channels (the
+  // GatedDeltaNet's decode step): taps [n][4], state [n][3] (the channel's
+  // last three inputs, oldest first), input u[n]. y[c] = taps[c][3] * u[c],
+  // then + taps[c][j] * state[c][j] for j = 0, 1, 2, each product and sum
+  // rounded on its own (no fused multiply-add: the prompt path's order and
+  // bits); then state[c] = {state[c][1], state[c][2], u[c]}. The portable
+  // and avx2 levels go channel by channel; avx512 16 channels at a time.
+  void (*conv4_token)(const float* taps, float* state, const float* u, int64_t n, float* y);
   // The most tokens for which a product runs dot4xn_mixed on the stored
   // rows; more widen blocks of rows to fp32 once for dot_panel_f32.
   // Measured per level: avx512's tiles of up to 4 tokens beat the widening
@@ -83,6 +91,7 @@ void axpy(float alpha, const float* x, float* y, int64_t n);
 void silu_mul(float* g, const float* u, int64_t n);
 void silu(float* x, int64_t n);
 void sigmoid_mul(float* y, const float* g, int64_t n);
+void conv4_token(const float* taps, float* state, const float* u, int64_t n, float* y);
 // Kernels::stored_row_tokens of the level that multiplies rows of type t.
 int64_t stored_row_tokens(DType t);
 

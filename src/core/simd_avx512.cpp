@@ -339,12 +339,77 @@ AVX512_FN void sigmoid_mul_avx512(float* y, const float* g, int64_t n) {
   sigmoid_mul_scalar(y + i, g + i, n - i);
 }
 
+// Where conv4_token_avx512's permutes read and write, for a block of 16
+// channels: taps [16][4] in four registers, state [16][3] in three.
+struct Conv4Lanes {
+  int32_t tap[4][16];  // tap j of channel c: 4c + j of a register pair (the
+                       // first pair for c < 8, the second for c >= 8)
+  int32_t in_a[3][16], in_b[3][16];     // state slot j of channel c: 3c + j
+  int32_t out_a[3][16], out_b[3][16];   // register k of {s1, s2, u} interleaved
+};
+constexpr Conv4Lanes conv4_lanes() {
+  Conv4Lanes l{};
+  for (int j = 0; j < 4; ++j)
+    for (int c = 0; c < 16; ++c) l.tap[j][c] = 4 * (c % 8) + j;
+  for (int j = 0; j < 3; ++j)
+    for (int c = 0; c < 16; ++c) {
+      const int e = 3 * c + j;  // in the state registers 0 | 1 | 2
+      l.in_a[j][c] = e < 32 ? e : 0;               // from registers 0, 1
+      l.in_b[j][c] = e < 32 ? c : 16 + (e - 32);   // kept, or from register 2
+    }
+  for (int k = 0; k < 3; ++k)
+    for (int i = 0; i < 16; ++i) {
+      const int e = 16 * k + i, c = e / 3, j = e % 3;  // j: 0 s1, 1 s2, 2 u
+      l.out_a[k][i] = j == 0 ? c : 16 + c;            // from s1 | s2
+      l.out_b[k][i] = j == 2 ? 16 + c : i;            // from u, or kept
+    }
+  return l;
+}
+constexpr Conv4Lanes kConv4Lanes = conv4_lanes();
+
+AVX512_FN inline __m512i lanes_of(const int32_t (&idx)[16]) { return _mm512_loadu_si512(idx); }
+
+// 16 channels a step: taps and state taken apart into a register per tap
+// and per state slot by two-source permutes, the sums with the rounded
+// product and add forms (the _round intrinsics are never fused into a
+// multiply-add, so each step is rounded as conv4_token_scalar's), the
+// shifted state put back together the same way. ~40 instructions for 16
+// channels, against ~12 scalar ones a channel.
+AVX512_FN void conv4_token_avx512(const float* taps, float* state, const float* u, int64_t n, float* y) {
+  constexpr int R = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const Conv4Lanes& L = kConv4Lanes;
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16) {
+    const float* t = taps + c * 4;
+    float* st = state + c * 3;
+    const __m512 t0 = _mm512_loadu_ps(t), t1 = _mm512_loadu_ps(t + 16), t2 = _mm512_loadu_ps(t + 32),
+                 t3 = _mm512_loadu_ps(t + 48);
+    __m512 tap[4];
+    for (int j = 0; j < 4; ++j) {
+      const __m512i idx = lanes_of(L.tap[j]);
+      tap[j] = _mm512_mask_blend_ps(0xFF00, _mm512_permutex2var_ps(t0, idx, t1), _mm512_permutex2var_ps(t2, idx, t3));
+    }
+    const __m512 r0 = _mm512_loadu_ps(st), r1 = _mm512_loadu_ps(st + 16), r2 = _mm512_loadu_ps(st + 32);
+    __m512 s[3];
+    for (int j = 0; j < 3; ++j)
+      s[j] = _mm512_permutex2var_ps(_mm512_permutex2var_ps(r0, lanes_of(L.in_a[j]), r1), lanes_of(L.in_b[j]), r2);
+    const __m512 uv = _mm512_loadu_ps(u + c);
+    __m512 acc = _mm512_mul_round_ps(tap[3], uv, R);
+    for (int j = 0; j < 3; ++j) acc = _mm512_add_round_ps(acc, _mm512_mul_round_ps(tap[j], s[j], R), R);
+    _mm512_storeu_ps(y + c, acc);
+    for (int k = 0; k < 3; ++k)
+      _mm512_storeu_ps(st + 16 * k, _mm512_permutex2var_ps(_mm512_permutex2var_ps(s[1], lanes_of(L.out_a[k]), s[2]),
+                                                           lanes_of(L.out_b[k]), uv));
+  }
+  conv4_token_scalar(taps + c * 4, state + c * 3, u + c, n - c, y + c);
+}
+
 }  // namespace
 
 const Kernels kAvx512Kernels = {to_f32_avx512,     dot_mixed_avx512,     dot4_mixed_avx512,
                                 dot4xn_mixed_avx512, dot4x4_f32_avx512,  dot_panel_f32_avx512,
                                 axpy_avx512,       silu_mul_avx512,      silu_avx512,
-                                sigmoid_mul_avx512, 16};
+                                sigmoid_mul_avx512, conv4_token_avx512, 16};
 
 }  // namespace flashmoe::cpu::simd
 #endif

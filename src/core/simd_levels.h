@@ -57,5 +57,9 @@ void dot4xn_by_tokens(DType t, const void* w, size_t stride, const float* x, int
 void silu_mul_scalar(float* g, const float* u, int64_t n);
 void silu_scalar(float* x, int64_t n);
 void sigmoid_mul_scalar(float* y, const float* g, int64_t n);
+// conv4_token channel by channel (the portable and avx2 levels, and the
+// avx512 kernel's tail). Never inlined: inside an avx512 function the
+// compiler could fuse its multiply-adds, and the bits would differ.
+[[gnu::noinline]] void conv4_token_scalar(const float* taps, float* state, const float* u, int64_t n, float* y);
 
 }  // namespace flashmoe::cpu::simd

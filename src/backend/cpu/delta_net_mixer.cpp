@@ -18,16 +18,13 @@
 namespace flashmoe::cpu {
 namespace {
 
-// One token of the causal depthwise conv for nc channels, each straight
-// from its taps [ch][K] and state [ch][K-1] (shifted, u appended); y gets
-// the sums before the SiLU: taps[K-1] * u, then + taps[j] * state[j], j
-// ascending (the blocked path's order). K a template argument for the
-// models' 4 (with K known only at run time the state's shift was a memmove
-// call a channel), 0 for any other.
-template <int64_t KT>
-void conv_token(const float* __restrict taps, float* __restrict st, const float* __restrict u, int64_t nc, int64_t k,
+// One token of the causal depthwise conv for nc channels of any kernel
+// width k but 4 (which simd::conv4_token takes), each straight from its
+// taps [ch][k] and state [ch][k-1] (shifted, u appended); y gets the sums
+// before the SiLU: taps[k-1] * u, then + taps[j] * state[j], j ascending
+// (the blocked path's order).
+void conv_token(const float* __restrict taps, float* __restrict st, const float* __restrict u, int64_t nc, int64_t K,
                 float* __restrict y) {
-  const int64_t K = KT ? KT : k;
   for (int64_t ch = 0; ch < nc; ++ch) {
     const float* tc = taps + ch * K;
     float* sc = st + ch * (K - 1);
@@ -113,8 +110,8 @@ void gated_delta_net_mixer(const ModelConfig& c, const LinearAttentionWeights& w
         // channel for K multiply-adds (bench/NOTES.md, "Session 24").
         for (int64_t t = seq.row0; t < seq.row0 + seq.n; ++t) {
           float* y = conv_out.data() + t * C + c0;
-          if (K == 4) conv_token<4>(taps, st, qkv.data() + t * C + c0, nc, K, y);
-          else conv_token<0>(taps, st, qkv.data() + t * C + c0, nc, K, y);
+          if (K == 4) simd::conv4_token(taps, st, qkv.data() + t * C + c0, nc, y);
+          else conv_token(taps, st, qkv.data() + t * C + c0, nc, K, y);
           simd::silu(y, nc);
         }
         continue;
