@@ -356,10 +356,6 @@ TEST(SimdLevels, SiluAndSigmoidMulEveryLevel) {
   }
 }
 
-}  // namespace simd_levels_test
-
-namespace simd_levels_test {
-
 // conv4_token at every level against the sums written out here, each
 // product and sum rounded to float in the documented order (bit for bit:
 // the prompt path forms them so), and the state shifted by one with the

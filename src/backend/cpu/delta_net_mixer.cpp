@@ -104,10 +104,11 @@ void gated_delta_net_mixer(const ModelConfig& c, const LinearAttentionWeights& w
       float* st = seq.state->conv[size_t(slot)].data() + c0 * (K - 1);
       const float* taps = w.conv.data() + c0 * K;
       if (seq.n < K) {
-        // A few tokens (a decode step's one): each channel straight from its
-        // stored taps and state. The copies to [tap][channel] and back below
-        // pay for a prompt; for one token they were ~16 strided moves a
-        // channel for K multiply-adds (bench/NOTES.md, "Session 24").
+        // A few tokens (a decode step's one): straight from the stored taps
+        // and state (the models' K = 4 sixteen channels at a time, session
+        // 25). The copies to [tap][channel] and back below pay for a
+        // prompt; for one token they were ~16 strided moves a channel for K
+        // multiply-adds (bench/NOTES.md, "Session 24").
         for (int64_t t = seq.row0; t < seq.row0 + seq.n; ++t) {
           float* y = conv_out.data() + t * C + c0;
           if (K == 4) simd::conv4_token(taps, st, qkv.data() + t * C + c0, nc, y);
