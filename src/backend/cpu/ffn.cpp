@@ -58,12 +58,12 @@ void swiglu_parallel(const FfnExpert& e, const float* x, int64_t n, float* y, Al
   matmul(pool, e.down, g.data(), n, y);
 }
 
-// One unit of expert work: an expert and the tokens routed to it.
+// One unit of expert work: an expert and the m tokens routed to it, the
+// picks [first, first + m) of the layer's picks grouped by expert.
 struct ExpertTask {
   const FfnExpert* expert;
-  std::vector<int64_t> tokens;
-  std::vector<float> weights;  // per token
-  float* result = nullptr;     // [tokens, H], in the step's kept results buffer
+  int64_t first, m;
+  float* result;  // [m, H]: rows first .. first + m of the kept results buffer
 };
 
 }  // namespace
@@ -84,12 +84,21 @@ void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_exper
   thread_local AlignedFloats kept[5];
   AlignedFloats &probs = kept[0], &shared_g = kept[1], &shared_u = kept[2], &shared_out = kept[3],
                      &results = kept[4];
+  // The routing's lists, kept the same way, the picks grouped by expert in
+  // flat arrays: a token list and a weight list per expert, grown by
+  // push_back, were dozens of allocations a layer at 8 tokens.
+  thread_local std::vector<int64_t> kept_ids[5];
+  thread_local std::vector<float> kept_weights[2];
+  std::vector<int64_t> &chosen = kept_ids[0], &start = kept_ids[1], &pick_token = kept_ids[2], &from = kept_ids[3],
+                       &filled = kept_ids[4];
+  std::vector<float> &chosen_w = kept_weights[0], &pick_weight = kept_weights[1];
   probs.resize(size_t(n * E));
   matmul(pool, w.router, x, n, probs.data());
   // Each token's top k (expert, weight), tokens spread over the threads;
-  // then the experts' token lists, in token order, on this thread.
-  std::vector<int64_t> chosen(size_t(n * k));
-  std::vector<float> chosen_w(size_t(n * k));
+  // then the picks grouped by expert, each expert's in token order, on this
+  // thread.
+  chosen.resize(size_t(n * k));
+  chosen_w.resize(size_t(n * k));
   pool.parallel_for(n, [&](int64_t t0, int64_t t1) {
     std::vector<int64_t> order(static_cast<size_t>(E));
     for (int64_t t = t0; t < t1; ++t) {
@@ -107,12 +116,18 @@ void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_exper
       }
     }
   }, kTokenGrain);
-  std::vector<ExpertTask> tasks(static_cast<size_t>(E));
+  // start[e]: expert e's first pick; its picks run to start[e + 1].
+  start.assign(size_t(E + 1), 0);
+  for (int64_t p = 0; p < n * k; ++p) ++start[size_t(chosen[size_t(p)] + 1)];
+  for (int64_t e = 0; e < E; ++e) start[size_t(e + 1)] += start[size_t(e)];
+  pick_token.resize(size_t(n * k));
+  pick_weight.resize(size_t(n * k));
+  from.assign(start.begin(), start.end() - 1);  // each expert's next free pick, for now
   for (int64_t t = 0; t < n; ++t)
     for (int64_t j = 0; j < k; ++j) {
-      ExpertTask& task = tasks[size_t(chosen[size_t(t * k + j)])];
-      task.tokens.push_back(t);
-      task.weights.push_back(chosen_w[size_t(t * k + j)]);
+      const int64_t p = from[size_t(chosen[size_t(t * k + j)])]++;
+      pick_token[size_t(p)] = t;
+      pick_weight[size_t(p)] = chosen_w[size_t(t * k + j)];
     }
   // The shared expert does not depend on the routing, so it is computed
   // (row-parallel) while a streaming store reads this layer's misses. With
@@ -135,20 +150,19 @@ void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_exper
   // One fetch per layer: a streaming store reads all its misses in parallel.
   std::vector<int32_t> ids;
   for (int64_t e = 0; e < E; ++e)
-    if (!tasks[e].tokens.empty()) ids.push_back(int32_t(e));
+    if (start[size_t(e + 1)] > start[size_t(e)]) ids.push_back(int32_t(e));
   const std::function<void()> while_reading = shared_done ? std::function<void()>() : run_shared_expert;
   ExpertBatch batch = store.fetch(layer, ids, while_reading);
   if (!shared_done && !shared_as_item) run_shared_expert();
-  // The experts' outputs side by side in one buffer of n * k rows (a fresh
-  // one per expert was allocated, zeroed and page-faulted on every layer).
+  // The experts' outputs side by side in one buffer of n * k rows, row p
+  // for pick p (a fresh one per expert was allocated, zeroed and
+  // page-faulted on every layer).
   results.resize(size_t(n * k * H));
   std::vector<ExpertTask> work;
-  int64_t row = 0;
+  work.reserve(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
-    tasks[ids[i]].expert = &batch.experts[i];
-    tasks[ids[i]].result = results.data() + row * H;
-    row += int64_t(tasks[ids[i]].tokens.size());
-    work.push_back(std::move(tasks[ids[i]]));
+    const int64_t first = start[size_t(ids[i])], m = start[size_t(ids[i] + 1)] - first;
+    work.push_back({&batch.experts[i], first, m, results.data() + first * H});
   }
 
   // Experts in parallel, each on one thread: with top-k >= threads this keeps
@@ -160,7 +174,7 @@ void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_exper
   // the shared expert over all n tokens when it has not run yet.
   const size_t items = work.size() + (shared_done ? 0 : 1);
   auto cost = [&](size_t i) {
-    return i == work.size() ? shared_cost : int64_t(work[i].tokens.size()) * work[i].expert->gate.rows;
+    return i == work.size() ? shared_cost : work[i].m * work[i].expert->gate.rows;
   };
   std::vector<size_t> busiest(items);
   std::iota(busiest.begin(), busiest.end(), size_t(0));
@@ -172,31 +186,31 @@ void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_exper
         swiglu_serial(w.shared, x, n, shared_out.data(), g, u);
         continue;
       }
-      ExpertTask& task = work[busiest[size_t(i)]];
-      const int64_t m = int64_t(task.tokens.size());
+      const ExpertTask& task = work[busiest[size_t(i)]];
+      const int64_t m = task.m;
+      const int64_t* tokens = pick_token.data() + task.first;
       xin.resize(size_t(m * H));
-      for (int64_t j = 0; j < m; ++j) std::copy(x + task.tokens[j] * H, x + (task.tokens[j] + 1) * H, xin.data() + j * H);
+      for (int64_t j = 0; j < m; ++j) std::copy(x + tokens[j] * H, x + (tokens[j] + 1) * H, xin.data() + j * H);
       swiglu_serial(*task.expert, xin.data(), m, task.result, g, u);
     }
   });
   // Each token's sum, tokens spread over the threads: its experts' rows in
-  // expert order (work is in ascending expert id), then the gated shared
-  // expert, so a token's bits do not depend on the split or on the other
-  // tokens of the step. from[t * k + c]: (task, row in that task's result).
-  std::vector<std::pair<int32_t, int32_t>> from(size_t(n * k));
-  std::vector<int32_t> filled(static_cast<size_t>(n), 0);
-  for (size_t i = 0; i < work.size(); ++i)
-    for (size_t j = 0; j < work[i].tokens.size(); ++j) {
-      const int64_t t = work[i].tokens[j];
-      from[size_t(t * k + filled[size_t(t)]++)] = {int32_t(i), int32_t(j)};
-    }
+  // expert order (the picks are grouped by ascending expert id), then the
+  // gated shared expert, so a token's bits do not depend on the split or on
+  // the other tokens of the step. from[t * k + c]: token t's c-th pick.
+  from.resize(size_t(n * k));
+  filled.assign(size_t(n), 0);
+  for (int64_t p = 0; p < n * k; ++p) {
+    const int64_t t = pick_token[size_t(p)];
+    from[size_t(t * k + filled[size_t(t)]++)] = p;
+  }
   pool.parallel_for(n, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       float* o = out + t * H;
       std::fill(o, o + H, 0.0f);
       for (int64_t c = 0; c < k; ++c) {
-        const auto [i, j] = from[size_t(t * k + c)];
-        simd::axpy(work[size_t(i)].weights[size_t(j)], work[size_t(i)].result + int64_t(j) * H, o, H);
+        const int64_t p = from[size_t(t * k + c)];
+        simd::axpy(pick_weight[size_t(p)], results.data() + p * H, o, H);
       }
       if (shared_expert) {
         const float gate = sigmoid(simd_dot_row(w.shared_gate, 0, x + t * H));
