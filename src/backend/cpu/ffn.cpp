@@ -87,10 +87,10 @@ void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_exper
   // The routing's lists, kept the same way, the picks grouped by expert in
   // flat arrays: a token list and a weight list per expert, grown by
   // push_back, were dozens of allocations a layer at 8 tokens.
-  thread_local std::vector<int64_t> kept_ids[5];
+  thread_local std::vector<int64_t> kept_ids[6];
   thread_local std::vector<float> kept_weights[2];
-  std::vector<int64_t> &chosen = kept_ids[0], &start = kept_ids[1], &pick_token = kept_ids[2], &from = kept_ids[3],
-                       &filled = kept_ids[4];
+  std::vector<int64_t> &chosen = kept_ids[0], &start = kept_ids[1], &next = kept_ids[2], &pick_token = kept_ids[3],
+                       &from = kept_ids[4], &filled = kept_ids[5];
   std::vector<float> &chosen_w = kept_weights[0], &pick_weight = kept_weights[1];
   probs.resize(size_t(n * E));
   matmul(pool, w.router, x, n, probs.data());
@@ -122,10 +122,10 @@ void routed_moe_ffn(const ModelConfig& c, const FfnWeights& w, bool shared_exper
   for (int64_t e = 0; e < E; ++e) start[size_t(e + 1)] += start[size_t(e)];
   pick_token.resize(size_t(n * k));
   pick_weight.resize(size_t(n * k));
-  from.assign(start.begin(), start.end() - 1);  // each expert's next free pick, for now
+  next.assign(start.begin(), start.end() - 1);  // each expert's next free pick
   for (int64_t t = 0; t < n; ++t)
     for (int64_t j = 0; j < k; ++j) {
-      const int64_t p = from[size_t(chosen[size_t(t * k + j)])]++;
+      const int64_t p = next[size_t(chosen[size_t(t * k + j)])]++;
       pick_token[size_t(p)] = t;
       pick_weight[size_t(p)] = chosen_w[size_t(t * k + j)];
     }
