@@ -172,12 +172,53 @@ AVX2_FN void dot4_mixed_avx2(DType t, const void* w, size_t stride, const float*
   }
 }
 
-AVX2_FN void dot4x4_f32_avx2(const float* a, int64_t lda, const float* x, int64_t ldx, int64_t n, float out[16]) {
-  for (int j = 0; j < 4; ++j) {
-    float col[4];
-    dot4_mixed_avx2(DType::F32, a, size_t(lda) * sizeof(float), x + j * ldx, n, col);
-    for (int k = 0; k < 4; ++k) out[4 * k + j] = col[k];
+// Four rows against N tokens (N <= 3: 4N accumulators, N token vectors and
+// one row vector fill the 16 registers): each step of a row is loaded and
+// widened once for all N tokens, then dot4_mixed_avx2's multiply-add per
+// token, its reduction and its scalar tail, so every output has
+// dot4_mixed_avx2's bits. y[j * ldy + k]: row k, token j.
+template <int N>
+AVX2_FN inline void dot4xn_tile_avx2(DType t, const void* w, size_t stride, const float* x, int64_t ldx, int64_t n,
+                                     float* y, int64_t ldy) {
+  const uint8_t* base = static_cast<const uint8_t*>(w);
+  const void* r[4] = {base, base + stride, base + 2 * stride, base + 3 * stride};
+  __m256 s[N][4];
+  for (int j = 0; j < N; ++j)
+    for (int k = 0; k < 4; ++k) s[j][k] = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 xv[N];
+    for (int j = 0; j < N; ++j) xv[j] = _mm256_loadu_ps(x + j * ldx + i);
+    for (int k = 0; k < 4; ++k) {
+      const __m256 wv = load8(t, r[k], i);
+      for (int j = 0; j < N; ++j) s[j][k] = _mm256_fmadd_ps(wv, xv[j], s[j][k]);
+    }
   }
+  for (int j = 0; j < N; ++j) {
+    float* out = y + j * ldy;
+    const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(s[j][0], s[j][1]), _mm256_hadd_ps(s[j][2], s[j][3]));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1)));
+    const float* xj = x + j * ldx;
+    for (int64_t c = i; c < n; ++c)
+      for (int k = 0; k < 4; ++k) out[k] += scalar_at(t, r[k], c) * xj[c];
+  }
+}
+
+AVX2_FN void dot4xn_mixed_avx2(DType t, const void* w, size_t stride, const float* x, int64_t ldx, int64_t tokens,
+                               int64_t n, float* y, int64_t ldy) {
+  int64_t j = 0;
+  for (; j + 3 <= tokens; j += 3) dot4xn_tile_avx2<3>(t, w, stride, x + j * ldx, ldx, n, y + j * ldy, ldy);
+  if (tokens - j == 2) dot4xn_tile_avx2<2>(t, w, stride, x + j * ldx, ldx, n, y + j * ldy, ldy);
+  else if (tokens - j == 1) dot4xn_tile_avx2<1>(t, w, stride, x + j * ldx, ldx, n, y + j * ldy, ldy);
+}
+
+// The panel's 4 x 4 tile of fp32 rows: tokens in a tile of three and one
+// (out[4k + j]: row k, token j).
+AVX2_FN void dot4x4_f32_avx2(const float* a, int64_t lda, const float* x, int64_t ldx, int64_t n, float out[16]) {
+  float y[4 * 4];
+  dot4xn_mixed_avx2(DType::F32, a, size_t(lda) * sizeof(float), x, ldx, 4, n, y, 4);
+  for (int k = 0; k < 4; ++k)
+    for (int j = 0; j < 4; ++j) out[4 * k + j] = y[4 * j + k];
 }
 
 AVX2_FN void axpy_avx2(float alpha, const float* x, float* y, int64_t n) {
@@ -193,7 +234,7 @@ AVX2_FN void axpy_avx2(float alpha, const float* x, float* y, int64_t n) {
 const Kernels kAvx2Kernels = {to_f32_avx2,
                               dot_mixed_avx2,
                               dot4_mixed_avx2,
-                              dot4xn_by_tokens<dot4_mixed_avx2>,
+                              dot4xn_mixed_avx2,
                               dot4x4_f32_avx2,
                               dot_panel_by_tiles<dot4x4_f32_avx2, dot4_mixed_avx2, dot_mixed_avx2>,
                               axpy_avx2,
@@ -201,7 +242,7 @@ const Kernels kAvx2Kernels = {to_f32_avx2,
                               silu_scalar,
                               sigmoid_mul_scalar,
                               conv4_token_scalar,
-                              3};
+                              16};
 #endif
 
 const Kernels& kernels(CpuLevel level) {

@@ -65,9 +65,9 @@ struct Kernels {
   void (*conv4_token)(const float* taps, float* state, const float* u, int64_t n, float* y);
   // The most tokens for which a product runs dot4xn_mixed on the stored
   // rows; more widen blocks of rows to fp32 once for dot_panel_f32.
-  // Measured per level: avx512's tiles of up to 4 tokens beat the widening
-  // up to 16 tokens (bench/NOTES.md, "Session 23"); portable and avx2 run
-  // dot4xn_mixed a token at a time, so 3.
+  // Measured per level: avx512's tiles of up to 4 tokens and avx2's of up
+  // to 3 beat the widening up to 16 tokens (bench/NOTES.md, "Session 23"
+  // and "Session 26"); portable runs dot4xn_mixed a token at a time, so 3.
   int64_t stored_row_tokens;
 };
 

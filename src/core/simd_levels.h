@@ -41,7 +41,7 @@ void dot_panel_by_tiles(const float* a, int64_t lda, int64_t rows, const float* 
 }
 
 // dot4xn_mixed from a level's 4-row kernel, a token at a time (the
-// portable and AVX2 levels).
+// portable level).
 template <auto Dot4>
 void dot4xn_by_tokens(DType t, const void* w, size_t stride, const float* x, int64_t ldx, int64_t tokens, int64_t n,
                       float* y, int64_t ldy) {
