@@ -229,6 +229,62 @@ AVX2_FN void axpy_avx2(float alpha, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += alpha * x[i];
 }
 
+// exp(x) on 8 lanes: avx512's exp16 (core/simd_avx512.cpp), the same
+// reduction and polynomial in the same order; its scalef by 2^n done as
+// two power-of-two products (each factor a normal float for n in [-150,
+// 128]; the first is exact, the second rounds only a subnormal result).
+AVX2_FN inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-104.0f)), _mm256_set1_ps(89.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
+  p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
+  const __m256i ni = _mm256_cvtps_epi32(n);
+  const __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 f1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+  const __m256 f2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(p, f1), f2);
+}
+
+AVX2_FN void silu_mul_avx2(float* g, const float* u, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(g + i);
+    const __m256 s = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+    _mm256_storeu_ps(g + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+  }
+  silu_mul_scalar(g + i, u + i, n - i);
+}
+
+AVX2_FN void silu_avx2(float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), v));
+    _mm256_storeu_ps(x + i, _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
+  }
+  silu_scalar(x + i, n - i);
+}
+
+AVX2_FN void sigmoid_mul_avx2(float* y, const float* g, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_loadu_ps(g + i)));
+    const __m256 s = _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(y + i), s));
+  }
+  sigmoid_mul_scalar(y + i, g + i, n - i);
+}
+
 }  // namespace
 
 const Kernels kAvx2Kernels = {to_f32_avx2,
@@ -238,9 +294,9 @@ const Kernels kAvx2Kernels = {to_f32_avx2,
                               dot4x4_f32_avx2,
                               dot_panel_by_tiles<dot4x4_f32_avx2, dot4_mixed_avx2, dot_mixed_avx2>,
                               axpy_avx2,
-                              silu_mul_scalar,
-                              silu_scalar,
-                              sigmoid_mul_scalar,
+                              silu_mul_avx2,
+                              silu_avx2,
+                              sigmoid_mul_avx2,
                               conv4_token_scalar,
                               16};
 #endif
