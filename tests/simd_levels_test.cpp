@@ -278,9 +278,9 @@ TEST(SimdLevels, Int8RowDotAtTheVnniLevel) {
   EXPECT_THROW(cpu::quantize_activations(x.data(), 48, 32, xq), Error);
 }
 
-// The fused AVX-512 delta-rule step does the row-by-row form's operations in
-// its order: the same bits, state and output (at other levels, or another
-// dv, gated_delta_step is the row-by-row form itself).
+// The fused delta-rule steps (avx512, avx2) do the row-by-row form's
+// operations in its order: the same bits, state and output (at the portable
+// level, or another dv, gated_delta_step is the row-by-row form itself).
 TEST(SimdLevels, FusedDeltaRuleStepMatchesRowByRow) {
   std::mt19937 rng(9);
   std::normal_distribution<float> d(0.0f, 0.5f);
@@ -299,9 +299,20 @@ TEST(SimdLevels, FusedDeltaRuleStepMatchesRowByRow) {
     }
     EXPECT_EQ(S1, S2);
     EXPECT_EQ(o1, o2);
-    std::vector<float> S3 = S, o3(static_cast<size_t>(dv));
-    const bool fused = cpu::gated_delta_step_fused(S3.data(), q.data(), k.data(), v.data(), 0.9f, 0.7f, dk, dv, o3.data());
-    EXPECT_EQ(fused, cpu_level() >= CpuLevel::Avx512 && dv != 48);
+    // Each level's fused kernel on its own, where the CPU runs it.
+    for (CpuLevel level : runnable_levels()) {
+      SCOPED_TRACE(cpu_level_name(level));
+      std::vector<float> S3 = S, o3(static_cast<size_t>(dv));
+      bool fused = false;
+      for (int step = 0; step < 3; ++step)
+        fused = cpu::gated_delta_step_fused_at(level, S3.data(), q.data(), k.data(), v.data(), 0.9f, 0.7f, dk, dv,
+                                               o3.data());
+      const bool takes = dv != 48 && (level >= CpuLevel::Avx512 || (level == CpuLevel::Avx2 && dv != 128));
+      EXPECT_EQ(fused, takes);
+      if (!takes) continue;
+      EXPECT_EQ(S3, S1);
+      EXPECT_EQ(o3, o1);
+    }
   }
 }
 

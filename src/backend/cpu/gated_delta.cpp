@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/cpu_features.h"
 #include "core/simd.h"
 
 namespace flashmoe::cpu {
@@ -25,9 +26,16 @@ void gated_delta_step_rows(float* S, const float* q, const float* k, const float
   }
 }
 
+bool gated_delta_step_fused_at(CpuLevel level, float* S, const float* q, const float* k, const float* v,
+                               float decay, float beta, int64_t dk, int64_t dv, float* out) {
+  if (level >= CpuLevel::Avx512) return gated_delta_step_fused_avx512(S, q, k, v, decay, beta, dk, dv, out);
+  if (level == CpuLevel::Avx2) return gated_delta_step_fused_avx2(S, q, k, v, decay, beta, dk, dv, out);
+  return false;
+}
+
 void gated_delta_step(float* S, const float* q, const float* k, const float* v, float decay,
                       float beta, int64_t dk, int64_t dv, float* out, float* m) {
-  if (gated_delta_step_fused(S, q, k, v, decay, beta, dk, dv, out)) return;
+  if (gated_delta_step_fused_at(cpu_level(), S, q, k, v, decay, beta, dk, dv, out)) return;
   gated_delta_step_rows(S, q, k, v, decay, beta, dk, dv, out, m);
 }
 

@@ -4,11 +4,15 @@
 #pragma once
 #include <cstdint>
 
+#include "core/cpu_features.h"
+
 namespace flashmoe::cpu {
 
-// At the avx512 level with dv of 32, 64 or 128, one fused kernel keeps m and
-// o in registers (gated_delta_avx512.cpp); otherwise row-by-row vector
-// kernels (core/simd). Both do the same multiply-adds in the same order.
+// At the avx512 level with dv of 32, 64 or 128, and at avx2 with dv of 32 or
+// 64, one fused kernel keeps m and o in registers (gated_delta_avx512.cpp,
+// gated_delta_avx2.cpp); otherwise row-by-row vector kernels (core/simd).
+// Both do the same multiplies and multiply-adds per element in the same
+// order, so the same bits.
 void gated_delta_step(float* S, const float* q, const float* k, const float* v, float decay,
                       float beta, int64_t dk, int64_t dv, float* out, float* scratch_dv);
 
@@ -17,9 +21,15 @@ void gated_delta_step(float* S, const float* q, const float* k, const float* v, 
 void gated_delta_step_rows(float* S, const float* q, const float* k, const float* v, float decay,
                            float beta, int64_t dk, int64_t dv, float* out, float* scratch_dv);
 
-// The fused AVX-512 kernel; false (nothing done) where it does not apply
-// (another level, or dv not 32, 64 or 128).
-bool gated_delta_step_fused(float* S, const float* q, const float* k, const float* v, float decay,
-                            float beta, int64_t dk, int64_t dv, float* out);
+// The fused kernel of `level`; false (nothing done) where none applies
+// (the portable level, or a dv the level's kernel does not take).
+bool gated_delta_step_fused_at(CpuLevel level, float* S, const float* q, const float* k, const float* v,
+                               float decay, float beta, int64_t dk, int64_t dv, float* out);
+
+// The per-level kernels behind it.
+bool gated_delta_step_fused_avx512(float* S, const float* q, const float* k, const float* v, float decay,
+                                   float beta, int64_t dk, int64_t dv, float* out);
+bool gated_delta_step_fused_avx2(float* S, const float* q, const float* k, const float* v, float decay,
+                                 float beta, int64_t dk, int64_t dv, float* out);
 
 }  // namespace flashmoe::cpu

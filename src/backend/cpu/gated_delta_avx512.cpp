@@ -2,7 +2,6 @@
 // the output o stay in registers across the dk rows of the state, instead of
 // three vector calls per row. Compiled per function by its target attribute.
 #include "backend/cpu/gated_delta.h"
-#include "core/cpu_features.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 // GCC 12's AVX-512 intrinsics trip -Wuninitialized (see core/simd_avx512.cpp).
@@ -53,9 +52,8 @@ AVX512_FN void fused(float* S, const float* q, const float* k, const float* v, f
 
 }  // namespace
 
-bool gated_delta_step_fused(float* S, const float* q, const float* k, const float* v, float decay, float beta,
-                            int64_t dk, int64_t dv, float* out) {
-  if (cpu_level() < CpuLevel::Avx512) return false;
+bool gated_delta_step_fused_avx512(float* S, const float* q, const float* k, const float* v, float decay,
+                                   float beta, int64_t dk, int64_t dv, float* out) {
   switch (dv) {
     case 32: fused<2>(S, q, k, v, decay, beta, dk, out); return true;
     case 64: fused<4>(S, q, k, v, decay, beta, dk, out); return true;
@@ -69,7 +67,8 @@ bool gated_delta_step_fused(float* S, const float* q, const float* k, const floa
 #else
 
 namespace flashmoe::cpu {
-bool gated_delta_step_fused(float*, const float*, const float*, const float*, float, float, int64_t, int64_t, float*) {
+bool gated_delta_step_fused_avx512(float*, const float*, const float*, const float*, float, float, int64_t, int64_t,
+                                   float*) {
   return false;
 }
 }  // namespace flashmoe::cpu
