@@ -18,8 +18,8 @@ namespace {
 // o += q_i row), each a per-element multiply or multiply-add, so the bits
 // agree with it at any level.
 template <int NV>
-DELTA_AVX2_FN void fused8(float* S, const float* q, const float* k, const float* v, float decay, float beta, int64_t dk,
-                   float* out) {
+DELTA_AVX2_FN void fused8(float* S, const float* q, const float* k, const float* v, float decay, float beta,
+                         int64_t dk, float* out) {
   constexpr int64_t dv = NV * 8;
   const __m256 dec = _mm256_set1_ps(decay);
   __m256 m[NV], o[NV];

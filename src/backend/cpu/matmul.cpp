@@ -39,15 +39,15 @@ void rows_kernel(const Matrix& W, int64_t r0, int64_t r1, const float* x, int64_
     return;
   }
   // A few tokens of a bf16 / f16 / f32 matrix (up to the level's
-  // simd::stored_row_tokens: 16 at avx2 and avx512, 3 portable): four stored rows at a
-  // time against every token, each step of the rows converted in registers
-  // once per tile of tokens (simd::dot4xn_mixed). Widening a block of rows
-  // pays when many tokens reuse it; for a few the widening (a store and a
-  // reload of every weight) cost more than converting in registers: the
-  // batched step's routed experts, each picked by 1-3 of the step's tokens,
-  // and its dense products up to 16 sequences. The same bits
-  // either way (simd.h: a row's product from its storage type or from its
-  // exact fp32 widening).
+  // simd::stored_row_tokens: 16 at avx2 and avx512, 3 at portable): four
+  // stored rows at a time against every token, each step of the rows
+  // converted in registers once per tile of tokens (simd::dot4xn_mixed).
+  // Widening a block of rows pays when many tokens reuse it; for a few the
+  // widening (a store and a reload of every weight) cost more than
+  // converting in registers: the batched step's routed experts, each picked
+  // by 1-3 of the step's tokens, and its dense products up to 16
+  // sequences. The same bits either way (simd.h: a row's product from its
+  // storage type or from its exact fp32 widening).
   if (!W.quantized() && n <= simd::stored_row_tokens(W.dtype)) {
     const size_t rb = W.row_bytes();
     const uint8_t* rows = static_cast<const uint8_t*>(W.data);
