@@ -233,6 +233,8 @@ AVX2_FN void axpy_avx2(float alpha, const float* x, float* y, int64_t n) {
 // reduction and polynomial in the same order; its scalef by 2^n done as
 // two power-of-two products (each factor a normal float for n in [-150,
 // 128]; the first is exact, the second rounds only a subnormal result).
+// kv_kernels' exp_avx2 is the softmax's, for x <= 0 only; a gate's
+// argument takes either sign.
 AVX2_FN inline __m256 exp8(__m256 x) {
   x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-104.0f)), _mm256_set1_ps(89.0f));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
