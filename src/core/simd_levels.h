@@ -17,8 +17,8 @@ extern const Kernels kAvx512Kernels;
 float scalar_at(DType t, const void* p, int64_t i);
 
 // dot_panel_f32 from a level's own tile, 4-row and 1-row kernels (the
-// portable and AVX2 levels): the 4 x 4 tiles, then the leftover tokens four
-// rows at a time, then the leftover rows one at a time.
+// portable level): the 4 x 4 tiles, then the leftover tokens four rows at a
+// time, then the leftover rows one at a time.
 template <auto Tile, auto Dot4, auto Dot>
 void dot_panel_by_tiles(const float* a, int64_t lda, int64_t rows, const float* x, int64_t ldx, int64_t tokens,
                         int64_t n, float* y, int64_t ldy) {
