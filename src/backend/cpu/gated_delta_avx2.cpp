@@ -16,7 +16,8 @@ namespace {
 // NV = dv / 8 vectors per row. The row-by-row form's operations in its
 // order (row *= decay; m += k_i row; m = beta (v - m); row += k_i m;
 // o += q_i row), each a per-element multiply or multiply-add, so the bits
-// agree with it at any level.
+// agree with it at the avx2 and avx512 levels (whose axpy is a
+// multiply-add).
 template <int NV>
 DELTA_AVX2_FN void fused8(float* S, const float* q, const float* k, const float* v, float decay, float beta,
                          int64_t dk, float* out) {
