@@ -230,8 +230,8 @@ AVX2_FN void dot_panel_f32_avx2(const float* a, int64_t lda, int64_t rows, const
     for (int64_t j = 0; j < tokens; ++j) y[j * ldy + r] = dot_mixed_avx2(DType::F32, a + r * lda, x + j * ldx, n);
 }
 
-// The panel's 4 x 4 tile of fp32 rows: tokens in a tile of three and one
-// (out[4k + j]: row k, token j).
+// simd::dot4x4_f32's tile of fp32 rows: the tokens in a tile of three and
+// one (out[4k + j]: row k, token j).
 AVX2_FN void dot4x4_f32_avx2(const float* a, int64_t lda, const float* x, int64_t ldx, int64_t n, float out[16]) {
   float y[4 * 4];
   dot4xn_mixed_avx2(DType::F32, a, size_t(lda) * sizeof(float), x, ldx, 4, n, y, 4);
