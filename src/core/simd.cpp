@@ -144,39 +144,12 @@ AVX2_FN float dot_mixed_avx2(DType t, const void* w, const float* x, int64_t n) 
   return s;
 }
 
-AVX2_FN void dot4_mixed_avx2(DType t, const void* w, size_t stride, const float* x, int64_t n, float out[4]) {
-  const uint8_t* base = static_cast<const uint8_t*>(w);
-  const void* r0 = base;
-  const void* r1 = base + stride;
-  const void* r2 = base + 2 * stride;
-  const void* r3 = base + 3 * stride;
-  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 xv = _mm256_loadu_ps(x + i);
-    s0 = _mm256_fmadd_ps(load8(t, r0, i), xv, s0);
-    s1 = _mm256_fmadd_ps(load8(t, r1, i), xv, s1);
-    s2 = _mm256_fmadd_ps(load8(t, r2, i), xv, s2);
-    s3 = _mm256_fmadd_ps(load8(t, r3, i), xv, s3);
-  }
-  // Horizontal sums of the four accumulators at once.
-  __m256 a01 = _mm256_hadd_ps(s0, s1), a23 = _mm256_hadd_ps(s2, s3);
-  __m256 a = _mm256_hadd_ps(a01, a23);
-  __m128 r = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  _mm_storeu_ps(out, r);
-  for (; i < n; ++i) {
-    out[0] += scalar_at(t, r0, i) * x[i];
-    out[1] += scalar_at(t, r1, i) * x[i];
-    out[2] += scalar_at(t, r2, i) * x[i];
-    out[3] += scalar_at(t, r3, i) * x[i];
-  }
-}
-
 // Four rows against N tokens (N <= 3: 4N accumulators, N token vectors and
 // one row vector fill the 16 registers): each step of a row is loaded and
-// widened once for all N tokens, then dot4_mixed_avx2's multiply-add per
-// token, its reduction and its scalar tail, so every output has
-// dot4_mixed_avx2's bits. y[j * ldy + k]: row k, token j.
+// widened once for all N tokens; per row and token one 8-lane accumulator
+// filled in index order, the four rows' horizontal sums at once, then the
+// scalar tail, so a token's outputs do not depend on the tile it is in.
+// y[j * ldy + k]: row k, token j.
 template <int N>
 AVX2_FN inline void dot4xn_tile_avx2(DType t, const void* w, size_t stride, const float* x, int64_t ldx, int64_t n,
                                      float* y, int64_t ldy) {
@@ -202,6 +175,10 @@ AVX2_FN inline void dot4xn_tile_avx2(DType t, const void* w, size_t stride, cons
     for (int64_t c = i; c < n; ++c)
       for (int k = 0; k < 4; ++k) out[k] += scalar_at(t, r[k], c) * xj[c];
   }
+}
+
+AVX2_FN void dot4_mixed_avx2(DType t, const void* w, size_t stride, const float* x, int64_t n, float out[4]) {
+  dot4xn_tile_avx2<1>(t, w, stride, x, 0, n, out, 0);
 }
 
 AVX2_FN void dot4xn_mixed_avx2(DType t, const void* w, size_t stride, const float* x, int64_t ldx, int64_t tokens,
