@@ -102,7 +102,8 @@ TEST(SimdLevels, EveryLevelComputesTheSameFunction) {
             ASSERT_EQ(y4[size_t(j * 6 + r)], want) << "tokens " << tokens << " token " << j << " row " << r;
           }
       }
-      k.dot4x4_f32(w.f32.data(), n, x.f32.data(), n, n, tile);
+      // The panel of fp32 rows, four rows against four tokens: one whole tile.
+      k.dot_panel_f32(w.f32.data(), n, 4, x.f32.data(), n, 4, n, tile, 4);
       for (int r = 0; r < 4; ++r) {
         double mag = 0;
         const double ref = ref_dot(w.f32.data() + r * n, x.f32.data(), n, &mag);
@@ -111,11 +112,11 @@ TEST(SimdLevels, EveryLevelComputesTheSameFunction) {
         // The same bits every way the row can be computed.
         EXPECT_EQ(one, d4[r]);
         EXPECT_EQ(one, k.dot_mixed(DType::F32, w.f32.data() + r * n, x.f32.data(), n));
-        EXPECT_EQ(one, tile[4 * r]);
+        EXPECT_EQ(one, tile[r]);
         for (int j = 0; j < 4; ++j) {
           const double rj = ref_dot(w.f32.data() + r * n, x.f32.data() + j * n, n, &mag);
-          EXPECT_NEAR(tile[4 * r + j], rj, 1e-6 * mag + 1e-30) << "row " << r << " token " << j;
-          EXPECT_EQ(tile[4 * r + j], k.dot_mixed(DType::F32, w.f32.data() + r * n, x.f32.data() + j * n, n));
+          EXPECT_NEAR(tile[4 * j + r], rj, 1e-6 * mag + 1e-30) << "row " << r << " token " << j;
+          EXPECT_EQ(tile[4 * j + r], k.dot_mixed(DType::F32, w.f32.data() + r * n, x.f32.data() + j * n, n));
         }
         // f16 weights.
         std::vector<float> hrow(static_cast<size_t>(n));

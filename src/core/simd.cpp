@@ -97,7 +97,7 @@ void conv4_token_scalar(const float* taps, float* state, const float* u, int64_t
 }
 
 const Kernels kPortableKernels = {
-    to_f32_generic, dot_mixed_generic, dot4_mixed_generic, dot4xn_by_tokens<dot4_mixed_generic>, dot4x4_f32_generic,
+    to_f32_generic, dot_mixed_generic, dot4_mixed_generic, dot4xn_by_tokens<dot4_mixed_generic>,
     dot_panel_by_tiles<dot4x4_f32_generic, dot4_mixed_generic, dot_mixed_generic>, axpy_generic, silu_mul_scalar,
     silu_scalar, sigmoid_mul_scalar, conv4_token_scalar, 3};
 
@@ -207,15 +207,6 @@ AVX2_FN void dot_panel_f32_avx2(const float* a, int64_t lda, int64_t rows, const
     for (int64_t j = 0; j < tokens; ++j) y[j * ldy + r] = dot_mixed_avx2(DType::F32, a + r * lda, x + j * ldx, n);
 }
 
-// simd::dot4x4_f32's tile of fp32 rows: the tokens in a tile of three and
-// one (out[4k + j]: row k, token j).
-AVX2_FN void dot4x4_f32_avx2(const float* a, int64_t lda, const float* x, int64_t ldx, int64_t n, float out[16]) {
-  float y[4 * 4];
-  dot4xn_mixed_avx2(DType::F32, a, size_t(lda) * sizeof(float), x, ldx, 4, n, y, 4);
-  for (int k = 0; k < 4; ++k)
-    for (int j = 0; j < 4; ++j) out[4 * k + j] = y[4 * j + k];
-}
-
 AVX2_FN void axpy_avx2(float alpha, const float* x, float* y, int64_t n) {
   __m256 av = _mm256_set1_ps(alpha);
   int64_t i = 0;
@@ -288,7 +279,6 @@ const Kernels kAvx2Kernels = {to_f32_avx2,
                               dot_mixed_avx2,
                               dot4_mixed_avx2,
                               dot4xn_mixed_avx2,
-                              dot4x4_f32_avx2,
                               dot_panel_f32_avx2,
                               axpy_avx2,
                               silu_mul_avx2,
@@ -343,9 +333,6 @@ void dot4_f32(const float* a, int64_t lda, const float* x, int64_t n, float out[
   active().dot4_mixed(DType::F32, a, size_t(lda) * sizeof(float), x, n, out);
 }
 
-void dot4x4_f32(const float* a, int64_t lda, const float* x, int64_t ldx, int64_t n, float out[16]) {
-  active().dot4x4_f32(a, lda, x, ldx, n, out);
-}
 
 void dot_panel_f32(const float* a, int64_t lda, int64_t rows, const float* x, int64_t ldx, int64_t tokens, int64_t n,
                    float* y, int64_t ldy) {

@@ -32,9 +32,6 @@ struct Kernels {
   // token). Each output has dot4_mixed's bits for its token.
   void (*dot4xn_mixed)(DType t, const void* w, size_t stride, const float* x, int64_t ldx, int64_t tokens, int64_t n,
                        float* y, int64_t ldy);
-  // out[4*k + j] = dot(a + k*lda, x + j*ldx) for rows k and tokens j in
-  // 0..3: the prefill micro-kernel (fp32 rows, 4 x 4 tile).
-  void (*dot4x4_f32)(const float* a, int64_t lda, const float* x, int64_t ldx, int64_t n, float out[16]);
   // y[t * ldy + r] = dot(a + r*lda, x + t*ldx) for rows r < rows and tokens
   // t < tokens: the prefill's whole block of fp32 rows against every token,
   // tiled 4 x 4 inside (no call, spill or scatter per tile). Every output
@@ -84,7 +81,6 @@ void dot4_mixed(DType t, const void* w, size_t stride, const float* x, int64_t n
 void dot4xn_mixed(DType t, const void* w, size_t stride, const float* x, int64_t ldx, int64_t tokens, int64_t n,
                   float* y, int64_t ldy);
 void dot4_f32(const float* a, int64_t lda, const float* x, int64_t n, float out[4]);
-void dot4x4_f32(const float* a, int64_t lda, const float* x, int64_t ldx, int64_t n, float out[16]);
 void dot_panel_f32(const float* a, int64_t lda, int64_t rows, const float* x, int64_t ldx, int64_t tokens, int64_t n,
                    float* y, int64_t ldy);
 void axpy(float alpha, const float* x, float* y, int64_t n);

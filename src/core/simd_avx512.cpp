@@ -53,8 +53,9 @@ AVX512_FN inline __m512 load16(DType t, const void* p, int64_t i, __mmask16 m) {
 // The canonical reduction of one 16-lane accumulator, a fixed tree:
 //   s_j = l_j + l_{j+8}, s'_j = s_j + s_{j+4}, s''_j = s'_j + s'_{j+2},
 //   result = s''_0 + s''_1.
-// reduce4 and reduce16 compute the same tree for 4 and 16 accumulators at
-// once (with shuffles), so every kernel gives the same bits per row.
+// reduce4 and the panel's tile (panel_tile) compute the same tree for 4 and
+// 16 accumulators at once (with shuffles), so every kernel gives the same
+// bits per row.
 AVX512_FN inline float reduce1(__m512 v) {
   __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
   __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -91,17 +92,6 @@ AVX512_FN inline void reduce4(const __m512 v[4], float out[4]) {
   const __m512 w = level4(level3(u, u), level3(u, u));
   const __m512 picked = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), w);
   _mm_storeu_ps(out, _mm512_castps512_ps128(picked));
-}
-
-// out[i] = reduce1(v[T(i)]) for the 16 accumulators, where v[4j + k] is
-// row k, token j and out[4k + j] wants the same (the tree's last level
-// transposes).
-AVX512_FN inline void reduce16(const __m512 v[16], float out[16]) {
-  __m512 u[4];
-  for (int q = 0; q < 4; ++q) u[q] = level2(level1(v[4 * q], v[4 * q + 1]), level1(v[4 * q + 2], v[4 * q + 3]));
-  // u[q] quarter r = accumulator 4q + r; after levels 3 and 4, element
-  // 4r + m of the result is accumulator 4m + r.
-  _mm512_storeu_ps(out, level4(level3(u[0], u[1]), level3(u[2], u[3])));
 }
 
 AVX512_FN void to_f32_avx512(DType t, const void* src, int64_t n, float* out) {
@@ -182,30 +172,6 @@ AVX512_FN void dot4xn_mixed_avx512(DType t, const void* w, size_t stride, const 
   else if (tokens - j == 1) dot4_mixed_avx512(t, w, stride, x + j * ldx, n, y + j * ldy);  // one token: decode's own kernel
 }
 
-// One 16-column step of the 4 x 4 tile: 8 loads, 16 multiply-adds.
-AVX512_FN inline void tile_step(const float* a, int64_t lda, const float* x, int64_t ldx, int64_t i, __mmask16 m,
-                                __m512 v[16]) {
-  const __m512 w0 = loadx(a, i, m), w1 = loadx(a + lda, i, m), w2 = loadx(a + 2 * lda, i, m),
-               w3 = loadx(a + 3 * lda, i, m);
-  for (int j = 0; j < 4; ++j) {
-    const __m512 xv = loadx(x + j * ldx, i, m);
-    v[4 * j + 0] = _mm512_fmadd_ps(w0, xv, v[4 * j + 0]);
-    v[4 * j + 1] = _mm512_fmadd_ps(w1, xv, v[4 * j + 1]);
-    v[4 * j + 2] = _mm512_fmadd_ps(w2, xv, v[4 * j + 2]);
-    v[4 * j + 3] = _mm512_fmadd_ps(w3, xv, v[4 * j + 3]);
-  }
-}
-
-AVX512_FN void dot4x4_f32_avx512(const float* a, int64_t lda, const float* x, int64_t ldx, int64_t n,
-                                 float out[16]) {
-  __m512 v[16];
-  for (auto& r : v) r = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) tile_step(a, lda, x, ldx, i, kAll, v);
-  if (i < n) tile_step(a, lda, x, ldx, i, lanes(i, n), v);
-  reduce16(v, out);
-}
-
 // One 16-column step of the panel's tile: 8 loads, 16 multiply-adds.
 AVX512_INLINE_FN void panel_step(const float* a0, const float* a1, const float* a2, const float* a3, const float* x0,
                                  const float* x1, const float* x2, const float* x3, int64_t i, __mmask16 m,
@@ -250,8 +216,9 @@ AVX512_INLINE_FN void panel_tile(const float* a, int64_t lda, const float* x, in
   for (int i = 0; i < 16; ++i) v[i] = _mm512_setzero_ps();
   for (int64_t i = 0; i < n16; i += 16) panel_step(a0, a1, a2, a3, x0, x1, x2, x3, i, kAll, v);
   if (n16 < n) panel_step(a0, a1, a2, a3, x0, x1, x2, x3, n16, lanes(n16, n), v);
-  // reduce16's tree: element 4r + m of the result is accumulator 4m + r, so
-  // with v[4k + j] = (row k, token j), element 4j + k is (row k, token j).
+  // The tree of reduce1 for 16 accumulators: element 4r + m of the result
+  // is accumulator 4m + r, so with v[4k + j] = (row k, token j), element
+  // 4j + k is (row k, token j).
   const __m512 u0 = level2(level1(v[0], v[1]), level1(v[2], v[3]));
   const __m512 u1 = level2(level1(v[4], v[5]), level1(v[6], v[7]));
   const __m512 u2 = level2(level1(v[8], v[9]), level1(v[10], v[11]));
@@ -407,7 +374,7 @@ AVX512_FN void conv4_token_avx512(const float* taps, float* state, const float* 
 }  // namespace
 
 const Kernels kAvx512Kernels = {to_f32_avx512,     dot_mixed_avx512,     dot4_mixed_avx512,
-                                dot4xn_mixed_avx512, dot4x4_f32_avx512,  dot_panel_f32_avx512,
+                                dot4xn_mixed_avx512, dot_panel_f32_avx512,
                                 axpy_avx512,       silu_mul_avx512,      silu_avx512,
                                 sigmoid_mul_avx512, conv4_token_avx512, 16};
 
