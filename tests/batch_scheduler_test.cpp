@@ -241,6 +241,41 @@ TEST(BatchScheduler, CancelledPromptLeavesWithinAStep) {
   EXPECT_EQ(late.position(), 0);
 }
 
+// A lone session's decoded tokens run on its own thread; its prompt runs
+// on the scheduler's thread, so the many request threads of a server do not
+// each keep a prompt chunk's scratch. Either way the same logits as the
+// backend's own calls.
+TEST(BatchScheduler, LoneSessionsPromptRunsOnTheSchedulersThread) {
+  auto model = QwenModel::load(fixture_dir("tiny-qwen35moe") + "/model");
+  const Backend& b = cpu_of(*model);
+  const int64_t V = model->config().vocab_size;
+  ThreadPool pool(2);
+  BatchScheduler sched(b, pool);
+  std::mutex mu;
+  std::vector<std::pair<int64_t, std::thread::id>> steps;  // tokens, the thread that ran the step
+  sched.set_step_observer([&](const BatchStepInfo& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    steps.emplace_back(s.tokens, std::this_thread::get_id());
+  });
+  const std::vector<int32_t> prompt = random_ids(40, V, 3);
+  Session s(sched, KvConfig{});
+  Session alone(b, KvConfig{}, pool);
+  const std::vector<float> first = alone.feed(prompt);
+  EXPECT_EQ(s.feed(prompt), first);
+  const int32_t next = int32_t(argmax(first.data(), V));
+  EXPECT_EQ(s.feed({next}), alone.feed({next}));
+  const std::vector<int32_t> round = {next, 5, 6, 7};  // a speculative round's size
+  EXPECT_EQ(s.feed(round), alone.feed(round));
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(steps.size(), 3u);
+  EXPECT_EQ(steps[0].first, 40);
+  EXPECT_NE(steps[0].second, std::this_thread::get_id()) << "the prompt ran on the session's thread";
+  EXPECT_EQ(steps[1].first, 1);
+  EXPECT_EQ(steps[1].second, std::this_thread::get_id()) << "a decoded token was handed to the scheduler";
+  EXPECT_EQ(steps[2].first, 4);
+  EXPECT_EQ(steps[2].second, std::this_thread::get_id());
+}
+
 TEST(BatchScheduler, BadIdFailsOnlyItsOwnRequest) {
   auto model = QwenModel::load(fixture_dir("tiny-qwen35moe") + "/model");
   const Backend& b = cpu_of(*model);

@@ -49,12 +49,12 @@ void BatchScheduler::forward(State& st, const int32_t* ids, int64_t n, LogitsMod
   Request r{&st, ids, n, 0, mode, logits, argmax, cancel, backend_.config().vocab_size, false, nullptr, {}};
   std::unique_lock<std::mutex> lock(mu_);
   if (stopping_) fail("the batch scheduler has stopped");
-  // A lone session with at most one step's tokens runs its step on its own
-  // thread: the same call the loop would make, without handing each token
-  // to the scheduler's thread and back (two wake-ups per token, ~10% of a
-  // small model's decode). Nobody else is waiting, and the loop starts no
-  // step while this one runs.
-  if (attached_ <= 1 && pending_.empty() && !lone_step_ && n <= opt_.step_tokens) {
+  // A lone session's decoded token (or speculative round) runs its step on
+  // its own thread: the same call the loop would make, without handing each
+  // token to the scheduler's thread and back (two wake-ups per token, ~10%
+  // of a small model's decode). Nobody else is waiting, and the loop starts
+  // no step while this one runs. Prompts go to the loop (kLoneStepTokens).
+  if (attached_ <= 1 && pending_.empty() && !lone_step_ && n <= std::min(kLoneStepTokens, opt_.step_tokens)) {
     lone_step_ = true;
     lock.unlock();
     std::exception_ptr error;

@@ -56,6 +56,14 @@ struct BatchStepInfo {
 class BatchScheduler {
  public:
   static constexpr int64_t kMinPromptChunk = 16;
+  // The most tokens of a lone session's call that run on the session's own
+  // thread: a decoded token, or one with up to 16 drafts (--spec-draft's
+  // limit). A longer call (a prompt) runs on the scheduler's thread even
+  // when alone: the CPU forward keeps its scratch per calling thread, sized
+  // by the largest step that thread ran, and the server's request threads
+  // are many (--parallel + --queue + 4), so prompts run on them left every
+  // one holding a prompt chunk's buffers (bench/NOTES.md, "Session 27").
+  static constexpr int64_t kLoneStepTokens = 1 + 16;
 
   BatchScheduler(const Backend& backend, ThreadPool& pool, BatchSchedulerOptions opt = {});
   ~BatchScheduler();  // finishes the step in flight; later calls throw
