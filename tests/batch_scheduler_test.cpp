@@ -264,8 +264,8 @@ TEST(BatchScheduler, LoneSessionsPromptRunsOnTheSchedulersThread) {
   EXPECT_EQ(s.feed(prompt), first);
   const int32_t next = int32_t(argmax(first.data(), V));
   EXPECT_EQ(s.feed({next}), alone.feed({next}));
-  const std::vector<int32_t> round = {next, 5, 6, 7};  // a speculative round's size
-  EXPECT_EQ(s.feed(round), alone.feed(round));
+  const std::vector<int32_t> verify = {next, 5, 6, 7};  // a speculative round's size
+  EXPECT_EQ(s.feed(verify), alone.feed(verify));
   std::lock_guard<std::mutex> lock(mu);
   ASSERT_EQ(steps.size(), 3u);
   EXPECT_EQ(steps[0].first, 40);

@@ -333,7 +333,6 @@ void dot4_f32(const float* a, int64_t lda, const float* x, int64_t n, float out[
   active().dot4_mixed(DType::F32, a, size_t(lda) * sizeof(float), x, n, out);
 }
 
-
 void dot_panel_f32(const float* a, int64_t lda, int64_t rows, const float* x, int64_t ldx, int64_t tokens, int64_t n,
                    float* y, int64_t ldy) {
   active().dot_panel_f32(a, lda, rows, x, ldx, tokens, n, y, ldy);
