@@ -189,20 +189,15 @@ AVX2_FN void dot4xn_mixed_avx2(DType t, const void* w, size_t stride, const floa
   else if (tokens - j == 1) dot4xn_tile_avx2<1>(t, w, stride, x + j * ldx, ldx, n, y + j * ldy, ldy);
 }
 
-// The prefill's panel: four fp32 rows at a time against the tokens in
-// tiles of three (the 4 x 4 tiles of dot_panel_by_tiles would each be a
-// tile of three and a lone token), then the leftover rows one at a time.
+// The prefill's panel: four fp32 rows at a time against every token (in
+// dot4xn_mixed_avx2's tiles of three; the 4 x 4 tiles of dot_panel_by_tiles
+// would each be a tile of three and a lone token), then the leftover rows
+// one at a time.
 AVX2_FN void dot_panel_f32_avx2(const float* a, int64_t lda, int64_t rows, const float* x, int64_t ldx, int64_t tokens,
                                 int64_t n, float* y, int64_t ldy) {
   const int64_t rq = rows / 4 * 4;
-  const size_t stride = size_t(lda) * sizeof(float);
-  int64_t t = 0;
-  for (; t + 3 <= tokens; t += 3)
-    for (int64_t r = 0; r < rq; r += 4)
-      dot4xn_tile_avx2<3>(DType::F32, a + r * lda, stride, x + t * ldx, ldx, n, y + t * ldy + r, ldy);
-  if (t < tokens)
-    for (int64_t r = 0; r < rq; r += 4)
-      dot4xn_mixed_avx2(DType::F32, a + r * lda, stride, x + t * ldx, ldx, tokens - t, n, y + t * ldy + r, ldy);
+  for (int64_t r = 0; r < rq; r += 4)
+    dot4xn_mixed_avx2(DType::F32, a + r * lda, size_t(lda) * sizeof(float), x, ldx, tokens, n, y + r, ldy);
   for (int64_t r = rq; r < rows; ++r)
     for (int64_t j = 0; j < tokens; ++j) y[j * ldy + r] = dot_mixed_avx2(DType::F32, a + r * lda, x + j * ldx, n);
 }
